@@ -1,0 +1,43 @@
+"""django_pgqueue: a reliable PostgreSQL job queue for Django.
+
+Enqueue in the caller's transaction, claim with FOR UPDATE SKIP LOCKED, hold jobs
+with leases renewed by a heartbeat, and finish them with writes fenced by a lease
+version, so a stale worker can never overwrite a newer owner's result.
+"""
+
+from .context import JobContext
+from .enqueue import EnqueuedJob, JobSpec, enqueue, enqueue_many
+from .exceptions import (
+    ConfigurationError,
+    EnqueueError,
+    JobTimeout,
+    PayloadError,
+    PermanentFailure,
+    PgQueueError,
+    RetryLater,
+    UnknownJobType,
+)
+from .registry import handler
+from .retry import ExponentialBackoff, FixedDelay, RetryPolicy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigurationError",
+    "EnqueueError",
+    "EnqueuedJob",
+    "ExponentialBackoff",
+    "FixedDelay",
+    "JobContext",
+    "JobSpec",
+    "JobTimeout",
+    "PayloadError",
+    "PermanentFailure",
+    "PgQueueError",
+    "RetryLater",
+    "RetryPolicy",
+    "UnknownJobType",
+    "enqueue",
+    "enqueue_many",
+    "handler",
+]

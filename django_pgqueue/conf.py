@@ -1,0 +1,174 @@
+"""The PGQUEUE setting: defaults, validation, and the resolved values.
+
+Every key of ``settings.PGQUEUE`` is listed in `SETTINGS` with its default and a
+one-line description (the reference documentation is checked against this table).
+`get_settings()` validates the whole dict once and raises `ConfigurationError`
+naming the key, the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+
+from .exceptions import ConfigurationError
+
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+TYPE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,254}$")
+MIN_PRIORITY = -100
+MAX_PRIORITY = 100
+
+
+@dataclass(frozen=True)
+class Setting:
+    default: Any
+    help: str
+
+
+SETTINGS: dict[str, Setting] = {
+    "DATABASE": Setting("default", "Database alias holding the queue tables."),
+    "DEFAULT_QUEUE": Setting("default", "Queue used when enqueue() is given none."),
+    "DEFAULT_PRIORITY": Setting(0, "Priority used when enqueue() is given none (-100..100)."),
+    "MAX_ATTEMPTS": Setting(5, "Attempts a job gets unless its handler or enqueue() says."),
+    "RETRY_BACKOFF_BASE": Setting(
+        1.0, "Seconds; full-jitter backoff waits uniform(0, min(cap, base * 2**(attempt-1)))."
+    ),
+    "RETRY_BACKOFF_CAP": Setting(3600.0, "Seconds; the longest a backoff delay can be."),
+    "MAX_PAYLOAD_BYTES": Setting(1_048_576, "Largest payload, as UTF-8 JSON; None for no limit."),
+    "LEASE": Setting(30.0, "Seconds a claim holds a job before another worker may take it."),
+    "HEARTBEAT_INTERVAL": Setting(None, "Seconds between lease renewals; None means LEASE / 3."),
+    "SWEEP_INTERVAL": Setting(
+        10.0, "Seconds between sweeps that requeue jobs whose lease ran out."
+    ),
+    "POLL_INTERVAL": Setting(1.0, "Seconds an idle worker waits for a NOTIFY before polling."),
+    "CONCURRENCY": Setting(10, "Handler threads per worker process."),
+    "BATCH_SIZE": Setting(10, "Most jobs one claim statement takes."),
+    "SHUTDOWN_GRACE": Setting(30.0, "Seconds running handlers get to finish after SIGTERM."),
+    "JOB_TIMEOUT": Setting(None, "Seconds a handler may run before it is failed; None: no limit."),
+    "RECONNECT_MAX_DELAY": Setting(2.0, "Seconds; cap of the jittered backoff between reconnects."),
+}
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    DATABASE: str
+    DEFAULT_QUEUE: str
+    DEFAULT_PRIORITY: int
+    MAX_ATTEMPTS: int
+    RETRY_BACKOFF_BASE: float
+    RETRY_BACKOFF_CAP: float
+    MAX_PAYLOAD_BYTES: int | None
+    LEASE: float
+    HEARTBEAT_INTERVAL: float
+    SWEEP_INTERVAL: float
+    POLL_INTERVAL: float
+    CONCURRENCY: int
+    BATCH_SIZE: int
+    SHUTDOWN_GRACE: float
+    JOB_TIMEOUT: float | None
+    RECONNECT_MAX_DELAY: float
+
+
+def _fail(key: str, value: Any, expected: str) -> ConfigurationError:
+    return ConfigurationError(f"PGQUEUE[{key!r}] must be {expected}, got {value!r}.")
+
+
+def _int(key: str, value: Any, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _fail(key, value, f"an integer >= {low}" + (f" and <= {high}" if high else ""))
+    if high is not None and value > high:
+        raise _fail(key, value, f"an integer >= {low} and <= {high}")
+    return value
+
+
+def _seconds(key: str, value: Any, *, positive: bool = True) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (value <= 0 if positive else value < 0):
+        raise _fail(key, value, "a finite number of seconds " + ("> 0" if positive else ">= 0"))
+    return float(value)
+
+
+def validate(raw: Any) -> QueueSettings:
+    """Check a PGQUEUE dict and return the resolved settings."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"settings.PGQUEUE must be a dict, got {type(raw).__name__}.")
+    unknown = sorted(set(raw) - set(SETTINGS))
+    if unknown:
+        raise ConfigurationError(
+            f"Unknown PGQUEUE key(s) {', '.join(map(repr, unknown))}; "
+            f"known keys: {', '.join(SETTINGS)}."
+        )
+    values = {key: raw.get(key, setting.default) for key, setting in SETTINGS.items()}
+
+    database = values["DATABASE"]
+    if not isinstance(database, str) or not database:
+        raise _fail("DATABASE", database, "a database alias (a non-empty string)")
+    queue = values["DEFAULT_QUEUE"]
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
+        raise _fail("DEFAULT_QUEUE", queue, "a queue name matching " + QUEUE_NAME_RE.pattern)
+    priority = _int("DEFAULT_PRIORITY", values["DEFAULT_PRIORITY"], MIN_PRIORITY, MAX_PRIORITY)
+    max_attempts = _int("MAX_ATTEMPTS", values["MAX_ATTEMPTS"], 1, 1000)
+    base = _seconds("RETRY_BACKOFF_BASE", values["RETRY_BACKOFF_BASE"], positive=False)
+    cap = _seconds("RETRY_BACKOFF_CAP", values["RETRY_BACKOFF_CAP"], positive=False)
+    if cap < base:
+        raise _fail("RETRY_BACKOFF_CAP", cap, f">= RETRY_BACKOFF_BASE ({base:g})")
+    max_payload = values["MAX_PAYLOAD_BYTES"]
+    if max_payload is not None:
+        max_payload = _int("MAX_PAYLOAD_BYTES", max_payload, 2)
+    lease = _seconds("LEASE", values["LEASE"])
+    heartbeat = values["HEARTBEAT_INTERVAL"]
+    heartbeat = lease / 3 if heartbeat is None else _seconds("HEARTBEAT_INTERVAL", heartbeat)
+    if heartbeat > lease / 2:
+        raise _fail(
+            "HEARTBEAT_INTERVAL",
+            heartbeat,
+            f"at most half the LEASE ({lease / 2:g}s) so a lease is renewed well before it ends",
+        )
+    timeout = values["JOB_TIMEOUT"]
+    if timeout is not None:
+        timeout = _seconds("JOB_TIMEOUT", timeout)
+    return QueueSettings(
+        DATABASE=database,
+        DEFAULT_QUEUE=queue,
+        DEFAULT_PRIORITY=priority,
+        MAX_ATTEMPTS=max_attempts,
+        RETRY_BACKOFF_BASE=base,
+        RETRY_BACKOFF_CAP=cap,
+        MAX_PAYLOAD_BYTES=max_payload,
+        LEASE=lease,
+        HEARTBEAT_INTERVAL=heartbeat,
+        SWEEP_INTERVAL=_seconds("SWEEP_INTERVAL", values["SWEEP_INTERVAL"]),
+        POLL_INTERVAL=_seconds("POLL_INTERVAL", values["POLL_INTERVAL"]),
+        CONCURRENCY=_int("CONCURRENCY", values["CONCURRENCY"], 1, 1000),
+        BATCH_SIZE=_int("BATCH_SIZE", values["BATCH_SIZE"], 1, 10_000),
+        SHUTDOWN_GRACE=_seconds("SHUTDOWN_GRACE", values["SHUTDOWN_GRACE"], positive=False),
+        JOB_TIMEOUT=timeout,
+        RECONNECT_MAX_DELAY=_seconds("RECONNECT_MAX_DELAY", values["RECONNECT_MAX_DELAY"]),
+    )
+
+
+_cached: QueueSettings | None = None
+
+
+def get_settings() -> QueueSettings:
+    """Return the validated PGQUEUE settings (cached until the setting changes)."""
+    global _cached
+    if _cached is None:
+        _cached = validate(getattr(django_settings, "PGQUEUE", None))
+    return _cached
+
+
+def _reset(*, setting: str, **kwargs: Any) -> None:
+    global _cached
+    if setting == "PGQUEUE":
+        _cached = None
+
+
+setting_changed.connect(_reset)

@@ -1,0 +1,94 @@
+"""What a handler receives: the job, its attempt, and whether its lease is still held."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any
+
+
+class Lease:
+    """The worker's view of one claimed job's lease, shared with the heartbeat thread."""
+
+    __slots__ = ("expires", "job_id", "lease_version", "lost")
+
+    def __init__(self, job_id: int, lease_version: int, expires: float) -> None:
+        self.job_id = job_id
+        self.lease_version = lease_version
+        self.expires = expires  # time.monotonic() by which the database lease surely ends
+        self.lost = False
+
+    def held(self) -> bool:
+        return not self.lost and time.monotonic() < self.expires
+
+
+class JobContext:
+    """One claimed job, as a handler sees it.
+
+    `attempt` counts from 1. `idempotency_key` is stable across attempts: the key given
+    at enqueue, or ``"pgqueue-<job id>"``; pass it to external services so a retried job
+    does not charge or send twice. `lease_lost()` turns true once another worker may
+    own the job: a long handler should check it and stop early.
+    """
+
+    __slots__ = (
+        "_lease",
+        "attempt",
+        "created_at",
+        "job_id",
+        "lease_version",
+        "max_attempts",
+        "payload",
+        "priority",
+        "queue",
+        "type",
+        "user_key",
+        "worker_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        job_id: int,
+        queue: str,
+        type: str,
+        payload: Any,
+        attempt: int,
+        max_attempts: int,
+        lease_version: int,
+        priority: int = 0,
+        worker_id: str = "",
+        created_at: dt.datetime | None = None,
+        user_key: str | None = None,
+        lease: Lease | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.queue = queue
+        self.type = type
+        self.payload = payload
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.lease_version = lease_version
+        self.priority = priority
+        self.worker_id = worker_id
+        self.created_at = created_at
+        self.user_key = user_key
+        self._lease = lease
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.user_key or f"pgqueue-{self.job_id}"
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+    def lease_lost(self) -> bool:
+        """True once this worker may no longer own the job (renewal failed or overdue)."""
+        return self._lease is not None and not self._lease.held()
+
+    def __repr__(self) -> str:
+        return (
+            f"<JobContext {self.type} #{self.job_id} queue={self.queue} "
+            f"attempt={self.attempt}/{self.max_attempts} lease_version={self.lease_version}>"
+        )

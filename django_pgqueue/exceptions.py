@@ -1,0 +1,62 @@
+"""Exceptions raised by django_pgqueue, and the ones handlers raise to steer their job."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class PgQueueError(Exception):
+    """Root of every error django_pgqueue raises."""
+
+
+class ConfigurationError(PgQueueError, ImproperlyConfigured):
+    """The PGQUEUE setting or a handler registration is invalid."""
+
+
+class EnqueueError(PgQueueError, ValueError):
+    """An argument of enqueue() is invalid; nothing was written."""
+
+
+class PayloadError(PgQueueError, TypeError):
+    """A payload cannot be stored as JSON; nothing was written.
+
+    `path` names the offending value, e.g. ``payload['items'][2]``.
+    """
+
+    def __init__(self, message: str, path: str = "payload") -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class UnknownJobType(PgQueueError, LookupError):
+    """No handler is registered for a job's type."""
+
+
+class DatabaseUnavailable(PgQueueError):
+    """The worker lost its database connection; it reconnects with backoff."""
+
+
+# Control flow a handler raises to steer its job. They are exceptions, like
+# Django's Http404, so a handler can raise them from any depth.
+
+
+class PermanentFailure(PgQueueError):
+    """Raise from a handler to fail the job now, without retrying: it goes to dead."""
+
+
+class RetryLater(PgQueueError):
+    """Raise from a handler to retry the job after `delay` seconds.
+
+    The attempt counts against max_attempts; when none are left the job is dead.
+    """
+
+    def __init__(self, delay: float, reason: str = "") -> None:
+        if not isinstance(delay, int | float) or isinstance(delay, bool) or not delay >= 0:
+            raise ValueError(f"RetryLater delay must be a number of seconds >= 0, got {delay!r}")
+        super().__init__(reason or f"retry requested in {delay:g}s")
+        self.delay = float(delay)
+        self.reason = reason
+
+
+class JobTimeout(PgQueueError):
+    """A handler ran past its timeout; the attempt is failed and the job retried."""

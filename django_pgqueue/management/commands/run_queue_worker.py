@@ -1,0 +1,100 @@
+"""manage.py run_queue_worker QUEUE [QUEUE ...]: run a worker in this process."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_pgqueue.exceptions import ConfigurationError
+from django_pgqueue.worker import Worker
+
+
+def parse_weights(text: str) -> dict[str, int]:
+    """Parse 'payments=3,email=1' into {'payments': 3, 'email': 1}."""
+    weights: dict[str, int] = {}
+    for part in filter(None, (piece.strip() for piece in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or not value.strip().isdigit():
+            raise CommandError(
+                f"--weights: {part!r} is not QUEUE=WEIGHT (e.g. --weights payments=3,email=1)."
+            )
+        if name.strip() in weights:
+            raise CommandError(f"--weights: {name.strip()!r} is given twice.")
+        weights[name.strip()] = int(value)
+    return weights
+
+
+class Command(BaseCommand):
+    help = (
+        "Run a job queue worker for the given queues until SIGTERM/SIGINT "
+        "(or, with --burst, until the queues are empty)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("queues", nargs="+", metavar="QUEUE", help="Queue(s) to work on.")
+        parser.add_argument(
+            "--concurrency", type=int, help="Handler threads (default: PGQUEUE CONCURRENCY)."
+        )
+        parser.add_argument(
+            "--batch-size", type=int, help="Most jobs per claim (default: PGQUEUE BATCH_SIZE)."
+        )
+        parser.add_argument(
+            "--lease", type=float, help="Lease length in seconds (default: PGQUEUE LEASE)."
+        )
+        parser.add_argument(
+            "--weights",
+            type=parse_weights,
+            default={},
+            help="Claim turns per queue, e.g. payments=3,email=1 (default: equal turns).",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=float,
+            help="Seconds between polls when no NOTIFY arrives (default: PGQUEUE POLL_INTERVAL).",
+        )
+        parser.add_argument(
+            "--burst", action="store_true", help="Exit once no job in the queues is due."
+        )
+        parser.add_argument(
+            "--worker-id",
+            help="Identity shown in locked_by and attempts (default: host:pid:random).",
+        )
+        parser.add_argument(
+            "--shutdown-grace",
+            type=float,
+            help="Seconds running handlers get after SIGTERM (default: PGQUEUE SHUTDOWN_GRACE).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        _configure_logging(options["verbosity"])
+        try:
+            worker = Worker(
+                options["queues"],
+                concurrency=options["concurrency"],
+                batch_size=options["batch_size"],
+                lease=options["lease"],
+                weights=options["weights"],
+                poll_interval=options["poll_interval"],
+                burst=options["burst"],
+                worker_id=options["worker_id"],
+                shutdown_grace=options["shutdown_grace"],
+            )
+        except ConfigurationError as exc:
+            raise CommandError(str(exc)) from None
+        code = worker.run()
+        if code:
+            sys.exit(code)
+
+
+def _configure_logging(verbosity: int) -> None:
+    """Show the worker's log lines when the project has not configured that logger."""
+    logger = logging.getLogger("django_pgqueue")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))

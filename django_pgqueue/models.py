@@ -1,0 +1,203 @@
+"""The three queue tables. Their names and columns are part of the public contract.
+
+- `Job` (``queue_jobs``): what to run. Written once at enqueue, never updated.
+- `JobState` (``queue_job_state``): the hot row a worker claims, renews and finishes.
+  Kept narrow (no payload) so claims, heartbeats and vacuum touch little.
+- `Attempt` (``queue_attempts``): one row per claim, with its outcome.
+
+Workers never write these through the ORM: every state change is a fenced statement in
+`django_pgqueue/sql/queries.sql`. The foreign keys are declared with
+``db_constraint=False`` because the migration creates them itself, with
+``ON DELETE CASCADE`` and, for the state row, over ``(job_id, queue)``.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from .conf import MAX_PRIORITY, MIN_PRIORITY, QUEUE_NAME_RE, TYPE_NAME_RE
+
+
+class Status(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+FINISHED_STATUSES = (Status.COMPLETED, Status.DEAD, Status.CANCELLED)
+ACTIVE_STATUSES = (Status.PENDING, Status.RUNNING)
+
+
+class AttemptStatus(models.TextChoices):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    LOST = "lost", "lost (lease expired)"
+    RELEASED = "released", "released (never started)"
+
+
+class Job(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=63)
+    type = models.CharField(max_length=255)
+    payload = models.JSONField()
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "queue_jobs"
+        verbose_name = "job"
+        constraints = [
+            models.UniqueConstraint(fields=["id", "queue"], name="queue_jobs_id_queue_unique"),
+            models.CheckConstraint(
+                condition=Q(queue__regex=QUEUE_NAME_RE.pattern), name="queue_jobs_queue_shape"
+            ),
+            models.CheckConstraint(
+                condition=Q(type__regex=TYPE_NAME_RE.pattern), name="queue_jobs_type_shape"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.pk} on {self.queue}"
+
+
+class JobState(models.Model):
+    job = models.OneToOneField(
+        Job,
+        primary_key=True,
+        on_delete=models.CASCADE,
+        db_column="job_id",
+        db_constraint=False,
+        related_name="state",
+    )
+    queue = models.CharField(max_length=63)
+    status = models.CharField(max_length=16, choices=Status.choices, db_default=Status.PENDING)
+    priority = models.SmallIntegerField(db_default=0)
+    run_at = models.DateTimeField(db_default=Now())
+    attempts = models.IntegerField(db_default=0)
+    max_attempts = models.IntegerField()
+    lease_version = models.BigIntegerField(db_default=0)
+    locked_by = models.CharField(max_length=255, null=True, blank=True)
+    locked_until = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(null=True, blank=True)
+    # A copy of the job's key: a partial unique index can only see its own table,
+    # and "one live job per key" depends on this row's status.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "queue_job_state"
+        verbose_name = "job state"
+        indexes = [
+            # The claim walks this index in order for one queue and stops after LIMIT
+            # rows; see the job_claim statement. Its shape is part of the contract.
+            models.Index(
+                fields=["queue", "-priority", "run_at", "job"],
+                name="queue_job_state_claim_idx",
+                condition=Q(status="pending"),
+            ),
+            # Only running rows: what the lease sweep reads. It indexes no column a
+            # heartbeat changes (locked_until), so renewals can be HOT updates.
+            models.Index(
+                fields=["job"],
+                name="queue_job_state_running_idx",
+                condition=Q(status="running"),
+            ),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "idempotency_key"],
+                name="queue_job_state_live_key_unique",
+                condition=Q(idempotency_key__isnull=False, status__in=["pending", "running"]),
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=Status.values), name="queue_job_state_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=MIN_PRIORITY, priority__lte=MAX_PRIORITY),
+                name="queue_job_state_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(attempts__gte=0, max_attempts__gte=1),
+                name="queue_job_state_attempts_nonnegative",
+            ),
+            models.CheckConstraint(
+                condition=Q(attempts__lte=models.F("max_attempts")),
+                name="queue_job_state_attempts_within_max",
+            ),
+            models.CheckConstraint(
+                condition=Q(lease_version__gte=0), name="queue_job_state_lease_version_nonnegative"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(status="running", locked_by__isnull=False, locked_until__isnull=False)
+                    | (~Q(status="running") & Q(locked_by__isnull=True, locked_until__isnull=True))
+                ),
+                name="queue_job_state_running_has_lease",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(status__in=FINISHED_STATUSES, finished_at__isnull=False)
+                    | (~Q(status__in=FINISHED_STATUSES) & Q(finished_at__isnull=True))
+                ),
+                name="queue_job_state_finished_at_iff_finished",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job #{self.pk}: {self.status}"
+
+
+class Attempt(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(
+        Job,
+        on_delete=models.CASCADE,
+        db_column="job_id",
+        db_constraint=False,
+        db_index=False,  # the (job_id, lease_version) unique index serves lookups by job
+        related_name="attempts",
+    )
+    lease_version = models.BigIntegerField()
+    attempt_index = models.IntegerField()
+    worker_id = models.CharField(max_length=255)
+    status = models.CharField(
+        max_length=16, choices=AttemptStatus.choices, db_default=AttemptStatus.RUNNING
+    )
+    started_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+    error_class = models.CharField(max_length=255, null=True, blank=True)
+    error_message = models.TextField(null=True, blank=True)
+    traceback = models.TextField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        db_table = "queue_attempts"
+        verbose_name = "attempt"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "lease_version"], name="queue_attempts_job_lease_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=AttemptStatus.values), name="queue_attempts_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(lease_version__gte=1, attempt_index__gte=1),
+                name="queue_attempts_counts_positive",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(status="running", finished_at__isnull=True)
+                    | (~Q(status="running") & Q(finished_at__isnull=False))
+                ),
+                name="queue_attempts_finished_at_iff_done",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt_index} of job #{self.job_id} ({self.status})"

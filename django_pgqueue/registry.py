@@ -1,0 +1,130 @@
+"""Which callable runs which job type.
+
+Handlers register with the `handler` decorator. Like Django's admin, the queue finds
+them by importing a ``jobs`` module from every installed app (`autodiscover`), which the
+worker does at start and enqueue() does the first time it needs a handler's defaults.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.utils.module_loading import autodiscover_modules
+
+from .exceptions import ConfigurationError, UnknownJobType
+from .retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from .context import JobContext
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Handler:
+    type: str
+    func: Callable[[JobContext], Any]
+    max_attempts: int | None = None
+    retry: RetryPolicy | None = None
+    timeout: float | None = None
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+        self._lock = threading.RLock()
+        self._discovered = False
+
+    def register(self, spec: Handler) -> None:
+        with self._lock:
+            existing = self._handlers.get(spec.type)
+            if existing is not None and _origin(existing.func) != _origin(spec.func):
+                raise ConfigurationError(
+                    f"Job type {spec.type!r} already has the handler {_origin(existing.func)}; "
+                    f"{_origin(spec.func)} cannot register it again."
+                )
+            self._handlers[spec.type] = spec
+
+    def unregister(self, type_: str) -> None:
+        with self._lock:
+            self._handlers.pop(type_, None)
+
+    def get(self, type_: str) -> Handler:
+        try:
+            return self._handlers[type_]
+        except KeyError:
+            known = ", ".join(sorted(self._handlers)) or "none"
+            raise UnknownJobType(
+                f"No handler is registered for job type {type_!r} (known types: {known}). "
+                "Define it with @django_pgqueue.handler in an installed app's jobs module."
+            ) from None
+
+    def find(self, type_: str) -> Handler | None:
+        return self._handlers.get(type_)
+
+    def types(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def autodiscover(self) -> None:
+        """Import the ``jobs`` module of every installed app, once per process."""
+        with self._lock:
+            if self._discovered:
+                return
+            self._discovered = True  # set first: a jobs module may enqueue at import
+            autodiscover_modules("jobs")
+
+
+def _origin(func: Callable[..., Any]) -> str:
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', func)!s}"
+
+
+registry = Registry()
+
+
+def handler(
+    type: str,
+    *,
+    max_attempts: int | None = None,
+    retry: RetryPolicy | None = None,
+    timeout: float | None = None,
+) -> Callable[[F], F]:
+    """Register the decorated function as the handler of job type `type`.
+
+    The function receives a `JobContext`. Return to complete the job; raise
+    `RetryLater(delay)` to retry after a chosen delay, `PermanentFailure` to fail
+    without retrying, and any other exception to retry with the retry policy.
+    """
+    from . import validation
+
+    try:
+        validation.type_name(type)
+        if max_attempts is not None:
+            validation.max_attempts(max_attempts)
+    except ValueError as exc:
+        raise ConfigurationError(f"@handler({type!r}): {exc}") from None
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ConfigurationError(
+            f"@handler({type!r}): retry must have a delay(attempt) method, such as "
+            f"ExponentialBackoff or FixedDelay; got {retry!r}."
+        )
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise ConfigurationError(
+            f"@handler({type!r}): timeout must be seconds > 0, got {timeout!r}."
+        )
+
+    def decorate(func: F) -> F:
+        if not callable(func):
+            raise ConfigurationError(f"@handler({type!r}) must decorate a callable.")
+        registry.register(Handler(type, func, max_attempts, retry, timeout))
+        return func
+
+    return decorate

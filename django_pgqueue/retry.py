@@ -1,0 +1,73 @@
+"""Retry policies: how long a failed job waits before its next attempt.
+
+The default is exponential backoff with full jitter: attempt n waits
+``uniform(0, min(cap, base * 2 ** (n - 1)))`` seconds, so a thousand jobs that fail
+together come back spread out instead of as a second wave. `FixedDelay` is the
+counter-example from the design article: every retry of a burst lands at once.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class RetryPolicy(Protocol):
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based)."""
+        ...
+
+
+def _seconds(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class ExponentialBackoff:
+    """Full jitter: uniform(0, min(cap, base * 2 ** (attempt - 1)))."""
+
+    base: float = 1.0
+    cap: float = 3600.0
+    rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _seconds("base", self.base)
+        _seconds("cap", self.cap)
+        if self.cap < self.base:
+            raise ValueError(f"cap ({self.cap:g}) must be >= base ({self.base:g})")
+
+    def ceiling(self, attempt: int) -> float:
+        """The largest delay attempt number `attempt` can draw."""
+        # 2 ** 1000 overflows a float; the cap is reached long before.
+        return min(self.cap, self.base * 2.0 ** min(max(attempt, 1) - 1, 1000))
+
+    def delay(self, attempt: int) -> float:
+        return self.rng.uniform(0.0, self.ceiling(attempt))
+
+
+@dataclass(frozen=True)
+class FixedDelay:
+    """The same delay after every failure (no jitter)."""
+
+    seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        _seconds("seconds", self.seconds)
+
+    def delay(self, attempt: int) -> float:
+        return self.seconds
+
+
+def default_policy() -> RetryPolicy:
+    """The full-jitter policy configured by PGQUEUE's RETRY_BACKOFF_BASE and _CAP."""
+    from .conf import get_settings
+
+    conf = get_settings()
+    return ExponentialBackoff(base=conf.RETRY_BACKOFF_BASE, cap=conf.RETRY_BACKOFF_CAP)

@@ -1,0 +1,211 @@
+"""Checks on what goes into the queue, run before anything is written.
+
+Each function returns the cleaned value or raises `EnqueueError` / `PayloadError`
+with a message that names the argument, the bad value and what was expected.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from .conf import MAX_PRIORITY, MIN_PRIORITY, QUEUE_NAME_RE, TYPE_NAME_RE
+from .exceptions import EnqueueError, PayloadError
+
+# A schedule further out than this is almost certainly a unit mistake (ms for s).
+MAX_DELAY_SECONDS = 10 * 366 * 24 * 3600
+
+_dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+
+
+def queue_name(value: Any, argument: str = "queue") -> str:
+    if not isinstance(value, str):
+        raise EnqueueError(f"{argument} must be a string, got {type(value).__name__} {value!r}.")
+    if not QUEUE_NAME_RE.match(value):
+        raise EnqueueError(
+            f"{argument} {value!r} is not a valid queue name: use 1 to 63 letters, digits, "
+            "'_', '.', ':' or '-', starting with a letter or digit."
+        )
+    return value
+
+
+def type_name(value: Any) -> str:
+    if not isinstance(value, str):
+        raise EnqueueError(f"type must be a string, got {type(value).__name__} {value!r}.")
+    if not TYPE_NAME_RE.match(value):
+        raise EnqueueError(
+            f"type {value!r} is not a valid job type: use 1 to 255 letters, digits, '_', "
+            "'.', ':' or '-', starting with a letter or '_' (e.g. 'payments.charge')."
+        )
+    return value
+
+
+def priority(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EnqueueError(f"priority must be an integer, got {type(value).__name__} {value!r}.")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise EnqueueError(
+            f"priority {value} is out of range: use {MIN_PRIORITY}..{MAX_PRIORITY} "
+            "(higher runs first)."
+        )
+    return value
+
+
+def max_attempts(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+        raise EnqueueError(f"max_attempts must be an integer from 1 to 1000, got {value!r}.")
+    return value
+
+
+def idempotency_key(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 255:
+        raise EnqueueError(
+            f"idempotency_key must be a non-empty string of at most 255 characters, got {value!r}."
+        )
+    _check_text(value, "idempotency_key", EnqueueError)
+    return value
+
+
+def schedule(run_at: Any, delay: Any) -> tuple[dt.datetime | None, float]:
+    """Return (run_at, delay_seconds); exactly one of them decides when the job is due."""
+    if run_at is not None and delay is not None:
+        raise EnqueueError("Pass run_at or delay, not both.")
+    if run_at is not None:
+        if not isinstance(run_at, dt.datetime):
+            raise EnqueueError(
+                f"run_at must be a datetime, got {type(run_at).__name__} {run_at!r}."
+            )
+        if timezone.is_naive(run_at):
+            if settings.USE_TZ:
+                raise EnqueueError(
+                    f"run_at {run_at.isoformat()} is a naive datetime; pass an aware one "
+                    "(e.g. django.utils.timezone.now() + timedelta(...))."
+                )
+            run_at = timezone.make_aware(run_at)
+        ahead = (run_at - timezone.now()).total_seconds()
+        if ahead > MAX_DELAY_SECONDS:
+            raise EnqueueError(f"run_at {run_at.isoformat()} is more than 10 years ahead.")
+        return run_at, 0.0
+    if delay is None:
+        return None, 0.0
+    if isinstance(delay, dt.timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        seconds = float(delay)
+    else:
+        raise EnqueueError(
+            f"delay must be seconds (int or float) or a timedelta, got {type(delay).__name__}."
+        )
+    if not math.isfinite(seconds) or seconds < 0:
+        raise EnqueueError(f"delay must be >= 0 seconds, got {delay!r}.")
+    if seconds > MAX_DELAY_SECONDS:
+        raise EnqueueError(f"delay {seconds:g}s is more than 10 years.")
+    return None, seconds
+
+
+def payload(value: Any, max_bytes: int | None) -> str:
+    """Serialize a payload to JSON text, or explain exactly which part cannot be stored."""
+    try:
+        text = _dumps(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        _explain(value, "payload", set())
+        raise PayloadError(f"payload is not JSON-serializable: {exc}", "payload") from exc
+    # The encoder turns int/float/bool/None keys into strings without a word, and lets
+    # NUL and lone surrogates through, which PostgreSQL refuses: walk the value for
+    # those, so a payload comes back from the queue exactly as it went in.
+    if isinstance(value, dict | list | tuple | str):
+        _explain(value, "payload", set())
+    encoded = text.encode("utf-8")
+    if max_bytes is not None and len(encoded) > max_bytes:
+        raise PayloadError(
+            f"payload is {len(encoded):,} bytes as JSON, over the limit of {max_bytes:,} "
+            "(PGQUEUE['MAX_PAYLOAD_BYTES']). Store large data elsewhere and pass its id.",
+            "payload",
+        )
+    return text
+
+
+def _check_text(text: str, path: str, error: type[Exception] = PayloadError) -> None:
+    if "\x00" in text:
+        raise _error(
+            error, f"{path} contains a NUL character (\\x00), which PostgreSQL cannot store.", path
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _error(
+            error,
+            f"{path} contains {text[exc.start : exc.end]!r}, a lone surrogate that is not valid "
+            "UTF-8 and cannot be stored.",
+            path,
+        ) from None
+
+
+def _error(error: type[Exception], message: str, path: str) -> Exception:
+    return PayloadError(message, path) if error is PayloadError else error(message)
+
+
+_HINTS: dict[str, str] = {
+    "Decimal": "pass str(value) and convert back in the handler",
+    "datetime": "pass value.isoformat()",
+    "date": "pass value.isoformat()",
+    "time": "pass value.isoformat()",
+    "timedelta": "pass value.total_seconds()",
+    "UUID": "pass str(value)",
+    "set": "pass a sorted list",
+    "frozenset": "pass a sorted list",
+    "bytes": "pass base64 text, or store the bytes elsewhere and pass a reference",
+    "bytearray": "pass base64 text, or store the bytes elsewhere and pass a reference",
+}
+
+
+def _explain(value: Any, path: str, seen: set[int]) -> None:
+    """Walk a value that failed (or may fail) JSON encoding; raise naming the culprit."""
+    if value is None or isinstance(value, bool | int):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PayloadError(
+                f"{path} is {value!r}; JSON has no NaN or Infinity. Use None or a string.", path
+            )
+        return
+    if isinstance(value, str):
+        _check_text(value, path)
+        return
+    if isinstance(value, dict | list | tuple):
+        if id(value) in seen:
+            raise PayloadError(f"{path} contains itself (a circular reference).", path)
+        seen.add(id(value))
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise PayloadError(
+                        f"{path} has the key {key!r} of type {type(key).__name__}; JSON object "
+                        "keys must be strings (it would come back as a different key).",
+                        path,
+                    )
+                _check_text(key, f"{path} key {key!r}")
+                _explain(item, f"{path}[{key!r}]", seen)
+        else:
+            for index, item in enumerate(value):
+                _explain(item, f"{path}[{index}]", seen)
+        seen.discard(id(value))
+        return
+    kind = type(value).__name__
+    if hasattr(value, "_meta") and hasattr(value, "pk"):
+        hint = f"pass its primary key ({value.pk!r}) and load it in the handler"
+        kind = f"{kind} model instance"
+    else:
+        hint = _HINTS.get(
+            type(value).__name__, "convert it to str, int, float, bool, None, list or dict"
+        )
+    raise PayloadError(
+        f"{path} is a {kind} ({value!r:.80}), which is not JSON-serializable: {hint}.", path
+    )

@@ -1,0 +1,850 @@
+"""The worker: claim, run with bounded concurrency, renew leases, finish with fencing.
+
+Threads of one worker process, each with its own database connection:
+
+- the dispatcher (the thread that calls `Worker.run`): claims batches, one queue per
+  statement, sized to the free handler slots; writes outcomes in batches; sweeps
+  expired leases; takes back unstarted jobs on shutdown;
+- `concurrency` executor threads: run handlers, outside any transaction;
+- the heartbeat: renews every held lease in one statement every HEARTBEAT_INTERVAL,
+  so a busy handler cannot starve it;
+- the listener: LISTENs for enqueue notifications; polling covers for it when it is
+  down.
+
+Every write about a claimed job is fenced by its lease version, so whatever this
+process believes, it can never overwrite the state of a newer owner.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import queue as queue_module
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from django.db import connections
+
+from . import executor, validation
+from .conf import get_settings
+from .context import JobContext, Lease
+from .exceptions import ConfigurationError, DatabaseUnavailable, EnqueueError
+from .executor import Failure, Outcome, Success
+from .registry import Handler, Registry
+from .registry import registry as default_registry
+from .retry import RetryPolicy, default_policy
+from .store import Backoff, ClaimedRow, Store, wait_for
+
+logger = logging.getLogger(__name__)
+
+SWEEP_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs to run; `build` fills gaps from PGQUEUE and validates."""
+
+    queues: tuple[str, ...]
+    concurrency: int
+    batch_size: int
+    lease: float
+    heartbeat_interval: float
+    poll_interval: float
+    sweep_interval: float
+    shutdown_grace: float
+    job_timeout: float | None
+    reconnect_max_delay: float
+    database: str
+    worker_id: str
+    burst: bool = False
+    weights: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        queues: Iterable[str],
+        *,
+        concurrency: int | None = None,
+        batch_size: int | None = None,
+        lease: float | None = None,
+        heartbeat_interval: float | None = None,
+        poll_interval: float | None = None,
+        sweep_interval: float | None = None,
+        shutdown_grace: float | None = None,
+        job_timeout: float | None = None,
+        weights: Mapping[str, int] | None = None,
+        burst: bool = False,
+        worker_id: str | None = None,
+        database: str | None = None,
+    ) -> WorkerConfig:
+        conf = get_settings()
+        names = tuple(queues)
+        if not names:
+            raise ConfigurationError("A worker needs at least one queue.")
+        try:
+            for name in names:
+                validation.queue_name(name, "queue")
+        except EnqueueError as exc:
+            raise ConfigurationError(str(exc)) from None
+        if len(set(names)) != len(names):
+            raise ConfigurationError(f"Queue names repeat in {list(names)}.")
+        weights = dict(weights or {})
+        for name, weight in weights.items():
+            if name not in names:
+                raise ConfigurationError(
+                    f"Weight given for {name!r}, which is not one of the worker's queues "
+                    f"({', '.join(names)})."
+                )
+            if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 1000:
+                raise ConfigurationError(f"Weight of {name!r} must be 1..1000, got {weight!r}.")
+
+        def positive(name: str, value: float | None, default: float) -> float:
+            value = default if value is None else value
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigurationError(f"{name} must be a number > 0, got {value!r}.")
+            return float(value)
+
+        def count(name: str, value: int | None, default: int) -> int:
+            value = default if value is None else value
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}.")
+            return value
+
+        lease_s = positive("lease", lease, conf.LEASE)
+        if heartbeat_interval is None:
+            # The configured interval, unless this worker's lease is shorter than the
+            # settings' lease: renew at a third of whatever lease is in force.
+            heartbeat_interval = min(conf.HEARTBEAT_INTERVAL, lease_s / 3)
+        heartbeat = positive("heartbeat_interval", heartbeat_interval, lease_s / 3)
+        if heartbeat > lease_s / 2:
+            raise ConfigurationError(
+                f"heartbeat_interval ({heartbeat:g}s) must be at most half the lease "
+                f"({lease_s:g}s), so a lease is renewed well before it ends."
+            )
+        grace = conf.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+            raise ConfigurationError(f"shutdown_grace must be >= 0 seconds, got {grace!r}.")
+        timeout = conf.JOB_TIMEOUT if job_timeout is None else job_timeout
+        if timeout is not None:
+            timeout = positive("job_timeout", timeout, 1.0)
+        ident = worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        if not isinstance(ident, str) or len(ident) > 200 or "\x00" in ident:
+            raise ConfigurationError(
+                f"worker_id must be a string of at most 200 characters: {ident!r}"
+            )
+        return cls(
+            queues=names,
+            concurrency=count("concurrency", concurrency, conf.CONCURRENCY),
+            batch_size=count("batch_size", batch_size, conf.BATCH_SIZE),
+            lease=lease_s,
+            heartbeat_interval=heartbeat,
+            poll_interval=positive("poll_interval", poll_interval, conf.POLL_INTERVAL),
+            sweep_interval=positive("sweep_interval", sweep_interval, conf.SWEEP_INTERVAL),
+            shutdown_grace=float(grace),
+            job_timeout=timeout,
+            reconnect_max_delay=conf.RECONNECT_MAX_DELAY,
+            database=database or conf.DATABASE,
+            worker_id=ident,
+            burst=burst,
+            weights=weights,
+        )
+
+
+class QueueScheduler:
+    """Smooth weighted round robin: with weights payments=3, email=1, payments gets three
+    claim turns for every one of email, interleaved. Unweighted queues weigh 1."""
+
+    def __init__(self, queues: tuple[str, ...], weights: Mapping[str, int]) -> None:
+        self.queues = queues
+        self.weights = {name: weights.get(name, 1) for name in queues}
+        self.total = sum(self.weights.values())
+        self.current = dict.fromkeys(queues, 0)
+
+    def order(self) -> list[str]:
+        """All queues, the one whose turn it is first, then the others in rotation."""
+        for name in self.queues:
+            self.current[name] += self.weights[name]
+        first = max(self.queues, key=lambda name: self.current[name])
+        self.current[first] -= self.total
+        start = self.queues.index(first)
+        return [*self.queues[start:], *self.queues[:start]]
+
+
+class InFlight:
+    """A claimed job from dispatch until its outcome is written."""
+
+    __slots__ = (
+        "ctx",
+        "handler",
+        "lease",
+        "payload_text",
+        "policy",
+        "resolved",
+        "started",
+        "thread",
+        "timed_out",
+        "timeout",
+    )
+
+    def __init__(
+        self,
+        ctx: JobContext,
+        lease: Lease,
+        handler: Handler | None,
+        payload_text: str,
+        policy: RetryPolicy,
+        timeout: float | None,
+    ) -> None:
+        self.ctx = ctx
+        self.lease = lease
+        self.handler = handler
+        self.payload_text = payload_text
+        self.policy = policy
+        self.timeout = timeout
+        self.started: float | None = None
+        self.thread: threading.Thread | None = None
+        self.timed_out = False
+        self.resolved = False
+
+
+class Worker:
+    """Runs jobs from one or more queues until stopped (or, in burst mode, until idle)."""
+
+    def __init__(
+        self,
+        queues: Iterable[str],
+        *,
+        registry: Registry | None = None,
+        install_signal_handlers: bool = True,
+        **options: Any,
+    ) -> None:
+        self.config = WorkerConfig.build(queues, **options)
+        self.registry = registry or default_registry
+        self.install_signal_handlers = install_signal_handlers
+        self.stats: Counter[str] = Counter()
+        self.heartbeat_gaps: list[float] = []
+        self._scheduler = QueueScheduler(self.config.queues, self.config.weights)
+        self._store = Store(self.config.database, f"pgqueue worker {self.config.worker_id}")
+        self._work: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
+        self._outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]] = (
+            queue_module.SimpleQueue()
+        )
+        self._leases: dict[int, Lease] = {}
+        self._leases_lock = threading.Lock()
+        self._inflight: dict[int, InFlight] = {}
+        self._unwritten: list[tuple[InFlight, Outcome]] = []
+        self._uncertain: list[tuple[InFlight, Outcome]] = []
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._force = threading.Event()
+        self._service_stop = threading.Event()
+        self._empty_until: dict[str, float] = {}
+        self._notified: set[str] = set()
+        self._threads: list[threading.Thread] = []
+        self._executors: list[threading.Thread] = []
+        self._stuck = 0
+        self._policy = default_policy()
+        self._backoff = Backoff(self.config.reconnect_max_delay)
+        self.exit_code = 0
+
+    # -- public ---------------------------------------------------------------------
+
+    @property
+    def worker_id(self) -> str:
+        return self.config.worker_id
+
+    def stop(self, *, force: bool = False) -> None:
+        """Stop claiming and shut down; force skips the grace period for running handlers."""
+        if force or self._stopping.is_set():
+            self._force.set()
+        self._stopping.set()
+        self._wake.set()
+
+    def run(self) -> int:
+        """Run until stopped; return the process exit code (0 after a graceful stop)."""
+        cfg = self.config
+        self.registry.autodiscover()
+        restore = self._install_signals() if self.install_signal_handlers else None
+        logger.info(
+            "worker %s starting: queues=%s concurrency=%d batch=%d lease=%gs heartbeat=%gs",
+            cfg.worker_id,
+            ",".join(cfg.queues),
+            cfg.concurrency,
+            cfg.batch_size,
+            cfg.lease,
+            cfg.heartbeat_interval,
+        )
+        for _ in range(cfg.concurrency):
+            self._spawn_executor()
+        self._start_service(self._heartbeat_loop, "heartbeat")
+        self._start_service(self._listen_loop, "listener")
+        try:
+            self._dispatch_loop()
+        finally:
+            try:
+                self._shutdown()
+            finally:
+                if restore:
+                    restore()
+        logger.info("worker %s stopped: %s", cfg.worker_id, dict(self.stats))
+        return self.exit_code
+
+    # -- signals ----------------------------------------------------------------------
+
+    def _install_signals(self) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            if self._stopping.is_set():
+                logger.warning("second %s: stopping now", signal.Signals(signum).name)
+                self.stop(force=True)
+            else:
+                logger.warning(
+                    "%s: no more claims; running handlers get %gs to finish",
+                    signal.Signals(signum).name,
+                    self.config.shutdown_grace,
+                )
+                self.stop()
+
+        for sig in previous:
+            signal.signal(sig, on_signal)
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+    # -- dispatcher -------------------------------------------------------------------
+
+    def _dispatch_loop(self) -> None:
+        cfg = self.config
+        next_sweep = 0.0
+        while not self._stopping.is_set():
+            try:
+                if not self._store.connected:
+                    self._reconnect()
+                    continue
+                self._wake.clear()
+                self._collect_outcomes()
+                self._write_outcomes()
+                self._check_timeouts()
+                if self._stopping.is_set():
+                    break
+                now = time.monotonic()
+                if now >= next_sweep:
+                    self._sweep()
+                    next_sweep = now + cfg.sweep_interval
+                claimed = self._claim_round()
+                if claimed:
+                    continue
+                if cfg.burst and self._idle():
+                    logger.info("worker %s: queues empty, burst done", cfg.worker_id)
+                    return
+                self._wake.wait(self._idle_timeout(next_sweep))
+            except DatabaseUnavailable as exc:
+                logger.warning("worker %s: %s", cfg.worker_id, exc)
+                self._store.close()
+
+    def _reconnect(self) -> None:
+        if not wait_for(self._store, self._force, self._backoff, f"worker {self.worker_id}"):
+            return
+        self._empty_until.clear()  # anything may have arrived while we were away
+        self._resolve_uncertain()
+
+    def _idle(self) -> bool:
+        return (
+            not self._inflight
+            and not self._unwritten
+            and not self._uncertain
+            and all(name in self._empty_until for name in self.config.queues)
+        )
+
+    def _idle_timeout(self, next_sweep: float) -> float:
+        now = time.monotonic()
+        deadline = min(next_sweep, now + self.config.poll_interval)
+        if self._empty_until:
+            deadline = min(deadline, min(self._empty_until.values()))
+        for item in self._inflight.values():
+            if item.timeout is not None and item.started is not None and not item.timed_out:
+                deadline = min(deadline, item.started + item.timeout)
+        return max(0.0, deadline - now)
+
+    def _claim_round(self) -> int:
+        cfg = self.config
+        free = cfg.concurrency - len(self._inflight)
+        if free <= 0:
+            return 0
+        now = time.monotonic()
+        notified, self._notified = self._notified, set()
+        for name in notified:
+            self._empty_until.pop(name, None)
+        for name, until in list(self._empty_until.items()):
+            if until <= now:
+                del self._empty_until[name]
+        total = 0
+        for name in self._scheduler.order():
+            if free <= 0 or self._stopping.is_set():
+                break
+            if name in self._empty_until:
+                continue
+            limit = min(cfg.batch_size, free)
+            sent = time.monotonic()
+            rows = self._store.claim(name, limit, cfg.worker_id, cfg.lease)
+            if len(rows) < limit:
+                self._empty_until[name] = sent + cfg.poll_interval
+            if rows:
+                logger.info("claimed %d job(s) from %s", len(rows), name)
+                self._dispatch(rows, sent + cfg.lease)
+                free -= len(rows)
+                total += len(rows)
+        return total
+
+    def _dispatch(self, rows: list[ClaimedRow], expires: float) -> None:
+        self.stats["claimed"] += len(rows)
+        rows.sort(key=lambda row: (-row.priority, row.run_at, row.job_id))
+        leases = []
+        for row in rows:
+            lease = Lease(row.job_id, row.lease_version, expires)
+            handler = self.registry.find(row.type)
+            ctx = JobContext(
+                job_id=row.job_id,
+                queue=row.queue,
+                type=row.type,
+                payload=None,
+                attempt=row.attempt,
+                max_attempts=row.max_attempts,
+                lease_version=row.lease_version,
+                priority=row.priority,
+                worker_id=self.config.worker_id,
+                created_at=row.created_at,
+                user_key=row.idempotency_key,
+                lease=lease,
+            )
+            policy = handler.retry if handler and handler.retry else self._policy
+            timeout = handler.timeout if handler and handler.timeout else self.config.job_timeout
+            item = InFlight(ctx, lease, handler, row.payload, policy, timeout)
+            self._inflight[row.job_id] = item
+            leases.append(lease)
+        with self._leases_lock:
+            for lease in leases:
+                self._leases[lease.job_id] = lease
+        for job_id in (row.job_id for row in rows):
+            self._work.put(self._inflight[job_id])
+
+    # -- outcomes ---------------------------------------------------------------------
+
+    def _collect_outcomes(self) -> None:
+        while True:
+            try:
+                item, outcome = self._outcomes.get_nowait()
+            except queue_module.Empty:
+                return
+            if item.resolved:
+                continue  # a timed-out handler came back after its failure was recorded
+            item.resolved = True
+            self._inflight.pop(item.ctx.job_id, None)
+            self._unwritten.append((item, outcome))
+
+    def _write_outcomes(self) -> None:
+        if not self._unwritten:
+            return
+        batch, self._unwritten = self._unwritten, []
+        successes = [(item, out) for item, out in batch if isinstance(out, Success)]
+        failures = [(item, out) for item, out in batch if isinstance(out, Failure)]
+        if successes:
+            try:
+                done = self._store.complete(
+                    [(i.ctx.job_id, i.ctx.lease_version, o.result) for i, o in successes]
+                )
+            except DatabaseUnavailable:
+                self._uncertain.extend(batch)  # the COMMIT may or may not have happened
+                raise
+            for item, _ in successes:
+                if item.ctx.job_id in done:
+                    self.stats["completed"] += 1
+                else:
+                    self._stale(item, "complete")
+                self._forget(item)
+        for position, (item, outcome) in enumerate(failures):
+            assert isinstance(outcome, Failure)
+            try:
+                self._write_failure(item, outcome)
+            except DatabaseUnavailable:
+                self._uncertain.extend(failures[position:])
+                raise
+
+    def _write_failure(self, item: InFlight, outcome: Failure) -> None:
+        ctx = item.ctx
+        result = self._store.fail(
+            ctx.job_id,
+            ctx.lease_version,
+            permanent=outcome.permanent,
+            delay=outcome.delay,
+            error_class=outcome.error_class,
+            error_message=outcome.message,
+            traceback=outcome.traceback,
+            last_error=outcome.last_error,
+        )
+        self._forget(item)
+        if result is None:
+            self._stale(item, "fail")
+            return
+        status, _run_at = result
+        if status == "dead":
+            self.stats["dead"] += 1
+            logger.error(
+                "job %d (%s) dead after attempt %d/%d: %s",
+                ctx.job_id,
+                ctx.type,
+                ctx.attempt,
+                ctx.max_attempts,
+                outcome.last_error,
+            )
+        else:
+            self.stats["retried"] += 1
+            logger.warning(
+                "job %d (%s) failed attempt %d/%d, retry in %.2fs: %s",
+                ctx.job_id,
+                ctx.type,
+                ctx.attempt,
+                ctx.max_attempts,
+                outcome.delay,
+                outcome.last_error,
+            )
+
+    def _stale(self, item: InFlight, what: str) -> None:
+        self.stats["stale_writes"] += 1
+        logger.warning(
+            "stale write rejected: %s of job %d with lease_version %d changed nothing; "
+            "another worker owns it now",
+            what,
+            item.ctx.job_id,
+            item.ctx.lease_version,
+        )
+
+    def _forget(self, item: InFlight) -> None:
+        with self._leases_lock:
+            self._leases.pop(item.ctx.job_id, None)
+
+    def _resolve_uncertain(self) -> None:
+        """After a lost connection: read back whether the writes in doubt landed."""
+        if not self._uncertain:
+            return
+        pending, self._uncertain = self._uncertain, []
+        try:
+            statuses = self._store.attempt_statuses(
+                [(item.ctx.job_id, item.ctx.lease_version) for item, _ in pending]
+            )
+        except DatabaseUnavailable:
+            self._uncertain = pending + self._uncertain
+            raise
+        for item, outcome in pending:
+            status = statuses.get((item.ctx.job_id, item.ctx.lease_version))
+            if status == "running":
+                self._unwritten.append((item, outcome))  # it did not land: write it again
+            elif status in ("succeeded", "failed"):
+                self.stats["completed" if status == "succeeded" else "failed_written"] += 1
+                self._forget(item)
+                logger.info("job %d: the write in doubt had landed (%s)", item.ctx.job_id, status)
+            else:
+                self._forget(item)
+                self._stale(item, "write after reconnect")
+
+    # -- timeouts ---------------------------------------------------------------------
+
+    def _check_timeouts(self) -> None:
+        now = time.monotonic()
+        for item in list(self._inflight.values()):
+            if (
+                item.timeout is None
+                or item.started is None
+                or item.timed_out
+                or now - item.started < item.timeout
+            ):
+                continue
+            item.timed_out = True
+            item.resolved = True
+            self._inflight.pop(item.ctx.job_id, None)
+            logger.error(
+                "job %d (%s) exceeded its timeout of %gs; failing it and replacing its thread",
+                item.ctx.job_id,
+                item.ctx.type,
+                item.timeout,
+            )
+            self.stats["timed_out"] += 1
+            self._unwritten.append((item, executor.timed_out(item.ctx, item.timeout, item.policy)))
+            thread = item.thread
+            if thread is not None and thread.ident is not None:
+                # Best effort: raises JobTimeout in the handler at its next bytecode. A
+                # handler blocked in C code only notices when that call returns.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(thread.ident), ctypes.py_object(executor.JobTimeout)
+                )
+            self._stuck += 1
+            if self._stuck > self.config.concurrency:
+                logger.critical(
+                    "worker %s: %d handlers are stuck past their timeout; exiting so a "
+                    "supervisor can restart the process",
+                    self.worker_id,
+                    self._stuck,
+                )
+                self.exit_code = 1
+                self.stop()
+            else:
+                self._spawn_executor()
+
+    # -- sweep ------------------------------------------------------------------------
+
+    def _sweep(self) -> None:
+        for job_id, queue, lost_version, status in self._store.sweep(SWEEP_BATCH):
+            self.stats["swept"] += 1
+            logger.warning(
+                "lease of job %d (queue %s, lease_version %d) expired; %s",
+                job_id,
+                queue,
+                lost_version,
+                "requeued" if status == "pending" else "attempts spent, job is dead",
+            )
+
+    # -- executors --------------------------------------------------------------------
+
+    def _spawn_executor(self) -> None:
+        thread = threading.Thread(
+            target=self._executor_loop,
+            name=f"pgqueue-executor-{len(self._executors)}",
+            daemon=True,
+        )
+        self._executors.append(thread)
+        thread.start()
+
+    def _executor_loop(self) -> None:
+        try:
+            while True:
+                item = self._work.get()
+                if item is None:
+                    return
+                item.thread = threading.current_thread()
+                item.started = time.monotonic()
+                outcome = self._execute(item)
+                self._outcomes.put((item, outcome))
+                self._wake.set()
+                if item.timed_out:
+                    return  # a replacement thread took this one's place
+        except BaseException:
+            if not (item is not None and item.timed_out):
+                logger.exception("executor thread crashed")
+        finally:
+            connections.close_all()
+
+    def _execute(self, item: InFlight) -> Outcome:
+        ctx = item.ctx
+        try:
+            ctx.payload = json.loads(item.payload_text)
+        except ValueError as exc:
+            return Failure(*executor.describe(exc), permanent=True)
+        try:
+            return executor.run(ctx, item.handler, item.policy)
+        finally:
+            _reset_django_connections()
+
+    # -- heartbeat --------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        cfg = self.config
+        store = Store(cfg.database, f"pgqueue heartbeat {cfg.worker_id}")
+        backoff = Backoff(cfg.reconnect_max_delay)
+        last = time.monotonic()
+        try:
+            while not self._service_stop.wait(cfg.heartbeat_interval):
+                with self._leases_lock:
+                    held = [lease for lease in self._leases.values() if not lease.lost]
+                if not held:
+                    last = time.monotonic()
+                    continue
+                if not store.connected and not wait_for(
+                    store, self._service_stop, backoff, "heartbeat"
+                ):
+                    return
+                sent = time.monotonic()
+                try:
+                    kept = store.renew(
+                        [(lease.job_id, lease.lease_version) for lease in held], cfg.lease
+                    )
+                except DatabaseUnavailable as exc:
+                    logger.warning("heartbeat: %s", exc)
+                    continue
+                self.heartbeat_gaps.append(sent - last)
+                last = sent
+                for lease in held:
+                    if lease.job_id in kept:
+                        lease.expires = sent + cfg.lease
+                    elif not lease.lost:
+                        lease.lost = True
+                        self.stats["leases_lost"] += 1
+                        logger.warning(
+                            "lease lost: job %d (lease_version %d) is no longer this worker's",
+                            lease.job_id,
+                            lease.lease_version,
+                        )
+        finally:
+            store.close()
+
+    # -- listener ---------------------------------------------------------------------
+
+    def _listen_loop(self) -> None:
+        cfg = self.config
+        store = Store(cfg.database, f"pgqueue listener {cfg.worker_id}")
+        backoff = Backoff(cfg.reconnect_max_delay)
+        wanted = set(cfg.queues)
+        try:
+            while not self._service_stop.is_set():
+                if not store.connected:
+                    if not wait_for(store, self._service_stop, backoff, "listener"):
+                        return
+                    try:
+                        store.listen()
+                    except DatabaseUnavailable as exc:
+                        logger.warning("listener: %s", exc)
+                        continue
+                    # Notifications sent while we were not listening are gone: look.
+                    self._notified.update(wanted)
+                    self._wake.set()
+                try:
+                    for name in store.notifications(timeout=1.0):
+                        if name in wanted:
+                            self._notified.add(name)
+                            self._wake.set()
+                except DatabaseUnavailable as exc:
+                    logger.warning("listener: %s", exc)
+        finally:
+            store.close()
+
+    def _start_service(self, target: Any, name: str) -> None:
+        thread = threading.Thread(target=target, name=f"pgqueue-{name}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    # -- shutdown ---------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        cfg = self.config
+        unstarted: list[InFlight] = []
+        while True:
+            try:
+                item = self._work.get_nowait()
+            except queue_module.Empty:
+                break
+            if item is not None:
+                unstarted.append(item)
+        for _ in self._executors:
+            self._work.put(None)
+        for item in unstarted:
+            item.resolved = True
+            self._inflight.pop(item.ctx.job_id, None)
+        if unstarted:
+            self._release(unstarted)
+
+        deadline = time.monotonic() + cfg.shutdown_grace
+        while self._inflight or self._unwritten or self._uncertain:
+            if self._force.is_set() or time.monotonic() >= deadline:
+                break
+            self._wake.wait(0.05)
+            self._wake.clear()
+            self._collect_outcomes()
+            self._check_timeouts()
+            try:
+                if not self._store.connected:
+                    self._reconnect()
+                self._write_outcomes()
+            except DatabaseUnavailable as exc:
+                logger.warning("shutdown: %s", exc)
+                self._store.close()
+                self._force.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+
+        interrupted = [item for item in self._inflight.values() if not item.resolved]
+        for item in interrupted:
+            item.resolved = True
+            self._unwritten.append(
+                (
+                    item,
+                    Failure(
+                        "django_pgqueue.WorkerShutdown",
+                        f"worker {cfg.worker_id} stopped before the handler finished",
+                        "",
+                        permanent=False,
+                        delay=0.0,
+                    ),
+                )
+            )
+        self._inflight.clear()
+        if interrupted:
+            logger.warning(
+                "shutdown: %d handler(s) still running; their jobs are retried", len(interrupted)
+            )
+        try:
+            if not self._store.connected:
+                self._store.connect()
+            self._resolve_uncertain()
+            self._write_outcomes()
+        except DatabaseUnavailable as exc:
+            logger.warning(
+                "shutdown: could not write %d outcome(s) (%s); their leases will expire and "
+                "the sweep will requeue them",
+                len(self._unwritten) + len(self._uncertain),
+                exc,
+            )
+        self._service_stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._store.close()
+
+    def _release(self, items: list[InFlight]) -> None:
+        pairs = [(item.ctx.job_id, item.ctx.lease_version) for item in items]
+        try:
+            if not self._store.connected:
+                self._store.connect()
+            released = self._store.release(pairs)
+        except DatabaseUnavailable as exc:
+            logger.warning(
+                "shutdown: could not hand back %d unstarted job(s) (%s); the sweep will",
+                len(items),
+                exc,
+            )
+            return
+        for item in items:
+            self._forget(item)
+        self.stats["released"] += len(released)
+        logger.info("shutdown: handed back %d unstarted job(s)", len(released))
+
+
+def _reset_django_connections() -> None:
+    """Keep a handler thread's Django connections across jobs, unless one is broken.
+
+    Django closes connections per request according to CONN_MAX_AGE; a worker has no
+    requests, and reconnecting per job costs more than most jobs. A connection is
+    dropped only when it saw an error and no longer answers, or when the handler left a
+    transaction open.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        if conn.in_atomic_block or not conn.get_autocommit():
+            conn.close()  # a transaction left open by a handler: roll it back
+        elif conn.errors_occurred:
+            if conn.is_usable():
+                conn.errors_occurred = False
+            else:
+                conn.close()

@@ -1,0 +1,115 @@
+"""Handlers the test suite and the reliability scenarios run in real worker processes.
+
+`ledger` rows are written on the handler's own autocommit connection, apart from the
+queue's tables, so executions can be counted independently of what the queue says.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from django.db import connection
+
+import django_pgqueue
+from django_pgqueue import JobContext, PermanentFailure, RetryLater
+
+
+def _ledger_start(ctx: JobContext) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO qa_ledger (job_id, lease_version, attempt, pid, worker_id, started_at) "
+            "VALUES (%s, %s, %s, %s, %s, clock_timestamp()) RETURNING id",
+            [ctx.job_id, ctx.lease_version, ctx.attempt, os.getpid(), ctx.worker_id],
+        )
+        return cursor.fetchone()[0]
+
+
+def _ledger_end(entry: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE qa_ledger SET finished_at = clock_timestamp() WHERE id = %s", [entry]
+        )
+
+
+@django_pgqueue.handler("qa.noop")
+def noop(ctx: JobContext) -> None:
+    return None
+
+
+@django_pgqueue.handler("qa.echo")
+def echo(ctx: JobContext) -> Any:
+    return ctx.payload
+
+
+@django_pgqueue.handler("qa.sleep")
+def sleep(ctx: JobContext) -> None:
+    """Sleep payload['seconds'], recording the run in the ledger."""
+    entry = _ledger_start(ctx)
+    deadline = time.monotonic() + float(ctx.payload.get("seconds", 1.0))
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    _ledger_end(entry)
+
+
+@django_pgqueue.handler("qa.ledger")
+def ledger(ctx: JobContext) -> None:
+    """Record the run in the ledger, optionally sleeping in between."""
+    entry = _ledger_start(ctx)
+    seconds = float((ctx.payload or {}).get("seconds", 0))
+    if seconds:
+        time.sleep(seconds)
+    _ledger_end(entry)
+
+
+@django_pgqueue.handler("qa.fail", max_attempts=3)
+def fail(ctx: JobContext) -> None:
+    raise ValueError(f"qa.fail always fails (attempt {ctx.attempt})")
+
+
+@django_pgqueue.handler("qa.flaky", max_attempts=5)
+def flaky(ctx: JobContext) -> str:
+    if ctx.attempt <= int(ctx.payload.get("failures", 1)):
+        raise ConnectionError(f"flaky dependency down (attempt {ctx.attempt})")
+    return "ok"
+
+
+@django_pgqueue.handler("qa.permanent")
+def permanent(ctx: JobContext) -> None:
+    raise PermanentFailure("this input can never succeed")
+
+
+@django_pgqueue.handler("qa.retry_later")
+def retry_later(ctx: JobContext) -> None:
+    if ctx.attempt == 1:
+        raise RetryLater(float(ctx.payload.get("delay", 5)), "asked to come back later")
+
+
+@django_pgqueue.handler("qa.exit")
+def exit_handler(ctx: JobContext) -> None:
+    kind = ctx.payload.get("raise", "SystemExit")
+    raise {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt}[kind]("bye")
+
+
+@django_pgqueue.handler("qa.kill_process", max_attempts=2)
+def kill_process(ctx: JobContext) -> None:
+    """A poison job: takes its worker process down with it."""
+    os._exit(13)
+
+
+@django_pgqueue.handler("qa.hang")
+def hang(ctx: JobContext) -> None:
+    """Never returns on its own."""
+    threading.Event().wait()
+
+
+@django_pgqueue.handler("qa.bad_result")
+def bad_result(ctx: JobContext) -> Any:
+    return {"when": object()}
+
+
+@django_pgqueue.handler("qa.nul_error")
+def nul_error(ctx: JobContext) -> None:
+    raise ValueError("bad \x00 byte and a lone surrogate \udc80")

@@ -1,0 +1,20 @@
+from django.db import models
+from django.db.models.functions import Now
+
+
+class LedgerEntry(models.Model):
+    """One execution of a qa handler, written on the handler's own connection."""
+
+    job_id = models.BigIntegerField(db_index=True)
+    lease_version = models.BigIntegerField()
+    attempt = models.IntegerField()
+    pid = models.IntegerField()
+    worker_id = models.TextField()
+    started_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True)
+
+    class Meta:
+        db_table = "qa_ledger"
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} v{self.lease_version} in pid {self.pid}"

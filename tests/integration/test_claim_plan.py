@@ -1,0 +1,107 @@
+"""The claim statement's plan: an ordered walk of the claim index, never a sort."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+
+from django_pgqueue.sql import QUERIES
+
+pytestmark = pytest.mark.django_db
+
+
+def load_jobs(pending: int, finished: int = 0, analyze: bool = True) -> None:
+    """Insert jobs fast, spread over three queues, in the test's transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH ids AS (
+                SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id, n
+                FROM generate_series(1, %(total)s) AS n
+            ), jobs AS (
+                INSERT INTO queue_jobs (id, queue, type, payload, created_at)
+                SELECT id, (ARRAY['payments', 'email', 'reports'])[1 + n %% 3], 'qa.noop',
+                       jsonb_build_object('n', n), now()
+                FROM ids
+            )
+            INSERT INTO queue_job_state (job_id, queue, status, priority, run_at, attempts,
+                                         max_attempts, lease_version, updated_at, finished_at)
+            SELECT id, (ARRAY['payments', 'email', 'reports'])[1 + n %% 3],
+                   CASE WHEN n <= %(finished)s THEN 'completed' ELSE 'pending' END,
+                   (n %% 5) - 2, now() - make_interval(secs => n %% 1000), 0, 5, 0, now(),
+                   CASE WHEN n <= %(finished)s THEN now() END
+            FROM ids
+            """,
+            {"total": pending + finished, "finished": finished},
+        )
+        if analyze:
+            cursor.execute("ANALYZE queue_job_state")
+            cursor.execute("ANALYZE queue_jobs")
+
+
+def claim_plan(queue: str = "payments", limit: int = 20) -> dict:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN (FORMAT JSON) " + QUERIES["job_claim"],
+            {"queue": queue, "limit": limit, "worker_id": "explain", "lease": 30.0},
+        )
+        plan = cursor.fetchone()[0]
+    return (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+
+
+def nodes(plan: dict) -> list[dict]:
+    found = [plan]
+    for child in plan.get("Plans", []):
+        found.extend(nodes(child))
+    return found
+
+
+def candidate_scan(plan: dict) -> dict:
+    """The scan node under the candidates CTE (the LockRows -> Limit subtree)."""
+    for node in nodes(plan):
+        if node.get("Subplan Name") == "CTE candidates":
+            scans = [n for n in nodes(node) if "Scan" in n["Node Type"]]
+            assert scans, node
+            return scans[0]
+    raise AssertionError("no candidates CTE in the plan")
+
+
+def test_claim_on_50k_pending_jobs_walks_the_claim_index_without_sorting():
+    load_jobs(pending=50_000)
+    plan = claim_plan()
+    scan = candidate_scan(plan)
+    assert scan["Node Type"] == "Index Scan"
+    assert scan["Index Name"] == "queue_job_state_claim_idx"
+    assert "Sort" not in {node["Node Type"] for node in nodes(plan)}
+    assert "Bitmap Heap Scan" not in {node["Node Type"] for node in nodes(plan)}
+
+
+def test_claim_plan_holds_with_finished_rows_and_stale_statistics():
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE queue_job_state")  # statistics of an empty table
+    load_jobs(pending=20_000, finished=40_000, analyze=False)
+    for queue in ("payments", "email", "reports"):
+        scan = candidate_scan(claim_plan(queue))
+        assert (scan["Node Type"], scan["Index Name"]) == (
+            "Index Scan",
+            "queue_job_state_claim_idx",
+        )
+
+
+def test_the_any_predicate_of_the_article_loses_the_ordered_walk():
+    """Why the claim takes one queue: with = ANY the plan must sort (the article's finding)."""
+    load_jobs(pending=50_000)
+    any_claim = QUERIES["job_claim"].replace(
+        "WHERE queue = %(queue)s::text", "WHERE queue = ANY(%(queues)s::text[])"
+    )
+    assert any_claim != QUERIES["job_claim"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN (FORMAT JSON) " + any_claim,
+            {"queues": ["payments", "email"], "limit": 20, "worker_id": "x", "lease": 30.0},
+        )
+        plan = cursor.fetchone()[0]
+    plan = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    assert "Sort" in {node["Node Type"] for node in nodes(plan)}

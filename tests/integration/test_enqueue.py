@@ -1,0 +1,227 @@
+"""enqueue() and enqueue_many() against the real database."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+import django_pgqueue
+from django_pgqueue import EnqueueError, JobSpec, PayloadError, enqueue, enqueue_many
+from django_pgqueue.models import Job, JobState
+from django_pgqueue.store import connection_params
+from tests.conftest import sql
+
+pytestmark = pytest.mark.django_db
+
+
+def counts() -> tuple[int, int, int]:
+    return tuple(
+        sql(f"SELECT count(*) FROM {table}")[0][0]
+        for table in ("queue_jobs", "queue_job_state", "queue_attempts")
+    )
+
+
+def test_enqueue_writes_job_and_state_in_one_statement():
+    with CaptureQueriesContext(connection) as queries:
+        job = enqueue("qa.noop", {"order": 7}, queue="payments", priority=5)
+    assert len(queries) == 1
+    stored = Job.objects.get(pk=job.id)
+    state = JobState.objects.get(pk=job.id)
+    assert (stored.queue, stored.type, stored.payload) == ("payments", "qa.noop", {"order": 7})
+    assert (state.queue, state.status, state.priority, state.attempts) == (
+        "payments",
+        "pending",
+        5,
+        0,
+    )
+    assert state.lease_version == 0
+    assert state.run_at <= timezone.now()
+
+
+def test_max_attempts_comes_from_the_handler_then_the_settings():
+    assert JobState.objects.get(pk=enqueue("qa.fail").id).max_attempts == 3  # @handler
+    assert JobState.objects.get(pk=enqueue("qa.noop").id).max_attempts == 5  # PGQUEUE
+    assert JobState.objects.get(pk=enqueue("qa.noop", max_attempts=9).id).max_attempts == 9
+
+
+def test_delay_and_run_at_are_computed_by_the_database():
+    delayed = enqueue("qa.noop", delay=60)
+    at = timezone.now() + dt.timedelta(hours=2)
+    scheduled = enqueue("qa.noop", run_at=at)
+    (ahead,) = sql(
+        "SELECT extract(epoch FROM run_at - now()) FROM queue_job_state WHERE job_id = %s",
+        [delayed.id],
+    )[0]
+    assert 59 <= ahead <= 60
+    assert JobState.objects.get(pk=scheduled.id).run_at == at
+
+
+def test_rolled_back_transaction_leaves_no_job():
+    before = counts()
+
+    def view() -> None:
+        with transaction.atomic():
+            enqueue("qa.noop", {"n": 1})
+            enqueue_many([("qa.noop", {"n": i}) for i in range(10)])
+            raise RuntimeError("the view failed after enqueueing")
+
+    with pytest.raises(RuntimeError):
+        view()
+    assert counts() == before
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"payload": {"s": {1}}}, PayloadError, "set"),
+        ({"payload": {"s": "nul\x00"}}, PayloadError, "NUL"),
+        ({"payload": "x" * 2_000_000}, PayloadError, "over the limit"),
+        ({"queue": ""}, EnqueueError, "queue"),
+        ({"queue": "x" * 64}, EnqueueError, "queue"),
+        ({"queue": "a'; DROP TABLE queue_jobs; --"}, EnqueueError, "queue"),
+        ({"priority": 1000}, EnqueueError, "priority"),
+        ({"delay": -5}, EnqueueError, "delay"),
+        ({"run_at": dt.datetime(2030, 1, 1)}, EnqueueError, "naive"),
+        ({"max_attempts": 0}, EnqueueError, "max_attempts"),
+        ({"idempotency_key": ""}, EnqueueError, "idempotency_key"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_is_written(kwargs, error, message):
+    before = counts()
+    payload = kwargs.pop("payload", {"ok": True})
+    with transaction.atomic():
+        with pytest.raises(error, match=message):
+            enqueue("qa.noop", payload, **kwargs)
+        # The caller's transaction is still usable.
+        enqueue("qa.noop", {"after": "error"})
+    assert counts() == (before[0] + 1, before[1] + 1, before[2])
+
+
+def test_bad_type_name_is_refused():
+    with pytest.raises(EnqueueError, match="not a valid job type"):
+        enqueue("no spaces allowed", {})
+
+
+def test_enqueue_many_refuses_the_whole_batch_on_one_bad_item():
+    before = counts()
+    items = [("qa.noop", {"n": i}) for i in range(5)] + [("qa.noop", {"bad": {1, 2}})]
+    with pytest.raises(PayloadError, match=r"item 5: payload\['bad'\]"):
+        enqueue_many(items)
+    assert counts() == before
+
+
+def test_enqueue_many_is_one_statement_in_order():
+    specs = [JobSpec("qa.noop", {"n": i}, priority=i % 3) for i in range(2_000)]
+    with CaptureQueriesContext(connection) as queries:
+        jobs = enqueue_many(specs, queue="bulk")
+    assert len(queries) == 1
+    assert [job.id for job in jobs] == sorted(job.id for job in jobs)
+    stored = dict(Job.objects.filter(queue="bulk").values_list("id", "payload"))
+    assert [stored[job.id]["n"] for job in jobs] == list(range(2_000))
+    assert JobState.objects.filter(queue="bulk", status="pending").count() == 2_000
+
+
+def test_idempotency_key_returns_the_live_job():
+    first = enqueue("qa.noop", {"v": 1}, queue="payments", idempotency_key="order-17")
+    second = enqueue("qa.noop", {"v": 2}, queue="payments", idempotency_key="order-17")
+    other_queue = enqueue("qa.noop", {"v": 3}, queue="email", idempotency_key="order-17")
+    assert first.created
+    assert not second.created
+    assert other_queue.created
+    assert second.id == first.id
+    assert other_queue.id != first.id
+    assert Job.objects.filter(idempotency_key="order-17").count() == 2
+    # Once the job has finished, the key is free again.
+    sql(
+        "UPDATE queue_job_state SET status = 'completed', finished_at = now() WHERE job_id = %s",
+        [first.id],
+    )
+    third = enqueue("qa.noop", {"v": 4}, queue="payments", idempotency_key="order-17")
+    assert third.created
+    assert third.id != first.id
+
+
+def test_idempotency_key_in_enqueue_many():
+    held = enqueue("qa.noop", queue="q", idempotency_key="k0")
+    jobs = enqueue_many(
+        [
+            JobSpec("qa.noop", 1, idempotency_key="k0"),
+            JobSpec("qa.noop", 2, idempotency_key="k1"),
+            JobSpec("qa.noop", 3, idempotency_key="k1"),
+            JobSpec("qa.noop", 4),
+        ],
+        queue="q",
+    )
+    assert [job.created for job in jobs] == [False, True, False, True]
+    assert jobs[0].id == held.id
+    assert jobs[1].id == jobs[2].id
+    assert JobState.objects.filter(queue="q").count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_enqueues_of_one_key_make_one_job():
+    """Eight real connections race to enqueue the same key; one job results."""
+    params = connection_params("default", "test")
+    barrier = threading.Barrier(8)
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    from django_pgqueue.sql import QUERIES
+
+    def racer(n: int) -> None:
+        with psycopg.connect(**params, autocommit=False) as conn:
+            barrier.wait()
+            for _ in range(5):
+                row = conn.execute(
+                    QUERIES["job_enqueue"],
+                    {
+                        "queue": "race",
+                        "type": "qa.noop",
+                        "payload": f'{{"n": {n}}}',
+                        "priority": 0,
+                        "run_at": None,
+                        "delay": 0.0,
+                        "max_attempts": 3,
+                        "idempotency_key": "one-and-only",
+                    },
+                ).fetchone()
+                if row:
+                    break
+            conn.commit()
+            with lock:
+                ids.append(row[0])
+
+    threads = [threading.Thread(target=racer, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(ids) == 8
+    assert len(set(ids)) == 1
+    assert JobState.objects.filter(queue="race").count() == 1
+    assert Job.objects.filter(queue="race").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_notifies_on_commit_only():
+    params = connection_params("default", "listener")
+    with psycopg.connect(**params, autocommit=True) as listener:
+        listener.execute("LISTEN pgqueue")
+        with transaction.atomic():
+            enqueue("qa.noop", queue="wake-me")
+            assert list(listener.notifies(timeout=0.2)) == []  # not before commit
+        got = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
+        assert got == ["wake-me"]
+        enqueue("qa.noop", queue="later", delay=3600)  # not due: no wake-up
+        assert list(listener.notifies(timeout=0.2)) == []
+
+
+def test_public_api():
+    for name in ("enqueue", "enqueue_many", "handler", "RetryLater", "PermanentFailure"):
+        assert hasattr(django_pgqueue, name)

@@ -1,0 +1,223 @@
+"""The worker in real threads of this process, against the real database."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from django_pgqueue import enqueue, enqueue_many
+from django_pgqueue.models import Attempt, JobState
+from django_pgqueue.retry import ExponentialBackoff
+from tests.conftest import sql
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wait_until(predicate, timeout: float = 20.0, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError("condition not reached in time")
+
+
+def statuses(queue: str | None = None) -> dict[str, int]:
+    rows = sql(
+        "SELECT status, count(*) FROM queue_job_state WHERE %s::text IS NULL OR queue = %s "
+        "GROUP BY status",
+        [queue, queue],
+    )
+    return dict(rows)
+
+
+def test_burst_worker_completes_everything_and_stores_results(run_worker):
+    jobs = enqueue_many([("qa.echo", {"n": i}) for i in range(200)], queue="a")
+    enqueue_many([("qa.noop", i) for i in range(100)], queue="b")
+    worker = run_worker(["a", "b"], concurrency=4, batch_size=8, burst=True)
+    worker.join()
+    assert statuses() == {"completed": 300}
+    assert worker.worker.stats["completed"] == 300
+    assert Attempt.objects.filter(status="succeeded").count() == 300
+    assert Attempt.objects.get(job_id=jobs[7].id).result == {"n": 7}
+    assert sql("SELECT count(*) FROM queue_job_state WHERE locked_by IS NOT NULL")[0][0] == 0
+
+
+def test_failing_job_retries_within_the_policy_bounds_then_dies(run_worker, settings):
+    settings.PGQUEUE = {"RETRY_BACKOFF_BASE": 0.2, "RETRY_BACKOFF_CAP": 0.6}
+    job = enqueue("qa.fail", queue="f")  # max_attempts=3 from its @handler
+    run_worker(["f"], burst=False, poll_interval=0.05)
+    wait_until(lambda: JobState.objects.get(pk=job.id).status == "dead")
+    attempts = list(Attempt.objects.filter(job_id=job.id).order_by("lease_version"))
+    assert [a.attempt_index for a in attempts] == [1, 2, 3]
+    assert all(a.status == "failed" and a.error_class == "ValueError" for a in attempts)
+    assert [a.error_message for a in attempts] == [
+        f"qa.fail always fails (attempt {n})" for n in (1, 2, 3)
+    ]
+    assert all("Traceback" in a.traceback for a in attempts)
+    policy = ExponentialBackoff(base=0.2, cap=0.6)
+    # Each retry starts no earlier than its failure, and (allowing for the poll) not
+    # much later than the largest delay the policy could draw.
+    for earlier, later in itertools.pairwise(attempts):
+        gap = (later.started_at - earlier.finished_at).total_seconds()
+        assert 0 <= gap <= policy.ceiling(earlier.attempt_index) + 1.0
+    state = JobState.objects.get(pk=job.id)
+    assert state.attempts == 3
+    assert state.last_error.startswith("ValueError")
+
+
+def test_retry_delays_read_from_run_at_are_inside_the_bounds(run_worker, settings):
+    """Many failing jobs; for every retry, run_at - failure time is in [0, ceiling]."""
+    settings.PGQUEUE = {"RETRY_BACKOFF_BASE": 30.0, "RETRY_BACKOFF_CAP": 45.0}
+    jobs = enqueue_many([("qa.flaky", {"failures": 5}) for _ in range(40)], queue="r")
+    worker = run_worker(["r"], concurrency=8, batch_size=8, burst=True)
+    worker.join()
+    rows = sql(
+        "SELECT extract(epoch FROM s.run_at - a.finished_at), s.status FROM queue_job_state s "
+        "JOIN queue_attempts a ON a.job_id = s.job_id WHERE s.queue = 'r'"
+    )
+    assert len(rows) == len(jobs) == 40
+    delays = [float(delay) for delay, _ in rows]
+    assert all(status == "pending" for _, status in rows)
+    assert all(0 <= delay <= 30.0 + 1e-6 for delay in delays)  # attempt 1: min(45, 30 * 2**0)
+    assert max(delays) - min(delays) > 5  # jittered, not fixed
+
+
+def test_retry_later_and_permanent_failure(run_worker):
+    later = enqueue("qa.retry_later", {"delay": 120}, queue="c")
+    never = enqueue("qa.permanent", queue="c")
+    run_worker(["c"], burst=True).join()
+    later_state = JobState.objects.get(pk=later.id)
+    assert later_state.status == "pending"
+    (ahead,) = sql(
+        "SELECT extract(epoch FROM run_at - now()) FROM queue_job_state WHERE job_id = %s",
+        [later.id],
+    )[0]
+    assert 100 < float(ahead) <= 120
+    never_state = JobState.objects.get(pk=never.id)
+    assert (never_state.status, never_state.attempts) == ("dead", 1)
+    assert "this input can never succeed" in never_state.last_error
+
+
+def test_unknown_type_dies_and_the_worker_goes_on(run_worker):
+    unknown = enqueue("qa.does_not_exist", queue="u")
+    fine = enqueue_many([("qa.noop", i) for i in range(5)], queue="u")
+    run_worker(["u"], burst=True).join()
+    state = JobState.objects.get(pk=unknown.id)
+    assert state.status == "dead"
+    assert "No handler is registered" in state.last_error
+    assert JobState.objects.filter(pk__in=[j.id for j in fine], status="completed").count() == 5
+
+
+def test_handlers_raising_system_exit_or_keyboard_interrupt_do_not_stop_the_worker(run_worker):
+    bad = [
+        enqueue("qa.exit", {"raise": "SystemExit"}, queue="x", max_attempts=1),
+        enqueue("qa.exit", {"raise": "KeyboardInterrupt"}, queue="x", max_attempts=1),
+    ]
+    good = enqueue_many([("qa.noop", i) for i in range(5)], queue="x")
+    worker = run_worker(["x"], concurrency=2, burst=True)
+    worker.join()
+    assert [JobState.objects.get(pk=j.id).status for j in bad] == ["dead", "dead"]
+    errors = set(
+        Attempt.objects.filter(job_id__in=[j.id for j in bad]).values_list("error_class", flat=True)
+    )
+    assert errors == {"SystemExit", "KeyboardInterrupt"}
+    assert JobState.objects.filter(pk__in=[j.id for j in good], status="completed").count() == 5
+
+
+def test_unstorable_error_text_and_result_are_recorded(run_worker):
+    nul = enqueue("qa.nul_error", queue="n", max_attempts=1)
+    bad = enqueue("qa.bad_result", queue="n")
+    run_worker(["n"], burst=True).join()
+    attempt = Attempt.objects.get(job_id=nul.id)
+    assert attempt.status == "failed"
+    assert "\\x00" in attempt.error_message
+    state = JobState.objects.get(pk=bad.id)
+    assert state.status == "dead"
+    assert "cannot be stored as JSON" in state.last_error
+
+
+def test_expired_lease_is_reclaimed_by_another_worker(run_worker):
+    """A job held by a worker that vanished is swept, claimed again and completed."""
+    job = enqueue("qa.ledger", queue="l")
+    from django_pgqueue.store import Store
+
+    ghost = Store("default", "ghost")
+    ghost.claim("l", 1, "ghost-worker", 0.5)  # claims, then never renews nor finishes
+    ghost.close()
+    worker = run_worker(["l"], lease=2, sweep_interval=0.2, poll_interval=0.1)
+    wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed", timeout=10)
+    attempts = list(Attempt.objects.filter(job_id=job.id).order_by("lease_version"))
+    assert [(a.worker_id, a.status) for a in attempts] == [
+        ("ghost-worker", "lost"),
+        (worker.worker.worker_id, "succeeded"),
+    ]
+    assert sql("SELECT count(*) FROM qa_ledger WHERE job_id = %s", [job.id])[0][0] == 1
+
+
+def test_long_handler_keeps_its_lease_through_heartbeats(run_worker):
+    job = enqueue("qa.sleep", {"seconds": 3.0}, queue="long")
+    worker = run_worker(["long"], lease=1.0, sweep_interval=0.2)
+    other = run_worker(["long"], lease=1.0, sweep_interval=0.2)
+    wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed", timeout=15)
+    assert Attempt.objects.filter(job_id=job.id).count() == 1  # never swept, never re-run
+    assert sql("SELECT count(*) FROM qa_ledger WHERE job_id = %s", [job.id])[0][0] == 1
+    gaps = worker.worker.heartbeat_gaps + other.worker.heartbeat_gaps
+    assert gaps
+    assert max(gaps) < 1.0
+
+
+def test_stop_releases_unstarted_jobs_and_loses_nothing(run_worker):
+    jobs = enqueue_many([("qa.sleep", {"seconds": 0.5}) for _ in range(12)], queue="s")
+    worker = run_worker(["s"], concurrency=2, batch_size=2, shutdown_grace=5)
+    wait_until(lambda: sql("SELECT count(*) FROM qa_ledger")[0][0] >= 2)
+    worker.stop()
+    counts = statuses("s")
+    assert "running" not in counts
+    assert counts.get("completed", 0) + counts.get("pending", 0) == len(jobs)
+    assert counts.get("completed", 0) >= 2
+    # Whatever ran, ran once; what never started is pending with its attempt given back.
+    assert sql("SELECT count(*), count(DISTINCT job_id) FROM qa_ledger")[0] == (
+        counts["completed"],
+        counts["completed"],
+    )
+    assert (
+        sql("SELECT count(*) FROM queue_job_state WHERE status = 'pending' AND attempts > 0")[0][0]
+        == 0
+    )
+
+
+def test_weighted_worker_drains_both_queues(run_worker):
+    enqueue_many([("qa.noop", i) for i in range(60)], queue="heavy")
+    enqueue_many([("qa.noop", i) for i in range(20)], queue="light")
+    worker = run_worker(
+        ["heavy", "light"], weights={"heavy": 3}, concurrency=1, batch_size=1, burst=True
+    )
+    worker.join()
+    assert statuses() == {"completed": 80}
+    # With one slot and batch 1, claims interleave 3:1 while both queues have work.
+    order = [
+        queue
+        for (queue,) in sql(
+            "SELECT s.queue FROM queue_attempts a JOIN queue_job_state s USING (job_id) "
+            "ORDER BY a.id LIMIT 40"
+        )
+    ]
+    assert order.count("heavy") == 30
+    assert order.count("light") == 10
+
+
+def test_notify_wakes_an_idle_worker_quickly(run_worker):
+    worker = run_worker(["wake"], poll_interval=30)
+    time.sleep(0.5)  # idle, listening
+    job = enqueue("qa.noop", queue="wake")
+    wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed", timeout=5)
+    (latency,) = sql(
+        "SELECT extract(epoch FROM a.started_at - j.created_at) FROM queue_attempts a "
+        "JOIN queue_jobs j ON j.id = a.job_id WHERE j.id = %s",
+        [job.id],
+    )[0]
+    assert float(latency) < 1.0  # far below the 30 s poll interval
+    assert worker.worker.stats["claimed"] == 1

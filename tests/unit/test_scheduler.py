@@ -1,0 +1,58 @@
+from collections import Counter
+
+import pytest
+
+from django_pgqueue.exceptions import ConfigurationError
+from django_pgqueue.sql import QUERIES, load
+from django_pgqueue.worker import QueueScheduler, WorkerConfig
+
+
+def test_weighted_round_robin_gives_turns_in_proportion():
+    scheduler = QueueScheduler(("payments", "email"), {"payments": 3})
+    firsts = Counter(scheduler.order()[0] for _ in range(400))
+    assert firsts == {"payments": 300, "email": 100}
+
+
+def test_every_round_offers_every_queue():
+    scheduler = QueueScheduler(("a", "b", "c"), {})
+    for _ in range(10):
+        assert sorted(scheduler.order()) == ["a", "b", "c"]
+
+
+def test_unweighted_queues_alternate():
+    scheduler = QueueScheduler(("a", "b"), {})
+    assert [scheduler.order()[0] for _ in range(4)] == ["a", "b", "a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("queues", "options", "message"),
+    [
+        ([], {}, "at least one queue"),
+        (["a", "a"], {}, "repeat"),
+        (["a b"], {}, "not a valid queue name"),
+        (["a"], {"weights": {"b": 2}}, "not one of the worker's queues"),
+        (["a"], {"weights": {"a": 0}}, "1..1000"),
+        (["a"], {"concurrency": 0}, "concurrency"),
+        (["a"], {"lease": 3, "heartbeat_interval": 2}, "at most half the lease"),
+    ],
+)
+def test_worker_config_is_validated(queues, options, message):
+    with pytest.raises(ConfigurationError, match=message):
+        WorkerConfig.build(queues, **options)
+
+
+def test_heartbeat_follows_a_short_lease():
+    config = WorkerConfig.build(["a"], lease=2)
+    assert config.heartbeat_interval == pytest.approx(2 / 3)
+
+
+def test_queries_file_loads_every_statement():
+    assert {"job_claim", "job_complete", "job_fail", "lease_renew", "lease_sweep"} <= set(QUERIES)
+    for name, text in QUERIES.items():
+        assert text.startswith(f"-- name: {name}")
+        assert not text.rstrip().endswith(";")
+
+
+def test_loader_refuses_duplicates():
+    with pytest.raises(ValueError, match="twice"):
+        load("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;")
