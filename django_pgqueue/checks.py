@@ -6,7 +6,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
-from django.db import connections
+from django.core.exceptions import ImproperlyConfigured
+from django.db.utils import load_backend
 
 from .conf import validate
 from .exceptions import ConfigurationError
@@ -29,9 +30,12 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="pgqueue.E003",
             )
         ]
-    vendor = connections[alias].vendor  # loads the backend; does not connect
+    engine = databases[alias].get("ENGINE", "")
+    try:
+        vendor = load_backend(engine).DatabaseWrapper.vendor  # imports; does not connect
+    except ImproperlyConfigured:
+        vendor = "unknown"
     if vendor != "postgresql":
-        engine = databases[alias].get("ENGINE", "")
         return [
             checks.Error(
                 f"django_pgqueue needs PostgreSQL, but the database {alias!r} uses {engine!r}.",

@@ -113,3 +113,11 @@ def bad_result(ctx: JobContext) -> Any:
 @django_pgqueue.handler("qa.nul_error")
 def nul_error(ctx: JobContext) -> None:
     raise ValueError("bad \x00 byte and a lone surrogate \udc80")
+
+
+@django_pgqueue.handler("qa.backend_pid", max_attempts=3)
+def backend_pid(ctx: JobContext) -> int:
+    """The PostgreSQL backend serving this handler thread's Django connection."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]

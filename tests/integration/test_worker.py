@@ -221,3 +221,73 @@ def test_notify_wakes_an_idle_worker_quickly(run_worker):
     )[0]
     assert float(latency) < 1.0  # far below the 30 s poll interval
     assert worker.worker.stats["claimed"] == 1
+
+
+def test_stale_completion_is_rejected_counted_and_leaves_the_new_owners_state(run_worker):
+    """A worker's lease is taken over mid-job; its completion must change nothing."""
+    from django_pgqueue.store import Store
+
+    job = enqueue("qa.sleep", {"seconds": 1.5}, queue="stale")
+    worker = run_worker(["stale"], lease=30, sweep_interval=3600)
+    wait_until(lambda: sql("SELECT count(*) FROM qa_ledger")[0][0] == 1)
+    # The lease ends (as if the worker froze), and another worker takes the job over.
+    sql(
+        "UPDATE queue_job_state SET locked_until = now() - interval '1 second' WHERE job_id = %s",
+        [job.id],
+    )
+    other = Store("default", "other")
+    try:
+        # Sweep and claim in one transaction, so the first worker cannot reclaim it.
+        other.raw.autocommit = False
+        assert [row[0] for row in other.sweep()] == [job.id]
+        takeover = other.claim("stale", 1, "worker-b", 30)[0]
+        other.raw.commit()
+        other.raw.autocommit = True
+        wait_until(lambda: worker.worker.stats["stale_writes"] == 1, timeout=10)
+        state = JobState.objects.get(pk=job.id)
+        assert (state.status, state.locked_by, state.lease_version) == (
+            "running",
+            "worker-b",
+            takeover.lease_version,
+        )
+        assert other.complete([(job.id, takeover.lease_version, None)]) == {job.id}
+    finally:
+        other.close()
+    assert worker.worker.stats["completed"] == 0
+    statuses_by_version = dict(
+        sql("SELECT lease_version, status FROM queue_attempts WHERE job_id = %s", [job.id])
+    )
+    assert sorted(statuses_by_version.values()) == ["lost", "succeeded"]
+
+
+def test_handler_connections_survive_conn_max_age_zero_and_recover_when_killed(run_worker):
+    from django.db import connection
+
+    assert connection.settings_dict["CONN_MAX_AGE"] == 0  # Django's default: close per request
+    first = enqueue_many([("qa.backend_pid", i) for i in range(10)], queue="pid")
+    worker = run_worker(["pid"], concurrency=1, batch_size=1, burst=True)
+    worker.join()
+    pids = {a.result for a in Attempt.objects.filter(job_id__in=[j.id for j in first])}
+    assert len(pids) == 1  # one connection for all ten jobs
+    (pid,) = pids
+    sql("SELECT pg_terminate_backend(%s)", [pid])
+    time.sleep(0.2)
+    job = enqueue("qa.backend_pid", queue="pid")
+    worker = run_worker(["pid"], concurrency=1, batch_size=1, poll_interval=0.05)
+    wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed")
+    worker.stop()
+    new_pid = Attempt.objects.get(job_id=job.id, status="succeeded").result
+    assert new_pid != pid
+
+
+def test_worker_reconnects_after_its_connections_are_terminated(run_worker):
+    worker = run_worker(["reconnect"], poll_interval=0.1)
+    time.sleep(0.5)
+    killed = sql(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE application_name LIKE 'pgqueue %%' AND pid <> pg_backend_pid()"
+    )[0][0]
+    assert killed >= 2  # the dispatcher and the listener at least
+    job = enqueue("qa.noop", queue="reconnect")
+    wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed", timeout=15)
+    assert worker.worker.stats["completed"] == 1
