@@ -16,6 +16,7 @@ import logging
 import random
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,6 +135,63 @@ class Store:
 
     # -- worker statements ----------------------------------------------------------
 
+    def finish_and_claim(
+        self,
+        done: Sequence[tuple[int, int, str | None]],
+        failed: Sequence[dict[str, Any]],
+        claim: tuple[str, int, str, float] | None,
+    ) -> tuple[set[int], list[tuple[str, Any] | None], list[ClaimedRow]]:
+        """Write outcomes and claim the next batch in one transaction and one round trip.
+
+        `done` are (job_id, lease_version, result_json) to complete, `failed` the
+        parameters of job_fail, `claim` (queue, limit, worker_id, lease) or None.
+        Returns (job ids completed, job_fail result per failure, claimed rows). The
+        statements are pipelined: the worker pays one network round trip and one
+        commit for a whole cycle instead of one per statement.
+        """
+        with self._lock:
+            conn = self.raw
+            try:
+                with conn.pipeline(), conn.transaction():
+                    complete_cur = conn.cursor()
+                    if done:
+                        job_ids, versions, results = (
+                            list(column) for column in zip(*done, strict=True)
+                        )
+                        complete_cur.execute(
+                            QUERIES["job_complete"],
+                            {"job_ids": job_ids, "lease_versions": versions, "results": results},
+                        )
+                    fail_curs = []
+                    for params in failed:
+                        cursor = conn.cursor()
+                        cursor.execute(QUERIES["job_fail"], params)
+                        fail_curs.append(cursor)
+                    claim_cur = conn.cursor()
+                    if claim is not None:
+                        queue, limit, worker_id, lease = claim
+                        claim_cur.execute(
+                            QUERIES["job_claim"],
+                            {
+                                "queue": queue,
+                                "limit": limit,
+                                "worker_id": worker_id,
+                                "lease": lease,
+                            },
+                        )
+                completed = {row[0] for row in complete_cur.fetchall()} if done else set()
+                failures: list[tuple[str, Any] | None] = []
+                for cursor in fail_curs:
+                    row = cursor.fetchone()
+                    failures.append((row[0], row[1]) if row else None)
+                claimed = [ClaimedRow(*row) for row in claim_cur.fetchall()] if claim else []
+                return completed, failures, claimed
+            except _CONNECTION_ERRORS as exc:
+                self.close()
+                raise DatabaseUnavailable(
+                    f"finish/claim: lost the database connection: {exc}"
+                ) from exc
+
     def claim(self, queue: str, limit: int, worker_id: str, lease: float) -> list[ClaimedRow]:
         rows = self._run(
             "job_claim",
@@ -251,16 +309,44 @@ def wait_for(store: Store, stop: threading.Event, backoff: Backoff, what: str) -
     return False
 
 
-# -- enqueue, on the caller's Django connection ------------------------------------
+# -- enqueue and operator actions, on the caller's Django connection ------------------
+
+
+@contextmanager
+def django_cursor(alias: str) -> Iterator[Any]:
+    """A cursor on Django's connection `alias` that binds parameters on the server.
+
+    It is Django's own cursor wrapper (error translation, execute_wrappers, query
+    logging, the broken-transaction check), around a psycopg cursor with server-side
+    binding: Django's default psycopg cursor merges parameters into the SQL text on
+    the client, which for these long statements costs more than running them.
+    """
+    db = connections[alias]
+    db.ensure_connection()
+    raw_connection = db.connection
+    if not isinstance(raw_connection, psycopg.Connection):  # psycopg2: Django's own cursor
+        with db.cursor() as cursor:
+            yield cursor
+        return
+    db.validate_thread_sharing()
+    with db.wrap_database_errors:
+        raw = psycopg.Cursor(raw_connection)
+    cursor = db.make_debug_cursor(raw) if db.queries_logged else db.make_cursor(raw)
+    try:
+        yield cursor
+    finally:
+        cursor.close()
+
 
 _LOOKUP_RETRIES = 5
 
 
 def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool]:
-    """Run job_enqueue on Django's connection `alias`; return (job id, created)."""
-    with connections[alias].cursor() as cursor:
-        for _ in range(_LOOKUP_RETRIES):
-            cursor.execute(QUERIES["job_enqueue"], params)
+    """Insert one job on Django's connection `alias`; return (job id, created)."""
+    keyed = params["idempotency_key"] is not None
+    with django_cursor(alias) as cursor:
+        for _ in range(_LOOKUP_RETRIES if keyed else 1):
+            cursor.execute(QUERIES["job_enqueue_keyed" if keyed else "job_enqueue"], params)
             row = cursor.fetchone()
             if row is not None:
                 return int(row[0]), bool(row[1])
@@ -273,8 +359,8 @@ def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool]:
 
 
 def insert_jobs(alias: str, columns: dict[str, list[Any]]) -> list[tuple[int, bool]]:
-    """Run job_enqueue_many on Django's connection `alias`; return [(job id, created)]."""
-    with connections[alias].cursor() as cursor:
+    """Insert many jobs in one statement on Django's connection `alias`."""
+    with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["job_enqueue_many"], columns)
         rows = cursor.fetchall()
         results: list[tuple[int, bool]] = []
@@ -295,18 +381,15 @@ def insert_jobs(alias: str, columns: dict[str, list[Any]]) -> list[tuple[int, bo
         return results
 
 
-# -- operator actions, on Django's connection ------------------------------------------
-
-
 def retry_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
     """Make dead, cancelled or pending jobs due now with fresh attempts; return those changed."""
-    with connections[alias].cursor() as cursor:
+    with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["job_retry_now"], {"job_ids": list(job_ids)})
         return {row[0] for row in cursor.fetchall()}
 
 
 def cancel_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
     """Cancel pending jobs; return those changed. Running jobs are never touched."""
-    with connections[alias].cursor() as cursor:
+    with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["job_cancel"], {"job_ids": list(job_ids)})
         return {row[0] for row in cursor.fetchall()}

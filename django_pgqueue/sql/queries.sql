@@ -15,13 +15,33 @@
 
 
 -- name: job_enqueue
--- Insert one job and its state row and wake the queue's workers.
+-- Insert one job and its state row, and wake the queue's workers if it is due.
+-- The common case: no idempotency key (job_enqueue_keyed handles keys). NOTIFY is
+-- delivered by PostgreSQL only when the caller's transaction commits.
+WITH job AS (
+    INSERT INTO queue_jobs (queue, type, payload, idempotency_key, created_at)
+    VALUES (%(queue)s::text, %(type)s::text, %(payload)s::jsonb, NULL, now())
+    RETURNING id
+)
+INSERT INTO queue_job_state AS state (
+    job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version, updated_at
+)
+SELECT job.id, %(queue)s::text, 'pending', %(priority)s::smallint,
+       coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+       0, %(max_attempts)s::integer, 0, now()
+FROM job
+RETURNING state.job_id, true AS created,
+          (SELECT pg_notify('pgqueue', state.queue) WHERE state.run_at <= now()) IS NULL;
+
+
+-- name: job_enqueue_keyed
+-- Insert one job with an idempotency key, unless a pending or running job of the same
+-- queue holds that key: then return the holder with created = false.
 -- The state row is inserted first, with an id drawn from the jobs' sequence, so that
 -- ON CONFLICT on the live-key index can skip the whole job; the foreign key to
--- queue_jobs is checked at the end of the statement, when both rows exist. With an
--- idempotency key already held by a pending or running job, nothing is inserted and
--- the holder is returned with created = false. If no row comes back, a concurrent
--- transaction inserted the key after this statement's snapshot: run it again.
+-- queue_jobs is checked at the end of the statement, when both rows exist. If no row
+-- comes back, a concurrent transaction took the key after this statement's snapshot
+-- and committed: run it again.
 WITH new_job AS (
     SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id
 ), state AS (
@@ -44,17 +64,14 @@ WITH new_job AS (
     FROM state
     RETURNING id
 )
-SELECT job.id, true AS created
+SELECT job.id, true AS created,
+       (SELECT pg_notify('pgqueue', %(queue)s::text) WHERE state.run_at <= now()) IS NULL
 FROM job
 JOIN state ON state.job_id = job.id
-LEFT JOIN LATERAL (
-    SELECT pg_notify('pgqueue', %(queue)s::text) WHERE state.run_at <= now()
-) AS wake ON true
 UNION ALL
-SELECT live.job_id, false
+SELECT live.job_id, false, true
 FROM queue_job_state AS live
-WHERE %(idempotency_key)s::text IS NOT NULL
-  AND NOT EXISTS (SELECT FROM state)
+WHERE NOT EXISTS (SELECT FROM state)
   AND live.queue = %(queue)s::text
   AND live.idempotency_key = %(idempotency_key)s::text
   AND live.status IN ('pending', 'running');
@@ -161,8 +178,10 @@ WITH candidates AS MATERIALIZED (
         locked_by = %(worker_id)s::text,
         locked_until = now() + make_interval(secs => %(lease)s::float8),
         updated_at = now()
-    FROM candidates
-    WHERE state.job_id = candidates.job_id
+    -- An array of ids, not a join: the rows are fetched by primary key whatever the
+    -- statistics say (a join can turn into a sequential scan of the whole table
+    -- when they are stale, and autovacuum may be off).
+    WHERE state.job_id = ANY (ARRAY(SELECT job_id FROM candidates))
     RETURNING state.job_id, state.queue, state.priority, state.run_at, state.attempts,
               state.max_attempts, state.lease_version
 ), opened AS (
@@ -170,11 +189,19 @@ WITH candidates AS MATERIALIZED (
     SELECT job_id, lease_version, attempts, %(worker_id)s::text, 'running', now()
     FROM claimed
 )
-SELECT claimed.job_id, claimed.queue, job.type, job.payload::text, claimed.priority,
+SELECT claimed.job_id, claimed.queue, job.type, job.payload, claimed.priority,
        claimed.attempts, claimed.max_attempts, claimed.lease_version, job.idempotency_key,
        job.created_at, claimed.run_at
 FROM claimed
-JOIN queue_jobs AS job ON job.id = claimed.job_id;
+-- LIMIT 1 keeps this subquery from being flattened into a join: one primary-key probe
+-- per claimed row, instead of a hash join that reads all of queue_jobs when the
+-- planner underestimates how cheap the probes are.
+CROSS JOIN LATERAL (
+    SELECT j.type, j.payload::text AS payload, j.idempotency_key, j.created_at
+    FROM queue_jobs AS j
+    WHERE j.id = claimed.job_id
+    LIMIT 1
+) AS job;
 
 
 -- name: job_complete
@@ -193,7 +220,10 @@ WITH owned AS (
         finished_at = now(),
         updated_at = now()
     FROM owned
-    WHERE state.job_id = owned.job_id
+    -- job_id = ANY(array) makes both updates primary/unique-key probes whatever the
+    -- statistics say; the join then pairs each row with its own lease version.
+    WHERE state.job_id = ANY (%(job_ids)s::bigint[])
+      AND state.job_id = owned.job_id
       AND state.lease_version = owned.lease_version
       AND state.status = 'running'
     RETURNING state.job_id, state.lease_version
@@ -253,7 +283,8 @@ SELECT status, run_at FROM failed;
 UPDATE queue_job_state AS state
 SET locked_until = now() + make_interval(secs => %(lease)s::float8)
 FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[]) AS held(job_id, lease_version)
-WHERE state.job_id = held.job_id
+WHERE state.job_id = ANY (%(job_ids)s::bigint[])
+  AND state.job_id = held.job_id
   AND state.lease_version = held.lease_version
   AND state.status = 'running'
 RETURNING state.job_id;
@@ -271,7 +302,8 @@ WITH released AS (
         locked_until = NULL,
         updated_at = now()
     FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[]) AS held(job_id, lease_version)
-    WHERE state.job_id = held.job_id
+    WHERE state.job_id = ANY (%(job_ids)s::bigint[])
+      AND state.job_id = held.job_id
       AND state.lease_version = held.lease_version
       AND state.status = 'running'
     RETURNING state.job_id, state.queue, state.lease_version
@@ -312,7 +344,8 @@ WITH expired AS MATERIALIZED (
         locked_until = NULL,
         updated_at = now()
     FROM expired
-    WHERE state.job_id = expired.job_id
+    WHERE state.job_id = ANY (ARRAY(SELECT job_id FROM expired))
+      AND state.job_id = expired.job_id
       AND state.lease_version = expired.lease_version
       AND state.status = 'running'
       AND state.locked_until < now()
