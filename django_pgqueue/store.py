@@ -15,10 +15,9 @@ import contextlib
 import logging
 import random
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from django.db import connections
@@ -41,6 +40,9 @@ def connection_params(alias: str, application_name: str) -> dict[str, Any]:
     # Server-side binding: our statements carry explicit casts, and arrays of
     # thousands of values travel as parameters instead of literals.
     params.pop("cursor_factory", None)
+    # psycopg's own (C) loaders: Django's adapters parse timestamps in Python, and the
+    # worker reads no model fields.
+    params.pop("context", None)
     params.setdefault("application_name", application_name[:63])
     # Notice a dead peer (a failed-over server, a cut network) within about a minute.
     params.setdefault("keepalives", 1)
@@ -51,8 +53,9 @@ def connection_params(alias: str, application_name: str) -> dict[str, Any]:
     return params
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimedRow:
+class ClaimedRow(NamedTuple):
+    """One row of job_claim, in its column order."""
+
     job_id: int
     queue: str
     type: str
@@ -61,9 +64,50 @@ class ClaimedRow:
     attempt: int
     max_attempts: int
     lease_version: int
+    attempt_id: int
     idempotency_key: str | None
     created_at: Any
     run_at: Any
+
+
+def int_array(values: Iterable[int]) -> str:
+    """A PostgreSQL array literal of integers: cheaper to send than a list parameter."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def _owned(held: Iterable[tuple[int, int]]) -> dict[str, str]:
+    """Parameters naming the (job_id, lease_version) pairs a worker holds."""
+    held = list(held)
+    return {
+        "job_ids": int_array(job_id for job_id, _ in held),
+        "owned": "{" + ",".join(f'"{job_id}":{version}' for job_id, version in held) + "}",
+    }
+
+
+def fail_params(
+    job_id: int,
+    lease_version: int,
+    attempt_id: int,
+    *,
+    permanent: bool,
+    delay: float,
+    error_class: str,
+    error_message: str,
+    traceback: str,
+    last_error: str,
+) -> dict[str, Any]:
+    """The parameters of job_fail."""
+    return {
+        "job_id": job_id,
+        "lease_version": lease_version,
+        "attempt_id": attempt_id,
+        "permanent": permanent,
+        "delay": delay,
+        "error_class": error_class,
+        "error_message": error_message,
+        "traceback": traceback,
+        "last_error": last_error,
+    }
 
 
 class Backoff:
@@ -137,76 +181,46 @@ class Store:
 
     def finish_and_claim(
         self,
-        done: Sequence[tuple[int, int, str | None]],
+        done: Sequence[tuple[int, int, int, str | None]],
         failed: Sequence[dict[str, Any]],
         claim: tuple[str, int, str, float] | None,
     ) -> tuple[set[int], list[tuple[str, Any] | None], list[ClaimedRow]]:
-        """Write outcomes and claim the next batch in one transaction and one round trip.
+        """Write a batch of outcomes, then claim the next batch.
 
-        `done` are (job_id, lease_version, result_json) to complete, `failed` the
-        parameters of job_fail, `claim` (queue, limit, worker_id, lease) or None.
-        Returns (job ids completed, job_fail result per failure, claimed rows). The
-        statements are pipelined: the worker pays one network round trip and one
-        commit for a whole cycle instead of one per statement.
+        `done` are (job_id, lease_version, attempt_id, result_json) to complete,
+        `failed` the parameters of job_fail, `claim` (queue, limit, worker_id, lease)
+        or None. Returns (job ids completed, job_fail result per failure, claimed
+        rows). Each statement commits on its own: after a lost connection the caller
+        finds out which landed by reading the attempts back.
         """
-        with self._lock:
-            conn = self.raw
-            try:
-                with conn.pipeline(), conn.transaction():
-                    complete_cur = conn.cursor()
-                    if done:
-                        job_ids, versions, results = (
-                            list(column) for column in zip(*done, strict=True)
-                        )
-                        complete_cur.execute(
-                            QUERIES["job_complete"],
-                            {"job_ids": job_ids, "lease_versions": versions, "results": results},
-                        )
-                    fail_curs = []
-                    for params in failed:
-                        cursor = conn.cursor()
-                        cursor.execute(QUERIES["job_fail"], params)
-                        fail_curs.append(cursor)
-                    claim_cur = conn.cursor()
-                    if claim is not None:
-                        queue, limit, worker_id, lease = claim
-                        claim_cur.execute(
-                            QUERIES["job_claim"],
-                            {
-                                "queue": queue,
-                                "limit": limit,
-                                "worker_id": worker_id,
-                                "lease": lease,
-                            },
-                        )
-                completed = {row[0] for row in complete_cur.fetchall()} if done else set()
-                failures: list[tuple[str, Any] | None] = []
-                for cursor in fail_curs:
-                    row = cursor.fetchone()
-                    failures.append((row[0], row[1]) if row else None)
-                claimed = [ClaimedRow(*row) for row in claim_cur.fetchall()] if claim else []
-                return completed, failures, claimed
-            except _CONNECTION_ERRORS as exc:
-                self.close()
-                raise DatabaseUnavailable(
-                    f"finish/claim: lost the database connection: {exc}"
-                ) from exc
+        completed = self.complete(done)
+        failures: list[tuple[str, Any] | None] = []
+        for params in failed:
+            rows = self._run("job_fail", params)
+            failures.append((rows[0][0], rows[0][1]) if rows else None)
+        claimed = self.claim(*claim) if claim is not None else []
+        return completed, failures, claimed
 
     def claim(self, queue: str, limit: int, worker_id: str, lease: float) -> list[ClaimedRow]:
+        """Claim up to `limit` due jobs of `queue`, each with a new lease and attempt."""
         rows = self._run(
             "job_claim",
             {"queue": queue, "limit": limit, "worker_id": worker_id, "lease": lease},
         )
-        return [ClaimedRow(*row) for row in rows]
+        return [ClaimedRow._make(row) for row in rows]
 
-    def complete(self, done: Sequence[tuple[int, int, str | None]]) -> set[int]:
-        """Complete (job_id, lease_version, result_json) triples; return the job ids completed."""
+    def complete(self, done: Sequence[tuple[int, int, int, str | None]]) -> set[int]:
+        """Complete (job_id, lease_version, attempt_id, result_json); return the job ids done."""
         if not done:
             return set()
-        job_ids, versions, results = (list(column) for column in zip(*done, strict=True))
+        results = ",".join(f'"{attempt}":{result}' for _, _, attempt, result in done if result)
         rows = self._run(
             "job_complete",
-            {"job_ids": job_ids, "lease_versions": versions, "results": results},
+            {
+                **_owned((job_id, version) for job_id, version, _, _ in done),
+                "attempt_ids": int_array(attempt for _, _, attempt, _ in done),
+                "results": "{" + results + "}",
+            },
         )
         return {row[0] for row in rows}
 
@@ -214,6 +228,7 @@ class Store:
         self,
         job_id: int,
         lease_version: int,
+        attempt_id: int,
         *,
         permanent: bool,
         delay: float,
@@ -225,16 +240,17 @@ class Store:
         """Record a failure; return (new status, run_at), or None if the lease was lost."""
         rows = self._run(
             "job_fail",
-            {
-                "job_id": job_id,
-                "lease_version": lease_version,
-                "permanent": permanent,
-                "delay": delay,
-                "error_class": error_class,
-                "error_message": error_message,
-                "traceback": traceback,
-                "last_error": last_error,
-            },
+            fail_params(
+                job_id,
+                lease_version,
+                attempt_id,
+                permanent=permanent,
+                delay=delay,
+                error_class=error_class,
+                error_message=error_message,
+                traceback=traceback,
+                last_error=last_error,
+            ),
         )
         return (rows[0][0], rows[0][1]) if rows else None
 
@@ -242,31 +258,32 @@ class Store:
         """Extend the leases of (job_id, lease_version) pairs; return the job ids still held."""
         if not held:
             return set()
-        job_ids, versions = (list(column) for column in zip(*held, strict=True))
-        rows = self._run(
-            "lease_renew", {"job_ids": job_ids, "lease_versions": versions, "lease": lease}
-        )
+        rows = self._run("lease_renew", {**_owned(held), "lease": lease})
         return {row[0] for row in rows}
 
-    def release(self, held: Sequence[tuple[int, int]]) -> set[int]:
-        """Hand back claimed, never-started jobs; return the job ids released."""
+    def release(self, held: Sequence[tuple[int, int, int]]) -> set[int]:
+        """Hand back claimed, never-started (job_id, lease_version, attempt_id); return job ids."""
         if not held:
             return set()
-        job_ids, versions = (list(column) for column in zip(*held, strict=True))
-        rows = self._run("job_release", {"job_ids": job_ids, "lease_versions": versions})
+        rows = self._run(
+            "job_release",
+            {
+                **_owned((job_id, version) for job_id, version, _ in held),
+                "attempt_ids": int_array(attempt for _, _, attempt in held),
+            },
+        )
         return {row[0] for row in rows}
 
     def sweep(self, limit: int = 1000) -> list[tuple[int, str, int, str]]:
         """Requeue (or kill) jobs whose lease ran out: [(job_id, queue, lost_version, status)]."""
         return [tuple(row) for row in self._run("lease_sweep", {"limit": limit})]  # type: ignore[misc]
 
-    def attempt_statuses(self, held: Sequence[tuple[int, int]]) -> dict[tuple[int, int], str]:
-        """Status of the attempt rows of (job_id, lease_version) pairs."""
-        if not held:
+    def attempt_statuses(self, attempt_ids: Sequence[int]) -> dict[int, str]:
+        """Status of attempts, by attempt id."""
+        if not attempt_ids:
             return {}
-        job_ids, versions = (list(column) for column in zip(*held, strict=True))
-        rows = self._run("attempt_outcome", {"job_ids": job_ids, "lease_versions": versions})
-        return {(row[0], row[1]): row[2] for row in rows}
+        rows = self._run("attempt_outcome", {"attempt_ids": int_array(attempt_ids)})
+        return {row[0]: row[1] for row in rows}
 
     # -- LISTEN / NOTIFY ------------------------------------------------------------
 

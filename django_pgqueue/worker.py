@@ -43,7 +43,7 @@ from .executor import Failure, Outcome, Success
 from .registry import Handler, Registry
 from .registry import registry as default_registry
 from .retry import RetryPolicy, default_policy
-from .store import Backoff, ClaimedRow, Store, wait_for
+from .store import Backoff, ClaimedRow, Store, fail_params, wait_for
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +187,7 @@ class InFlight:
     """A claimed job from dispatch until its outcome is written."""
 
     __slots__ = (
+        "attempt_id",
         "ctx",
         "handler",
         "lease",
@@ -203,12 +204,14 @@ class InFlight:
         self,
         ctx: JobContext,
         lease: Lease,
+        attempt_id: int,
         handler: Handler | None,
         payload_text: str,
         policy: RetryPolicy,
         timeout: float | None,
     ) -> None:
         self.ctx = ctx
+        self.attempt_id = attempt_id
         self.lease = lease
         self.handler = handler
         self.payload_text = payload_text
@@ -477,7 +480,7 @@ class Worker:
             else:
                 policy = handler.retry or self._policy
                 timeout = handler.timeout or cfg.job_timeout
-            item = InFlight(ctx, lease, handler, row.payload, policy, timeout)
+            item = InFlight(ctx, lease, row.attempt_id, handler, row.payload, policy, timeout)
             self._inflight[row.job_id] = item
             items.append(item)
         with self._leases_lock:
@@ -520,20 +523,21 @@ class Worker:
             item.lease.finishing = True  # a renewal racing this write must not cry "lost"
             ctx = item.ctx
             if isinstance(outcome, Success):
-                done.append((ctx.job_id, ctx.lease_version, outcome.result))
+                done.append((ctx.job_id, ctx.lease_version, item.attempt_id, outcome.result))
             else:
                 failures.append((item, outcome))
                 failed.append(
-                    {
-                        "job_id": ctx.job_id,
-                        "lease_version": ctx.lease_version,
-                        "permanent": outcome.permanent,
-                        "delay": outcome.delay,
-                        "error_class": outcome.error_class,
-                        "error_message": outcome.message,
-                        "traceback": outcome.traceback,
-                        "last_error": outcome.last_error,
-                    }
+                    fail_params(
+                        ctx.job_id,
+                        ctx.lease_version,
+                        item.attempt_id,
+                        permanent=outcome.permanent,
+                        delay=outcome.delay,
+                        error_class=outcome.error_class,
+                        error_message=outcome.message,
+                        traceback=outcome.traceback,
+                        last_error=outcome.last_error,
+                    )
                 )
         try:
             if not batch and claim is not None:
@@ -608,14 +612,12 @@ class Worker:
             return
         pending, self._uncertain = self._uncertain, []
         try:
-            statuses = self._store.attempt_statuses(
-                [(item.ctx.job_id, item.ctx.lease_version) for item, _ in pending]
-            )
+            statuses = self._store.attempt_statuses([item.attempt_id for item, _ in pending])
         except DatabaseUnavailable:
             self._uncertain = pending + self._uncertain
             raise
         for item, outcome in pending:
-            status = statuses.get((item.ctx.job_id, item.ctx.lease_version))
+            status = statuses.get(item.attempt_id)
             if status == "running":
                 item.lease.finishing = False  # it did not land: renew it and write again
                 self._add_unwritten(item, outcome)
@@ -874,7 +876,7 @@ class Worker:
         self._store.close()
 
     def _release(self, items: list[InFlight]) -> None:
-        pairs = [(item.ctx.job_id, item.ctx.lease_version) for item in items]
+        pairs = [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in items]
         try:
             if not self._store.connected:
                 self._store.connect()

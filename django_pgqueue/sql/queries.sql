@@ -161,6 +161,7 @@ WHERE queue = %(queue)s::text
 -- ORDER BY order and stops after `limit` unlocked rows: no sort, whatever the
 -- table size. Row locks last only for this statement; handlers run outside it.
 -- Rows come back unordered (ordering here would add a Sort node); sort in the caller.
+-- Each row carries its attempt's id: later writes address the attempt by primary key.
 WITH candidates AS MATERIALIZED (
     SELECT job_id
     FROM queue_job_state
@@ -188,11 +189,13 @@ WITH candidates AS MATERIALIZED (
     INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id, status, started_at)
     SELECT job_id, lease_version, attempts, %(worker_id)s::text, 'running', now()
     FROM claimed
+    RETURNING id, job_id
 )
 SELECT claimed.job_id, claimed.queue, job.type, job.payload, claimed.priority,
-       claimed.attempts, claimed.max_attempts, claimed.lease_version, job.idempotency_key,
-       job.created_at, claimed.run_at
+       claimed.attempts, claimed.max_attempts, claimed.lease_version, opened.id,
+       job.idempotency_key, job.created_at, claimed.run_at
 FROM claimed
+JOIN opened ON opened.job_id = claimed.job_id
 -- LIMIT 1 keeps this subquery from being flattened into a join: one primary-key probe
 -- per claimed row, instead of a hash join that reads all of queue_jobs when the
 -- planner underestimates how cheap the probes are.
@@ -205,34 +208,34 @@ CROSS JOIN LATERAL (
 
 
 -- name: job_complete
--- Mark jobs a worker still owns as completed and close their attempts.
--- Fenced per job by (job_id, lease_version, status = 'running'); returns the jobs
--- that were completed. A job missing from the result was not ours any more.
-WITH owned AS (
-    SELECT *
-    FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[], %(results)s::text[])
-        AS o(job_id, lease_version, result)
-), done AS (
+-- Mark jobs a worker still owns as completed and close their attempts with their results.
+-- owned maps each job id (as text) to the lease version the worker holds; job_ids
+-- and attempt_ids list the jobs and their attempts; results maps attempt ids to the
+-- handlers' return values, for those that returned something. Fenced per job by
+-- (job_id, lease_version, status = 'running'); returns the jobs that were completed.
+-- A job missing from the result was not this worker's any more.
+-- Rows are found by key (= ANY of an array) and the lease version is looked up per
+-- row: no join for the planner to get wrong on stale statistics, and no FROM list,
+-- which would make PostgreSQL copy every joined row whole for concurrent-update
+-- rechecks.
+WITH done AS (
     UPDATE queue_job_state AS state
     SET status = 'completed',
         locked_by = NULL,
         locked_until = NULL,
         finished_at = now(),
         updated_at = now()
-    FROM owned
-    -- job_id = ANY(array) makes both updates primary/unique-key probes whatever the
-    -- statistics say; the join then pairs each row with its own lease version.
     WHERE state.job_id = ANY (%(job_ids)s::bigint[])
-      AND state.job_id = owned.job_id
-      AND state.lease_version = owned.lease_version
+      AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
       AND state.status = 'running'
-    RETURNING state.job_id, state.lease_version
+    RETURNING state.job_id
 ), closed AS (
     UPDATE queue_attempts AS attempt
-    SET status = 'succeeded', finished_at = now(), result = owned.result::jsonb
-    FROM done
-    JOIN owned ON owned.job_id = done.job_id
-    WHERE attempt.job_id = done.job_id AND attempt.lease_version = done.lease_version
+    SET status = 'succeeded',
+        finished_at = now(),
+        result = %(results)s::jsonb -> attempt.id::text
+    WHERE attempt.id = ANY (%(attempt_ids)s::bigint[])
+      AND attempt.job_id IN (SELECT job_id FROM done)
 )
 SELECT job_id FROM done;
 
@@ -270,22 +273,21 @@ WITH failed AS (
         error_class = %(error_class)s::text,
         error_message = %(error_message)s::text,
         traceback = %(traceback)s::text
-    FROM failed
-    WHERE attempt.job_id = failed.job_id AND attempt.lease_version = failed.lease_version
+    WHERE attempt.id = %(attempt_id)s::bigint
+      AND EXISTS (SELECT FROM failed)
 )
 SELECT status, run_at FROM failed;
 
 
 -- name: lease_renew
 -- Extend the leases a worker still holds, all in one statement.
--- Touches only locked_until, which no index covers, so renewals can be HOT updates.
--- Returns the jobs still owned; the others were lost (swept or finished elsewhere).
+-- owned maps job ids (as text) to the lease versions held. Touches only
+-- locked_until, which no index covers, so renewals can be HOT updates. Returns the
+-- jobs still owned; the others were lost (swept, or finished by someone else).
 UPDATE queue_job_state AS state
 SET locked_until = now() + make_interval(secs => %(lease)s::float8)
-FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[]) AS held(job_id, lease_version)
 WHERE state.job_id = ANY (%(job_ids)s::bigint[])
-  AND state.job_id = held.job_id
-  AND state.lease_version = held.lease_version
+  AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
   AND state.status = 'running'
 RETURNING state.job_id;
 
@@ -293,7 +295,7 @@ RETURNING state.job_id;
 -- name: job_release
 -- Hand back claimed jobs a worker never started (shutdown).
 -- They return to pending at once, the claim's attempt is given back and the attempt
--- row is marked released. Fenced; returns the jobs released.
+-- row is marked released. Fenced like job_complete; returns the jobs released.
 WITH released AS (
     UPDATE queue_job_state AS state
     SET status = 'pending',
@@ -301,17 +303,15 @@ WITH released AS (
         locked_by = NULL,
         locked_until = NULL,
         updated_at = now()
-    FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[]) AS held(job_id, lease_version)
     WHERE state.job_id = ANY (%(job_ids)s::bigint[])
-      AND state.job_id = held.job_id
-      AND state.lease_version = held.lease_version
+      AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
       AND state.status = 'running'
-    RETURNING state.job_id, state.queue, state.lease_version
+    RETURNING state.job_id, state.queue
 ), closed AS (
     UPDATE queue_attempts AS attempt
     SET status = 'released', finished_at = now()
-    FROM released
-    WHERE attempt.job_id = released.job_id AND attempt.lease_version = released.lease_version
+    WHERE attempt.id = ANY (%(attempt_ids)s::bigint[])
+      AND attempt.job_id IN (SELECT job_id FROM released)
 ), wake AS (
     SELECT count(pg_notify('pgqueue', queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM released) AS q
@@ -368,13 +368,12 @@ SELECT swept.job_id, swept.queue, swept.lost_version, swept.status FROM swept, w
 
 
 -- name: attempt_outcome
--- Read back the attempts of (job_id, lease_version) pairs.
+-- Read back the status of attempts by id.
 -- Used after a write whose COMMIT outcome is unknown (the connection died): the
 -- attempt row says whether that write landed, instead of a guess.
-SELECT attempt.job_id, attempt.lease_version, attempt.status
-FROM queue_attempts AS attempt
-JOIN unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[]) AS held(job_id, lease_version)
-  ON attempt.job_id = held.job_id AND attempt.lease_version = held.lease_version;
+SELECT id, status
+FROM queue_attempts
+WHERE id = ANY (%(attempt_ids)s::bigint[]);
 
 
 -- name: job_retry_now
