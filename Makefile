@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 MANAGE := $(BIN)/python testproject/manage.py
 PYTEST := $(BIN)/pytest
 
-.PHONY: install demo test test-fast lint format migrate clean createdb
+.PHONY: install demo test test-fast lint format migrate clean createdb bench bench-smoke
 
 install: $(STAMP)
 
@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml
 		"$$py" -m venv $(VENV); \
 	fi; \
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip; \
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'; \
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'; \
 	touch $(STAMP)
 
 createdb: install
@@ -68,6 +68,28 @@ test: lint
 # The quick loop while developing: no slow tests.
 test-fast: install
 	$(PYTEST) -m "not slow"
+
+# Benchmarks (benchmarks/README.md): every script at full size, then the plots in
+# docs/images/ and the results section of benchmarks/README.md. Each script uses its own
+# database (pgqueue_bench_*) on the server of DATABASE_URL's host; they take a while.
+BENCH := $(BIN)/python benchmarks
+bench: install
+	$(BENCH)/claim_plan.py
+	$(BENCH)/race.py
+	$(BENCH)/retry_storm.py
+	$(BENCH)/throughput.py
+	$(BENCH)/scale.py
+	$(BENCH)/report.py
+
+# Tiny sizes, one run each: CI runs this so the scripts never rot. Results go to
+# benchmarks/results/smoke/, plots to benchmarks/results/smoke/images/.
+bench-smoke: install
+	$(BENCH)/claim_plan.py --smoke
+	$(BENCH)/race.py --smoke
+	$(BENCH)/retry_storm.py --smoke
+	$(BENCH)/throughput.py --smoke
+	$(BENCH)/scale.py --smoke
+	$(BENCH)/report.py --smoke
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -15,17 +15,19 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MANAGE = ROOT / "testproject" / "manage.py"
-DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pgqueue_bench"
+DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432"
+DEFAULT_URL = f"{DEFAULT_SERVER}/pgqueue_bench"
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def parser(description: str) -> argparse.ArgumentParser:
+def parser(description: str, database: str = "pgqueue_bench") -> argparse.ArgumentParser:
+    """The options every script takes; `database` names the script's default database."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one run: for CI")
     p.add_argument("--runs", type=int, default=3, help="runs per figure; the median is kept")
     p.add_argument(
         "--database-url",
-        default=os.environ.get("PGQUEUE_BENCH_DATABASE_URL", DEFAULT_URL),
+        default=os.environ.get("PGQUEUE_BENCH_DATABASE_URL", f"{DEFAULT_SERVER}/{database}"),
         help="a database the benchmark may truncate (default: %(default)s)",
     )
     p.add_argument("--json-out", type=Path, help="where to write the JSON results")
@@ -112,7 +114,94 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 
 
 def write_json(path: Path | None, name: str, data: dict[str, Any]) -> Path:
-    path = path or RESULTS / f"{name}.json"
+    """Write results to `path`, else results/NAME.json (results/smoke/ for smoke runs)."""
+    path = path or (RESULTS / "smoke" if data.get("smoke") else RESULTS) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return path
+
+
+QUEUES = ("payments", "email", "reports")
+LOAD_CHUNK = 1_000_000
+
+
+def load_jobs(
+    total: int,
+    pending: int,
+    *,
+    queues: Sequence[str] = QUEUES,
+    first: int = 1,
+    analyze: bool = True,
+) -> None:
+    """Insert `total` jobs fast: the newest `pending` are due, the older ones completed.
+
+    One INSERT ... SELECT generate_series per million rows into queue_jobs and
+    queue_job_state, spread round-robin over `queues`, with priorities -2..2 and run_at
+    up to 1,000 s in the past (the shape of tests/integration/test_claim_plan.py).
+    Completed rows look claimed once (attempts = lease_version = 1, finished_at set);
+    they get no attempt rows, which the claim never reads. The foreign-key triggers are
+    skipped (session_replication_role = replica): the rows are consistent by
+    construction, and checking them doubles the load time of 10M rows. `first` numbers
+    the first row, so a later call can add older or newer rows.
+    """
+    from django.db import connection
+
+    finished_below = first + total - pending
+    with connection.cursor() as cursor:
+        cursor.execute("SET session_replication_role = replica")
+        try:
+            for start in range(first, first + total, LOAD_CHUNK):
+                stop = min(first + total, start + LOAD_CHUNK) - 1
+                cursor.execute(
+                    """
+                    WITH ids AS MATERIALIZED (
+                        SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id, n,
+                               (%(queues)s::text[])[1 + n %% cardinality(%(queues)s::text[])]
+                                   AS queue,
+                               n < %(finished_below)s AS done
+                        FROM generate_series(%(start)s::bigint, %(stop)s::bigint) AS n
+                    ), jobs AS (
+                        INSERT INTO queue_jobs (id, queue, type, payload, created_at)
+                        SELECT id, queue, 'qa.noop', jsonb_build_object('n', n), now()
+                        FROM ids
+                    )
+                    INSERT INTO queue_job_state (
+                        job_id, queue, status, priority, run_at, attempts, max_attempts,
+                        lease_version, updated_at, finished_at
+                    )
+                    SELECT id, queue, CASE WHEN done THEN 'completed' ELSE 'pending' END,
+                           (n %% 5) - 2, now() - make_interval(secs => n %% 1000),
+                           done::int, 5, done::int, now(), CASE WHEN done THEN now() END
+                    FROM ids
+                    """,
+                    {
+                        "queues": list(queues),
+                        "finished_below": finished_below,
+                        "start": start,
+                        "stop": stop,
+                    },
+                )
+        finally:
+            cursor.execute("SET session_replication_role = DEFAULT")
+        if analyze:
+            cursor.execute("VACUUM ANALYZE queue_job_state")
+            cursor.execute("VACUUM ANALYZE queue_jobs")
+
+
+def relation_sizes(table: str = "queue_job_state") -> dict[str, int]:
+    """Bytes of `table`: heap, indexes, total (with TOAST), and each index."""
+    (heap, indexes, total) = sql(
+        "SELECT pg_relation_size(%s::regclass), pg_indexes_size(%s::regclass), "
+        "pg_total_relation_size(%s::regclass)",
+        [table, table, table],
+    )[0]
+    each = sql(
+        "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index "
+        "WHERE indrelid = %s::regclass ORDER BY 1",
+        [table],
+    )
+    return {"heap": heap, "indexes": indexes, "total": total, **dict(each)}
+
+
+def mb(n: float) -> str:
+    return f"{n / 1_048_576:,.1f} MB"

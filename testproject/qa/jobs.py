@@ -15,6 +15,7 @@ from django.db import connection
 
 import django_pgqueue
 from django_pgqueue import JobContext, PermanentFailure, RetryLater
+from django_pgqueue.retry import ExponentialBackoff, FixedDelay
 
 
 def _ledger_start(ctx: JobContext) -> int:
@@ -129,3 +130,39 @@ def clock(ctx: JobContext) -> str:
     with connection.cursor() as cursor:
         cursor.execute("SELECT clock_timestamp()::text")
         return cursor.fetchone()[0]
+
+
+# -- benchmarks/retry_storm.py ---------------------------------------------------------
+# A dependency that is down until payload["down_until"] (a Unix time): every attempt
+# before then fails with ConnectionError, and the retry policy decides when the next
+# one comes. The policies' parameters come from the environment, so the benchmark can
+# size them (seconds): fixed delay, and full-jitter exponential backoff base and cap.
+
+
+def _storm_call(ctx: JobContext) -> str:
+    if time.time() < float(ctx.payload["down_until"]):
+        raise ConnectionError(f"dependency down (attempt {ctx.attempt})")
+    return "ok"
+
+
+@django_pgqueue.handler(
+    "bench.storm_fixed",
+    max_attempts=20,
+    retry=FixedDelay(float(os.environ.get("PGQUEUE_BENCH_STORM_FIXED", "10"))),
+)
+def storm_fixed(ctx: JobContext) -> str:
+    """Call the flaky dependency; retry after a fixed delay."""
+    return _storm_call(ctx)
+
+
+@django_pgqueue.handler(
+    "bench.storm_jitter",
+    max_attempts=20,
+    retry=ExponentialBackoff(
+        base=float(os.environ.get("PGQUEUE_BENCH_STORM_BASE", "30")),
+        cap=float(os.environ.get("PGQUEUE_BENCH_STORM_CAP", "3600")),
+    ),
+)
+def storm_jitter(ctx: JobContext) -> str:
+    """Call the flaky dependency; retry with full-jitter exponential backoff."""
+    return _storm_call(ctx)
