@@ -157,7 +157,7 @@ def main() -> None:
     p = parser(__doc__.splitlines()[0], database="pgqueue_bench_storm")
     p.add_argument("--jobs", type=int, default=1_000)
     p.add_argument("--fixed", type=float, default=10.0, help="FixedDelay seconds")
-    p.add_argument("--base", type=float, default=30.0, help="full-jitter backoff base seconds")
+    p.add_argument("--base", type=float, default=60.0, help="full-jitter backoff base seconds")
     p.add_argument("--down", type=float, default=5.0, help="seconds the dependency is down")
     p.add_argument("--processes", type=int, default=2, help="worker processes")
     p.add_argument("--concurrency", type=int, default=50, help="handler threads (and batch)")

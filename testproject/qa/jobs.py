@@ -159,7 +159,7 @@ def storm_fixed(ctx: JobContext) -> str:
     "bench.storm_jitter",
     max_attempts=20,
     retry=ExponentialBackoff(
-        base=float(os.environ.get("PGQUEUE_BENCH_STORM_BASE", "30")),
+        base=float(os.environ.get("PGQUEUE_BENCH_STORM_BASE", "60")),
         cap=float(os.environ.get("PGQUEUE_BENCH_STORM_CAP", "3600")),
     ),
 )
