@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -53,7 +54,6 @@ from _common import (
 )
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-AUTOVACUUM_PORT = 5499
 PENDING_FOR_CLAIM = 10_000
 CLAIM_SIZES = [10_000, 1_000_000, 10_000_000]
 DRAIN_SIZES = [20_000, 1_000_000]
@@ -265,6 +265,13 @@ def drains(
 # -- a throwaway server with autovacuum on ---------------------------------------------
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @contextlib.contextmanager
 def throwaway_server(port: int) -> Iterator[str]:
     """initdb + pg_ctl start a default-settings PostgreSQL as the postgres OS user."""
@@ -329,7 +336,7 @@ def autovacuum_run(
     if not (PG_BIN / "initdb").exists() or shutil.which("runuser") is None:
         return {"skipped": f"no {PG_BIN / 'initdb'} or runuser on this machine"}
     out_path = RESULTS / ("smoke" if smoke else "") / "scale-autovacuum.json"
-    with throwaway_server(AUTOVACUUM_PORT) as server:
+    with throwaway_server(free_port()) as server:
         command = [
             sys.executable,
             __file__,
