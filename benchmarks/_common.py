@@ -94,6 +94,14 @@ def machine() -> dict[str, Any]:
             "'synchronous_commit', 'autovacuum', 'fsync', 'max_connections', 'work_mem')"
         )
         settings = dict(cursor.fetchall())
+        # A CPU yardstick, to compare runs taken on different or busy machines.
+        timings = []
+        for _ in range(3):
+            cursor.execute(
+                "SELECT clock_timestamp() - statement_timestamp() "
+                "FROM (SELECT count(*) FROM generate_series(1, 1000000)) AS s"
+            )
+            timings.append(cursor.fetchone()[0].total_seconds() * 1000)
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
@@ -103,6 +111,7 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "postgresql": version,
         "pg_settings": settings,
+        "calibration_ms": statistics.median(timings),
         "commit": commit or "unknown",
     }
 

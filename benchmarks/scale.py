@@ -14,7 +14,7 @@
   prune_queue_jobs command is not on this branch), before and after a manual VACUUM.
 - autovacuum: the shared server runs with autovacuum = off, so nothing but the
   scripts' own VACUUMs reclaims dead rows there. With --autovacuum-server (on by
-  default) the 1M drain and bloat figures are measured again on a throwaway
+  default) the drain and bloat figures are measured again on a throwaway
   PostgreSQL with default settings (autovacuum on, the table's shipped autovacuum
   parameters in force), started from initdb in a temporary directory and removed after.
 
@@ -209,6 +209,7 @@ def rate_by_tenth() -> list[float]:
 
 def prune() -> dict[str, Any]:
     """Delete finished jobs in batches (cascading to state and attempts); sizes after."""
+    before = relation_sizes()
     started = time.perf_counter()
     deleted = 0
     while True:
@@ -221,7 +222,11 @@ def prune() -> dict[str, Any]:
         deleted += len(rows)
         if len(rows) < PRUNE_BATCH:
             break
-    out: dict[str, Any] = {"deleted": deleted, "seconds": time.perf_counter() - started}
+    out: dict[str, Any] = {
+        "deleted": deleted,
+        "seconds": time.perf_counter() - started,
+        "before_prune": before,
+    }
     out["after_prune"] = relation_sizes()
     sql("VACUUM queue_job_state")
     out["after_vacuum"] = relation_sizes()
@@ -330,7 +335,7 @@ def throwaway_server(port: int) -> Iterator[str]:
 
 
 def autovacuum_run(
-    size: int, processes: int, concurrency: int, runs: int, smoke: bool
+    sizes: list[int], processes: int, concurrency: int, runs: int, smoke: bool
 ) -> dict[str, Any]:
     """The big drain and its bloat again, on a throwaway server with autovacuum on."""
     if not (PG_BIN / "initdb").exists() or shutil.which("runuser") is None:
@@ -343,7 +348,7 @@ def autovacuum_run(
             "--parts",
             "drain",
             "--drain-sizes",
-            str(size),
+            ",".join(map(str, sizes)),
             "--runs",
             str(runs),
             "--processes",
@@ -393,7 +398,7 @@ def main() -> None:
     if "autovacuum" in parts:
         print("autovacuum: a throwaway server with default settings", flush=True)
         results["autovacuum"] = autovacuum_run(
-            drain_sizes[-1], args.processes, args.concurrency, 1, args.smoke
+            drain_sizes, args.processes, args.concurrency, runs, args.smoke
         )
     for text in tables(results):
         print(text)
@@ -490,6 +495,7 @@ def tables(results: dict[str, Any]) -> list[str]:
         if "prune" in big:
             pr = big["prune"]
             rows += [
+                ["pruned run: after its drain", mb(pr["before_prune"]["total"]), ""],
                 [
                     f"after pruning {pr['deleted']:,} finished jobs",
                     mb(pr["after_prune"]["total"]),
