@@ -141,6 +141,7 @@ def load_jobs(
     queues: Sequence[str] = QUEUES,
     first: int = 1,
     analyze: bool = True,
+    spread: bool = True,
 ) -> None:
     """Insert `total` jobs fast: the newest `pending` are due, the older ones completed.
 
@@ -151,7 +152,9 @@ def load_jobs(
     they get no attempt rows, which the claim never reads. The foreign-key triggers are
     skipped (session_replication_role = replica): the rows are consistent by
     construction, and checking them doubles the load time of 10M rows. `first` numbers
-    the first row, so a later call can add older or newer rows.
+    the first row, so a later call can add older or newer rows. With `spread` False,
+    every job has priority 0 and run_at grows with the id, like jobs enqueued one after
+    another: the claim order is then the insertion order.
     """
     from django.db import connection
 
@@ -179,7 +182,10 @@ def load_jobs(
                         lease_version, updated_at, finished_at
                     )
                     SELECT id, queue, CASE WHEN done THEN 'completed' ELSE 'pending' END,
-                           (n %% 5) - 2, now() - make_interval(secs => n %% 1000),
+                           CASE WHEN %(spread)s THEN (n %% 5) - 2 ELSE 0 END,
+                           CASE WHEN %(spread)s THEN now() - make_interval(secs => n %% 1000)
+                                ELSE now() - make_interval(secs => (%(last)s - n) / 1000.0)
+                           END,
                            done::int, 5, done::int, now(), CASE WHEN done THEN now() END
                     FROM ids
                     """,
@@ -188,6 +194,8 @@ def load_jobs(
                         "finished_below": finished_below,
                         "start": start,
                         "stop": stop,
+                        "spread": spread,
+                        "last": first + total,
                     },
                 )
         finally:

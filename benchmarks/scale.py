@@ -4,7 +4,8 @@
   median of at least 5) with 10K pending jobs among 10K, 1M and 10M total (the rest
   completed; the pending ones are always the newest); built up stage by stage, VACUUM
   ANALYZE after each load.
-- drain: 20K and then 1M pending no-op jobs drained by 2 `run_queue_worker --burst`
+- drain: 20K and then 1M pending no-op jobs (priority 0, run_at in id order, as if
+  enqueued one after another) drained by 2 `run_queue_worker --burst`
   processes with the same settings, timed on the database clock (first claim to last
   completion) and checked exactly-once in the database (one succeeded attempt per job,
   nothing else).
@@ -136,7 +137,7 @@ def wait_for_stats(expect_updates: int, timeout: float = 10.0) -> dict[str, Any]
 def drain(n: int, processes: int, concurrency: int, *, bloat: bool) -> dict[str, Any]:
     """Load `n` pending jobs, drain them with worker processes; rate, checks, sizes."""
     truncate()
-    load_jobs(n, n, queues=("bench",))
+    load_jobs(n, n, queues=("bench",), spread=False)
     out: dict[str, Any] = {"jobs": n}
     if bloat:
         out["before"] = relation_sizes()
