@@ -90,7 +90,7 @@ def machine() -> dict[str, Any]:
         cursor.execute("SHOW server_version")
         (version,) = cursor.fetchone()
         cursor.execute(
-            "SELECT name, setting FROM pg_settings WHERE name IN ('shared_buffers', "
+            "SELECT name, current_setting(name) FROM pg_settings WHERE name IN ('shared_buffers', "
             "'synchronous_commit', 'autovacuum', 'fsync', 'max_connections', 'work_mem')"
         )
         settings = dict(cursor.fetchall())

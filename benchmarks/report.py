@@ -102,7 +102,8 @@ def plot_drain(throughput: dict[str, Any] | None, scale: dict[str, Any] | None, 
     for d in (throughput or {}).get("drain", []):
         bars.append(
             (
-                f"{d['processes']}p c={d['concurrency']} b={d['batch_size']}\n{d['jobs']:,} jobs",
+                f"{d['processes']} proc.\nc={d['concurrency']}\nb={d['batch_size']}\n"
+                f"{d['jobs']:,} jobs",
                 d["jobs_per_s"],
                 "tab:blue",
             )
@@ -113,20 +114,25 @@ def plot_drain(throughput: dict[str, Any] | None, scale: dict[str, Any] | None, 
             where = "autovacuum on" if key == "autovacuum" else "autovacuum off"
             bars.append(
                 (
-                    f"{d['processes']}p c=b={d['concurrency']}\n{int(size):,} pending\n{where}",
+                    f"{d['processes']} proc.\nc=b={d['concurrency']}\n"
+                    f"{int(size):,} pending\n{where}",
                     d[size]["jobs_per_s"],
                     color,
                 )
             )
     if not bars:
         return
-    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(bars)), 5))
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(bars)), 5.5))
     ax.bar(range(len(bars)), [b[1] for b in bars], color=[b[2] for b in bars])
     ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
     for i, (_, rate, _) in enumerate(bars):
         ax.annotate(f"{rate:,.0f}", (i, rate), ha="center", va="bottom", fontsize=7)
     ax.set_ylabel("jobs per second (median)")
-    ax.set_title("Drain rate of no-op jobs per configuration (throughput.py, scale.py)")
+    ax.set_title(
+        "Drain rate of no-op jobs per configuration: throughput.py (blue), "
+        "scale.py (orange: autovacuum off, green: on)",
+        fontsize=10,
+    )
     ax.grid(True, axis="y", alpha=0.3)
     save(fig, path)
 

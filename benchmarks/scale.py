@@ -496,7 +496,7 @@ def tables(results: dict[str, Any]) -> list[str]:
         if "prune" in big:
             pr = big["prune"]
             rows += [
-                ["pruned run: after its drain", mb(pr["before_prune"]["total"]), ""],
+                ["pruned run: after its drain", mb(pr.get("before_prune", {}).get("total", 0)), ""],
                 [
                     f"after pruning {pr['deleted']:,} finished jobs",
                     mb(pr["after_prune"]["total"]),
