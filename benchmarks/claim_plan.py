@@ -10,9 +10,11 @@ EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) of three claim statements, claiming 20:
 
 Each EXPLAIN ANALYZE really claims (updates rows, inserts attempts) inside a
 transaction that is rolled back, so every run sees the same dataset. One warm-up run,
-then the median of --runs (at least 5). Extra rows: the production claim under a
-generic plan (what a prepared statement may switch to after five executions), and the
-1M dataset with stale statistics (analyzed while empty, loaded, not analyzed again).
+then --runs (at least 5) per variant; the series of datasets is run --rounds times
+(default 3) and the median is taken over all the samples of a dataset. Extra rows: the
+production claim under a generic plan (what a prepared statement may switch to after
+five executions), and the 1M dataset with stale statistics (analyzed while empty,
+loaded, not analyzed again).
 
 Run: python benchmarks/claim_plan.py [--smoke] [--runs 5]
 """
@@ -231,10 +233,14 @@ def explain(variant: str, *, generic: bool = False) -> dict[str, Any]:
     return result
 
 
-def measure(variant: str, runs: int, *, generic: bool = False) -> dict[str, Any]:
-    """One warm-up, then `runs` explained claims: the median run's figures, and all times."""
+def sample(variant: str, runs: int, *, generic: bool = False) -> list[dict[str, Any]]:
+    """One warm-up, then the figures of `runs` explained claims."""
     explain(variant, generic=generic)
-    samples = [explain(variant, generic=generic) for _ in range(runs)]
+    return [explain(variant, generic=generic) for _ in range(runs)]
+
+
+def summarize(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median sample's figures, with the median time and every time."""
     times = [s["execution_ms"] for s in samples]
     median = statistics.median(times)
     typical = min(samples, key=lambda s: abs(s["execution_ms"] - median))
@@ -249,7 +255,13 @@ def measure(variant: str, runs: int, *, generic: bool = False) -> dict[str, Any]
     }
 
 
+def measure(variant: str, runs: int, *, generic: bool = False) -> dict[str, Any]:
+    """One warm-up, then `runs` explained claims: the median run's figures, and all times."""
+    return summarize(sample(variant, runs, generic=generic))
+
+
 def run_dataset(total: int, pending: int, runs: int, *, stale: bool = False) -> dict[str, Any]:
+    """Load a dataset and sample every variant; the samples, unsummarized."""
     truncate()
     if stale:
         sql("ANALYZE queue_job_state")  # statistics of the empty table
@@ -259,14 +271,33 @@ def run_dataset(total: int, pending: int, runs: int, *, stale: bool = False) -> 
     load_s = time.perf_counter() - started
     counts = dict(sql("SELECT status, count(*) FROM queue_job_state GROUP BY status"))
     assert counts.get("pending") == pending, counts
-    out: dict[str, Any] = {"total": total, "pending": pending, "load_s": load_s, "variants": {}}
+    out: dict[str, Any] = {"total": total, "pending": pending, "load_s": load_s, "samples": {}}
     for variant in VARIANTS:
-        out["variants"][variant] = measure(variant, runs)
+        out["samples"][variant] = sample(variant, runs)
     if not stale:
-        out["variants"]["production_generic"] = measure("production", runs, generic=True)
+        out["samples"]["production_generic"] = sample("production", runs, generic=True)
     after = dict(sql("SELECT status, count(*) FROM queue_job_state GROUP BY status"))
     assert after == counts, f"the dataset changed: {counts} -> {after}"
     return out
+
+
+def merge(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One dataset's rounds: every variant summarized over the samples of all rounds."""
+    variants = rounds[0]["samples"]
+    return {
+        "total": rounds[0]["total"],
+        "pending": rounds[0]["pending"],
+        "load_s": [r["load_s"] for r in rounds],
+        "variants": {
+            v: {
+                **summarize([s for r in rounds for s in r["samples"][v]]),
+                "round_medians_ms": [
+                    statistics.median(s["execution_ms"] for s in r["samples"][v]) for r in rounds
+                ],
+            }
+            for v in variants
+        },
+    }
 
 
 def sort_label(m: dict[str, Any]) -> str:
@@ -280,27 +311,35 @@ def main() -> None:
     p = parser(__doc__.splitlines()[0], database="pgqueue_bench_claim")
     p.set_defaults(runs=5)
     p.add_argument("--no-stale", action="store_true", help="skip the stale-statistics row")
+    p.add_argument("--rounds", type=int, default=3, help="times the series of datasets is run")
     args = p.parse_args()
     setup_django(args.database_url)
     runs = 3 if args.smoke else max(5, args.runs)
+    rounds = 1 if args.smoke else max(1, args.rounds)
     datasets = SMOKE_DATASETS if args.smoke else DATASETS
     results: dict[str, Any] = {
         "machine": machine(),
         "smoke": args.smoke,
         "runs": runs,
+        "rounds": rounds,
         "limit": LIMIT,
         "queues": list(QUEUES),
         "datasets": [],
     }
-    for name, total, pending in datasets:
-        print(f"{name}: loading and explaining", flush=True)
-        results["datasets"].append({"name": name, **run_dataset(total, pending, runs)})
+    # Rounds: the whole series of datasets again, so that each dataset is measured at
+    # several moments and a busy spell on a shared machine does not land on one size.
+    sampled: dict[str, list[dict[str, Any]]] = {}
+    for round_ in range(rounds):
+        for name, total, pending in datasets:
+            print(f"round {round_ + 1}/{rounds}, {name}: loading and explaining", flush=True)
+            sampled.setdefault(name, []).append(run_dataset(total, pending, runs))
+    results["datasets"] = [{"name": name, **merge(sampled[name])} for name, _, _ in datasets]
     if not args.no_stale:
         name, total, pending = datasets[-1]
         print(f"{name}, stale statistics: loading and explaining", flush=True)
         results["stale"] = {
             "name": f"{name}, stale statistics",
-            **run_dataset(total, pending, runs, stale=True),
+            **merge([run_dataset(total, pending, runs, stale=True)]),
         }
     truncate()
 
@@ -336,7 +375,7 @@ def table(results: dict[str, Any]) -> str:
     headers = [
         "dataset",
         "claim of 20",
-        f"execution ms (median of {results['runs']})",
+        f"execution ms (median of {results['runs'] * results.get('rounds', 1)})",
         "min-max ms",
         "candidates ms",
         "candidates scan",

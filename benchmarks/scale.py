@@ -249,7 +249,9 @@ def drains(
             "jobs": size,
             "jobs_per_s": statistics.median(rates),
             "runs_jobs_per_s": rates,
-            "rate_by_tenth": outcomes[len(outcomes) // 2]["rate_by_tenth"],
+            "rate_by_tenth": sorted(outcomes, key=lambda o: o["jobs_per_s"])[len(outcomes) // 2][
+                "rate_by_tenth"
+            ],
         }
         if big:
             median_run = sorted(outcomes, key=lambda o: o["growth"])[len(outcomes) // 2]
