@@ -347,7 +347,29 @@ def render(results: dict[str, dict[str, Any] | None], images: str) -> str:
                 "",
             ]
     if results["scale"]:
-        parts += ["### scale.py", "", *[t + "\n" for t in scale.tables(results["scale"])]]
+        sc = results["scale"]
+        intro = [
+            "### scale.py",
+            "",
+            "Claim: the production claim of 20 with "
+            f"{sc['claim'][0]['pending']:,} pending jobs among the totals shown (the rest "
+            "completed), EXPLAIN ANALYZE rolled back, median of "
+            f"{len(sc['claim'][0]['runs_ms'])}. Drains: jobs in insertion order, 2 "
+            "`run_queue_worker --burst` processes, timed on the database clock, checked "
+            f"exactly-once; median of {sc['runs']}. Sizes: `queue_job_state` heap + indexes. "
+            f"Prune: {sc.get('prune', '')}.",
+            "",
+        ]
+        av = sc.get("autovacuum") or {}
+        if "machine" in av:
+            settings = ", ".join(
+                f"{k}={v}" for k, v in sorted(av["machine"]["pg_settings"].items())
+            )
+            intro += [
+                f"Throwaway server: PostgreSQL {av['machine']['postgresql']} ({settings}).",
+                "",
+            ]
+        parts += [*intro, *[t + "\n" for t in scale.tables(sc)]]
     if results["throughput"]:
         parts += [
             "### throughput.py",

@@ -473,6 +473,13 @@ def tables(results: dict[str, Any]) -> list[str]:
             rows.append(
                 [f"drain at {int(sizes[-1]):,} / at {int(sizes[0]):,}", f"{d['ratio']:.0%}", ""]
             )
+        rows.append(
+            [
+                f"jobs/s per tenth of the {int(sizes[-1]):,} drain (median run)",
+                " / ".join(f"{r / 1000:.1f}K" for r in d[sizes[-1]]["rate_by_tenth"]),
+                "",
+            ]
+        )
         big = d[sizes[-1]]
         if "before" in big:
             rows += [
