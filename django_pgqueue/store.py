@@ -75,6 +75,17 @@ def int_array(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
+def text_array(values: Iterable[str | None]) -> str:
+    """A PostgreSQL array literal of strings (None becomes NULL)."""
+    return "{" + ",".join("NULL" if v is None else _quote(v) for v in values) + "}"
+
+
+def _quote(value: str) -> str:
+    if '"' in value or "\\" in value:
+        value = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{value}"'
+
+
 def _owned(held: Iterable[tuple[int, int]]) -> dict[str, str]:
     """Parameters naming the (job_id, lease_version) pairs a worker holds."""
     held = list(held)
@@ -375,27 +386,76 @@ def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool]:
     )
 
 
-def insert_jobs(alias: str, columns: dict[str, list[Any]]) -> list[tuple[int, bool]]:
-    """Insert many jobs in one statement on Django's connection `alias`."""
+# Jobs per enqueue_many statement: large enough to amortize a round trip and a plan,
+# small enough that the plan's estimated cost stays well below jit_above_cost.
+BULK_CHUNK = 20_000
+
+BulkRow = tuple[str, str, int, Any, float, int, "str | None"]
+
+
+def insert_jobs(
+    alias: str, rows: Sequence[BulkRow], payloads: Sequence[str]
+) -> list[tuple[int, bool]]:
+    """Insert validated jobs on Django's connection `alias`; return [(job id, created)].
+
+    `rows` are (type, queue, priority, run_at, delay, max_attempts, idempotency_key);
+    `payloads` the JSON array text of each BULK_CHUNK slice of them.
+    """
+    results: list[tuple[int, bool]] = []
     with django_cursor(alias) as cursor:
-        cursor.execute(QUERIES["job_enqueue_many"], columns)
-        rows = cursor.fetchall()
-        results: list[tuple[int, bool]] = []
-        for position, job_id, created in rows:
-            if job_id is None:
-                # Held by a transaction that committed after our snapshot: read again.
-                queue = columns["queues"][position - 1]
-                key = columns["idempotency_keys"][position - 1]
-                cursor.execute(QUERIES["job_live_by_key"], {"queue": queue, "idempotency_key": key})
-                found = cursor.fetchone()
-                if found is None:
-                    raise PgQueueError(
-                        f"Could not enqueue: the idempotency key {key!r} on queue {queue!r} "
-                        "keeps changing hands; try again."
-                    )
-                job_id = found[0]
-            results.append((int(job_id), bool(created)))
-        return results
+        for index, payload_text in enumerate(payloads):
+            chunk = rows[index * BULK_CHUNK : (index + 1) * BULK_CHUNK]
+            params = {
+                "types": text_array(row[0] for row in chunk),
+                "queues": text_array(row[1] for row in chunk),
+                "priorities": int_array(row[2] for row in chunk),
+                "run_ats": text_array(
+                    None if row[3] is None else row[3].isoformat() for row in chunk
+                ),
+                "delays": "{" + ",".join(repr(row[4]) for row in chunk) + "}",
+                "max_attempts": int_array(row[5] for row in chunk),
+                "payloads": payload_text,
+            }
+            if all(row[6] is None for row in chunk):
+                cursor.execute(QUERIES["job_enqueue_many"], params)
+                results.extend((int(job_id), True) for (job_id,) in cursor.fetchall())
+            else:
+                results.extend(_insert_keyed(cursor, chunk, params))
+    return results
+
+
+def _insert_keyed(
+    cursor: Any, chunk: Sequence[BulkRow], params: dict[str, str]
+) -> list[tuple[int, bool]]:
+    cursor.execute(
+        QUERIES["job_enqueue_many_keyed"],
+        {**params, "idempotency_keys": text_array(row[6] for row in chunk)},
+    )
+    created = {position: int(job_id) for position, job_id in cursor.fetchall()}
+    found: dict[int, int] = {}
+    for _ in range(_LOOKUP_RETRIES):
+        missing = [p for p in range(1, len(chunk) + 1) if p not in created and p not in found]
+        if not missing:
+            break
+        # Holders of the keys that were skipped: earlier positions of this call (the
+        # statement above is visible to this one) or live jobs inserted before it.
+        cursor.execute(
+            QUERIES["job_live_by_keys"],
+            {
+                "queues": text_array(chunk[p - 1][1] for p in missing),
+                "idempotency_keys": text_array(chunk[p - 1][6] for p in missing),
+            },
+        )
+        for index, job_id in cursor.fetchall():
+            if job_id is not None:
+                found[missing[index - 1]] = int(job_id)
+    if len(created) + len(found) < len(chunk):
+        raise PgQueueError(
+            "Could not enqueue: some idempotency keys keep changing hands; try again."
+        )
+    return [
+        (created[p], True) if p in created else (found[p], False) for p in range(1, len(chunk) + 1)
+    ]
 
 
 def retry_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:

@@ -78,40 +78,76 @@ WHERE NOT EXISTS (SELECT FROM state)
 
 
 -- name: job_enqueue_many
--- Insert many jobs in one statement, in input order, and wake their queues.
--- Arrays are parallel, one element per job. The result has one row per input
--- position: the new job, or the live job already holding that idempotency key (an
--- earlier position of the same call included). A NULL id means a concurrent
--- transaction holds the key: look it up again with job_live_by_key.
-WITH input AS (
-    SELECT *
+-- Insert many jobs without idempotency keys in one statement and wake their queues.
+-- Arrays are parallel, one element per job, and payloads is one JSON array; ids come
+-- back in input order. Ids are
+-- drawn from the jobs' sequence first so both tables can be filled from the same
+-- rows (the sequence is looked up once, not per row). Kept simple on purpose: its
+-- estimated cost must stay far below jit_above_cost, or PostgreSQL spends longer
+-- compiling it than running it.
+WITH numbered AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*,
+           p.payload
     FROM unnest(
-        %(queues)s::text[], %(types)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
+        %(queues)s::text[], %(types)s::text[], %(priorities)s::smallint[],
+        %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::integer[]
+    ) WITH ORDINALITY AS i(queue, type, priority, run_at, delay, max_attempts, position)
+    JOIN jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, position)
+        USING (position)
+), job AS (
+    INSERT INTO queue_jobs (id, queue, type, payload, created_at)
+    SELECT id, queue, type, payload, now()
+    FROM numbered
+), state AS (
+    INSERT INTO queue_job_state (
+        job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version, updated_at
+    )
+    SELECT id, queue, 'pending', priority, coalesce(run_at, now() + make_interval(secs => delay)),
+           0, max_attempts, 0, now()
+    FROM numbered
+    RETURNING queue, run_at
+), wake AS (
+    SELECT count(pg_notify('pgqueue', due.queue)::text) AS queues
+    FROM (SELECT DISTINCT queue FROM state WHERE run_at <= now()) AS due
+)
+SELECT numbered.id
+FROM numbered
+CROSS JOIN wake
+ORDER BY numbered.position;
+
+
+-- name: job_enqueue_many_keyed
+-- Insert many jobs, some with idempotency keys, skipping those whose key a live job
+-- holds. Returns (position, id) for the jobs inserted; job_live_by_keys then finds
+-- the holder for every other position, including keys repeated within the call.
+-- The state row goes first so ON CONFLICT can skip the whole job (see job_enqueue_keyed).
+WITH numbered AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*,
+           p.payload
+    FROM unnest(
+        %(queues)s::text[], %(types)s::text[], %(priorities)s::smallint[],
         %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::integer[],
         %(idempotency_keys)s::text[]
-    ) WITH ORDINALITY AS i(queue, type, payload, priority, run_at, delay, max_attempts,
+    ) WITH ORDINALITY AS i(queue, type, priority, run_at, delay, max_attempts,
                            idempotency_key, position)
-), numbered AS MATERIALIZED (
-    SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id, input.*
-    FROM input
-    ORDER BY input.position
+    JOIN jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, position)
+        USING (position)
 ), state AS (
     INSERT INTO queue_job_state AS s (
         job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
         idempotency_key, updated_at
     )
-    SELECT id, queue, 'pending', priority,
-           coalesce(run_at, now() + make_interval(secs => delay)),
+    SELECT id, queue, 'pending', priority, coalesce(run_at, now() + make_interval(secs => delay)),
            0, max_attempts, 0, idempotency_key, now()
     FROM numbered
     ORDER BY position
     ON CONFLICT (queue, idempotency_key)
         WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'running')
         DO NOTHING
-    RETURNING s.job_id, s.queue, s.run_at, s.idempotency_key
+    RETURNING s.job_id, s.queue, s.run_at
 ), job AS (
     INSERT INTO queue_jobs (id, queue, type, payload, idempotency_key, created_at)
-    SELECT numbered.id, numbered.queue, numbered.type, numbered.payload::jsonb,
+    SELECT numbered.id, numbered.queue, numbered.type, numbered.payload,
            numbered.idempotency_key, now()
     FROM numbered
     JOIN state ON state.job_id = numbered.id
@@ -120,37 +156,21 @@ WITH input AS (
     SELECT count(pg_notify('pgqueue', due.queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM state WHERE run_at <= now()) AS due
 )
-SELECT numbered.position,
-       coalesce(state.job_id, same_call.job_id, live.job_id) AS id,
-       state.job_id IS NOT NULL AS created
+SELECT numbered.position, numbered.id
 FROM numbered
-CROSS JOIN wake
-LEFT JOIN state ON state.job_id = numbered.id
-LEFT JOIN LATERAL (
-    SELECT held.job_id FROM state AS held
-    WHERE state.job_id IS NULL
-      AND held.queue = numbered.queue
-      AND held.idempotency_key = numbered.idempotency_key
-    LIMIT 1
-) AS same_call ON true
-LEFT JOIN LATERAL (
-    SELECT held.job_id FROM queue_job_state AS held
-    WHERE state.job_id IS NULL
-      AND held.queue = numbered.queue
-      AND held.idempotency_key = numbered.idempotency_key
-      AND held.status IN ('pending', 'running')
-    LIMIT 1
-) AS live ON true
-ORDER BY numbered.position;
+JOIN job ON job.id = numbered.id
+CROSS JOIN wake;
 
 
--- name: job_live_by_key
--- Find the pending or running job holding an idempotency key in a queue.
-SELECT job_id
-FROM queue_job_state
-WHERE queue = %(queue)s::text
-  AND idempotency_key = %(idempotency_key)s::text
-  AND status IN ('pending', 'running');
+-- name: job_live_by_keys
+-- Find the pending or running job holding each (queue, idempotency key) pair.
+SELECT pair.position, live.job_id
+FROM unnest(%(queues)s::text[], %(idempotency_keys)s::text[]) WITH ORDINALITY
+    AS pair(queue, idempotency_key, position)
+LEFT JOIN queue_job_state AS live
+    ON live.queue = pair.queue
+   AND live.idempotency_key = pair.idempotency_key
+   AND live.status IN ('pending', 'running');
 
 
 -- name: job_claim
