@@ -190,28 +190,6 @@ class Store:
 
     # -- worker statements ----------------------------------------------------------
 
-    def finish_and_claim(
-        self,
-        done: Sequence[tuple[int, int, int, str | None]],
-        failed: Sequence[dict[str, Any]],
-        claim: tuple[str, int, str, float] | None,
-    ) -> tuple[set[int], list[tuple[str, Any] | None], list[ClaimedRow]]:
-        """Write a batch of outcomes, then claim the next batch.
-
-        `done` are (job_id, lease_version, attempt_id, result_json) to complete,
-        `failed` the parameters of job_fail, `claim` (queue, limit, worker_id, lease)
-        or None. Returns (job ids completed, job_fail result per failure, claimed
-        rows). Each statement commits on its own: after a lost connection the caller
-        finds out which landed by reading the attempts back.
-        """
-        completed = self.complete(done)
-        failures: list[tuple[str, Any] | None] = []
-        for params in failed:
-            rows = self._run("job_fail", params)
-            failures.append((rows[0][0], rows[0][1]) if rows else None)
-        claimed = self.claim(*claim) if claim is not None else []
-        return completed, failures, claimed
-
     def claim(self, queue: str, limit: int, worker_id: str, lease: float) -> list[ClaimedRow]:
         """Claim up to `limit` due jobs of `queue`, each with a new lease and attempt."""
         rows = self._run(

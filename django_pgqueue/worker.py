@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+import psycopg
 from django.db import connections
 
 from . import executor, validation
@@ -43,7 +44,7 @@ from .executor import Failure, Outcome, Success
 from .registry import Handler, Registry
 from .registry import registry as default_registry
 from .retry import RetryPolicy, default_policy
-from .store import Backoff, ClaimedRow, Store, fail_params, wait_for
+from .store import Backoff, ClaimedRow, Store, wait_for
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +252,7 @@ class Worker:
         self._unwritten: list[tuple[InFlight, Outcome]] = []
         self._unwritten_since = 0.0
         self._uncertain: list[tuple[InFlight, Outcome]] = []
+        self._unstorable: set[int] = set()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._force = threading.Event()
@@ -362,6 +364,11 @@ class Worker:
             except DatabaseUnavailable as exc:
                 logger.warning("worker %s: %s", cfg.worker_id, exc)
                 self._store.close()
+            except psycopg.Error as exc:
+                # A statement error (a timeout, a refused value): the session is still
+                # usable; the fenced statements make a retry of the cycle safe.
+                logger.exception("worker %s: database error: %s", cfg.worker_id, exc)
+                self._stopping.wait(0.5)
 
     def _reconnect(self) -> None:
         if not wait_for(self._store, self._force, self._backoff, f"worker {self.worker_id}"):
@@ -515,48 +522,97 @@ class Worker:
     def _write(
         self, batch: list[tuple[InFlight, Outcome]], claim: tuple[str, int, str, float] | None
     ) -> list[ClaimedRow]:
-        """Write a batch of outcomes (and claim, if asked) in one transaction."""
-        done: list[tuple[int, int, str | None]] = []
-        failed: list[dict[str, Any]] = []
-        failures: list[tuple[InFlight, Failure]] = []
-        for item, outcome in batch:
+        """Write a batch of outcomes (all completions in one statement), then claim."""
+        successes = [(item, out) for item, out in batch if isinstance(out, Success)]
+        failures = [(item, out) for item, out in batch if isinstance(out, Failure)]
+        for item, _ in batch:
             item.lease.finishing = True  # a renewal racing this write must not cry "lost"
-            ctx = item.ctx
-            if isinstance(outcome, Success):
-                done.append((ctx.job_id, ctx.lease_version, item.attempt_id, outcome.result))
-            else:
-                failures.append((item, outcome))
-                failed.append(
-                    fail_params(
-                        ctx.job_id,
-                        ctx.lease_version,
-                        item.attempt_id,
-                        permanent=outcome.permanent,
-                        delay=outcome.delay,
-                        error_class=outcome.error_class,
-                        error_message=outcome.message,
-                        traceback=outcome.traceback,
-                        last_error=outcome.last_error,
-                    )
-                )
+        done = [(i.ctx.job_id, i.ctx.lease_version, i.attempt_id, o.result) for i, o in successes]
+        remaining: list[tuple[InFlight, Outcome]] = list(batch)  # not known to be written
+        self._unstorable.clear()
         try:
-            if not batch and claim is not None:
-                return self._store.claim(*claim)
-            completed, fail_results, rows = self._store.finish_and_claim(done, failed, claim)
-        except DatabaseUnavailable:
-            self._uncertain.extend(batch)  # the COMMIT may or may not have happened
-            raise
-        for item, outcome in batch:
-            if isinstance(outcome, Success):
+            try:
+                completed = self._store.complete(done)
+            except psycopg.Error as exc:  # a value PostgreSQL refused, not a lost connection
+                logger.error(
+                    "completing %d job(s) failed (%s); writing them one by one", len(done), exc
+                )
+                completed = self._complete_one_by_one(successes)
+            remaining = list(failures)
+            for item, _ in successes:
                 if item.ctx.job_id in completed:
                     self.stats["completed"] += 1
-                else:
+                elif item.ctx.job_id not in self._unstorable:
                     self._stale(item, "complete")
                 self._forget(item)
-        for (item, outcome), result in zip(failures, fail_results, strict=True):
-            self._forget(item)
-            self._log_failure(item, outcome, result)
-        return rows
+            while remaining:
+                item, outcome = remaining[0]
+                assert isinstance(outcome, Failure)
+                self._log_failure(item, outcome, self._fail(item, outcome))
+                self._forget(item)
+                remaining.pop(0)
+        except DatabaseUnavailable:
+            # The COMMIT of what was being written may or may not have happened.
+            self._uncertain.extend(remaining)
+            raise
+        if claim is None:
+            return []
+        try:
+            return self._store.claim(*claim)
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                raise
+            logger.error("claim from %s failed: %s", claim[0], exc)
+            return []
+
+    def _fail(self, item: InFlight, outcome: Failure) -> tuple[str, Any] | None:
+        """Write one failure; if PostgreSQL refuses its text, write a plainer one."""
+        ctx = item.ctx
+        try:
+            return self._store.fail(
+                ctx.job_id,
+                ctx.lease_version,
+                item.attempt_id,
+                permanent=outcome.permanent,
+                delay=outcome.delay,
+                error_class=outcome.error_class,
+                error_message=outcome.message,
+                traceback=outcome.traceback,
+                last_error=outcome.last_error,
+            )
+        except DatabaseUnavailable:
+            raise
+        except psycopg.Error as exc:
+            logger.error("recording the failure of job %d was refused: %s", ctx.job_id, exc)
+            return self._store.fail(
+                ctx.job_id,
+                ctx.lease_version,
+                item.attempt_id,
+                permanent=outcome.permanent,
+                delay=outcome.delay,
+                error_class=executor.storable(outcome.error_class, 255),
+                error_message=executor.storable(repr(outcome.message), executor.MESSAGE_LIMIT),
+                traceback="",
+                last_error=executor.storable(repr(outcome.last_error), executor.LAST_ERROR_LIMIT),
+            )
+
+    def _complete_one_by_one(self, successes: list[tuple[InFlight, Outcome]]) -> set[int]:
+        completed: set[int] = set()
+        for item, outcome in successes:
+            ctx = item.ctx
+            assert isinstance(outcome, Success)
+            try:
+                completed |= self._store.complete(
+                    [(ctx.job_id, ctx.lease_version, item.attempt_id, outcome.result)]
+                )
+            except DatabaseUnavailable:
+                raise
+            except psycopg.Error as exc:
+                # The job ran; its result cannot be stored: dead, so it is not re-run.
+                self._unstorable.add(ctx.job_id)
+                failure = executor.unstorable_result(outcome.result, exc)
+                self._log_failure(item, failure, self._fail(item, failure))
+        return completed
 
     def _write_outcomes(self) -> None:
         if self._unwritten:
@@ -752,6 +808,9 @@ class Worker:
                 except DatabaseUnavailable as exc:
                     logger.warning("heartbeat: %s", exc)
                     continue
+                except Exception:  # a statement error must not end the renewals
+                    logger.exception("heartbeat: renewing %d lease(s) failed", len(held))
+                    continue
                 self.heartbeat_gaps.append(sent - last)
                 last = sent
                 for lease in held:
@@ -795,6 +854,10 @@ class Worker:
                             self._wake.set()
                 except DatabaseUnavailable as exc:
                     logger.warning("listener: %s", exc)
+                except Exception:  # polling covers while the listener recovers
+                    logger.exception("listener failed; reconnecting")
+                    store.close()
+                    self._service_stop.wait(backoff.next_delay())
         finally:
             store.close()
 

@@ -129,3 +129,9 @@ def clock(ctx: JobContext) -> str:
     with connection.cursor() as cursor:
         cursor.execute("SELECT clock_timestamp()::text")
         return cursor.fetchone()[0]
+
+
+@django_pgqueue.handler("qa.nul_result")
+def nul_result(ctx: JobContext) -> str:
+    """A result jsonb refuses: text with a NUL character."""
+    return "bad \x00 result"

@@ -130,7 +130,15 @@ def test_handlers_raising_system_exit_or_keyboard_interrupt_do_not_stop_the_work
 def test_unstorable_error_text_and_result_are_recorded(run_worker):
     nul = enqueue("qa.nul_error", queue="n", max_attempts=1)
     bad = enqueue("qa.bad_result", queue="n")
-    run_worker(["n"], burst=True).join()
+    nul_result = enqueue("qa.nul_result", queue="n")
+    fine = enqueue_many([("qa.echo", {"n": i}) for i in range(5)], queue="n")
+    worker = run_worker(["n"], burst=True)
+    worker.join()
+    assert worker.worker.stats["completed"] == 5
+    nul_result_state = JobState.objects.get(pk=nul_result.id)
+    assert nul_result_state.status == "dead"
+    assert "NUL" in nul_result_state.last_error
+    assert JobState.objects.filter(pk__in=[j.id for j in fine], status="completed").count() == 5
     attempt = Attempt.objects.get(job_id=nul.id)
     assert attempt.status == "failed"
     assert "\\x00" in attempt.error_message
@@ -293,3 +301,47 @@ def test_worker_reconnects_after_its_connections_are_terminated(run_worker):
     job = enqueue("qa.noop", queue="reconnect")
     wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed", timeout=15)
     assert worker.worker.stats["completed"] == 1
+
+
+def test_a_completion_postgresql_refuses_is_recorded_not_fatal():
+    """The batch falls back to one-by-one writes; the refused job dies with the error."""
+    from django_pgqueue.context import JobContext, Lease
+    from django_pgqueue.executor import Success
+    from django_pgqueue.retry import FixedDelay
+    from django_pgqueue.worker import InFlight, Worker
+
+    jobs = enqueue_many([("qa.noop", i) for i in range(3)], queue="refuse")
+    worker = Worker(["refuse"], install_signal_handlers=False)
+    rows = worker._store.claim("refuse", 3, worker.worker_id, 30)
+    batch = []
+    for row in rows:
+        ctx = JobContext(
+            job_id=row.job_id,
+            queue=row.queue,
+            type=row.type,
+            payload=None,
+            attempt=row.attempt,
+            max_attempts=row.max_attempts,
+            lease_version=row.lease_version,
+        )
+        item = InFlight(
+            ctx,
+            Lease(row.job_id, row.lease_version, 0),
+            row.attempt_id,
+            None,
+            "",
+            FixedDelay(1),
+            None,
+        )
+        # jsonb refuses \u0000: the first job's "result" cannot be stored.
+        result = '"\\u0000"' if row.job_id == jobs[0].id else '{"ok": true}'
+        batch.append((item, Success(result)))
+    try:
+        worker._write(batch, None)
+    finally:
+        worker._store.close()
+    states = dict(JobState.objects.filter(queue="refuse").values_list("job_id", "status"))
+    assert states == {jobs[0].id: "dead", jobs[1].id: "completed", jobs[2].id: "completed"}
+    assert "ResultNotStorable" in JobState.objects.get(pk=jobs[0].id).last_error
+    assert worker.stats["completed"] == 2
+    assert worker.stats["dead"] == 1
