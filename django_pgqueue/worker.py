@@ -253,6 +253,13 @@ class Worker:
         self._unwritten_since = 0.0
         self._uncertain: list[tuple[InFlight, Outcome]] = []
         self._unstorable: set[int] = set()
+        self._timed: dict[int, InFlight] = {}  # in flight with a timeout
+        # Jobs handed to executors and finished by them, and the finished count at
+        # which an executor wakes the dispatcher (see _sleep).
+        self._count_lock = threading.Lock()
+        self._handed = 0
+        self._finished_n = 0
+        self._wake_at = 1
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._force = threading.Event()
@@ -360,7 +367,7 @@ class Worker:
                 if cfg.burst and self._idle():
                     logger.info("worker %s: queues empty, burst done", cfg.worker_id)
                     return
-                self._wake.wait(self._idle_timeout(next_sweep))
+                self._sleep(self._idle_timeout(next_sweep))
             except DatabaseUnavailable as exc:
                 logger.warning("worker %s: %s", cfg.worker_id, exc)
                 self._store.close()
@@ -391,10 +398,27 @@ class Worker:
             deadline = min(deadline, self._unwritten_since + FLUSH_DELAY)
         if self._empty_until:
             deadline = min(deadline, min(self._empty_until.values()))
-        for item in self._inflight.values():
+        for item in self._timed.values():
             if item.timeout is not None and item.started is not None and not item.timed_out:
                 deadline = min(deadline, item.started + item.timeout)
         return max(0.0, deadline - now)
+
+    def _sleep(self, timeout: float) -> None:
+        """Wait for a reason to act: an outcome worth collecting, a NOTIFY, a signal.
+
+        Executors wake the dispatcher only when the count of finished jobs reaches
+        `_wake_at`: the first outcome after a flush (it starts the FLUSH_DELAY clock),
+        or the last job in flight. Waking on every outcome would cost a thread switch
+        per job.
+        """
+        with self._count_lock:
+            if self._unwritten and self._inflight:
+                self._wake_at = self._handed
+            else:
+                self._wake_at = self._finished_n + 1
+        # An executor that finished before the line above put its outcome first.
+        if self._outcomes.empty():
+            self._wake.wait(timeout)
 
     def _refresh_empty_marks(self, now: float) -> bool:
         """Forget 'empty' marks that expired or were contradicted by a NOTIFY; any left to try?"""
@@ -489,10 +513,14 @@ class Worker:
                 timeout = handler.timeout or cfg.job_timeout
             item = InFlight(ctx, lease, row.attempt_id, handler, row.payload, policy, timeout)
             self._inflight[row.job_id] = item
+            if timeout is not None:
+                self._timed[row.job_id] = item
             items.append(item)
         with self._leases_lock:
             for item in items:
                 self._leases[item.lease.job_id] = item.lease
+        with self._count_lock:
+            self._handed += len(items)
         for item in items:
             self._work.put(item)
 
@@ -688,17 +716,18 @@ class Worker:
     # -- timeouts ---------------------------------------------------------------------
 
     def _check_timeouts(self) -> None:
+        if not self._timed:
+            return
         now = time.monotonic()
-        for item in list(self._inflight.values()):
-            if (
-                item.timeout is None
-                or item.started is None
-                or item.timed_out
-                or now - item.started < item.timeout
-            ):
+        for item in list(self._timed.values()):
+            if item.resolved:
+                del self._timed[item.ctx.job_id]
+                continue
+            if item.started is None or item.timed_out or now - item.started < item.timeout:
                 continue
             item.timed_out = True
             item.resolved = True
+            del self._timed[item.ctx.job_id]
             self._inflight.pop(item.ctx.job_id, None)
             logger.error(
                 "job %d (%s) exceeded its timeout of %gs; failing it and replacing its thread",
@@ -762,7 +791,11 @@ class Worker:
                 item.started = time.monotonic()
                 outcome = self._execute(item)
                 self._outcomes.put((item, outcome))
-                self._wake.set()
+                with self._count_lock:
+                    self._finished_n += 1
+                    finished = self._finished_n
+                if finished >= self._wake_at:
+                    self._wake.set()
                 if item.timed_out:
                     return  # a replacement thread took this one's place
         except BaseException:
