@@ -22,10 +22,11 @@ from django.contrib.admin import ActionLocation, helpers
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Count, Model, QuerySet
+from django.db.models import Count, F, Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.text import Truncator
 from rangefilter.filters import DateTimeRangeFilter
@@ -43,7 +44,7 @@ OPERATE_PERMISSION = "django_pgqueue.operate_job"
 ACTION_LIMIT = 10_000
 # Rows counted exactly before a list page switches to an estimate.
 EXACT_COUNT_LIMIT = 10_000
-ERROR_PREVIEW = 80
+ERROR_PREVIEW = 70
 BOTH_LOCATIONS = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
 
 
@@ -123,13 +124,25 @@ class TypeFilter(admin.SimpleListFilter):
         return queryset.filter(type=self.value()) if self.value() else queryset
 
 
+def when(value: Any, *, zone: bool = True) -> str:
+    """A timestamp as operators read it: local time to the second (and the zone)."""
+    if value is None:
+        return "—"
+    local = timezone.localtime(value)
+    if zone:
+        return local.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return format_html(
+        '<span title="{}">{}</span>', local.strftime("%Z"), local.strftime("%Y-%m-%d %H:%M:%S")
+    )
+
+
 def _can(request: HttpRequest, model: type[Model], action: str) -> bool:
     opts = model._meta
     return request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
 
 
-class AttemptInline(admin.TabularInline):
-    """Every attempt of the job, oldest first, read-only."""
+class AttemptInline(admin.StackedInline):
+    """Every attempt of the job, oldest first, read-only; the fatal traceback is open."""
 
     model = Attempt
     fk_name = "job"
@@ -137,19 +150,42 @@ class AttemptInline(admin.TabularInline):
     max_num = 0
     can_delete = False
     ordering = ("lease_version",)
-    fields = (
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    ("attempt_index", "lease_version", "outcome", "worker_id"),
+                    ("started", "finished", "duration"),
+                    ("error_class", "error_message"),
+                    "traceback_display",
+                )
+            },
+        ),
+    )
+    readonly_fields = (
         "attempt_index",
         "lease_version",
+        "outcome",
         "worker_id",
-        "status",
-        "started_at",
-        "finished_at",
+        "started",
+        "finished",
         "duration",
         "error_class",
         "error_message",
         "traceback_display",
     )
-    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return (
+            super()
+            .get_queryset(request)
+            .using(get_settings().DATABASE)
+            .annotate(
+                job_status=F("job__state__status"),
+                job_lease_version=F("job__state__lease_version"),
+            )
+        )
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -164,6 +200,18 @@ class AttemptInline(admin.TabularInline):
         # Whoever may see the job may see its attempts: no separate attempt permission.
         return _can(request, self.parent_model, "view") or _can(request, Job, "view")
 
+    @admin.display(description="status")
+    def outcome(self, attempt: Attempt) -> str:
+        return attempt.get_status_display()
+
+    @admin.display(description="started")
+    def started(self, attempt: Attempt) -> str:
+        return when(attempt.started_at)
+
+    @admin.display(description="finished")
+    def finished(self, attempt: Attempt) -> str:
+        return when(attempt.finished_at)
+
     @admin.display(description="duration")
     def duration(self, attempt: Attempt) -> str:
         if attempt.finished_at is None:
@@ -175,8 +223,16 @@ class AttemptInline(admin.TabularInline):
     def traceback_display(self, attempt: Attempt) -> str:
         if not attempt.traceback:
             return "—"
+        # Open the traceback that killed a dead job (its final claim); the job's status
+        # and lease version come with the attempts, in the same query.
+        fatal = (
+            getattr(attempt, "job_status", None) == Status.DEAD
+            and getattr(attempt, "job_lease_version", None) == attempt.lease_version
+        )
         return format_html(
-            '<details class="pgqueue-traceback"><summary>show</summary><pre>{}</pre></details>',
+            '<details class="pgqueue-traceback"{}><summary>traceback</summary><pre>{}</pre>'
+            "</details>",
+            " open" if fatal else "",
             attempt.traceback,
         )
 
@@ -190,8 +246,8 @@ class JobAdmin(admin.ModelAdmin):
         "status_badge",
         "priority",
         "attempts_display",
-        "run_at",
-        "created_at",
+        "run_at_column",
+        "created_column",
         "last_error_short",
     )
     list_display_links = ("id",)
@@ -214,7 +270,7 @@ class JobAdmin(admin.ModelAdmin):
     actions = ("retry_now", "cancel")
     inlines = (AttemptInline,)
     fieldsets = (
-        (None, {"fields": ("id", "queue", "type", "idempotency_key", "created_at")}),
+        (None, {"fields": ("id", "queue", "type", "key", "created")}),
         (
             "State",
             {
@@ -238,8 +294,8 @@ class JobAdmin(admin.ModelAdmin):
         "id",
         "queue",
         "type",
-        "idempotency_key",
-        "created_at",
+        "key",
+        "created",
         "status_badge",
         "priority",
         "attempts_display",
@@ -335,42 +391,64 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="priority")
     def priority(self, job: Job) -> Any:
         state = self._state(job)
-        return state.priority if state else None
+        return state.priority if state else "—"
 
     @admin.display(description="attempts")
     def attempts_display(self, job: Job) -> str:
         state = self._state(job)
         return f"{state.attempts}/{state.max_attempts}" if state else "—"
 
+    @admin.display(description="idempotency key")
+    def key(self, job: Job) -> str:
+        return job.idempotency_key or "—"
+
+    @admin.display(description="created")
+    def created(self, job: Job) -> str:
+        return when(job.created_at)
+
     @admin.display(description="run at")
-    def run_at(self, job: Job) -> Any:
+    def run_at(self, job: Job) -> str:
         state = self._state(job)
-        return state.run_at if state else None
+        return when(state.run_at if state else None)
+
+    @admin.display(description="created")
+    def created_column(self, job: Job) -> str:
+        return when(job.created_at, zone=False)
+
+    @admin.display(description="run at")
+    def run_at_column(self, job: Job) -> str:
+        state = self._state(job)
+        return when(state.run_at if state else None, zone=False)
+
+    @admin.display(description="died at")
+    def died_column(self, job: Job) -> str:
+        state = self._state(job)
+        return when(state.finished_at if state else None, zone=False)
 
     @admin.display(description="lease version")
     def lease_version(self, job: Job) -> Any:
         state = self._state(job)
-        return state.lease_version if state else None
+        return state.lease_version if state else "—"
 
     @admin.display(description="locked by")
-    def locked_by(self, job: Job) -> Any:
+    def locked_by(self, job: Job) -> str:
         state = self._state(job)
-        return state.locked_by if state else None
+        return (state.locked_by if state else None) or "—"
 
     @admin.display(description="lease ends")
-    def locked_until(self, job: Job) -> Any:
+    def locked_until(self, job: Job) -> str:
         state = self._state(job)
-        return state.locked_until if state else None
+        return when(state.locked_until if state else None)
 
-    @admin.display(description="updated at")
-    def updated_at(self, job: Job) -> Any:
+    @admin.display(description="updated")
+    def updated_at(self, job: Job) -> str:
         state = self._state(job)
-        return state.updated_at if state else None
+        return when(state.updated_at if state else None)
 
-    @admin.display(description="finished at")
-    def finished_at(self, job: Job) -> Any:
+    @admin.display(description="finished")
+    def finished_at(self, job: Job) -> str:
         state = self._state(job)
-        return state.finished_at if state else None
+        return when(state.finished_at if state else None)
 
     @admin.display(description="last error")
     def last_error_short(self, job: Job) -> str:
@@ -536,8 +614,8 @@ class DeadJobAdmin(JobAdmin):
         "queue",
         "type",
         "attempts_display",
-        "finished_at",
-        "created_at",
+        "died_column",
+        "created_column",
         "final_error",
     )
     list_filter = (
@@ -555,7 +633,7 @@ class DeadJobAdmin(JobAdmin):
         return super().has_view_permission(request, obj) or _can(request, Job, "view")
 
     @admin.display(description="died at")
-    def finished_at(self, job: Job) -> Any:
+    def finished_at(self, job: Job) -> str:
         return super().finished_at(job)
 
     @admin.display(description="final error")
