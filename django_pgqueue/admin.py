@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import ActionLocation, helpers
+from django.contrib.admin.views.main import ORDER_VAR, PAGE_VAR
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -29,9 +30,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.text import Truncator
+from django.utils.translation import gettext
 from rangefilter.filters import DateTimeRangeFilter
 
-from . import actions, store
+from . import actions
 from .conf import get_settings
 from .durations import format_seconds
 from .models import Attempt, DeadJob, Job, JobState, Status
@@ -42,8 +44,8 @@ OPERATE_PERMISSION = "django_pgqueue.operate_job"
 # Most jobs one action takes, so a "select all" over a million rows cannot lock them
 # all in one statement. requeue_dead and prune_queue_jobs handle bulk work in batches.
 ACTION_LIMIT = 10_000
-# Rows counted exactly before a list page switches to an estimate.
-EXACT_COUNT_LIMIT = 10_000
+# Rows a filtered list page counts; past that it says "more than" (20 pages of 100).
+EXACT_COUNT_LIMIT = 2_000
 ERROR_PREVIEW = 70
 BOTH_LOCATIONS = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
 
@@ -60,35 +62,43 @@ def snapshot(request: HttpRequest) -> Snapshot:
 class EstimatedCountPaginator(Paginator):
     """A paginator that never counts more than EXACT_COUNT_LIMIT rows.
 
-    Unfiltered, the total comes from the table's statistics (``job_count_estimate``);
-    filtered, rows are counted up to the limit and past it the page says "more than".
+    An unfiltered list is given its total (`total`: the table estimate for all jobs,
+    the exact figure for dead jobs, both already read for the at-a-glance figures).
+    A filtered list is counted up to the limit; past it the page says "more than".
     `approximate` tells the template which wording to use.
     """
 
     approximate: str = ""
 
     def __init__(
-        self, *args: Any, estimate: Callable[[], int | None] | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        total: Callable[[], tuple[int | None, bool]] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self._estimate = estimate
+        self._total = total
 
     @cached_property
     def count(self) -> int:
-        queryset: QuerySet[Any] = self.object_list  # type: ignore[assignment]
-        if queryset.model is Job and not queryset.query.has_filters():
-            if self._estimate is not None:
-                estimate = self._estimate()
-            else:
-                estimate = store.estimate_job_count(queryset.db)
-            if estimate is not None and estimate > EXACT_COUNT_LIMIT:
+        if self._total is not None:
+            value, exact = self._total()
+            if value is not None and exact:
+                return value
+            if value is not None and value > EXACT_COUNT_LIMIT:
                 self.approximate = "about"
-                return estimate
+                return value
+        queryset: QuerySet[Any] = self.object_list  # type: ignore[assignment]
         capped = queryset.order_by().values("pk")[: EXACT_COUNT_LIMIT + 1].count()
         if capped > EXACT_COUNT_LIMIT:
             self.approximate = "more than"
             return EXACT_COUNT_LIMIT
         return capped
+
+
+def unfiltered(request: HttpRequest) -> bool:
+    """True when a list page shows its whole list: no filter and no search, any page."""
+    return not set(request.GET) - {PAGE_VAR, ORDER_VAR}
 
 
 class QueueFilter(admin.SimpleListFilter):
@@ -337,14 +347,12 @@ class JobAdmin(admin.ModelAdmin):
         orphans: int = 0,
         allow_empty_first_page: bool = True,
     ) -> Paginator:
-        # The figures already hold the table estimate: no second query for it.
-        return self.paginator(
-            queryset,
-            per_page,
-            orphans,
-            allow_empty_first_page,
-            estimate=lambda: snapshot(request).jobs,
-        )
+        total = partial(self.unfiltered_total, request) if unfiltered(request) else None
+        return self.paginator(queryset, per_page, orphans, allow_empty_first_page, total=total)
+
+    def unfiltered_total(self, request: HttpRequest) -> tuple[int | None, bool]:
+        """(total, exact) of the whole list; the figures already hold the estimate."""
+        return snapshot(request).jobs, False
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -371,6 +379,17 @@ class JobAdmin(admin.ModelAdmin):
             raise PermissionDenied("Retrying and cancelling jobs needs the operate_job permission.")
 
     # -- columns and fields ------------------------------------------------------------
+
+    def action_checkbox(self, obj: Job) -> str:
+        # Django's markup, without rendering a form widget through the template engine
+        # for every row, which is a third of a 100-row page's rendering time.
+        label = format_html(gettext("Select this object for an action - {}"), str(obj))
+        return format_html(
+            '<input type="checkbox" name="{}" value="{}" class="action-select" aria-label="{}">',
+            helpers.ACTION_CHECKBOX_NAME,
+            obj.pk,
+            label,
+        )
 
     @staticmethod
     def _state(job: Job) -> JobState | None:
@@ -627,6 +646,10 @@ class DeadJobAdmin(JobAdmin):
     ordering = ("-state__finished_at",)
     sortable_by = ()
     actions = ("retry_now",)
+
+    def unfiltered_total(self, request: HttpRequest) -> tuple[int | None, bool]:
+        # Counted exactly, from an index-only scan, for the figures.
+        return snapshot(request).totals.dead, True
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Dead jobs are jobs: whoever may view jobs may view this page of them too.

@@ -35,6 +35,10 @@ class Migration(migrations.Migration):
         ),
         AddIndexConcurrently(
             model_name="job",
+            index=models.Index(fields=["type", "id"], name="queue_jobs_type_idx"),
+        ),
+        AddIndexConcurrently(
+            model_name="job",
             index=models.Index(
                 condition=models.Q(("idempotency_key__isnull", False)),
                 fields=["idempotency_key"],

@@ -92,6 +92,16 @@ def test_dead_jobs_page_lists_only_dead_jobs_newest_death_first(operator_client)
     assert "KeyError: &#x27;sku&#x27;" in html
 
 
+def test_dead_jobs_page_gives_the_exact_number_without_counting_the_list(operator_client):
+    for _ in range(3):
+        make_job("dead")
+    make_job("pending")
+    with CaptureQueriesContext(connection) as queries:
+        response = operator_client.get(DEAD)
+    assert re.search(r"\b3 dead jobs\b", response.content.decode())
+    assert not [q for q in queries.captured_queries if "SELECT COUNT(*) FROM" in q["sql"].upper()]
+
+
 def test_job_page_shows_payload_state_and_every_attempt(operator_client):
     job = make_job("dead", payload={"order": 42, "items": ["a", "b"]}, max_attempts=3)
     response = operator_client.get(job_page(job))
@@ -185,17 +195,21 @@ def test_a_large_table_is_estimated_not_counted(monkeypatch):
     for _ in range(12):
         make_job("pending")
     queryset = Job.objects.order_by("-id")
-    estimated = pgqueue_admin.EstimatedCountPaginator(queryset, 100, estimate=lambda: 1_000_000)
+    paginator = pgqueue_admin.EstimatedCountPaginator
+    estimated = paginator(queryset, 100, total=lambda: (1_000_000, False))
     with CaptureQueriesContext(connection) as queries:
         assert estimated.count == 1_000_000
     assert len(queries) == 0
     assert estimated.approximate == "about"
+    exact = paginator(queryset, 100, total=lambda: (12, True))
+    assert exact.count == 12
+    assert exact.approximate == ""
     # Filtered, rows are counted only up to the limit.
     monkeypatch.setattr(pgqueue_admin, "EXACT_COUNT_LIMIT", 10)
-    capped = pgqueue_admin.EstimatedCountPaginator(queryset.filter(queue="ops"), 100)
+    capped = paginator(queryset.filter(queue="ops"), 100)
     assert capped.count == 10
     assert capped.approximate == "more than"
-    small = pgqueue_admin.EstimatedCountPaginator(queryset.filter(type="nothing.here"), 100)
+    small = paginator(queryset.filter(type="nothing.here"), 100)
     assert small.count == 0
     assert small.approximate == ""
 

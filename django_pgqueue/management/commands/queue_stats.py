@@ -73,7 +73,7 @@ def _row(figures: QueueFigures, completed_mark: str) -> list[str]:
         elif key == "oldest_due_seconds":
             cells.append(format_seconds(value))
         elif key == "completed":
-            cells.append("?" if value is None else f"{completed_mark}{value}")
+            cells.append("—" if value is None else f"{completed_mark}{value}")
         else:
             cells.append(str(value))
     return cells
