@@ -30,8 +30,9 @@ KEY_HELD = "idempotency key held by another live job"
 KEY_SHARED = "idempotency key shared with another selected job"
 KEY_RACE = "idempotency key taken by a job enqueued meanwhile (nothing changed; try again)"
 MISSING = "no longer exists"
+NOT_LISTED = "no longer in the list it was selected from"
 CHANGED = "changed by someone else meanwhile"
-REASONS = (RUNNING, NOT_ALLOWED, KEY_HELD, KEY_SHARED, KEY_RACE, MISSING, CHANGED)
+REASONS = (RUNNING, NOT_ALLOWED, KEY_HELD, KEY_SHARED, KEY_RACE, MISSING, NOT_LISTED, CHANGED)
 
 
 @dataclass

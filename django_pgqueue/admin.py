@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import Any
 
@@ -527,7 +528,7 @@ class JobAdmin(admin.ModelAdmin):
             listed = set(ids)
             for raw in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
                 if raw.isdigit() and int(raw) not in listed:
-                    report.skip(actions.MISSING, int(raw))
+                    report.skip(actions.NOT_LISTED, int(raw))
         if report.changed and not report.skipped_count:
             level = messages.SUCCESS
         else:
@@ -580,24 +581,16 @@ class JobAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/django_pgqueue/action_confirmation.html", context)
 
 
+@dataclass(frozen=True)
 class OperatorAction:
-    """What the confirmation page and the message say about one action."""
+    """What the confirmation page and the message say about one action, and what it runs."""
 
-    def __init__(
-        self,
-        name: str,
-        title: str,
-        button: str,
-        allowed: frozenset[str],
-        explanation: str,
-        run: Callable[[list[int]], actions.ActionReport],
-    ) -> None:
-        self.name = name
-        self.title = title
-        self.button = button
-        self.allowed = allowed
-        self.explanation = explanation
-        self.run = run
+    name: str
+    title: str
+    button: str
+    allowed: frozenset[str]
+    explanation: str
+    run: Callable[[list[int]], actions.ActionReport]
 
 
 RETRY = OperatorAction(

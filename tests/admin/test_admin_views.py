@@ -316,7 +316,9 @@ def test_a_job_that_left_the_list_since_the_confirmation_is_reported(operator_cl
     done = operator_client.post(
         DEAD, {"action": "retry_now", "_selected_action": [dead, gone], "post": "yes"}, follow=True
     )
-    assert messages_of(done) == ["Retry now: 1 changed, 1 skipped: 1 no longer exists."]
+    assert messages_of(done) == [
+        "Retry now: 1 changed, 1 skipped: 1 no longer in the list it was selected from."
+    ]
 
 
 def test_user_without_the_permission_sees_no_action_and_a_forged_post_is_refused(viewer_client):
