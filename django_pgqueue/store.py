@@ -341,7 +341,7 @@ def estimate_job_count(alias: str) -> int | None:
 
 
 def clock_ago(alias: str, seconds: float) -> Any:
-    """The database's now() minus `seconds`, as an aware datetime."""
+    """Return the database's now() minus `seconds` (an aware datetime)."""
     return _fetch(alias, "clock_ago", {"seconds": seconds})[0][0]
 
 
