@@ -10,13 +10,14 @@ from typing import Any
 class Lease:
     """The worker's view of one claimed job's lease, shared with the heartbeat thread."""
 
-    __slots__ = ("expires", "job_id", "lease_version", "lost")
+    __slots__ = ("expires", "finishing", "job_id", "lease_version", "lost")
 
     def __init__(self, job_id: int, lease_version: int, expires: float) -> None:
         self.job_id = job_id
         self.lease_version = lease_version
         self.expires = expires  # time.monotonic() by which the database lease surely ends
         self.lost = False
+        self.finishing = False  # its outcome is being written: a failed renewal means nothing
 
     def held(self) -> bool:
         return not self.lost and time.monotonic() < self.expires

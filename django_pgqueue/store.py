@@ -15,9 +15,9 @@ import contextlib
 import logging
 import random
 import threading
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 import psycopg
 from django.db import connections
@@ -40,6 +40,9 @@ def connection_params(alias: str, application_name: str) -> dict[str, Any]:
     # Server-side binding: our statements carry explicit casts, and arrays of
     # thousands of values travel as parameters instead of literals.
     params.pop("cursor_factory", None)
+    # psycopg's own (C) loaders: Django's adapters parse timestamps in Python, and the
+    # worker reads no model fields.
+    params.pop("context", None)
     params.setdefault("application_name", application_name[:63])
     # Notice a dead peer (a failed-over server, a cut network) within about a minute.
     params.setdefault("keepalives", 1)
@@ -50,8 +53,9 @@ def connection_params(alias: str, application_name: str) -> dict[str, Any]:
     return params
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimedRow:
+class ClaimedRow(NamedTuple):
+    """One row of job_claim, in its column order."""
+
     job_id: int
     queue: str
     type: str
@@ -60,9 +64,61 @@ class ClaimedRow:
     attempt: int
     max_attempts: int
     lease_version: int
+    attempt_id: int
     idempotency_key: str | None
     created_at: Any
     run_at: Any
+
+
+def int_array(values: Iterable[int]) -> str:
+    """A PostgreSQL array literal of integers: cheaper to send than a list parameter."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def text_array(values: Iterable[str | None]) -> str:
+    """A PostgreSQL array literal of strings (None becomes NULL)."""
+    return "{" + ",".join("NULL" if v is None else _quote(v) for v in values) + "}"
+
+
+def _quote(value: str) -> str:
+    if '"' in value or "\\" in value:
+        value = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{value}"'
+
+
+def _owned(held: Iterable[tuple[int, int]]) -> dict[str, str]:
+    """Parameters naming the (job_id, lease_version) pairs a worker holds."""
+    held = list(held)
+    return {
+        "job_ids": int_array(job_id for job_id, _ in held),
+        "owned": "{" + ",".join(f'"{job_id}":{version}' for job_id, version in held) + "}",
+    }
+
+
+def fail_params(
+    job_id: int,
+    lease_version: int,
+    attempt_id: int,
+    *,
+    permanent: bool,
+    delay: float,
+    error_class: str,
+    error_message: str,
+    traceback: str,
+    last_error: str,
+) -> dict[str, Any]:
+    """The parameters of job_fail."""
+    return {
+        "job_id": job_id,
+        "lease_version": lease_version,
+        "attempt_id": attempt_id,
+        "permanent": permanent,
+        "delay": delay,
+        "error_class": error_class,
+        "error_message": error_message,
+        "traceback": traceback,
+        "last_error": last_error,
+    }
 
 
 class Backoff:
@@ -134,21 +190,48 @@ class Store:
 
     # -- worker statements ----------------------------------------------------------
 
+    def finish_and_claim(
+        self,
+        done: Sequence[tuple[int, int, int, str | None]],
+        failed: Sequence[dict[str, Any]],
+        claim: tuple[str, int, str, float] | None,
+    ) -> tuple[set[int], list[tuple[str, Any] | None], list[ClaimedRow]]:
+        """Write a batch of outcomes, then claim the next batch.
+
+        `done` are (job_id, lease_version, attempt_id, result_json) to complete,
+        `failed` the parameters of job_fail, `claim` (queue, limit, worker_id, lease)
+        or None. Returns (job ids completed, job_fail result per failure, claimed
+        rows). Each statement commits on its own: after a lost connection the caller
+        finds out which landed by reading the attempts back.
+        """
+        completed = self.complete(done)
+        failures: list[tuple[str, Any] | None] = []
+        for params in failed:
+            rows = self._run("job_fail", params)
+            failures.append((rows[0][0], rows[0][1]) if rows else None)
+        claimed = self.claim(*claim) if claim is not None else []
+        return completed, failures, claimed
+
     def claim(self, queue: str, limit: int, worker_id: str, lease: float) -> list[ClaimedRow]:
+        """Claim up to `limit` due jobs of `queue`, each with a new lease and attempt."""
         rows = self._run(
             "job_claim",
             {"queue": queue, "limit": limit, "worker_id": worker_id, "lease": lease},
         )
-        return [ClaimedRow(*row) for row in rows]
+        return [ClaimedRow._make(row) for row in rows]
 
-    def complete(self, done: Sequence[tuple[int, int, str | None]]) -> set[int]:
-        """Complete (job_id, lease_version, result_json) triples; return the job ids completed."""
+    def complete(self, done: Sequence[tuple[int, int, int, str | None]]) -> set[int]:
+        """Complete (job_id, lease_version, attempt_id, result_json); return the job ids done."""
         if not done:
             return set()
-        job_ids, versions, results = (list(column) for column in zip(*done, strict=True))
+        results = ",".join(f'"{attempt}":{result}' for _, _, attempt, result in done if result)
         rows = self._run(
             "job_complete",
-            {"job_ids": job_ids, "lease_versions": versions, "results": results},
+            {
+                **_owned((job_id, version) for job_id, version, _, _ in done),
+                "attempt_ids": int_array(attempt for _, _, attempt, _ in done),
+                "results": "{" + results + "}",
+            },
         )
         return {row[0] for row in rows}
 
@@ -156,6 +239,7 @@ class Store:
         self,
         job_id: int,
         lease_version: int,
+        attempt_id: int,
         *,
         permanent: bool,
         delay: float,
@@ -167,16 +251,17 @@ class Store:
         """Record a failure; return (new status, run_at), or None if the lease was lost."""
         rows = self._run(
             "job_fail",
-            {
-                "job_id": job_id,
-                "lease_version": lease_version,
-                "permanent": permanent,
-                "delay": delay,
-                "error_class": error_class,
-                "error_message": error_message,
-                "traceback": traceback,
-                "last_error": last_error,
-            },
+            fail_params(
+                job_id,
+                lease_version,
+                attempt_id,
+                permanent=permanent,
+                delay=delay,
+                error_class=error_class,
+                error_message=error_message,
+                traceback=traceback,
+                last_error=last_error,
+            ),
         )
         return (rows[0][0], rows[0][1]) if rows else None
 
@@ -184,31 +269,32 @@ class Store:
         """Extend the leases of (job_id, lease_version) pairs; return the job ids still held."""
         if not held:
             return set()
-        job_ids, versions = (list(column) for column in zip(*held, strict=True))
-        rows = self._run(
-            "lease_renew", {"job_ids": job_ids, "lease_versions": versions, "lease": lease}
-        )
+        rows = self._run("lease_renew", {**_owned(held), "lease": lease})
         return {row[0] for row in rows}
 
-    def release(self, held: Sequence[tuple[int, int]]) -> set[int]:
-        """Hand back claimed, never-started jobs; return the job ids released."""
+    def release(self, held: Sequence[tuple[int, int, int]]) -> set[int]:
+        """Hand back claimed, never-started (job_id, lease_version, attempt_id); return job ids."""
         if not held:
             return set()
-        job_ids, versions = (list(column) for column in zip(*held, strict=True))
-        rows = self._run("job_release", {"job_ids": job_ids, "lease_versions": versions})
+        rows = self._run(
+            "job_release",
+            {
+                **_owned((job_id, version) for job_id, version, _ in held),
+                "attempt_ids": int_array(attempt for _, _, attempt in held),
+            },
+        )
         return {row[0] for row in rows}
 
     def sweep(self, limit: int = 1000) -> list[tuple[int, str, int, str]]:
         """Requeue (or kill) jobs whose lease ran out: [(job_id, queue, lost_version, status)]."""
         return [tuple(row) for row in self._run("lease_sweep", {"limit": limit})]  # type: ignore[misc]
 
-    def attempt_statuses(self, held: Sequence[tuple[int, int]]) -> dict[tuple[int, int], str]:
-        """Status of the attempt rows of (job_id, lease_version) pairs."""
-        if not held:
+    def attempt_statuses(self, attempt_ids: Sequence[int]) -> dict[int, str]:
+        """Status of attempts, by attempt id."""
+        if not attempt_ids:
             return {}
-        job_ids, versions = (list(column) for column in zip(*held, strict=True))
-        rows = self._run("attempt_outcome", {"job_ids": job_ids, "lease_versions": versions})
-        return {(row[0], row[1]): row[2] for row in rows}
+        rows = self._run("attempt_outcome", {"attempt_ids": int_array(attempt_ids)})
+        return {row[0]: row[1] for row in rows}
 
     # -- LISTEN / NOTIFY ------------------------------------------------------------
 
@@ -251,16 +337,44 @@ def wait_for(store: Store, stop: threading.Event, backoff: Backoff, what: str) -
     return False
 
 
-# -- enqueue, on the caller's Django connection ------------------------------------
+# -- enqueue and operator actions, on the caller's Django connection ------------------
+
+
+@contextmanager
+def django_cursor(alias: str) -> Iterator[Any]:
+    """A cursor on Django's connection `alias` that binds parameters on the server.
+
+    It is Django's own cursor wrapper (error translation, execute_wrappers, query
+    logging, the broken-transaction check), around a psycopg cursor with server-side
+    binding: Django's default psycopg cursor merges parameters into the SQL text on
+    the client, which for these long statements costs more than running them.
+    """
+    db = connections[alias]
+    db.ensure_connection()
+    raw_connection = db.connection
+    if not isinstance(raw_connection, psycopg.Connection):  # psycopg2: Django's own cursor
+        with db.cursor() as cursor:
+            yield cursor
+        return
+    db.validate_thread_sharing()
+    with db.wrap_database_errors:
+        raw = psycopg.Cursor(raw_connection)
+    cursor = db.make_debug_cursor(raw) if db.queries_logged else db.make_cursor(raw)
+    try:
+        yield cursor
+    finally:
+        cursor.close()
+
 
 _LOOKUP_RETRIES = 5
 
 
 def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool]:
-    """Run job_enqueue on Django's connection `alias`; return (job id, created)."""
-    with connections[alias].cursor() as cursor:
-        for _ in range(_LOOKUP_RETRIES):
-            cursor.execute(QUERIES["job_enqueue"], params)
+    """Insert one job on Django's connection `alias`; return (job id, created)."""
+    keyed = params["idempotency_key"] is not None
+    with django_cursor(alias) as cursor:
+        for _ in range(_LOOKUP_RETRIES if keyed else 1):
+            cursor.execute(QUERIES["job_enqueue_keyed" if keyed else "job_enqueue"], params)
             row = cursor.fetchone()
             if row is not None:
                 return int(row[0]), bool(row[1])
@@ -272,42 +386,88 @@ def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool]:
     )
 
 
-def insert_jobs(alias: str, columns: dict[str, list[Any]]) -> list[tuple[int, bool]]:
-    """Run job_enqueue_many on Django's connection `alias`; return [(job id, created)]."""
-    with connections[alias].cursor() as cursor:
-        cursor.execute(QUERIES["job_enqueue_many"], columns)
-        rows = cursor.fetchall()
-        results: list[tuple[int, bool]] = []
-        for position, job_id, created in rows:
-            if job_id is None:
-                # Held by a transaction that committed after our snapshot: read again.
-                queue = columns["queues"][position - 1]
-                key = columns["idempotency_keys"][position - 1]
-                cursor.execute(QUERIES["job_live_by_key"], {"queue": queue, "idempotency_key": key})
-                found = cursor.fetchone()
-                if found is None:
-                    raise PgQueueError(
-                        f"Could not enqueue: the idempotency key {key!r} on queue {queue!r} "
-                        "keeps changing hands; try again."
-                    )
-                job_id = found[0]
-            results.append((int(job_id), bool(created)))
-        return results
+# Jobs per enqueue_many statement: large enough to amortize a round trip and a plan,
+# small enough that the plan's estimated cost stays well below jit_above_cost.
+BULK_CHUNK = 20_000
+
+BulkRow = tuple[str, str, int, Any, float, int, "str | None"]
 
 
-# -- operator actions, on Django's connection ------------------------------------------
+def insert_jobs(
+    alias: str, rows: Sequence[BulkRow], payloads: Sequence[str]
+) -> list[tuple[int, bool]]:
+    """Insert validated jobs on Django's connection `alias`; return [(job id, created)].
+
+    `rows` are (type, queue, priority, run_at, delay, max_attempts, idempotency_key);
+    `payloads` the JSON array text of each BULK_CHUNK slice of them.
+    """
+    results: list[tuple[int, bool]] = []
+    with django_cursor(alias) as cursor:
+        for index, payload_text in enumerate(payloads):
+            chunk = rows[index * BULK_CHUNK : (index + 1) * BULK_CHUNK]
+            params = {
+                "types": text_array(row[0] for row in chunk),
+                "queues": text_array(row[1] for row in chunk),
+                "priorities": int_array(row[2] for row in chunk),
+                "run_ats": text_array(
+                    None if row[3] is None else row[3].isoformat() for row in chunk
+                ),
+                "delays": "{" + ",".join(repr(row[4]) for row in chunk) + "}",
+                "max_attempts": int_array(row[5] for row in chunk),
+                "payloads": payload_text,
+            }
+            if all(row[6] is None for row in chunk):
+                cursor.execute(QUERIES["job_enqueue_many"], params)
+                results.extend((int(job_id), True) for (job_id,) in cursor.fetchall())
+            else:
+                results.extend(_insert_keyed(cursor, chunk, params))
+    return results
+
+
+def _insert_keyed(
+    cursor: Any, chunk: Sequence[BulkRow], params: dict[str, str]
+) -> list[tuple[int, bool]]:
+    cursor.execute(
+        QUERIES["job_enqueue_many_keyed"],
+        {**params, "idempotency_keys": text_array(row[6] for row in chunk)},
+    )
+    created = {position: int(job_id) for position, job_id in cursor.fetchall()}
+    found: dict[int, int] = {}
+    for _ in range(_LOOKUP_RETRIES):
+        missing = [p for p in range(1, len(chunk) + 1) if p not in created and p not in found]
+        if not missing:
+            break
+        # Holders of the keys that were skipped: earlier positions of this call (the
+        # statement above is visible to this one) or live jobs inserted before it.
+        cursor.execute(
+            QUERIES["job_live_by_keys"],
+            {
+                "queues": text_array(chunk[p - 1][1] for p in missing),
+                "idempotency_keys": text_array(chunk[p - 1][6] for p in missing),
+            },
+        )
+        for index, job_id in cursor.fetchall():
+            if job_id is not None:
+                found[missing[index - 1]] = int(job_id)
+    if len(created) + len(found) < len(chunk):
+        raise PgQueueError(
+            "Could not enqueue: some idempotency keys keep changing hands; try again."
+        )
+    return [
+        (created[p], True) if p in created else (found[p], False) for p in range(1, len(chunk) + 1)
+    ]
 
 
 def retry_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
     """Make dead, cancelled or pending jobs due now with fresh attempts; return those changed."""
-    with connections[alias].cursor() as cursor:
+    with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["job_retry_now"], {"job_ids": list(job_ids)})
         return {row[0] for row in cursor.fetchall()}
 
 
 def cancel_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
     """Cancel pending jobs; return those changed. Running jobs are never touched."""
-    with connections[alias].cursor() as cursor:
+    with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["job_cancel"], {"job_ids": list(job_ids)})
         return {row[0] for row in cursor.fetchall()}
 

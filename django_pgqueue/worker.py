@@ -43,11 +43,14 @@ from .executor import Failure, Outcome, Success
 from .registry import Handler, Registry
 from .registry import registry as default_registry
 from .retry import RetryPolicy, default_policy
-from .store import Backoff, ClaimedRow, Store, wait_for
+from .store import Backoff, ClaimedRow, Store, fail_params, wait_for
 
 logger = logging.getLogger(__name__)
 
 SWEEP_BATCH = 1000
+# How long a finished job's outcome may wait so that it is written together with
+# others (and with the next claim). Short against any job worth queueing.
+FLUSH_DELAY = 0.005
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ class InFlight:
     """A claimed job from dispatch until its outcome is written."""
 
     __slots__ = (
+        "attempt_id",
         "ctx",
         "handler",
         "lease",
@@ -200,12 +204,14 @@ class InFlight:
         self,
         ctx: JobContext,
         lease: Lease,
+        attempt_id: int,
         handler: Handler | None,
         payload_text: str,
         policy: RetryPolicy,
         timeout: float | None,
     ) -> None:
         self.ctx = ctx
+        self.attempt_id = attempt_id
         self.lease = lease
         self.handler = handler
         self.payload_text = payload_text
@@ -243,6 +249,7 @@ class Worker:
         self._leases_lock = threading.Lock()
         self._inflight: dict[int, InFlight] = {}
         self._unwritten: list[tuple[InFlight, Outcome]] = []
+        self._unwritten_since = 0.0
         self._uncertain: list[tuple[InFlight, Outcome]] = []
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -339,7 +346,6 @@ class Worker:
                     continue
                 self._wake.clear()
                 self._collect_outcomes()
-                self._write_outcomes()
                 self._check_timeouts()
                 if self._stopping.is_set():
                     break
@@ -347,8 +353,7 @@ class Worker:
                 if now >= next_sweep:
                     self._sweep()
                     next_sweep = now + cfg.sweep_interval
-                claimed = self._claim_round()
-                if claimed:
+                if self._cycle(now):
                     continue
                 if cfg.burst and self._idle():
                     logger.info("worker %s: queues empty, burst done", cfg.worker_id)
@@ -375,6 +380,8 @@ class Worker:
     def _idle_timeout(self, next_sweep: float) -> float:
         now = time.monotonic()
         deadline = min(next_sweep, now + self.config.poll_interval)
+        if self._unwritten:
+            deadline = min(deadline, self._unwritten_since + FLUSH_DELAY)
         if self._empty_until:
             deadline = min(deadline, min(self._empty_until.values()))
         for item in self._inflight.values():
@@ -382,40 +389,75 @@ class Worker:
                 deadline = min(deadline, item.started + item.timeout)
         return max(0.0, deadline - now)
 
-    def _claim_round(self) -> int:
-        cfg = self.config
-        free = cfg.concurrency - len(self._inflight)
-        if free <= 0:
-            return 0
-        now = time.monotonic()
-        notified, self._notified = self._notified, set()
-        for name in notified:
-            self._empty_until.pop(name, None)
+    def _refresh_empty_marks(self, now: float) -> bool:
+        """Forget 'empty' marks that expired or were contradicted by a NOTIFY; any left to try?"""
+        if self._notified:
+            notified, self._notified = self._notified, set()
+            for name in notified:
+                self._empty_until.pop(name, None)
         for name, until in list(self._empty_until.items()):
             if until <= now:
                 del self._empty_until[name]
-        total = 0
-        for name in self._scheduler.order():
-            if free <= 0 or self._stopping.is_set():
-                break
-            if name in self._empty_until:
-                continue
-            limit = min(cfg.batch_size, free)
-            sent = time.monotonic()
-            rows = self._store.claim(name, limit, cfg.worker_id, cfg.lease)
-            if len(rows) < limit:
-                self._empty_until[name] = sent + cfg.poll_interval
-            if rows:
-                logger.info("claimed %d job(s) from %s", len(rows), name)
-                self._dispatch(rows, sent + cfg.lease)
-                free -= len(rows)
-                total += len(rows)
-        return total
+        return len(self._empty_until) < len(self.config.queues)
+
+    def _cycle(self, now: float) -> bool:
+        """Write finished outcomes and claim more, batching both; False if nothing to do.
+
+        Outcomes wait up to FLUSH_DELAY (or until the batch is done) so that one
+        transaction completes many jobs and claims the next batch in the same round
+        trip; a claim waits for pending outcomes for the same reason.
+        """
+        cfg = self.config
+        free = cfg.concurrency - len(self._inflight)
+        flush_due = bool(self._unwritten) and (
+            not self._inflight
+            or len(self._unwritten) >= cfg.batch_size
+            or now - self._unwritten_since >= FLUSH_DELAY
+        )
+        claim_ok = (
+            free > 0
+            and not self._stopping.is_set()
+            and (flush_due or not self._unwritten)
+            and self._refresh_empty_marks(now)
+        )
+        if not (flush_due or claim_ok):
+            return False
+        order = (
+            [name for name in self._scheduler.order() if name not in self._empty_until]
+            if claim_ok
+            else []
+        )
+        limit = min(cfg.batch_size, free)
+        claim = (order[0], limit, cfg.worker_id, cfg.lease) if order else None
+        sent = time.monotonic()
+        rows = self._write(self._take_unwritten() if flush_due else [], claim)
+        claimed = 0
+        if claim is not None:
+            claimed += self._accept_claim(order[0], limit, rows, sent)
+            for name in order[1:]:
+                free = cfg.concurrency - len(self._inflight)
+                if free <= 0 or self._stopping.is_set():
+                    break
+                limit = min(cfg.batch_size, free)
+                sent = time.monotonic()
+                rows = self._store.claim(name, limit, cfg.worker_id, cfg.lease)
+                claimed += self._accept_claim(name, limit, rows, sent)
+        return True
+
+    def _accept_claim(self, queue: str, limit: int, rows: list[ClaimedRow], sent: float) -> int:
+        if len(rows) < limit:
+            self._empty_until[queue] = sent + self.config.poll_interval
+        if rows:
+            logger.info("claimed %d job(s) from %s", len(rows), queue)
+            self._dispatch(rows, sent + self.config.lease)
+        return len(rows)
 
     def _dispatch(self, rows: list[ClaimedRow], expires: float) -> None:
+        cfg = self.config
         self.stats["claimed"] += len(rows)
-        rows.sort(key=lambda row: (-row.priority, row.run_at, row.job_id))
-        leases = []
+        if len(rows) > 1:
+            rows.sort(key=lambda row: (-row.priority, row.run_at, row.job_id))
+        items = []
         for row in rows:
             lease = Lease(row.job_id, row.lease_version, expires)
             handler = self.registry.find(row.type)
@@ -428,21 +470,24 @@ class Worker:
                 max_attempts=row.max_attempts,
                 lease_version=row.lease_version,
                 priority=row.priority,
-                worker_id=self.config.worker_id,
+                worker_id=cfg.worker_id,
                 created_at=row.created_at,
                 user_key=row.idempotency_key,
                 lease=lease,
             )
-            policy = handler.retry if handler and handler.retry else self._policy
-            timeout = handler.timeout if handler and handler.timeout else self.config.job_timeout
-            item = InFlight(ctx, lease, handler, row.payload, policy, timeout)
+            if handler is None:
+                policy, timeout = self._policy, cfg.job_timeout
+            else:
+                policy = handler.retry or self._policy
+                timeout = handler.timeout or cfg.job_timeout
+            item = InFlight(ctx, lease, row.attempt_id, handler, row.payload, policy, timeout)
             self._inflight[row.job_id] = item
-            leases.append(lease)
+            items.append(item)
         with self._leases_lock:
-            for lease in leases:
-                self._leases[lease.job_id] = lease
-        for job_id in (row.job_id for row in rows):
-            self._work.put(self._inflight[job_id])
+            for item in items:
+                self._leases[item.lease.job_id] = item.lease
+        for item in items:
+            self._work.put(item)
 
     # -- outcomes ---------------------------------------------------------------------
 
@@ -456,49 +501,71 @@ class Worker:
                 continue  # a timed-out handler came back after its failure was recorded
             item.resolved = True
             self._inflight.pop(item.ctx.job_id, None)
-            self._unwritten.append((item, outcome))
+            self._add_unwritten(item, outcome)
 
-    def _write_outcomes(self) -> None:
+    def _add_unwritten(self, item: InFlight, outcome: Outcome) -> None:
         if not self._unwritten:
-            return
+            self._unwritten_since = time.monotonic()
+        self._unwritten.append((item, outcome))
+
+    def _take_unwritten(self) -> list[tuple[InFlight, Outcome]]:
         batch, self._unwritten = self._unwritten, []
-        successes = [(item, out) for item, out in batch if isinstance(out, Success)]
-        failures = [(item, out) for item, out in batch if isinstance(out, Failure)]
-        if successes:
-            try:
-                done = self._store.complete(
-                    [(i.ctx.job_id, i.ctx.lease_version, o.result) for i, o in successes]
+        return batch
+
+    def _write(
+        self, batch: list[tuple[InFlight, Outcome]], claim: tuple[str, int, str, float] | None
+    ) -> list[ClaimedRow]:
+        """Write a batch of outcomes (and claim, if asked) in one transaction."""
+        done: list[tuple[int, int, str | None]] = []
+        failed: list[dict[str, Any]] = []
+        failures: list[tuple[InFlight, Failure]] = []
+        for item, outcome in batch:
+            item.lease.finishing = True  # a renewal racing this write must not cry "lost"
+            ctx = item.ctx
+            if isinstance(outcome, Success):
+                done.append((ctx.job_id, ctx.lease_version, item.attempt_id, outcome.result))
+            else:
+                failures.append((item, outcome))
+                failed.append(
+                    fail_params(
+                        ctx.job_id,
+                        ctx.lease_version,
+                        item.attempt_id,
+                        permanent=outcome.permanent,
+                        delay=outcome.delay,
+                        error_class=outcome.error_class,
+                        error_message=outcome.message,
+                        traceback=outcome.traceback,
+                        last_error=outcome.last_error,
+                    )
                 )
-            except DatabaseUnavailable:
-                self._uncertain.extend(batch)  # the COMMIT may or may not have happened
-                raise
-            for item, _ in successes:
-                if item.ctx.job_id in done:
+        try:
+            if not batch and claim is not None:
+                return self._store.claim(*claim)
+            completed, fail_results, rows = self._store.finish_and_claim(done, failed, claim)
+        except DatabaseUnavailable:
+            self._uncertain.extend(batch)  # the COMMIT may or may not have happened
+            raise
+        for item, outcome in batch:
+            if isinstance(outcome, Success):
+                if item.ctx.job_id in completed:
                     self.stats["completed"] += 1
                 else:
                     self._stale(item, "complete")
                 self._forget(item)
-        for position, (item, outcome) in enumerate(failures):
-            assert isinstance(outcome, Failure)
-            try:
-                self._write_failure(item, outcome)
-            except DatabaseUnavailable:
-                self._uncertain.extend(failures[position:])
-                raise
+        for (item, outcome), result in zip(failures, fail_results, strict=True):
+            self._forget(item)
+            self._log_failure(item, outcome, result)
+        return rows
 
-    def _write_failure(self, item: InFlight, outcome: Failure) -> None:
+    def _write_outcomes(self) -> None:
+        if self._unwritten:
+            self._write(self._take_unwritten(), None)
+
+    def _log_failure(
+        self, item: InFlight, outcome: Failure, result: tuple[str, Any] | None
+    ) -> None:
         ctx = item.ctx
-        result = self._store.fail(
-            ctx.job_id,
-            ctx.lease_version,
-            permanent=outcome.permanent,
-            delay=outcome.delay,
-            error_class=outcome.error_class,
-            error_message=outcome.message,
-            traceback=outcome.traceback,
-            last_error=outcome.last_error,
-        )
-        self._forget(item)
         if result is None:
             self._stale(item, "fail")
             return
@@ -545,16 +612,15 @@ class Worker:
             return
         pending, self._uncertain = self._uncertain, []
         try:
-            statuses = self._store.attempt_statuses(
-                [(item.ctx.job_id, item.ctx.lease_version) for item, _ in pending]
-            )
+            statuses = self._store.attempt_statuses([item.attempt_id for item, _ in pending])
         except DatabaseUnavailable:
             self._uncertain = pending + self._uncertain
             raise
         for item, outcome in pending:
-            status = statuses.get((item.ctx.job_id, item.ctx.lease_version))
+            status = statuses.get(item.attempt_id)
             if status == "running":
-                self._unwritten.append((item, outcome))  # it did not land: write it again
+                item.lease.finishing = False  # it did not land: renew it and write again
+                self._add_unwritten(item, outcome)
             elif status in ("succeeded", "failed"):
                 self.stats["completed" if status == "succeeded" else "failed_written"] += 1
                 self._forget(item)
@@ -585,7 +651,7 @@ class Worker:
                 item.timeout,
             )
             self.stats["timed_out"] += 1
-            self._unwritten.append((item, executor.timed_out(item.ctx, item.timeout, item.policy)))
+            self._add_unwritten(item, executor.timed_out(item.ctx, item.timeout, item.policy))
             thread = item.thread
             if thread is not None and thread.ident is not None:
                 # Best effort: raises JobTimeout in the handler at its next bytecode. A
@@ -691,7 +757,7 @@ class Worker:
                 for lease in held:
                     if lease.job_id in kept:
                         lease.expires = sent + cfg.lease
-                    elif not lease.lost:
+                    elif not lease.lost and not lease.finishing:
                         lease.lost = True
                         self.stats["leases_lost"] += 1
                         logger.warning(
@@ -777,17 +843,15 @@ class Worker:
         interrupted = [item for item in self._inflight.values() if not item.resolved]
         for item in interrupted:
             item.resolved = True
-            self._unwritten.append(
-                (
-                    item,
-                    Failure(
-                        "django_pgqueue.WorkerShutdown",
-                        f"worker {cfg.worker_id} stopped before the handler finished",
-                        "",
-                        permanent=False,
-                        delay=0.0,
-                    ),
-                )
+            self._add_unwritten(
+                item,
+                Failure(
+                    "django_pgqueue.WorkerShutdown",
+                    f"worker {cfg.worker_id} stopped before the handler finished",
+                    "",
+                    permanent=False,
+                    delay=0.0,
+                ),
             )
         self._inflight.clear()
         if interrupted:
@@ -812,7 +876,7 @@ class Worker:
         self._store.close()
 
     def _release(self, items: list[InFlight]) -> None:
-        pairs = [(item.ctx.job_id, item.ctx.lease_version) for item in items]
+        pairs = [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in items]
         try:
             if not self._store.connected:
                 self._store.connect()

@@ -15,13 +15,33 @@
 
 
 -- name: job_enqueue
--- Insert one job and its state row and wake the queue's workers.
+-- Insert one job and its state row, and wake the queue's workers if it is due.
+-- The common case: no idempotency key (job_enqueue_keyed handles keys). NOTIFY is
+-- delivered by PostgreSQL only when the caller's transaction commits.
+WITH job AS (
+    INSERT INTO queue_jobs (queue, type, payload, idempotency_key, created_at)
+    VALUES (%(queue)s::text, %(type)s::text, %(payload)s::jsonb, NULL, now())
+    RETURNING id
+)
+INSERT INTO queue_job_state AS state (
+    job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version, updated_at
+)
+SELECT job.id, %(queue)s::text, 'pending', %(priority)s::smallint,
+       coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+       0, %(max_attempts)s::integer, 0, now()
+FROM job
+RETURNING state.job_id, true AS created,
+          (SELECT pg_notify('pgqueue', state.queue) WHERE state.run_at <= now()) IS NULL;
+
+
+-- name: job_enqueue_keyed
+-- Insert one job with an idempotency key, unless a pending or running job of the same
+-- queue holds that key: then return the holder with created = false.
 -- The state row is inserted first, with an id drawn from the jobs' sequence, so that
 -- ON CONFLICT on the live-key index can skip the whole job; the foreign key to
--- queue_jobs is checked at the end of the statement, when both rows exist. With an
--- idempotency key already held by a pending or running job, nothing is inserted and
--- the holder is returned with created = false. If no row comes back, a concurrent
--- transaction inserted the key after this statement's snapshot: run it again.
+-- queue_jobs is checked at the end of the statement, when both rows exist. If no row
+-- comes back, a concurrent transaction took the key after this statement's snapshot
+-- and committed: run it again.
 WITH new_job AS (
     SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id
 ), state AS (
@@ -44,57 +64,90 @@ WITH new_job AS (
     FROM state
     RETURNING id
 )
-SELECT job.id, true AS created
+SELECT job.id, true AS created,
+       (SELECT pg_notify('pgqueue', %(queue)s::text) WHERE state.run_at <= now()) IS NULL
 FROM job
 JOIN state ON state.job_id = job.id
-LEFT JOIN LATERAL (
-    SELECT pg_notify('pgqueue', %(queue)s::text) WHERE state.run_at <= now()
-) AS wake ON true
 UNION ALL
-SELECT live.job_id, false
+SELECT live.job_id, false, true
 FROM queue_job_state AS live
-WHERE %(idempotency_key)s::text IS NOT NULL
-  AND NOT EXISTS (SELECT FROM state)
+WHERE NOT EXISTS (SELECT FROM state)
   AND live.queue = %(queue)s::text
   AND live.idempotency_key = %(idempotency_key)s::text
   AND live.status IN ('pending', 'running');
 
 
 -- name: job_enqueue_many
--- Insert many jobs in one statement, in input order, and wake their queues.
--- Arrays are parallel, one element per job. The result has one row per input
--- position: the new job, or the live job already holding that idempotency key (an
--- earlier position of the same call included). A NULL id means a concurrent
--- transaction holds the key: look it up again with job_live_by_key.
-WITH input AS (
-    SELECT *
+-- Insert many jobs without idempotency keys in one statement and wake their queues.
+-- Arrays are parallel, one element per job, and payloads is one JSON array; ids come
+-- back in input order. Ids are
+-- drawn from the jobs' sequence first so both tables can be filled from the same
+-- rows (the sequence is looked up once, not per row). Kept simple on purpose: its
+-- estimated cost must stay far below jit_above_cost, or PostgreSQL spends longer
+-- compiling it than running it.
+WITH numbered AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*,
+           p.payload
     FROM unnest(
-        %(queues)s::text[], %(types)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
+        %(queues)s::text[], %(types)s::text[], %(priorities)s::smallint[],
+        %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::integer[]
+    ) WITH ORDINALITY AS i(queue, type, priority, run_at, delay, max_attempts, position)
+    JOIN jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, position)
+        USING (position)
+), job AS (
+    INSERT INTO queue_jobs (id, queue, type, payload, created_at)
+    SELECT id, queue, type, payload, now()
+    FROM numbered
+), state AS (
+    INSERT INTO queue_job_state (
+        job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version, updated_at
+    )
+    SELECT id, queue, 'pending', priority, coalesce(run_at, now() + make_interval(secs => delay)),
+           0, max_attempts, 0, now()
+    FROM numbered
+    RETURNING queue, run_at
+), wake AS (
+    SELECT count(pg_notify('pgqueue', due.queue)::text) AS queues
+    FROM (SELECT DISTINCT queue FROM state WHERE run_at <= now()) AS due
+)
+SELECT numbered.id
+FROM numbered
+CROSS JOIN wake
+ORDER BY numbered.position;
+
+
+-- name: job_enqueue_many_keyed
+-- Insert many jobs, some with idempotency keys, skipping those whose key a live job
+-- holds. Returns (position, id) for the jobs inserted; job_live_by_keys then finds
+-- the holder for every other position, including keys repeated within the call.
+-- The state row goes first so ON CONFLICT can skip the whole job (see job_enqueue_keyed).
+WITH numbered AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*,
+           p.payload
+    FROM unnest(
+        %(queues)s::text[], %(types)s::text[], %(priorities)s::smallint[],
         %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::integer[],
         %(idempotency_keys)s::text[]
-    ) WITH ORDINALITY AS i(queue, type, payload, priority, run_at, delay, max_attempts,
+    ) WITH ORDINALITY AS i(queue, type, priority, run_at, delay, max_attempts,
                            idempotency_key, position)
-), numbered AS MATERIALIZED (
-    SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id, input.*
-    FROM input
-    ORDER BY input.position
+    JOIN jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, position)
+        USING (position)
 ), state AS (
     INSERT INTO queue_job_state AS s (
         job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
         idempotency_key, updated_at
     )
-    SELECT id, queue, 'pending', priority,
-           coalesce(run_at, now() + make_interval(secs => delay)),
+    SELECT id, queue, 'pending', priority, coalesce(run_at, now() + make_interval(secs => delay)),
            0, max_attempts, 0, idempotency_key, now()
     FROM numbered
     ORDER BY position
     ON CONFLICT (queue, idempotency_key)
         WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'running')
         DO NOTHING
-    RETURNING s.job_id, s.queue, s.run_at, s.idempotency_key
+    RETURNING s.job_id, s.queue, s.run_at
 ), job AS (
     INSERT INTO queue_jobs (id, queue, type, payload, idempotency_key, created_at)
-    SELECT numbered.id, numbered.queue, numbered.type, numbered.payload::jsonb,
+    SELECT numbered.id, numbered.queue, numbered.type, numbered.payload,
            numbered.idempotency_key, now()
     FROM numbered
     JOIN state ON state.job_id = numbered.id
@@ -103,37 +156,21 @@ WITH input AS (
     SELECT count(pg_notify('pgqueue', due.queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM state WHERE run_at <= now()) AS due
 )
-SELECT numbered.position,
-       coalesce(state.job_id, same_call.job_id, live.job_id) AS id,
-       state.job_id IS NOT NULL AS created
+SELECT numbered.position, numbered.id
 FROM numbered
-CROSS JOIN wake
-LEFT JOIN state ON state.job_id = numbered.id
-LEFT JOIN LATERAL (
-    SELECT held.job_id FROM state AS held
-    WHERE state.job_id IS NULL
-      AND held.queue = numbered.queue
-      AND held.idempotency_key = numbered.idempotency_key
-    LIMIT 1
-) AS same_call ON true
-LEFT JOIN LATERAL (
-    SELECT held.job_id FROM queue_job_state AS held
-    WHERE state.job_id IS NULL
-      AND held.queue = numbered.queue
-      AND held.idempotency_key = numbered.idempotency_key
-      AND held.status IN ('pending', 'running')
-    LIMIT 1
-) AS live ON true
-ORDER BY numbered.position;
+JOIN job ON job.id = numbered.id
+CROSS JOIN wake;
 
 
--- name: job_live_by_key
--- Find the pending or running job holding an idempotency key in a queue.
-SELECT job_id
-FROM queue_job_state
-WHERE queue = %(queue)s::text
-  AND idempotency_key = %(idempotency_key)s::text
-  AND status IN ('pending', 'running');
+-- name: job_live_by_keys
+-- Find the pending or running job holding each (queue, idempotency key) pair.
+SELECT pair.position, live.job_id
+FROM unnest(%(queues)s::text[], %(idempotency_keys)s::text[]) WITH ORDINALITY
+    AS pair(queue, idempotency_key, position)
+LEFT JOIN queue_job_state AS live
+    ON live.queue = pair.queue
+   AND live.idempotency_key = pair.idempotency_key
+   AND live.status IN ('pending', 'running');
 
 
 -- name: job_claim
@@ -144,6 +181,7 @@ WHERE queue = %(queue)s::text
 -- ORDER BY order and stops after `limit` unlocked rows: no sort, whatever the
 -- table size. Row locks last only for this statement; handlers run outside it.
 -- Rows come back unordered (ordering here would add a Sort node); sort in the caller.
+-- Each row carries its attempt's id: later writes address the attempt by primary key.
 WITH candidates AS MATERIALIZED (
     SELECT job_id
     FROM queue_job_state
@@ -161,48 +199,63 @@ WITH candidates AS MATERIALIZED (
         locked_by = %(worker_id)s::text,
         locked_until = now() + make_interval(secs => %(lease)s::float8),
         updated_at = now()
-    FROM candidates
-    WHERE state.job_id = candidates.job_id
+    -- An array of ids, not a join: the rows are fetched by primary key whatever the
+    -- statistics say (a join can turn into a sequential scan of the whole table
+    -- when they are stale, and autovacuum may be off).
+    WHERE state.job_id = ANY (ARRAY(SELECT job_id FROM candidates))
     RETURNING state.job_id, state.queue, state.priority, state.run_at, state.attempts,
               state.max_attempts, state.lease_version
 ), opened AS (
     INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id, status, started_at)
     SELECT job_id, lease_version, attempts, %(worker_id)s::text, 'running', now()
     FROM claimed
+    RETURNING id, job_id
 )
-SELECT claimed.job_id, claimed.queue, job.type, job.payload::text, claimed.priority,
-       claimed.attempts, claimed.max_attempts, claimed.lease_version, job.idempotency_key,
-       job.created_at, claimed.run_at
+SELECT claimed.job_id, claimed.queue, job.type, job.payload, claimed.priority,
+       claimed.attempts, claimed.max_attempts, claimed.lease_version, opened.id,
+       job.idempotency_key, job.created_at, claimed.run_at
 FROM claimed
-JOIN queue_jobs AS job ON job.id = claimed.job_id;
+JOIN opened ON opened.job_id = claimed.job_id
+-- LIMIT 1 keeps this subquery from being flattened into a join: one primary-key probe
+-- per claimed row, instead of a hash join that reads all of queue_jobs when the
+-- planner underestimates how cheap the probes are.
+CROSS JOIN LATERAL (
+    SELECT j.type, j.payload::text AS payload, j.idempotency_key, j.created_at
+    FROM queue_jobs AS j
+    WHERE j.id = claimed.job_id
+    LIMIT 1
+) AS job;
 
 
 -- name: job_complete
--- Mark jobs a worker still owns as completed and close their attempts.
--- Fenced per job by (job_id, lease_version, status = 'running'); returns the jobs
--- that were completed. A job missing from the result was not ours any more.
-WITH owned AS (
-    SELECT *
-    FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[], %(results)s::text[])
-        AS o(job_id, lease_version, result)
-), done AS (
+-- Mark jobs a worker still owns as completed and close their attempts with their results.
+-- owned maps each job id (as text) to the lease version the worker holds; job_ids
+-- and attempt_ids list the jobs and their attempts; results maps attempt ids to the
+-- handlers' return values, for those that returned something. Fenced per job by
+-- (job_id, lease_version, status = 'running'); returns the jobs that were completed.
+-- A job missing from the result was not this worker's any more.
+-- Rows are found by key (= ANY of an array) and the lease version is looked up per
+-- row: no join for the planner to get wrong on stale statistics, and no FROM list,
+-- which would make PostgreSQL copy every joined row whole for concurrent-update
+-- rechecks.
+WITH done AS (
     UPDATE queue_job_state AS state
     SET status = 'completed',
         locked_by = NULL,
         locked_until = NULL,
         finished_at = now(),
         updated_at = now()
-    FROM owned
-    WHERE state.job_id = owned.job_id
-      AND state.lease_version = owned.lease_version
+    WHERE state.job_id = ANY (%(job_ids)s::bigint[])
+      AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
       AND state.status = 'running'
-    RETURNING state.job_id, state.lease_version
+    RETURNING state.job_id
 ), closed AS (
     UPDATE queue_attempts AS attempt
-    SET status = 'succeeded', finished_at = now(), result = owned.result::jsonb
-    FROM done
-    JOIN owned ON owned.job_id = done.job_id
-    WHERE attempt.job_id = done.job_id AND attempt.lease_version = done.lease_version
+    SET status = 'succeeded',
+        finished_at = now(),
+        result = %(results)s::jsonb -> attempt.id::text
+    WHERE attempt.id = ANY (%(attempt_ids)s::bigint[])
+      AND attempt.job_id IN (SELECT job_id FROM done)
 )
 SELECT job_id FROM done;
 
@@ -240,21 +293,21 @@ WITH failed AS (
         error_class = %(error_class)s::text,
         error_message = %(error_message)s::text,
         traceback = %(traceback)s::text
-    FROM failed
-    WHERE attempt.job_id = failed.job_id AND attempt.lease_version = failed.lease_version
+    WHERE attempt.id = %(attempt_id)s::bigint
+      AND EXISTS (SELECT FROM failed)
 )
 SELECT status, run_at FROM failed;
 
 
 -- name: lease_renew
 -- Extend the leases a worker still holds, all in one statement.
--- Touches only locked_until, which no index covers, so renewals can be HOT updates.
--- Returns the jobs still owned; the others were lost (swept or finished elsewhere).
+-- owned maps job ids (as text) to the lease versions held. Touches only
+-- locked_until, which no index covers, so renewals can be HOT updates. Returns the
+-- jobs still owned; the others were lost (swept, or finished by someone else).
 UPDATE queue_job_state AS state
 SET locked_until = now() + make_interval(secs => %(lease)s::float8)
-FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[]) AS held(job_id, lease_version)
-WHERE state.job_id = held.job_id
-  AND state.lease_version = held.lease_version
+WHERE state.job_id = ANY (%(job_ids)s::bigint[])
+  AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
   AND state.status = 'running'
 RETURNING state.job_id;
 
@@ -262,7 +315,7 @@ RETURNING state.job_id;
 -- name: job_release
 -- Hand back claimed jobs a worker never started (shutdown).
 -- They return to pending at once, the claim's attempt is given back and the attempt
--- row is marked released. Fenced; returns the jobs released.
+-- row is marked released. Fenced like job_complete; returns the jobs released.
 WITH released AS (
     UPDATE queue_job_state AS state
     SET status = 'pending',
@@ -270,16 +323,15 @@ WITH released AS (
         locked_by = NULL,
         locked_until = NULL,
         updated_at = now()
-    FROM unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[]) AS held(job_id, lease_version)
-    WHERE state.job_id = held.job_id
-      AND state.lease_version = held.lease_version
+    WHERE state.job_id = ANY (%(job_ids)s::bigint[])
+      AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
       AND state.status = 'running'
-    RETURNING state.job_id, state.queue, state.lease_version
+    RETURNING state.job_id, state.queue
 ), closed AS (
     UPDATE queue_attempts AS attempt
     SET status = 'released', finished_at = now()
-    FROM released
-    WHERE attempt.job_id = released.job_id AND attempt.lease_version = released.lease_version
+    WHERE attempt.id = ANY (%(attempt_ids)s::bigint[])
+      AND attempt.job_id IN (SELECT job_id FROM released)
 ), wake AS (
     SELECT count(pg_notify('pgqueue', queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM released) AS q
@@ -312,7 +364,8 @@ WITH expired AS MATERIALIZED (
         locked_until = NULL,
         updated_at = now()
     FROM expired
-    WHERE state.job_id = expired.job_id
+    WHERE state.job_id = ANY (ARRAY(SELECT job_id FROM expired))
+      AND state.job_id = expired.job_id
       AND state.lease_version = expired.lease_version
       AND state.status = 'running'
       AND state.locked_until < now()
@@ -335,13 +388,12 @@ SELECT swept.job_id, swept.queue, swept.lost_version, swept.status FROM swept, w
 
 
 -- name: attempt_outcome
--- Read back the attempts of (job_id, lease_version) pairs.
+-- Read back the status of attempts by id.
 -- Used after a write whose COMMIT outcome is unknown (the connection died): the
 -- attempt row says whether that write landed, instead of a guess.
-SELECT attempt.job_id, attempt.lease_version, attempt.status
-FROM queue_attempts AS attempt
-JOIN unnest(%(job_ids)s::bigint[], %(lease_versions)s::bigint[]) AS held(job_id, lease_version)
-  ON attempt.job_id = held.job_id AND attempt.lease_version = held.lease_version;
+SELECT id, status
+FROM queue_attempts
+WHERE id = ANY (%(attempt_ids)s::bigint[]);
 
 
 -- name: job_retry_now

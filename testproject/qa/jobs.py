@@ -121,3 +121,11 @@ def backend_pid(ctx: JobContext) -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         return cursor.fetchone()[0]
+
+
+@django_pgqueue.handler("qa.clock")
+def clock(ctx: JobContext) -> str:
+    """The database clock when the handler started (for pickup-latency measurements)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()::text")
+        return cursor.fetchone()[0]

@@ -179,7 +179,7 @@ def test_concurrent_enqueues_of_one_key_make_one_job():
             barrier.wait()
             for _ in range(5):
                 row = conn.execute(
-                    QUERIES["job_enqueue"],
+                    QUERIES["job_enqueue_keyed"],
                     {
                         "queue": "race",
                         "type": "qa.noop",

@@ -127,12 +127,13 @@ def test_completion_with_an_old_lease_version_changes_nothing(stores):
     assert second.lease_version > first.lease_version
 
     # The stale owner wakes up: every write it tries is rejected.
-    assert a.complete([(job.id, first.lease_version, None)]) == set()
+    assert a.complete([(job.id, first.lease_version, first.attempt_id, None)]) == set()
     assert a.renew([(job.id, first.lease_version)], 30) == set()
     assert (
         a.fail(
             job.id,
             first.lease_version,
+            first.attempt_id,
             permanent=True,
             delay=0,
             error_class="X",
@@ -142,7 +143,7 @@ def test_completion_with_an_old_lease_version_changes_nothing(stores):
         )
         is None
     )
-    assert a.release([(job.id, first.lease_version)]) == set()
+    assert a.release([(job.id, first.lease_version, first.attempt_id)]) == set()
     s = state(job.id)
     assert (s["status"], s["locked_by"], s["lease_version"]) == (
         "running",
@@ -150,7 +151,9 @@ def test_completion_with_an_old_lease_version_changes_nothing(stores):
         second.lease_version,
     )
 
-    assert b.complete([(job.id, second.lease_version, '{"by": "b"}')]) == {job.id}
+    assert b.complete([(job.id, second.lease_version, second.attempt_id, '{"by": "b"}')]) == {
+        job.id
+    }
     assert state(job.id)["status"] == "completed"
     assert [(v, status) for v, _, status, _, _ in attempts(job.id)] == [
         (first.lease_version, "lost"),
@@ -204,9 +207,9 @@ def test_sweep_cannot_undo_a_completion_that_lands_after_it_looked(stores):
 def test_renew_extends_only_what_is_still_held(stores):
     jobs = enqueue_many([("qa.noop", i) for i in range(3)], queue="q")
     store = stores()
-    rows = {row.job_id: row for row in store.claim("q", 3, "w", 1)}
-    held = [(row.job_id, row.lease_version) for row in rows.values()]
-    store.complete([held[0] + (None,)])
+    rows = list(store.claim("q", 3, "w", 1))
+    held = [(row.job_id, row.lease_version) for row in rows]
+    store.complete([(rows[0].job_id, rows[0].lease_version, rows[0].attempt_id, None)])
     assert store.renew(held, 60) == {held[1][0], held[2][0]}
     (remaining,) = sql(
         "SELECT min(extract(epoch FROM locked_until - now())) FROM queue_job_state "
@@ -220,7 +223,7 @@ def test_release_hands_back_unstarted_jobs_without_spending_an_attempt(stores):
     job = enqueue("qa.noop", queue="q")
     store = stores()
     row = store.claim("q", 1, "w", 30)[0]
-    assert store.release([(job.id, row.lease_version)]) == {job.id}
+    assert store.release([(job.id, row.lease_version, row.attempt_id)]) == {job.id}
     s = state(job.id)
     assert (s["status"], s["attempts"], s["locked_by"], s["lease_version"]) == (
         "pending",
@@ -241,6 +244,7 @@ def test_fail_retries_with_a_delay_then_dies_when_attempts_run_out(stores):
         return store.fail(
             row.job_id,
             row.lease_version,
+            row.attempt_id,
             permanent=permanent,
             delay=30,
             error_class="ValueError",
@@ -274,6 +278,7 @@ def test_permanent_failure_goes_straight_to_dead(stores):
     result = store.fail(
         job.id,
         row.lease_version,
+        row.attempt_id,
         permanent=True,
         delay=0,
         error_class="PermanentFailure",
@@ -334,7 +339,7 @@ def test_lease_version_never_decreases_across_claim_sweep_release_and_operator_r
     versions.append(state(job.id)["lease_version"])
     row = store.claim("q", 1, "w", 30)[0]
     versions.append(row.lease_version)
-    store.release([(job.id, row.lease_version)])
+    store.release([(job.id, row.lease_version, row.attempt_id)])
     versions.append(state(job.id)["lease_version"])
     assert versions == sorted(versions)
     assert len(set(versions[:5])) == 5  # every change of ownership was a new generation

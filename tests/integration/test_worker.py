@@ -250,7 +250,9 @@ def test_stale_completion_is_rejected_counted_and_leaves_the_new_owners_state(ru
             "worker-b",
             takeover.lease_version,
         )
-        assert other.complete([(job.id, takeover.lease_version, None)]) == {job.id}
+        assert other.complete([(job.id, takeover.lease_version, takeover.attempt_id, None)]) == {
+            job.id
+        }
     finally:
         other.close()
     assert worker.worker.stats["completed"] == 0

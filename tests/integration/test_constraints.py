@@ -1,0 +1,102 @@
+"""The database holds the invariants itself: writes that break one are refused."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import DataError, IntegrityError, transaction
+
+from django_pgqueue import enqueue
+from tests.conftest import sql
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def job_id() -> int:
+    return enqueue("qa.noop", {"x": 1}, queue="c").id
+
+
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("status = 'paused'", "unknown status 'paused'"),
+        ("priority = 101", "priority 101 is outside -100..100"),
+        ("attempts = -1", "attempts -1"),
+        ("attempts = 6", "attempts 6 / max_attempts 5"),
+        ("max_attempts = 0", "max_attempts 0"),
+        ("lease_version = -1", "lease_version -1 is negative"),
+        ("status = 'running'", "a running row must have locked_by and locked_until"),
+        ("locked_by = 'w', locked_until = now()", "a pending row must not have locked_by"),
+        ("status = 'completed'", "a completed row must have finished_at"),
+        ("finished_at = now()", "a pending row must not have finished_at"),
+    ],
+)
+def test_job_state_invariants(job_id, assignment, message):
+    with pytest.raises(IntegrityError, match=message), transaction.atomic():
+        sql(f"UPDATE queue_job_state SET {assignment} WHERE job_id = %s", [job_id])
+
+
+def test_state_and_job_cannot_disagree_on_the_queue(job_id):
+    with pytest.raises(IntegrityError, match="queue_job_state_job_fk"), transaction.atomic():
+        sql("UPDATE queue_job_state SET queue = 'elsewhere' WHERE job_id = %s", [job_id])
+
+
+@pytest.mark.parametrize(
+    ("queue", "type_", "message"),
+    [
+        ("bad queue", "qa.noop", "queue name 'bad queue'"),
+        ("q", "9starts-with-digit", "job type '9starts-with-digit'"),
+    ],
+)
+def test_job_shape_is_checked(queue, type_, message):
+    with pytest.raises(IntegrityError, match=message), transaction.atomic():
+        sql(
+            "INSERT INTO queue_jobs (queue, type, payload) VALUES (%s, %s, '{}')",
+            [queue, type_],
+        )
+
+
+def test_overlong_names_are_refused_by_the_column_type():
+    with pytest.raises(DataError, match="too long"), transaction.atomic():
+        sql(
+            "INSERT INTO queue_jobs (queue, type, payload) VALUES (%s, 'qa.noop', '{}')", ["q" * 64]
+        )
+
+
+def test_attempt_invariants(job_id):
+    insert = (
+        "INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id, status, "
+        "finished_at) VALUES (%s, %s, %s, 'w', %s, {})"
+    )
+    for params, finished, message in [
+        ((1, 1, "bogus"), "now()", "unknown status 'bogus'"),
+        ((0, 1, "failed"), "now()", "must be >= 1"),
+        ((1, 1, "running"), "now()", "a running attempt must not have finished_at"),
+        ((1, 1, "failed"), "NULL", "a failed attempt must have finished_at"),
+    ]:
+        with pytest.raises(IntegrityError, match=message), transaction.atomic():
+            sql(insert.format(finished), [job_id, *params])
+
+
+def test_attempts_unique_per_lease_version(job_id):
+    insert = (
+        "INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id, status) "
+        "VALUES (%s, 1, 1, 'w', 'running')"
+    )
+    sql(insert, [job_id])
+    with (
+        pytest.raises(IntegrityError, match="queue_attempts_job_lease_unique"),
+        transaction.atomic(),
+    ):
+        sql(insert, [job_id])
+
+
+def test_deleting_a_job_takes_its_state_and_attempts(job_id):
+    sql(
+        "INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id, status) "
+        "VALUES (%s, 1, 1, 'w', 'running')",
+        [job_id],
+    )
+    sql("DELETE FROM queue_jobs WHERE id = %s", [job_id])
+    assert sql("SELECT count(*) FROM queue_job_state WHERE job_id = %s", [job_id]) == [(0,)]
+    assert sql("SELECT count(*) FROM queue_attempts WHERE job_id = %s", [job_id]) == [(0,)]
