@@ -476,6 +476,9 @@ def cancel_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
 
 
 def _fetch(alias: str, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    # Django's own cursor, which binds on the client: these statements have optional
+    # filters ("%(queue)s IS NULL OR ...") and a LIMIT that the planner should see as
+    # values, and they run rarely, so an inlined plan beats a reusable generic one.
     with connections[alias].cursor() as cursor:
         cursor.execute(QUERIES[name], params or {})
         return cursor.fetchall() if cursor.description else []
