@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 MANAGE := $(BIN)/python testproject/manage.py
 PYTEST := $(BIN)/pytest
 
-.PHONY: install demo test test-fast lint format migrate clean createdb
+.PHONY: install demo test test-fast lint format migrate clean createdb bench-admin screenshots
 
 install: $(STAMP)
 
@@ -68,6 +68,15 @@ test: lint
 # The quick loop while developing: no slow tests.
 test-fast: install
 	$(PYTEST) -m "not slow"
+
+# The admin's pages on 1,000,000 jobs (its own database, dropped afterwards);
+# BENCH_ARGS=--smoke for a quick run, --json-out FILE to keep the figures.
+bench-admin: install
+	$(BIN)/python benchmarks/admin_pages.py $(BENCH_ARGS)
+
+# Refresh docs/images/admin-*.png from the admin's browser test (needs chromium).
+screenshots: install
+	PGQUEUE_SCREENSHOTS=1 $(PYTEST) tests/admin/test_browser.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -448,3 +448,86 @@ def cancel_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
     with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["job_cancel"], {"job_ids": list(job_ids)})
         return {row[0] for row in cursor.fetchall()}
+
+
+# -- figures and maintenance for the admin and the ops commands, on Django's connection --
+
+
+def _fetch(alias: str, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    # Django's own cursor, which binds on the client: these statements have optional
+    # filters ("%(queue)s IS NULL OR ...") and a LIMIT that the planner should see as
+    # values, and they run rarely, so an inlined plan beats a reusable generic one.
+    with connections[alias].cursor() as cursor:
+        cursor.execute(QUERIES[name], params or {})
+        return cursor.fetchall() if cursor.description else []
+
+
+def live_stats(alias: str) -> list[tuple[str, str, int, int, int, float | None]]:
+    """Count unfinished and failed jobs: (queue, status, jobs, due, expired, oldest due s)."""
+    return [
+        (queue, status, int(jobs), int(due), int(expired), oldest)
+        for queue, status, jobs, due, expired, oldest in _fetch(alias, "stats_by_queue")
+    ]
+
+
+def completed_counts(alias: str) -> dict[str, int]:
+    """Count each queue's completed jobs exactly (reads the whole state table)."""
+    return {queue: int(jobs) for queue, jobs in _fetch(alias, "stats_completed_by_queue")}
+
+
+def estimate_job_count(alias: str) -> int | None:
+    """Estimate the number of jobs from the table's statistics; None if it has none yet."""
+    rows = _fetch(alias, "job_count_estimate")
+    return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+
+def clock_ago(alias: str, seconds: float) -> Any:
+    """Return the database's now() minus `seconds` (an aware datetime)."""
+    return _fetch(alias, "clock_ago", {"seconds": seconds})[0][0]
+
+
+def count_prunable(alias: str, cutoff: Any, statuses: Sequence[str]) -> dict[str, int]:
+    """Count, by status, the finished jobs that finished before `cutoff`."""
+    rows = _fetch(alias, "job_prune_count", {"cutoff": cutoff, "statuses": list(statuses)})
+    return {status: int(jobs) for status, jobs in rows}
+
+
+def prune_batch(alias: str, cutoff: Any, statuses: Sequence[str], limit: int) -> dict[str, int]:
+    """Delete at most `limit` finished jobs older than `cutoff`; return counts by status."""
+    rows = _fetch(
+        alias,
+        "job_prune_batch",
+        {"cutoff": cutoff, "statuses": list(statuses), "limit": limit},
+    )
+    counts: dict[str, int] = {}
+    for (status,) in rows:
+        counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+def dead_job_page(
+    alias: str,
+    *,
+    until: Any,
+    after: tuple[Any, int] | None,
+    limit: int,
+    since: Any = None,
+    queue: str | None = None,
+    type: str | None = None,
+) -> list[tuple[int, Any]]:
+    """One page of (job id, finished_at) of dead jobs, oldest death first, after `after`."""
+    after_finished, after_id = after if after is not None else ("-infinity", 0)
+    rows = _fetch(
+        alias,
+        "job_dead_page",
+        {
+            "until": until,
+            "since": since,
+            "queue": queue,
+            "type": type,
+            "after_finished": after_finished,
+            "after_id": after_id,
+            "limit": limit,
+        },
+    )
+    return [(int(job_id), finished_at) for job_id, finished_at in rows]

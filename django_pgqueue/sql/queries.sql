@@ -441,3 +441,115 @@ SET status = 'cancelled', finished_at = now(), updated_at = now()
 WHERE job_id = ANY(%(job_ids)s::bigint[])
   AND status = 'pending'
 RETURNING job_id;
+
+
+-- name: stats_by_queue
+-- Count each queue's pending, running, dead and cancelled jobs, for the admin and queue_stats.
+-- Completed jobs, most of the table, are not read: each branch walks one small partial
+-- index, so the cost follows the number of unfinished and failed jobs, not the table
+-- size. Pending comes from the claim index alone (index-only), running from the
+-- running index (plus the heap, for locked_until), dead and cancelled from
+-- queue_job_state_failed_idx (index-only). oldest_due_seconds is how long the
+-- longest-waiting due pending job has been due; expired counts running jobs whose
+-- lease has run out and that no sweep has requeued yet.
+SELECT queue, 'pending' AS status, count(*) AS jobs,
+       count(*) FILTER (WHERE run_at <= now()) AS due,
+       0 AS expired,
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8
+           AS oldest_due_seconds
+FROM queue_job_state
+WHERE status = 'pending'
+GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*), 0, count(*) FILTER (WHERE locked_until < now()), NULL
+FROM queue_job_state
+WHERE status = 'running'
+GROUP BY queue
+UNION ALL
+SELECT queue, status, count(*), 0, 0, NULL
+FROM queue_job_state
+WHERE status IN ('dead', 'cancelled')
+GROUP BY queue, status;
+
+
+-- name: stats_completed_by_queue
+-- Count each queue's completed jobs exactly. Reads the whole table: for queue_stats --exact,
+-- never for a page load.
+SELECT queue, count(*) AS jobs
+FROM queue_job_state
+WHERE status = 'completed'
+GROUP BY queue;
+
+
+-- name: job_count_estimate
+-- Estimate the number of jobs without counting them, the way the planner does.
+-- Rows per page as of the last VACUUM or ANALYZE, times the table's current size in
+-- pages, so the figure follows growth between vacuums. NULL when the table has never
+-- been analyzed: the caller counts instead.
+SELECT CASE
+           WHEN c.reltuples < 0 OR c.relpages = 0 THEN NULL
+           ELSE (c.reltuples / c.relpages
+                 * (pg_relation_size(c.oid) / current_setting('block_size')::float8))::bigint
+       END AS estimate
+FROM pg_class AS c
+WHERE c.oid = 'queue_jobs'::regclass;
+
+
+-- name: clock_ago
+-- Read the database's now() minus some seconds: one clock for a whole command run.
+SELECT now() - make_interval(secs => %(seconds)s::float8) AS at;
+
+
+-- name: job_prune_count
+-- Count, by status, the finished jobs that finished before the cutoff (a prune's dry run).
+-- The IN list repeats the rule of job_prune_batch: only finished jobs ever qualify.
+SELECT status, count(*) AS jobs
+FROM queue_job_state
+WHERE status = ANY(%(statuses)s::text[])
+  AND status IN ('completed', 'dead', 'cancelled')
+  AND finished_at < %(cutoff)s::timestamptz
+GROUP BY status;
+
+
+-- name: job_prune_batch
+-- Delete at most `limit` jobs that finished before the cutoff, with their state and attempts.
+-- The state row and the attempts go with the job through the ON DELETE CASCADE foreign
+-- keys. Only completed, dead and cancelled jobs qualify, whatever statuses the caller
+-- passes: a pending or running job is never deleted. The state rows are locked with
+-- SKIP LOCKED, so a job an operator is retrying at this moment is left for a later
+-- run, and a row that changed status before the lock was taken is re-checked against
+-- the WHERE clause and dropped. Each batch is one short statement in its own
+-- transaction: no lock outlives it. Walks queue_job_state_finished_idx.
+WITH doomed AS MATERIALIZED (
+    SELECT job_id, status
+    FROM queue_job_state
+    WHERE status = ANY(%(statuses)s::text[])
+      AND status IN ('completed', 'dead', 'cancelled')
+      AND finished_at < %(cutoff)s::timestamptz
+    LIMIT %(limit)s::integer
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM queue_jobs AS job
+USING doomed
+WHERE job.id = doomed.job_id
+RETURNING doomed.status;
+
+
+-- name: job_dead_page
+-- List dead jobs for requeue_dead, oldest death first, one keyset page at a time.
+-- queue, type and since are optional filters (NULL: any). `until` is the database's
+-- now() when the run started: a job that dies again after this run requeued it is
+-- not requeued a second time. Pages follow (finished_at, job_id) on
+-- queue_job_state_finished_idx; jobs a page skips stay dead and are not seen again.
+SELECT state.job_id, state.finished_at
+FROM queue_job_state AS state
+JOIN queue_jobs AS job ON job.id = state.job_id
+WHERE state.status = 'dead'
+  AND state.finished_at <= %(until)s::timestamptz
+  AND (%(since)s::timestamptz IS NULL OR state.finished_at >= %(since)s::timestamptz)
+  AND (%(queue)s::text IS NULL OR state.queue = %(queue)s::text)
+  AND (%(type)s::text IS NULL OR job.type = %(type)s::text)
+  AND (state.finished_at, state.job_id)
+      > (%(after_finished)s::timestamptz, %(after_id)s::bigint)
+ORDER BY state.finished_at, state.job_id
+LIMIT %(limit)s::integer;
