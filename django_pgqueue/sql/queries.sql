@@ -356,7 +356,7 @@ WITH expired AS MATERIALIZED (
     UPDATE queue_job_state AS state
     SET status = CASE WHEN state.attempts >= state.max_attempts THEN 'dead' ELSE 'pending' END,
         finished_at = CASE WHEN state.attempts >= state.max_attempts THEN now() END,
-        run_at = now(),
+        run_at = CASE WHEN state.attempts >= state.max_attempts THEN state.run_at ELSE now() END,
         lease_version = state.lease_version + 1,
         last_error = 'lease expired: worker ' || state.locked_by
                      || ' stopped renewing it (crashed, frozen or cut off)',
@@ -399,9 +399,11 @@ WHERE id = ANY (%(attempt_ids)s::bigint[]);
 -- name: job_retry_now
 -- Operator retry: dead, cancelled or pending jobs become due now with fresh attempts.
 -- The attempt history stays; lease_version grows. A running job is never touched, nor a
--- job whose idempotency key another live job holds. Returns the jobs changed.
-WITH target AS MATERIALIZED (
-    SELECT state.job_id
+-- job whose idempotency key another live job holds; of several selected jobs sharing
+-- a key, only the newest is retried (two live jobs cannot hold one key). Returns the
+-- jobs changed.
+WITH candidate AS MATERIALIZED (
+    SELECT state.job_id, state.queue, state.idempotency_key
     FROM queue_job_state AS state
     WHERE state.job_id = ANY(%(job_ids)s::bigint[])
       AND state.status IN ('dead', 'cancelled', 'pending')
@@ -415,6 +417,12 @@ WITH target AS MATERIALIZED (
       )
     ORDER BY state.job_id
     FOR UPDATE
+), target AS (
+    SELECT job_id FROM candidate WHERE idempotency_key IS NULL
+    UNION ALL
+    SELECT max(job_id) FROM candidate
+    WHERE idempotency_key IS NOT NULL
+    GROUP BY queue, idempotency_key
 ), retried AS (
     UPDATE queue_job_state AS state
     SET status = 'pending',

@@ -343,3 +343,32 @@ def test_lease_version_never_decreases_across_claim_sweep_release_and_operator_r
     versions.append(state(job.id)["lease_version"])
     assert versions == sorted(versions)
     assert len(set(versions[:5])) == 5  # every change of ownership was a new generation
+
+
+def test_operator_retry_of_two_dead_jobs_sharing_a_key_retries_the_newest(stores):
+    first = enqueue("qa.noop", queue="k", idempotency_key="order-1")
+    sql(
+        "UPDATE queue_job_state SET status = 'dead', finished_at = now() WHERE job_id = %s",
+        [first.id],
+    )
+    second = enqueue("qa.noop", queue="k", idempotency_key="order-1")
+    sql(
+        "UPDATE queue_job_state SET status = 'dead', finished_at = now() WHERE job_id = %s",
+        [second.id],
+    )
+    assert retry_jobs("default", [first.id, second.id]) == {second.id}
+    assert state(second.id)["status"] == "pending"
+    assert state(first.id)["status"] == "dead"
+    # And while the newest is live, the older cannot be retried past it.
+    assert retry_jobs("default", [first.id]) == set()
+
+
+def test_loader_refuses_text_after_a_statement():
+    from django_pgqueue.sql import load
+
+    with pytest.raises(ValueError, match="must end with"):
+        load("-- name: a\nSELECT 1;\nSELECT 2\n-- name: b\nSELECT 3;")
+    assert load("-- name: a\nSELECT 1;\n-- a section comment\n\n-- name: b\nSELECT 3;") == {
+        "a": "-- name: a\nSELECT 1",
+        "b": "-- name: b\nSELECT 3",
+    }
