@@ -23,6 +23,7 @@ import psycopg
 from django.db import connections
 
 from .exceptions import DatabaseUnavailable, PgQueueError
+from .executor import Failure
 from .sql import QUERIES
 
 logger = logging.getLogger(__name__)
@@ -92,32 +93,6 @@ def _owned(held: Iterable[tuple[int, int]]) -> dict[str, str]:
     return {
         "job_ids": int_array(job_id for job_id, _ in held),
         "owned": "{" + ",".join(f'"{job_id}":{version}' for job_id, version in held) + "}",
-    }
-
-
-def fail_params(
-    job_id: int,
-    lease_version: int,
-    attempt_id: int,
-    *,
-    permanent: bool,
-    delay: float,
-    error_class: str,
-    error_message: str,
-    traceback: str,
-    last_error: str,
-) -> dict[str, Any]:
-    """The parameters of job_fail."""
-    return {
-        "job_id": job_id,
-        "lease_version": lease_version,
-        "attempt_id": attempt_id,
-        "permanent": permanent,
-        "delay": delay,
-        "error_class": error_class,
-        "error_message": error_message,
-        "traceback": traceback,
-        "last_error": last_error,
     }
 
 
@@ -214,32 +189,22 @@ class Store:
         return {row[0] for row in rows}
 
     def fail(
-        self,
-        job_id: int,
-        lease_version: int,
-        attempt_id: int,
-        *,
-        permanent: bool,
-        delay: float,
-        error_class: str,
-        error_message: str,
-        traceback: str,
-        last_error: str,
+        self, job_id: int, lease_version: int, attempt_id: int, failure: Failure
     ) -> tuple[str, Any] | None:
-        """Record a failure; return (new status, run_at), or None if the lease was lost."""
+        """Record a failed attempt; return (new status, run_at), or None if the lease was lost."""
         rows = self._run(
             "job_fail",
-            fail_params(
-                job_id,
-                lease_version,
-                attempt_id,
-                permanent=permanent,
-                delay=delay,
-                error_class=error_class,
-                error_message=error_message,
-                traceback=traceback,
-                last_error=last_error,
-            ),
+            {
+                "job_id": job_id,
+                "lease_version": lease_version,
+                "attempt_id": attempt_id,
+                "permanent": failure.permanent,
+                "delay": failure.delay,
+                "error_class": failure.error_class,
+                "error_message": failure.message,
+                "traceback": failure.traceback,
+                "last_error": failure.last_error,
+            },
         )
         return (rows[0][0], rows[0][1]) if rows else None
 

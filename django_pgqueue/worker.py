@@ -597,32 +597,19 @@ class Worker:
         """Write one failure; if PostgreSQL refuses its text, write a plainer one."""
         ctx = item.ctx
         try:
-            return self._store.fail(
-                ctx.job_id,
-                ctx.lease_version,
-                item.attempt_id,
-                permanent=outcome.permanent,
-                delay=outcome.delay,
-                error_class=outcome.error_class,
-                error_message=outcome.message,
-                traceback=outcome.traceback,
-                last_error=outcome.last_error,
-            )
+            return self._store.fail(ctx.job_id, ctx.lease_version, item.attempt_id, outcome)
         except DatabaseUnavailable:
             raise
         except psycopg.Error as exc:
             logger.error("recording the failure of job %d was refused: %s", ctx.job_id, exc)
-            return self._store.fail(
-                ctx.job_id,
-                ctx.lease_version,
-                item.attempt_id,
+            plain = Failure(
+                executor.storable(outcome.error_class, 255),
+                executor.storable(repr(outcome.message), executor.MESSAGE_LIMIT),
+                "",
                 permanent=outcome.permanent,
                 delay=outcome.delay,
-                error_class=executor.storable(outcome.error_class, 255),
-                error_message=executor.storable(repr(outcome.message), executor.MESSAGE_LIMIT),
-                traceback="",
-                last_error=executor.storable(repr(outcome.last_error), executor.LAST_ERROR_LIMIT),
             )
+            return self._store.fail(ctx.job_id, ctx.lease_version, item.attempt_id, plain)
 
     def _complete_one_by_one(self, successes: list[tuple[InFlight, Outcome]]) -> set[int]:
         completed: set[int] = set()

@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 
 from django_pgqueue import enqueue, enqueue_many
+from django_pgqueue.executor import Failure
 from django_pgqueue.store import Store, retry_jobs
 from tests.conftest import sql
 
@@ -134,12 +135,7 @@ def test_completion_with_an_old_lease_version_changes_nothing(stores):
             job.id,
             first.lease_version,
             first.attempt_id,
-            permanent=True,
-            delay=0,
-            error_class="X",
-            error_message="stale",
-            traceback="",
-            last_error="X: stale",
+            Failure("X", "stale", "", permanent=True, delay=0),
         )
         is None
     )
@@ -245,12 +241,13 @@ def test_fail_retries_with_a_delay_then_dies_when_attempts_run_out(stores):
             row.job_id,
             row.lease_version,
             row.attempt_id,
-            permanent=permanent,
-            delay=30,
-            error_class="ValueError",
-            error_message=f"attempt {row.attempt}",
-            traceback="Traceback ...",
-            last_error=f"ValueError: attempt {row.attempt}",
+            Failure(
+                "ValueError",
+                f"attempt {row.attempt}",
+                "Traceback ...",
+                permanent=permanent,
+                delay=30,
+            ),
         )
 
     row = store.claim("q", 1, "w", 30)[0]
@@ -279,12 +276,7 @@ def test_permanent_failure_goes_straight_to_dead(stores):
         job.id,
         row.lease_version,
         row.attempt_id,
-        permanent=True,
-        delay=0,
-        error_class="PermanentFailure",
-        error_message="no",
-        traceback="",
-        last_error="PermanentFailure: no",
+        Failure("PermanentFailure", "no", "", permanent=True, delay=0),
     )
     assert result[0] == "dead"
     assert state(job.id)["attempts"] == 1
