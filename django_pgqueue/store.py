@@ -256,14 +256,14 @@ def wait_for(store: Store, stop: threading.Event, backoff: Backoff, what: str) -
 _LOOKUP_RETRIES = 5
 
 
-def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool]:
-    """Run job_enqueue on Django's connection `alias`; return (job id, created)."""
+def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool, Any]:
+    """Run job_enqueue on Django's connection `alias`; return (job id, created, created_at)."""
     with connections[alias].cursor() as cursor:
         for _ in range(_LOOKUP_RETRIES):
             cursor.execute(QUERIES["job_enqueue"], params)
             row = cursor.fetchone()
             if row is not None:
-                return int(row[0]), bool(row[1])
+                return int(row[0]), bool(row[1]), row[2]
             # A concurrent transaction took the idempotency key after this statement's
             # snapshot and committed; the next statement sees it.
     raise PgQueueError(

@@ -110,24 +110,28 @@ def schedule(run_at: Any, delay: Any) -> tuple[dt.datetime | None, float]:
     return None, seconds
 
 
-def payload(value: Any, max_bytes: int | None) -> str:
-    """Serialize a payload to JSON text, or explain exactly which part cannot be stored."""
+def payload(value: Any, max_bytes: int | None, name: str = "payload") -> str:
+    """Serialize a payload to JSON text, or explain exactly which part cannot be stored.
+
+    `name` is how messages call the value (the Tasks backend checks ``args`` and
+    ``kwargs`` on their own, so its errors name the task's argument).
+    """
     try:
         text = _dumps(value)
     except (TypeError, ValueError, RecursionError) as exc:
-        _explain(value, "payload", set())
-        raise PayloadError(f"payload is not JSON-serializable: {exc}", "payload") from exc
+        _explain(value, name, set())
+        raise PayloadError(f"{name} is not JSON-serializable: {exc}", name) from exc
     # The encoder turns int/float/bool/None keys into strings without a word, and lets
     # NUL and lone surrogates through, which PostgreSQL refuses: walk the value for
     # those, so a payload comes back from the queue exactly as it went in.
     if isinstance(value, dict | list | tuple | str):
-        _explain(value, "payload", set())
+        _explain(value, name, set())
     encoded = text.encode("utf-8")
     if max_bytes is not None and len(encoded) > max_bytes:
         raise PayloadError(
-            f"payload is {len(encoded):,} bytes as JSON, over the limit of {max_bytes:,} "
+            f"{name} is {len(encoded):,} bytes as JSON, over the limit of {max_bytes:,} "
             "(PGQUEUE['MAX_PAYLOAD_BYTES']). Store large data elsewhere and pass its id.",
-            "payload",
+            name,
         )
     return text
 

@@ -15,7 +15,7 @@
 
 
 -- name: job_enqueue
--- Insert one job and its state row and wake the queue's workers.
+-- Insert one job and its state row, wake the queue's workers, return (id, created, created_at).
 -- The state row is inserted first, with an id drawn from the jobs' sequence, so that
 -- ON CONFLICT on the live-key index can skip the whole job; the foreign key to
 -- queue_jobs is checked at the end of the statement, when both rows exist. With an
@@ -42,17 +42,18 @@ WITH new_job AS (
     SELECT state.job_id, %(queue)s::text, %(type)s::text, %(payload)s::jsonb,
            %(idempotency_key)s::text, now()
     FROM state
-    RETURNING id
+    RETURNING id, created_at
 )
-SELECT job.id, true AS created
+SELECT job.id, true AS created, job.created_at
 FROM job
 JOIN state ON state.job_id = job.id
 LEFT JOIN LATERAL (
     SELECT pg_notify('pgqueue', %(queue)s::text) WHERE state.run_at <= now()
 ) AS wake ON true
 UNION ALL
-SELECT live.job_id, false
+SELECT live.job_id, false, held.created_at
 FROM queue_job_state AS live
+JOIN queue_jobs AS held ON held.id = live.job_id
 WHERE %(idempotency_key)s::text IS NOT NULL
   AND NOT EXISTS (SELECT FROM state)
   AND live.queue = %(queue)s::text
