@@ -25,7 +25,7 @@ import django_pgqueue  # noqa: E402
 
 project = "django-pgqueue"
 author = "The django-pgqueue team"
-copyright = "2026, the django-pgqueue team"  # noqa: A001 - Sphinx's name
+copyright = "2026, the django-pgqueue team"
 release = django_pgqueue.__version__
 version = release
 
