@@ -378,16 +378,16 @@ class PgQueueBackend(BaseTaskBackend):
         validation.payload(args, None, "args")
         validation.payload(kwargs, None, "kwargs")
         call = TaskCall(args, kwargs, self.alias, task.run_after)
-        options = self.task_options(task.module_path)
-        database = get_settings().DATABASE
+        conf = get_settings()
+        max_attempts = self.task_options(task.module_path).max_attempts or conf.MAX_ATTEMPTS
         job = enqueue(
             task.module_path,
             call.payload(),
             queue=task.queue_name,
             priority=task.priority,
             run_at=task.run_after,
-            max_attempts=options.max_attempts,
-            using=database,
+            max_attempts=max_attempts,  # stored with the job: the worker never guesses it
+            using=conf.DATABASE,
         )
         result = TaskResult(
             task=task,
@@ -407,7 +407,7 @@ class PgQueueBackend(BaseTaskBackend):
         # commits (at once in autocommit); a rollback removes it and sends nothing.
         transaction.on_commit(
             partial(task_enqueued.send, sender=type(self), task_result=result),
-            using=database,
+            using=conf.DATABASE,
             robust=True,
         )
         return result

@@ -56,6 +56,8 @@ def test_success_with_return_value_timestamps_and_worker(run_worker):
     assert result.enqueued_at is not None
     assert result.started_at is None
     assert result.backend == "default"
+    # OPTIONS["MAX_ATTEMPTS"] of the test project's backend, stored with the job.
+    assert JobState.objects.get(pk=int(result.id)).max_attempts == 3
     worker = run_worker([QUEUE], burst=True)
     worker.join()
 
