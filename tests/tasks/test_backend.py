@@ -20,6 +20,7 @@ from qa.tasks import add, async_add, echo, explode, flaky, record, refuse
 
 from django_pgqueue.backends import PgQueueBackend
 from django_pgqueue.models import Job, JobState
+from django_pgqueue.store import Store
 
 from .api import (
     InvalidTask,
@@ -142,6 +143,32 @@ def test_dead_after_max_attempts_from_the_per_task_options(run_worker, settings)
     # Underneath, the queue marked the job dead with its attempts spent.
     state = JobState.objects.get(pk=int(result.id))
     assert (state.status, state.attempts, state.max_attempts) == ("dead", 3, 3)
+
+
+def test_a_task_whose_worker_vanished_shows_the_lost_attempt_and_runs_again(run_worker):
+    result = add.enqueue(4, 5)
+    vanished = Store("default", "pgqueue test: a worker that dies")
+    try:
+        vanished.claim(QUEUE, 1, "gone:1:abc", 0.1)  # claims, then never renews
+        result.refresh()
+        assert result.status == TaskResultStatus.RUNNING
+        assert result.worker_ids == ["gone:1:abc"]
+        time.sleep(0.3)
+        vanished.sweep()
+    finally:
+        vanished.close()
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    [error] = result.errors
+    assert error.exception_class_path == "LeaseExpired"
+    assert "the lease ran out" in error.traceback
+
+    run_worker([QUEUE], burst=True).join()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 9
+    assert result.attempts == 2
+    assert result.worker_ids[0] == "gone:1:abc"
 
 
 def test_deferred_task_runs_no_earlier_than_run_after(run_worker):
