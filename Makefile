@@ -106,7 +106,7 @@ $(STAMP52): pyproject.toml
 test-django52: $(STAMP52) createdb
 	@$(VENV52)/bin/python -c 'import django, django_tasks, sys; print(f"test-django52: Python {sys.version.split()[0]}, Django {django.get_version()}, django-tasks {django_tasks.__version__}")'
 	@$(VENV52)/bin/python testproject/manage.py makemigrations --check --dry-run --verbosity 0 || \
-		(echo "error: on Django 5.2, models and migrations differ" >&2; exit 1)
+		(echo "error: makemigrations --check failed on Django 5.2 (models and migrations differ, or see the error above)" >&2; exit 1)
 	$(VENV52)/bin/pytest -m "not slow"
 
 # The documentation, warnings as errors (nitpicky: every reference must resolve).
