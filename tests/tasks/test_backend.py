@@ -172,10 +172,10 @@ def test_a_task_whose_worker_vanished_shows_the_lost_attempt_and_runs_again(run_
 
 
 def test_deferred_task_runs_no_earlier_than_run_after(run_worker):
-    run_after = timezone.now() + dt.timedelta(seconds=1.5)
+    run_after = timezone.now() + dt.timedelta(seconds=2)
     result = add.using(run_after=run_after).enqueue(1, 1)
     run_worker([QUEUE])
-    time.sleep(0.7)
+    time.sleep(0.5)  # the worker is up and polling; the task is not due yet
     result.refresh()
     assert result.status == TaskResultStatus.READY
 
