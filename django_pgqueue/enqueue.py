@@ -20,12 +20,17 @@ from .registry import registry
 
 @dataclass(frozen=True, slots=True)
 class EnqueuedJob:
-    """A job as enqueue() left it. `created` is False when an idempotency key matched."""
+    """A job as enqueue() left it. `created` is False when an idempotency key matched.
+
+    `created_at` is the job's database timestamp (the enqueuing transaction's start);
+    enqueue() fills it, enqueue_many() leaves it None.
+    """
 
     id: int
     queue: str
     type: str
     created: bool = True
+    created_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +118,8 @@ def enqueue(
         max_attempts=max_attempts,
         idempotency_key=idempotency_key,
     )
-    job_id, created = store.insert_job(using or get_settings().DATABASE, params)
-    return EnqueuedJob(job_id, params["queue"], params["type"], created)
+    job_id, created, created_at = store.insert_job(using or get_settings().DATABASE, params)
+    return EnqueuedJob(job_id, params["queue"], params["type"], created, created_at)
 
 
 def enqueue_many(

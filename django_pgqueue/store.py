@@ -312,15 +312,15 @@ def django_cursor(alias: str) -> Iterator[Any]:
 _LOOKUP_RETRIES = 5
 
 
-def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool]:
-    """Insert one job on Django's connection `alias`; return (job id, created)."""
+def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool, Any]:
+    """Insert one job on Django's connection `alias`; return (job id, created, created_at)."""
     keyed = params["idempotency_key"] is not None
     with django_cursor(alias) as cursor:
         for _ in range(_LOOKUP_RETRIES if keyed else 1):
             cursor.execute(QUERIES["job_enqueue_keyed" if keyed else "job_enqueue"], params)
             row = cursor.fetchone()
             if row is not None:
-                return int(row[0]), bool(row[1])
+                return int(row[0]), bool(row[1]), row[2]
             # A concurrent transaction took the idempotency key after this statement's
             # snapshot and committed; the next statement sees it.
     raise PgQueueError(

@@ -110,17 +110,21 @@ def schedule(run_at: Any, delay: Any) -> tuple[dt.datetime | None, float]:
     return None, seconds
 
 
-def payload(value: Any, max_bytes: int | None) -> str:
-    """Serialize a payload to JSON text, or explain exactly which part cannot be stored."""
+def payload(value: Any, max_bytes: int | None, name: str = "payload") -> str:
+    """Serialize a payload to JSON text, or explain exactly which part cannot be stored.
+
+    `name` is how messages call the value (the Tasks backend checks ``args`` and
+    ``kwargs`` on their own, so its errors name the task's argument).
+    """
     try:
         text = _dumps(value)
     except (TypeError, ValueError, RecursionError) as exc:
-        _explain(value, "payload", set())
-        raise PayloadError(f"payload is not JSON-serializable: {exc}", "payload") from exc
-    _check_encoded(value, text, "payload")
+        _explain(value, name, set())
+        raise PayloadError(f"{name} is not JSON-serializable: {exc}", name) from exc
+    _check_encoded(value, text, name)
     size = len(text.encode("utf-8"))
     if max_bytes is not None and size > max_bytes:
-        raise _too_large("payload", size, max_bytes)
+        raise _too_large(name, size, max_bytes)
     return text
 
 

@@ -15,7 +15,8 @@
 
 
 -- name: job_enqueue
--- Insert one job and its state row, and wake the queue's workers if it is due.
+-- Insert one job and its state row, wake the queue's workers if it is due, and return
+-- (id, created, created_at); created_at is now(), the value the job row got.
 -- The common case: no idempotency key (job_enqueue_keyed handles keys). NOTIFY is
 -- delivered by PostgreSQL only when the caller's transaction commits.
 WITH job AS (
@@ -30,13 +31,14 @@ SELECT job.id, %(queue)s::text, 'pending', %(priority)s::smallint,
        coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
        0, %(max_attempts)s::integer, 0, now()
 FROM job
-RETURNING state.job_id, true AS created,
+RETURNING state.job_id, true AS created, now() AS created_at,
           (SELECT pg_notify('pgqueue', state.queue) WHERE state.run_at <= now()) IS NULL;
 
 
 -- name: job_enqueue_keyed
 -- Insert one job with an idempotency key, unless a pending or running job of the same
--- queue holds that key: then return the holder with created = false.
+-- queue holds that key: then return the holder with created = false. Returns
+-- (id, created, created_at).
 -- The state row is inserted first, with an id drawn from the jobs' sequence, so that
 -- ON CONFLICT on the live-key index can skip the whole job; the foreign key to
 -- queue_jobs is checked at the end of the statement, when both rows exist. If no row
@@ -62,15 +64,16 @@ WITH new_job AS (
     SELECT state.job_id, %(queue)s::text, %(type)s::text, %(payload)s::jsonb,
            %(idempotency_key)s::text, now()
     FROM state
-    RETURNING id
+    RETURNING id, created_at
 )
-SELECT job.id, true AS created,
+SELECT job.id, true AS created, job.created_at,
        (SELECT pg_notify('pgqueue', %(queue)s::text) WHERE state.run_at <= now()) IS NULL
 FROM job
 JOIN state ON state.job_id = job.id
 UNION ALL
-SELECT live.job_id, false, true
+SELECT live.job_id, false, held.created_at, true
 FROM queue_job_state AS live
+JOIN queue_jobs AS held ON held.id = live.job_id
 WHERE NOT EXISTS (SELECT FROM state)
   AND live.queue = %(queue)s::text
   AND live.idempotency_key = %(idempotency_key)s::text
