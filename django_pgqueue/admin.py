@@ -19,7 +19,7 @@ from functools import cached_property, partial
 from typing import Any
 
 from django.contrib import admin, messages
-from django.contrib.admin import ActionLocation, helpers
+from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ORDER_VAR, PAGE_VAR
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
@@ -48,7 +48,20 @@ ACTION_LIMIT = 10_000
 # Rows a filtered list page counts; past that it says "more than" (20 pages of 100).
 EXACT_COUNT_LIMIT = 2_000
 ERROR_PREVIEW = 70
-BOTH_LOCATIONS = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
+try:  # Django 6.1 runs actions from a job's own page too; Django 5.2 from the list only.
+    from django.contrib.admin import ActionLocation
+except ImportError:  # pragma: no cover - Django 5.2
+    ActionLocation = None
+# The POST field that carries an action chosen on a job's page (Django 6.1).
+FORM_ACTION_FIELD = f"{ActionLocation.CHANGE_FORM.value}-action" if ActionLocation else None
+
+
+def operator_action(description: str) -> Any:
+    """@admin.action for retry and cancel: guarded by the permission, on list and page."""
+    options: dict[str, Any] = {"permissions": ["operate"], "description": description}
+    if ActionLocation is not None:
+        options["location"] = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
+    return admin.action(**options)
 
 
 def snapshot(request: HttpRequest) -> Snapshot:
@@ -369,7 +382,8 @@ class JobAdmin(admin.ModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        self._refuse_unpermitted_action(request, f"{ActionLocation.CHANGE_FORM.value}-action")
+        if FORM_ACTION_FIELD is not None:
+            self._refuse_unpermitted_action(request, FORM_ACTION_FIELD)
         return super().changeform_view(request, object_id, form_url, extra_context)
 
     def _refuse_unpermitted_action(self, request: HttpRequest, field: str) -> None:
@@ -496,11 +510,11 @@ class JobAdmin(admin.ModelAdmin):
 
     # -- actions -------------------------------------------------------------------------
 
-    @admin.action(permissions=["operate"], description="Retry now", location=BOTH_LOCATIONS)
+    @operator_action("Retry now")
     def retry_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         return self._operate(request, queryset, RETRY)
 
-    @admin.action(permissions=["operate"], description="Cancel", location=BOTH_LOCATIONS)
+    @operator_action("Cancel")
     def cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         return self._operate(request, queryset, CANCEL)
 
@@ -518,7 +532,7 @@ class JobAdmin(admin.ModelAdmin):
                 messages.ERROR,
             )
             return None
-        from_form = f"{ActionLocation.CHANGE_FORM.value}-action" in request.POST
+        from_form = FORM_ACTION_FIELD is not None and FORM_ACTION_FIELD in request.POST
         if request.POST.get("post") != "yes":
             return self._confirmation(request, ids, spec, from_form)
 
@@ -572,9 +586,7 @@ class JobAdmin(admin.ModelAdmin):
             "will_skip": sum(g["jobs"] for g in groups if not g["applies"]),
             "preview": self.get_queryset(request).filter(pk__in=ids[:20]).order_by("-id"),
             "more": max(0, len(ids) - 20),
-            "action_field": (
-                f"{ActionLocation.CHANGE_FORM.value}-action" if from_form else "action"
-            ),
+            "action_field": (FORM_ACTION_FIELD if from_form else "action"),
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "media": self.media,
         }
