@@ -52,6 +52,8 @@ SWEEP_BATCH = 1000
 # How long a finished job's outcome may wait so that it is written together with
 # others (and with the next claim). Short against any job worth queueing.
 FLUSH_DELAY = 0.005
+# How long the listener blocks waiting for a NOTIFY before it checks for shutdown.
+LISTEN_TIMEOUT = 0.25
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,7 @@ class Worker:
         self._uncertain: list[tuple[InFlight, Outcome]] = []
         self._unstorable: set[int] = set()
         self._timed: dict[int, InFlight] = {}  # in flight with a timeout
+        self._retry_due = 0.0  # when the latest imminent retry written by this worker is due
         # Jobs handed to executors and finished by them, and the finished count at
         # which an executor wakes the dispatcher (see _sleep).
         self._count_lock = threading.Lock()
@@ -384,10 +387,12 @@ class Worker:
         self._resolve_uncertain()
 
     def _idle(self) -> bool:
+        """Burst mode's exit test: nothing running, nothing due, no retry about to be."""
         return (
             not self._inflight
             and not self._unwritten
             and not self._uncertain
+            and time.monotonic() >= self._retry_due
             and all(name in self._empty_until for name in self.config.queues)
         )
 
@@ -662,6 +667,12 @@ class Worker:
                 outcome.delay,
                 outcome.last_error,
             )
+            if outcome.delay <= self.config.poll_interval:
+                # No NOTIFY announces a retry: look at the queue again when it is due,
+                # and let a burst worker wait for it rather than exit.
+                due = time.monotonic() + outcome.delay
+                self._empty_until[ctx.queue] = min(self._empty_until.get(ctx.queue, due), due)
+                self._retry_due = max(self._retry_due, due)
 
     def _stale(self, item: InFlight, what: str) -> None:
         self.stats["stale_writes"] += 1
@@ -868,7 +879,7 @@ class Worker:
                     self._notified.update(wanted)
                     self._wake.set()
                 try:
-                    for name in store.notifications(timeout=1.0):
+                    for name in store.notifications(timeout=LISTEN_TIMEOUT):
                         if name in wanted:
                             self._notified.add(name)
                             self._wake.set()

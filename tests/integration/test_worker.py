@@ -351,3 +351,13 @@ def test_a_completion_postgresql_refuses_is_recorded_not_fatal():
     assert "ResultNotStorable" in JobState.objects.get(pk=jobs[0].id).last_error
     assert worker.stats["completed"] == 2
     assert worker.stats["dead"] == 1
+
+
+def test_burst_worker_waits_for_a_retry_it_scheduled_moments_ahead(run_worker, settings):
+    settings.PGQUEUE = {"RETRY_BACKOFF_BASE": 0.05, "RETRY_BACKOFF_CAP": 0.1}
+    job = enqueue("qa.flaky", {"failures": 2}, queue="soon")
+    worker = run_worker(["soon"], burst=True, poll_interval=0.5)
+    worker.join()
+    state = JobState.objects.get(pk=job.id)
+    assert (state.status, state.attempts) == ("completed", 3)
+    assert worker.worker.stats["retried"] == 2
