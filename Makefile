@@ -2,6 +2,8 @@
 #
 # The virtual environment lives in .venv and is built with the newest Python >= 3.12
 # found (python3.13, python3.12, pyenv's versions, python3); set PYTHON=... to choose.
+# `make test-django52` builds a second one, .venv-dj52, with Python 3.11 and Django 5.2
+# (set PYTHON311=... to choose). `make docs` builds the Sphinx documentation.
 # The database is DATABASE_URL, else postgres://postgres@127.0.0.1:5432/pgqueue.
 
 SHELL := /bin/bash
@@ -11,7 +13,12 @@ STAMP := $(VENV)/.installed
 MANAGE := $(BIN)/python testproject/manage.py
 PYTEST := $(BIN)/pytest
 
-.PHONY: install demo test test-fast lint format migrate clean createdb bench bench-smoke
+VENV52 := .venv-dj52
+STAMP52 := $(VENV52)/.installed
+DJANGO52 := Django==5.2.19
+DOCS_STAMP := $(VENV)/.docs-installed
+
+.PHONY: install demo test test-fast test-django52 docs lint format migrate clean createdb bench bench-smoke bench-admin screenshots
 
 install: $(STAMP)
 
@@ -91,5 +98,55 @@ bench-smoke: install
 	$(BENCH)/scale.py --smoke
 	$(BENCH)/report.py --smoke
 
+# The admin's pages on 1,000,000 jobs (its own database, dropped afterwards);
+# BENCH_ARGS=--smoke for a quick run, --json-out FILE to keep the figures.
+bench-admin: install
+	$(BIN)/python benchmarks/admin_pages.py $(BENCH_ARGS)
+
+# Refresh docs/images/admin-*.png from the admin's browser test (needs chromium).
+screenshots: install
+	PGQUEUE_SCREENSHOTS=1 $(PYTEST) tests/admin/test_browser.py
+
+# The fast suite on Django 5.2 LTS with Python 3.11 and the django-tasks backport.
+$(STAMP52): pyproject.toml
+	@set -e; \
+	if [ ! -x "$(VENV52)/bin/python" ]; then \
+		py="$${PYTHON311:-}"; \
+		if [ -z "$$py" ]; then \
+			roots="$$(command -v pyenv >/dev/null 2>&1 && pyenv root 2>/dev/null || echo $$HOME/.pyenv)"; \
+			for candidate in $$(ls -d "$$roots"/versions/3.11*/bin/python 2>/dev/null | sort -V -r) python3.11; do \
+				path="$$(command -v "$$candidate" 2>/dev/null || true)"; \
+				[ -n "$$path" ] || continue; \
+				if "$$path" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' 2>/dev/null; then \
+					py="$$path"; break; \
+				fi; \
+			done; \
+		fi; \
+		if [ -z "$$py" ]; then \
+			echo "error: make test-django52 needs Python 3.11 (looked for pyenv's versions/3.11*/bin/python and python3.11); none was found." >&2; \
+			echo "       Install one (e.g. 'pyenv install 3.11') or run: make test-django52 PYTHON311=/path/to/python3.11" >&2; \
+			exit 1; \
+		fi; \
+		echo "make test-django52: using $$("$$py" -c 'import sys; print("Python", sys.version.split()[0])') at $$py"; \
+		"$$py" -m venv $(VENV52); \
+	fi; \
+	$(VENV52)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip; \
+	$(VENV52)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' '$(DJANGO52)'; \
+	touch $(STAMP52)
+
+test-django52: $(STAMP52) createdb
+	@$(VENV52)/bin/python -c 'import django, django_tasks, sys; print(f"test-django52: Python {sys.version.split()[0]}, Django {django.get_version()}, django-tasks {django_tasks.__version__}")'
+	@$(VENV52)/bin/python testproject/manage.py makemigrations --check --dry-run --verbosity 0 || \
+		(echo "error: makemigrations --check failed on Django 5.2 (models and migrations differ, or see the error above)" >&2; exit 1)
+	$(VENV52)/bin/pytest -m "not slow"
+
+# The documentation, warnings as errors (nitpicky: every reference must resolve).
+$(DOCS_STAMP): $(STAMP)
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[docs]'
+	@touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(VENV52) build dist *.egg-info docs/_build

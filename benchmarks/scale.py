@@ -11,8 +11,8 @@
   nothing else).
 - bloat: queue_job_state and its indexes with 1,000,000 pending jobs, before and after
   the 1M drain, with the HOT-update ratio and dead tuples of pg_stat_user_tables; then
-  (the last run) pruned with a plain batched DELETE of finished jobs (the
-  prune_queue_jobs command is not on this branch), before and after a manual VACUUM.
+  (the last run) pruned with the prune_queue_jobs command's function, before and after
+  a manual VACUUM.
 - autovacuum: the shared server runs with autovacuum = off, so nothing but the
   scripts' own VACUUMs reclaims dead rows there. With --autovacuum-server (on by
   default) the drain and bloat figures are measured again on a throwaway
@@ -209,20 +209,15 @@ def rate_by_tenth() -> list[float]:
 
 
 def prune() -> dict[str, Any]:
-    """Delete finished jobs in batches (cascading to state and attempts); sizes after."""
+    """Prune every finished job with the prune_queue_jobs machinery; sizes after."""
+    import datetime as dt
+
+    from django_pgqueue.maintenance import prune as prune_jobs
+
     before = relation_sizes()
+    time.sleep(1.1)  # prune takes jobs that finished longer ago than a positive age
     started = time.perf_counter()
-    deleted = 0
-    while True:
-        rows = sql(
-            "DELETE FROM queue_jobs WHERE id IN (SELECT job_id FROM queue_job_state "
-            "WHERE status IN ('completed', 'dead', 'cancelled') ORDER BY job_id LIMIT %s) "
-            "RETURNING id",
-            [PRUNE_BATCH],
-        )
-        deleted += len(rows)
-        if len(rows) < PRUNE_BATCH:
-            break
+    deleted = prune_jobs(dt.timedelta(seconds=1), batch_size=PRUNE_BATCH).total
     out: dict[str, Any] = {
         "deleted": deleted,
         "seconds": time.perf_counter() - started,
@@ -386,7 +381,7 @@ def main() -> None:
         "machine": machine(),
         "smoke": args.smoke,
         "runs": runs,
-        "prune": "batched DELETE of finished jobs (no prune_queue_jobs command on this branch)",
+        "prune": f"django_pgqueue.maintenance.prune (prune_queue_jobs), batches of {PRUNE_BATCH:,}",
     }
     if "claim" in parts:
         results["claim"] = claim_growth(claim_sizes, pending, max(5, runs))

@@ -8,3 +8,13 @@ class PgQueueConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401 - registers the system checks
+        from .registry import registry
+
+        try:
+            from . import tasks_api  # noqa: F401
+        except ImportError:
+            return  # Django 5.2 without the django-tasks backport: handlers only
+        from .task_runner import resolve_task
+
+        # Jobs enqueued by PgQueueBackend have a task's module path as their type.
+        registry.add_resolver(resolve_task)

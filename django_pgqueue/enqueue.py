@@ -14,18 +14,23 @@ from typing import Any
 
 from . import store, validation
 from .conf import get_settings
-from .exceptions import EnqueueError, PayloadError
+from .exceptions import EnqueueError
 from .registry import registry
 
 
 @dataclass(frozen=True, slots=True)
 class EnqueuedJob:
-    """A job as enqueue() left it. `created` is False when an idempotency key matched."""
+    """A job as enqueue() left it. `created` is False when an idempotency key matched.
+
+    `created_at` is the job's database timestamp (the enqueuing transaction's start);
+    enqueue() fills it, enqueue_many() leaves it None.
+    """
 
     id: int
     queue: str
     type: str
     created: bool = True
+    created_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +118,8 @@ def enqueue(
         max_attempts=max_attempts,
         idempotency_key=idempotency_key,
     )
-    job_id, created = store.insert_job(using or get_settings().DATABASE, params)
-    return EnqueuedJob(job_id, params["queue"], params["type"], created)
+    job_id, created, created_at = store.insert_job(using or get_settings().DATABASE, params)
+    return EnqueuedJob(job_id, params["queue"], params["type"], created, created_at)
 
 
 def enqueue_many(
@@ -132,60 +137,87 @@ def enqueue_many(
     Each item is a `JobSpec` or a ``(type, payload)`` pair; the keyword arguments are
     defaults for items that leave a field unset. Every item is validated before
     anything is written: one bad item refuses the whole call, naming its position.
-    Returns one `EnqueuedJob` per item, in order.
+    Returns one `EnqueuedJob` per item, in order. Thousands of jobs go in one
+    statement (very large calls are split into statements of BULK_CHUNK jobs, all
+    in the caller's transaction).
     """
-    columns: dict[str, list[Any]] = {
-        "queues": [],
-        "types": [],
-        "payloads": [],
-        "priorities": [],
-        "run_ats": [],
-        "delays": [],
-        "max_attempts": [],
-        "idempotency_keys": [],
-    }
+    conf = get_settings()
+    rows: list[tuple[str, str, int, dt.datetime | None, float, int, str | None]] = []
+    payloads: list[Any] = []
+    # Items usually share their options: validate each distinct combination once.
+    checked: dict[tuple[Any, ...], tuple[str, str, int, dt.datetime | None, float, int]] = {}
     for position, item in enumerate(jobs):
-        if isinstance(item, tuple) and len(item) == 2:
-            item = JobSpec(item[0], item[1])
-        if not isinstance(item, JobSpec):
+        if type(item) is tuple and len(item) == 2:
+            type_, payload, item_queue, item_priority = item[0], item[1], None, None
+            item_run_at = item_delay = item_attempts = key = None
+        elif isinstance(item, JobSpec):
+            type_, payload, item_queue, item_priority = (
+                item.type,
+                item.payload,
+                item.queue,
+                item.priority,
+            )
+            item_run_at, item_delay = item.run_at, item.delay
+            item_attempts, key = item.max_attempts, item.idempotency_key
+        else:
             raise EnqueueError(
                 f"enqueue_many item {position} must be a JobSpec or a (type, payload) pair, "
                 f"got {type(item).__name__}."
             )
         # An item's own schedule (run_at or delay) replaces the call's as a whole.
-        own_schedule = item.run_at is not None or item.delay is not None
+        own_schedule = item_run_at is not None or item_delay is not None
+        options = (
+            type_,
+            queue if item_queue is None else item_queue,
+            priority if item_priority is None else item_priority,
+            item_run_at if own_schedule else run_at,
+            item_delay if own_schedule else delay,
+            max_attempts if item_attempts is None else item_attempts,
+        )
         try:
-            params = _prepare(
-                item.type,
-                item.payload,
-                queue=item.queue if item.queue is not None else queue,
-                priority=item.priority if item.priority is not None else priority,
-                run_at=item.run_at if own_schedule else run_at,
-                delay=item.delay if own_schedule else delay,
-                max_attempts=item.max_attempts if item.max_attempts is not None else max_attempts,
-                idempotency_key=item.idempotency_key,
-            )
-        except PayloadError as exc:
-            raise PayloadError(f"enqueue_many item {position}: {exc}", exc.path) from exc
+            valid = checked.get(options) if type(type_) is str else None
+            if valid is None:
+                valid = _check_options(conf, *options)
+                if type(type_) is str:
+                    checked[options] = valid
+            rows.append((*valid, validation.idempotency_key(key)))
         except EnqueueError as exc:
             raise EnqueueError(f"enqueue_many item {position}: {exc}") from exc
-        for column, key in (
-            ("queues", "queue"),
-            ("types", "type"),
-            ("payloads", "payload"),
-            ("priorities", "priority"),
-            ("run_ats", "run_at"),
-            ("delays", "delay"),
-            ("max_attempts", "max_attempts"),
-            ("idempotency_keys", "idempotency_key"),
-        ):
-            columns[column].append(params[key])
-    if not columns["types"]:
+        payloads.append(payload)
+    if not rows:
         return []
-    rows = store.insert_jobs(using or get_settings().DATABASE, columns)
-    return [
-        EnqueuedJob(job_id, queue_, type_, created)
-        for (job_id, created), queue_, type_ in zip(
-            rows, columns["queues"], columns["types"], strict=True
+    alias = using or conf.DATABASE
+    texts = [
+        validation.payloads(
+            payloads[start : start + store.BULK_CHUNK], conf.MAX_PAYLOAD_BYTES, offset=start
         )
+        for start in range(0, len(payloads), store.BULK_CHUNK)
     ]
+    results = store.insert_jobs(alias, rows, texts)
+    return [
+        EnqueuedJob(job_id, row[1], row[0], created)
+        for (job_id, created), row in zip(results, rows, strict=True)
+    ]
+
+
+def _check_options(
+    conf: Any,
+    type_: Any,
+    queue: Any,
+    priority: Any,
+    run_at: Any,
+    delay: Any,
+    max_attempts: Any,
+) -> tuple[str, str, int, dt.datetime | None, float, int]:
+    type_ = validation.type_name(type_)
+    when, seconds = validation.schedule(run_at, delay)
+    return (
+        type_,
+        validation.queue_name(conf.DEFAULT_QUEUE if queue is None else queue),
+        validation.priority(conf.DEFAULT_PRIORITY if priority is None else priority),
+        when,
+        seconds,
+        validation.max_attempts(
+            _default_max_attempts(type_) if max_attempts is None else max_attempts
+        ),
+    )

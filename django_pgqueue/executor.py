@@ -15,7 +15,7 @@ from typing import Any
 
 from .context import JobContext
 from .exceptions import JobTimeout, PermanentFailure, RetryLater, UnknownJobType
-from .registry import Handler, Registry
+from .registry import Handler
 from .retry import RetryPolicy
 
 MESSAGE_LIMIT = 4_000
@@ -93,18 +93,28 @@ def success(value: Any) -> Outcome:
     if value is None:
         return Success()
     try:
-        return Success(_dumps(value))
+        text = _dumps(value)
+        # jsonb refuses NUL (\u0000) and the UTF-8 encoding refuses lone surrogates.
+        if "\\u0000" in text:
+            raise ValueError("it contains a NUL character, which PostgreSQL cannot store")
+        text.encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:
-        return Failure(
-            "django_pgqueue.ResultNotStorable",
-            storable(
-                f"the handler returned {type(value).__name__} {value!r:.200}, which cannot be "
-                f"stored as JSON ({exc}); the job ran but is marked dead so it is not re-run",
-                MESSAGE_LIMIT,
-            ),
-            "",
-            permanent=True,
-        )
+        return unstorable_result(value, exc)
+    return Success(text)
+
+
+def unstorable_result(value: Any, exc: BaseException) -> Failure:
+    """The failure recorded when a handler's return value cannot be stored."""
+    return Failure(
+        "django_pgqueue.ResultNotStorable",
+        storable(
+            f"the handler returned {type(value).__name__} {value!r:.200}, which cannot be "
+            f"stored as JSON ({exc}); the job ran but is marked dead so it is not re-run",
+            MESSAGE_LIMIT,
+        ),
+        "",
+        permanent=True,
+    )
 
 
 def retryable(exc: BaseException, ctx: JobContext, policy: RetryPolicy) -> Failure:
@@ -119,7 +129,3 @@ def retryable(exc: BaseException, ctx: JobContext, policy: RetryPolicy) -> Failu
 def timed_out(ctx: JobContext, seconds: float, policy: RetryPolicy) -> Failure:
     exc = JobTimeout(f"the handler ran longer than its timeout of {seconds:g}s")
     return retryable(exc, ctx, policy)
-
-
-def resolve(registry: Registry, type_: str) -> Handler | None:
-    return registry.find(type_)

@@ -4,6 +4,7 @@
 - `JobState` (``queue_job_state``): the hot row a worker claims, renews and finishes.
   Kept narrow (no payload) so claims, heartbeats and vacuum touch little.
 - `Attempt` (``queue_attempts``): one row per claim, with its outcome.
+- `DeadJob`: a proxy of `Job` limited to dead jobs, for their own admin page.
 
 Workers never write these through the ORM: every state change is a fenced statement in
 `django_pgqueue/sql/queries.sql`. The foreign keys are declared with
@@ -56,6 +57,20 @@ class Job(models.Model):
     class Meta:
         db_table = "queue_jobs"
         verbose_name = "job"
+        permissions = [("operate_job", "Can retry and cancel jobs")]
+        # Migration 0002 also adds queue_jobs_created_brin, a BRIN index on created_at
+        # for the admin's date filter (raw SQL: BrinIndex needs django.contrib.postgres
+        # in INSTALLED_APPS).
+        indexes = [
+            # The admin's type filter and search by type: newest first, whatever the type.
+            models.Index(fields=["type", "id"], name="queue_jobs_type_idx"),
+            # The admin's search by idempotency key; unkeyed jobs take no space in it.
+            models.Index(
+                fields=["idempotency_key"],
+                name="queue_jobs_key_idx",
+                condition=Q(idempotency_key__isnull=False),
+            ),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["id", "queue"], name="queue_jobs_id_queue_unique"),
             # CHECK queue_jobs_valid: queue and type names have their documented shape
@@ -108,6 +123,22 @@ class JobState(models.Model):
                 fields=["job"],
                 name="queue_job_state_running_idx",
                 condition=Q(status="running"),
+            ),
+            # Finished rows by status and age: what the prune command deletes, batch by
+            # batch, and the dead jobs page walks backwards (newest death first). A row
+            # enters it when it finishes, an update that changes status and so is never
+            # HOT anyway; heartbeats never touch it.
+            models.Index(
+                fields=["status", "finished_at", "job"],
+                name="queue_job_state_finished_idx",
+                condition=Q(finished_at__isnull=False),
+            ),
+            # Dead and cancelled jobs per queue, counted by an index-only scan for the
+            # admin's figures. Only rows that failed or were cancelled enter it.
+            models.Index(
+                fields=["queue", "status"],
+                name="queue_job_state_failed_idx",
+                condition=Q(status__in=["dead", "cancelled"]),
             ),
         ]
         constraints = [
@@ -163,3 +194,26 @@ class Attempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.attempt_index} of job #{self.job_id} ({self.status})"
+
+
+class DeadJobManager(models.Manager["DeadJob"]):
+    def get_queryset(self) -> models.QuerySet[DeadJob]:
+        # finished_at is never NULL for a dead job (a CHECK says so), but the planner
+        # only uses the partial queue_job_state_finished_idx, and so walks dead jobs
+        # newest first without sorting them, when the query says it too.
+        return (
+            super()
+            .get_queryset()
+            .filter(state__status=Status.DEAD, state__finished_at__isnull=False)
+        )
+
+
+class DeadJob(Job):
+    """A job that died: attempts spent or a permanent failure. Newest death first."""
+
+    objects = DeadJobManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead job"
+        ordering = ["-state__finished_at"]

@@ -3,6 +3,11 @@
 Handlers register with the `handler` decorator. Like Django's admin, the queue finds
 them by importing a ``jobs`` module from every installed app (`autodiscover`), which the
 worker does at start and enqueue() does the first time it needs a handler's defaults.
+
+A type with no registered handler can still be run when a *resolver* knows it: the
+Tasks backend adds one that imports a ``django.tasks`` Task from its module path (see
+`django_pgqueue.task_runner`). Each type is resolved at most once per process and
+cached, so the worker's dispatch stays a dictionary lookup.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ if TYPE_CHECKING:
     from .context import JobContext
 
 F = TypeVar("F", bound=Callable[..., Any])
+Resolver = Callable[[str], "Handler | None"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,10 @@ class Registry:
         self._handlers: dict[str, Handler] = {}
         self._lock = threading.RLock()
         self._discovered = False
+        self._resolvers: list[Resolver] = []
+        # What the resolvers said about each type they were asked, None included:
+        # kept apart from the registered handlers so `clear_resolved` can drop it.
+        self._resolved: dict[str, Handler | None] = {}
 
     def register(self, spec: Handler) -> None:
         with self._lock:
@@ -64,7 +74,45 @@ class Registry:
             ) from None
 
     def find(self, type_: str) -> Handler | None:
-        return self._handlers.get(type_)
+        """The handler of `type_`: a registered one, else what a resolver makes of it."""
+        handler = self._handlers.get(type_)
+        if handler is not None or not self._resolvers:
+            return handler
+        try:
+            return self._resolved[type_]
+        except KeyError:
+            pass
+        with self._lock:
+            if type_ not in self._resolved:
+                found = None
+                for resolver in self._resolvers:
+                    found = resolver(type_)
+                    if found is not None:
+                        break
+                self._resolved[type_] = found
+            return self._resolved[type_]
+
+    def add_resolver(self, resolver: Resolver) -> None:
+        """Ask `resolver(type)` for a Handler when a type has no registered handler.
+
+        A resolver must not raise: it returns None for types it does not know, and a
+        Handler that fails each job (with the reason) for types it knows but cannot load.
+        """
+        with self._lock:
+            if resolver not in self._resolvers:
+                self._resolvers.append(resolver)
+            self._resolved.clear()
+
+    def remove_resolver(self, resolver: Resolver) -> None:
+        with self._lock:
+            if resolver in self._resolvers:
+                self._resolvers.remove(resolver)
+            self._resolved.clear()
+
+    def clear_resolved(self) -> None:
+        """Forget what the resolvers answered (their configuration changed)."""
+        with self._lock:
+            self._resolved.clear()
 
     def types(self) -> list[str]:
         return sorted(self._handlers)

@@ -23,6 +23,7 @@ import psycopg
 from django.db import connections
 
 from .exceptions import DatabaseUnavailable, PgQueueError
+from .executor import Failure
 from .sql import QUERIES
 
 logger = logging.getLogger(__name__)
@@ -75,38 +76,23 @@ def int_array(values: Iterable[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
+def text_array(values: Iterable[str | None]) -> str:
+    """A PostgreSQL array literal of strings (None becomes NULL)."""
+    return "{" + ",".join("NULL" if v is None else _quote(v) for v in values) + "}"
+
+
+def _quote(value: str) -> str:
+    if '"' in value or "\\" in value:
+        value = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{value}"'
+
+
 def _owned(held: Iterable[tuple[int, int]]) -> dict[str, str]:
     """Parameters naming the (job_id, lease_version) pairs a worker holds."""
     held = list(held)
     return {
         "job_ids": int_array(job_id for job_id, _ in held),
         "owned": "{" + ",".join(f'"{job_id}":{version}' for job_id, version in held) + "}",
-    }
-
-
-def fail_params(
-    job_id: int,
-    lease_version: int,
-    attempt_id: int,
-    *,
-    permanent: bool,
-    delay: float,
-    error_class: str,
-    error_message: str,
-    traceback: str,
-    last_error: str,
-) -> dict[str, Any]:
-    """The parameters of job_fail."""
-    return {
-        "job_id": job_id,
-        "lease_version": lease_version,
-        "attempt_id": attempt_id,
-        "permanent": permanent,
-        "delay": delay,
-        "error_class": error_class,
-        "error_message": error_message,
-        "traceback": traceback,
-        "last_error": last_error,
     }
 
 
@@ -179,28 +165,6 @@ class Store:
 
     # -- worker statements ----------------------------------------------------------
 
-    def finish_and_claim(
-        self,
-        done: Sequence[tuple[int, int, int, str | None]],
-        failed: Sequence[dict[str, Any]],
-        claim: tuple[str, int, str, float] | None,
-    ) -> tuple[set[int], list[tuple[str, Any] | None], list[ClaimedRow]]:
-        """Write a batch of outcomes, then claim the next batch.
-
-        `done` are (job_id, lease_version, attempt_id, result_json) to complete,
-        `failed` the parameters of job_fail, `claim` (queue, limit, worker_id, lease)
-        or None. Returns (job ids completed, job_fail result per failure, claimed
-        rows). Each statement commits on its own: after a lost connection the caller
-        finds out which landed by reading the attempts back.
-        """
-        completed = self.complete(done)
-        failures: list[tuple[str, Any] | None] = []
-        for params in failed:
-            rows = self._run("job_fail", params)
-            failures.append((rows[0][0], rows[0][1]) if rows else None)
-        claimed = self.claim(*claim) if claim is not None else []
-        return completed, failures, claimed
-
     def claim(self, queue: str, limit: int, worker_id: str, lease: float) -> list[ClaimedRow]:
         """Claim up to `limit` due jobs of `queue`, each with a new lease and attempt."""
         rows = self._run(
@@ -225,32 +189,22 @@ class Store:
         return {row[0] for row in rows}
 
     def fail(
-        self,
-        job_id: int,
-        lease_version: int,
-        attempt_id: int,
-        *,
-        permanent: bool,
-        delay: float,
-        error_class: str,
-        error_message: str,
-        traceback: str,
-        last_error: str,
+        self, job_id: int, lease_version: int, attempt_id: int, failure: Failure
     ) -> tuple[str, Any] | None:
-        """Record a failure; return (new status, run_at), or None if the lease was lost."""
+        """Record a failed attempt; return (new status, run_at), or None if the lease was lost."""
         rows = self._run(
             "job_fail",
-            fail_params(
-                job_id,
-                lease_version,
-                attempt_id,
-                permanent=permanent,
-                delay=delay,
-                error_class=error_class,
-                error_message=error_message,
-                traceback=traceback,
-                last_error=last_error,
-            ),
+            {
+                "job_id": job_id,
+                "lease_version": lease_version,
+                "attempt_id": attempt_id,
+                "permanent": failure.permanent,
+                "delay": failure.delay,
+                "error_class": failure.error_class,
+                "error_message": failure.message,
+                "traceback": failure.traceback,
+                "last_error": failure.last_error,
+            },
         )
         return (rows[0][0], rows[0][1]) if rows else None
 
@@ -358,15 +312,15 @@ def django_cursor(alias: str) -> Iterator[Any]:
 _LOOKUP_RETRIES = 5
 
 
-def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool]:
-    """Insert one job on Django's connection `alias`; return (job id, created)."""
+def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool, Any]:
+    """Insert one job on Django's connection `alias`; return (job id, created, created_at)."""
     keyed = params["idempotency_key"] is not None
     with django_cursor(alias) as cursor:
         for _ in range(_LOOKUP_RETRIES if keyed else 1):
             cursor.execute(QUERIES["job_enqueue_keyed" if keyed else "job_enqueue"], params)
             row = cursor.fetchone()
             if row is not None:
-                return int(row[0]), bool(row[1])
+                return int(row[0]), bool(row[1]), row[2]
             # A concurrent transaction took the idempotency key after this statement's
             # snapshot and committed; the next statement sees it.
     raise PgQueueError(
@@ -375,27 +329,76 @@ def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool]:
     )
 
 
-def insert_jobs(alias: str, columns: dict[str, list[Any]]) -> list[tuple[int, bool]]:
-    """Insert many jobs in one statement on Django's connection `alias`."""
+# Jobs per enqueue_many statement: large enough to amortize a round trip and a plan,
+# small enough that the plan's estimated cost stays well below jit_above_cost.
+BULK_CHUNK = 20_000
+
+BulkRow = tuple[str, str, int, Any, float, int, "str | None"]
+
+
+def insert_jobs(
+    alias: str, rows: Sequence[BulkRow], payloads: Sequence[str]
+) -> list[tuple[int, bool]]:
+    """Insert validated jobs on Django's connection `alias`; return [(job id, created)].
+
+    `rows` are (type, queue, priority, run_at, delay, max_attempts, idempotency_key);
+    `payloads` the JSON array text of each BULK_CHUNK slice of them.
+    """
+    results: list[tuple[int, bool]] = []
     with django_cursor(alias) as cursor:
-        cursor.execute(QUERIES["job_enqueue_many"], columns)
-        rows = cursor.fetchall()
-        results: list[tuple[int, bool]] = []
-        for position, job_id, created in rows:
-            if job_id is None:
-                # Held by a transaction that committed after our snapshot: read again.
-                queue = columns["queues"][position - 1]
-                key = columns["idempotency_keys"][position - 1]
-                cursor.execute(QUERIES["job_live_by_key"], {"queue": queue, "idempotency_key": key})
-                found = cursor.fetchone()
-                if found is None:
-                    raise PgQueueError(
-                        f"Could not enqueue: the idempotency key {key!r} on queue {queue!r} "
-                        "keeps changing hands; try again."
-                    )
-                job_id = found[0]
-            results.append((int(job_id), bool(created)))
-        return results
+        for index, payload_text in enumerate(payloads):
+            chunk = rows[index * BULK_CHUNK : (index + 1) * BULK_CHUNK]
+            params = {
+                "types": text_array(row[0] for row in chunk),
+                "queues": text_array(row[1] for row in chunk),
+                "priorities": int_array(row[2] for row in chunk),
+                "run_ats": text_array(
+                    None if row[3] is None else row[3].isoformat() for row in chunk
+                ),
+                "delays": "{" + ",".join(repr(row[4]) for row in chunk) + "}",
+                "max_attempts": int_array(row[5] for row in chunk),
+                "payloads": payload_text,
+            }
+            if all(row[6] is None for row in chunk):
+                cursor.execute(QUERIES["job_enqueue_many"], params)
+                results.extend((int(job_id), True) for (job_id,) in cursor.fetchall())
+            else:
+                results.extend(_insert_keyed(cursor, chunk, params))
+    return results
+
+
+def _insert_keyed(
+    cursor: Any, chunk: Sequence[BulkRow], params: dict[str, str]
+) -> list[tuple[int, bool]]:
+    cursor.execute(
+        QUERIES["job_enqueue_many_keyed"],
+        {**params, "idempotency_keys": text_array(row[6] for row in chunk)},
+    )
+    created = {position: int(job_id) for position, job_id in cursor.fetchall()}
+    found: dict[int, int] = {}
+    for _ in range(_LOOKUP_RETRIES):
+        missing = [p for p in range(1, len(chunk) + 1) if p not in created and p not in found]
+        if not missing:
+            break
+        # Holders of the keys that were skipped: earlier positions of this call (the
+        # statement above is visible to this one) or live jobs inserted before it.
+        cursor.execute(
+            QUERIES["job_live_by_keys"],
+            {
+                "queues": text_array(chunk[p - 1][1] for p in missing),
+                "idempotency_keys": text_array(chunk[p - 1][6] for p in missing),
+            },
+        )
+        for index, job_id in cursor.fetchall():
+            if job_id is not None:
+                found[missing[index - 1]] = int(job_id)
+    if len(created) + len(found) < len(chunk):
+        raise PgQueueError(
+            "Could not enqueue: some idempotency keys keep changing hands; try again."
+        )
+    return [
+        (created[p], True) if p in created else (found[p], False) for p in range(1, len(chunk) + 1)
+    ]
 
 
 def retry_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
@@ -410,3 +413,86 @@ def cancel_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
     with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["job_cancel"], {"job_ids": list(job_ids)})
         return {row[0] for row in cursor.fetchall()}
+
+
+# -- figures and maintenance for the admin and the ops commands, on Django's connection --
+
+
+def _fetch(alias: str, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
+    # Django's own cursor, which binds on the client: these statements have optional
+    # filters ("%(queue)s IS NULL OR ...") and a LIMIT that the planner should see as
+    # values, and they run rarely, so an inlined plan beats a reusable generic one.
+    with connections[alias].cursor() as cursor:
+        cursor.execute(QUERIES[name], params or {})
+        return cursor.fetchall() if cursor.description else []
+
+
+def live_stats(alias: str) -> list[tuple[str, str, int, int, int, float | None]]:
+    """Count unfinished and failed jobs: (queue, status, jobs, due, expired, oldest due s)."""
+    return [
+        (queue, status, int(jobs), int(due), int(expired), oldest)
+        for queue, status, jobs, due, expired, oldest in _fetch(alias, "stats_by_queue")
+    ]
+
+
+def completed_counts(alias: str) -> dict[str, int]:
+    """Count each queue's completed jobs exactly (reads the whole state table)."""
+    return {queue: int(jobs) for queue, jobs in _fetch(alias, "stats_completed_by_queue")}
+
+
+def estimate_job_count(alias: str) -> int | None:
+    """Estimate the number of jobs from the table's statistics; None if it has none yet."""
+    rows = _fetch(alias, "job_count_estimate")
+    return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+
+def clock_ago(alias: str, seconds: float) -> Any:
+    """Return the database's now() minus `seconds` (an aware datetime)."""
+    return _fetch(alias, "clock_ago", {"seconds": seconds})[0][0]
+
+
+def count_prunable(alias: str, cutoff: Any, statuses: Sequence[str]) -> dict[str, int]:
+    """Count, by status, the finished jobs that finished before `cutoff`."""
+    rows = _fetch(alias, "job_prune_count", {"cutoff": cutoff, "statuses": list(statuses)})
+    return {status: int(jobs) for status, jobs in rows}
+
+
+def prune_batch(alias: str, cutoff: Any, statuses: Sequence[str], limit: int) -> dict[str, int]:
+    """Delete at most `limit` finished jobs older than `cutoff`; return counts by status."""
+    rows = _fetch(
+        alias,
+        "job_prune_batch",
+        {"cutoff": cutoff, "statuses": list(statuses), "limit": limit},
+    )
+    counts: dict[str, int] = {}
+    for (status,) in rows:
+        counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+def dead_job_page(
+    alias: str,
+    *,
+    until: Any,
+    after: tuple[Any, int] | None,
+    limit: int,
+    since: Any = None,
+    queue: str | None = None,
+    type: str | None = None,
+) -> list[tuple[int, Any]]:
+    """One page of (job id, finished_at) of dead jobs, oldest death first, after `after`."""
+    after_finished, after_id = after if after is not None else ("-infinity", 0)
+    rows = _fetch(
+        alias,
+        "job_dead_page",
+        {
+            "until": until,
+            "since": since,
+            "queue": queue,
+            "type": type,
+            "after_finished": after_finished,
+            "after_id": after_id,
+            "limit": limit,
+        },
+    )
+    return [(int(job_id), finished_at) for job_id, finished_at in rows]

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+import psycopg
 from django.db import connections
 
 from . import executor, validation
@@ -43,7 +44,7 @@ from .executor import Failure, Outcome, Success
 from .registry import Handler, Registry
 from .registry import registry as default_registry
 from .retry import RetryPolicy, default_policy
-from .store import Backoff, ClaimedRow, Store, fail_params, wait_for
+from .store import Backoff, ClaimedRow, Store, wait_for
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ SWEEP_BATCH = 1000
 # How long a finished job's outcome may wait so that it is written together with
 # others (and with the next claim). Short against any job worth queueing.
 FLUSH_DELAY = 0.005
+# How long the listener blocks waiting for a NOTIFY before it checks for shutdown.
+LISTEN_TIMEOUT = 0.25
 
 
 @dataclass(frozen=True)
@@ -251,6 +254,15 @@ class Worker:
         self._unwritten: list[tuple[InFlight, Outcome]] = []
         self._unwritten_since = 0.0
         self._uncertain: list[tuple[InFlight, Outcome]] = []
+        self._unstorable: set[int] = set()
+        self._timed: dict[int, InFlight] = {}  # in flight with a timeout
+        self._retry_due = 0.0  # when the latest imminent retry written by this worker is due
+        # Jobs handed to executors and finished by them, and the finished count at
+        # which an executor wakes the dispatcher (see _sleep).
+        self._count_lock = threading.Lock()
+        self._handed = 0
+        self._finished_n = 0
+        self._wake_at = 1
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._force = threading.Event()
@@ -358,10 +370,15 @@ class Worker:
                 if cfg.burst and self._idle():
                     logger.info("worker %s: queues empty, burst done", cfg.worker_id)
                     return
-                self._wake.wait(self._idle_timeout(next_sweep))
+                self._sleep(self._idle_timeout(next_sweep))
             except DatabaseUnavailable as exc:
                 logger.warning("worker %s: %s", cfg.worker_id, exc)
                 self._store.close()
+            except psycopg.Error as exc:
+                # A statement error (a timeout, a refused value): the session is still
+                # usable; the fenced statements make a retry of the cycle safe.
+                logger.exception("worker %s: database error: %s", cfg.worker_id, exc)
+                self._stopping.wait(0.5)
 
     def _reconnect(self) -> None:
         if not wait_for(self._store, self._force, self._backoff, f"worker {self.worker_id}"):
@@ -370,10 +387,12 @@ class Worker:
         self._resolve_uncertain()
 
     def _idle(self) -> bool:
+        """Burst mode's exit test: nothing running, nothing due, no retry about to be."""
         return (
             not self._inflight
             and not self._unwritten
             and not self._uncertain
+            and time.monotonic() >= self._retry_due
             and all(name in self._empty_until for name in self.config.queues)
         )
 
@@ -384,10 +403,27 @@ class Worker:
             deadline = min(deadline, self._unwritten_since + FLUSH_DELAY)
         if self._empty_until:
             deadline = min(deadline, min(self._empty_until.values()))
-        for item in self._inflight.values():
+        for item in self._timed.values():
             if item.timeout is not None and item.started is not None and not item.timed_out:
                 deadline = min(deadline, item.started + item.timeout)
         return max(0.0, deadline - now)
+
+    def _sleep(self, timeout: float) -> None:
+        """Wait for a reason to act: an outcome worth collecting, a NOTIFY, a signal.
+
+        Executors wake the dispatcher only when the count of finished jobs reaches
+        `_wake_at`: the first outcome after a flush (it starts the FLUSH_DELAY clock),
+        or the last job in flight. Waking on every outcome would cost a thread switch
+        per job.
+        """
+        with self._count_lock:
+            if self._unwritten and self._inflight:
+                self._wake_at = self._handed
+            else:
+                self._wake_at = self._finished_n + 1
+        # An executor that finished before the line above put its outcome first.
+        if self._outcomes.empty():
+            self._wake.wait(timeout)
 
     def _refresh_empty_marks(self, now: float) -> bool:
         """Forget 'empty' marks that expired or were contradicted by a NOTIFY; any left to try?"""
@@ -482,10 +518,14 @@ class Worker:
                 timeout = handler.timeout or cfg.job_timeout
             item = InFlight(ctx, lease, row.attempt_id, handler, row.payload, policy, timeout)
             self._inflight[row.job_id] = item
+            if timeout is not None:
+                self._timed[row.job_id] = item
             items.append(item)
         with self._leases_lock:
             for item in items:
                 self._leases[item.lease.job_id] = item.lease
+        with self._count_lock:
+            self._handed += len(items)
         for item in items:
             self._work.put(item)
 
@@ -515,48 +555,84 @@ class Worker:
     def _write(
         self, batch: list[tuple[InFlight, Outcome]], claim: tuple[str, int, str, float] | None
     ) -> list[ClaimedRow]:
-        """Write a batch of outcomes (and claim, if asked) in one transaction."""
-        done: list[tuple[int, int, str | None]] = []
-        failed: list[dict[str, Any]] = []
-        failures: list[tuple[InFlight, Failure]] = []
-        for item, outcome in batch:
+        """Write a batch of outcomes (all completions in one statement), then claim."""
+        successes = [(item, out) for item, out in batch if isinstance(out, Success)]
+        failures = [(item, out) for item, out in batch if isinstance(out, Failure)]
+        for item, _ in batch:
             item.lease.finishing = True  # a renewal racing this write must not cry "lost"
-            ctx = item.ctx
-            if isinstance(outcome, Success):
-                done.append((ctx.job_id, ctx.lease_version, item.attempt_id, outcome.result))
-            else:
-                failures.append((item, outcome))
-                failed.append(
-                    fail_params(
-                        ctx.job_id,
-                        ctx.lease_version,
-                        item.attempt_id,
-                        permanent=outcome.permanent,
-                        delay=outcome.delay,
-                        error_class=outcome.error_class,
-                        error_message=outcome.message,
-                        traceback=outcome.traceback,
-                        last_error=outcome.last_error,
-                    )
-                )
+        done = [(i.ctx.job_id, i.ctx.lease_version, i.attempt_id, o.result) for i, o in successes]
+        remaining: list[tuple[InFlight, Outcome]] = list(batch)  # not known to be written
+        self._unstorable.clear()
         try:
-            if not batch and claim is not None:
-                return self._store.claim(*claim)
-            completed, fail_results, rows = self._store.finish_and_claim(done, failed, claim)
-        except DatabaseUnavailable:
-            self._uncertain.extend(batch)  # the COMMIT may or may not have happened
-            raise
-        for item, outcome in batch:
-            if isinstance(outcome, Success):
+            try:
+                completed = self._store.complete(done)
+            except psycopg.Error as exc:  # a value PostgreSQL refused, not a lost connection
+                logger.error(
+                    "completing %d job(s) failed (%s); writing them one by one", len(done), exc
+                )
+                completed = self._complete_one_by_one(successes)
+            remaining = list(failures)
+            for item, _ in successes:
                 if item.ctx.job_id in completed:
                     self.stats["completed"] += 1
-                else:
+                elif item.ctx.job_id not in self._unstorable:
                     self._stale(item, "complete")
                 self._forget(item)
-        for (item, outcome), result in zip(failures, fail_results, strict=True):
-            self._forget(item)
-            self._log_failure(item, outcome, result)
-        return rows
+            while remaining:
+                item, outcome = remaining[0]
+                assert isinstance(outcome, Failure)
+                self._log_failure(item, outcome, self._fail(item, outcome))
+                self._forget(item)
+                remaining.pop(0)
+        except DatabaseUnavailable:
+            # The COMMIT of what was being written may or may not have happened.
+            self._uncertain.extend(remaining)
+            raise
+        if claim is None:
+            return []
+        try:
+            return self._store.claim(*claim)
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                raise
+            logger.error("claim from %s failed: %s", claim[0], exc)
+            return []
+
+    def _fail(self, item: InFlight, outcome: Failure) -> tuple[str, Any] | None:
+        """Write one failure; if PostgreSQL refuses its text, write a plainer one."""
+        ctx = item.ctx
+        try:
+            return self._store.fail(ctx.job_id, ctx.lease_version, item.attempt_id, outcome)
+        except DatabaseUnavailable:
+            raise
+        except psycopg.Error as exc:
+            logger.error("recording the failure of job %d was refused: %s", ctx.job_id, exc)
+            plain = Failure(
+                executor.storable(outcome.error_class, 255),
+                executor.storable(repr(outcome.message), executor.MESSAGE_LIMIT),
+                "",
+                permanent=outcome.permanent,
+                delay=outcome.delay,
+            )
+            return self._store.fail(ctx.job_id, ctx.lease_version, item.attempt_id, plain)
+
+    def _complete_one_by_one(self, successes: list[tuple[InFlight, Outcome]]) -> set[int]:
+        completed: set[int] = set()
+        for item, outcome in successes:
+            ctx = item.ctx
+            assert isinstance(outcome, Success)
+            try:
+                completed |= self._store.complete(
+                    [(ctx.job_id, ctx.lease_version, item.attempt_id, outcome.result)]
+                )
+            except DatabaseUnavailable:
+                raise
+            except psycopg.Error as exc:
+                # The job ran; its result cannot be stored: dead, so it is not re-run.
+                self._unstorable.add(ctx.job_id)
+                failure = executor.unstorable_result(outcome.result, exc)
+                self._log_failure(item, failure, self._fail(item, failure))
+        return completed
 
     def _write_outcomes(self) -> None:
         if self._unwritten:
@@ -591,6 +667,12 @@ class Worker:
                 outcome.delay,
                 outcome.last_error,
             )
+            if outcome.delay <= self.config.poll_interval:
+                # No NOTIFY announces a retry: look at the queue again when it is due,
+                # and let a burst worker wait for it rather than exit.
+                due = time.monotonic() + outcome.delay
+                self._empty_until[ctx.queue] = min(self._empty_until.get(ctx.queue, due), due)
+                self._retry_due = max(self._retry_due, due)
 
     def _stale(self, item: InFlight, what: str) -> None:
         self.stats["stale_writes"] += 1
@@ -632,17 +714,18 @@ class Worker:
     # -- timeouts ---------------------------------------------------------------------
 
     def _check_timeouts(self) -> None:
+        if not self._timed:
+            return
         now = time.monotonic()
-        for item in list(self._inflight.values()):
-            if (
-                item.timeout is None
-                or item.started is None
-                or item.timed_out
-                or now - item.started < item.timeout
-            ):
+        for item in list(self._timed.values()):
+            if item.resolved:
+                del self._timed[item.ctx.job_id]
+                continue
+            if item.started is None or item.timed_out or now - item.started < item.timeout:
                 continue
             item.timed_out = True
             item.resolved = True
+            del self._timed[item.ctx.job_id]
             self._inflight.pop(item.ctx.job_id, None)
             logger.error(
                 "job %d (%s) exceeded its timeout of %gs; failing it and replacing its thread",
@@ -706,7 +789,11 @@ class Worker:
                 item.started = time.monotonic()
                 outcome = self._execute(item)
                 self._outcomes.put((item, outcome))
-                self._wake.set()
+                with self._count_lock:
+                    self._finished_n += 1
+                    finished = self._finished_n
+                if finished >= self._wake_at:
+                    self._wake.set()
                 if item.timed_out:
                     return  # a replacement thread took this one's place
         except BaseException:
@@ -752,6 +839,9 @@ class Worker:
                 except DatabaseUnavailable as exc:
                     logger.warning("heartbeat: %s", exc)
                     continue
+                except Exception:  # a statement error must not end the renewals
+                    logger.exception("heartbeat: renewing %d lease(s) failed", len(held))
+                    continue
                 self.heartbeat_gaps.append(sent - last)
                 last = sent
                 for lease in held:
@@ -789,12 +879,16 @@ class Worker:
                     self._notified.update(wanted)
                     self._wake.set()
                 try:
-                    for name in store.notifications(timeout=1.0):
+                    for name in store.notifications(timeout=LISTEN_TIMEOUT):
                         if name in wanted:
                             self._notified.add(name)
                             self._wake.set()
                 except DatabaseUnavailable as exc:
                     logger.warning("listener: %s", exc)
+                except Exception:  # polling covers while the listener recovers
+                    logger.exception("listener failed; reconnecting")
+                    store.close()
+                    self._service_stop.wait(backoff.next_delay())
         finally:
             store.close()
 

@@ -18,11 +18,21 @@ def load(text: str) -> dict[str, str]:
     matches = list(_HEADER.finditer(text))
     for match, following in zip(matches, [*matches[1:], None], strict=True):
         end = following.start() if following else len(text)
-        statement = text[match.start() : end].strip().rstrip(";").strip()
+        block = text[match.start() : end]
         name = match.group(1)
+        # The statement ends at its last ';'; only comments may follow it (a comment
+        # there would otherwise end up inside the statement).
+        body, semicolon, rest = block.rpartition(";")
+        stray = [
+            line
+            for line in rest.splitlines()
+            if line.strip() and not line.lstrip().startswith("--")
+        ]
+        if not semicolon or stray:
+            raise ValueError(f"queries.sql block {name!r} must end with ';' (then comments only)")
         if name in queries:
             raise ValueError(f"queries.sql defines {name!r} twice")
-        queries[name] = statement
+        queries[name] = body.strip()
     return queries
 
 

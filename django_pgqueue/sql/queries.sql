@@ -15,7 +15,8 @@
 
 
 -- name: job_enqueue
--- Insert one job and its state row, and wake the queue's workers if it is due.
+-- Insert one job and its state row, wake the queue's workers if it is due, and return
+-- (id, created, created_at); created_at is now(), the value the job row got.
 -- The common case: no idempotency key (job_enqueue_keyed handles keys). NOTIFY is
 -- delivered by PostgreSQL only when the caller's transaction commits.
 WITH job AS (
@@ -30,13 +31,14 @@ SELECT job.id, %(queue)s::text, 'pending', %(priority)s::smallint,
        coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
        0, %(max_attempts)s::integer, 0, now()
 FROM job
-RETURNING state.job_id, true AS created,
+RETURNING state.job_id, true AS created, now() AS created_at,
           (SELECT pg_notify('pgqueue', state.queue) WHERE state.run_at <= now()) IS NULL;
 
 
 -- name: job_enqueue_keyed
 -- Insert one job with an idempotency key, unless a pending or running job of the same
--- queue holds that key: then return the holder with created = false.
+-- queue holds that key: then return the holder with created = false. Returns
+-- (id, created, created_at).
 -- The state row is inserted first, with an id drawn from the jobs' sequence, so that
 -- ON CONFLICT on the live-key index can skip the whole job; the foreign key to
 -- queue_jobs is checked at the end of the statement, when both rows exist. If no row
@@ -62,15 +64,16 @@ WITH new_job AS (
     SELECT state.job_id, %(queue)s::text, %(type)s::text, %(payload)s::jsonb,
            %(idempotency_key)s::text, now()
     FROM state
-    RETURNING id
+    RETURNING id, created_at
 )
-SELECT job.id, true AS created,
+SELECT job.id, true AS created, job.created_at,
        (SELECT pg_notify('pgqueue', %(queue)s::text) WHERE state.run_at <= now()) IS NULL
 FROM job
 JOIN state ON state.job_id = job.id
 UNION ALL
-SELECT live.job_id, false, true
+SELECT live.job_id, false, held.created_at, true
 FROM queue_job_state AS live
+JOIN queue_jobs AS held ON held.id = live.job_id
 WHERE NOT EXISTS (SELECT FROM state)
   AND live.queue = %(queue)s::text
   AND live.idempotency_key = %(idempotency_key)s::text
@@ -78,40 +81,76 @@ WHERE NOT EXISTS (SELECT FROM state)
 
 
 -- name: job_enqueue_many
--- Insert many jobs in one statement, in input order, and wake their queues.
--- Arrays are parallel, one element per job. The result has one row per input
--- position: the new job, or the live job already holding that idempotency key (an
--- earlier position of the same call included). A NULL id means a concurrent
--- transaction holds the key: look it up again with job_live_by_key.
-WITH input AS (
-    SELECT *
+-- Insert many jobs without idempotency keys in one statement and wake their queues.
+-- Arrays are parallel, one element per job, and payloads is one JSON array; ids come
+-- back in input order. Ids are
+-- drawn from the jobs' sequence first so both tables can be filled from the same
+-- rows (the sequence is looked up once, not per row). Kept simple on purpose: its
+-- estimated cost must stay far below jit_above_cost, or PostgreSQL spends longer
+-- compiling it than running it.
+WITH numbered AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*,
+           p.payload
     FROM unnest(
-        %(queues)s::text[], %(types)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
+        %(queues)s::text[], %(types)s::text[], %(priorities)s::smallint[],
+        %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::integer[]
+    ) WITH ORDINALITY AS i(queue, type, priority, run_at, delay, max_attempts, position)
+    JOIN jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, position)
+        USING (position)
+), job AS (
+    INSERT INTO queue_jobs (id, queue, type, payload, created_at)
+    SELECT id, queue, type, payload, now()
+    FROM numbered
+), state AS (
+    INSERT INTO queue_job_state (
+        job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version, updated_at
+    )
+    SELECT id, queue, 'pending', priority, coalesce(run_at, now() + make_interval(secs => delay)),
+           0, max_attempts, 0, now()
+    FROM numbered
+    RETURNING queue, run_at
+), wake AS (
+    SELECT count(pg_notify('pgqueue', due.queue)::text) AS queues
+    FROM (SELECT DISTINCT queue FROM state WHERE run_at <= now()) AS due
+)
+SELECT numbered.id
+FROM numbered
+CROSS JOIN wake
+ORDER BY numbered.position;
+
+
+-- name: job_enqueue_many_keyed
+-- Insert many jobs, some with idempotency keys, skipping those whose key a live job
+-- holds. Returns (position, id) for the jobs inserted; job_live_by_keys then finds
+-- the holder for every other position, including keys repeated within the call.
+-- The state row goes first so ON CONFLICT can skip the whole job (see job_enqueue_keyed).
+WITH numbered AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*,
+           p.payload
+    FROM unnest(
+        %(queues)s::text[], %(types)s::text[], %(priorities)s::smallint[],
         %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::integer[],
         %(idempotency_keys)s::text[]
-    ) WITH ORDINALITY AS i(queue, type, payload, priority, run_at, delay, max_attempts,
+    ) WITH ORDINALITY AS i(queue, type, priority, run_at, delay, max_attempts,
                            idempotency_key, position)
-), numbered AS MATERIALIZED (
-    SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id, input.*
-    FROM input
-    ORDER BY input.position
+    JOIN jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, position)
+        USING (position)
 ), state AS (
     INSERT INTO queue_job_state AS s (
         job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
         idempotency_key, updated_at
     )
-    SELECT id, queue, 'pending', priority,
-           coalesce(run_at, now() + make_interval(secs => delay)),
+    SELECT id, queue, 'pending', priority, coalesce(run_at, now() + make_interval(secs => delay)),
            0, max_attempts, 0, idempotency_key, now()
     FROM numbered
     ORDER BY position
     ON CONFLICT (queue, idempotency_key)
         WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'running')
         DO NOTHING
-    RETURNING s.job_id, s.queue, s.run_at, s.idempotency_key
+    RETURNING s.job_id, s.queue, s.run_at
 ), job AS (
     INSERT INTO queue_jobs (id, queue, type, payload, idempotency_key, created_at)
-    SELECT numbered.id, numbered.queue, numbered.type, numbered.payload::jsonb,
+    SELECT numbered.id, numbered.queue, numbered.type, numbered.payload,
            numbered.idempotency_key, now()
     FROM numbered
     JOIN state ON state.job_id = numbered.id
@@ -120,37 +159,21 @@ WITH input AS (
     SELECT count(pg_notify('pgqueue', due.queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM state WHERE run_at <= now()) AS due
 )
-SELECT numbered.position,
-       coalesce(state.job_id, same_call.job_id, live.job_id) AS id,
-       state.job_id IS NOT NULL AS created
+SELECT numbered.position, numbered.id
 FROM numbered
-CROSS JOIN wake
-LEFT JOIN state ON state.job_id = numbered.id
-LEFT JOIN LATERAL (
-    SELECT held.job_id FROM state AS held
-    WHERE state.job_id IS NULL
-      AND held.queue = numbered.queue
-      AND held.idempotency_key = numbered.idempotency_key
-    LIMIT 1
-) AS same_call ON true
-LEFT JOIN LATERAL (
-    SELECT held.job_id FROM queue_job_state AS held
-    WHERE state.job_id IS NULL
-      AND held.queue = numbered.queue
-      AND held.idempotency_key = numbered.idempotency_key
-      AND held.status IN ('pending', 'running')
-    LIMIT 1
-) AS live ON true
-ORDER BY numbered.position;
+JOIN job ON job.id = numbered.id
+CROSS JOIN wake;
 
 
--- name: job_live_by_key
--- Find the pending or running job holding an idempotency key in a queue.
-SELECT job_id
-FROM queue_job_state
-WHERE queue = %(queue)s::text
-  AND idempotency_key = %(idempotency_key)s::text
-  AND status IN ('pending', 'running');
+-- name: job_live_by_keys
+-- Find the pending or running job holding each (queue, idempotency key) pair.
+SELECT pair.position, live.job_id
+FROM unnest(%(queues)s::text[], %(idempotency_keys)s::text[]) WITH ORDINALITY
+    AS pair(queue, idempotency_key, position)
+LEFT JOIN queue_job_state AS live
+    ON live.queue = pair.queue
+   AND live.idempotency_key = pair.idempotency_key
+   AND live.status IN ('pending', 'running');
 
 
 -- name: job_claim
@@ -336,7 +359,7 @@ WITH expired AS MATERIALIZED (
     UPDATE queue_job_state AS state
     SET status = CASE WHEN state.attempts >= state.max_attempts THEN 'dead' ELSE 'pending' END,
         finished_at = CASE WHEN state.attempts >= state.max_attempts THEN now() END,
-        run_at = now(),
+        run_at = CASE WHEN state.attempts >= state.max_attempts THEN state.run_at ELSE now() END,
         lease_version = state.lease_version + 1,
         last_error = 'lease expired: worker ' || state.locked_by
                      || ' stopped renewing it (crashed, frozen or cut off)',
@@ -379,9 +402,11 @@ WHERE id = ANY (%(attempt_ids)s::bigint[]);
 -- name: job_retry_now
 -- Operator retry: dead, cancelled or pending jobs become due now with fresh attempts.
 -- The attempt history stays; lease_version grows. A running job is never touched, nor a
--- job whose idempotency key another live job holds. Returns the jobs changed.
-WITH target AS MATERIALIZED (
-    SELECT state.job_id
+-- job whose idempotency key another live job holds; of several selected jobs sharing
+-- a key, only the newest is retried (two live jobs cannot hold one key). Returns the
+-- jobs changed.
+WITH candidate AS MATERIALIZED (
+    SELECT state.job_id, state.queue, state.idempotency_key
     FROM queue_job_state AS state
     WHERE state.job_id = ANY(%(job_ids)s::bigint[])
       AND state.status IN ('dead', 'cancelled', 'pending')
@@ -395,6 +420,12 @@ WITH target AS MATERIALIZED (
       )
     ORDER BY state.job_id
     FOR UPDATE
+), target AS (
+    SELECT job_id FROM candidate WHERE idempotency_key IS NULL
+    UNION ALL
+    SELECT max(job_id) FROM candidate
+    WHERE idempotency_key IS NOT NULL
+    GROUP BY queue, idempotency_key
 ), retried AS (
     UPDATE queue_job_state AS state
     SET status = 'pending',
@@ -421,3 +452,115 @@ SET status = 'cancelled', finished_at = now(), updated_at = now()
 WHERE job_id = ANY(%(job_ids)s::bigint[])
   AND status = 'pending'
 RETURNING job_id;
+
+
+-- name: stats_by_queue
+-- Count each queue's pending, running, dead and cancelled jobs, for the admin and queue_stats.
+-- Completed jobs, most of the table, are not read: each branch walks one small partial
+-- index, so the cost follows the number of unfinished and failed jobs, not the table
+-- size. Pending comes from the claim index alone (index-only), running from the
+-- running index (plus the heap, for locked_until), dead and cancelled from
+-- queue_job_state_failed_idx (index-only). oldest_due_seconds is how long the
+-- longest-waiting due pending job has been due; expired counts running jobs whose
+-- lease has run out and that no sweep has requeued yet.
+SELECT queue, 'pending' AS status, count(*) AS jobs,
+       count(*) FILTER (WHERE run_at <= now()) AS due,
+       0 AS expired,
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8
+           AS oldest_due_seconds
+FROM queue_job_state
+WHERE status = 'pending'
+GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*), 0, count(*) FILTER (WHERE locked_until < now()), NULL
+FROM queue_job_state
+WHERE status = 'running'
+GROUP BY queue
+UNION ALL
+SELECT queue, status, count(*), 0, 0, NULL
+FROM queue_job_state
+WHERE status IN ('dead', 'cancelled')
+GROUP BY queue, status;
+
+
+-- name: stats_completed_by_queue
+-- Count each queue's completed jobs exactly. Reads the whole table: for queue_stats --exact,
+-- never for a page load.
+SELECT queue, count(*) AS jobs
+FROM queue_job_state
+WHERE status = 'completed'
+GROUP BY queue;
+
+
+-- name: job_count_estimate
+-- Estimate the number of jobs without counting them, the way the planner does.
+-- Rows per page as of the last VACUUM or ANALYZE, times the table's current size in
+-- pages, so the figure follows growth between vacuums. NULL when the table has never
+-- been analyzed: the caller counts instead.
+SELECT CASE
+           WHEN c.reltuples < 0 OR c.relpages = 0 THEN NULL
+           ELSE (c.reltuples / c.relpages
+                 * (pg_relation_size(c.oid) / current_setting('block_size')::float8))::bigint
+       END AS estimate
+FROM pg_class AS c
+WHERE c.oid = 'queue_jobs'::regclass;
+
+
+-- name: clock_ago
+-- Read the database's now() minus some seconds: one clock for a whole command run.
+SELECT now() - make_interval(secs => %(seconds)s::float8) AS at;
+
+
+-- name: job_prune_count
+-- Count, by status, the finished jobs that finished before the cutoff (a prune's dry run).
+-- The IN list repeats the rule of job_prune_batch: only finished jobs ever qualify.
+SELECT status, count(*) AS jobs
+FROM queue_job_state
+WHERE status = ANY(%(statuses)s::text[])
+  AND status IN ('completed', 'dead', 'cancelled')
+  AND finished_at < %(cutoff)s::timestamptz
+GROUP BY status;
+
+
+-- name: job_prune_batch
+-- Delete at most `limit` jobs that finished before the cutoff, with their state and attempts.
+-- The state row and the attempts go with the job through the ON DELETE CASCADE foreign
+-- keys. Only completed, dead and cancelled jobs qualify, whatever statuses the caller
+-- passes: a pending or running job is never deleted. The state rows are locked with
+-- SKIP LOCKED, so a job an operator is retrying at this moment is left for a later
+-- run, and a row that changed status before the lock was taken is re-checked against
+-- the WHERE clause and dropped. Each batch is one short statement in its own
+-- transaction: no lock outlives it. Walks queue_job_state_finished_idx.
+WITH doomed AS MATERIALIZED (
+    SELECT job_id, status
+    FROM queue_job_state
+    WHERE status = ANY(%(statuses)s::text[])
+      AND status IN ('completed', 'dead', 'cancelled')
+      AND finished_at < %(cutoff)s::timestamptz
+    LIMIT %(limit)s::integer
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM queue_jobs AS job
+USING doomed
+WHERE job.id = doomed.job_id
+RETURNING doomed.status;
+
+
+-- name: job_dead_page
+-- List dead jobs for requeue_dead, oldest death first, one keyset page at a time.
+-- queue, type and since are optional filters (NULL: any). `until` is the database's
+-- now() when the run started: a job that dies again after this run requeued it is
+-- not requeued a second time. Pages follow (finished_at, job_id) on
+-- queue_job_state_finished_idx; jobs a page skips stay dead and are not seen again.
+SELECT state.job_id, state.finished_at
+FROM queue_job_state AS state
+JOIN queue_jobs AS job ON job.id = state.job_id
+WHERE state.status = 'dead'
+  AND state.finished_at <= %(until)s::timestamptz
+  AND (%(since)s::timestamptz IS NULL OR state.finished_at >= %(since)s::timestamptz)
+  AND (%(queue)s::text IS NULL OR state.queue = %(queue)s::text)
+  AND (%(type)s::text IS NULL OR job.type = %(type)s::text)
+  AND (state.finished_at, state.job_id)
+      > (%(after_finished)s::timestamptz, %(after_id)s::bigint)
+ORDER BY state.finished_at, state.job_id
+LIMIT %(limit)s::integer;

@@ -132,6 +132,12 @@ def clock(ctx: JobContext) -> str:
         return cursor.fetchone()[0]
 
 
+@django_pgqueue.handler("qa.nul_result")
+def nul_result(ctx: JobContext) -> str:
+    """A result jsonb refuses: text with a NUL character."""
+    return "bad \x00 result"
+
+
 # -- benchmarks/retry_storm.py ---------------------------------------------------------
 # A dependency that is down until payload["down_until"] (a Unix time): every attempt
 # before then fails with ConnectionError, and the retry policy decides when the next

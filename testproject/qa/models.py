@@ -18,3 +18,17 @@ class LedgerEntry(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} v{self.lease_version} in pid {self.pid}"
+
+
+class TaskCall(models.Model):
+    """One call of a qa task, written by the task itself (the id gives the order)."""
+
+    label = models.TextField()
+    attempt = models.IntegerField(default=0)
+    called_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "qa_task_call"
+
+    def __str__(self) -> str:
+        return f"{self.label} (attempt {self.attempt})"

@@ -5,6 +5,8 @@ The database comes from DATABASE_URL, or the local server on 127.0.0.1:5432.
 
 from pathlib import Path
 
+import django
+
 from .dburl import database_from_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -24,7 +26,11 @@ INSTALLED_APPS = [
     "django_pgqueue",
     "demo",
     "qa",
+    "shop",
 ]
+if django.VERSION < (6, 0):
+    # Django 5.2: the Tasks API comes from the django-tasks backport.
+    INSTALLED_APPS.insert(INSTALLED_APPS.index("django_pgqueue"), "django_tasks")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -62,6 +68,25 @@ STATIC_URL = "static/"
 PGQUEUE = {
     "RETRY_BACKOFF_BASE": 0.2,
     "RETRY_BACKOFF_CAP": 2.0,
+}
+
+# django.tasks through the queue: @task functions are jobs of the same tables, run by
+# the same run_queue_worker command. A task's queue_name must be one of QUEUES.
+TASKS = {
+    "default": {
+        "BACKEND": "django_pgqueue.backends.PgQueueBackend",
+        "QUEUES": ["default", "payments", "emails", "qa-tasks"],
+        "OPTIONS": {
+            "MAX_ATTEMPTS": 3,
+            "RETRY": {"policy": "exponential", "base": 0.1, "cap": 1.0},
+            "TASKS": {
+                # A payment may wait a while for the gateway to come back.
+                "shop.tasks.charge_order": {"max_attempts": 6},
+                "qa.tasks.flaky": {"max_attempts": 5, "retry": {"policy": "fixed", "seconds": 0}},
+                "qa.tasks.explode": {"max_attempts": 2, "retry": {"policy": "fixed", "seconds": 0}},
+            },
+        },
+    }
 }
 
 LOGGING = {

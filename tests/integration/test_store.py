@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 
 from django_pgqueue import enqueue, enqueue_many
+from django_pgqueue.executor import Failure
 from django_pgqueue.store import Store, retry_jobs
 from tests.conftest import sql
 
@@ -134,12 +135,7 @@ def test_completion_with_an_old_lease_version_changes_nothing(stores):
             job.id,
             first.lease_version,
             first.attempt_id,
-            permanent=True,
-            delay=0,
-            error_class="X",
-            error_message="stale",
-            traceback="",
-            last_error="X: stale",
+            Failure("X", "stale", "", permanent=True, delay=0),
         )
         is None
     )
@@ -245,12 +241,13 @@ def test_fail_retries_with_a_delay_then_dies_when_attempts_run_out(stores):
             row.job_id,
             row.lease_version,
             row.attempt_id,
-            permanent=permanent,
-            delay=30,
-            error_class="ValueError",
-            error_message=f"attempt {row.attempt}",
-            traceback="Traceback ...",
-            last_error=f"ValueError: attempt {row.attempt}",
+            Failure(
+                "ValueError",
+                f"attempt {row.attempt}",
+                "Traceback ...",
+                permanent=permanent,
+                delay=30,
+            ),
         )
 
     row = store.claim("q", 1, "w", 30)[0]
@@ -279,12 +276,7 @@ def test_permanent_failure_goes_straight_to_dead(stores):
         job.id,
         row.lease_version,
         row.attempt_id,
-        permanent=True,
-        delay=0,
-        error_class="PermanentFailure",
-        error_message="no",
-        traceback="",
-        last_error="PermanentFailure: no",
+        Failure("PermanentFailure", "no", "", permanent=True, delay=0),
     )
     assert result[0] == "dead"
     assert state(job.id)["attempts"] == 1
@@ -343,3 +335,32 @@ def test_lease_version_never_decreases_across_claim_sweep_release_and_operator_r
     versions.append(state(job.id)["lease_version"])
     assert versions == sorted(versions)
     assert len(set(versions[:5])) == 5  # every change of ownership was a new generation
+
+
+def test_operator_retry_of_two_dead_jobs_sharing_a_key_retries_the_newest(stores):
+    first = enqueue("qa.noop", queue="k", idempotency_key="order-1")
+    sql(
+        "UPDATE queue_job_state SET status = 'dead', finished_at = now() WHERE job_id = %s",
+        [first.id],
+    )
+    second = enqueue("qa.noop", queue="k", idempotency_key="order-1")
+    sql(
+        "UPDATE queue_job_state SET status = 'dead', finished_at = now() WHERE job_id = %s",
+        [second.id],
+    )
+    assert retry_jobs("default", [first.id, second.id]) == {second.id}
+    assert state(second.id)["status"] == "pending"
+    assert state(first.id)["status"] == "dead"
+    # And while the newest is live, the older cannot be retried past it.
+    assert retry_jobs("default", [first.id]) == set()
+
+
+def test_loader_refuses_text_after_a_statement():
+    from django_pgqueue.sql import load
+
+    with pytest.raises(ValueError, match="must end with"):
+        load("-- name: a\nSELECT 1;\nSELECT 2\n-- name: b\nSELECT 3;")
+    assert load("-- name: a\nSELECT 1;\n-- a section comment\n\n-- name: b\nSELECT 3;") == {
+        "a": "-- name: a\nSELECT 1",
+        "b": "-- name: b\nSELECT 3",
+    }

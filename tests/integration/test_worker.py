@@ -74,14 +74,18 @@ def test_retry_delays_read_from_run_at_are_inside_the_bounds(run_worker, setting
     jobs = enqueue_many([("qa.flaky", {"failures": 5}) for _ in range(40)], queue="r")
     worker = run_worker(["r"], concurrency=8, batch_size=8, burst=True)
     worker.join()
+    # Each job's latest attempt: a first delay drawn near 0 can come due while the burst
+    # is still claiming, so a few jobs may have failed twice before the worker stops.
     rows = sql(
-        "SELECT extract(epoch FROM s.run_at - a.finished_at), s.status FROM queue_job_state s "
-        "JOIN queue_attempts a ON a.job_id = s.job_id WHERE s.queue = 'r'"
+        "SELECT extract(epoch FROM s.run_at - a.finished_at), s.status, a.attempt_index "
+        "FROM queue_job_state s JOIN queue_attempts a "
+        "ON a.job_id = s.job_id AND a.lease_version = s.lease_version WHERE s.queue = 'r'"
     )
     assert len(rows) == len(jobs) == 40
-    delays = [float(delay) for delay, _ in rows]
-    assert all(status == "pending" for _, status in rows)
-    assert all(0 <= delay <= 30.0 + 1e-6 for delay in delays)  # attempt 1: min(45, 30 * 2**0)
+    delays = [float(delay) for delay, _, _ in rows]
+    assert all(status == "pending" for _, status, _ in rows)
+    # attempt n: uniform(0, min(45, 30 * 2 ** (n - 1)))
+    assert all(0 <= float(delay) <= min(45.0, 30.0 * 2 ** (n - 1)) + 1e-6 for delay, _, n in rows)
     assert max(delays) - min(delays) > 5  # jittered, not fixed
 
 
@@ -130,7 +134,15 @@ def test_handlers_raising_system_exit_or_keyboard_interrupt_do_not_stop_the_work
 def test_unstorable_error_text_and_result_are_recorded(run_worker):
     nul = enqueue("qa.nul_error", queue="n", max_attempts=1)
     bad = enqueue("qa.bad_result", queue="n")
-    run_worker(["n"], burst=True).join()
+    nul_result = enqueue("qa.nul_result", queue="n")
+    fine = enqueue_many([("qa.echo", {"n": i}) for i in range(5)], queue="n")
+    worker = run_worker(["n"], burst=True)
+    worker.join()
+    assert worker.worker.stats["completed"] == 5
+    nul_result_state = JobState.objects.get(pk=nul_result.id)
+    assert nul_result_state.status == "dead"
+    assert "NUL" in nul_result_state.last_error
+    assert JobState.objects.filter(pk__in=[j.id for j in fine], status="completed").count() == 5
     attempt = Attempt.objects.get(job_id=nul.id)
     assert attempt.status == "failed"
     assert "\\x00" in attempt.error_message
@@ -285,13 +297,67 @@ def test_handler_connections_survive_conn_max_age_zero_and_recover_when_killed(r
 def test_worker_reconnects_after_its_connections_are_terminated(run_worker):
     worker = run_worker(["reconnect"], poll_interval=0.1)
     time.sleep(0.5)
+    # Only this test database's connections: the server may be shared with other runs.
     killed = sql(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-        "WHERE application_name LIKE 'pgqueue %%' AND pid <> pg_backend_pid() "
-        # Only this test's database: the server is shared with other runs' workers.
-        "AND datname = current_database()"
+        "WHERE application_name LIKE 'pgqueue %%' AND datname = current_database() "
+        "AND pid <> pg_backend_pid()"
     )[0][0]
     assert killed >= 2  # the dispatcher and the listener at least
     job = enqueue("qa.noop", queue="reconnect")
     wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed", timeout=15)
     assert worker.worker.stats["completed"] == 1
+
+
+def test_a_completion_postgresql_refuses_is_recorded_not_fatal():
+    """The batch falls back to one-by-one writes; the refused job dies with the error."""
+    from django_pgqueue.context import JobContext, Lease
+    from django_pgqueue.executor import Success
+    from django_pgqueue.retry import FixedDelay
+    from django_pgqueue.worker import InFlight, Worker
+
+    jobs = enqueue_many([("qa.noop", i) for i in range(3)], queue="refuse")
+    worker = Worker(["refuse"], install_signal_handlers=False)
+    rows = worker._store.claim("refuse", 3, worker.worker_id, 30)
+    batch = []
+    for row in rows:
+        ctx = JobContext(
+            job_id=row.job_id,
+            queue=row.queue,
+            type=row.type,
+            payload=None,
+            attempt=row.attempt,
+            max_attempts=row.max_attempts,
+            lease_version=row.lease_version,
+        )
+        item = InFlight(
+            ctx,
+            Lease(row.job_id, row.lease_version, 0),
+            row.attempt_id,
+            None,
+            "",
+            FixedDelay(1),
+            None,
+        )
+        # jsonb refuses \u0000: the first job's "result" cannot be stored.
+        result = '"\\u0000"' if row.job_id == jobs[0].id else '{"ok": true}'
+        batch.append((item, Success(result)))
+    try:
+        worker._write(batch, None)
+    finally:
+        worker._store.close()
+    states = dict(JobState.objects.filter(queue="refuse").values_list("job_id", "status"))
+    assert states == {jobs[0].id: "dead", jobs[1].id: "completed", jobs[2].id: "completed"}
+    assert "ResultNotStorable" in JobState.objects.get(pk=jobs[0].id).last_error
+    assert worker.stats["completed"] == 2
+    assert worker.stats["dead"] == 1
+
+
+def test_burst_worker_waits_for_a_retry_it_scheduled_moments_ahead(run_worker, settings):
+    settings.PGQUEUE = {"RETRY_BACKOFF_BASE": 0.05, "RETRY_BACKOFF_CAP": 0.1}
+    job = enqueue("qa.flaky", {"failures": 2}, queue="soon")
+    worker = run_worker(["soon"], burst=True, poll_interval=0.5)
+    worker.join()
+    state = JobState.objects.get(pk=job.id)
+    assert (state.status, state.attempts) == ("completed", 3)
+    assert worker.worker.stats["retried"] == 2

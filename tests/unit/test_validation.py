@@ -86,7 +86,7 @@ def test_schedule_rules():
     with pytest.raises(EnqueueError, match=">= 0"):
         validation.schedule(None, float("nan"))
     with pytest.raises(EnqueueError, match="not both"):
-        validation.schedule(dt.datetime.now(dt.UTC), 5)
+        validation.schedule(dt.datetime.now(dt.timezone.utc), 5)
     with pytest.raises(EnqueueError, match="naive"):
         validation.schedule(dt.datetime(2030, 1, 1), None)
     with pytest.raises(EnqueueError, match="10 years"):

@@ -1,0 +1,157 @@
+"""Operator actions on jobs: retry now and cancel, with an account of every job skipped.
+
+Both run the statements every other path uses (`store.retry_jobs` runs
+``job_retry_now``, `store.cancel_jobs` runs ``job_cancel``); nothing here writes a
+state row itself. Those statements decide, row by row and under the row lock, what
+changes; this module only reads back why the other rows did not, so an operator is
+told "3 changed, 2 skipped: 1 running, 1 not in an allowed state (completed)".
+A running job is never touched by either action.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from django.db import IntegrityError, transaction
+
+from . import store
+from .conf import get_settings
+from .models import JobState, Status
+
+RETRYABLE = frozenset({Status.DEAD, Status.CANCELLED, Status.PENDING})
+CANCELLABLE = frozenset({Status.PENDING})
+
+# Why a job was skipped, in the order a report lists them.
+RUNNING = "running"
+NOT_ALLOWED = "not in an allowed state"
+KEY_HELD = "idempotency key held by another live job"
+KEY_SHARED = "idempotency key shared with another selected job"
+KEY_RACE = "idempotency key taken by a job enqueued meanwhile (nothing changed; try again)"
+MISSING = "no longer exists"
+NOT_LISTED = "no longer in the list it was selected from"
+CHANGED = "changed by someone else meanwhile"
+REASONS = (RUNNING, NOT_ALLOWED, KEY_HELD, KEY_SHARED, KEY_RACE, MISSING, NOT_LISTED, CHANGED)
+
+
+@dataclass
+class ActionReport:
+    """What an action changed and, for every other job, why it was skipped."""
+
+    action: str
+    changed: list[int] = field(default_factory=list)
+    skipped: dict[str, list[int]] = field(default_factory=dict)
+    # Statuses of the jobs skipped as NOT_ALLOWED, for the message.
+    not_allowed: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def skipped_count(self) -> int:
+        return sum(len(ids) for ids in self.skipped.values())
+
+    def skip(self, reason: str, job_id: int, status: str | None = None) -> None:
+        self.skipped.setdefault(reason, []).append(job_id)
+        if reason == NOT_ALLOWED and status is not None:
+            self.not_allowed[status] += 1
+
+    def merge(self, other: ActionReport) -> None:
+        self.changed.extend(other.changed)
+        for reason, ids in other.skipped.items():
+            self.skipped.setdefault(reason, []).extend(ids)
+        self.not_allowed.update(other.not_allowed)
+
+    def message(self) -> str:
+        """One line for an operator: how many changed, how many skipped and why."""
+        text = f"{self.action}: {len(self.changed)} changed, {self.skipped_count} skipped"
+        parts = []
+        for reason in REASONS:
+            ids = self.skipped.get(reason)
+            if not ids:
+                continue
+            part = f"{len(ids)} {reason}"
+            if reason == NOT_ALLOWED and self.not_allowed:
+                part += (
+                    " ("
+                    + ", ".join(
+                        f"{count} {status}" for status, count in sorted(self.not_allowed.items())
+                    )
+                    + ")"
+                )
+            parts.append(part)
+        return text + (": " + ", ".join(parts) if parts else "") + "."
+
+
+def _ids(job_ids: Iterable[int]) -> list[int]:
+    return sorted({int(job_id) for job_id in job_ids})
+
+
+def retry_now(job_ids: Iterable[int], *, alias: str | None = None) -> ActionReport:
+    """Make dead, cancelled and pending jobs due now with fresh attempts (job_retry_now)."""
+    alias = alias or get_settings().DATABASE
+    ids = _ids(job_ids)
+    report = ActionReport("Retry now")
+    with transaction.atomic(using=alias):
+        before = {
+            job_id: (queue, key)
+            for job_id, queue, key in JobState.objects.using(alias)
+            .filter(pk__in=ids, idempotency_key__isnull=False, status__in=RETRYABLE)
+            .values_list("pk", "queue", "idempotency_key")
+        }
+        # Two selected jobs with the same key would both become live in one statement,
+        # which the live-key unique index refuses: keep the newest of each key.
+        newest: dict[tuple[str, str], int] = {}
+        for job_id, key in sorted(before.items()):
+            newest[key] = job_id
+        shared = {job_id for job_id, key in before.items() if newest[key] != job_id}
+        candidates = [job_id for job_id in ids if job_id not in shared]
+        for job_id in sorted(shared):
+            report.skip(KEY_SHARED, job_id)
+        try:
+            with transaction.atomic(using=alias):
+                changed = store.retry_jobs(alias, candidates) if candidates else set()
+        except IntegrityError:
+            for job_id in candidates:
+                report.skip(KEY_RACE, job_id)
+            return report
+        report.changed = sorted(changed)
+        _explain(report, alias, [i for i in candidates if i not in changed], RETRYABLE, before)
+    return report
+
+
+def cancel(job_ids: Iterable[int], *, alias: str | None = None) -> ActionReport:
+    """Cancel pending jobs (job_cancel); every other job is skipped and accounted for."""
+    alias = alias or get_settings().DATABASE
+    ids = _ids(job_ids)
+    report = ActionReport("Cancel")
+    with transaction.atomic(using=alias):
+        changed = store.cancel_jobs(alias, ids) if ids else set()
+        report.changed = sorted(changed)
+        _explain(report, alias, [i for i in ids if i not in changed], CANCELLABLE, {})
+    return report
+
+
+def _explain(
+    report: ActionReport,
+    alias: str,
+    unchanged: list[int],
+    allowed: frozenset[str],
+    keyed: dict[int, tuple[str, str]],
+) -> None:
+    """Record why each unchanged job was skipped, from its status after the statement."""
+    if not unchanged:
+        return
+    statuses = dict(
+        JobState.objects.using(alias).filter(pk__in=unchanged).values_list("pk", "status")
+    )
+    for job_id in unchanged:
+        status = statuses.get(job_id)
+        if status is None:
+            report.skip(MISSING, job_id)
+        elif status == Status.RUNNING:
+            report.skip(RUNNING, job_id)
+        elif status not in allowed:
+            report.skip(NOT_ALLOWED, job_id, status)
+        elif job_id in keyed:
+            report.skip(KEY_HELD, job_id)
+        else:
+            report.skip(CHANGED, job_id)

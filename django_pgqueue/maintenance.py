@@ -1,0 +1,119 @@
+"""Operator maintenance passes: prune finished jobs, requeue dead ones.
+
+Each is a plain function a test or a command calls once. Both work in bounded
+batches, each batch its own short statement, so neither holds locks for long or
+builds one huge transaction on a table of millions of jobs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import store
+from .actions import ActionReport, retry_now
+from .conf import get_settings
+from .models import FINISHED_STATUSES
+
+DEFAULT_PRUNE_BATCH = 1_000
+DEFAULT_REQUEUE_BATCH = 500
+
+
+@dataclass
+class PruneResult:
+    cutoff: dt.datetime
+    statuses: list[str]
+    dry_run: bool
+    # By status: deleted, or on a dry run, what would be.
+    jobs: dict[str, int] = field(default_factory=dict)
+    # Rows deleted by each DELETE, in order (empty on a dry run).
+    batches: list[int] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.jobs.values())
+
+
+def check_prunable(statuses: Sequence[str]) -> list[str]:
+    """Return the statuses, refusing any that is not a finished one."""
+    finished = [str(status) for status in FINISHED_STATUSES]
+    for status in statuses:
+        if status not in finished:
+            raise ValueError(
+                f"{status!r} is not a finished status; only {', '.join(finished)} jobs "
+                "can be pruned (pending and running jobs never are)."
+            )
+    return list(dict.fromkeys(statuses)) or finished
+
+
+def prune(
+    older_than: dt.timedelta,
+    *,
+    statuses: Sequence[str] = (),
+    batch_size: int = DEFAULT_PRUNE_BATCH,
+    dry_run: bool = False,
+    alias: str | None = None,
+    on_batch: Callable[[int], Any] | None = None,
+) -> PruneResult:
+    """Delete jobs in `statuses` (default: all finished) that finished before now - older_than."""
+    alias = alias or get_settings().DATABASE
+    statuses = check_prunable(statuses)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    if older_than <= dt.timedelta(0):
+        raise ValueError(f"older_than must be longer than zero, got {older_than}.")
+    cutoff = store.clock_ago(alias, older_than.total_seconds())
+    result = PruneResult(cutoff=cutoff, statuses=statuses, dry_run=dry_run)
+    if dry_run:
+        result.jobs = store.count_prunable(alias, cutoff, statuses)
+        return result
+    while True:
+        deleted = store.prune_batch(alias, cutoff, statuses, batch_size)
+        count = sum(deleted.values())
+        if count:
+            result.batches.append(count)
+            for status, jobs in deleted.items():
+                result.jobs[status] = result.jobs.get(status, 0) + jobs
+            if on_batch is not None:
+                on_batch(count)
+        # A short batch means nothing more is due, or only rows locked right now
+        # (being retried), which a later run will find.
+        if count < batch_size:
+            return result
+
+
+def requeue_dead(
+    *,
+    queue: str | None = None,
+    type: str | None = None,
+    since: dt.datetime | dt.timedelta | None = None,
+    batch_size: int = DEFAULT_REQUEUE_BATCH,
+    dry_run: bool = False,
+    alias: str | None = None,
+) -> tuple[int, ActionReport]:
+    """Retry now the dead jobs matching the filters; return (jobs matched, report)."""
+    alias = alias or get_settings().DATABASE
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    if isinstance(since, dt.timedelta):
+        since = store.clock_ago(alias, since.total_seconds())
+    until = store.clock_ago(alias, 0)
+    report = ActionReport("Requeue dead")
+    matched = 0
+    after: tuple[Any, int] | None = None
+    while True:
+        page = store.dead_job_page(
+            alias, until=until, after=after, limit=batch_size, since=since, queue=queue, type=type
+        )
+        if not page:
+            break
+        matched += len(page)
+        last_id, last_finished = page[-1]
+        after = (last_finished, last_id)
+        if not dry_run:
+            report.merge(retry_now([job_id for job_id, _ in page], alias=alias))
+        if len(page) < batch_size:
+            break
+    return matched, report

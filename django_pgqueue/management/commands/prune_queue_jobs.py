@@ -1,0 +1,83 @@
+"""manage.py prune_queue_jobs --older-than 7d [--status completed] [--dry-run]."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_pgqueue.durations import parse_duration
+from django_pgqueue.maintenance import DEFAULT_PRUNE_BATCH, check_prunable, prune
+from django_pgqueue.models import FINISHED_STATUSES
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete finished jobs (completed, dead, cancelled) that finished longer ago than "
+        "--older-than, with their state and attempts, in short batches. Pending and "
+        "running jobs are never deleted."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--older-than",
+            required=True,
+            metavar="AGE",
+            help="Delete jobs that finished longer ago than this: 7d, 12h, 30m, 90s, 1h30m.",
+        )
+        parser.add_argument(
+            "--status",
+            action="append",
+            default=[],
+            metavar="STATUS",
+            help=(
+                "Only jobs in this finished status; repeat it or separate with commas "
+                f"(default: {', '.join(FINISHED_STATUSES)})."
+            ),
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            default=DEFAULT_PRUNE_BATCH,
+            help=f"Most jobs one DELETE removes (default: {DEFAULT_PRUNE_BATCH}).",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            older_than = parse_duration(options["older_than"])
+        except ValueError as exc:
+            raise CommandError(f"--older-than: {exc}") from None
+        statuses = [s.strip() for arg in options["status"] for s in arg.split(",") if s.strip()]
+        try:
+            statuses = check_prunable(statuses)
+        except ValueError as exc:
+            raise CommandError(f"--status: {exc}") from None
+        if options["batch_size"] < 1:
+            raise CommandError(f"--batch-size must be at least 1, got {options['batch_size']}.")
+
+        def progress(count: int) -> None:
+            if options["verbosity"] >= 2:
+                self.stdout.write(f"  deleted a batch of {count} jobs")
+
+        result = prune(
+            older_than,
+            statuses=statuses,
+            batch_size=options["batch_size"],
+            dry_run=options["dry_run"],
+            on_batch=progress,
+        )
+        by_status = ", ".join(f"{s}: {result.jobs.get(s, 0)}" for s in result.statuses)
+        cutoff = result.cutoff.isoformat(sep=" ", timespec="seconds")
+        if result.dry_run:
+            self.stdout.write(
+                f"Dry run: would delete {result.total} jobs that finished before {cutoff} "
+                f"({by_status}). Nothing was deleted."
+            )
+        else:
+            self.stdout.write(
+                f"Deleted {result.total} jobs that finished before {cutoff} ({by_status}) "
+                f"in {len(result.batches)} batches of at most {options['batch_size']}."
+            )

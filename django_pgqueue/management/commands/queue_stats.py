@@ -1,0 +1,79 @@
+"""manage.py queue_stats [--json] [--exact]: the admin's figures, per queue."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from django_pgqueue.durations import format_seconds
+from django_pgqueue.stats import QueueFigures, collect
+
+COLUMNS = (
+    ("queue", "queue"),
+    ("pending", "pending"),
+    ("due", "due"),
+    ("running", "running"),
+    ("expired_leases", "expired leases"),
+    ("dead", "dead"),
+    ("cancelled", "cancelled"),
+    ("completed", "completed"),
+    ("oldest_due_seconds", "oldest due"),
+)
+
+
+class Command(BaseCommand):
+    help = (
+        "Show the job counts of every queue by status, the running jobs whose lease "
+        "expired, and how long the oldest due pending job has waited."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="Print the figures as JSON.")
+        parser.add_argument(
+            "--exact",
+            action="store_true",
+            help="Count completed jobs exactly (reads the whole table) instead of estimating.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        snapshot = collect(exact=options["exact"])
+        if options["json"]:
+            self.stdout.write(json.dumps(snapshot.as_dict(), indent=2))
+            return
+        completed_mark = "" if snapshot.completed_exact else "~"
+        rows = [_row(figures, completed_mark) for figures in [*snapshot.queues, snapshot.totals]]
+        header = [title for _, title in COLUMNS]
+        columns = zip(header, *rows, strict=True)
+        widths = [max(len(cell) for cell in column) for column in columns]
+
+        def line(cells: list[str]) -> str:
+            first = cells[0].ljust(widths[0])
+            rest = (cell.rjust(width) for cell, width in zip(cells[1:], widths[1:], strict=True))
+            return "  ".join([first, *rest])
+
+        self.stdout.write(line(header))
+        for index, row in enumerate(rows):
+            if index == len(rows) - 1:
+                self.stdout.write("  ".join("-" * width for width in widths))
+            self.stdout.write(line(row))
+        if not snapshot.completed_exact:
+            self.stdout.write(
+                "~ completed: estimated from the table statistics; --exact counts them."
+            )
+
+
+def _row(figures: QueueFigures, completed_mark: str) -> list[str]:
+    cells = []
+    for key, _ in COLUMNS:
+        value = getattr(figures, key)
+        if key == "queue":
+            cells.append(value)
+        elif key == "oldest_due_seconds":
+            cells.append(format_seconds(value))
+        elif key == "completed":
+            cells.append("—" if value is None else f"{completed_mark}{value}")
+        else:
+            cells.append(str(value))
+    return cells

@@ -1,0 +1,80 @@
+"""manage.py requeue_dead [--queue Q] [--type T] [--since 2h] [--dry-run]."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
+
+from django_pgqueue.conf import QUEUE_NAME_RE, TYPE_NAME_RE
+from django_pgqueue.durations import parse_duration
+from django_pgqueue.maintenance import DEFAULT_REQUEUE_BATCH, requeue_dead
+
+
+def parse_since(text: str) -> dt.datetime | dt.timedelta:
+    """A duration back from now ('2h'), or an ISO date or date-time ('2026-11-29T03:00')."""
+    try:
+        return parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        moment = parse_datetime(text)
+        if moment is None and (day := parse_date(text)) is not None:
+            moment = dt.datetime.combine(day, dt.time.min)
+    except ValueError:
+        moment = None
+    if moment is None:
+        raise CommandError(
+            f"--since: {text!r} is neither a duration (2h, 1d, 30m) nor an ISO date or "
+            "date-time (2026-11-29, 2026-11-29T03:00)."
+        )
+    return timezone.make_aware(moment) if timezone.is_naive(moment) else moment
+
+
+class Command(BaseCommand):
+    help = (
+        "Retry now every dead job matching the filters: back to pending, due now, with "
+        "fresh attempts (the history is kept). The same statement as the admin's action."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--queue", help="Only dead jobs of this queue.")
+        parser.add_argument("--type", help="Only dead jobs of this type (task name).")
+        parser.add_argument(
+            "--since",
+            help="Only jobs that died since then: a duration back from now (2h, 1d) or an "
+            "ISO date or date-time.",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=int,
+            default=DEFAULT_REQUEUE_BATCH,
+            help=f"Jobs retried per statement (default: {DEFAULT_REQUEUE_BATCH}).",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Count the matching dead jobs; change nothing."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        queue, type_ = options["queue"], options["type"]
+        if queue is not None and not QUEUE_NAME_RE.match(queue):
+            raise CommandError(f"--queue: {queue!r} is not a queue name ({QUEUE_NAME_RE.pattern}).")
+        if type_ is not None and not TYPE_NAME_RE.match(type_):
+            raise CommandError(f"--type: {type_!r} is not a job type ({TYPE_NAME_RE.pattern}).")
+        since = parse_since(options["since"]) if options["since"] else None
+        if options["batch_size"] < 1:
+            raise CommandError(f"--batch-size must be at least 1, got {options['batch_size']}.")
+        matched, report = requeue_dead(
+            queue=queue,
+            type=type_,
+            since=since,
+            batch_size=options["batch_size"],
+            dry_run=options["dry_run"],
+        )
+        if options["dry_run"]:
+            self.stdout.write(f"Dry run: {matched} dead jobs match; nothing was changed.")
+        else:
+            self.stdout.write(f"{matched} dead jobs matched. {report.message()}")

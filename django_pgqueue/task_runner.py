@@ -1,0 +1,199 @@
+"""Run ``django.tasks`` Tasks in the worker, as handlers of their module path.
+
+A job enqueued through `PgQueueBackend` has the task's module path as its type and no
+``@handler``. The registry asks `resolve_task` about such a type once per process: it
+imports the Task, checks that it is one, and wraps it in a `Handler` carrying the
+task's retry options from its backend. From there the worker treats it like any other
+handler: same claim, lease, heartbeat, fencing, retries and dead jobs.
+
+Running a task: the payload's ``args`` and ``kwargs`` are passed to the function (after
+a ``TaskContext`` when the task takes one); coroutine functions run under
+``async_to_sync``; ``task_started`` is sent before and ``task_finished`` after the
+attempt that ends the task (success, permanent failure, or the last attempt failing).
+A failure that will be retried sends no ``task_finished``: the task is READY again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from django.core.signals import setting_changed
+from django.dispatch import Signal
+from django.utils import timezone
+
+from .backends import (
+    PgQueueBackend,
+    TaskCall,
+    TaskOptions,
+    as_enqueued,
+    build_result,
+    error_class_path,
+    import_task,
+)
+from .conf import get_settings
+from .context import JobContext
+from .exceptions import PermanentFailure, UnknownJobType
+from .executor import describe
+from .registry import Handler, registry
+from .tasks_api import (
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultStatus,
+    task_backends,
+    task_finished,
+    task_started,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_task(type_: str) -> Handler | None:
+    """A Handler running the Task whose module path is `type_`, or None if there is none.
+
+    Registered with the registry by the app config. Never raises: a task module that
+    fails to import gives a Handler that fails each job with the import error, since
+    the code will not change until the worker restarts.
+    """
+    try:
+        task = import_task(type_)
+    except Exception as exc:
+        logger.exception("task %s cannot be imported", type_)
+        message = f"the task {type_!r} cannot be imported: {type(exc).__name__}: {exc}"
+        return Handler(type_, _always_raise(UnknownJobType(message)))
+    if task is None:
+        return None
+    options = _options(task)
+    return Handler(type_, TaskRunner(task), options.max_attempts, options.retry, options.timeout)
+
+
+def _options(task: Task) -> TaskOptions:
+    """The task's options from the backend it names, when that is a PgQueueBackend."""
+    try:
+        backend = task_backends[task.backend]
+    except Exception:
+        return TaskOptions()
+    if isinstance(backend, PgQueueBackend):
+        return backend.task_options(task.module_path)
+    return TaskOptions()
+
+
+def _always_raise(exc: Exception) -> Callable[[JobContext], Any]:
+    def fail(ctx: JobContext) -> Any:
+        raise exc
+
+    return fail
+
+
+class TaskRunner:
+    """The handler of one task's jobs: call the task as Django's ImmediateBackend would."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        # Task.using() validates on every call: keep the few variants jobs ask for.
+        self._variants: dict[tuple[Any, ...], Task] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<TaskRunner {self.task.module_path}>"
+
+    def __call__(self, ctx: JobContext) -> Any:
+        call = TaskCall.from_payload(ctx.payload)
+        if call is None:
+            raise PermanentFailure(
+                f"job {ctx.job_id} of the task {ctx.type!r} has no task arguments; a task "
+                "job's payload is {'args': [...], 'kwargs': {...}}."
+            )
+        alias = call.backend or self.task.backend
+        result = self._running_result(ctx, call, alias)
+        _send(task_started, result)
+        try:
+            if self.task.takes_context:
+                value = self.task.call(TaskContext(task_result=result), *call.args, **call.kwargs)
+            else:
+                value = self.task.call(*call.args, **call.kwargs)
+        except BaseException as exc:
+            # Sent from inside the except block, so receivers (Django's logger among
+            # them) see the exception in sys.exc_info().
+            if isinstance(exc, PermanentFailure) or ctx.is_last_attempt:
+                error_class, _message, trace = describe(exc)
+                result.errors.append(
+                    TaskError(exception_class_path=error_class_path(error_class), traceback=trace)
+                )
+                object.__setattr__(result, "status", TaskResultStatus.FAILED)
+                object.__setattr__(result, "finished_at", timezone.now())
+                _send(task_finished, result)
+            raise
+        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+        object.__setattr__(result, "finished_at", timezone.now())
+        object.__setattr__(result, "_return_value", value)
+        _send(task_finished, result)
+        return value
+
+    def _variant(self, ctx: JobContext, call: TaskCall, alias: str) -> Task:
+        key = (ctx.queue, ctx.priority, alias, call.run_after)
+        task = self._variants.get(key)
+        if task is None:
+            task = as_enqueued(
+                self.task,
+                queue=ctx.queue,
+                priority=ctx.priority,
+                backend=alias,
+                run_after=call.run_after,
+            )
+            with self._lock:
+                if len(self._variants) < 1000:
+                    self._variants[key] = task
+        return task
+
+    def _running_result(self, ctx: JobContext, call: TaskCall, alias: str) -> TaskResult:
+        """The TaskResult the task and the signals see while this attempt runs."""
+        from .models import Attempt
+
+        if ctx.lease_version == 1:
+            # The job's first claim (every claim, sweep and retry adds one to the lease
+            # version): this attempt is its whole history, no need to read it.
+            attempts = [
+                Attempt(worker_id=ctx.worker_id, status="running", started_at=timezone.now())
+            ]
+        else:
+            attempts = list(
+                Attempt.objects.using(get_settings().DATABASE)
+                .filter(job_id=ctx.job_id)
+                .order_by("lease_version")
+            )
+        return build_result(
+            self._variant(ctx, call, alias),
+            job_id=ctx.job_id,
+            status="running",
+            enqueued_at=ctx.created_at,
+            finished_at=None,
+            call=call,
+            backend=alias,
+            attempts=attempts,
+        )
+
+
+def _send(signal: Signal, result: TaskResult) -> None:
+    """Send a task signal; a failing receiver is logged and never changes the outcome."""
+    for receiver, response in signal.send_robust(sender=PgQueueBackend, task_result=result):
+        if isinstance(response, Exception):
+            logger.error(
+                "a receiver of a task signal failed: %r: %s",
+                receiver,
+                response,
+                exc_info=(type(response), response, response.__traceback__),
+            )
+
+
+def _forget_resolved(*, setting: str, **kwargs: Any) -> None:
+    # Resolved handlers carry options read from TASKS and PGQUEUE.
+    if setting in ("TASKS", "PGQUEUE"):
+        registry.clear_resolved()
+
+
+setting_changed.connect(_forget_resolved)

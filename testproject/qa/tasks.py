@@ -1,0 +1,72 @@
+"""django.tasks Tasks the test suite enqueues through PgQueueBackend.
+
+They live in an installed app so that worker subprocesses import them by module path,
+as they would in a real project. `calls` rows are written on the task's own
+connection, so executions can be counted apart from what the queue says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from django_pgqueue import PermanentFailure
+from django_pgqueue.tasks_api import TaskContext
+
+from .models import TaskCall
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport
+    from django_tasks import task
+
+
+def _record(label: str, attempt: int = 0) -> None:
+    TaskCall.objects.create(label=label, attempt=attempt)
+
+
+@task(queue_name="qa-tasks")
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task(queue_name="qa-tasks")
+def echo(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    return {"args": list(args), "kwargs": kwargs}
+
+
+@task(queue_name="qa-tasks")
+def record(label: str) -> str:
+    """Record `label` in qa_task_call: the row ids give the order tasks ran in."""
+    _record(label)
+    return label
+
+
+@task(queue_name="qa-tasks")
+def explode(message: str) -> None:
+    raise ValueError(message)
+
+
+@task(queue_name="qa-tasks", takes_context=True)
+def flaky(context: TaskContext, failures: int) -> dict[str, Any]:
+    """Fail the first `failures` attempts, then succeed; record every attempt."""
+    _record("flaky", context.attempt)
+    if context.attempt <= failures:
+        raise ConnectionError(f"flaky dependency down (attempt {context.attempt})")
+    return {"attempt": context.attempt, "worker_ids": context.task_result.worker_ids}
+
+
+@task(queue_name="qa-tasks")
+def refuse(reason: str) -> None:
+    raise PermanentFailure(reason)
+
+
+@task(queue_name="qa-tasks")
+async def async_add(a: int, b: int) -> int:
+    await asyncio.sleep(0.01)
+    return a + b
+
+
+@task(queue_name="qa-tasks")
+def unstorable() -> object:
+    return object()

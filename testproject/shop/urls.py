@@ -1,0 +1,9 @@
+from django.urls import path
+
+from . import views
+
+app_name = "shop"
+urlpatterns = [
+    path("orders/", views.place_order, name="place-order"),
+    path("orders/<int:pk>/", views.order_status, name="order-status"),
+]

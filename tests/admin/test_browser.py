@@ -1,0 +1,196 @@
+"""A real browser (headless Chromium, driven by Playwright) operating the admin.
+
+Uses Debian's /usr/bin/chromium, never a browser downloaded by Playwright. The dead job
+is made by a real worker running a handler that fails permanently, so the page shows
+a real traceback. Set PGQUEUE_SCREENSHOTS=1 to refresh the two screenshots in
+docs/images/ (otherwise they are written to the test's temporary directory only).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_pgqueue import enqueue, enqueue_many
+from tests.admin.conftest import (
+    OPERATOR_PERMISSIONS,
+    VIEWER_PERMISSIONS,
+    make_job,
+    make_user,
+    state,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+PASSWORD = "correct horse battery staple"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def chromium_path() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if os.environ.get("CI"):
+        pytest.fail("chromium is not installed; .ci/run installs Debian's chromium package")
+    pytest.skip("chromium not found (apt-get install chromium); CI always runs this test")
+
+
+@pytest.fixture(scope="module")
+def browser(django_db_setup: None) -> Iterator[Any]:
+    """One headless Chromium for the module, started after the test database exists."""
+    from playwright.sync_api import sync_playwright
+
+    executable = chromium_path()
+    # Playwright's sync API keeps an asyncio loop in this thread while it runs. The
+    # test's ORM calls (and the database flush between tests) are still plain
+    # synchronous code, so Django's guard against ORM calls from async code does not
+    # apply to them.
+    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        browser = playwright.chromium.launch(
+            executable_path=executable, headless=True, args=CHROMIUM_FLAGS
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings: Any) -> None:
+    # Logging in through the browser checks a real password: a fast hasher keeps it quick.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def login(browser: Any, live_server: Any, username: str) -> Any:
+    context = browser.new_context(viewport={"width": 1600, "height": 900})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{live_server.url}/admin/")
+    return page
+
+
+def save_screenshot(page: Any, tmp_path: Path, name: str) -> Path:
+    target = tmp_path / name
+    page.screenshot(path=str(target), full_page=True)
+    assert target.stat().st_size > 10_000
+    if os.environ.get("PGQUEUE_SCREENSHOTS"):
+        docs = ROOT / "docs" / "images"
+        docs.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(target, docs / name)
+    return target
+
+
+@pytest.fixture
+def queue_with_a_dead_job(run_worker: Any) -> dict[str, int]:
+    """A small realistic queue: completed, retrying, scheduled, running and dead jobs."""
+    enqueue_many(
+        [("qa.echo", {"order": n, "total": f"{n * 7}.00"}) for n in range(6)], queue="payments"
+    )
+    enqueue("qa.fail", {"invoice": 1042}, queue="payments")
+    dead = enqueue("qa.permanent", {"order": 7311, "card": "expired"}, queue="payments")
+    other_dead = enqueue("qa.permanent", {"order": 7312, "card": "expired"}, queue="payments")
+    run_worker(["payments"], burst=True).join()
+    enqueue("qa.noop", {"report": "daily"}, queue="reports", delay=3600)
+    enqueue_many([("qa.noop", {"to": f"user{n}@example.com"}) for n in range(3)], queue="email")
+    make_job("running", queue="email", type="qa.noop", payload={"to": "ops@example.com"})
+    assert state(dead.id)["status"] == "dead"
+    assert state(other_dead.id)["status"] == "dead"
+    return {"dead": dead.id, "other_dead": other_dead.id}
+
+
+def test_operator_reads_a_dead_job_and_retries_it(
+    browser: Any, live_server: Any, queue_with_a_dead_job: dict[str, int], tmp_path: Path
+) -> None:
+    make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
+    dead = queue_with_a_dead_job["dead"]
+    before = state(dead)
+    page = login(browser, live_server, "operator")
+
+    # The jobs list, with its figures, as the operator first sees it.
+    page.goto(f"{live_server.url}/admin/django_pgqueue/job/")
+    page.click("#toggle-nav-sidebar")  # more room for the tables (the browser remembers)
+    assert page.locator(".pgqueue-glance").is_visible()
+    assert "payments" in page.inner_text(".pgqueue-glance")
+    save_screenshot(page, tmp_path, "admin-jobs-list.png")
+
+    # Dead jobs, newest first; open this one and read why it died.
+    page.click("text=Dead jobs, newest first")
+    page.click(f"#result_list a[href$='/deadjob/{dead}/change/']")
+    error = page.inner_text(".field-last_error_full pre")
+    assert "PermanentFailure: this input can never succeed" in error
+    # The traceback that killed the job is open at once.
+    traceback = page.inner_text(".pgqueue-traceback[open] pre")
+    assert "Traceback (most recent call last)" in traceback
+    assert "raise PermanentFailure" in traceback
+    assert "7311" in page.inner_text(".field-payload_pretty pre")
+    save_screenshot(page, tmp_path, "admin-dead-job.png")
+
+    # Retry now, from the job's own page, through the confirmation page.
+    page.select_option("select[name='CHANGE_FORM-action']", "retry_now")
+    page.click("#content-main .actions button[type=submit]")
+    page.wait_for_selector("text=Retry now: are you sure?")
+    assert "1 will change, 0 will be skipped" in page.inner_text("#content-main")
+    page.click("input[type=submit][value='Yes, retry now']")
+    page.wait_for_url(f"**/admin/django_pgqueue/job/{dead}/change/")
+    assert page.inner_text(".messagelist") == "Retry now: 1 changed, 0 skipped."
+
+    after = state(dead)
+    assert after["status"] == "pending"
+    assert after["attempts"] == 0  # a fresh attempt budget
+    assert after["max_attempts"] == before["max_attempts"]
+    assert after["due"] is True
+    assert after["finished_at"] is None
+    assert after["lease_version"] == before["lease_version"] + 1
+    with connection.cursor() as cursor:  # the failed attempt stays in the history
+        cursor.execute("SELECT status FROM queue_attempts WHERE job_id = %s", [dead])
+        assert cursor.fetchall() == [("failed",)]
+    page.context.close()
+
+
+def test_user_without_the_permission_cannot_retry(
+    browser: Any, live_server: Any, queue_with_a_dead_job: dict[str, int]
+) -> None:
+    make_user("viewer", *VIEWER_PERMISSIONS, password=PASSWORD)
+    dead = queue_with_a_dead_job["other_dead"]
+    before = state(dead)
+    page = login(browser, live_server, "viewer")
+
+    page.goto(f"{live_server.url}/admin/django_pgqueue/deadjob/{dead}/change/")
+    assert "PermanentFailure" in page.inner_text(".field-last_error_full pre")
+    assert page.locator("select[name='CHANGE_FORM-action']").count() == 0
+    page.goto(f"{live_server.url}/admin/django_pgqueue/deadjob/")
+    assert page.locator("option[value='retry_now']").count() == 0
+
+    # A POST crafted with a valid session and CSRF token is refused all the same.
+    token = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+    response = page.request.post(
+        f"{live_server.url}/admin/django_pgqueue/deadjob/",
+        form={
+            "csrfmiddlewaretoken": token,
+            "action": "retry_now",
+            "_selected_action": str(dead),
+            "post": "yes",
+        },
+    )
+    assert response.status == 403
+    assert state(dead) == before
+    page.context.close()
