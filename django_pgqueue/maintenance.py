@@ -69,8 +69,9 @@ def prune(
     if dry_run:
         result.jobs = store.count_prunable(alias, cutoff, statuses)
         return result
+    after_id = 0
     while True:
-        deleted = store.prune_batch(alias, cutoff, statuses, batch_size)
+        deleted, after_id = store.prune_batch(alias, cutoff, statuses, batch_size, after_id)
         count = sum(deleted.values())
         if count:
             result.batches.append(count)

@@ -457,17 +457,23 @@ def count_prunable(alias: str, cutoff: Any, statuses: Sequence[str]) -> dict[str
     return {status: int(jobs) for status, jobs in rows}
 
 
-def prune_batch(alias: str, cutoff: Any, statuses: Sequence[str], limit: int) -> dict[str, int]:
-    """Delete at most `limit` finished jobs older than `cutoff`; return counts by status."""
+def prune_batch(
+    alias: str, cutoff: Any, statuses: Sequence[str], limit: int, after_id: int = 0
+) -> tuple[dict[str, int], int]:
+    """Delete at most `limit` finished jobs older than `cutoff` with ids above `after_id`.
+
+    Returns (counts by status, the highest job id deleted, or after_id if none).
+    """
     rows = _fetch(
         alias,
         "job_prune_batch",
-        {"cutoff": cutoff, "statuses": list(statuses), "limit": limit},
+        {"cutoff": cutoff, "statuses": list(statuses), "limit": limit, "after_id": after_id},
     )
     counts: dict[str, int] = {}
-    for (status,) in rows:
+    for job_id, status in rows:
         counts[status] = counts.get(status, 0) + 1
-    return counts
+        after_id = max(after_id, job_id)
+    return counts, after_id
 
 
 def dead_job_page(

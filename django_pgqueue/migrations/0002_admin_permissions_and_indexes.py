@@ -48,9 +48,9 @@ class Migration(migrations.Migration):
         AddIndexConcurrently(
             model_name="jobstate",
             index=models.Index(
-                condition=models.Q(("finished_at__isnull", False)),
+                condition=models.Q(("status__in", ["dead", "cancelled"])),
                 fields=["status", "finished_at", "job"],
-                name="queue_job_state_finished_idx",
+                name="queue_job_state_failed_age_idx",
             ),
         ),
         AddIndexConcurrently(

@@ -530,20 +530,24 @@ GROUP BY status;
 -- SKIP LOCKED, so a job an operator is retrying at this moment is left for a later
 -- run, and a row that changed status before the lock was taken is re-checked against
 -- the WHERE clause and dropped. Each batch is one short statement in its own
--- transaction: no lock outlives it. Walks queue_job_state_finished_idx.
+-- transaction: no lock outlives it. Batches walk the primary key upwards from
+-- after_id (the last job the previous batch deleted), so a whole prune reads the table
+-- once; no index over every finished job is needed, which would weigh on the hot table.
 WITH doomed AS MATERIALIZED (
     SELECT job_id, status
     FROM queue_job_state
-    WHERE status = ANY(%(statuses)s::text[])
+    WHERE job_id > %(after_id)s::bigint
+      AND status = ANY(%(statuses)s::text[])
       AND status IN ('completed', 'dead', 'cancelled')
       AND finished_at < %(cutoff)s::timestamptz
+    ORDER BY job_id
     LIMIT %(limit)s::integer
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM queue_jobs AS job
 USING doomed
 WHERE job.id = doomed.job_id
-RETURNING doomed.status;
+RETURNING doomed.job_id, doomed.status;
 
 
 -- name: job_dead_page
@@ -551,7 +555,7 @@ RETURNING doomed.status;
 -- queue, type and since are optional filters (NULL: any). `until` is the database's
 -- now() when the run started: a job that dies again after this run requeued it is
 -- not requeued a second time. Pages follow (finished_at, job_id) on
--- queue_job_state_finished_idx; jobs a page skips stay dead and are not seen again.
+-- queue_job_state_failed_age_idx; jobs a page skips stay dead and are not seen again.
 SELECT state.job_id, state.finished_at
 FROM queue_job_state AS state
 JOIN queue_jobs AS job ON job.id = state.job_id
