@@ -18,7 +18,7 @@ STAMP52 := $(VENV52)/.installed
 DJANGO52 := Django==5.2.19
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: install demo test test-fast test-django52 docs lint format migrate clean createdb bench bench-smoke bench-admin screenshots
+.PHONY: install demo test test-fast test-django52 docs lint format migrate clean createdb bench bench-smoke bench-admin screenshots reliability
 
 install: $(STAMP)
 
@@ -75,6 +75,17 @@ test: lint
 # The quick loop while developing: no slow tests.
 test-fast: install
 	$(PYTEST) -m "not slow"
+
+# The reliability scenarios (tests/reliability/) at full size; their figures rewrite
+# docs/reliability.md, passed or not. Takes about half an hour.
+RELIABILITY_RESULTS := .reliability-results.jsonl
+reliability: createdb
+	@rm -f $(RELIABILITY_RESULTS)
+	@status=0; \
+	PGQUEUE_RELIABILITY=full PGQUEUE_RELIABILITY_RESULTS=$(CURDIR)/$(RELIABILITY_RESULTS) \
+		$(PYTEST) tests/reliability $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/python -m tests.reliability.report $(RELIABILITY_RESULTS) docs/reliability.md || status=1; \
+	exit $$status
 
 # Benchmarks (benchmarks/README.md): every script at full size, then the plots in
 # docs/images/ and the results section of benchmarks/README.md. Each script uses its own

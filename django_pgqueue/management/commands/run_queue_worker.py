@@ -45,6 +45,23 @@ class Command(BaseCommand):
             "--lease", type=float, help="Lease length in seconds (default: PGQUEUE LEASE)."
         )
         parser.add_argument(
+            "--heartbeat-interval",
+            type=float,
+            help="Seconds between lease renewals (default: PGQUEUE HEARTBEAT_INTERVAL, "
+            "else a third of the lease).",
+        )
+        parser.add_argument(
+            "--sweep-interval",
+            type=float,
+            help="Seconds between sweeps of expired leases (default: PGQUEUE SWEEP_INTERVAL).",
+        )
+        parser.add_argument(
+            "--job-timeout",
+            type=float,
+            help="Seconds a handler may run before its attempt fails "
+            "(default: PGQUEUE JOB_TIMEOUT, no limit).",
+        )
+        parser.add_argument(
             "--weights",
             type=parse_weights,
             default={},
@@ -76,6 +93,9 @@ class Command(BaseCommand):
                 concurrency=options["concurrency"],
                 batch_size=options["batch_size"],
                 lease=options["lease"],
+                heartbeat_interval=options["heartbeat_interval"],
+                sweep_interval=options["sweep_interval"],
+                job_timeout=options["job_timeout"],
                 weights=options["weights"],
                 poll_interval=options["poll_interval"],
                 burst=options["burst"],

@@ -1,0 +1,120 @@
+"""Render docs/reliability.md from the figures `make reliability` collected.
+
+python -m tests.reliability.report RESULTS.jsonl [docs/reliability.md]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+COLUMNS = (
+    ("size", "size"),
+    ("duration_s", "duration (s)"),
+    ("lost", "lost"),
+    ("completed_twice", "completed twice"),
+    ("re_executions", "re-executions"),
+    ("recovery_s", "recovery (s)"),
+)
+MAIN = {"scenario", "full", "passed", *(key for key, _ in COLUMNS), "notes"}
+
+INTRO = """\
+# Reliability figures
+
+Every scenario runs real `run_queue_worker` processes (or workers in real threads)
+against a real PostgreSQL; nothing is mocked. Handlers write a ledger (job, lease
+version, start, end, pid) on their own autocommit connection, so executions are counted
+apart from the queue's own tables. *Lost*: jobs that did not end completed (or, where
+the scenario expects it, dead). *Completed twice*: jobs with more than one succeeded
+attempt. *Re-executions*: handler starts beyond one per job (at-least-once delivery
+after a crash; each is accounted for by a lost attempt). *Recovery*: the scenario's
+worst time from the fault to the job running or completing again.
+
+The scenarios and their pass criteria are in `tests/reliability/`; `make test` runs
+them at reduced sizes, `make reliability` at the sizes below and rewrites this page.
+"""
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value).replace("|", "\\|")
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    commit = _git("rev-parse", "--short", "HEAD")
+    dirty = " (with uncommitted changes)" if _git("status", "--porcelain") else ""
+    server = os.environ.get("PGQUEUE_RELIABILITY_SERVER", "")
+    lines = [
+        INTRO,
+        f"Commit `{commit}`{dirty}; {platform.node()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}{'; ' + server if server else ''}.",
+        "",
+        "| scenario | passed | " + " | ".join(title for _, title in COLUMNS) + " |",
+        "|---|---|" + "---:|" * len(COLUMNS),
+    ]
+    for row in rows:
+        cells = [_cell(row.get(key)) for key, _ in COLUMNS]
+        passed = "yes" if row.get("passed") else "**NO**"
+        lines.append(f"| {row['scenario']} | {passed} | " + " | ".join(cells) + " |")
+    lines += ["", "## Details", ""]
+    for row in rows:
+        extra = {key: value for key, value in row.items() if key not in MAIN}
+        lines.append(f"### {row['scenario']}")
+        lines.append("")
+        if row.get("notes"):
+            lines += [str(row["notes"]), ""]
+        for key, value in extra.items():
+            if isinstance(value, list) and value and isinstance(value[0], dict):
+                headers = list(value[0])
+                lines.append(f"{key.replace('_', ' ')}:")
+                lines.append("")
+                lines.append("| " + " | ".join(headers) + " |")
+                lines.append("|" + "---|" * len(headers))
+                for entry in value:
+                    lines.append("| " + " | ".join(_cell(entry.get(h)) for h in headers) + " |")
+                lines.append("")
+            else:
+                lines.append(f"- {key.replace('_', ' ')}: {_cell(value)}")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    source = Path(argv[0])
+    target = Path(argv[1]) if len(argv) > 1 else ROOT / "docs" / "reliability.md"
+    rows = [json.loads(line) for line in source.read_text("utf-8").splitlines() if line]
+    if not rows:
+        print(f"error: {source} holds no results", file=sys.stderr)
+        return 1
+    target.write_text(render(rows), "utf-8")
+    failed = [row["scenario"] for row in rows if not row.get("passed")]
+    print(f"wrote {target}: {len(rows)} scenario(s), {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
