@@ -124,6 +124,7 @@ def test_claim_never_takes_more_than_asked_on_stale_statistics(report):
     try:
         for limit in (1, 10, 100):
             queue = f"s{limit}"
+            rounds = []
             for round_ in range(3):
                 # The production claim, held open in a transaction so its row locks
                 # can be counted from another connection before they are released.
@@ -132,6 +133,7 @@ def test_claim_never_takes_more_than_asked_on_stale_statistics(report):
                     locked = _locked_rows(probe, queue)
                 assert len(claimed) == limit, (limit, round_, len(claimed))
                 assert locked == limit, (limit, round_, locked)
+                rounds.append((len(claimed), locked))
             running, opened = sql(
                 """
                 SELECT (SELECT count(*) FROM queue_job_state WHERE queue = %s
@@ -142,7 +144,7 @@ def test_claim_never_takes_more_than_asked_on_stale_statistics(report):
                 [queue, queue],
             )[0]
             assert running == opened == 3 * limit
-            results[limit] = {"returned": 3 * len(claimed), "locked": locked, "running": running}
+            results[limit] = {"returned, locked": rounds, "running": running, "attempts": opened}
     finally:
         store.close()
         probe.close()

@@ -199,7 +199,7 @@ def test_concurrent_sweeps_requeue_each_expired_job_once(report):
     )[0]
     assert counts == (jobs, jobs, jobs, 0)
     report(
-        size=f"{jobs} expired jobs, {sweepers} sweepers",
+        size=f"{jobs:,} expired jobs, {sweepers} sweepers",
         lost=0,
         completed_twice=0,
         re_executions=0,
@@ -334,7 +334,7 @@ def test_claims_racing_sweeps_never_give_a_job_two_live_leases(report):
     )[0][0]
     assert lost == 0
     report(
-        size=f"{jobs} jobs, 4 claimers + 3 sweepers, {seconds} s",
+        size=f"{jobs:,} jobs, 4 claimers + 3 sweepers, {seconds} s",
         lost=0,
         completed_twice=0,
         notes="no two attempts of a job overlap; fenced late completions change nothing",
