@@ -17,6 +17,7 @@ from tests.reliability.conftest import ledger_counts, size, wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 WORKERS = 4
+SESSIONS = ("worker", "heartbeat", "listener")  # a worker's connections, by application_name
 LEASE = 2.0
 OPTIONS = (
     "--lease", str(LEASE),
@@ -31,7 +32,7 @@ OPTIONS = (
 
 def test_random_sigkills_until_drained(worker_process, report):
     """5. Chaos"""
-    jobs = size(1_500, 20_000)
+    jobs = size(4_000, 20_000)
     seconds = 0.01  # a few ms per job, so that kills land mid-job
     for start in range(0, jobs, 10_000):
         count = min(10_000, jobs - start)
@@ -62,6 +63,14 @@ def test_random_sigkills_until_drained(worker_process, report):
         slot = rng.randrange(WORKERS)
         worker_id, victim = slots[slot]
         victim.kill()  # SIGKILL, and wait for the process to be gone
+        # A statement the process sent just before it died still runs to its end on
+        # the server (a claim, a completion): wait until its sessions are gone too.
+        wait_until(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY (%s)",
+            lambda n: n == 0,
+            timeout=30,
+            params=[[f"pgqueue {role} {worker_id}" for role in SESSIONS]],
+        )
         # The dead process can change nothing any more, and its leases run for
         # another ~LEASE seconds: what it holds now is exactly what it held at the kill.
         killed_at, held = sql(
