@@ -348,6 +348,8 @@ SELECT released.job_id FROM released, wake;
 -- and the UPDATE re-checks status and locked_until on the row it changes, so a
 -- completion or a renewal that landed after the sweep looked is never undone. The
 -- lost attempt is closed as 'lost'. lease_version grows so the old token is dead.
+-- run_at stays as it was: the job was due already and keeps its place in line, so
+-- it runs again as soon as a worker is free, not after the whole backlog behind it.
 WITH expired AS MATERIALIZED (
     SELECT job_id, lease_version
     FROM queue_job_state
@@ -359,7 +361,6 @@ WITH expired AS MATERIALIZED (
     UPDATE queue_job_state AS state
     SET status = CASE WHEN state.attempts >= state.max_attempts THEN 'dead' ELSE 'pending' END,
         finished_at = CASE WHEN state.attempts >= state.max_attempts THEN now() END,
-        run_at = CASE WHEN state.attempts >= state.max_attempts THEN state.run_at ELSE now() END,
         lease_version = state.lease_version + 1,
         last_error = 'lease expired: worker ' || state.locked_by
                      || ' stopped renewing it (crashed, frozen or cut off)',

@@ -176,6 +176,19 @@ def test_sweep_never_touches_live_leases_and_marks_dead_when_attempts_are_spent(
     assert "lease expired" in dead["last_error"]
 
 
+def test_a_swept_job_keeps_its_place_in_line(stores):
+    """A crashed worker's job runs again next, not after the backlog enqueued since."""
+    first = enqueue("qa.noop", queue="q")
+    store = stores()
+    store.claim("q", 1, "crashed", 0.1)
+    enqueue_many([("qa.noop", {}) for _ in range(5)], queue="q")
+    run_at = state(first.id)["run_at"]
+    time.sleep(0.3)
+    assert [job_id for job_id, *_ in store.sweep()] == [first.id]
+    assert (state(first.id)["status"], state(first.id)["run_at"]) == ("pending", run_at)
+    assert [claimed.job_id for claimed in store.claim("q", 1, "rescuer", 30)] == [first.id]
+
+
 def test_sweep_cannot_undo_a_completion_that_lands_after_it_looked(stores):
     """The completion holds the row lock; the sweep skips it, then re-checks status."""
     job = enqueue("qa.noop", queue="q")

@@ -75,12 +75,16 @@ def test_sweep_never_undoes_a_completion_in_flight(report):
         thread = threading.Thread(target=lambda: swept.extend(sweeper.sweep()))
         started = time.monotonic()
         thread.start()
-        thread.join(10)
+        thread.join(5)
         sweep_s = time.monotonic() - started
-        assert not thread.is_alive(), "the sweep waited on the completion's row lock"
-        # Skipped, not blocked behind the lock (which would risk undoing it afterwards).
-        assert swept == []
+        blocked = thread.is_alive()
         completer.commit()
+        thread.join(10)
+        assert not thread.is_alive()
+        # The sweep skipped the locked row: it did not wait for the lock (and then
+        # act on whatever the completion left), and it requeued nothing.
+        assert swept == []
+        assert not blocked, "the sweep waited on the completion's row lock"
         # And a sweep after the commit finds nothing to requeue either.
         assert sweeper.sweep() == []
         sweeper.close()
