@@ -206,3 +206,13 @@ def hang_retry(ctx: JobContext) -> None:
     """Never returns (blocked in C, where the timeout's exception cannot reach it)."""
     _ledger_start(ctx)
     threading.Event().wait()
+
+
+@django_pgqueue.handler("qa.spin")
+def spin(ctx: JobContext) -> None:
+    """Keep the CPU busy in Python for payload['seconds'], recording the run in the ledger."""
+    entry = _ledger_start(ctx)
+    deadline = time.monotonic() + float(ctx.payload.get("seconds", 1.0))
+    while time.monotonic() < deadline:
+        sum(range(1000))
+    _ledger_end(entry)

@@ -63,8 +63,7 @@ def test_stale_writes_change_nothing_at_the_store_level(report):
         assert state(job.id) == before
         assert (
             sql(
-                "SELECT id, status, finished_at FROM queue_attempts WHERE job_id = %s "
-                "ORDER BY id",
+                "SELECT id, status, finished_at FROM queue_attempts WHERE job_id = %s ORDER BY id",
                 [job.id],
             )
             == attempts_before
@@ -107,8 +106,8 @@ def test_stale_writes_change_nothing_at_the_store_level(report):
     assert versions == sorted(versions), versions  # never decreases
     assert row_a.lease_version < row_b.lease_version < row_c.lease_version
     attempts = sql(
-        "SELECT worker_id, status, lease_version, result::text FROM queue_attempts WHERE job_id = %s "
-        "ORDER BY id",
+        "SELECT worker_id, status, lease_version, result::text FROM queue_attempts "
+        "WHERE job_id = %s ORDER BY id",
         [job.id],
     )
     assert attempts == [
@@ -199,7 +198,8 @@ def test_frozen_worker_resumed_past_its_lease_is_fenced(worker_process, run_work
     refused = {(kind, int(job), int(version)) for kind, job, version in STALE_RE.findall(output)}
     renew_refused = {(int(job), int(version)) for job, version in LOST_RE.findall(output)}
     stats = re.search(r"'stale_writes': (\d+)", output)
-    assert stats is not None and int(stats.group(1)) == len(refused), output[-2000:]
+    assert stats is not None, output[-2000:]
+    assert int(stats.group(1)) == len(refused), output[-2000:]
     # A's attempts that were taken from it (swept while it was frozen).
     lost = {
         (job, version, fail)
@@ -242,14 +242,16 @@ def test_frozen_worker_resumed_past_its_lease_is_fenced(worker_process, run_work
     )[0][0]
     counts = ledger_counts(f"SELECT unnest(ARRAY{job_ids}::bigint[]) AS id")
     assert overwritten == 0
-    assert counts["lost"] == 0 and counts["completed_twice"] == 0
+    assert counts["lost"] == 0
+    assert counts["completed_twice"] == 0
     assert counts["completed_without_success"] == 0
     by_kind = {
         "renew": len(renew_refused),
         "complete": sum(1 for kind, _, _ in refused if kind == "complete"),
         "fail": sum(1 for kind, _, _ in refused if kind == "fail"),
     }
-    assert by_kind["complete"] > 0 and by_kind["fail"] > 0
+    assert by_kind["complete"] > 0
+    assert by_kind["fail"] > 0
     report(
         size=len(job_ids),
         rounds=len(offsets),
