@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from django_pgqueue import enqueue
+from django_pgqueue import enqueue, enqueue_many
 from tests.conftest import sql
 from tests.reliability.conftest import ledger_counts, size, wait_until
 
@@ -94,21 +94,23 @@ def test_sigkill_mid_job(worker_process, report):
     reclaim_s: list[float] = []  # kill -> the job running again in another worker
     recovery_s: list[float] = []  # last kill of a job -> the job completed
     for job_kills in plan:
+        workers.ready()
         job = enqueue("qa.ledger", {"seconds": handler_s}, queue="crash")
         killed_at = None
         for run in range(1, job_kills + 1):
-            workers.ready()
             wait_until(
                 "SELECT count(*) FROM qa_ledger WHERE job_id = %s", lambda n, r=run: n == r,
                 params=[job.id],
             )  # fmt: skip
             if killed_at is not None:
                 reclaim_s.append(seconds_since(killed_at, job.id, run))
-            [(entry, worker_id)] = sql(
-                "SELECT id, worker_id FROM qa_ledger WHERE job_id = %s AND attempt = %s",
-                [job.id, run],
+            # A random moment of the handler's run, on the database clock.
+            [(entry, worker_id, wait)] = sql(
+                "SELECT id, worker_id, extract(epoch FROM started_at + make_interval(secs => %s)"
+                " - clock_timestamp())::float8 FROM qa_ledger WHERE job_id = %s AND attempt = %s",
+                [rng.uniform(0.05, handler_s - 0.15), job.id, run],
             )
-            time.sleep(rng.uniform(0.05, handler_s - 0.1))
+            time.sleep(max(0.0, wait))
             [(killed_at,)] = sql("SELECT clock_timestamp()")
             workers.kill(worker_id)
             # Killed mid-job: the handler had started and had not finished.
@@ -175,3 +177,154 @@ def seconds_since(killed_at: Any, job_id: int, attempt: int) -> float:
         "WHERE job_id = %s AND attempt_index = %s",
         [killed_at, job_id, attempt],
     )[0][0]
+
+
+def test_long_handler_keeps_its_lease(run_worker, report):
+    """8. Long handler (5x the lease) keeps its lease"""
+    jobs = size(2, 8)
+    seconds = 5 * LEASE
+    # Half sleep, half keep the CPU busy in Python: neither may starve the heartbeat.
+    enqueue_many(
+        [("qa.ledger" if n % 2 else "qa.spin", {"seconds": seconds}) for n in range(jobs)],
+        queue="long",
+    )
+    options = {"lease": LEASE, "heartbeat_interval": 0.5, "sweep_interval": SWEEP}
+    workers = [
+        run_worker(["long"], concurrency=jobs // 2, batch_size=jobs // 2, **options)
+        for _ in range(2)
+    ]
+    # Every handler runs; each worker renews from its own connection, not a handler's.
+    wait_until("SELECT count(*) FROM qa_ledger", lambda n: n == jobs)
+    for worker in workers:
+        wait_ready(worker.worker.worker_id)
+        wait_until(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = %s",
+            lambda n: n == 1,
+            params=[f"pgqueue heartbeat {worker.worker.worker_id}"],
+        )
+    wait_until(
+        "SELECT count(*) FROM queue_job_state WHERE status = 'completed'",
+        lambda n: n == jobs,
+        timeout=seconds + 30,
+    )
+    for worker in workers:
+        worker.stop()
+        assert worker.worker.stats["swept"] == 0
+        assert worker.worker.stats["leases_lost"] == 0
+    # One attempt each, never swept: the lease version is still the first claim's.
+    assert sql(
+        "SELECT count(*), count(*) FILTER (WHERE status = 'succeeded' AND lease_version = 1 "
+        "AND finished_at - started_at >= make_interval(secs => %s)) FROM queue_attempts",
+        [seconds],
+    ) == [(jobs, jobs)]
+    assert sql("SELECT DISTINCT attempts, lease_version FROM queue_job_state") == [(1, 1)]
+    gaps = [gap for worker in workers for gap in worker.worker.heartbeat_gaps]
+    assert len(gaps) >= seconds / 0.5  # it did renew all along
+    assert max(gaps) < LEASE, gaps
+    counts = ledger_counts()
+    assert counts["lost"] == 0
+    assert counts["re_executions"] == 0
+    report(
+        size=jobs,
+        lost=counts["lost"],
+        completed_twice=counts["completed_twice"],
+        re_executions=counts["re_executions"],
+        handler_s=seconds,
+        heartbeat_interval_s=0.5,
+        heartbeat_gap_p50_s=round(percentile(gaps, 50), 3),
+        heartbeat_gap_p99_s=round(percentile(gaps, 99), 3),
+        heartbeat_gap_max_s=round(max(gaps), 3),
+        notes=f"{seconds:g} s handlers (sleeping and CPU-bound) under a {LEASE:g} s lease, "
+        "two workers sweeping every second: no lease lost, no job swept or run twice.",
+    )
+
+
+def test_stuck_handler_is_ended_by_its_timeout(worker_process, report):
+    """8. Stuck handler ended by the job timeout"""
+    timeout = 1.0
+    hung = enqueue("qa.hang_retry", queue="stuck")  # max_attempts=2
+    worker = worker_process(
+        "stuck", *WORKER_ARGS, "--job-timeout", str(timeout), "--concurrency", "2",
+        "--shutdown-grace", "2",
+    )  # fmt: skip
+    wait_until(
+        "SELECT status FROM queue_job_state WHERE job_id = %s",
+        lambda status: status == "dead",
+        params=[hung.id],
+    )
+    # The worker goes on with other work, its two stuck threads replaced.
+    healthy = [job.id for job in enqueue_many([("qa.ledger", {})] * size(10, 50), queue="stuck")]
+    wait_until(
+        "SELECT count(*) FROM queue_job_state WHERE status = 'completed'",
+        lambda n: n == len(healthy),
+    )
+    worker.signal(signal.SIGTERM)
+    code, output = worker.wait(30)
+    assert code == 0, output
+    attempts = sql(
+        "SELECT attempt_index, status, error_class, "
+        "extract(epoch FROM finished_at - started_at)::float8 "
+        "FROM queue_attempts WHERE job_id = %s ORDER BY id",
+        [hung.id],
+    )
+    assert [(index, status, error.rsplit(".", 1)[-1]) for index, status, error, _ in attempts] == [
+        (1, "failed", "JobTimeout"),
+        (2, "failed", "JobTimeout"),
+    ], attempts
+    ended_after = [row[3] for row in attempts]
+    assert all(timeout <= s <= timeout + 2 for s in ended_after), ended_after
+    assert sql("SELECT count(*) FROM qa_ledger WHERE job_id = %s", [hung.id]) == [(2,)]
+    assert output.count("exceeded its timeout") == 2
+    counts = ledger_counts(f"SELECT unnest(ARRAY{healthy}::bigint[]) AS id")
+    assert counts["lost"] == 0
+    assert counts["completed_twice"] == 0
+    report(
+        size=1 + len(healthy),
+        lost=counts["lost"],
+        completed_twice=counts["completed_twice"],
+        re_executions=counts["re_executions"],
+        timeout_s=timeout,
+        attempt_ended_after_s=[round(s, 2) for s in ended_after],
+        notes="A handler that never returns (blocked in C) failed by --job-timeout, retried "
+        "once, then dead at max_attempts=2; the worker ran the healthy jobs after it.",
+    )
+
+
+def test_poison_job_dies_after_max_attempts(worker_process, report):
+    """8. Poison job that kills its worker process"""
+    poison = enqueue("qa.kill_process", queue="poison")  # max_attempts=2, os._exit(13)
+    healthy = [
+        job.id
+        for job in enqueue_many([("qa.ledger", {"seconds": 0.05})] * size(20, 200), queue="poison")
+    ]
+    workers = Supervisor(worker_process, "poison", 2, "--concurrency", "2")
+    deadline = time.monotonic() + 60
+    while sql("SELECT count(*) FROM queue_job_state WHERE status IN ('pending', 'running')") != [
+        (0,)
+    ]:
+        assert time.monotonic() < deadline, "queue did not drain"
+        workers.restart_dead()
+        time.sleep(0.05)
+    workers.restart_dead()
+    workers.stop()
+    assert workers.exit_codes == [13, 13]
+    assert sql("SELECT status, attempts FROM queue_job_state WHERE job_id = %s", [poison.id]) == [
+        ("dead", 2)
+    ]
+    assert sql("SELECT status FROM queue_attempts WHERE job_id = %s ORDER BY id", [poison.id]) == [
+        ("lost",),
+        ("lost",),
+    ]
+    counts = ledger_counts(f"SELECT unnest(ARRAY{healthy}::bigint[]) AS id")
+    assert counts["lost"] == 0
+    assert counts["completed_twice"] == 0
+    report(
+        size=1 + len(healthy),
+        lost=counts["lost"],
+        completed_twice=counts["completed_twice"],
+        re_executions=counts["re_executions"],
+        worker_deaths=len(workers.exit_codes),
+        notes="A job that os._exit()s its worker was dead after max_attempts=2 (two lost "
+        "attempts, two restarts by the test's supervisor); every healthy job completed.",
+    )
