@@ -483,6 +483,12 @@ class Worker:
     def _accept_claim(self, queue: str, limit: int, rows: list[ClaimedRow], sent: float) -> int:
         if len(rows) < limit:
             self._empty_until[queue] = sent + self.config.poll_interval
+        if rows and self._stopping.is_set():
+            # The signal came while this claim was on the wire: these jobs have not
+            # started, so they go back now rather than run after the signal.
+            self.stats["claimed"] += len(rows)
+            self._release([(row.job_id, row.lease_version, row.attempt_id) for row in rows])
+            return 0
         if rows:
             logger.info("claimed %d job(s) from %s", len(rows), queue)
             self._dispatch(rows, sent + self.config.lease)
@@ -915,7 +921,9 @@ class Worker:
             item.resolved = True
             self._inflight.pop(item.ctx.job_id, None)
         if unstarted:
-            self._release(unstarted)
+            self._release(
+                [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in unstarted]
+            )
 
         deadline = time.monotonic() + cfg.shutdown_grace
         while self._inflight or self._unwritten or self._uncertain:
@@ -969,21 +977,22 @@ class Worker:
             thread.join(timeout=5)
         self._store.close()
 
-    def _release(self, items: list[InFlight]) -> None:
-        pairs = [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in items]
+    def _release(self, held: list[tuple[int, int, int]]) -> None:
+        """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""
         try:
             if not self._store.connected:
                 self._store.connect()
-            released = self._store.release(pairs)
+            released = self._store.release(held)
         except DatabaseUnavailable as exc:
             logger.warning(
                 "shutdown: could not hand back %d unstarted job(s) (%s); the sweep will",
-                len(items),
+                len(held),
                 exc,
             )
             return
-        for item in items:
-            self._forget(item)
+        with self._leases_lock:
+            for job_id, _, _ in held:
+                self._leases.pop(job_id, None)
         self.stats["released"] += len(released)
         logger.info("shutdown: handed back %d unstarted job(s)", len(released))
 

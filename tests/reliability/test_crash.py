@@ -319,12 +319,25 @@ def test_poison_job_dies_after_max_attempts(worker_process, report):
     counts = ledger_counts(f"SELECT unnest(ARRAY{healthy}::bigint[]) AS id")
     assert counts["lost"] == 0
     assert counts["completed_twice"] == 0
+    # Healthy jobs kept completing while the poison was still going round.
+    [(meanwhile,)] = sql(
+        "SELECT count(*) FROM queue_job_state WHERE job_id = ANY(%s) AND finished_at < "
+        "(SELECT finished_at FROM queue_job_state WHERE job_id = %s)",
+        [healthy, poison.id],
+    )
+    assert meanwhile > 0
+    [(healthy_lost,)] = sql(
+        "SELECT count(*) FROM queue_attempts WHERE job_id = ANY(%s) AND status = 'lost'",
+        [healthy],
+    )
     report(
         size=1 + len(healthy),
         lost=counts["lost"],
         completed_twice=counts["completed_twice"],
         re_executions=counts["re_executions"],
         worker_deaths=len(workers.exit_codes),
+        healthy_completed_before_poison_dead=meanwhile,
+        healthy_attempts_lost_with_the_worker=healthy_lost,
         notes="A job that os._exit()s its worker was dead after max_attempts=2 (two lost "
         "attempts, two restarts by the test's supervisor); every healthy job completed.",
     )
