@@ -27,7 +27,7 @@ GRACE = 10.0
 
 def test_sigterm_with_jobs_in_flight_and_a_claim_on_the_wire(worker_process, report):
     """7. Graceful shutdown (SIGTERM)"""
-    running, claimed, waiting = 3, 3, size(3, 20)
+    running, claimed, waiting = 3, size(3, 10), size(3, 20)
     handler_s = 1.5
     worker = worker_process(
         "shut", *WORKER_ARGS, "--worker-id", "shut-0", "--concurrency", str(running + claimed),
