@@ -9,7 +9,9 @@ Threads of one worker process, each with its own database connection:
 - the heartbeat: renews every held lease in one statement every HEARTBEAT_INTERVAL,
   so a busy handler cannot starve it;
 - the listener: LISTENs for enqueue notifications; polling covers for it when it is
-  down.
+  down;
+- the signal thread (when the worker installs signal handlers): acts on SIGTERM/SIGINT,
+  which the handler itself only queues.
 
 Every write about a claimed job is fenced by its lease version, so whatever this
 process believes, it can never overwrite the state of a newer owner.
@@ -270,6 +272,7 @@ class Worker:
         self._empty_until: dict[str, float] = {}
         self._notified: set[str] = set()
         self._threads: list[threading.Thread] = []
+        self._signals: queue_module.SimpleQueue[int | None] = queue_module.SimpleQueue()
         self._executors: list[threading.Thread] = []
         self._stuck = 0
         self._policy = default_policy()
@@ -294,6 +297,8 @@ class Worker:
         cfg = self.config
         self.registry.autodiscover()
         restore = self._install_signals() if self.install_signal_handlers else None
+        if restore:
+            self._start_service(self._signal_loop, "signals")
         logger.info(
             "worker %s starting: queues=%s concurrency=%d batch=%d lease=%gs heartbeat=%gs",
             cfg.worker_id,
@@ -326,16 +331,11 @@ class Worker:
         previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            if self._stopping.is_set():
-                logger.warning("second %s: stopping now", signal.Signals(signum).name)
-                self.stop(force=True)
-            else:
-                logger.warning(
-                    "%s: no more claims; running handlers get %gs to finish",
-                    signal.Signals(signum).name,
-                    self.config.shutdown_grace,
-                )
-                self.stop()
+            # A handler runs in the main thread between any two of its bytecodes, even
+            # inside `self._wake.wait()` while it holds that Event's lock, which stop()
+            # would take again: a deadlock. So it takes no lock (SimpleQueue.put is
+            # reentrant) and the signal thread does the rest.
+            self._signals.put(signum)
 
         for sig in previous:
             signal.signal(sig, on_signal)
@@ -345,6 +345,21 @@ class Worker:
                 signal.signal(sig, handler)
 
         return restore
+
+    def _signal_loop(self) -> None:
+        """Act on the SIGTERM/SIGINT that on_signal queued: stop, or stop now if stopping."""
+        while (signum := self._signals.get()) is not None:
+            name = signal.Signals(signum).name
+            if self._stopping.is_set():
+                logger.warning("second %s: stopping now", name)
+                self.stop(force=True)
+            else:
+                logger.warning(
+                    "%s: no more claims; running handlers get %gs to finish",
+                    name,
+                    self.config.shutdown_grace,
+                )
+                self.stop()
 
     # -- dispatcher -------------------------------------------------------------------
 
@@ -483,6 +498,12 @@ class Worker:
     def _accept_claim(self, queue: str, limit: int, rows: list[ClaimedRow], sent: float) -> int:
         if len(rows) < limit:
             self._empty_until[queue] = sent + self.config.poll_interval
+        if rows and self._stopping.is_set():
+            # The signal came while this claim was on the wire: these jobs have not
+            # started, so they go back now rather than run after the signal.
+            self.stats["claimed"] += len(rows)
+            self._release([(row.job_id, row.lease_version, row.attempt_id) for row in rows])
+            return 0
         if rows:
             logger.info("claimed %d job(s) from %s", len(rows), queue)
             self._dispatch(rows, sent + self.config.lease)
@@ -915,7 +936,9 @@ class Worker:
             item.resolved = True
             self._inflight.pop(item.ctx.job_id, None)
         if unstarted:
-            self._release(unstarted)
+            self._release(
+                [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in unstarted]
+            )
 
         deadline = time.monotonic() + cfg.shutdown_grace
         while self._inflight or self._unwritten or self._uncertain:
@@ -965,25 +988,27 @@ class Worker:
                 exc,
             )
         self._service_stop.set()
+        self._signals.put(None)
         for thread in self._threads:
             thread.join(timeout=5)
         self._store.close()
 
-    def _release(self, items: list[InFlight]) -> None:
-        pairs = [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in items]
+    def _release(self, held: list[tuple[int, int, int]]) -> None:
+        """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""
         try:
             if not self._store.connected:
                 self._store.connect()
-            released = self._store.release(pairs)
+            released = self._store.release(held)
         except DatabaseUnavailable as exc:
             logger.warning(
                 "shutdown: could not hand back %d unstarted job(s) (%s); the sweep will",
-                len(items),
+                len(held),
                 exc,
             )
             return
-        for item in items:
-            self._forget(item)
+        with self._leases_lock:
+            for job_id, _, _ in held:
+                self._leases.pop(job_id, None)
         self.stats["released"] += len(released)
         logger.info("shutdown: handed back %d unstarted job(s)", len(released))
 

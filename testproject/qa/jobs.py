@@ -172,3 +172,47 @@ def storm_fixed(ctx: JobContext) -> str:
 def storm_jitter(ctx: JobContext) -> str:
     """Call the flaky dependency; retry with full-jitter exponential backoff."""
     return _storm_call(ctx)
+
+
+# -- tests/reliability ------------------------------------------------------------------
+
+
+def _active_sleep(seconds: float) -> None:
+    """Sleep `seconds` of time this process was running: a stretch frozen by SIGSTOP
+    does not count, so a resumed handler still has work left when it comes back."""
+    active = 0.0
+    last = time.monotonic()
+    while active < seconds:
+        time.sleep(0.01)
+        now = time.monotonic()
+        active += min(now - last, 0.05)
+        last = now
+
+
+@django_pgqueue.handler("qa.stale", max_attempts=5, retry=FixedDelay(0.05))
+def stale(ctx: JobContext) -> None:
+    """The stale-writer scenario's job: the first attempt works payload['seconds'] of
+    unfrozen time, then fails if payload['fail']; later attempts succeed quickly."""
+    entry = _ledger_start(ctx)
+    first = ctx.attempt == 1
+    _active_sleep(float(ctx.payload.get("seconds", 1.0)) if first else 0.1)
+    _ledger_end(entry)
+    if first and ctx.payload.get("fail"):
+        raise RuntimeError("qa.stale fails its first attempt")
+
+
+@django_pgqueue.handler("qa.hang_retry", max_attempts=2, retry=FixedDelay(0.05))
+def hang_retry(ctx: JobContext) -> None:
+    """Never returns (blocked in C, where the timeout's exception cannot reach it)."""
+    _ledger_start(ctx)
+    threading.Event().wait()
+
+
+@django_pgqueue.handler("qa.spin")
+def spin(ctx: JobContext) -> None:
+    """Keep the CPU busy in Python for payload['seconds'], recording the run in the ledger."""
+    entry = _ledger_start(ctx)
+    deadline = time.monotonic() + float(ctx.payload.get("seconds", 1.0))
+    while time.monotonic() < deadline:
+        sum(range(1000))
+    _ledger_end(entry)

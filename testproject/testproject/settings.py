@@ -3,6 +3,7 @@
 The database comes from DATABASE_URL, or the local server on 127.0.0.1:5432.
 """
 
+import os
 from pathlib import Path
 
 import django
@@ -94,5 +95,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {"django_pgqueue": {"handlers": ["console"], "level": "WARNING"}},
+    # PGQUEUE_TEST_LOG_LEVEL=INFO shows a test worker process's info lines (its final stats).
+    "loggers": {
+        "django_pgqueue": {
+            "handlers": ["console"],
+            "level": os.environ.get("PGQUEUE_TEST_LOG_LEVEL", "WARNING"),
+        }
+    },
 }
