@@ -100,7 +100,7 @@ class PgServer:
             "unix_socket_directories": f"'{self.socket_dir}'",
             "fsync": "off",
             "full_page_writes": "off",
-            "max_connections": "100",
+            "max_connections": "60",
             "shared_buffers": "32MB",
             "logging_collector": "off",
             "log_min_messages": "warning",
@@ -177,8 +177,9 @@ class PgServer:
 
     # -- the project --------------------------------------------------------------------
 
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "DATABASE_URL": self.url}
+    def env(self, user: str = "postgres") -> dict[str, str]:
+        url = self.url.replace("postgres@", f"{user}@", 1)
+        return {**os.environ, "DATABASE_URL": url}
 
     def manage(self, *args: str, timeout: float = 120) -> str:
         """Run `manage.py ARGS` against this server; its output."""
