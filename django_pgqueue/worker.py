@@ -276,7 +276,7 @@ class Worker:
         self._backoff = Backoff(self.config.reconnect_max_delay)
         # Grows each time the dispatcher gets its connection back after losing it: the
         # database restarted or cut this process off, so the handler threads' own
-        # Django connections are likely dead too (see _execute).
+        # Django connections are likely dead too (see _executor_loop).
         self._db_epoch = 0
         self.exit_code = 0
 
