@@ -277,6 +277,10 @@ class Worker:
         self._stuck = 0
         self._policy = default_policy()
         self._backoff = Backoff(self.config.reconnect_max_delay)
+        # Grows each time the dispatcher gets its connection back after losing it: the
+        # database restarted or cut this process off, so the handler threads' own
+        # Django connections are likely dead too (see _executor_loop).
+        self._db_epoch = 0
         self.exit_code = 0
 
     # -- public ---------------------------------------------------------------------
@@ -398,8 +402,29 @@ class Worker:
     def _reconnect(self) -> None:
         if not wait_for(self._store, self._force, self._backoff, f"worker {self.worker_id}"):
             return
+        self._db_epoch += 1
         self._empty_until.clear()  # anything may have arrived while we were away
         self._resolve_uncertain()
+        # The leases this worker holds may have run out while it was cut off. Before
+        # its next sweep (the first thing the loop does) could requeue them, write
+        # what finished meanwhile and renew what still runs. Another worker's sweep
+        # may have been first: the fenced writes tell, and the job runs again.
+        self._collect_outcomes()
+        self._write_outcomes()
+        self._renew_held()
+
+    def _renew_held(self) -> None:
+        with self._leases_lock:
+            held = [lease for lease in self._leases.values() if not lease.lost]
+        if not held:
+            return
+        sent = time.monotonic()
+        kept = self._store.renew(
+            [(lease.job_id, lease.lease_version) for lease in held], self.config.lease
+        )
+        for lease in held:
+            if lease.job_id in kept:
+                lease.expires = sent + self.config.lease
 
     def _idle(self) -> bool:
         """Burst mode's exit test: nothing running, nothing due, no retry about to be."""
@@ -561,7 +586,7 @@ class Worker:
             if item.resolved:
                 continue  # a timed-out handler came back after its failure was recorded
             item.resolved = True
-            self._inflight.pop(item.ctx.job_id, None)
+            self._drop_inflight(item)
             self._add_unwritten(item, outcome)
 
     def _add_unwritten(self, item: InFlight, outcome: Outcome) -> None:
@@ -705,9 +730,18 @@ class Worker:
             item.ctx.lease_version,
         )
 
+    def _drop_inflight(self, item: InFlight) -> None:
+        # Only this claim's entry: after losing its lease, this worker may have claimed
+        # the same job again while the old handler still ran.
+        if self._inflight.get(item.ctx.job_id) is item:
+            del self._inflight[item.ctx.job_id]
+
     def _forget(self, item: InFlight) -> None:
         with self._leases_lock:
-            self._leases.pop(item.ctx.job_id, None)
+            # Only this claim's lease: dropping a newer claim's lease of the same job
+            # would stop its renewals, and the sweep would take the job from under it.
+            if self._leases.get(item.ctx.job_id) is item.lease:
+                del self._leases[item.ctx.job_id]
 
     def _resolve_uncertain(self) -> None:
         """After a lost connection: read back whether the writes in doubt landed."""
@@ -721,13 +755,20 @@ class Worker:
             raise
         for item, outcome in pending:
             status = statuses.get(item.attempt_id)
+            # Warnings, like the lost connection that put the write in doubt.
             if status == "running":
                 item.lease.finishing = False  # it did not land: renew it and write again
                 self._add_unwritten(item, outcome)
+                logger.warning(
+                    "job %d: the write in doubt had not landed; writing it again",
+                    item.ctx.job_id,
+                )
             elif status in ("succeeded", "failed"):
                 self.stats["completed" if status == "succeeded" else "failed_written"] += 1
                 self._forget(item)
-                logger.info("job %d: the write in doubt had landed (%s)", item.ctx.job_id, status)
+                logger.warning(
+                    "job %d: the write in doubt had landed (%s)", item.ctx.job_id, status
+                )
             else:
                 self._forget(item)
                 self._stale(item, "write after reconnect")
@@ -747,7 +788,7 @@ class Worker:
             item.timed_out = True
             item.resolved = True
             del self._timed[item.ctx.job_id]
-            self._inflight.pop(item.ctx.job_id, None)
+            self._drop_inflight(item)
             logger.error(
                 "job %d (%s) exceeded its timeout of %gs; failing it and replacing its thread",
                 item.ctx.job_id,
@@ -801,11 +842,18 @@ class Worker:
         thread.start()
 
     def _executor_loop(self) -> None:
+        epoch = self._db_epoch
         try:
             while True:
                 item = self._work.get()
                 if item is None:
                     return
+                if epoch != self._db_epoch:
+                    # The dispatcher lost its connection since this thread's last job: a
+                    # Django connection that died with it would fail the next job for
+                    # nothing (and kill one with a single attempt). Replace it first.
+                    epoch = self._db_epoch
+                    _close_unusable_django_connections()
                 item.thread = threading.current_thread()
                 item.started = time.monotonic()
                 outcome = self._execute(item)
@@ -934,7 +982,7 @@ class Worker:
             self._work.put(None)
         for item in unstarted:
             item.resolved = True
-            self._inflight.pop(item.ctx.job_id, None)
+            self._drop_inflight(item)
         if unstarted:
             self._release(
                 [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in unstarted]
@@ -1011,6 +1059,13 @@ class Worker:
                 self._leases.pop(job_id, None)
         self.stats["released"] += len(released)
         logger.info("shutdown: handed back %d unstarted job(s)", len(released))
+
+
+def _close_unusable_django_connections() -> None:
+    """Close this thread's Django connections that no longer answer a query."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and not conn.is_usable():
+            conn.close()
 
 
 def _reset_django_connections() -> None:

@@ -65,6 +65,17 @@ def ledger(ctx: JobContext) -> None:
     _ledger_end(entry)
 
 
+@django_pgqueue.handler("qa.offline")
+def offline(ctx: JobContext) -> None:
+    """Record the start in the ledger, then sleep without touching the database.
+
+    Its end does not depend on the database, so a run that overlaps an outage finishes
+    normally and only the queue decides whether it is run again.
+    """
+    _ledger_start(ctx)
+    time.sleep(float((ctx.payload or {}).get("seconds", 0)))
+
+
 @django_pgqueue.handler("qa.fail", max_attempts=3)
 def fail(ctx: JobContext) -> None:
     raise ValueError(f"qa.fail always fails (attempt {ctx.attempt})")

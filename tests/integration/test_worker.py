@@ -274,6 +274,40 @@ def test_stale_completion_is_rejected_counted_and_leaves_the_new_owners_state(ru
     assert sorted(statuses_by_version.values()) == ["lost", "succeeded"]
 
 
+def test_reclaiming_a_job_its_old_handler_still_runs_keeps_the_new_lease(run_worker):
+    """A worker that lost a lease may claim the job again while the old handler runs.
+
+    The old run's stale completion must drop only its own bookkeeping: dropping the new
+    claim's lease stopped its renewals, the sweep took the job from the new run too,
+    and so on until the attempts were spent and the job was dead.
+    """
+    from django_pgqueue.store import Store
+
+    job = enqueue("qa.sleep", {"seconds": 3.0}, queue="again")
+    worker = run_worker(["again"], lease=1.0, sweep_interval=0.2, concurrency=2)
+    wait_until(lambda: sql("SELECT count(*) FROM qa_ledger")[0][0] == 1)
+    time.sleep(2.5)  # the new run outlives the old run's end by more than a lease
+    sql(
+        "UPDATE queue_job_state SET locked_until = now() - interval '1 second' WHERE job_id = %s",
+        [job.id],
+    )
+    sweeper = Store("default", "sweeper")
+    try:
+        assert [row[0] for row in sweeper.sweep()] == [job.id]
+    finally:
+        sweeper.close()
+    wait_until(lambda: JobState.objects.get(pk=job.id).status != "pending", timeout=10)
+    wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed", timeout=15)
+    worker.stop()
+    attempts = list(Attempt.objects.filter(job_id=job.id).order_by("lease_version"))
+    assert [(a.worker_id, a.status) for a in attempts] == [
+        (worker.worker.worker_id, "lost"),
+        (worker.worker.worker_id, "succeeded"),
+    ]
+    assert worker.worker.stats["stale_writes"] == 1
+    assert sql("SELECT count(*) FROM qa_ledger WHERE job_id = %s", [job.id])[0][0] == 2
+
+
 def test_handler_connections_survive_conn_max_age_zero_and_recover_when_killed(run_worker):
     from django.db import connection
 

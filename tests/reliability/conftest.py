@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -45,8 +45,15 @@ def wait_until(query: str, predicate: Any, timeout: float = 60.0, params: Any = 
     raise AssertionError(f"timed out after {timeout}s waiting on {query!r}; last value {value!r}")
 
 
-def ledger_counts(job_ids_query: str = "SELECT id FROM queue_jobs") -> dict[str, int]:
+def ledger_counts(
+    job_ids_query: str = "SELECT id FROM queue_jobs",
+    *,
+    run: Callable[[str], list[tuple[Any, ...]]] = sql,
+) -> dict[str, int]:
     """What the independent ledger and the queue's tables say about a set of jobs.
+
+    `run` runs the query: the test database's connection unless a scenario has its own
+    server (test_database_faults).
 
     - jobs: how many jobs;
     - lost: jobs not completed (still pending, running, dead, cancelled);
@@ -56,7 +63,7 @@ def ledger_counts(job_ids_query: str = "SELECT id FROM queue_jobs") -> dict[str,
     - finished_runs_twice: jobs whose handler ran to its end more than once (allowed
       only when the process died between the end and the write; counted, not hidden).
     """
-    row = sql(
+    row = run(
         f"""
         WITH j AS ({job_ids_query}),
         s AS (SELECT st.job_id, st.status FROM queue_job_state st JOIN j ON j.id = st.job_id),
