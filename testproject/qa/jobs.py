@@ -65,6 +65,12 @@ def ledger(ctx: JobContext) -> None:
     _ledger_end(entry)
 
 
+@django_pgqueue.handler("qa.nap")
+def nap(ctx: JobContext) -> None:
+    """Sleep payload['seconds'] and write nothing (the bloat soak's steady load)."""
+    time.sleep(float(ctx.payload.get("seconds", 0.02)))
+
+
 @django_pgqueue.handler("qa.fail", max_attempts=3)
 def fail(ctx: JobContext) -> None:
     raise ValueError(f"qa.fail always fails (attempt {ctx.attempt})")
