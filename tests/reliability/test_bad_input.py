@@ -127,7 +127,7 @@ def cases() -> list[Case]:
             {"payload": {1: "a"}},
             PayloadError,
             "keys must be strings",
-            None,
+            lambda: echo.enqueue({1: "a"}),
         ),
         (
             "payload of MAX_PAYLOAD_BYTES + 1 bytes",
@@ -183,7 +183,7 @@ def cases() -> list[Case]:
             {"priority": "5"},
             EnqueueError,
             "must be an integer",
-            None,
+            lambda: echo.using(priority="5").enqueue(),
         ),
         ("delay -5", {"delay": -5}, EnqueueError, "delay must be >= 0", None),
         ("delay nan", {"delay": math.nan}, EnqueueError, "delay must be >= 0", None),
