@@ -58,6 +58,8 @@ def cases() -> list[Case]:
     naive = dt.datetime(2030, 1, 1, 12, 0)
     aware = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.UTC)
     echo = qa_tasks.echo
+    circular: dict[str, Any] = {}
+    circular["self"] = circular
     return [
         (
             "payload {'tags': {1, 2}} (a set)",
@@ -128,6 +130,20 @@ def cases() -> list[Case]:
             PayloadError,
             "keys must be strings",
             lambda: echo.enqueue({1: "a"}),
+        ),
+        (
+            "payload {'self': <itself>} (a circular reference)",
+            {"payload": circular},
+            PayloadError,
+            "circular reference",
+            lambda: echo.enqueue(circular),
+        ),
+        (
+            "payload 10**5000 (an int of 5,001 digits)",
+            {"payload": 10**5000},
+            PayloadError,
+            "4300 digits",
+            lambda: echo.enqueue(10**5000),
         ),
         (
             "payload of MAX_PAYLOAD_BYTES + 1 bytes",
