@@ -343,6 +343,13 @@ class PgQueueBackend(BaseTaskBackend):
 
     def validate_task(self, task: Task) -> None:
         """Check a task as Django does, then as the queue will (queue name, schedule)."""
+        # Django compares the priority with its bounds without checking its type first:
+        # a str priority would surface as a bare TypeError about '<'.
+        if isinstance(task.priority, bool) or not isinstance(task.priority, int):
+            raise InvalidTask(
+                f"priority must be an integer, got {type(task.priority).__name__} "
+                f"{task.priority!r}."
+            )
         super().validate_task(task)
         try:
             validation.queue_name(task.queue_name, "queue_name")

@@ -76,6 +76,12 @@ def offline(ctx: JobContext) -> None:
     time.sleep(float((ctx.payload or {}).get("seconds", 0)))
 
 
+@django_pgqueue.handler("qa.nap")
+def nap(ctx: JobContext) -> None:
+    """Sleep payload['seconds'] and write nothing (the bloat soak's steady load)."""
+    time.sleep(float(ctx.payload.get("seconds", 0.02)))
+
+
 @django_pgqueue.handler("qa.fail", max_attempts=3)
 def fail(ctx: JobContext) -> None:
     raise ValueError(f"qa.fail always fails (attempt {ctx.attempt})")

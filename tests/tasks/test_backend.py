@@ -238,6 +238,8 @@ def test_queue_and_priority_are_validated_like_django_does():
         add.using(queue_name="not-configured")
     with pytest.raises(InvalidTask, match="priority"):
         add.using(priority=101)
+    with pytest.raises(InvalidTask, match="priority must be an integer, got str '5'"):
+        add.using(priority="5")
     with pytest.raises(InvalidTask, match="aware"):
         add.using(run_after=dt.datetime(2030, 1, 1))  # naive on purpose
 

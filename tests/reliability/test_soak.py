@@ -1,0 +1,369 @@
+"""Scenario 10: a steady load for a long time does not bloat the queue or slow its claim.
+
+The soak runs on a throwaway PostgreSQL that this test starts itself (initdb in a
+temporary directory, as the postgres OS user, on a free port) with autovacuum ON and
+otherwise default settings, so the migration's per-table autovacuum parameters are what
+keeps the tables in shape; the shared test server runs with autovacuum off, which no
+production server should. An enqueuer process paces enqueue_many() calls, two
+run_queue_worker processes (heartbeats on, short lease) run jobs that sleep 20-50 ms,
+and the prune_queue_jobs command runs periodically. A probe times the production claim
+statement (EXPLAIN ANALYZE in a rolled-back transaction) every 100 ms.
+
+Pass: claim p99 in the last window within 2x the first window's; total size (heap,
+indexes, TOAST) of each queue table at the end within 2x its size after the first
+window; 0 jobs lost; the enqueuer held its rate and the workers kept up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from django_pgqueue.sql import QUERIES
+from tests.conftest import MANAGE
+from tests.reliability.conftest import FULL, size
+
+TABLES = ("queue_jobs", "queue_job_state", "queue_attempts")
+RATE = size(100, 300)  # jobs per second
+DURATION = size(30, 600)  # seconds of steady load
+WINDOW = size(10, 60)  # first and last window compared
+PRUNE_EVERY = size(5, 30)  # seconds between prune_queue_jobs runs ...
+PRUNE_OLDER_THAN = size(5, 30)  # ... deleting completed jobs older than this
+NAPTIME = size(2, 10)  # autovacuum_naptime of the throwaway server
+TICK = 0.1  # the enqueuer adds RATE * TICK jobs every TICK seconds
+PROBE_EVERY = 0.05 if FULL else 0.02  # >= 500 samples per window: p99 is not one outlier
+WORKER_ARGS = (
+    "soak",
+    "--lease",
+    "6",
+    "--heartbeat-interval",
+    "2",
+    "--sweep-interval",
+    "1",
+    "--concurrency",
+    "16",
+    "--batch-size",
+    "10",
+    "--poll-interval",
+    "0.5",
+    "-v",
+    "0",
+)
+
+
+def pg_bin() -> Path:
+    try:
+        out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True)
+        path = Path(out.stdout.strip())
+        if (path / "initdb").exists():
+            return path
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return Path("/usr/lib/postgresql/15/bin")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def throwaway_server() -> Iterator[str]:
+    """A fresh PostgreSQL with autovacuum on; yields the URL of a migrated database."""
+    bindir = pg_bin()
+    if not (bindir / "initdb").exists() or shutil.which("runuser") is None:
+        pytest.skip(f"no {bindir / 'initdb'} or runuser to start a throwaway server")
+    port = free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="pgqueue-soak-"))
+    shutil.chown(tmp, "postgres", "postgres")
+    data = tmp / "data"
+    as_postgres = ["runuser", "-u", "postgres", "--"]
+    pg_ctl = [*as_postgres, str(bindir / "pg_ctl"), "-D", str(data)]
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    try:
+        subprocess.run(
+            [*as_postgres, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-Atrust"],
+            check=True,
+            **quiet,
+        )
+        options = (
+            f"-p {port} -k {tmp} -c listen_addresses=127.0.0.1 -c autovacuum=on "
+            f"-c autovacuum_naptime={NAPTIME}s"
+        )
+        subprocess.run(
+            [*pg_ctl, "-l", str(tmp / "server.log"), "-o", options, "-w", "start"],
+            check=True,
+            **quiet,
+        )
+        base = f"postgres://postgres@127.0.0.1:{port}"
+        with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+            conn.execute("CREATE DATABASE pgqueue_soak")
+        url = f"{base}/pgqueue_soak"
+        subprocess.run(
+            [sys.executable, str(MANAGE), "migrate", "-v", "0"],
+            env={**os.environ, "DATABASE_URL": url},
+            check=True,
+        )
+        yield url
+    finally:
+        subprocess.run([*pg_ctl, "-m", "immediate", "-w", "stop"], check=False, **quiet)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+ENQUEUER = f"""
+import os, sys, time
+from django_pgqueue import enqueue_many
+rate, seconds, tick = float(os.environ["SOAK_RATE"]), float(os.environ["SOAK_SECONDS"]), {TICK}
+batch = round(rate * tick)
+print("ready", flush=True)
+sys.stdin.readline()
+start = time.monotonic()
+sent = 0
+for step in range(round(seconds / tick)):
+    pause = start + step * tick - time.monotonic()
+    if pause > 0:
+        time.sleep(pause)
+    enqueue_many(
+        [("qa.nap", {{"seconds": 0.02 + (sent + k) % 4 * 0.01}}) for k in range(batch)],
+        queue="soak",
+    )
+    sent += batch
+print(sent, round(time.monotonic() - start, 2))
+"""
+
+
+class ClaimProbe(threading.Thread):
+    """Times the production claim every PROBE_EVERY s; each sample is rolled back."""
+
+    def __init__(self, url: str, started: float) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.started = started
+        self.samples: list[tuple[float, float, int]] = []  # (t, ms, buffers)
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        query = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["job_claim"]
+        params = {"queue": "soak", "limit": 10, "worker_id": "soak-probe", "lease": 6.0}
+        try:
+            with psycopg.connect(self.url) as conn:
+                while not self.stop.wait(PROBE_EVERY):
+                    (plan,) = conn.execute(query, params).fetchone()
+                    conn.rollback()
+                    top = plan[0]
+                    buffers = top["Plan"]["Shared Hit Blocks"] + top["Plan"]["Shared Read Blocks"]
+                    t = time.monotonic() - self.started
+                    self.samples.append((t, float(top["Execution Time"]), int(buffers)))
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+    def window(self, start: float, end: float) -> list[tuple[float, float, int]]:
+        return [s for s in self.samples if start <= s[0] < end]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def sizes(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    return {
+        table: conn.execute("SELECT pg_total_relation_size(%s::regclass)", [table]).fetchone()[0]
+        for table in TABLES
+    }
+
+
+def prune(url: str) -> int:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(MANAGE),
+            "prune_queue_jobs",
+            "--older-than",
+            f"{PRUNE_OLDER_THAN}s",
+            "--status",
+            "completed",
+        ],
+        env={**os.environ, "DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.startswith("Deleted "), out
+    return int(out.split()[1])
+
+
+def test_bloat_soak(worker_process, report):
+    """10. Bloat soak"""
+    with throwaway_server() as url, psycopg.connect(url, autocommit=True) as db:
+        env = {"DATABASE_URL": url}
+        workers = [worker_process(*WORKER_ARGS, env=env) for _ in range(2)]
+        enqueuer = subprocess.Popen(
+            [sys.executable, str(MANAGE), "shell", "-v", "0", "-c", ENQUEUER],
+            env={**os.environ, **env, "SOAK_RATE": str(RATE), "SOAK_SECONDS": str(DURATION)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        # The clock starts once everything is up: the first window measures the steady
+        # load, not Django starting in three processes.
+        assert enqueuer.stdout is not None
+        assert enqueuer.stdin is not None
+        for line in enqueuer.stdout:  # Django's shell may print a line of its own first
+            if line.strip() == "ready":
+                break
+        else:
+            raise AssertionError(f"the enqueuer did not start: {enqueuer.wait(10)}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            connected = db.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE application_name LIKE 'pgqueue worker %%'"
+            ).fetchone()[0]
+            if connected == 2:
+                break
+            time.sleep(0.1)
+        assert connected == 2, "the workers did not connect"
+        time.sleep(1)
+        started = time.monotonic()
+        enqueuer.stdin.write("go\n")
+        enqueuer.stdin.flush()
+        probe = ClaimProbe(url, started)
+        probe.start()
+        pruned = prune_runs = 0
+        backlog_max = 0
+        next_prune = PRUNE_EVERY
+        first_sizes: dict[str, int] = {}
+        try:
+            while (now := time.monotonic() - started) < DURATION:
+                if not first_sizes and now >= WINDOW:
+                    first_sizes = sizes(db)
+                if now >= next_prune:
+                    pruned += prune(url)
+                    prune_runs += 1
+                    next_prune += PRUNE_EVERY
+                backlog = db.execute(
+                    "SELECT count(*) FROM queue_job_state WHERE status = 'pending'"
+                ).fetchone()[0]
+                backlog_max = max(backlog_max, backlog)
+                assert enqueuer.poll() is None, enqueuer.communicate()[0]
+                for worker in workers:
+                    assert worker.proc.poll() is None, worker.wait(5)[1]
+                time.sleep(0.5)
+            end_sizes = sizes(db)
+            probe.stop.set()
+            probe.join(10)
+            output, _ = enqueuer.communicate(timeout=60)
+            assert enqueuer.returncode == 0, output
+            sent, enqueue_seconds = output.split()[-2:]
+            sent = int(sent)
+            # Everything enqueued drains: nothing pending, running or dead is left.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                left = db.execute(
+                    "SELECT count(*) FROM queue_job_state WHERE status IN ('pending', 'running')"
+                ).fetchone()[0]
+                if not left:
+                    break
+                time.sleep(0.2)
+            lost = db.execute(
+                "SELECT count(*) FROM queue_job_state WHERE status <> 'completed'"
+            ).fetchone()[0]
+            total = db.execute("SELECT coalesce(max(id), 0) FROM queue_jobs").fetchone()[0]
+            stats = {
+                row[0]: row[1:]
+                for row in db.execute(
+                    "SELECT relname, n_tup_upd, n_tup_hot_upd, n_live_tup, n_dead_tup, "
+                    "autovacuum_count, autoanalyze_count FROM pg_stat_user_tables "
+                    "WHERE relname = ANY(%s)",
+                    [list(TABLES)],
+                )
+            }
+            for worker in workers:
+                worker.signal(signal.SIGTERM)
+            for worker in workers:
+                code, out = worker.wait(60)
+                assert code == 0, out
+        finally:
+            probe.stop.set()
+            if enqueuer.poll() is None:
+                enqueuer.kill()
+                enqueuer.wait(10)
+            for worker in workers:
+                worker.kill()
+    assert probe.error is None, probe.error
+    first = probe.window(0, WINDOW)
+    last = probe.window(DURATION - WINDOW, DURATION)
+    assert len(first) >= WINDOW / PROBE_EVERY / 3
+    assert len(last) >= WINDOW / PROBE_EVERY / 3
+    p99_first = percentile([ms for _, ms, _ in first], 0.99)
+    p99_last = percentile([ms for _, ms, _ in last], 0.99)
+    buffers_first = percentile([b for _, _, b in first], 0.5)
+    buffers_last = percentile([b for _, _, b in last], 0.5)
+    autovacuums = stats["queue_job_state"][4]
+    growth = {table: end_sizes[table] / first_sizes[table] for table in TABLES}
+    report(
+        size=f"{DURATION} s at {RATE} jobs/s ({sent:,} jobs)",
+        lost=lost,
+        jobs=total,
+        enqueue_rate=round(sent / float(enqueue_seconds), 1),
+        pending_backlog_max=backlog_max,
+        claim_p99_first_window_ms=round(p99_first, 3),
+        claim_p99_last_window_ms=round(p99_last, 3),
+        claim_p50_first_window_ms=round(percentile([ms for _, ms, _ in first], 0.5), 3),
+        claim_p50_last_window_ms=round(percentile([ms for _, ms, _ in last], 0.5), 3),
+        claim_buffers_p50_first_last=f"{buffers_first} / {buffers_last}",
+        claim_samples=len(probe.samples),
+        sizes_after_first_window_kb={t: first_sizes[t] // 1024 for t in TABLES},
+        sizes_at_end_kb={t: end_sizes[t] // 1024 for t in TABLES},
+        size_growth={t: round(g, 2) for t, g in growth.items()},
+        hot_update_ratio={
+            t: round(stats[t][1] / stats[t][0], 3) if stats[t][0] else None for t in TABLES
+        },
+        updates_hot_of_all={t: f"{stats[t][1]:,} / {stats[t][0]:,}" for t in TABLES},
+        dead_tuples={t: stats[t][3] for t in TABLES},
+        live_tuples={t: stats[t][2] for t in TABLES},
+        autovacuum_runs={t: stats[t][4] for t in TABLES},
+        pruned=pruned,
+        prune_runs=prune_runs,
+        notes=(
+            f"A throwaway PostgreSQL 15 with autovacuum on (naptime {NAPTIME} s, the "
+            "migration's per-table parameters) and no VACUUM from the test; 2 workers "
+            "(concurrency 16, lease 6 s, heartbeat 2 s), jobs sleep 20-50 ms, "
+            f"prune_queue_jobs every {PRUNE_EVERY} s deletes completed jobs older than "
+            f"{PRUNE_OLDER_THAN} s; the claim is timed by EXPLAIN ANALYZE every "
+            f"{PROBE_EVERY * 1000:.0f} ms, first vs last {WINDOW} s. Few queue_job_state "
+            "updates are HOT: claim and completion change status, which the partial indexes' "
+            "predicates cover; only lease renewals (locked_until, in no index) can be, and "
+            "jobs this short are rarely renewed."
+        ),
+    )
+    print(json.dumps(report.fields, default=str), file=sys.stderr)
+    assert lost == 0
+    assert total == sent
+    assert sent >= 0.9 * RATE * DURATION
+    # The workers kept up: the backlog never grew past a few seconds of load.
+    assert backlog_max <= RATE * 5, backlog_max
+    assert p99_last <= 2 * p99_first, (p99_first, p99_last)
+    for table, ratio in growth.items():
+        assert ratio <= 2, (table, first_sizes[table], end_sizes[table])
+    # Autovacuum did the cleaning (the test runs no VACUUM of its own).
+    assert autovacuums > 0
