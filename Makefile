@@ -67,7 +67,7 @@ format: install
 	$(BIN)/ruff check --fix .
 
 # Everything CI runs: lint, migrations in sync, the whole test suite (slow tests included).
-test: lint
+test: lint createdb
 	@$(MANAGE) makemigrations --check --dry-run --verbosity 0 || \
 		(echo "error: models and migrations differ: run makemigrations" >&2; exit 1)
 	$(PYTEST)

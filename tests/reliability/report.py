@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,8 @@ def _cell(value: Any) -> str:
         return f"{value:.2f}" if value < 100 else f"{value:,.0f}"
     if isinstance(value, int):
         return f"{value:,}"
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(", ", ": ")).replace("|", "\\|")
     return str(value).replace("|", "\\|")
 
 
@@ -100,6 +103,11 @@ def render(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _order(row: dict[str, Any]) -> tuple[int, str]:
+    match = re.match(r"(\d+)([a-z]?)", row["scenario"])
+    return (int(match.group(1)), match.group(2)) if match else (1_000, "")
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
@@ -107,6 +115,7 @@ def main(argv: list[str]) -> int:
     source = Path(argv[0])
     target = Path(argv[1]) if len(argv) > 1 else ROOT / "docs" / "reliability.md"
     rows = [json.loads(line) for line in source.read_text("utf-8").splitlines() if line]
+    rows.sort(key=_order)  # pytest runs the files alphabetically; the page goes 1..10
     if not rows:
         print(f"error: {source} holds no results", file=sys.stderr)
         return 1
