@@ -233,6 +233,46 @@ def targets(results: dict[str, dict[str, Any] | None]) -> list[list[str]]:
                 f"{big['after']['total'] / 1048576:,.0f} MB = {big['growth']:.2f}x",
                 big["growth"] <= 2,
             )
+    t = results["throughput"]
+    if t:
+        drains = [d for d in t["drain"] if d["processes"] == 2]
+        best = max(drains, key=lambda d: d["jobs_per_s"], default=None)
+        default = next((d for d in drains if d["concurrency"] == "default"), None)
+        if best:
+            add(
+                "drain, no-op jobs, 2 worker processes, best settings",
+                "≥ 27,000 jobs/s",
+                f"{best['jobs_per_s']:,.0f} jobs/s (concurrency {best['concurrency']}, "
+                f"batch {best['batch_size']})",
+                best["jobs_per_s"] >= 27_000,
+            )
+        if default:
+            add(
+                "drain, no-op jobs, 2 worker processes, defaults",
+                "≥ 10,000 jobs/s",
+                f"{default['jobs_per_s']:,.0f} jobs/s",
+                default["jobs_per_s"] >= 10_000,
+            )
+        single, bulk = t["enqueue_single"], t["enqueue_many"]
+        add(
+            "single enqueues, one transaction each",
+            "≥ 3,400 jobs/s",
+            f"{single['jobs_per_s']:,.0f} jobs/s",
+            single["jobs_per_s"] >= 3_400,
+        )
+        add(
+            f"enqueue_many of {bulk['jobs']:,} jobs",
+            "≥ 100,000 jobs/s",
+            f"{bulk['jobs_per_s']:,.0f} jobs/s",
+            bulk["jobs_per_s"] >= 100_000,
+        )
+        pickup = t["pickup"]
+        add(
+            "pickup latency, idle worker, p50 / p99",
+            "≤ 2 / ≤ 5 ms",
+            f"{pickup['p50_ms']:.2f} / {pickup['p99_ms']:.2f} ms",
+            pickup["p50_ms"] <= 2 and pickup["p99_ms"] <= 5,
+        )
     return rows
 
 
