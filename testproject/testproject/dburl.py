@@ -22,7 +22,12 @@ def database_from_url(url: str | None = None) -> dict[str, Any]:
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
-        "OPTIONS": dict(parse_qsl(parts.query)),
+        # Numbers as numbers: psycopg wants an int for prepare_threshold (libpq
+        # options such as connect_timeout take either).
+        "OPTIONS": {
+            key: int(value) if value.isdigit() else value
+            for key, value in parse_qsl(parts.query)
+        },
         "TEST": {"NAME": os.environ.get("PGQUEUE_TEST_DATABASE") or None},
     }
 
