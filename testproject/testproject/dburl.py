@@ -25,8 +25,7 @@ def database_from_url(url: str | None = None) -> dict[str, Any]:
         # Numbers as numbers: psycopg wants an int for prepare_threshold (libpq
         # options such as connect_timeout take either).
         "OPTIONS": {
-            key: int(value) if value.isdigit() else value
-            for key, value in parse_qsl(parts.query)
+            key: int(value) if value.isdigit() else value for key, value in parse_qsl(parts.query)
         },
         "TEST": {"NAME": os.environ.get("PGQUEUE_TEST_DATABASE") or None},
     }
