@@ -96,6 +96,15 @@ def _owned(held: Iterable[tuple[int, int]]) -> dict[str, str]:
     }
 
 
+def _complete_params(done: Sequence[tuple[int, int, int, str | None]]) -> dict[str, str]:
+    results = ",".join(f'"{attempt}":{result}' for _, _, attempt, result in done if result)
+    return {
+        **_owned((job_id, version) for job_id, version, _, _ in done),
+        "attempt_ids": int_array(attempt for _, _, attempt, _ in done),
+        "results": "{" + results + "}",
+    }
+
+
 class Backoff:
     """Full-jitter exponential backoff for reconnects: uniform(0, min(cap, base * 2**n))."""
 
@@ -177,16 +186,36 @@ class Store:
         """Complete (job_id, lease_version, attempt_id, result_json); return the job ids done."""
         if not done:
             return set()
-        results = ",".join(f'"{attempt}":{result}' for _, _, attempt, result in done if result)
-        rows = self._run(
-            "job_complete",
-            {
-                **_owned((job_id, version) for job_id, version, _, _ in done),
-                "attempt_ids": int_array(attempt for _, _, attempt, _ in done),
-                "results": "{" + results + "}",
-            },
-        )
-        return {row[0] for row in rows}
+        return {row[0] for row in self._run("job_complete", _complete_params(done))}
+
+    def complete_and_claim(
+        self,
+        done: Sequence[tuple[int, int, int, str | None]],
+        queue: str,
+        limit: int,
+        worker_id: str,
+        lease: float,
+    ) -> tuple[set[int], list[ClaimedRow]]:
+        """`complete` then `claim`, pipelined: one round trip, one transaction, one commit.
+
+        Both statements share the transaction, so an error in either undoes both and
+        raises; the caller then writes them one at a time.
+        """
+        claim = {"queue": queue, "limit": limit, "worker_id": worker_id, "lease": lease}
+        with self._lock:
+            conn = self.raw
+            try:
+                with conn.cursor() as done_cur, conn.cursor() as claim_cur:
+                    with conn.pipeline():
+                        done_cur.execute(QUERIES["job_complete"], _complete_params(done))
+                        claim_cur.execute(QUERIES["job_claim"], claim)
+                    completed = {row[0] for row in done_cur.fetchall()}
+                    return completed, [ClaimedRow._make(row) for row in claim_cur.fetchall()]
+            except _CONNECTION_ERRORS as exc:
+                self.close()
+                raise DatabaseUnavailable(
+                    f"job_complete + job_claim: lost the database connection: {exc}"
+                ) from exc
 
     def fail(
         self, job_id: int, lease_version: int, attempt_id: int, failure: Failure

@@ -609,6 +609,19 @@ class Worker:
         done = [(i.ctx.job_id, i.ctx.lease_version, i.attempt_id, o.result) for i, o in successes]
         remaining: list[tuple[InFlight, Outcome]] = list(batch)  # not known to be written
         self._unstorable.clear()
+        if done and not failures and claim is not None:
+            # The common case: completions and the next claim in one round trip and
+            # one commit. Any refusal undoes both; they are then written one by one.
+            try:
+                completed, claimed = self._store.complete_and_claim(done, *claim)
+            except DatabaseUnavailable:
+                self._uncertain.extend(remaining)
+                raise
+            except psycopg.Error as exc:
+                logger.warning("completing and claiming together failed (%s); apart now", exc)
+            else:
+                self._account_completions(successes, completed)
+                return claimed
         try:
             try:
                 completed = self._store.complete(done)
@@ -618,12 +631,7 @@ class Worker:
                 )
                 completed = self._complete_one_by_one(successes)
             remaining = list(failures)
-            for item, _ in successes:
-                if item.ctx.job_id in completed:
-                    self.stats["completed"] += 1
-                elif item.ctx.job_id not in self._unstorable:
-                    self._stale(item, "complete")
-                self._forget(item)
+            self._account_completions(successes, completed)
             while remaining:
                 item, outcome = remaining[0]
                 assert isinstance(outcome, Failure)
@@ -643,6 +651,16 @@ class Worker:
                 raise
             logger.error("claim from %s failed: %s", claim[0], exc)
             return []
+
+    def _account_completions(
+        self, successes: list[tuple[InFlight, Outcome]], completed: set[int]
+    ) -> None:
+        for item, _ in successes:
+            if item.ctx.job_id in completed:
+                self.stats["completed"] += 1
+            elif item.ctx.job_id not in self._unstorable:
+                self._stale(item, "complete")
+            self._forget(item)
 
     def _fail(self, item: InFlight, outcome: Failure) -> tuple[str, Any] | None:
         """Write one failure; if PostgreSQL refuses its text, write a plainer one."""

