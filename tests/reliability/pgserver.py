@@ -81,7 +81,8 @@ class PgServer:
     def _pg_ctl(self, *args: str) -> None:
         self._cmd(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60", *args)
 
-    def init(self) -> None:
+    def init(self, **overrides: str) -> None:
+        """initdb, then this module's settings; `overrides` (name=value) win."""
         self._cmd(
             str(self.bindir / "initdb"),
             "-D",
@@ -104,6 +105,7 @@ class PgServer:
             "shared_buffers": "32MB",
             "logging_collector": "off",
             "log_min_messages": "warning",
+            **overrides,
         }
         with (self.data / "postgresql.conf").open("a", encoding="utf-8") as conf:
             conf.write("\n# pgqueue fault scenarios\n")
@@ -194,12 +196,12 @@ class PgServer:
         return done.stdout + done.stderr
 
 
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[PgServer]:
-    """A migrated throwaway PostgreSQL, for this module only."""
+@contextlib.contextmanager
+def running_server(**overrides: str) -> Iterator[PgServer]:
+    """A started, migrated throwaway server (settings `overrides`), destroyed on exit."""
     server = PgServer()
     try:
-        server.init()
+        server.init(**overrides)
         server.start()
         with server.connect(dbname="postgres") as conn:
             conn.execute(f"CREATE DATABASE {DATABASE}")
@@ -207,3 +209,10 @@ def pg_server() -> Iterator[PgServer]:
         yield server
     finally:
         server.destroy()
+
+
+@pytest.fixture(scope="module")
+def pg_server() -> Iterator[PgServer]:
+    """A migrated throwaway PostgreSQL, for this module only."""
+    with running_server() as server:
+        yield server

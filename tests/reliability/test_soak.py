@@ -19,24 +19,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 
 from django_pgqueue.sql import QUERIES
 from tests.conftest import MANAGE
 from tests.reliability.conftest import FULL, size
+from tests.reliability.pgserver import running_server
 
 TABLES = ("queue_jobs", "queue_job_state", "queue_attempts")
 RATE = size(100, 300)  # jobs per second
@@ -66,64 +62,23 @@ WORKER_ARGS = (
 )
 
 
-def pg_bin() -> Path:
-    try:
-        out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True)
-        path = Path(out.stdout.strip())
-        if (path / "initdb").exists():
-            return path
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return Path("/usr/lib/postgresql/15/bin")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def throwaway_server() -> Iterator[str]:
-    """A fresh PostgreSQL with autovacuum on; yields the URL of a migrated database."""
-    bindir = pg_bin()
-    if not (bindir / "initdb").exists() or shutil.which("runuser") is None:
-        pytest.skip(f"no {bindir / 'initdb'} or runuser to start a throwaway server")
-    port = free_port()
-    tmp = Path(tempfile.mkdtemp(prefix="pgqueue-soak-"))
-    shutil.chown(tmp, "postgres", "postgres")
-    data = tmp / "data"
-    as_postgres = ["runuser", "-u", "postgres", "--"]
-    pg_ctl = [*as_postgres, str(bindir / "pg_ctl"), "-D", str(data)]
-    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    try:
-        subprocess.run(
-            [*as_postgres, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-Atrust"],
-            check=True,
-            **quiet,
-        )
-        options = (
-            f"-p {port} -k {tmp} -c listen_addresses=127.0.0.1 -c autovacuum=on "
-            f"-c autovacuum_naptime={NAPTIME}s"
-        )
-        subprocess.run(
-            [*pg_ctl, "-l", str(tmp / "server.log"), "-o", options, "-w", "start"],
-            check=True,
-            **quiet,
-        )
-        base = f"postgres://postgres@127.0.0.1:{port}"
-        with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-            conn.execute("CREATE DATABASE pgqueue_soak")
-        url = f"{base}/pgqueue_soak"
-        subprocess.run(
-            [sys.executable, str(MANAGE), "migrate", "-v", "0"],
-            env={**os.environ, "DATABASE_URL": url},
-            check=True,
-        )
-        yield url
-    finally:
-        subprocess.run([*pg_ctl, "-m", "immediate", "-w", "stop"], check=False, **quiet)
-        shutil.rmtree(tmp, ignore_errors=True)
+    """A fresh PostgreSQL with autovacuum on; yields the URL of a migrated database.
+
+    Durability as shipped (fsync and full-page writes on), unlike the fault scenarios'
+    server: the soak measures what a production server would go through.
+    """
+    overrides = {
+        "autovacuum": "on",
+        "autovacuum_naptime": f"{NAPTIME}s",
+        "fsync": "on",
+        "full_page_writes": "on",
+        "max_connections": "100",
+        "shared_buffers": "128MB",
+    }
+    with running_server(**overrides) as server:
+        yield server.url
 
 
 ENQUEUER = f"""
