@@ -209,8 +209,12 @@ WITH candidates AS MATERIALIZED (
     RETURNING state.job_id, state.queue, state.priority, state.run_at, state.attempts,
               state.max_attempts, state.lease_version
 ), opened AS (
+    -- started_at is the clock when the row is claimed, not now(): now() is the
+    -- transaction's start, before this statement took its snapshot, so a job that a
+    -- sweep requeued in between would show its new attempt starting before the lost
+    -- one ended (seen in the claims-racing-sweeps scenario).
     INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id, status, started_at)
-    SELECT job_id, lease_version, attempts, %(worker_id)s::text, 'running', now()
+    SELECT job_id, lease_version, attempts, %(worker_id)s::text, 'running', clock_timestamp()
     FROM claimed
     RETURNING id, job_id
 )
