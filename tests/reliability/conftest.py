@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -92,6 +93,22 @@ def ledger_counts(
         "completed_without_success",
     )
     return dict(zip(keys, (int(value) for value in row), strict=True))
+
+
+def stop_and_count(workers: Any, jobs: int) -> dict[str, int]:
+    """SIGTERM every worker process, require exit 0, then require that each of the `jobs`
+    jobs ended completed with exactly one succeeded attempt; the ledger counts."""
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    for worker in workers:
+        code, output = worker.wait(60)
+        assert code == 0, output
+    counts = ledger_counts()
+    assert counts["jobs"] == jobs
+    assert counts["lost"] == 0
+    assert counts["completed_twice"] == 0
+    assert counts["completed_without_success"] == 0
+    return counts
 
 
 class Report:

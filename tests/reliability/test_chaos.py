@@ -4,7 +4,6 @@ drains."""
 from __future__ import annotations
 
 import random
-import signal
 import time
 from collections import Counter
 
@@ -12,7 +11,7 @@ import pytest
 
 from django_pgqueue import enqueue_many
 from tests.conftest import sql
-from tests.reliability.conftest import ledger_counts, size, wait_until
+from tests.reliability.conftest import size, stop_and_count, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -93,17 +92,7 @@ def test_random_sigkills_until_drained(worker_process, report):
         lambda n: n == WORKERS,
         params=[[f"pgqueue worker {worker_id}" for worker_id, _ in slots]],
     )
-    for _, worker in slots:
-        worker.signal(signal.SIGTERM)
-    for _, worker in slots:
-        code, output = worker.wait(60)
-        assert code == 0, output
-
-    counts = ledger_counts()
-    assert counts["jobs"] == jobs
-    assert counts["lost"] == 0
-    assert counts["completed_twice"] == 0
-    assert counts["completed_without_success"] == 0
+    counts = stop_and_count([worker for _, worker in slots], jobs)
     assert len(kills) >= 2, "the queue drained before the chaos started"
     in_flight = [len(held) for _, _, held in kills]
     assert sum(in_flight) > 0, "no kill landed on a worker holding jobs"

@@ -3,7 +3,6 @@ row count under stale planner statistics."""
 
 from __future__ import annotations
 
-import signal
 import time
 
 import psycopg
@@ -12,7 +11,7 @@ import pytest
 from django_pgqueue import JobSpec, enqueue_many
 from django_pgqueue.store import Store, connection_params
 from tests.conftest import sql
-from tests.reliability.conftest import ledger_counts, size, wait_until
+from tests.reliability.conftest import size, stop_and_count, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,17 +43,7 @@ def test_every_job_completed_exactly_once(worker_process, report):
         timeout=size(120, 1200),
     )
     drain_s = time.monotonic() - started
-    for worker in workers:
-        worker.signal(signal.SIGTERM)
-    for worker in workers:
-        code, output = worker.wait(60)
-        assert code == 0, output
-
-    counts = ledger_counts()
-    assert counts["jobs"] == jobs
-    assert counts["lost"] == 0
-    assert counts["completed_twice"] == 0
-    assert counts["completed_without_success"] == 0
+    counts = stop_and_count(workers, jobs)
     # No crash, no expired lease: every handler ran exactly once.
     assert counts["executions"] == jobs
     assert counts["re_executions"] == 0
