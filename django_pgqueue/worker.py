@@ -414,17 +414,30 @@ class Worker:
         self._renew_held()
 
     def _renew_held(self) -> None:
+        held = self._held_leases()
+        if held:
+            self._renew(self._store, held, time.monotonic())
+
+    def _held_leases(self) -> list[Lease]:
         with self._leases_lock:
-            held = [lease for lease in self._leases.values() if not lease.lost]
-        if not held:
-            return
-        sent = time.monotonic()
-        kept = self._store.renew(
+            return [lease for lease in self._leases.values() if not lease.lost]
+
+    def _renew(self, store: Store, held: list[Lease], sent: float) -> None:
+        """Renew `held` through `store`; extend what was kept, mark the rest lost."""
+        kept = store.renew(
             [(lease.job_id, lease.lease_version) for lease in held], self.config.lease
         )
         for lease in held:
             if lease.job_id in kept:
                 lease.expires = sent + self.config.lease
+            elif not lease.lost and not lease.finishing:
+                lease.lost = True
+                self.stats["leases_lost"] += 1
+                logger.warning(
+                    "lease lost: job %d (lease_version %d) is no longer this worker's",
+                    lease.job_id,
+                    lease.lease_version,
+                )
 
     def _idle(self) -> bool:
         """Burst mode's exit test: nothing running, nothing due, no retry about to be."""
@@ -909,8 +922,7 @@ class Worker:
         last = time.monotonic()
         try:
             while not self._service_stop.wait(cfg.heartbeat_interval):
-                with self._leases_lock:
-                    held = [lease for lease in self._leases.values() if not lease.lost]
+                held = self._held_leases()
                 if not held:
                     last = time.monotonic()
                     continue
@@ -920,9 +932,7 @@ class Worker:
                     return
                 sent = time.monotonic()
                 try:
-                    kept = store.renew(
-                        [(lease.job_id, lease.lease_version) for lease in held], cfg.lease
-                    )
+                    self._renew(store, held, sent)
                 except DatabaseUnavailable as exc:
                     logger.warning("heartbeat: %s", exc)
                     continue
@@ -931,17 +941,6 @@ class Worker:
                     continue
                 self.heartbeat_gaps.append(sent - last)
                 last = sent
-                for lease in held:
-                    if lease.job_id in kept:
-                        lease.expires = sent + cfg.lease
-                    elif not lease.lost and not lease.finishing:
-                        lease.lost = True
-                        self.stats["leases_lost"] += 1
-                        logger.warning(
-                            "lease lost: job %d (lease_version %d) is no longer this worker's",
-                            lease.job_id,
-                            lease.lease_version,
-                        )
         finally:
             store.close()
 
