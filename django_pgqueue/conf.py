@@ -51,6 +51,11 @@ SETTINGS: dict[str, Setting] = {
     "SHUTDOWN_GRACE": Setting(30.0, "Seconds running handlers get to finish after SIGTERM."),
     "JOB_TIMEOUT": Setting(None, "Seconds a handler may run before it is failed; None: no limit."),
     "RECONNECT_MAX_DELAY": Setting(2.0, "Seconds; cap of the jittered backoff between reconnects."),
+    "WORKER_PREPARED_STATEMENTS": Setting(
+        True,
+        "Prepare the worker's statements on its own connections; False behind a "
+        "transaction-pooling PgBouncer older than 1.21.",
+    ),
 }
 
 
@@ -72,6 +77,7 @@ class QueueSettings:
     SHUTDOWN_GRACE: float
     JOB_TIMEOUT: float | None
     RECONNECT_MAX_DELAY: float
+    WORKER_PREPARED_STATEMENTS: bool
 
 
 def _fail(key: str, value: Any, expected: str) -> ConfigurationError:
@@ -134,6 +140,9 @@ def validate(raw: Any) -> QueueSettings:
     timeout = values["JOB_TIMEOUT"]
     if timeout is not None:
         timeout = _seconds("JOB_TIMEOUT", timeout)
+    prepared = values["WORKER_PREPARED_STATEMENTS"]
+    if not isinstance(prepared, bool):
+        raise _fail("WORKER_PREPARED_STATEMENTS", prepared, "True or False")
     return QueueSettings(
         DATABASE=database,
         DEFAULT_QUEUE=queue,
@@ -151,6 +160,7 @@ def validate(raw: Any) -> QueueSettings:
         SHUTDOWN_GRACE=_seconds("SHUTDOWN_GRACE", values["SHUTDOWN_GRACE"], positive=False),
         JOB_TIMEOUT=timeout,
         RECONNECT_MAX_DELAY=_seconds("RECONNECT_MAX_DELAY", values["RECONNECT_MAX_DELAY"]),
+        WORKER_PREPARED_STATEMENTS=prepared,
     )
 
 

@@ -2,7 +2,8 @@
 
 `Store` owns one dedicated psycopg connection in autocommit mode, made from the Django
 database settings but outside Django's connection handling, so CONN_MAX_AGE never
-closes it between jobs. Each method runs one statement from `sql/queries.sql`; a
+closes it between jobs; its statements are prepared unless
+PGQUEUE["WORKER_PREPARED_STATEMENTS"] is False. Each method runs one statement from `sql/queries.sql`; a
 lost connection surfaces as `DatabaseUnavailable` and the next call reconnects.
 
 The enqueue side (`insert_job`, `insert_jobs`) runs on the caller's Django connection
@@ -22,6 +23,7 @@ from typing import Any, NamedTuple
 import psycopg
 from django.db import connections
 
+from .conf import get_settings
 from .exceptions import DatabaseUnavailable, PgQueueError
 from .executor import Failure
 from .sql import QUERIES
@@ -141,10 +143,12 @@ class Store:
         """Open the connection if it is not open; DatabaseUnavailable if that fails."""
         if self.connected:
             return
+        params = connection_params(self.alias, self.application_name)
+        # The worker runs the same few statements thousands of times on a connection it
+        # owns: prepared on first use, each is parsed and planned once per session.
+        params["prepare_threshold"] = 0 if get_settings().WORKER_PREPARED_STATEMENTS else None
         try:
-            self._conn = psycopg.connect(
-                **connection_params(self.alias, self.application_name), autocommit=True
-            )
+            self._conn = psycopg.connect(**params, autocommit=True)
         except _CONNECTION_ERRORS as exc:
             self._conn = None
             raise DatabaseUnavailable(f"cannot connect to the queue database: {exc}") from exc

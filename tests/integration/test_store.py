@@ -411,3 +411,22 @@ def test_loader_refuses_text_after_a_statement():
         "a": "-- name: a\nSELECT 1",
         "b": "-- name: b\nSELECT 3",
     }
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_worker_statements_are_prepared_unless_turned_off(stores, settings, prepared):
+    settings.PGQUEUE = {"WORKER_PREPARED_STATEMENTS": prepared}
+    enqueue_many([("qa.noop", None)] * 4, queue="prep")
+    store = stores()
+    claimed = store.claim("prep", 2, "w", 30) + store.claim("prep", 2, "w", 30)
+    done = store.complete([(r.job_id, r.lease_version, r.attempt_id, None) for r in claimed])
+    assert len(done) == 4
+    with store.raw.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        statements = [text for (text,) in cursor.fetchall()]
+    claim_text = "WITH candidates AS MATERIALIZED"
+    if prepared:
+        assert sum(claim_text in text for text in statements) == 1  # once, reused
+        assert any("queue_attempts" in text and "completed" in text for text in statements)
+    else:
+        assert statements == []

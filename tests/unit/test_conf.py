@@ -22,6 +22,7 @@ def test_defaults_validate():
         ({"DEFAULT_PRIORITY": 500}, "DEFAULT_PRIORITY"),
         ({"RETRY_BACKOFF_BASE": 10, "RETRY_BACKOFF_CAP": 1}, "RETRY_BACKOFF_CAP"),
         ({"MAX_PAYLOAD_BYTES": -1}, "MAX_PAYLOAD_BYTES"),
+        ({"WORKER_PREPARED_STATEMENTS": "no"}, "WORKER_PREPARED_STATEMENTS.*True or False"),
         ([], "must be a dict"),
     ],
 )
