@@ -3,8 +3,9 @@
 `Store` owns one dedicated psycopg connection in autocommit mode, made from the Django
 database settings but outside Django's connection handling, so CONN_MAX_AGE never
 closes it between jobs; its statements are prepared unless
-PGQUEUE["WORKER_PREPARED_STATEMENTS"] is False. Each method runs one statement from `sql/queries.sql`; a
-lost connection surfaces as `DatabaseUnavailable` and the next call reconnects.
+PGQUEUE["WORKER_PREPARED_STATEMENTS"] is False. Each method runs one statement from
+`sql/queries.sql`; a lost connection surfaces as `DatabaseUnavailable` and the next
+call reconnects.
 
 The enqueue side (`insert_job`, `insert_jobs`) runs on the caller's Django connection
 instead, so a job exists only if the caller's transaction commits.
@@ -71,6 +72,25 @@ class ClaimedRow(NamedTuple):
     idempotency_key: str | None
     created_at: Any
     run_at: Any
+
+
+# A row's place in claim order: (priority, run_at, job_id).
+ClaimKey = tuple[int, Any, int]
+
+
+def _claim_statement(
+    queue: str, limit: int, worker_id: str, lease: float, after: ClaimKey | None
+) -> tuple[str, dict[str, Any]]:
+    params = {"queue": queue, "limit": limit, "worker_id": worker_id, "lease": lease}
+    if after is None:
+        return "job_claim", params
+    priority, run_at, job_id = after
+    return "job_claim_after", {
+        **params,
+        "after_priority": priority,
+        "after_run_at": run_at,
+        "after_job_id": job_id,
+    }
 
 
 def int_array(values: Iterable[int]) -> str:
@@ -178,13 +198,21 @@ class Store:
 
     # -- worker statements ----------------------------------------------------------
 
-    def claim(self, queue: str, limit: int, worker_id: str, lease: float) -> list[ClaimedRow]:
-        """Claim up to `limit` due jobs of `queue`, each with a new lease and attempt."""
-        rows = self._run(
-            "job_claim",
-            {"queue": queue, "limit": limit, "worker_id": worker_id, "lease": lease},
-        )
-        return [ClaimedRow._make(row) for row in rows]
+    def claim(
+        self,
+        queue: str,
+        limit: int,
+        worker_id: str,
+        lease: float,
+        after: ClaimKey | None = None,
+    ) -> list[ClaimedRow]:
+        """Claim up to `limit` due jobs of `queue`, each with a new lease and attempt.
+
+        With `after`, a (priority, run_at, job_id) key, only jobs of that priority
+        after it in claim order are taken (`job_claim_after`).
+        """
+        name, params = _claim_statement(queue, limit, worker_id, lease, after)
+        return [ClaimedRow._make(row) for row in self._run(name, params)]
 
     def complete(self, done: Sequence[tuple[int, int, int, str | None]]) -> set[int]:
         """Complete (job_id, lease_version, attempt_id, result_json); return the job ids done."""
@@ -199,20 +227,21 @@ class Store:
         limit: int,
         worker_id: str,
         lease: float,
+        after: ClaimKey | None = None,
     ) -> tuple[set[int], list[ClaimedRow]]:
         """`complete` then `claim`, pipelined: one round trip, one transaction, one commit.
 
         Both statements share the transaction, so an error in either undoes both and
         raises; the caller then writes them one at a time.
         """
-        claim = {"queue": queue, "limit": limit, "worker_id": worker_id, "lease": lease}
+        claim_name, claim = _claim_statement(queue, limit, worker_id, lease, after)
         with self._lock:
             conn = self.raw
             try:
                 with conn.cursor() as done_cur, conn.cursor() as claim_cur:
                     with conn.pipeline():
                         done_cur.execute(QUERIES["job_complete"], _complete_params(done))
-                        claim_cur.execute(QUERIES["job_claim"], claim)
+                        claim_cur.execute(QUERIES[claim_name], claim)
                     completed = {row[0] for row in done_cur.fetchall()}
                     return completed, [ClaimedRow._make(row) for row in claim_cur.fetchall()]
             except _CONNECTION_ERRORS as exc:

@@ -46,7 +46,7 @@ from .executor import Failure, Outcome, Success
 from .registry import Handler, Registry
 from .registry import registry as default_registry
 from .retry import RetryPolicy, default_policy
-from .store import Backoff, ClaimedRow, Store, wait_for
+from .store import Backoff, ClaimedRow, ClaimKey, Store, wait_for
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,14 @@ SWEEP_BATCH = 1000
 FLUSH_DELAY = 0.005
 # How long the listener blocks waiting for a NOTIFY before it checks for shutdown.
 LISTEN_TIMEOUT = 0.25
+# How long a claim may resume after the last key this worker claimed from a queue
+# before it walks the queue's claim-index entries from the start again. Every claimed
+# job leaves a dead entry at the start until VACUUM, and walking them all on every
+# claim slows a long drain several-fold; resuming skips them. A job that sorts before
+# that key (a higher priority, or an earlier run_at: a requeued job) is seen at the
+# next full walk: at most this long after it is due, or at once when the resumed
+# claim comes back short.
+RESUME_TTL = 0.5
 
 
 @dataclass(frozen=True)
@@ -270,6 +278,8 @@ class Worker:
         self._force = threading.Event()
         self._service_stop = threading.Event()
         self._empty_until: dict[str, float] = {}
+        # Per queue: the key of the last job claimed, and until when to resume after it.
+        self._resume: dict[str, tuple[ClaimKey, float]] = {}
         self._notified: set[str] = set()
         self._threads: list[threading.Thread] = []
         self._signals: queue_module.SimpleQueue[int | None] = queue_module.SimpleQueue()
@@ -404,6 +414,7 @@ class Worker:
             return
         self._db_epoch += 1
         self._empty_until.clear()  # anything may have arrived while we were away
+        self._resume.clear()
         self._resolve_uncertain()
         # The leases this worker holds may have run out while it was cut off. Before
         # its next sweep (the first thing the loop does) could requeue them, write
@@ -517,24 +528,68 @@ class Worker:
             else []
         )
         limit = min(cfg.batch_size, free)
-        claim = (order[0], limit, cfg.worker_id, cfg.lease) if order else None
+        after = self._resume_after(order[0], now) if order else None
+        claim = (order[0], limit, cfg.worker_id, cfg.lease, after) if order else None
         sent = time.monotonic()
         rows = self._write(self._take_unwritten() if flush_due else [], claim)
-        claimed = 0
         if claim is not None:
-            claimed += self._accept_claim(order[0], limit, rows, sent)
+            self._take(order[0], limit, after, rows, sent)
             for name in order[1:]:
                 free = cfg.concurrency - len(self._inflight)
                 if free <= 0 or self._stopping.is_set():
                     break
                 limit = min(cfg.batch_size, free)
                 sent = time.monotonic()
-                rows = self._store.claim(name, limit, cfg.worker_id, cfg.lease)
-                claimed += self._accept_claim(name, limit, rows, sent)
+                after = self._resume_after(name, sent)
+                rows = self._store.claim(name, limit, cfg.worker_id, cfg.lease, after)
+                self._take(name, limit, after, rows, sent)
         return True
 
-    def _accept_claim(self, queue: str, limit: int, rows: list[ClaimedRow], sent: float) -> int:
+    def _resume_after(self, queue: str, now: float) -> ClaimKey | None:
+        """The key a claim from `queue` may resume after, if one is still fresh."""
+        resume = self._resume.get(queue)
+        return resume[0] if resume is not None and now < resume[1] else None
+
+    def _take(
+        self, queue: str, limit: int, after: ClaimKey | None, rows: list[ClaimedRow], sent: float
+    ) -> None:
+        """Accept a claim's rows; a resumed claim that came back short claims the rest
+        with a walk from the start, which may find jobs that sort before its key."""
+        if after is not None:
+            self.stats["claims_resumed"] += 1
+        self._accept_claim(queue, limit, rows, sent, resumed=after is not None)
+        self._remember(queue, limit, after, rows, sent)
+        if after is None or len(rows) >= limit or self._stopping.is_set():
+            return
+        rest = limit - len(rows)
+        sent = time.monotonic()
+        try:
+            more = self._store.claim(queue, rest, self.config.worker_id, self.config.lease)
+        except DatabaseUnavailable:
+            raise
+        except psycopg.Error as exc:
+            logger.error("claim from %s failed: %s", queue, exc)
+            return
+        self._accept_claim(queue, rest, more, sent)
+        self._remember(queue, rest, None, more, sent)
+
+    def _remember(
+        self, queue: str, limit: int, after: ClaimKey | None, rows: list[ClaimedRow], sent: float
+    ) -> None:
+        """Note where the next claim from `queue` may resume (see RESUME_TTL)."""
         if len(rows) < limit:
+            if after is None:
+                self._resume.pop(queue, None)  # a full walk found the queue drained
+            return  # a short resumed claim: the walk from the start that follows decides
+        last = max(rows, key=lambda row: (-row.priority, row.run_at, row.job_id))
+        fresh = self._resume.get(queue)
+        until = sent + RESUME_TTL if after is None or fresh is None else fresh[1]
+        self._resume[queue] = ((last.priority, last.run_at, last.job_id), until)
+
+    def _accept_claim(
+        self, queue: str, limit: int, rows: list[ClaimedRow], sent: float, *, resumed: bool = False
+    ) -> int:
+        if len(rows) < limit and not resumed:
             self._empty_until[queue] = sent + self.config.poll_interval
         if rows and self._stopping.is_set():
             # The signal came while this claim was on the wire: these jobs have not
@@ -612,7 +667,9 @@ class Worker:
         return batch
 
     def _write(
-        self, batch: list[tuple[InFlight, Outcome]], claim: tuple[str, int, str, float] | None
+        self,
+        batch: list[tuple[InFlight, Outcome]],
+        claim: tuple[str, int, str, float, ClaimKey | None] | None,
     ) -> list[ClaimedRow]:
         """Write a batch of outcomes (all completions in one statement), then claim."""
         successes = [(item, out) for item, out in batch if isinstance(out, Success)]
@@ -853,6 +910,7 @@ class Worker:
     def _sweep(self) -> None:
         for job_id, queue, lost_version, status in self._store.sweep(SWEEP_BATCH):
             self.stats["swept"] += 1
+            self._resume.pop(queue, None)  # a requeued job keeps its place: walk from the start
             logger.warning(
                 "lease of job %d (queue %s, lease_version %d) expired; %s",
                 job_id,

@@ -36,4 +36,24 @@ def load(text: str) -> dict[str, str]:
     return queries
 
 
+# job_claim resumed after the key (priority, run_at, job_id) of a row claimed before:
+# the same priority, later in the claim index's order. The walk starts at that key
+# instead of the left end of the queue's entries, where the entries of claimed jobs
+# pile up, dead, until VACUUM removes them.
+RESUME_MARK = "      -- job_claim_after: resume after a key\n"
+RESUME_CONDITION = (
+    "      AND priority = %(after_priority)s::smallint\n"
+    "      AND (run_at, job_id) > (%(after_run_at)s::timestamptz, %(after_job_id)s::bigint)\n"
+)
+
+
+def resumed(claim: str) -> str:
+    """The claim statement `claim` with the resume condition in place of its mark."""
+    if claim.count(RESUME_MARK) != 1:
+        raise ValueError("queries.sql: job_claim must hold the resume mark exactly once")
+    header, newline, body = claim.partition("\n")
+    return f"{header}_after{newline}{body.replace(RESUME_MARK, RESUME_CONDITION)}"
+
+
 QUERIES: dict[str, str] = load((Path(__file__).parent / "queries.sql").read_text("utf-8"))
+QUERIES["job_claim_after"] = resumed(QUERIES["job_claim"])

@@ -185,12 +185,15 @@ LEFT JOIN queue_job_state AS live
 -- table size. Row locks last only for this statement; handlers run outside it.
 -- Rows come back unordered (ordering here would add a Sort node); sort in the caller.
 -- Each row carries its attempt's id: later writes address the attempt by primary key.
+-- job_claim_after (built from this statement in sql/__init__.py) starts the walk
+-- after a key the worker claimed before: see RESUME_TTL in worker.py.
 WITH candidates AS MATERIALIZED (
     SELECT job_id
     FROM queue_job_state
     WHERE queue = %(queue)s::text
       AND status = 'pending'
       AND run_at <= now()
+      -- job_claim_after: resume after a key
     ORDER BY priority DESC, run_at, job_id
     LIMIT %(limit)s::integer
     FOR UPDATE SKIP LOCKED

@@ -41,11 +41,15 @@ def load_jobs(pending: int, finished: int = 0, analyze: bool = True) -> None:
             cursor.execute("ANALYZE queue_jobs")
 
 
-def claim_plan(queue: str = "payments", limit: int = 20) -> dict:
+def claim_plan(
+    queue: str = "payments", limit: int = 20, analyze: bool = False, **after: object
+) -> dict:
+    name = "job_claim_after" if after else "job_claim"
+    options = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
     with connection.cursor() as cursor:
         cursor.execute(
-            "EXPLAIN (FORMAT JSON) " + QUERIES["job_claim"],
-            {"queue": queue, "limit": limit, "worker_id": "explain", "lease": 30.0},
+            f"EXPLAIN ({options}) " + QUERIES[name],
+            {"queue": queue, "limit": limit, "worker_id": "explain", "lease": 30.0, **after},
         )
         plan = cursor.fetchone()[0]
     return (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
@@ -76,6 +80,42 @@ def test_claim_on_50k_pending_jobs_walks_the_claim_index_without_sorting():
     assert scan["Index Name"] == "queue_job_state_claim_idx"
     assert "Sort" not in {node["Node Type"] for node in nodes(plan)}
     assert "Bitmap Heap Scan" not in {node["Node Type"] for node in nodes(plan)}
+
+
+def test_a_resumed_claim_starts_its_walk_at_the_key_it_is_given():
+    load_jobs(pending=30_000)
+    with connection.cursor() as cursor:
+        # The middle of priority 0 in the payments queue, in claim order.
+        cursor.execute(
+            "SELECT priority, run_at, job_id FROM queue_job_state"
+            " WHERE queue = 'payments' AND priority = 0 ORDER BY run_at, job_id"
+            " OFFSET 1000 LIMIT 1"
+        )
+        priority, run_at, job_id = cursor.fetchone()
+    after = {"after_priority": priority, "after_run_at": run_at, "after_job_id": job_id}
+    plan = claim_plan(**after)
+    scan = candidate_scan(plan)
+    assert (scan["Node Type"], scan["Index Name"]) == ("Index Scan", "queue_job_state_claim_idx")
+    assert "Sort" not in {node["Node Type"] for node in nodes(plan)}
+    # The key bounds the index scan itself (not a filter after it): the rows before it
+    # are never read.
+    assert "ROW(run_at, job_id) >" in scan["Index Cond"], scan
+    assert "run_at" not in scan.get("Filter", ""), scan["Filter"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT ARRAY(SELECT job_id FROM queue_job_state WHERE queue = 'payments'"
+            " AND priority = 0 AND (run_at, job_id) > (%s, %s) ORDER BY run_at, job_id"
+            " LIMIT 20)",
+            [run_at, job_id],
+        )
+        expected = cursor.fetchone()[0]
+        cursor.execute(
+            QUERIES["job_claim_after"],
+            {"queue": "payments", "limit": 20, "worker_id": "w", "lease": 30.0, **after},
+        )
+        claimed = sorted(row[0] for row in cursor.fetchall())
+    assert len(expected) == 20
+    assert claimed == sorted(expected)
 
 
 def test_claim_plan_holds_with_finished_rows_and_stale_statistics():

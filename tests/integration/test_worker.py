@@ -395,3 +395,37 @@ def test_burst_worker_waits_for_a_retry_it_scheduled_moments_ahead(run_worker, s
     state = JobState.objects.get(pk=job.id)
     assert (state.status, state.attempts) == ("completed", 3)
     assert worker.worker.stats["retried"] == 2
+
+
+def test_claims_resume_after_their_last_key_and_a_later_urgent_job_waits_little(run_worker):
+    """Consecutive claims skip the claimed (dead) start of the queue's index entries,
+    and a job that sorts before where they resume still starts within RESUME_TTL."""
+    from django_pgqueue.worker import RESUME_TTL
+
+    enqueue_many([("qa.nap", {"seconds": 0.005})] * 300, queue="resume")
+    worker = run_worker(["resume"], concurrency=1, batch_size=1, burst=True)
+    wait_until(lambda: statuses("resume").get("completed", 0) >= 30)
+    urgent = enqueue("qa.noop", queue="resume", priority=10)
+    worker.join()
+    assert statuses("resume") == {"completed": 301}
+    assert worker.worker.stats["claims_resumed"] > 100
+    (waited, backlog_after) = sql(
+        "SELECT extract(epoch FROM a.started_at - j.created_at),"
+        " (SELECT count(*) FROM queue_attempts b JOIN queue_jobs k ON k.id = b.job_id"
+        "  WHERE k.queue = 'resume' AND b.started_at > a.started_at)"
+        " FROM queue_attempts a JOIN queue_jobs j ON j.id = a.job_id WHERE j.id = %s",
+        [urgent.id],
+    )[0]
+    assert float(waited) < RESUME_TTL + 0.25
+    assert backlog_after > 50  # it jumped the backlog
+    # Every job ran once, in claim order apart from the urgent one.
+    order = [
+        job_id
+        for (job_id,) in sql(
+            "SELECT a.job_id FROM queue_attempts a JOIN queue_jobs j ON j.id = a.job_id"
+            " WHERE j.queue = 'resume' AND j.id <> %s ORDER BY a.started_at",
+            [urgent.id],
+        )
+    ]
+    assert order == sorted(order)
+    assert len(order) == 300

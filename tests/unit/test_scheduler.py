@@ -2,6 +2,7 @@ from collections import Counter
 
 import pytest
 
+from django_pgqueue import sql as sql_module
 from django_pgqueue.exceptions import ConfigurationError
 from django_pgqueue.sql import QUERIES, load
 from django_pgqueue.worker import QueueScheduler, WorkerConfig
@@ -51,6 +52,15 @@ def test_queries_file_loads_every_statement():
     for name, text in QUERIES.items():
         assert text.startswith(f"-- name: {name}")
         assert not text.rstrip().endswith(";")
+
+
+def test_the_resumed_claim_is_the_claim_with_the_resume_condition():
+    claim, resumed = QUERIES["job_claim"], QUERIES["job_claim_after"]
+    assert resumed.startswith("-- name: job_claim_after\n")
+    assert "(run_at, job_id) > (%(after_run_at)s::timestamptz" in resumed
+    assert "%(after" not in claim
+    with pytest.raises(ValueError, match="resume mark"):
+        sql_module.resumed("-- name: job_claim\nSELECT 1")
 
 
 def test_loader_refuses_duplicates():
