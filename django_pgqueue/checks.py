@@ -1,4 +1,5 @@
-"""System checks: the queue needs PostgreSQL and a valid PGQUEUE setting."""
+"""System checks: the queue needs PostgreSQL and a valid PGQUEUE setting, and its
+state table needs autovacuum (checked when the checks may use the database)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections
 from django.db.utils import load_backend
 
 from .conf import validate
@@ -55,3 +57,55 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     except ConfigurationError as exc:
         return [checks.Error(str(exc), id="pgqueue.E002")]
     return []
+
+
+def autovacuum_problem(alias: str) -> str | None:
+    """Why autovacuum will not clean the queue's state table, or None if it will."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT current_setting('autovacuum')::bool,"
+            " coalesce(bool_or(option = 'autovacuum_enabled=false'), false)"
+            " FROM pg_class c LEFT JOIN LATERAL unnest(c.reloptions) AS option ON true"
+            " WHERE c.oid = to_regclass('queue_job_state')"
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None  # not migrated yet
+    server_on, table_off = row
+    if not server_on:
+        return "autovacuum is off on the server (autovacuum = off)"
+    if table_off:
+        return "autovacuum is off for the table queue_job_state (autovacuum_enabled = false)"
+    return None
+
+
+@checks.register(checks.Tags.database)
+def check_autovacuum(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """pgqueue.W001: autovacuum must be able to clean queue_job_state.
+
+    Runs only when the checks may query databases (`check --database`, `migrate`).
+    """
+    try:
+        alias = validate(getattr(settings, "PGQUEUE", None)).DATABASE
+    except ConfigurationError:
+        return []
+    if not databases or alias not in databases or check_database():
+        return []
+    try:
+        problem = autovacuum_problem(alias)
+    except DatabaseError:
+        return []  # an unreachable database is reported by Django's own checks
+    if problem is None:
+        return []
+    return [
+        checks.Warning(
+            f"{problem}: every claimed and finished job leaves dead rows and index "
+            "entries in queue_job_state that only VACUUM removes, so the table bloats "
+            "and claims slow down as they pile up.",
+            hint="Turn autovacuum on (the migration sets aggressive per-table "
+            "parameters), or run VACUUM queue_job_state regularly, e.g. every minute.",
+            id="pgqueue.W001",
+        )
+    ]

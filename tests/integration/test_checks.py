@@ -39,3 +39,30 @@ def test_check_names_the_key(settings, key):
     settings.PGQUEUE = {key: "soon"}
     (error,) = check_settings()
     assert key in error.msg
+
+
+@pytest.mark.django_db(transaction=True)
+def test_autovacuum_warning_follows_the_server_and_the_table():
+    from django.db import connection
+
+    from django_pgqueue.checks import check_autovacuum
+
+    assert check_autovacuum() == []  # no database access unless asked for
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('autovacuum')::bool")
+        server_on = cursor.fetchone()[0]
+    ids = [w.id for w in check_autovacuum(databases=["default"])]
+    assert ids == ([] if server_on else ["pgqueue.W001"])
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE queue_job_state SET (autovacuum_enabled = false)")
+    try:
+        (warning,) = check_autovacuum(databases=["default"])
+        assert warning.id == "pgqueue.W001"
+        assert "queue_job_state" in warning.msg
+        assert ("on the server" in warning.msg) is not server_on
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE queue_job_state RESET (autovacuum_enabled)")
+    assert [w.id for w in check_autovacuum(databases=["default"])] == (
+        [] if server_on else ["pgqueue.W001"]
+    )

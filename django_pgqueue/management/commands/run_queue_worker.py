@@ -7,7 +7,9 @@ import sys
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError, connections
 
+from django_pgqueue.checks import autovacuum_problem
 from django_pgqueue.exceptions import ConfigurationError
 from django_pgqueue.worker import Worker
 
@@ -104,9 +106,26 @@ class Command(BaseCommand):
             )
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
+        _warn_without_autovacuum(worker.config.database)
         code = worker.run()
         if code:
             sys.exit(code)
+
+
+def _warn_without_autovacuum(alias: str) -> None:
+    """Log pgqueue.W001 (see checks.py) once at startup; the worker runs regardless."""
+    try:
+        problem = autovacuum_problem(alias)
+    except DatabaseError:
+        return  # the worker reports the database and waits for it
+    finally:
+        connections[alias].close()
+    if problem:
+        logging.getLogger("django_pgqueue.worker").warning(
+            "%s: dead rows in queue_job_state are not cleaned up, so claims slow down "
+            "as they pile up; turn it on or VACUUM the table regularly (pgqueue.W001)",
+            problem,
+        )
 
 
 def _configure_logging(verbosity: int) -> None:
