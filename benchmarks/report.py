@@ -238,12 +238,17 @@ def targets(results: dict[str, dict[str, Any] | None]) -> list[list[str]]:
         drains = [d for d in t["drain"] if d["processes"] == 2]
         best = max(drains, key=lambda d: d["jobs_per_s"], default=None)
         default = next((d for d in drains if d["concurrency"] == "default"), None)
+        bare = (
+            f"; the bare-SQL loop, same run: {t['bare_loop']['jobs_per_s']:,.0f}"
+            if "bare_loop" in t
+            else ""
+        )
         if best:
             add(
                 "drain, no-op jobs, 2 worker processes, best settings",
                 "≥ 27,000 jobs/s",
                 f"{best['jobs_per_s']:,.0f} jobs/s (concurrency {best['concurrency']}, "
-                f"batch {best['batch_size']})",
+                f"batch {best['batch_size']}){bare}",
                 best["jobs_per_s"] >= 27_000,
             )
         if default:
@@ -257,7 +262,12 @@ def targets(results: dict[str, dict[str, Any] | None]) -> list[list[str]]:
         add(
             "single enqueues, one transaction each",
             "≥ 3,400 jobs/s",
-            f"{single['jobs_per_s']:,.0f} jobs/s",
+            f"{single['jobs_per_s']:,.0f} jobs/s"
+            + (
+                f" ({t['enqueue_single_prepared']['jobs_per_s']:,.0f} with prepared statements)"
+                if "enqueue_single_prepared" in t
+                else ""
+            ),
             single["jobs_per_s"] >= 3_400,
         )
         add(
@@ -298,6 +308,16 @@ def machine_lines(results: dict[str, dict[str, Any] | None]) -> list[str]:
 def throughput_table(t: dict[str, Any]) -> str:
     rows = [
         ["enqueue, one transaction each", f"{t['enqueue_single']['jobs_per_s']:,.0f} jobs/s"],
+        *(
+            [
+                [
+                    'the same with OPTIONS {"prepare_threshold": 1}',
+                    f"{t['enqueue_single_prepared']['jobs_per_s']:,.0f} jobs/s",
+                ]
+            ]
+            if "enqueue_single_prepared" in t
+            else []
+        ),
         [
             f"enqueue_many of {t['enqueue_many']['jobs']:,}",
             f"{t['enqueue_many']['jobs_per_s']:,.0f} jobs/s",
@@ -310,6 +330,17 @@ def throughput_table(t: dict[str, Any]) -> str:
             ]
             for d in t["drain"]
         ],
+        *(
+            [
+                [
+                    f"bare-SQL loop (the ceiling), {t['bare_loop']['processes']} processes, "
+                    f"batch {t['bare_loop']['batch_size']}",
+                    f"{t['bare_loop']['jobs_per_s']:,.0f} jobs/s",
+                ]
+            ]
+            if "bare_loop" in t
+            else []
+        ),
         [
             "pickup latency, idle worker, p50 / p99",
             f"{t['pickup']['p50_ms']:.2f} / {t['pickup']['p99_ms']:.2f} ms",

@@ -5,11 +5,16 @@
   processes (1, 2, 4; several concurrency/batch settings), timed on the database clock
   from the first claim to the last completion, and checked in the database: every job
   completed exactly once (one succeeded attempt, no other attempt);
+- the ceiling: the same drain by a bare-SQL loop of the article's design, no framework
+  (no Django, threads, heartbeats or listener), 2 processes, batch 100: claim with the
+  production `job_claim`, then complete with `job_complete`, each its own transaction,
+  prepared, on one psycopg connection per process;
 - pickup latency: an idle worker, jobs enqueued one by one 50 ms apart, from the
   enqueue (created_at) to the handler's first statement (clock_timestamp()), both on
   the database clock.
 
 Run: python benchmarks/throughput.py [--smoke] [--runs 3] [--jobs 20000]
+     python benchmarks/throughput.py --bare-worker BATCH   (one process of the bare loop)
 """
 
 from __future__ import annotations
@@ -58,6 +63,20 @@ def enqueue_single(n: int) -> float:
     return n / (time.perf_counter() - started)
 
 
+def enqueue_single_prepared(n: int) -> float:
+    """enqueue_single with Django's OPTIONS {"prepare_threshold": 1} (see howto/pgbouncer)."""
+    from django.db import connection
+
+    options = connection.settings_dict["OPTIONS"]
+    connection.close()
+    options["prepare_threshold"] = 1
+    try:
+        return enqueue_single(n)
+    finally:
+        connection.close()
+        del options["prepare_threshold"]
+
+
 def enqueue_bulk(n: int) -> float:
     from django_pgqueue import enqueue_many
 
@@ -91,6 +110,11 @@ def drain(n: int, processes: int, concurrency: int | None, batch: int | None) ->
     for worker in workers:
         if worker.wait(600) != 0:
             raise SystemExit(f"worker exited with {worker.returncode}")
+    return n / check_drained(n)
+
+
+def check_drained(n: int) -> float:
+    """Check every one of the `n` jobs completed exactly once; return the drain's seconds."""
     attempts, distinct, succeeded, seconds = sql(
         "SELECT count(*), count(DISTINCT job_id), count(*) FILTER (WHERE status = 'succeeded'),"
         " extract(epoch FROM max(finished_at) - min(started_at)) FROM queue_attempts"
@@ -101,7 +125,40 @@ def drain(n: int, processes: int, concurrency: int | None, batch: int | None) ->
             f"drain check failed: {n} jobs, {completed} completed, {attempts} attempts, "
             f"{distinct} distinct jobs attempted, {succeeded} succeeded"
         )
-    return n / float(seconds)
+    return float(seconds)
+
+
+def bare_worker(batch: int) -> None:
+    """One process of the bare-SQL loop: claim, "run", complete, until the queue is empty."""
+    import psycopg
+
+    from django_pgqueue.sql import QUERIES
+    from django_pgqueue.store import _complete_params
+
+    worker_id = f"bare-{os.getpid()}"
+    claim = {"queue": "bench", "limit": batch, "worker_id": worker_id, "lease": 30.0}
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True, prepare_threshold=0) as conn:
+        while rows := conn.execute(QUERIES["job_claim"], claim).fetchall():
+            # Columns: job_id, ..., lease_version (7), attempt id (8); a no-op "handler".
+            done = [(row[0], row[7], row[8], None) for row in rows]
+            completed = conn.execute(QUERIES["job_complete"], _complete_params(done)).fetchall()
+            if len(completed) != len(rows):
+                raise SystemExit(f"bare loop: {len(rows) - len(completed)} completions refused")
+
+
+def bare_drain(n: int, processes: int, batch: int) -> float:
+    from django_pgqueue import enqueue_many
+
+    truncate()
+    for start in range(0, n, 20_000):
+        enqueue_many([("qa.noop", None)] * min(20_000, n - start), queue="bench")
+    sql("VACUUM ANALYZE queue_job_state")
+    command = [sys.executable, __file__, "--bare-worker", str(batch)]
+    workers = [subprocess.Popen(command, env=os.environ) for _ in range(processes)]
+    for worker in workers:
+        if worker.wait(600) != 0:
+            raise SystemExit(f"bare loop exited with {worker.returncode}")
+    return n / check_drained(n)
 
 
 def pickup_latency(count: int, gap: float) -> dict[str, float]:
@@ -137,7 +194,13 @@ def pickup_latency(count: int, gap: float) -> dict[str, float]:
     }
 
 
+BARE = (2, 100)  # processes, batch: the issue's bare-SQL loop
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--bare-worker"]:
+        bare_worker(int(sys.argv[2]))
+        return
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=20_000, help="jobs per drain run")
     args = p.parse_args()
@@ -151,6 +214,8 @@ def main() -> None:
 
     rate, values = median_of(runs, lambda: enqueue_single(singles))
     results["enqueue_single"] = {"jobs": singles, "jobs_per_s": rate, "runs": values}
+    rate, values = median_of(runs, lambda: enqueue_single_prepared(singles))
+    results["enqueue_single_prepared"] = {"jobs": singles, "jobs_per_s": rate, "runs": values}
     rate, values = median_of(runs, lambda: enqueue_bulk(bulk))
     results["enqueue_many"] = {"jobs": bulk, "jobs_per_s": rate, "runs": values}
 
@@ -172,6 +237,15 @@ def main() -> None:
         )
         print(f"drain {processes}p c={concurrency} b={batch}: {rate:,.0f} jobs/s", flush=True)
     results["drain"] = drains
+    rate, values = median_of(runs, lambda: bare_drain(jobs, *BARE))
+    results["bare_loop"] = {
+        "processes": BARE[0],
+        "batch_size": BARE[1],
+        "jobs": jobs,
+        "jobs_per_s": rate,
+        "runs": values,
+    }
+    print(f"bare-SQL loop {BARE[0]}p batch {BARE[1]}: {rate:,.0f} jobs/s", flush=True)
 
     pickups = [pickup_latency(20 if args.smoke else 200, 0.05) for _ in range(runs)]
     results["pickup"] = {
@@ -184,6 +258,10 @@ def main() -> None:
 
     rows = [
         ["enqueue, one transaction each", f"{results['enqueue_single']['jobs_per_s']:,.0f} jobs/s"],
+        [
+            'the same with OPTIONS {"prepare_threshold": 1}',
+            f"{results['enqueue_single_prepared']['jobs_per_s']:,.0f} jobs/s",
+        ],
         [f"enqueue_many of {bulk:,}", f"{results['enqueue_many']['jobs_per_s']:,.0f} jobs/s"],
         *[
             [
@@ -192,6 +270,10 @@ def main() -> None:
                 f"{d['jobs_per_s']:,.0f} jobs/s",
             ]
             for d in drains
+        ],
+        [
+            f"bare-SQL loop (the ceiling), {BARE[0]} processes, batch {BARE[1]}",
+            f"{results['bare_loop']['jobs_per_s']:,.0f} jobs/s",
         ],
         [
             "pickup latency, idle worker, p50 / p99",
