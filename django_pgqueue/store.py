@@ -73,8 +73,12 @@ class ClaimedRow(NamedTuple):
     created_at: Any
     run_at: Any
 
+    def order(self) -> tuple[int, Any, int]:
+        """A sort key for claim order: ORDER BY priority DESC, run_at, job_id."""
+        return (-self.priority, self.run_at, self.job_id)
 
-# A row's place in claim order: (priority, run_at, job_id).
+
+# Where a claim resumes: the (priority, run_at, job_id) of a row claimed before.
 ClaimKey = tuple[int, Any, int]
 
 

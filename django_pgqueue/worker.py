@@ -563,13 +563,7 @@ class Worker:
             return
         rest = limit - len(rows)
         sent = time.monotonic()
-        try:
-            more = self._store.claim(queue, rest, self.config.worker_id, self.config.lease)
-        except DatabaseUnavailable:
-            raise
-        except psycopg.Error as exc:
-            logger.error("claim from %s failed: %s", queue, exc)
-            return
+        more = self._claim_or_log(queue, rest)
         self._accept_claim(queue, rest, more, sent)
         self._remember(queue, rest, None, more, sent)
 
@@ -581,7 +575,7 @@ class Worker:
             if after is None:
                 self._resume.pop(queue, None)  # a full walk found the queue drained
             return  # a short resumed claim: the walk from the start that follows decides
-        last = max(rows, key=lambda row: (-row.priority, row.run_at, row.job_id))
+        last = max(rows, key=ClaimedRow.order)
         fresh = self._resume.get(queue)
         until = sent + RESUME_TTL if after is None or fresh is None else fresh[1]
         self._resume[queue] = ((last.priority, last.run_at, last.job_id), until)
@@ -606,7 +600,7 @@ class Worker:
         cfg = self.config
         self.stats["claimed"] += len(rows)
         if len(rows) > 1:
-            rows.sort(key=lambda row: (-row.priority, row.run_at, row.job_id))
+            rows.sort(key=ClaimedRow.order)
         items = []
         for row in rows:
             lease = Lease(row.job_id, row.lease_version, expires)
@@ -712,14 +706,18 @@ class Worker:
             # The COMMIT of what was being written may or may not have happened.
             self._uncertain.extend(remaining)
             raise
-        if claim is None:
-            return []
+        return [] if claim is None else self._claim_or_log(claim[0], claim[1], claim[4])
+
+    def _claim_or_log(
+        self, queue: str, limit: int, after: ClaimKey | None = None
+    ) -> list[ClaimedRow]:
+        """Claim; a statement error (not a lost connection) is logged and claims nothing."""
         try:
-            return self._store.claim(*claim)
+            return self._store.claim(queue, limit, self.config.worker_id, self.config.lease, after)
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
                 raise
-            logger.error("claim from %s failed: %s", claim[0], exc)
+            logger.error("claim from %s failed: %s", queue, exc)
             return []
 
     def _account_completions(
