@@ -111,6 +111,23 @@ def stop_and_count(workers: Any, jobs: int) -> dict[str, int]:
     return counts
 
 
+def outcome(counts: dict[str, int], *more: str) -> dict[str, int]:
+    """The ledger figures of a report row: lost, completed twice, re-executions, `more`."""
+    return {key: counts[key] for key in ("lost", "completed_twice", "re_executions", *more)}
+
+
+def overlapping_runs(table: str) -> int:
+    """Pairs of runs of one job in `table` (qa_ledger or queue_attempts) that overlap."""
+    return sql(
+        f"""
+        SELECT count(*) FROM {table} a JOIN {table} b
+          ON a.job_id = b.job_id AND a.id < b.id
+         AND b.started_at < coalesce(a.finished_at, 'infinity')
+         AND a.started_at < coalesce(b.finished_at, 'infinity')
+        """
+    )[0][0]
+
+
 class Report:
     """One scenario's row in docs/reliability.md (written only under `make reliability`)."""
 

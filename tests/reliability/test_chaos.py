@@ -11,7 +11,7 @@ import pytest
 
 from django_pgqueue import enqueue_many
 from tests.conftest import sql
-from tests.reliability.conftest import size, stop_and_count, wait_until
+from tests.reliability.conftest import outcome, size, stop_and_count, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -144,9 +144,7 @@ def test_random_sigkills_until_drained(worker_process, report):
     assert float(rerun_s) < LEASE + 1 + 5
     report(
         size=f"{jobs:,} jobs, {WORKERS} processes x 4 threads",
-        lost=counts["lost"],
-        completed_twice=counts["completed_twice"],
-        re_executions=counts["re_executions"],
+        **outcome(counts),
         recovery_s=round(float(rerun_s), 2),
         requeued_s=round(float(requeued_s), 2),
         kills=len(kills),

@@ -11,7 +11,7 @@ import pytest
 from django_pgqueue import JobSpec, enqueue_many
 from django_pgqueue.store import Store, connection_params
 from tests.conftest import sql
-from tests.reliability.conftest import size, stop_and_count, wait_until
+from tests.reliability.conftest import outcome, overlapping_runs, size, stop_and_count, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,14 +56,7 @@ def test_every_job_completed_exactly_once(worker_process, report):
         """
     )[0]
     assert attempts == (jobs, jobs, jobs, 0)
-    overlapping = sql(
-        """
-        SELECT count(*) FROM qa_ledger a JOIN qa_ledger b
-          ON a.job_id = b.job_id AND a.id < b.id
-         AND b.started_at < coalesce(a.finished_at, 'infinity')
-         AND a.started_at < coalesce(b.finished_at, 'infinity')
-        """
-    )[0][0]
+    overlapping = overlapping_runs("qa_ledger")
     assert overlapping == 0
     # The work really was shared: every process and every queue did part of it.
     per_worker = dict(sql("SELECT worker_id, count(*) FROM queue_attempts GROUP BY worker_id"))
@@ -72,9 +65,7 @@ def test_every_job_completed_exactly_once(worker_process, report):
     assert per_queue == {queue: jobs // 3 + (i < jobs % 3) for i, queue in enumerate(QUEUES)}
     report(
         size=f"{jobs:,} jobs, {WORKERS} processes x 4 threads, 3 queues",
-        lost=counts["lost"],
-        completed_twice=counts["completed_twice"],
-        re_executions=counts["re_executions"],
+        **outcome(counts),
         drain_s=round(drain_s, 1),
         jobs_per_s=round(jobs / drain_s),
         per_worker=[per_worker[f"conc-{index}"] for index in range(WORKERS)],

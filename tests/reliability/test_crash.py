@@ -13,7 +13,7 @@ import pytest
 
 from django_pgqueue import enqueue, enqueue_many
 from tests.conftest import sql
-from tests.reliability.conftest import ledger_counts, size, wait_until
+from tests.reliability.conftest import ledger_counts, outcome, size, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -156,9 +156,7 @@ def test_sigkill_mid_job(worker_process, report):
     report(
         size=kills,
         jobs=len(plan),
-        lost=counts["lost"],
-        completed_twice=counts["completed_twice"],
-        re_executions=counts["re_executions"],
+        **outcome(counts),
         recovery_s=round(max(recovery_s), 2),
         recovery_p50_s=round(statistics.median(recovery_s), 2),
         recovery_max_s=round(max(recovery_s), 2),
@@ -227,9 +225,7 @@ def test_long_handler_keeps_its_lease(run_worker, report):
     assert counts["re_executions"] == 0
     report(
         size=jobs,
-        lost=counts["lost"],
-        completed_twice=counts["completed_twice"],
-        re_executions=counts["re_executions"],
+        **outcome(counts),
         handler_s=seconds,
         heartbeat_interval_s=0.5,
         heartbeat_gap_p50_s=round(percentile(gaps, 50), 3),
@@ -281,9 +277,7 @@ def test_stuck_handler_is_ended_by_its_timeout(worker_process, report):
     assert counts["completed_twice"] == 0
     report(
         size=1 + len(healthy),
-        lost=counts["lost"],
-        completed_twice=counts["completed_twice"],
-        re_executions=counts["re_executions"],
+        **outcome(counts),
         timeout_s=timeout,
         attempt_ended_after_s=[round(s, 2) for s in ended_after],
         notes="A handler that never returns (blocked in C) failed by --job-timeout, retried "
@@ -332,9 +326,7 @@ def test_poison_job_dies_after_max_attempts(worker_process, report):
     )
     report(
         size=1 + len(healthy),
-        lost=counts["lost"],
-        completed_twice=counts["completed_twice"],
-        re_executions=counts["re_executions"],
+        **outcome(counts),
         worker_deaths=len(workers.exit_codes),
         healthy_completed_before_poison_dead=meanwhile,
         healthy_attempts_lost_with_the_worker=healthy_lost,

@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.reliability.conftest import ledger_counts, size
+from tests.reliability.conftest import ledger_counts, outcome, size
 from tests.reliability.pgserver import (  # noqa: F401 (pg_server is a fixture)
     MANAGE,
     TEST_APPLICATION,
@@ -306,10 +306,7 @@ def test_database_restart(mode, pg_server, enqueuer, workers, report):  # noqa: 
     assert counts["re_executions"] <= 8, counts
     report(
         size=f"{total} jobs, 2 workers x 4",
-        lost=counts["lost"],
-        completed_twice=counts["completed_twice"],
-        re_executions=counts["re_executions"],
-        finished_runs_twice=counts["finished_runs_twice"],
+        **outcome(counts, "finished_runs_twice"),
         recovery_s=round(first - fault, 2),
         back_to_first_claim_s=round(first - back, 2),
         down_s=round(back - fault, 2),
@@ -411,10 +408,7 @@ def test_terminate_every_worker_connection(pg_server, enqueuer, workers, report)
     rewritten = sum(o.count("the write in doubt had not landed") for o in outputs)
     report(
         size=f"{total} jobs, 2 workers x 4; 2 + {kills} kills",
-        lost=counts["lost"],
-        completed_twice=counts["completed_twice"],
-        re_executions=counts["re_executions"],
-        finished_runs_twice=counts["finished_runs_twice"],
+        **outcome(counts, "finished_runs_twice"),
         recovery_s=round(max(recovery.values()), 2),
         recovery_by_moment={name: round(value, 2) for name, value in recovery.items()},
         writes_in_doubt_landed=landed,
@@ -511,9 +505,7 @@ def test_listen_connection_killed(pg_server, enqueuer, workers, report):  # noqa
     counts = check_counts(server, queue, warm + during + after)
     report(
         size=f"{during} jobs enqueued while the listeners were gone ({gone_s:.1f}s), {after} after",
-        lost=counts["lost"],
-        completed_twice=counts["completed_twice"],
-        re_executions=counts["re_executions"],
+        **outcome(counts),
         recovery_s=round(max(while_gone), 2),
         start_latency_while_gone_max_s=round(max(while_gone), 3),
         start_latency_while_gone_median_s=round(statistics.median(while_gone), 3),
@@ -557,9 +549,7 @@ def test_outage_longer_than_the_lease(pg_server, enqueuer, workers, report):  # 
     assert counts["re_executions"] == 0, (counts, output[-4000:])
     report(
         size=f"{outages} outages of {LEASE + 1:g}s (lease {LEASE:g}s), 4 jobs in flight each",
-        lost=counts["lost"],
-        completed_twice=counts["completed_twice"],
-        re_executions=counts["re_executions"],
+        **outcome(counts),
         notes="jobs that finished or kept running while the database was down complete "
         "once: after reconnecting, the worker writes outcomes and renews leases before "
         "it sweeps",
@@ -638,9 +628,7 @@ def test_completion_with_unknown_commit_outcome(pg_server, enqueuer, workers, re
     assert counts["executions"] == total
     report(
         size="2 completions in doubt (one committed, one not) among 8 jobs",
-        lost=counts["lost"],
-        completed_twice=counts["completed_twice"],
-        re_executions=counts["re_executions"],
+        **outcome(counts),
         notes=(
             "the worker's connection is terminated while its COMMIT waits for a standby "
             "(it landed) and while its UPDATE sleeps in a trigger (it did not); the worker "

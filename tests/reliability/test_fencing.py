@@ -15,7 +15,7 @@ from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.executor import Failure
 from django_pgqueue.store import Store, retry_jobs
 from tests.conftest import sql
-from tests.reliability.conftest import ledger_counts, size, wait_until
+from tests.reliability.conftest import ledger_counts, outcome, size, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -256,9 +256,7 @@ def test_frozen_worker_resumed_past_its_lease_is_fenced(worker_process, run_work
         size=len(job_ids),
         rounds=len(offsets),
         pause_offsets_s=list(offsets),
-        lost=counts["lost"],
-        completed_twice=counts["completed_twice"],
-        re_executions=counts["re_executions"],
+        **outcome(counts),
         attempts_taken_from_frozen_worker=len(lost),
         completed_by_b=taken_over,
         stale_writes_rejected=by_kind,

@@ -17,7 +17,7 @@ import pytest
 from django_pgqueue import enqueue_many
 from django_pgqueue.store import connection_params
 from tests.conftest import sql
-from tests.reliability.conftest import ledger_counts, size, wait_until
+from tests.reliability.conftest import ledger_counts, outcome, size, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -107,9 +107,7 @@ def test_sigterm_with_jobs_in_flight_and_a_claim_on_the_wire(worker_process, rep
     counts = ledger_counts(f"SELECT unnest(ARRAY{first}::bigint[]) AS id")
     report(
         size=running + claimed + waiting,
-        lost=counts["lost"],
-        completed_twice=counts["completed_twice"],
-        re_executions=counts["re_executions"],
+        **outcome(counts),
         in_flight=running,
         claimed_unstarted=claimed,
         released_after_s=round(released_after, 2),

@@ -20,7 +20,7 @@ from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.store import Store, _owned, connection_params, int_array
 from tests.conftest import sql
-from tests.reliability.conftest import size, wait_until
+from tests.reliability.conftest import overlapping_runs, size, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -288,14 +288,7 @@ def test_claims_racing_sweeps_never_give_a_job_two_live_leases(report):
 
     # No two attempts of a job overlap: each attempt ended (lost or succeeded) before
     # the next one was claimed, and at most one is still running.
-    overlaps = sql(
-        """
-        SELECT count(*) FROM queue_attempts a JOIN queue_attempts b
-          ON a.job_id = b.job_id AND a.id < b.id
-         AND b.started_at < coalesce(a.finished_at, 'infinity')
-         AND a.started_at < coalesce(b.finished_at, 'infinity')
-        """
-    )[0][0]
+    overlaps = overlapping_runs("queue_attempts")
     assert overlaps == 0
     assert (
         sql(
