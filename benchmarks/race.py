@@ -77,7 +77,7 @@ class Run:
 def connect() -> Any:
     import psycopg
 
-    from django_pgqueue.store import connection_params
+    from django_pgqueue.store.worker import connection_params
 
     return psycopg.connect(**connection_params("default", "race bench"), autocommit=True)
 
@@ -124,7 +124,7 @@ def table_worker(
 
 def production_worker(run: Run, worker: str, barrier: threading.Barrier, handler_s: float) -> None:
     """One worker claiming with the production statement, one job at a time."""
-    from django_pgqueue.store import Store
+    from django_pgqueue.store.worker import Store
 
     store = Store("default", f"race bench {worker}")
     store.connect()

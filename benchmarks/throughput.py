@@ -133,7 +133,7 @@ def bare_worker(batch: int) -> None:
     import psycopg
 
     from django_pgqueue.sql import QUERIES
-    from django_pgqueue.store import _complete_params
+    from django_pgqueue.store.worker import _complete_params
 
     worker_id = f"bare-{os.getpid()}"
     claim = {"queue": "bench", "limit": batch, "worker_id": worker_id, "lease": 30.0}

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from django.db import IntegrityError, transaction
 
-from . import store
 from .conf import get_settings
 from .models import JobState, Status
+from .store import operator as store
 
 RETRYABLE = frozenset({Status.DEAD, Status.CANCELLED, Status.PENDING})
 CANCELLABLE = frozenset({Status.PENDING})

@@ -12,10 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import store, validation
+from . import validation
 from .conf import get_settings
 from .exceptions import EnqueueError
 from .registry import registry
+from .store import enqueue as store
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,62 +1,34 @@
 """Run one job's handler and classify what happened. No database here.
 
-Outcomes: `Success` (with the JSON of a non-None return value), or `Failure` that is
-either permanent (straight to dead) or retryable after a delay from the handler's
-retry policy or from `RetryLater`. Anything a handler raises, `SystemExit` and
-`KeyboardInterrupt` included, becomes a recorded failure, never a dead worker.
+Outcomes (the types live in `outcomes.py`): `Success` (with the JSON of a non-None
+return value), or `Failure` that is either permanent (straight to dead) or retryable
+after a delay from the handler's retry policy or from `RetryLater`. Anything a handler
+raises, `SystemExit` and `KeyboardInterrupt` included, becomes a recorded failure,
+never a dead worker.
 """
 
 from __future__ import annotations
 
 import json
 import traceback as tb
-from dataclasses import dataclass
 from typing import Any
 
 from .context import JobContext
 from .exceptions import JobTimeout, PermanentFailure, RetryLater, UnknownJobType
+from .outcomes import (
+    ERROR_CLASS_LIMIT,
+    MESSAGE_LIMIT,
+    TRACEBACK_LIMIT,
+    Failure,
+    Outcome,
+    Success,
+    storable,
+    unstorable_result,
+)
 from .registry import Handler
 from .retry import RetryPolicy
 
-MESSAGE_LIMIT = 4_000
-TRACEBACK_LIMIT = 32_000
-LAST_ERROR_LIMIT = 1_000
-
 _dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
-
-
-@dataclass(slots=True)
-class Success:
-    result: str | None = None
-
-
-@dataclass(slots=True)
-class Failure:
-    error_class: str
-    message: str
-    traceback: str
-    permanent: bool
-    delay: float = 0.0
-
-    @property
-    def last_error(self) -> str:
-        return storable(f"{self.error_class}: {self.message}", LAST_ERROR_LIMIT)
-
-
-Outcome = Success | Failure
-
-
-def storable(text: str, limit: int) -> str:
-    """Make text safe for a PostgreSQL text column: no NUL, valid UTF-8, bounded."""
-    if "\x00" in text:
-        text = text.replace("\x00", "\\x00")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    if len(text) > limit:
-        text = text[: limit - 20] + "... [truncated]"
-    return text
 
 
 def describe(exc: BaseException) -> tuple[str, str, str]:
@@ -70,7 +42,11 @@ def describe(exc: BaseException) -> tuple[str, str, str]:
     except Exception as str_exc:
         message = f"<str() of the exception failed: {type(str_exc).__name__}>"
     trace = "".join(tb.format_exception(cls, exc, exc.__traceback__))
-    return storable(name, 255), storable(message, MESSAGE_LIMIT), storable(trace, TRACEBACK_LIMIT)
+    return (
+        storable(name, ERROR_CLASS_LIMIT),
+        storable(message, MESSAGE_LIMIT),
+        storable(trace, TRACEBACK_LIMIT),
+    )
 
 
 def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcome:
@@ -101,20 +77,6 @@ def success(value: Any) -> Outcome:
     except (TypeError, ValueError, RecursionError) as exc:
         return unstorable_result(value, exc)
     return Success(text)
-
-
-def unstorable_result(value: Any, exc: BaseException) -> Failure:
-    """The failure recorded when a handler's return value cannot be stored."""
-    return Failure(
-        "django_pgqueue.ResultNotStorable",
-        storable(
-            f"the handler returned {type(value).__name__} {value!r:.200}, which cannot be "
-            f"stored as JSON ({exc}); the job ran but is marked dead so it is not re-run",
-            MESSAGE_LIMIT,
-        ),
-        "",
-        permanent=True,
-    )
 
 
 def retryable(exc: BaseException, ctx: JobContext, policy: RetryPolicy) -> Failure:

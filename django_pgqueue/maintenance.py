@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import store
 from .actions import ActionReport, retry_now
 from .conf import get_settings
 from .models import FINISHED_STATUSES
+from .store import operator as store
 
 DEFAULT_PRUNE_BATCH = 1_000
 DEFAULT_REQUEUE_BATCH = 500

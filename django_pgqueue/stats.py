@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import store
 from .conf import get_settings
 from .durations import format_seconds
+from .store import operator as store
 
 
 @dataclass

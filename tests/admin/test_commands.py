@@ -10,8 +10,9 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from django_pgqueue import maintenance, store
+from django_pgqueue import maintenance
 from django_pgqueue.durations import parse_duration
+from django_pgqueue.store import operator as store
 from tests.admin.conftest import make_job, state
 from tests.conftest import sql
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 import django_pgqueue
 from django_pgqueue import EnqueueError, JobSpec, PayloadError, enqueue, enqueue_many
 from django_pgqueue.models import Job, JobState
-from django_pgqueue.store import connection_params
+from django_pgqueue.store.worker import connection_params
 from tests.conftest import sql
 
 pytestmark = pytest.mark.django_db

@@ -11,8 +11,9 @@ import pytest
 from django.db import connection
 
 from django_pgqueue import enqueue, enqueue_many
-from django_pgqueue.executor import Failure
-from django_pgqueue.store import Store, retry_jobs
+from django_pgqueue.outcomes import Failure
+from django_pgqueue.store.operator import retry_jobs
+from django_pgqueue.store.worker import Store
 from tests.conftest import sql
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -154,7 +154,7 @@ def test_unstorable_error_text_and_result_are_recorded(run_worker):
 def test_expired_lease_is_reclaimed_by_another_worker(run_worker):
     """A job held by a worker that vanished is swept, claimed again and completed."""
     job = enqueue("qa.ledger", queue="l")
-    from django_pgqueue.store import Store
+    from django_pgqueue.store.worker import Store
 
     ghost = Store("default", "ghost")
     ghost.claim("l", 1, "ghost-worker", 0.5)  # claims, then never renews nor finishes
@@ -237,7 +237,7 @@ def test_notify_wakes_an_idle_worker_quickly(run_worker):
 
 def test_stale_completion_is_rejected_counted_and_leaves_the_new_owners_state(run_worker):
     """A worker's lease is taken over mid-job; its completion must change nothing."""
-    from django_pgqueue.store import Store
+    from django_pgqueue.store.worker import Store
 
     job = enqueue("qa.sleep", {"seconds": 1.5}, queue="stale")
     worker = run_worker(["stale"], lease=30, sweep_interval=3600)
@@ -281,7 +281,7 @@ def test_reclaiming_a_job_its_old_handler_still_runs_keeps_the_new_lease(run_wor
     claim's lease stopped its renewals, the sweep took the job from the new run too,
     and so on until the attempts were spent and the job was dead.
     """
-    from django_pgqueue.store import Store
+    from django_pgqueue.store.worker import Store
 
     job = enqueue("qa.sleep", {"seconds": 3.0}, queue="again")
     worker = run_worker(["again"], lease=1.0, sweep_interval=0.2, concurrency=2)
@@ -377,7 +377,7 @@ def test_a_completion_postgresql_refuses_is_recorded_not_fatal():
         result = '"\\u0000"' if row.job_id == jobs[0].id else '{"ok": true}'
         batch.append((item, Success(result)))
     try:
-        worker._write(batch, None)
+        worker._dispatcher._write(batch, None)
     finally:
         worker._store.close()
     states = dict(JobState.objects.filter(queue="refuse").values_list("job_id", "status"))

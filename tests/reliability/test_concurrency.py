@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from django_pgqueue import JobSpec, enqueue_many
-from django_pgqueue.store import Store, connection_params
+from django_pgqueue.store.worker import Store, connection_params
 from tests.conftest import sql
 from tests.reliability.conftest import outcome, overlapping_runs, size, stop_and_count, wait_until
 

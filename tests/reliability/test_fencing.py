@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from django_pgqueue import enqueue, enqueue_many
-from django_pgqueue.executor import Failure
-from django_pgqueue.store import Store, retry_jobs
+from django_pgqueue.outcomes import Failure
+from django_pgqueue.store.operator import retry_jobs
+from django_pgqueue.store.worker import Store
 from tests.conftest import sql
 from tests.reliability.conftest import ledger_counts, outcome, size, wait_until
 

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from django_pgqueue import enqueue_many
-from django_pgqueue.store import connection_params
+from django_pgqueue.store.worker import connection_params
 from tests.conftest import sql
 from tests.reliability.conftest import ledger_counts, outcome, size, wait_until
 

@@ -18,7 +18,8 @@ import pytest
 
 from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.sql import QUERIES
-from django_pgqueue.store import Store, _owned, connection_params, int_array
+from django_pgqueue.store.arrays import int_array
+from django_pgqueue.store.worker import Store, _owned, connection_params
 from tests.conftest import sql
 from tests.reliability.conftest import overlapping_runs, size, wait_until
 

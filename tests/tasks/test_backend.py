@@ -20,7 +20,7 @@ from qa.tasks import add, async_add, echo, explode, flaky, record, refuse
 
 from django_pgqueue.backends import PgQueueBackend
 from django_pgqueue.models import Job, JobState
-from django_pgqueue.store import Store
+from django_pgqueue.store.worker import Store
 
 from .api import (
     InvalidTask,

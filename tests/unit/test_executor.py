@@ -1,6 +1,6 @@
 import json
 
-from django_pgqueue import executor
+from django_pgqueue import executor, outcomes
 from django_pgqueue.context import JobContext
 from django_pgqueue.exceptions import PermanentFailure, RetryLater
 from django_pgqueue.registry import Handler
@@ -78,7 +78,7 @@ def test_error_text_is_made_storable():
     outcome.message.encode("utf-8")
     outcome.last_error.encode("utf-8")
     assert len(outcome.message) <= executor.MESSAGE_LIMIT
-    assert len(outcome.last_error) <= executor.LAST_ERROR_LIMIT
+    assert len(outcome.last_error) <= outcomes.LAST_ERROR_LIMIT
     json.dumps(outcome.traceback)
 
 

@@ -12,11 +12,11 @@ from django_pgqueue.worker import Worker
 
 
 def test_a_signal_inside_the_dispatchers_wait_does_not_deadlock():
-    # The dispatcher sleeps in self._wake.wait(), holding that Event's lock for a moment
+    # The dispatcher sleeps in its wake.wait(), holding that Event's lock for a moment
     # on the way in and out. A signal arriving then runs its handler in the same thread;
     # a handler that called stop() (Event.set, the same lock) would block forever.
     worker = Worker(["signals"])
-    restore = worker._install_signals()
+    restore = worker._signals.install()
     assert restore is not None
 
     def alarm(signum: int, frame: FrameType | None) -> None:
@@ -33,17 +33,17 @@ def test_a_signal_inside_the_dispatchers_wait_does_not_deadlock():
         signal.signal(signal.SIGALRM, previous_alarm)
     try:
         # The signal thread acts on it: the first signal stops, a second one forces.
-        thread = threading.Thread(target=worker._signal_loop)
+        thread = threading.Thread(target=worker._signals.run)
         thread.start()
         deadline = time.monotonic() + 5
-        while not worker._stopping.is_set() and time.monotonic() < deadline:
+        while not worker._switch.stopping.is_set() and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert worker._stopping.is_set()
-        assert not worker._force.is_set()
+        assert worker._switch.stopping.is_set()
+        assert not worker._switch.force.is_set()
         os.kill(os.getpid(), signal.SIGTERM)
-        worker._signals.put(None)
+        worker._signals.close()
         thread.join(5)
         assert not thread.is_alive()
-        assert worker._force.is_set()
+        assert worker._switch.force.is_set()
     finally:
         restore()

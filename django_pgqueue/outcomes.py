@@ -1,0 +1,74 @@
+"""What an attempt ended with, and what of it PostgreSQL can store.
+
+Both the executor (which classifies a handler's result) and the data layer (which
+writes it) use these types; neither imports the other for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+MESSAGE_LIMIT = 4_000
+TRACEBACK_LIMIT = 32_000
+LAST_ERROR_LIMIT = 1_000
+ERROR_CLASS_LIMIT = 255
+
+
+@dataclass(slots=True)
+class Success:
+    result: str | None = None
+
+
+@dataclass(slots=True)
+class Failure:
+    error_class: str
+    message: str
+    traceback: str
+    permanent: bool
+    delay: float = 0.0
+
+    @property
+    def last_error(self) -> str:
+        return storable(f"{self.error_class}: {self.message}", LAST_ERROR_LIMIT)
+
+
+Outcome = Success | Failure
+
+
+def storable(text: str, limit: int) -> str:
+    """Make text safe for a PostgreSQL text column: no NUL, valid UTF-8, bounded."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > limit:
+        text = text[: limit - 20] + "... [truncated]"
+    return text
+
+
+def plainer(failure: Failure) -> Failure:
+    """The same failure as plain text, for when PostgreSQL refused its original text."""
+    return Failure(
+        storable(failure.error_class, ERROR_CLASS_LIMIT),
+        storable(repr(failure.message), MESSAGE_LIMIT),
+        "",
+        permanent=failure.permanent,
+        delay=failure.delay,
+    )
+
+
+def unstorable_result(value: Any, exc: BaseException) -> Failure:
+    """The failure recorded when a handler's return value cannot be stored."""
+    return Failure(
+        "django_pgqueue.ResultNotStorable",
+        storable(
+            f"the handler returned {type(value).__name__} {value!r:.200}, which cannot be "
+            f"stored as JSON ({exc}); the job ran but is marked dead so it is not re-run",
+            MESSAGE_LIMIT,
+        ),
+        "",
+        permanent=True,
+    )

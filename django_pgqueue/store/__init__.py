@@ -1,0 +1,14 @@
+"""The data layer: the only code that runs the queue's SQL (`sql/queries.sql`).
+
+Split by who calls it and on which connection:
+
+- `store.worker`: the worker's own connections (`Store`: claim, complete, fail, renew,
+  release, sweep, LISTEN), outside Django's connection handling;
+- `store.enqueue`: inserting jobs on the caller's Django connection, so a job exists
+  only if the caller's transaction commits;
+- `store.operator`: operator actions (retry, cancel) and the read-only figures and
+  maintenance passes of the admin and the ops commands, on Django's connection.
+
+`store.cursors` holds the Django-connection cursors the last two share, and
+`store.arrays` the array literals every room sends.
+"""

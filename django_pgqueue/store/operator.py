@@ -1,0 +1,101 @@
+"""Operator actions and the figures and maintenance passes of the admin and the ops
+commands, on the caller's Django connection."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..sql import QUERIES
+from .cursors import django_cursor, fetch_all
+
+
+def retry_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
+    """Make dead, cancelled or pending jobs due now with fresh attempts; return those changed."""
+    with django_cursor(alias) as cursor:
+        cursor.execute(QUERIES["job_retry_now"], {"job_ids": list(job_ids)})
+        return {row[0] for row in cursor.fetchall()}
+
+
+def cancel_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
+    """Cancel pending jobs; return those changed. Running jobs are never touched."""
+    with django_cursor(alias) as cursor:
+        cursor.execute(QUERIES["job_cancel"], {"job_ids": list(job_ids)})
+        return {row[0] for row in cursor.fetchall()}
+
+
+def live_stats(alias: str) -> list[tuple[str, str, int, int, int, float | None]]:
+    """Count unfinished and failed jobs: (queue, status, jobs, due, expired, oldest due s)."""
+    return [
+        (queue, status, int(jobs), int(due), int(expired), oldest)
+        for queue, status, jobs, due, expired, oldest in fetch_all(alias, "stats_by_queue")
+    ]
+
+
+def completed_counts(alias: str) -> dict[str, int]:
+    """Count each queue's completed jobs exactly (reads the whole state table)."""
+    return {queue: int(jobs) for queue, jobs in fetch_all(alias, "stats_completed_by_queue")}
+
+
+def estimate_job_count(alias: str) -> int | None:
+    """Estimate the number of jobs from the table's statistics; None if it has none yet."""
+    rows = fetch_all(alias, "job_count_estimate")
+    return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+
+def clock_ago(alias: str, seconds: float) -> Any:
+    """Return the database's now() minus `seconds` (an aware datetime)."""
+    return fetch_all(alias, "clock_ago", {"seconds": seconds})[0][0]
+
+
+def count_prunable(alias: str, cutoff: Any, statuses: Sequence[str]) -> dict[str, int]:
+    """Count, by status, the finished jobs that finished before `cutoff`."""
+    rows = fetch_all(alias, "job_prune_count", {"cutoff": cutoff, "statuses": list(statuses)})
+    return {status: int(jobs) for status, jobs in rows}
+
+
+def prune_batch(
+    alias: str, cutoff: Any, statuses: Sequence[str], limit: int, after_id: int = 0
+) -> tuple[dict[str, int], int]:
+    """Delete at most `limit` finished jobs older than `cutoff` with ids above `after_id`.
+
+    Returns (counts by status, the highest job id deleted, or after_id if none).
+    """
+    rows = fetch_all(
+        alias,
+        "job_prune_batch",
+        {"cutoff": cutoff, "statuses": list(statuses), "limit": limit, "after_id": after_id},
+    )
+    counts: dict[str, int] = {}
+    for job_id, status in rows:
+        counts[status] = counts.get(status, 0) + 1
+        after_id = max(after_id, job_id)
+    return counts, after_id
+
+
+def dead_job_page(
+    alias: str,
+    *,
+    until: Any,
+    after: tuple[Any, int] | None,
+    limit: int,
+    since: Any = None,
+    queue: str | None = None,
+    type: str | None = None,
+) -> list[tuple[int, Any]]:
+    """One page of (job id, finished_at) of dead jobs, oldest death first, after `after`."""
+    after_finished, after_id = after if after is not None else ("-infinity", 0)
+    rows = fetch_all(
+        alias,
+        "job_dead_page",
+        {
+            "until": until,
+            "since": since,
+            "queue": queue,
+            "type": type,
+            "after_finished": after_finished,
+            "after_id": after_id,
+            "limit": limit,
+        },
+    )
+    return [(int(job_id), finished_at) for job_id, finished_at in rows]

@@ -1,0 +1,325 @@
+"""The worker's own connections: the statements of claiming and finishing jobs.
+
+`Store` owns one dedicated psycopg connection in autocommit mode, made from the Django
+database settings but outside Django's connection handling, so CONN_MAX_AGE never
+closes it between jobs; its statements are prepared unless
+PGQUEUE["WORKER_PREPARED_STATEMENTS"] is False. Each method runs one statement from
+`sql/queries.sql`; a lost connection surfaces as `DatabaseUnavailable` and the next
+call reconnects. `wait_for` reconnects with jittered backoff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+import psycopg
+from django.db import connections
+
+from ..conf import get_settings
+from ..exceptions import DatabaseUnavailable
+from ..outcomes import Failure
+from ..sql import QUERIES
+from .arrays import int_array
+
+logger = logging.getLogger(__name__)
+
+NOTIFY_CHANNEL = "pgqueue"
+
+# Connection-level errors: the session is gone or unusable. Anything else (a bad
+# value, a constraint) is a statement error and leaves an autocommit session usable.
+_CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+LOST = "lost the database connection"
+
+
+def connection_params(alias: str, application_name: str) -> dict[str, Any]:
+    """psycopg connect() arguments for the Django database `alias`."""
+    params = dict(connections[alias].get_connection_params())
+    # Server-side binding: our statements carry explicit casts, and arrays of
+    # thousands of values travel as parameters instead of literals.
+    params.pop("cursor_factory", None)
+    # psycopg's own (C) loaders: Django's adapters parse timestamps in Python, and the
+    # worker reads no model fields.
+    params.pop("context", None)
+    params.setdefault("application_name", application_name[:63])
+    # Notice a dead peer (a failed-over server, a cut network) within about a minute.
+    params.setdefault("keepalives", 1)
+    params.setdefault("keepalives_idle", 30)
+    params.setdefault("keepalives_interval", 10)
+    params.setdefault("keepalives_count", 3)
+    params.setdefault("connect_timeout", 10)
+    return params
+
+
+class ClaimedRow(NamedTuple):
+    """One row of job_claim, in its column order."""
+
+    job_id: int
+    queue: str
+    type: str
+    payload: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    lease_version: int
+    attempt_id: int
+    idempotency_key: str | None
+    created_at: Any
+    run_at: Any
+
+    def order(self) -> tuple[int, Any, int]:
+        """A sort key for claim order: ORDER BY priority DESC, run_at, job_id."""
+        return (-self.priority, self.run_at, self.job_id)
+
+
+# Where a claim resumes: the (priority, run_at, job_id) of a row claimed before.
+ClaimKey = tuple[int, Any, int]
+
+
+def _claim_statement(
+    queue: str, limit: int, worker_id: str, lease: float, after: ClaimKey | None
+) -> tuple[str, dict[str, Any]]:
+    params = {"queue": queue, "limit": limit, "worker_id": worker_id, "lease": lease}
+    if after is None:
+        return "job_claim", params
+    priority, run_at, job_id = after
+    return "job_claim_after", {
+        **params,
+        "after_priority": priority,
+        "after_run_at": run_at,
+        "after_job_id": job_id,
+    }
+
+
+def _owned(held: Iterable[tuple[int, int]]) -> dict[str, str]:
+    """Parameters naming the (job_id, lease_version) pairs a worker holds."""
+    held = list(held)
+    return {
+        "job_ids": int_array(job_id for job_id, _ in held),
+        "owned": "{" + ",".join(f'"{job_id}":{version}' for job_id, version in held) + "}",
+    }
+
+
+def _complete_params(done: Sequence[tuple[int, int, int, str | None]]) -> dict[str, str]:
+    results = ",".join(f'"{attempt}":{result}' for _, _, attempt, result in done if result)
+    return {
+        **_owned((job_id, version) for job_id, version, _, _ in done),
+        "attempt_ids": int_array(attempt for _, _, attempt, _ in done),
+        "results": "{" + results + "}",
+    }
+
+
+class Backoff:
+    """Full-jitter exponential backoff for reconnects: uniform(0, min(cap, base * 2**n))."""
+
+    def __init__(self, cap: float, base: float = 0.05) -> None:
+        self.cap = cap
+        self.base = base
+        self.failures = 0
+
+    def next_delay(self) -> float:
+        ceiling = min(self.cap, self.base * 2 ** min(self.failures, 30))
+        self.failures += 1
+        return random.uniform(ceiling / 4, ceiling)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class Store:
+    """Runs the worker's statements on one dedicated connection."""
+
+    def __init__(self, alias: str, application_name: str) -> None:
+        self.alias = alias
+        self.application_name = application_name
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+
+    # -- connection ---------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.closed
+
+    def connect(self) -> None:
+        """Open the connection if it is not open; DatabaseUnavailable if that fails."""
+        if self.connected:
+            return
+        params = connection_params(self.alias, self.application_name)
+        # The worker runs the same few statements thousands of times on a connection it
+        # owns: prepared on first use, each is parsed and planned once per session.
+        params["prepare_threshold"] = 0 if get_settings().WORKER_PREPARED_STATEMENTS else None
+        with self._unavailable("cannot connect to the queue database"):
+            self._conn = psycopg.connect(**params, autocommit=True)
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    @contextmanager
+    def _unavailable(self, *what: str) -> Iterator[None]:
+        """Turn a connection-level error into DatabaseUnavailable("<what>: <error>").
+
+        The connection is dropped, so the next call reconnects.
+        """
+        try:
+            yield
+        except _CONNECTION_ERRORS as exc:
+            self.close()
+            raise DatabaseUnavailable(": ".join([*what, str(exc)])) from exc
+
+    @property
+    def raw(self) -> psycopg.Connection[Any]:
+        self.connect()
+        assert self._conn is not None
+        return self._conn
+
+    def _run(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        with self._lock:
+            conn = self.raw
+            with self._unavailable(name, LOST), conn.cursor() as cursor:
+                cursor.execute(QUERIES[name], params)
+                return cursor.fetchall() if cursor.description else []
+
+    # -- worker statements ----------------------------------------------------------
+
+    def claim(
+        self,
+        queue: str,
+        limit: int,
+        worker_id: str,
+        lease: float,
+        after: ClaimKey | None = None,
+    ) -> list[ClaimedRow]:
+        """Claim up to `limit` due jobs of `queue`, each with a new lease and attempt.
+
+        With `after`, a (priority, run_at, job_id) key, only jobs of that priority
+        after it in claim order are taken (`job_claim_after`).
+        """
+        name, params = _claim_statement(queue, limit, worker_id, lease, after)
+        return [ClaimedRow._make(row) for row in self._run(name, params)]
+
+    def complete(self, done: Sequence[tuple[int, int, int, str | None]]) -> set[int]:
+        """Complete (job_id, lease_version, attempt_id, result_json); return the job ids done."""
+        if not done:
+            return set()
+        return {row[0] for row in self._run("job_complete", _complete_params(done))}
+
+    def complete_and_claim(
+        self,
+        done: Sequence[tuple[int, int, int, str | None]],
+        queue: str,
+        limit: int,
+        worker_id: str,
+        lease: float,
+        after: ClaimKey | None = None,
+    ) -> tuple[set[int], list[ClaimedRow]]:
+        """`complete` then `claim`, pipelined: one round trip, one transaction, one commit.
+
+        Both statements share the transaction, so an error in either undoes both and
+        raises; the caller then writes them one at a time.
+        """
+        claim_name, claim = _claim_statement(queue, limit, worker_id, lease, after)
+        with self._lock:
+            conn = self.raw
+            with (
+                self._unavailable("job_complete + job_claim", LOST),
+                conn.cursor() as done_cur,
+                conn.cursor() as claim_cur,
+            ):
+                with conn.pipeline():
+                    done_cur.execute(QUERIES["job_complete"], _complete_params(done))
+                    claim_cur.execute(QUERIES[claim_name], claim)
+                completed = {row[0] for row in done_cur.fetchall()}
+                return completed, [ClaimedRow._make(row) for row in claim_cur.fetchall()]
+
+    def fail(
+        self, job_id: int, lease_version: int, attempt_id: int, failure: Failure
+    ) -> tuple[str, Any] | None:
+        """Record a failed attempt; return (new status, run_at), or None if the lease was lost."""
+        rows = self._run(
+            "job_fail",
+            {
+                "job_id": job_id,
+                "lease_version": lease_version,
+                "attempt_id": attempt_id,
+                "permanent": failure.permanent,
+                "delay": failure.delay,
+                "error_class": failure.error_class,
+                "error_message": failure.message,
+                "traceback": failure.traceback,
+                "last_error": failure.last_error,
+            },
+        )
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def renew(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
+        """Extend the leases of (job_id, lease_version) pairs; return the job ids still held."""
+        if not held:
+            return set()
+        rows = self._run("lease_renew", {**_owned(held), "lease": lease})
+        return {row[0] for row in rows}
+
+    def release(self, held: Sequence[tuple[int, int, int]]) -> set[int]:
+        """Hand back claimed, never-started (job_id, lease_version, attempt_id); return job ids."""
+        if not held:
+            return set()
+        rows = self._run(
+            "job_release",
+            {
+                **_owned((job_id, version) for job_id, version, _ in held),
+                "attempt_ids": int_array(attempt for _, _, attempt in held),
+            },
+        )
+        return {row[0] for row in rows}
+
+    def sweep(self, limit: int = 1000) -> list[tuple[int, str, int, str]]:
+        """Requeue (or kill) jobs whose lease ran out: [(job_id, queue, lost_version, status)]."""
+        return [tuple(row) for row in self._run("lease_sweep", {"limit": limit})]  # type: ignore[misc]
+
+    def attempt_statuses(self, attempt_ids: Sequence[int]) -> dict[int, str]:
+        """Status of attempts, by attempt id."""
+        if not attempt_ids:
+            return {}
+        rows = self._run("attempt_outcome", {"attempt_ids": int_array(attempt_ids)})
+        return {row[0]: row[1] for row in rows}
+
+    # -- LISTEN / NOTIFY ------------------------------------------------------------
+
+    def listen(self) -> None:
+        with self._lock, self._unavailable("LISTEN", LOST):
+            self.raw.execute(f"LISTEN {NOTIFY_CHANNEL}")
+
+    def notifications(self, timeout: float) -> Iterator[str]:
+        """Yield queue names notified within `timeout` seconds (stops early after one burst)."""
+        conn = self.raw
+        with self._unavailable("listening", LOST):
+            for notify in conn.notifies(timeout=timeout, stop_after=1):
+                yield notify.payload
+            # Collect what else already arrived without waiting again.
+            for notify in conn.notifies(timeout=0.0):
+                yield notify.payload
+
+
+def wait_for(store: Store, stop: threading.Event, backoff: Backoff, what: str) -> bool:
+    """Reconnect `store` with jittered backoff until it works or `stop` is set."""
+    while not stop.is_set():
+        try:
+            store.connect()
+        except DatabaseUnavailable as exc:
+            delay = backoff.next_delay()
+            logger.warning("%s: database unavailable (%s); retrying in %.2fs", what, exc, delay)
+            stop.wait(delay)
+            continue
+        if backoff.failures:
+            logger.warning("%s: reconnected to the database", what)
+        backoff.reset()
+        return True
+    return False

@@ -1,0 +1,32 @@
+"""The worker: claim, run with bounded concurrency, renew leases, finish with fencing.
+
+Threads of one worker process, each with its own database connection:
+
+- the dispatcher (the thread that calls `Worker.run`, `dispatcher.py`): claims
+  batches, one queue per statement, sized to the free handler slots; writes outcomes
+  in batches; sweeps expired leases; takes back unstarted jobs on shutdown;
+- `concurrency` handler threads (`pool.py`): run handlers, outside any transaction;
+- the heartbeat (`leases.py`): renews every held lease in one statement every
+  HEARTBEAT_INTERVAL, so a busy handler cannot starve it;
+- the listener (`listener.py`): LISTENs for enqueue notifications; polling covers for
+  it when it is down;
+- the signal thread (`signals.py`, when the worker installs signal handlers): acts on
+  SIGTERM/SIGINT, which the handler itself only queues.
+
+The dispatcher's parts, each in its own module: `config` (WorkerConfig), `scheduler`
+(queue order, weights, empty marks, resume keys), `inflight` (the jobs handed out),
+`leases` (held leases, heartbeat, sweep, hand-back), `writer` (outcome batches,
+fenced writes, the read-back of writes in doubt) and `pool` (handler threads,
+timeouts, Django connection hygiene). They report facts to the dispatcher and never
+call it back.
+
+Every write about a claimed job is fenced by its lease version, so whatever this
+process believes, it can never overwrite the state of a newer owner.
+"""
+
+from .config import WorkerConfig
+from .inflight import InFlight
+from .lifecycle import Worker
+from .scheduler import RESUME_TTL, QueueScheduler
+
+__all__ = ["RESUME_TTL", "InFlight", "QueueScheduler", "Worker", "WorkerConfig"]

@@ -1,0 +1,123 @@
+"""The worker's settings: `WorkerConfig`, built from arguments and PGQUEUE, validated."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .. import validation
+from ..conf import get_settings
+from ..exceptions import ConfigurationError, EnqueueError
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs to run; `build` fills gaps from PGQUEUE and validates."""
+
+    queues: tuple[str, ...]
+    concurrency: int
+    batch_size: int
+    lease: float
+    heartbeat_interval: float
+    poll_interval: float
+    sweep_interval: float
+    shutdown_grace: float
+    job_timeout: float | None
+    reconnect_max_delay: float
+    database: str
+    worker_id: str
+    burst: bool = False
+    weights: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        queues: Iterable[str],
+        *,
+        concurrency: int | None = None,
+        batch_size: int | None = None,
+        lease: float | None = None,
+        heartbeat_interval: float | None = None,
+        poll_interval: float | None = None,
+        sweep_interval: float | None = None,
+        shutdown_grace: float | None = None,
+        job_timeout: float | None = None,
+        weights: Mapping[str, int] | None = None,
+        burst: bool = False,
+        worker_id: str | None = None,
+        database: str | None = None,
+    ) -> WorkerConfig:
+        conf = get_settings()
+        names = tuple(queues)
+        if not names:
+            raise ConfigurationError("A worker needs at least one queue.")
+        try:
+            for name in names:
+                validation.queue_name(name, "queue")
+        except EnqueueError as exc:
+            raise ConfigurationError(str(exc)) from None
+        if len(set(names)) != len(names):
+            raise ConfigurationError(f"Queue names repeat in {list(names)}.")
+        weights = dict(weights or {})
+        for name, weight in weights.items():
+            if name not in names:
+                raise ConfigurationError(
+                    f"Weight given for {name!r}, which is not one of the worker's queues "
+                    f"({', '.join(names)})."
+                )
+            if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 1000:
+                raise ConfigurationError(f"Weight of {name!r} must be 1..1000, got {weight!r}.")
+
+        def positive(name: str, value: float | None, default: float) -> float:
+            value = default if value is None else value
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigurationError(f"{name} must be a number > 0, got {value!r}.")
+            return float(value)
+
+        def count(name: str, value: int | None, default: int) -> int:
+            value = default if value is None else value
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}.")
+            return value
+
+        lease_s = positive("lease", lease, conf.LEASE)
+        if heartbeat_interval is None:
+            # The configured interval, unless this worker's lease is shorter than the
+            # settings' lease: renew at a third of whatever lease is in force.
+            heartbeat_interval = min(conf.HEARTBEAT_INTERVAL, lease_s / 3)
+        heartbeat = positive("heartbeat_interval", heartbeat_interval, lease_s / 3)
+        if heartbeat > lease_s / 2:
+            raise ConfigurationError(
+                f"heartbeat_interval ({heartbeat:g}s) must be at most half the lease "
+                f"({lease_s:g}s), so a lease is renewed well before it ends."
+            )
+        grace = conf.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+            raise ConfigurationError(f"shutdown_grace must be >= 0 seconds, got {grace!r}.")
+        timeout = conf.JOB_TIMEOUT if job_timeout is None else job_timeout
+        if timeout is not None:
+            timeout = positive("job_timeout", timeout, 1.0)
+        ident = worker_id or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        if not isinstance(ident, str) or len(ident) > 200 or "\x00" in ident:
+            raise ConfigurationError(
+                f"worker_id must be a string of at most 200 characters: {ident!r}"
+            )
+        return cls(
+            queues=names,
+            concurrency=count("concurrency", concurrency, conf.CONCURRENCY),
+            batch_size=count("batch_size", batch_size, conf.BATCH_SIZE),
+            lease=lease_s,
+            heartbeat_interval=heartbeat,
+            poll_interval=positive("poll_interval", poll_interval, conf.POLL_INTERVAL),
+            sweep_interval=positive("sweep_interval", sweep_interval, conf.SWEEP_INTERVAL),
+            shutdown_grace=float(grace),
+            job_timeout=timeout,
+            reconnect_max_delay=conf.RECONNECT_MAX_DELAY,
+            database=database or conf.DATABASE,
+            worker_id=ident,
+            burst=burst,
+            weights=weights,
+        )

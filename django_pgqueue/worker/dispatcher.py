@@ -1,0 +1,292 @@
+"""The dispatcher: the loop of the thread that calls `Worker.run`; it orchestrates.
+
+One cycle: collect the outcomes handlers returned, fail the handlers past their
+timeout, sweep expired leases now and then, then write outcomes and claim more in as
+few round trips as it can; sleep until there is a reason to act. The parts it calls
+report facts (outcomes, timeouts, retries due, queues requeued) and never call it back.
+
+A claim's rows go through one intake pipeline: `_intake` (what the claim taught the
+scheduler; a short resumed claim is topped up by a walk from the start) -> `_admit`
+(hand back at once when stopping) -> `_launch` (in-flight job, lease, handler pool).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+
+import psycopg
+
+from ..exceptions import DatabaseUnavailable
+from ..registry import Registry
+from ..retry import RetryPolicy
+from ..store.worker import Backoff, ClaimedRow, ClaimKey, Store, wait_for
+from .config import WorkerConfig
+from .inflight import InFlight, InFlightJobs
+from .leases import LeaseBook, sweep_expired
+from .pool import HandlerPool
+from .scheduler import ClaimScheduler
+from .signals import StopSwitch
+from .writer import Claim, OutcomeWriter, Written
+
+logger = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    """Claims, hands out, collects and writes, on the worker's own connection."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        registry: Registry,
+        policy: RetryPolicy,
+        store: Store,
+        switch: StopSwitch,
+        claims: ClaimScheduler,
+        inflight: InFlightJobs,
+        leases: LeaseBook,
+        writer: OutcomeWriter,
+        pool: HandlerPool,
+        stats: Counter[str],
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.stats = stats
+        self.exit_code = 0  # 1 once too many handlers are stuck past their timeout
+        self._policy = policy
+        self._store = store
+        self._backoff = Backoff(config.reconnect_max_delay)
+        self._switch = switch
+        self._wake = switch.wake
+        self._claims = claims
+        self._inflight = inflight
+        self._leases = leases
+        self._writer = writer
+        self._pool = pool
+
+    def run(self) -> None:
+        cfg = self.config
+        stopping = self._switch.stopping
+        next_sweep = 0.0
+        while not stopping.is_set():
+            try:
+                if not self._store.connected:
+                    self.reconnect()
+                    continue
+                self._wake.clear()
+                self.collect_outcomes()
+                self.check_timeouts()
+                if stopping.is_set():
+                    break
+                now = time.monotonic()
+                if now >= next_sweep:
+                    self._sweep()
+                    next_sweep = now + cfg.sweep_interval
+                if self._cycle(now):
+                    continue
+                if cfg.burst and self._idle():
+                    logger.info("worker %s: queues empty, burst done", cfg.worker_id)
+                    return
+                self._pool.wait(
+                    self._idle_timeout(next_sweep),
+                    until_last=self._writer.pending and bool(self._inflight),
+                )
+            except DatabaseUnavailable as exc:
+                logger.warning("worker %s: %s", cfg.worker_id, exc)
+                self._store.close()
+            except psycopg.Error as exc:
+                # A statement error (a timeout, a refused value): the session is still
+                # usable; the fenced statements make a retry of the cycle safe.
+                logger.exception("worker %s: database error: %s", cfg.worker_id, exc)
+                stopping.wait(0.5)
+
+    def reconnect(self) -> None:
+        if not wait_for(
+            self._store, self._switch.force, self._backoff, f"worker {self.config.worker_id}"
+        ):
+            return
+        self._pool.reconnected()
+        self._claims.reconnected()
+        self._writer.resolve_uncertain()
+        # The leases this worker holds may have run out while it was cut off. Before
+        # its next sweep (the first thing the loop does) could requeue them, write
+        # what finished meanwhile and renew what still runs. Another worker's sweep
+        # may have been first: the fenced writes tell, and the job runs again.
+        self.collect_outcomes()
+        self.write_outcomes()
+        held = self._leases.held()
+        if held:
+            lost = self._leases.renew(self._store, held, time.monotonic())
+            if lost:
+                self.stats["leases_lost"] += lost
+
+    def _idle(self) -> bool:
+        """Burst mode's exit test: nothing running, nothing due, no retry about to be."""
+        return (
+            not self._inflight
+            and not self._writer.pending
+            and not self._writer.in_doubt
+            and self._claims.idle(time.monotonic())
+        )
+
+    def _idle_timeout(self, next_sweep: float) -> float:
+        now = time.monotonic()
+        deadline = min(next_sweep, now + self.config.poll_interval)
+        for due in (
+            self._writer.flush_deadline(),
+            self._claims.next_look(),
+            self._pool.next_timeout(),
+        ):
+            if due is not None:
+                deadline = min(deadline, due)
+        return max(0.0, deadline - now)
+
+    def _cycle(self, now: float) -> bool:
+        """Write finished outcomes and claim more, batching both; False if nothing to do.
+
+        Outcomes wait up to FLUSH_DELAY (or until the batch is done) so that one
+        transaction completes many jobs and claims the next batch in the same round
+        trip; a claim waits for pending outcomes for the same reason.
+        """
+        cfg = self.config
+        stopping = self._switch.stopping
+        free = cfg.concurrency - len(self._inflight)
+        flush_due = self._writer.flush_due(now, running=bool(self._inflight))
+        claim_ok = (
+            free > 0
+            and not stopping.is_set()
+            and (flush_due or not self._writer.pending)
+            and self._claims.refresh(now)
+        )
+        if not (flush_due or claim_ok):
+            return False
+        order = self._claims.order() if claim_ok else []
+        limit = min(cfg.batch_size, free)
+        after = self._claims.resume_after(order[0], now) if order else None
+        claim = (order[0], limit, cfg.worker_id, cfg.lease, after) if order else None
+        sent = time.monotonic()
+        rows = self._write(self._writer.take() if flush_due else [], claim)
+        if claim is not None:
+            if rows is None:
+                rows = self._claim_or_log(order[0], limit, after)
+            self._intake(order[0], limit, after, rows, sent)
+            for name in order[1:]:
+                free = cfg.concurrency - len(self._inflight)
+                if free <= 0 or stopping.is_set():
+                    break
+                limit = min(cfg.batch_size, free)
+                sent = time.monotonic()
+                after = self._claims.resume_after(name, sent)
+                rows = self._store.claim(name, limit, cfg.worker_id, cfg.lease, after)
+                self._intake(name, limit, after, rows, sent)
+        return True
+
+    def _claim_or_log(
+        self, queue: str, limit: int, after: ClaimKey | None = None
+    ) -> list[ClaimedRow]:
+        """Claim; a statement error (not a lost connection) is logged and claims nothing."""
+        try:
+            return self._store.claim(queue, limit, self.config.worker_id, self.config.lease, after)
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+                raise
+            logger.error("claim from %s failed: %s", queue, exc)
+            return []
+
+    # -- intake: claimed rows -> handler pool -----------------------------------------
+
+    def _intake(
+        self, queue: str, limit: int, after: ClaimKey | None, rows: list[ClaimedRow], sent: float
+    ) -> None:
+        """Take in a claim's rows; a resumed claim that came back short claims the rest
+        with a walk from the start, which may find jobs that sort before its key."""
+        if after is not None:
+            self.stats["claims_resumed"] += 1
+        self._claims.claimed(queue, limit, after, rows, sent)
+        self._admit(queue, rows, sent)
+        if after is None or len(rows) >= limit or self._switch.stopping.is_set():
+            return
+        rest = limit - len(rows)
+        sent = time.monotonic()
+        more = self._claim_or_log(queue, rest)
+        self._claims.claimed(queue, rest, None, more, sent)
+        self._admit(queue, more, sent)
+
+    def _admit(self, queue: str, rows: list[ClaimedRow], sent: float) -> None:
+        """Launch claimed rows, or hand them back if a stop came while the claim ran."""
+        if not rows:
+            return
+        if self._switch.stopping.is_set():
+            # These jobs have not started, so they go back now rather than run after
+            # the signal.
+            self.stats["claimed"] += len(rows)
+            self.release([(row.job_id, row.lease_version, row.attempt_id) for row in rows])
+            return
+        logger.info("claimed %d job(s) from %s", len(rows), queue)
+        self._launch(rows, sent + self.config.lease)
+
+    def _launch(self, rows: list[ClaimedRow], expires: float) -> None:
+        """Start claimed jobs: in flight, their leases held, handed to the handler pool."""
+        cfg = self.config
+        self.stats["claimed"] += len(rows)
+        if len(rows) > 1:
+            rows.sort(key=ClaimedRow.order)
+        items = [
+            InFlight.claimed(
+                row,
+                self.registry.find(row.type),
+                self._policy,
+                cfg.job_timeout,
+                cfg.worker_id,
+                expires,
+            )
+            for row in rows
+        ]
+        for item in items:
+            self._inflight.add(item)
+        self._leases.hold(item.lease for item in items)
+        self._pool.submit(items)
+
+    # -- outcomes, timeouts, sweep --------------------------------------------------
+
+    def collect_outcomes(self) -> None:
+        for item, outcome in self._pool.finished():
+            self._inflight.drop(item)
+            self._writer.add(item, outcome)
+
+    def check_timeouts(self) -> None:
+        timeouts = self._pool.check_timeouts()
+        for item, failure in timeouts.failed:
+            self._inflight.drop(item)
+            self.stats["timed_out"] += 1
+            self._writer.add(item, failure)
+        for _ in range(timeouts.over_limit):
+            self.exit_code = 1
+            self._switch.request()
+
+    def _write(self, batch: list[Written], claim: Claim | None) -> list[ClaimedRow] | None:
+        """Write outcomes (see OutcomeWriter.write); then tell the scheduler of retries."""
+        try:
+            return self._writer.write(batch, claim)
+        finally:
+            # No NOTIFY announces a retry: look at its queue again when it is due, and
+            # let a burst worker wait for it rather than exit.
+            for queue, due in self._writer.take_retries():
+                self._claims.retry_scheduled(queue, due)
+
+    def write_outcomes(self) -> None:
+        if self._writer.pending:
+            self._write(self._writer.take(), None)
+
+    def _sweep(self) -> None:
+        for queue in sweep_expired(self._store):
+            self.stats["swept"] += 1
+            self._claims.requeued(queue)  # a requeued job keeps its place: walk from the start
+
+    def release(self, held: list[tuple[int, int, int]]) -> None:
+        """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""
+        released = self._leases.hand_back(self._store, held)
+        if released is not None:
+            self.stats["released"] += len(released)

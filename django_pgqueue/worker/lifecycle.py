@@ -1,0 +1,202 @@
+"""The `Worker`: builds the parts, starts the threads, runs the dispatcher, shuts down.
+
+Shutdown, in order: hand back the jobs no handler started; give running handlers
+SHUTDOWN_GRACE to finish while their outcomes are written; record the ones still
+running as interrupted (retried); write what is left; stop the other threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..exceptions import DatabaseUnavailable
+from ..outcomes import Failure
+from ..registry import Registry
+from ..registry import registry as default_registry
+from ..retry import default_policy
+from ..store.worker import Store
+from .config import WorkerConfig
+from .dispatcher import Dispatcher
+from .inflight import InFlightJobs
+from .leases import Heartbeat, LeaseBook
+from .listener import Listener
+from .pool import HandlerPool
+from .scheduler import ClaimScheduler
+from .signals import SignalRelay, StopSwitch
+from .writer import OutcomeWriter
+
+logger = logging.getLogger(__name__)
+
+
+class Worker:
+    """Runs jobs from one or more queues until stopped (or, in burst mode, until idle)."""
+
+    def __init__(
+        self,
+        queues: Iterable[str],
+        *,
+        registry: Registry | None = None,
+        install_signal_handlers: bool = True,
+        **options: Any,
+    ) -> None:
+        self.config = cfg = WorkerConfig.build(queues, **options)
+        self.registry = registry or default_registry
+        self.install_signal_handlers = install_signal_handlers
+        self.stats: Counter[str] = Counter()
+        self._store = Store(cfg.database, f"pgqueue worker {cfg.worker_id}")
+        self._wake = threading.Event()
+        self._switch = StopSwitch(self._wake)
+        self._service_stop = threading.Event()  # ends the heartbeat and the listener
+        self._threads: list[threading.Thread] = []  # signals, heartbeat, listener
+        claims = ClaimScheduler(cfg.queues, cfg.weights, cfg.poll_interval)
+        self._inflight = InFlightJobs()
+        leases = LeaseBook(cfg.lease)
+        self._writer = OutcomeWriter(
+            self._store,
+            leases,
+            self.stats,
+            batch_size=cfg.batch_size,
+            poll_interval=cfg.poll_interval,
+        )
+        self._pool = HandlerPool(cfg.concurrency, self._wake, cfg.worker_id)
+        self._dispatcher = Dispatcher(
+            cfg,
+            registry=self.registry,
+            policy=default_policy(),
+            store=self._store,
+            switch=self._switch,
+            claims=claims,
+            inflight=self._inflight,
+            leases=leases,
+            writer=self._writer,
+            pool=self._pool,
+            stats=self.stats,
+        )
+        self._heartbeat = Heartbeat(cfg, leases, self._service_stop, self.stats)
+        self.heartbeat_gaps = self._heartbeat.gaps
+        self._listener = Listener(cfg, claims, self._wake, self._service_stop)
+        self._signals = SignalRelay(self._switch, cfg.shutdown_grace)
+
+    @property
+    def worker_id(self) -> str:
+        return self.config.worker_id
+
+    @property
+    def exit_code(self) -> int:
+        """The process exit code: 1 once too many handlers were stuck, else 0."""
+        return self._dispatcher.exit_code
+
+    def stop(self, *, force: bool = False) -> None:
+        """Stop claiming and shut down; force skips the grace period for running handlers."""
+        self._switch.request(force=force)
+
+    def run(self) -> int:
+        """Run until stopped; return the process exit code (0 after a graceful stop)."""
+        cfg = self.config
+        self.registry.autodiscover()
+        restore = self._signals.install() if self.install_signal_handlers else None
+        if restore:
+            self._start_service(self._signals.run, "signals")
+        logger.info(
+            "worker %s starting: queues=%s concurrency=%d batch=%d lease=%gs heartbeat=%gs",
+            cfg.worker_id,
+            ",".join(cfg.queues),
+            cfg.concurrency,
+            cfg.batch_size,
+            cfg.lease,
+            cfg.heartbeat_interval,
+        )
+        self._pool.start()
+        self._start_service(self._heartbeat.run, "heartbeat")
+        self._start_service(self._listener.run, "listener")
+        try:
+            self._dispatcher.run()
+        finally:
+            try:
+                self._shutdown()
+            finally:
+                if restore:
+                    restore()
+        logger.info("worker %s stopped: %s", cfg.worker_id, dict(self.stats))
+        return self.exit_code
+
+    def _start_service(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=f"pgqueue-{name}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _busy(self) -> bool:
+        """Jobs still run, or outcomes wait to be written or read back."""
+        return bool(self._inflight) or self._writer.pending or self._writer.in_doubt
+
+    def _shutdown(self) -> None:
+        cfg = self.config
+        dispatcher = self._dispatcher
+        unstarted = self._pool.stop()
+        for item in unstarted:
+            item.resolved = True
+            self._inflight.drop(item)
+        if unstarted:
+            dispatcher.release(
+                [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in unstarted]
+            )
+
+        deadline = time.monotonic() + cfg.shutdown_grace
+        while self._busy():
+            if self._switch.force.is_set() or time.monotonic() >= deadline:
+                break
+            self._wake.wait(0.05)
+            self._wake.clear()
+            dispatcher.collect_outcomes()
+            dispatcher.check_timeouts()
+            try:
+                if not self._store.connected:
+                    dispatcher.reconnect()
+                dispatcher.write_outcomes()
+            except DatabaseUnavailable as exc:
+                logger.warning("shutdown: %s", exc)
+                self._store.close()
+                self._switch.force.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+
+        interrupted = [item for item in self._inflight if not item.resolved]
+        for item in interrupted:
+            item.resolved = True
+            self._writer.add(item, _interrupted(cfg.worker_id))
+        self._inflight.clear()
+        if interrupted:
+            logger.warning(
+                "shutdown: %d handler(s) still running; their jobs are retried", len(interrupted)
+            )
+        try:
+            if not self._store.connected:
+                self._store.connect()
+            self._writer.resolve_uncertain()
+            dispatcher.write_outcomes()
+        except DatabaseUnavailable as exc:
+            logger.warning(
+                "shutdown: could not write %d outcome(s) (%s); their leases will expire and "
+                "the sweep will requeue them",
+                self._writer.backlog(),
+                exc,
+            )
+        self._service_stop.set()
+        self._signals.close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._store.close()
+
+
+def _interrupted(worker_id: str) -> Failure:
+    """The failure of a job whose handler still ran when the worker stopped."""
+    return Failure(
+        "django_pgqueue.WorkerShutdown",
+        f"worker {worker_id} stopped before the handler finished",
+        "",
+        permanent=False,
+        delay=0.0,
+    )

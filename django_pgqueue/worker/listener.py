@@ -1,0 +1,69 @@
+"""The listener thread: LISTEN for enqueue notifications and wake the dispatcher.
+
+Polling (POLL_INTERVAL) covers for it while it is down or behind a pooler that drops
+LISTEN; after a reconnect it says "look" for every queue, since notifications sent
+meanwhile are gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from ..exceptions import DatabaseUnavailable
+from ..store.worker import Backoff, Store, wait_for
+from .config import WorkerConfig
+from .scheduler import ClaimScheduler
+
+logger = logging.getLogger(__name__)
+
+# How long the listener blocks waiting for a NOTIFY before it checks for shutdown.
+LISTEN_TIMEOUT = 0.25
+
+
+class Listener:
+    """Passes the NOTIFYs about this worker's queues to the claim scheduler."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        claims: ClaimScheduler,
+        wake: threading.Event,
+        stop: threading.Event,
+    ) -> None:
+        self.config = config
+        self.claims = claims
+        self.wake = wake
+        self.stop = stop
+
+    def run(self) -> None:
+        cfg = self.config
+        store = Store(cfg.database, f"pgqueue listener {cfg.worker_id}")
+        backoff = Backoff(cfg.reconnect_max_delay)
+        wanted = set(cfg.queues)
+        try:
+            while not self.stop.is_set():
+                if not store.connected:
+                    if not wait_for(store, self.stop, backoff, "listener"):
+                        return
+                    try:
+                        store.listen()
+                    except DatabaseUnavailable as exc:
+                        logger.warning("listener: %s", exc)
+                        continue
+                    # Notifications sent while we were not listening are gone: look.
+                    self.claims.notify(wanted)
+                    self.wake.set()
+                try:
+                    for name in store.notifications(timeout=LISTEN_TIMEOUT):
+                        if name in wanted:
+                            self.claims.notify((name,))
+                            self.wake.set()
+                except DatabaseUnavailable as exc:
+                    logger.warning("listener: %s", exc)
+                except Exception:  # polling covers while the listener recovers
+                    logger.exception("listener failed; reconnecting")
+                    store.close()
+                    self.stop.wait(backoff.next_delay())
+        finally:
+            store.close()

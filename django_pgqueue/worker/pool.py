@@ -1,0 +1,257 @@
+"""The handler pool: threads that run handlers, their timeouts, and the hygiene of the
+Django connections handlers use.
+
+Handler threads take jobs from a queue and put (job, outcome) on another; none of them
+touches the queue's tables. The dispatcher is woken only when the count of finished
+jobs reaches a mark it set (see `wait`), not once per job.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import queue as queue_module
+import threading
+import time
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from django.db import connections
+
+from .. import executor
+from ..outcomes import Failure, Outcome
+from .inflight import InFlight
+
+logger = logging.getLogger(__name__)
+
+
+class Timeouts(NamedTuple):
+    """What a timeout check found."""
+
+    failed: list[tuple[InFlight, Failure]]  # jobs past their timeout, and their failure
+    over_limit: int  # of those, how many left more stuck threads than the pool's size
+
+
+_NO_TIMEOUTS = Timeouts([], 0)
+
+
+class HandlerPool:
+    """`concurrency` handler threads, replaced when a handler hangs past its timeout."""
+
+    def __init__(self, concurrency: int, wake: threading.Event, worker_id: str) -> None:
+        self.concurrency = concurrency
+        self.worker_id = worker_id
+        self._wake = wake
+        self._work: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
+        self._outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]] = (
+            queue_module.SimpleQueue()
+        )
+        self._threads: list[threading.Thread] = []
+        self._timed: dict[int, InFlight] = {}  # handed out with a timeout, by job id
+        self._stuck = 0
+        # Jobs handed to handler threads and finished by them, and the finished count
+        # at which a handler thread wakes the dispatcher (see wait).
+        self._count_lock = threading.Lock()
+        self._handed = 0
+        self._finished_n = 0
+        self._wake_at = 1
+        # Grows each time the dispatcher gets its connection back after losing it: the
+        # database restarted or cut this process off, so the handler threads' own
+        # Django connections are likely dead too (see _run).
+        self._db_epoch = 0
+
+    # -- the dispatcher's side ----------------------------------------------------
+
+    def start(self) -> None:
+        for _ in range(self.concurrency):
+            self._spawn()
+
+    def submit(self, items: list[InFlight]) -> None:
+        """Hand jobs to the handler threads, in order."""
+        for item in items:
+            if item.timeout is not None:
+                self._timed[item.ctx.job_id] = item
+        with self._count_lock:
+            self._handed += len(items)
+        for item in items:
+            self._work.put(item)
+
+    def finished(self) -> Iterator[tuple[InFlight, Outcome]]:
+        """The outcomes handlers returned since the last call, each job's once."""
+        while True:
+            try:
+                item, outcome = self._outcomes.get_nowait()
+            except queue_module.Empty:
+                return
+            if item.resolved:
+                continue  # a timed-out handler came back after its failure was recorded
+            item.resolved = True
+            yield item, outcome
+
+    def wait(self, timeout: float, *, until_last: bool) -> None:
+        """Wait up to `timeout` for a reason to act (an outcome worth collecting, a NOTIFY,
+        a signal).
+
+        Handler threads wake the dispatcher only when the count of finished jobs
+        reaches `_wake_at`: the last job in flight (`until_last`: outcomes already
+        wait and more jobs run), else the first outcome after a flush (it starts the
+        FLUSH_DELAY clock). Waking on every outcome would cost a thread switch per job.
+        """
+        with self._count_lock:
+            if until_last:
+                self._wake_at = self._handed
+            else:
+                self._wake_at = self._finished_n + 1
+        # A handler that finished before the line above put its outcome first.
+        if self._outcomes.empty():
+            self._wake.wait(timeout)
+
+    def reconnected(self) -> None:
+        """The dispatcher lost its connection and has it back: check Django's too."""
+        self._db_epoch += 1
+
+    def next_timeout(self) -> float | None:
+        """When the first running handler reaches its timeout, if any has one."""
+        deadline = None
+        for item in self._timed.values():
+            if item.timeout is not None and item.started is not None and not item.timed_out:
+                end = item.started + item.timeout
+                deadline = end if deadline is None else min(deadline, end)
+        return deadline
+
+    def check_timeouts(self) -> Timeouts:
+        """Fail the handlers past their timeout and replace their threads."""
+        if not self._timed:
+            return _NO_TIMEOUTS
+        failed = []
+        over_limit = 0
+        now = time.monotonic()
+        for item in list(self._timed.values()):
+            if item.resolved:
+                del self._timed[item.ctx.job_id]
+                continue
+            if item.started is None or item.timed_out or now - item.started < item.timeout:
+                continue
+            item.timed_out = True
+            item.resolved = True
+            del self._timed[item.ctx.job_id]
+            logger.error(
+                "job %d (%s) exceeded its timeout of %gs; failing it and replacing its thread",
+                item.ctx.job_id,
+                item.ctx.type,
+                item.timeout,
+            )
+            failed.append((item, executor.timed_out(item.ctx, item.timeout, item.policy)))
+            thread = item.thread
+            if thread is not None and thread.ident is not None:
+                # Best effort: raises JobTimeout in the handler at its next bytecode. A
+                # handler blocked in C code only notices when that call returns.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(thread.ident), ctypes.py_object(executor.JobTimeout)
+                )
+            self._stuck += 1
+            if self._stuck > self.concurrency:
+                logger.critical(
+                    "worker %s: %d handlers are stuck past their timeout; exiting so a "
+                    "supervisor can restart the process",
+                    self.worker_id,
+                    self._stuck,
+                )
+                over_limit += 1
+            else:
+                self._spawn()
+        return Timeouts(failed, over_limit)
+
+    def stop(self) -> list[InFlight]:
+        """Stop the handler threads once their current job ends; return the jobs that
+        never started."""
+        unstarted: list[InFlight] = []
+        while True:
+            try:
+                item = self._work.get_nowait()
+            except queue_module.Empty:
+                break
+            if item is not None:
+                unstarted.append(item)
+        for _ in self._threads:
+            self._work.put(None)
+        return unstarted
+
+    # -- the handler threads --------------------------------------------------------
+
+    def _spawn(self) -> None:
+        thread = threading.Thread(
+            target=self._run, name=f"pgqueue-executor-{len(self._threads)}", daemon=True
+        )
+        self._threads.append(thread)
+        thread.start()
+
+    def _run(self) -> None:
+        epoch = self._db_epoch
+        try:
+            while True:
+                item = self._work.get()
+                if item is None:
+                    return
+                if epoch != self._db_epoch:
+                    # The dispatcher lost its connection since this thread's last job: a
+                    # Django connection that died with it would fail the next job for
+                    # nothing (and kill one with a single attempt). Replace it first.
+                    epoch = self._db_epoch
+                    _close_unusable_django_connections()
+                item.thread = threading.current_thread()
+                item.started = time.monotonic()
+                outcome = _execute(item)
+                self._outcomes.put((item, outcome))
+                with self._count_lock:
+                    self._finished_n += 1
+                    finished = self._finished_n
+                if finished >= self._wake_at:
+                    self._wake.set()
+                if item.timed_out:
+                    return  # a replacement thread took this one's place
+        except BaseException:
+            if not (item is not None and item.timed_out):
+                logger.exception("executor thread crashed")
+        finally:
+            connections.close_all()
+
+
+def _execute(item: InFlight) -> Outcome:
+    ctx = item.ctx
+    try:
+        ctx.payload = json.loads(item.payload_text)
+    except ValueError as exc:
+        return Failure(*executor.describe(exc), permanent=True)
+    try:
+        return executor.run(ctx, item.handler, item.policy)
+    finally:
+        _reset_django_connections()
+
+
+def _close_unusable_django_connections() -> None:
+    """Close this thread's Django connections that no longer answer a query."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and not conn.is_usable():
+            conn.close()
+
+
+def _reset_django_connections() -> None:
+    """Keep a handler thread's Django connections across jobs, unless one is broken.
+
+    Django closes connections per request according to CONN_MAX_AGE; a worker has no
+    requests, and reconnecting per job costs more than most jobs. A connection is
+    dropped only when it saw an error and no longer answers, or when the handler left a
+    transaction open.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        if conn.in_atomic_block or not conn.get_autocommit():
+            conn.close()  # a transaction left open by a handler: roll it back
+        elif conn.errors_occurred:
+            if conn.is_usable():
+                conn.errors_occurred = False
+            else:
+                conn.close()

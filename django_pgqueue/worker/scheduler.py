@@ -1,0 +1,125 @@
+"""Which queue a worker claims from next, and where in it the claim starts.
+
+Queue order follows the weights (smooth weighted round robin); a queue found empty is
+skipped until it is due again (POLL_INTERVAL, a NOTIFY, or a retry this worker wrote);
+a claim resumes after the last key it took from a queue (see RESUME_TTL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from ..store.worker import ClaimedRow, ClaimKey
+
+# How long a claim may resume after the last key this worker claimed from a queue
+# before it walks the queue's claim-index entries from the start again. Every claimed
+# job leaves a dead entry at the start until VACUUM, and walking them all on every
+# claim slows a long drain several-fold; resuming skips them. A job that sorts before
+# that key (a higher priority, or an earlier run_at: a requeued job) is seen at the
+# next full walk: at most this long after it is due, or at once when the resumed
+# claim comes back short.
+RESUME_TTL = 0.5
+
+
+class QueueScheduler:
+    """Smooth weighted round robin: with weights payments=3, email=1, payments gets three
+    claim turns for every one of email, interleaved. Unweighted queues weigh 1."""
+
+    def __init__(self, queues: tuple[str, ...], weights: Mapping[str, int]) -> None:
+        self.queues = queues
+        self.weights = {name: weights.get(name, 1) for name in queues}
+        self.total = sum(self.weights.values())
+        self.current = dict.fromkeys(queues, 0)
+
+    def order(self) -> list[str]:
+        """All queues, the one whose turn it is first, then the others in rotation."""
+        for name in self.queues:
+            self.current[name] += self.weights[name]
+        first = max(self.queues, key=lambda name: self.current[name])
+        self.current[first] -= self.total
+        start = self.queues.index(first)
+        return [*self.queues[start:], *self.queues[:start]]
+
+
+class ClaimScheduler:
+    """The dispatcher's claim plan: queue turns, empty marks and resume keys.
+
+    Only the dispatcher thread calls it, except `notify` (the listener thread).
+    """
+
+    def __init__(
+        self, queues: tuple[str, ...], weights: Mapping[str, int], poll_interval: float
+    ) -> None:
+        self.queues = queues
+        self.poll_interval = poll_interval
+        self._rotation = QueueScheduler(queues, weights)
+        # Per queue: until when it counts as empty (skipped by claims).
+        self._empty_until: dict[str, float] = {}
+        # Per queue: the key of the last job claimed, and until when to resume after it.
+        self._resume: dict[str, tuple[ClaimKey, float]] = {}
+        self._notified: set[str] = set()
+        self._retry_due = 0.0  # when the latest imminent retry written by this worker is due
+
+    def notify(self, names: Iterable[str]) -> None:
+        """Note queues a NOTIFY (or a reconnected listener) says may hold due jobs."""
+        self._notified.update(names)
+
+    def refresh(self, now: float) -> bool:
+        """Forget 'empty' marks that expired or were contradicted by a NOTIFY; any left to try?"""
+        if self._notified:
+            notified, self._notified = self._notified, set()
+            for name in notified:
+                self._empty_until.pop(name, None)
+        for name, until in list(self._empty_until.items()):
+            if until <= now:
+                del self._empty_until[name]
+        return len(self._empty_until) < len(self.queues)
+
+    def order(self) -> list[str]:
+        """The queues to claim from this turn, in order, skipping those marked empty."""
+        return [name for name in self._rotation.order() if name not in self._empty_until]
+
+    def resume_after(self, queue: str, now: float) -> ClaimKey | None:
+        """The key a claim from `queue` may resume after, if one is still fresh."""
+        resume = self._resume.get(queue)
+        return resume[0] if resume is not None and now < resume[1] else None
+
+    def claimed(
+        self, queue: str, limit: int, after: ClaimKey | None, rows: list[ClaimedRow], sent: float
+    ) -> None:
+        """Learn from a claim sent at `sent`: mark the queue empty after a short full walk,
+        and note where the next claim from it may resume (see RESUME_TTL)."""
+        if len(rows) < limit:
+            if after is None:
+                self._empty_until[queue] = sent + self.poll_interval
+                self._resume.pop(queue, None)  # a full walk found the queue drained
+            return  # a short resumed claim: the walk from the start that follows decides
+        last = max(rows, key=ClaimedRow.order)
+        fresh = self._resume.get(queue)
+        until = sent + RESUME_TTL if after is None or fresh is None else fresh[1]
+        self._resume[queue] = ((last.priority, last.run_at, last.job_id), until)
+
+    def retry_scheduled(self, queue: str, due: float) -> None:
+        """A retry this worker wrote is due at `due`: look at its queue again then.
+
+        No NOTIFY announces a retry; and a burst worker waits for it rather than exit.
+        """
+        self._empty_until[queue] = min(self._empty_until.get(queue, due), due)
+        self._retry_due = max(self._retry_due, due)
+
+    def requeued(self, queue: str) -> None:
+        """A job of `queue` was requeued and kept its place: walk from the start."""
+        self._resume.pop(queue, None)
+
+    def reconnected(self) -> None:
+        """Anything may have arrived while the worker was cut off: forget what it knew."""
+        self._empty_until.clear()
+        self._resume.clear()
+
+    def idle(self, now: float) -> bool:
+        """Every queue found empty, and no retry this worker wrote is about to be due."""
+        return now >= self._retry_due and all(name in self._empty_until for name in self.queues)
+
+    def next_look(self) -> float | None:
+        """When the earliest empty mark runs out, if any queue has one."""
+        return min(self._empty_until.values()) if self._empty_until else None

@@ -1,0 +1,83 @@
+"""Stop requests: `Worker.stop()` from any thread, and SIGTERM/SIGINT.
+
+A signal handler only queues the signal; the signal thread acts on it. The first
+request stops claiming and gives running handlers SHUTDOWN_GRACE; a second one (or
+`force`) skips the grace.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as queue_module
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+logger = logging.getLogger(__name__)
+
+
+class StopSwitch:
+    """The stop state every thread of a worker reads."""
+
+    def __init__(self, wake: threading.Event) -> None:
+        self.stopping = threading.Event()  # no more claims; shut down
+        self.force = threading.Event()  # do not wait for running handlers
+        self.wake = wake  # the dispatcher's wake-up
+
+    def request(self, *, force: bool = False) -> None:
+        """Ask the worker to stop; a second request, or `force`, skips the grace period."""
+        if force or self.stopping.is_set():
+            self.force.set()
+        self.stopping.set()
+        self.wake.set()
+
+
+class SignalRelay:
+    """Turns SIGTERM/SIGINT into stop requests, from a thread of its own."""
+
+    def __init__(self, switch: StopSwitch, shutdown_grace: float) -> None:
+        self.switch = switch
+        self.shutdown_grace = shutdown_grace
+        self._signals: queue_module.SimpleQueue[int | None] = queue_module.SimpleQueue()
+
+    def install(self) -> Callable[[], None] | None:
+        """Install the handlers (main thread only); return what puts the old ones back."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            # A handler runs in the main thread between any two of its bytecodes, even
+            # inside the dispatcher's `wake.wait()` while it holds that Event's lock,
+            # which a stop request would take again: a deadlock. So it takes no lock
+            # (SimpleQueue.put is reentrant) and the signal thread does the rest.
+            self._signals.put(signum)
+
+        for sig in previous:
+            signal.signal(sig, on_signal)
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+    def run(self) -> None:
+        """Act on the SIGTERM/SIGINT that on_signal queued: stop, or stop now if stopping."""
+        while (signum := self._signals.get()) is not None:
+            name = signal.Signals(signum).name
+            if self.switch.stopping.is_set():
+                logger.warning("second %s: stopping now", name)
+                self.switch.request(force=True)
+            else:
+                logger.warning(
+                    "%s: no more claims; running handlers get %gs to finish",
+                    name,
+                    self.shutdown_grace,
+                )
+                self.switch.request()
+
+    def close(self) -> None:
+        """End the signal thread."""
+        self._signals.put(None)
