@@ -8,11 +8,12 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 from django.db.utils import load_backend
 
 from .conf import validate
 from .exceptions import ConfigurationError
+from .store.operator import autovacuum_settings
 
 
 @checks.register(checks.Tags.database, checks.Tags.compatibility)
@@ -61,14 +62,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 def autovacuum_problem(alias: str) -> str | None:
     """Why autovacuum will not clean the queue's state table, or None if it will."""
-    with connections[alias].cursor() as cursor:
-        cursor.execute(
-            "SELECT current_setting('autovacuum')::bool,"
-            " coalesce(bool_or(option = 'autovacuum_enabled=false'), false)"
-            " FROM pg_class c LEFT JOIN LATERAL unnest(c.reloptions) AS option ON true"
-            " WHERE c.oid = to_regclass('queue_job_state')"
-        )
-        row = cursor.fetchone()
+    row = autovacuum_settings(alias)
     if row is None:
         return None  # not migrated yet
     server_on, table_off = row

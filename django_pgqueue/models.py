@@ -35,7 +35,6 @@ class Status(models.TextChoices):
 
 
 FINISHED_STATUSES = (Status.COMPLETED, Status.DEAD, Status.CANCELLED)
-ACTIVE_STATUSES = (Status.PENDING, Status.RUNNING)
 
 
 class AttemptStatus(models.TextChoices):

@@ -4,7 +4,8 @@
 -- django_pgqueue.sql loads them into QUERIES. Parameters are %(name)s and carry
 -- explicit casts, so the statements work with client- and server-side binding alike.
 --
--- Rules every block keeps (see DESIGN.md):
+-- Rules every block keeps (docs/concepts/ explains them: leases.md, fencing.md,
+-- claim-index.md):
 -- * Time is the database's now(), never a worker's clock.
 -- * A worker's write about a job it claimed is fenced:
 --   job_id = .. AND lease_version = .. AND status = 'running'. Zero rows back means the
@@ -186,7 +187,7 @@ LEFT JOIN queue_job_state AS live
 -- Rows come back unordered (ordering here would add a Sort node); sort in the caller.
 -- Each row carries its attempt's id: later writes address the attempt by primary key.
 -- job_claim_after (built from this statement in sql/__init__.py) starts the walk
--- after a key the worker claimed before: see RESUME_TTL in worker.py.
+-- after a key the worker claimed before: see RESUME_TTL in worker/scheduler.py.
 WITH candidates AS MATERIALIZED (
     SELECT job_id
     FROM queue_job_state
@@ -512,6 +513,16 @@ SELECT CASE
        END AS estimate
 FROM pg_class AS c
 WHERE c.oid = 'queue_jobs'::regclass;
+
+
+-- name: autovacuum_settings
+-- Read whether autovacuum may clean queue_job_state, for the system check pgqueue.W001:
+-- whether it is on for the server, and whether the table's reloptions turn it off.
+SELECT current_setting('autovacuum')::bool AS server_on,
+       coalesce(bool_or(option = 'autovacuum_enabled=false'), false) AS table_off
+FROM pg_class AS c
+LEFT JOIN LATERAL unnest(c.reloptions) AS option ON true
+WHERE c.oid = to_regclass('queue_job_state');
 
 
 -- name: clock_ago

@@ -1,5 +1,5 @@
-"""Operator actions and the figures and maintenance passes of the admin and the ops
-commands, on the caller's Django connection."""
+"""Operator actions (retry, cancel), and the read-only figures and maintenance passes of
+the admin, the ops commands and the system checks, on the caller's Django connection."""
 
 from __future__ import annotations
 
@@ -41,6 +41,12 @@ def estimate_job_count(alias: str) -> int | None:
     """Estimate the number of jobs from the table's statistics; None if it has none yet."""
     rows = fetch_all(alias, "job_count_estimate")
     return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+
+def autovacuum_settings(alias: str) -> tuple[bool, bool] | None:
+    """Read (autovacuum on for the server, off for queue_job_state); None if no row."""
+    rows = fetch_all(alias, "autovacuum_settings")
+    return (rows[0][0], rows[0][1]) if rows else None
 
 
 def clock_ago(alias: str, seconds: float) -> Any:
