@@ -20,7 +20,7 @@ import psycopg
 
 from ..exceptions import DatabaseUnavailable
 from ..registry import Registry
-from ..retry import RetryPolicy
+from ..retry import default_policy
 from ..store.worker import Backoff, ClaimedRow, ClaimKey, Store, wait_for
 from .config import WorkerConfig
 from .inflight import InFlight, InFlightJobs
@@ -37,34 +37,24 @@ class Dispatcher:
     """Claims, hands out, collects and writes, on the worker's own connection."""
 
     def __init__(
-        self,
-        config: WorkerConfig,
-        *,
-        registry: Registry,
-        policy: RetryPolicy,
-        store: Store,
-        switch: StopSwitch,
-        claims: ClaimScheduler,
-        inflight: InFlightJobs,
-        leases: LeaseBook,
-        writer: OutcomeWriter,
-        pool: HandlerPool,
-        stats: Counter[str],
+        self, config: WorkerConfig, registry: Registry, switch: StopSwitch, stats: Counter[str]
     ) -> None:
         self.config = config
         self.registry = registry
         self.stats = stats
         self.exit_code = 0  # 1 once too many handlers are stuck past their timeout
-        self._policy = policy
-        self._store = store
-        self._backoff = Backoff(config.reconnect_max_delay)
+        # The parts; the Worker starts the heartbeat on `leases` and the listener on
+        # `claims`, and shuts the others down.
+        self.store = Store(config.database, f"pgqueue worker {config.worker_id}")
+        self.claims = ClaimScheduler(config.queues, config.weights, config.poll_interval)
+        self.inflight = InFlightJobs()
+        self.leases = LeaseBook(config.lease)
+        self.writer = OutcomeWriter(self.store, self.leases, stats, config)
+        self.pool = HandlerPool(config.concurrency, switch.wake, config.worker_id)
         self._switch = switch
         self._wake = switch.wake
-        self._claims = claims
-        self._inflight = inflight
-        self._leases = leases
-        self._writer = writer
-        self._pool = pool
+        self._policy = default_policy()
+        self._backoff = Backoff(config.reconnect_max_delay)
 
     def run(self) -> None:
         cfg = self.config
@@ -72,7 +62,7 @@ class Dispatcher:
         next_sweep = 0.0
         while not stopping.is_set():
             try:
-                if not self._store.connected:
+                if not self.store.connected:
                     self.reconnect()
                     continue
                 self._wake.clear()
@@ -89,13 +79,13 @@ class Dispatcher:
                 if cfg.burst and self._idle():
                     logger.info("worker %s: queues empty, burst done", cfg.worker_id)
                     return
-                self._pool.wait(
+                self.pool.wait(
                     self._idle_timeout(next_sweep),
-                    until_last=self._writer.pending and bool(self._inflight),
+                    until_last=self.writer.pending and bool(self.inflight),
                 )
             except DatabaseUnavailable as exc:
                 logger.warning("worker %s: %s", cfg.worker_id, exc)
-                self._store.close()
+                self.store.close()
             except psycopg.Error as exc:
                 # A statement error (a timeout, a refused value): the session is still
                 # usable; the fenced statements make a retry of the cycle safe.
@@ -104,40 +94,40 @@ class Dispatcher:
 
     def reconnect(self) -> None:
         if not wait_for(
-            self._store, self._switch.force, self._backoff, f"worker {self.config.worker_id}"
+            self.store, self._switch.force, self._backoff, f"worker {self.config.worker_id}"
         ):
             return
-        self._pool.reconnected()
-        self._claims.reconnected()
-        self._writer.resolve_uncertain()
+        self.pool.reconnected()
+        self.claims.reconnected()
+        self.writer.resolve_uncertain()
         # The leases this worker holds may have run out while it was cut off. Before
         # its next sweep (the first thing the loop does) could requeue them, write
         # what finished meanwhile and renew what still runs. Another worker's sweep
         # may have been first: the fenced writes tell, and the job runs again.
         self.collect_outcomes()
         self.write_outcomes()
-        held = self._leases.held()
+        held = self.leases.held()
         if held:
-            lost = self._leases.renew(self._store, held, time.monotonic())
+            lost = self.leases.renew(self.store, held, time.monotonic())
             if lost:
                 self.stats["leases_lost"] += lost
 
     def _idle(self) -> bool:
         """Burst mode's exit test: nothing running, nothing due, no retry about to be."""
         return (
-            not self._inflight
-            and not self._writer.pending
-            and not self._writer.in_doubt
-            and self._claims.idle(time.monotonic())
+            not self.inflight
+            and not self.writer.pending
+            and not self.writer.in_doubt
+            and self.claims.idle(time.monotonic())
         )
 
     def _idle_timeout(self, next_sweep: float) -> float:
         now = time.monotonic()
         deadline = min(next_sweep, now + self.config.poll_interval)
         for due in (
-            self._writer.flush_deadline(),
-            self._claims.next_look(),
-            self._pool.next_timeout(),
+            self.writer.flush_deadline(),
+            self.claims.next_look(),
+            self.pool.next_timeout(),
         ):
             if due is not None:
                 deadline = min(deadline, due)
@@ -152,34 +142,34 @@ class Dispatcher:
         """
         cfg = self.config
         stopping = self._switch.stopping
-        free = cfg.concurrency - len(self._inflight)
-        flush_due = self._writer.flush_due(now, running=bool(self._inflight))
+        free = cfg.concurrency - len(self.inflight)
+        flush_due = self.writer.flush_due(now, running=bool(self.inflight))
         claim_ok = (
             free > 0
             and not stopping.is_set()
-            and (flush_due or not self._writer.pending)
-            and self._claims.refresh(now)
+            and (flush_due or not self.writer.pending)
+            and self.claims.refresh(now)
         )
         if not (flush_due or claim_ok):
             return False
-        order = self._claims.order() if claim_ok else []
+        order = self.claims.order() if claim_ok else []
         limit = min(cfg.batch_size, free)
-        after = self._claims.resume_after(order[0], now) if order else None
+        after = self.claims.resume_after(order[0], now) if order else None
         claim = (order[0], limit, cfg.worker_id, cfg.lease, after) if order else None
         sent = time.monotonic()
-        rows = self._write(self._writer.take() if flush_due else [], claim)
+        rows = self._write(self.writer.take() if flush_due else [], claim)
         if claim is not None:
             if rows is None:
                 rows = self._claim_or_log(order[0], limit, after)
             self._intake(order[0], limit, after, rows, sent)
             for name in order[1:]:
-                free = cfg.concurrency - len(self._inflight)
+                free = cfg.concurrency - len(self.inflight)
                 if free <= 0 or stopping.is_set():
                     break
                 limit = min(cfg.batch_size, free)
                 sent = time.monotonic()
-                after = self._claims.resume_after(name, sent)
-                rows = self._store.claim(name, limit, cfg.worker_id, cfg.lease, after)
+                after = self.claims.resume_after(name, sent)
+                rows = self.store.claim(name, limit, cfg.worker_id, cfg.lease, after)
                 self._intake(name, limit, after, rows, sent)
         return True
 
@@ -188,7 +178,7 @@ class Dispatcher:
     ) -> list[ClaimedRow]:
         """Claim; a statement error (not a lost connection) is logged and claims nothing."""
         try:
-            return self._store.claim(queue, limit, self.config.worker_id, self.config.lease, after)
+            return self.store.claim(queue, limit, self.config.worker_id, self.config.lease, after)
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
                 raise
@@ -204,14 +194,14 @@ class Dispatcher:
         with a walk from the start, which may find jobs that sort before its key."""
         if after is not None:
             self.stats["claims_resumed"] += 1
-        self._claims.claimed(queue, limit, after, rows, sent)
+        self.claims.claimed(queue, limit, after, rows, sent)
         self._admit(queue, rows, sent)
         if after is None or len(rows) >= limit or self._switch.stopping.is_set():
             return
         rest = limit - len(rows)
         sent = time.monotonic()
         more = self._claim_or_log(queue, rest)
-        self._claims.claimed(queue, rest, None, more, sent)
+        self.claims.claimed(queue, rest, None, more, sent)
         self._admit(queue, more, sent)
 
     def _admit(self, queue: str, rows: list[ClaimedRow], sent: float) -> None:
@@ -245,23 +235,23 @@ class Dispatcher:
             for row in rows
         ]
         for item in items:
-            self._inflight.add(item)
-        self._leases.hold(item.lease for item in items)
-        self._pool.submit(items)
+            self.inflight.add(item)
+        self.leases.hold(item.lease for item in items)
+        self.pool.submit(items)
 
     # -- outcomes, timeouts, sweep --------------------------------------------------
 
     def collect_outcomes(self) -> None:
-        for item, outcome in self._pool.finished():
-            self._inflight.drop(item)
-            self._writer.add(item, outcome)
+        for item, outcome in self.pool.finished():
+            self.inflight.drop(item)
+            self.writer.add(item, outcome)
 
     def check_timeouts(self) -> None:
-        timeouts = self._pool.check_timeouts()
+        timeouts = self.pool.check_timeouts()
         for item, failure in timeouts.failed:
-            self._inflight.drop(item)
+            self.inflight.drop(item)
             self.stats["timed_out"] += 1
-            self._writer.add(item, failure)
+            self.writer.add(item, failure)
         for _ in range(timeouts.over_limit):
             self.exit_code = 1
             self._switch.request()
@@ -269,24 +259,24 @@ class Dispatcher:
     def _write(self, batch: list[Written], claim: Claim | None) -> list[ClaimedRow] | None:
         """Write outcomes (see OutcomeWriter.write); then tell the scheduler of retries."""
         try:
-            return self._writer.write(batch, claim)
+            return self.writer.write(batch, claim)
         finally:
             # No NOTIFY announces a retry: look at its queue again when it is due, and
             # let a burst worker wait for it rather than exit.
-            for queue, due in self._writer.take_retries():
-                self._claims.retry_scheduled(queue, due)
+            for queue, due in self.writer.take_retries():
+                self.claims.retry_scheduled(queue, due)
 
     def write_outcomes(self) -> None:
-        if self._writer.pending:
-            self._write(self._writer.take(), None)
+        if self.writer.pending:
+            self._write(self.writer.take(), None)
 
     def _sweep(self) -> None:
-        for queue in sweep_expired(self._store):
+        for queue in sweep_expired(self.store):
             self.stats["swept"] += 1
-            self._claims.requeued(queue)  # a requeued job keeps its place: walk from the start
+            self.claims.requeued(queue)  # a requeued job keeps its place: walk from the start
 
     def release(self, held: list[tuple[int, int, int]]) -> None:
         """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""
-        released = self._leases.hand_back(self._store, held)
+        released = self.leases.hand_back(self.store, held)
         if released is not None:
             self.stats["released"] += len(released)

@@ -18,17 +18,11 @@ from ..exceptions import DatabaseUnavailable
 from ..outcomes import Failure
 from ..registry import Registry
 from ..registry import registry as default_registry
-from ..retry import default_policy
-from ..store.worker import Store
 from .config import WorkerConfig
 from .dispatcher import Dispatcher
-from .inflight import InFlightJobs
-from .leases import Heartbeat, LeaseBook
+from .leases import Heartbeat
 from .listener import Listener
-from .pool import HandlerPool
-from .scheduler import ClaimScheduler
 from .signals import SignalRelay, StopSwitch
-from .writer import OutcomeWriter
 
 logger = logging.getLogger(__name__)
 
@@ -48,38 +42,18 @@ class Worker:
         self.registry = registry or default_registry
         self.install_signal_handlers = install_signal_handlers
         self.stats: Counter[str] = Counter()
-        self._store = Store(cfg.database, f"pgqueue worker {cfg.worker_id}")
         self._wake = threading.Event()
         self._switch = StopSwitch(self._wake)
         self._service_stop = threading.Event()  # ends the heartbeat and the listener
         self._threads: list[threading.Thread] = []  # signals, heartbeat, listener
-        claims = ClaimScheduler(cfg.queues, cfg.weights, cfg.poll_interval)
-        self._inflight = InFlightJobs()
-        leases = LeaseBook(cfg.lease)
-        self._writer = OutcomeWriter(
-            self._store,
-            leases,
-            self.stats,
-            batch_size=cfg.batch_size,
-            poll_interval=cfg.poll_interval,
-        )
-        self._pool = HandlerPool(cfg.concurrency, self._wake, cfg.worker_id)
-        self._dispatcher = Dispatcher(
-            cfg,
-            registry=self.registry,
-            policy=default_policy(),
-            store=self._store,
-            switch=self._switch,
-            claims=claims,
-            inflight=self._inflight,
-            leases=leases,
-            writer=self._writer,
-            pool=self._pool,
-            stats=self.stats,
-        )
-        self._heartbeat = Heartbeat(cfg, leases, self._service_stop, self.stats)
+        self._dispatcher = dispatcher = Dispatcher(cfg, self.registry, self._switch, self.stats)
+        self._store = dispatcher.store
+        self._inflight = dispatcher.inflight
+        self._writer = dispatcher.writer
+        self._pool = dispatcher.pool
+        self._heartbeat = Heartbeat(cfg, dispatcher.leases, self._service_stop, self.stats)
         self.heartbeat_gaps = self._heartbeat.gaps
-        self._listener = Listener(cfg, claims, self._wake, self._service_stop)
+        self._listener = Listener(cfg, dispatcher.claims, self._wake, self._service_stop)
         self._signals = SignalRelay(self._switch, cfg.shutdown_grace)
 
     @property

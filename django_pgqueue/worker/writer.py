@@ -16,6 +16,7 @@ import psycopg
 from ..exceptions import DatabaseUnavailable
 from ..outcomes import Failure, Outcome, Success, plainer, unstorable_result
 from ..store.worker import ClaimedRow, ClaimKey, Store
+from .config import WorkerConfig
 from .inflight import InFlight
 from .leases import LeaseBook
 
@@ -38,19 +39,12 @@ class OutcomeWriter:
     """
 
     def __init__(
-        self,
-        store: Store,
-        leases: LeaseBook,
-        stats: Counter[str],
-        *,
-        batch_size: int,
-        poll_interval: float,
+        self, store: Store, leases: LeaseBook, stats: Counter[str], config: WorkerConfig
     ) -> None:
         self.store = store
         self.leases = leases
         self.stats = stats
-        self.batch_size = batch_size
-        self.poll_interval = poll_interval
+        self.config = config
         self._unwritten: list[Written] = []
         self._unwritten_since = 0.0
         # Written when the connection died: did the COMMIT happen? (resolve_uncertain)
@@ -86,7 +80,7 @@ class OutcomeWriter:
         """Write now: nothing else runs, the batch is full, or its first waited FLUSH_DELAY."""
         return bool(self._unwritten) and (
             not running
-            or len(self._unwritten) >= self.batch_size
+            or len(self._unwritten) >= self.config.batch_size
             or now - self._unwritten_since >= FLUSH_DELAY
         )
 
@@ -218,7 +212,7 @@ class OutcomeWriter:
                 outcome.delay,
                 outcome.last_error,
             )
-            if outcome.delay <= self.poll_interval:
+            if outcome.delay <= self.config.poll_interval:
                 self._retries.append((ctx.queue, time.monotonic() + outcome.delay))
 
     def _stale(self, item: InFlight, what: str) -> None:
