@@ -57,6 +57,7 @@ class Dispatcher:
         self._backoff = Backoff(config.reconnect_max_delay)
 
     def run(self) -> None:
+        """Cycle until stopped (or, in burst mode, until idle); survive a lost database."""
         cfg = self.config
         stopping = self._switch.stopping
         next_sweep = 0.0
@@ -93,6 +94,7 @@ class Dispatcher:
                 stopping.wait(0.5)
 
     def reconnect(self) -> None:
+        """Get the connection back, then settle what happened while it was gone."""
         if not wait_for(
             self.store, self._switch.force, self._backoff, f"worker {self.config.worker_id}"
         ):
@@ -209,8 +211,8 @@ class Dispatcher:
         if not rows:
             return
         if self._switch.stopping.is_set():
-            # These jobs have not started, so they go back now rather than run after
-            # the signal.
+            # The signal came while this claim was on the wire: these jobs have not
+            # started, so they go back now rather than run after the signal.
             self.stats["claimed"] += len(rows)
             self.release([(row.job_id, row.lease_version, row.attempt_id) for row in rows])
             return
@@ -242,11 +244,13 @@ class Dispatcher:
     # -- outcomes, timeouts, sweep --------------------------------------------------
 
     def collect_outcomes(self) -> None:
+        """Move the outcomes handlers returned from the pool to the writer's batch."""
         for item, outcome in self.pool.finished():
             self.inflight.drop(item)
             self.writer.add(item, outcome)
 
     def check_timeouts(self) -> None:
+        """Record the failures of handlers past their timeout; stop if too many are stuck."""
         timeouts = self.pool.check_timeouts()
         for item, failure in timeouts.failed:
             self.inflight.drop(item)
@@ -267,6 +271,7 @@ class Dispatcher:
                 self.claims.retry_scheduled(queue, due)
 
     def write_outcomes(self) -> None:
+        """Write the waiting outcomes now, without a claim."""
         if self.writer.pending:
             self._write(self.writer.take(), None)
 
