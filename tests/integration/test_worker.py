@@ -345,8 +345,7 @@ def test_worker_reconnects_after_its_connections_are_terminated(run_worker):
 
 def test_a_completion_postgresql_refuses_is_recorded_not_fatal():
     """The batch falls back to one-by-one writes; the refused job dies with the error."""
-    from django_pgqueue.context import JobContext, Lease
-    from django_pgqueue.executor import Success
+    from django_pgqueue.outcomes import Success
     from django_pgqueue.retry import FixedDelay
     from django_pgqueue.worker import InFlight, Worker
 
@@ -355,24 +354,7 @@ def test_a_completion_postgresql_refuses_is_recorded_not_fatal():
     rows = worker._store.claim("refuse", 3, worker.worker_id, 30)
     batch = []
     for row in rows:
-        ctx = JobContext(
-            job_id=row.job_id,
-            queue=row.queue,
-            type=row.type,
-            payload=None,
-            attempt=row.attempt,
-            max_attempts=row.max_attempts,
-            lease_version=row.lease_version,
-        )
-        item = InFlight(
-            ctx,
-            Lease(row.job_id, row.lease_version, 0),
-            row.attempt_id,
-            None,
-            "",
-            FixedDelay(1),
-            None,
-        )
+        item = InFlight.claimed(row, None, FixedDelay(1), None, worker.worker_id, 0)
         # jsonb refuses \u0000: the first job's "result" cannot be stored.
         result = '"\\u0000"' if row.job_id == jobs[0].id else '{"ok": true}'
         batch.append((item, Success(result)))
