@@ -12,7 +12,6 @@ cached, so the worker's dispatch stays a dictionary lookup.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.utils.module_loading import autodiscover_modules
 
+from . import validators
 from .exceptions import ConfigurationError, UnknownJobType
 from .retry import RetryPolicy
 
@@ -146,28 +146,23 @@ def handler(
     `RetryLater(delay)` to retry after a chosen delay, `PermanentFailure` to fail
     without retrying, and any other exception to retry with the retry policy.
     """
-    from . import validation
-
-    try:
-        validation.type_name(type)
-        if max_attempts is not None:
-            validation.max_attempts(max_attempts)
-    except ValueError as exc:
-        raise ConfigurationError(f"@handler({type!r}): {exc}") from None
+    where = f"@handler({type!r})"
+    validators.type_name(type, f"{where}: type", error=ConfigurationError)
+    if max_attempts is not None:
+        validators.count(
+            max_attempts,
+            f"{where}: max_attempts",
+            1,
+            validators.MAX_ATTEMPTS,
+            error=ConfigurationError,
+        )
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise ConfigurationError(
-            f"@handler({type!r}): retry must have a delay(attempt) method, such as "
+            f"{where}: retry must have a delay(attempt) method, such as "
             f"ExponentialBackoff or FixedDelay; got {retry!r}."
         )
-    if timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        raise ConfigurationError(
-            f"@handler({type!r}): timeout must be seconds > 0, got {timeout!r}."
-        )
+    if timeout is not None:
+        validators.seconds(timeout, f"{where}: timeout", error=ConfigurationError)
 
     def decorate(func: F) -> F:
         if not callable(func):

@@ -8,10 +8,11 @@ counter-example from the design article: every retry of a burst lands at once.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+from . import validators
 
 
 @runtime_checkable
@@ -22,11 +23,7 @@ class RetryPolicy(Protocol):
 
 
 def _seconds(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
-    return float(value)
+    return validators.seconds(value, name, allow_zero=True)
 
 
 @dataclass(frozen=True)
