@@ -21,7 +21,7 @@ from django.utils.module_loading import autodiscover_modules
 
 from . import validators
 from .exceptions import ConfigurationError, UnknownJobType
-from .retry import RetryPolicy
+from .retry import RetryPolicy, bounded
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -37,6 +37,12 @@ class Handler:
     max_attempts: int | None = None
     retry: RetryPolicy | None = None
     timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        # Every handler the worker runs is one of these: bounding its policy here keeps
+        # a custom policy's delay (inf, 1e13) from reaching PostgreSQL out of range.
+        if self.retry is not None:
+            object.__setattr__(self, "retry", bounded(self.retry))
 
 
 class Registry:

@@ -62,6 +62,30 @@ class FixedDelay:
         return self.seconds
 
 
+@dataclass(frozen=True)
+class Bounded:
+    """Another policy whose delays are kept within 0..MAX_SECONDS (10 years).
+
+    A delay outside that range (infinity, 1e13, NaN, negative) would make the retry's
+    `now() + interval` fail in PostgreSQL and leave the job without an outcome; it is
+    clamped instead, with a warning naming the policy.
+    """
+
+    policy: RetryPolicy
+
+    def delay(self, attempt: int) -> float:
+        value = float(self.policy.delay(attempt))
+        return validators.clamp_seconds(value, f"retry policy {self.policy!r} delay")
+
+
+def bounded(policy: RetryPolicy) -> RetryPolicy:
+    """`policy`, wrapped in `Bounded` unless its delays are in range by construction."""
+    # Exact types: a subclass may override delay().
+    if type(policy) in (ExponentialBackoff, FixedDelay, Bounded):
+        return policy
+    return Bounded(policy)
+
+
 def default_policy() -> RetryPolicy:
     """The full-jitter policy configured by PGQUEUE's RETRY_BACKOFF_BASE and _CAP."""
     from .conf import get_settings

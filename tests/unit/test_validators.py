@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
 
-from django_pgqueue import validation, validators
+from django_pgqueue import executor, validation, validators
 from django_pgqueue.backends import PgQueueBackend, import_task
 from django_pgqueue.conf import validate
-from django_pgqueue.exceptions import ConfigurationError, EnqueueError, PayloadError
-from django_pgqueue.registry import handler
-from django_pgqueue.retry import ExponentialBackoff, FixedDelay
+from django_pgqueue.context import JobContext
+from django_pgqueue.exceptions import (
+    ConfigurationError,
+    EnqueueError,
+    PayloadError,
+    RetryLater,
+)
+from django_pgqueue.registry import Handler, handler
+from django_pgqueue.retry import Bounded, ExponentialBackoff, FixedDelay, bounded
 from django_pgqueue.validators import MAX_SECONDS
 from django_pgqueue.worker import WorkerConfig
 
@@ -145,3 +152,66 @@ def test_enqueue_many_measures_the_payload_limit_in_bytes_not_characters():
     with pytest.raises(PayloadError, match="item 0: payload is 122 bytes"):
         validation.payloads([payload], 100)
     assert validation.payloads(["é" * 48], 100) == '["' + "é" * 48 + '"]'
+
+
+# -- delays computed while a job runs --------------------------------------------------
+
+
+@pytest.mark.parametrize("delay", [math.inf, 1e13, 10**400])
+def test_retry_later_clamps_a_delay_postgresql_cannot_hold(delay, caplog):
+    with caplog.at_level(logging.WARNING, logger="django_pgqueue"):
+        exc = RetryLater(delay)
+    assert exc.delay == MAX_SECONDS
+    assert "RetryLater delay" in caplog.text
+    assert "316224000" in caplog.text
+
+
+@pytest.mark.parametrize("delay", [math.nan, -1, "5", True])
+def test_retry_later_refuses_a_delay_that_is_not_seconds(delay):
+    with pytest.raises(ValueError, match="RetryLater delay must be a number of seconds >= 0"):
+        RetryLater(delay)
+
+
+def test_retry_later_keeps_a_delay_in_range():
+    assert RetryLater(2.5).delay == 2.5
+    assert RetryLater(MAX_SECONDS).delay == MAX_SECONDS
+
+
+class ReturnsDelay:
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def delay(self, attempt: int) -> float:
+        return self.value
+
+
+@pytest.mark.parametrize(
+    ("returned", "expected"),
+    [(math.inf, MAX_SECONDS), (1e13, MAX_SECONDS), (-5.0, 0.0), (math.nan, 0.0), (7.0, 7.0)],
+)
+def test_a_handlers_custom_policy_is_bounded(returned, expected, caplog):
+    spec = Handler("validators.custom", lambda ctx: None, retry=ReturnsDelay(returned))
+    assert isinstance(spec.retry, Bounded)
+    ctx = JobContext(
+        job_id=1,
+        queue="q",
+        type="validators.custom",
+        payload=None,
+        attempt=1,
+        max_attempts=5,
+        lease_version=1,
+        priority=0,
+        worker_id="w",
+        created_at=None,
+    )
+    with caplog.at_level(logging.WARNING, logger="django_pgqueue"):
+        failure = executor.retryable(ValueError("boom"), ctx, spec.retry)
+    assert failure.delay == expected
+    assert ("outside 0.." in caplog.text) == (returned != expected)
+
+
+def test_policies_in_range_by_construction_are_not_wrapped():
+    for policy in (ExponentialBackoff(), FixedDelay(3)):
+        assert bounded(policy) is policy
+    wrapped = bounded(ReturnsDelay(1.0))
+    assert bounded(wrapped) is wrapped
