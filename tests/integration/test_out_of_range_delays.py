@@ -8,6 +8,7 @@ with its lease renewed, and a burst worker never finished.
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -71,3 +72,28 @@ def test_an_out_of_range_delay_is_clamped_and_the_retry_written(run_worker, type
     assert (status, attempts) == ("pending", ["failed"])
     assert seconds == pytest.approx(MAX_SECONDS, abs=5)
     assert worker.worker.stats["retried"] == 1
+
+
+def test_a_worker_at_the_longest_intervals_idles_and_stops(run_worker):
+    """The largest values the validators accept do not overflow a wait once idle."""
+    worker = run_worker(
+        ["idle"],
+        poll_interval=MAX_SECONDS,
+        sweep_interval=MAX_SECONDS,
+        lease=MAX_SECONDS,
+        job_timeout=MAX_SECONDS,
+        shutdown_grace=MAX_SECONDS,
+    )
+    job = enqueue("qa.noop", None, queue="idle")  # woken by NOTIFY, not by the poll
+
+    def status() -> str:
+        return sql("SELECT status FROM queue_job_state WHERE job_id = %s", [job.id])[0][0]
+
+    deadline = time.monotonic() + 20
+    while status() != "completed" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status() == "completed"
+    time.sleep(1.5)  # idle, in waits computed from MAX_SECONDS
+    assert worker.thread.is_alive()
+    assert worker.error is None
+    worker.stop(timeout=20)
