@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.utils.module_loading import autodiscover_modules
 
 from . import validators
-from .exceptions import ConfigurationError, UnknownJobType
+from .exceptions import ConfigurationError
 from .retry import RetryPolicy, bounded
 
 if TYPE_CHECKING:
@@ -65,20 +65,6 @@ class Registry:
                 )
             self._handlers[spec.type] = spec
 
-    def unregister(self, type_: str) -> None:
-        with self._lock:
-            self._handlers.pop(type_, None)
-
-    def get(self, type_: str) -> Handler:
-        try:
-            return self._handlers[type_]
-        except KeyError:
-            known = ", ".join(sorted(self._handlers)) or "none"
-            raise UnknownJobType(
-                f"No handler is registered for job type {type_!r} (known types: {known}). "
-                "Define it with @django_pgqueue.handler in an installed app's jobs module."
-            ) from None
-
     def find(self, type_: str) -> Handler | None:
         """The handler of `type_`: a registered one, else what a resolver makes of it."""
         handler = self._handlers.get(type_)
@@ -107,12 +93,6 @@ class Registry:
         with self._lock:
             if resolver not in self._resolvers:
                 self._resolvers.append(resolver)
-            self._resolved.clear()
-
-    def remove_resolver(self, resolver: Resolver) -> None:
-        with self._lock:
-            if resolver in self._resolvers:
-                self._resolvers.remove(resolver)
             self._resolved.clear()
 
     def clear_resolved(self) -> None:
