@@ -18,6 +18,10 @@ from .encoding import dumps as _dumps
 from .exceptions import EnqueueError, PayloadError
 from .validators import MAX_PRIORITY, MAX_SECONDS, MIN_PRIORITY
 
+# Deeper JSON is refused: the worker decodes payloads with Python's json module, and
+# walking them here is recursive. Far deeper than any real payload needs.
+MAX_PAYLOAD_DEPTH = 500
+
 
 def queue_name(value: Any, argument: str = "queue") -> str:
     return validators.queue_name(value, argument, error=EnqueueError)
@@ -78,7 +82,7 @@ def schedule(run_at: Any, delay: Any) -> tuple[dt.datetime | None, float]:
     if isinstance(delay, dt.timedelta):
         seconds = delay.total_seconds()
     elif isinstance(delay, int | float) and not isinstance(delay, bool):
-        seconds = float(delay)
+        seconds = delay  # not float(): an int too large for one is refused below
     else:
         raise EnqueueError(
             f"delay must be seconds (int or float) or a timedelta, got {type(delay).__name__}."
@@ -117,7 +121,7 @@ def payloads(values: list[Any], max_bytes: int | None, offset: int = 0) -> str:
             _item(value, position, None)
         raise  # not reached: one item failed above
     for position, value in enumerate(values, offset):
-        if not _keys_are_strings(value):
+        if not _plain(value):
             _item(value, position, None)
     size = _utf8_size(text)
     if "\\u0000" in text or size is None:
@@ -154,25 +158,30 @@ def _utf8_size(text: str) -> int | None:
         return None
 
 
-def _keys_are_strings(value: Any) -> bool:
-    """True when every dict inside value has only str keys (the encoder converts others)."""
-    stack = [value]
+def _plain(value: Any) -> bool:
+    """True when every dict inside value has only str keys (the encoder converts others)
+    and nothing nests deeper than MAX_PAYLOAD_DEPTH."""
+    stack = [(value, 1)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
+        if depth > MAX_PAYLOAD_DEPTH:
+            return False
         if isinstance(item, dict):
             for key, child in item.items():
                 if type(key) is not str:
                     return False
                 if isinstance(child, dict | list | tuple):
-                    stack.append(child)
+                    stack.append((child, depth + 1))
         elif isinstance(item, list | tuple):
-            stack.extend(child for child in item if isinstance(child, dict | list | tuple))
+            stack.extend(
+                (child, depth + 1) for child in item if isinstance(child, dict | list | tuple)
+            )
     return True
 
 
 def _check_encoded(value: Any, text: str, path: str) -> None:
     """Find what the encoder let through that PostgreSQL or a round trip would not."""
-    if "\\u0000" in text or not _utf8(text) or not _keys_are_strings(value):
+    if "\\u0000" in text or not _utf8(text) or not _plain(value):
         _explain(value, path, set())
 
 
@@ -232,6 +241,14 @@ def _explain(value: Any, path: str, seen: set[int]) -> None:
         _check_text(value, path)
         return
     if isinstance(value, dict | list | tuple):
+        # `seen` holds the containers on the path down to here: its size is the depth.
+        if len(seen) >= MAX_PAYLOAD_DEPTH:
+            root = path.partition("[")[0]
+            raise PayloadError(
+                f"{root} is nested more than {MAX_PAYLOAD_DEPTH} levels deep (lists and dicts "
+                "inside each other); flatten it.",
+                root,
+            )
         if id(value) in seen:
             raise PayloadError(f"{path} contains itself (a circular reference).", path)
         seen.add(id(value))
