@@ -10,7 +10,7 @@ import json
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from django_pgqueue import validation, validators
@@ -48,6 +48,7 @@ def test_a_json_payload_is_accepted_exactly_when_it_fits(value, limit):
 
 @PROPERTY_SETTINGS
 @given(values=st.lists(json_values, min_size=1, max_size=6), limit=st.integers(2, 200))
+@example(values=["é" * 60], limit=100)  # 62 characters, 122 bytes: was accepted in bulk
 def test_enqueue_many_accepts_exactly_what_enqueue_accepts(values, limit):
     """The bulk check agrees with the single one item by item (bytes, not characters)."""
     accepted = []
