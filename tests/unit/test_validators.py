@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 
 import pytest
 
-from django_pgqueue import executor, validation, validators
+from django_pgqueue import executor, maintenance, validation, validators
 from django_pgqueue.backends import PgQueueBackend, import_task
 from django_pgqueue.conf import validate
 from django_pgqueue.context import JobContext
+from django_pgqueue.durations import parse_duration
 from django_pgqueue.exceptions import (
     ConfigurationError,
     EnqueueError,
@@ -215,3 +217,24 @@ def test_policies_in_range_by_construction_are_not_wrapped():
         assert bounded(policy) is policy
     wrapped = bounded(ReturnsDelay(1.0))
     assert bounded(wrapped) is wrapped
+
+
+# -- operator durations and batch sizes ------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["523w", "3661d", "99999999999999w"])
+def test_a_duration_longer_than_the_bound_is_refused(text):
+    with pytest.raises(ValueError, match=rf"the duration '{text}' must be .*at most 316,224,000"):
+        parse_duration(text)
+
+
+def test_maintenance_refuses_ages_and_batch_sizes_out_of_range_before_any_query():
+    with pytest.raises(ValueError, match=r"older_than must be .*at most 316,224,000"):
+        maintenance.prune(dt.timedelta(days=999_999_999))
+    with pytest.raises(ValueError, match=r"since must be .*at most 316,224,000"):
+        maintenance.requeue_dead(since=dt.timedelta(days=999_999_999))
+    for bad in (0, True, 2.5, "10"):
+        with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+            maintenance.prune(dt.timedelta(days=1), batch_size=bad)
+        with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+            maintenance.requeue_dead(batch_size=bad)

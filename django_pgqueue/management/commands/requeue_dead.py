@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
+from django_pgqueue import validators
 from django_pgqueue.durations import parse_duration
 from django_pgqueue.maintenance import DEFAULT_REQUEUE_BATCH, requeue_dead
 from django_pgqueue.validators import is_queue_name, is_type_name
@@ -71,8 +72,7 @@ class Command(BaseCommand):
                 "':' or '-', starting with a letter or '_')."
             )
         since = parse_since(options["since"]) if options["since"] else None
-        if options["batch_size"] < 1:
-            raise CommandError(f"--batch-size must be at least 1, got {options['batch_size']}.")
+        validators.count(options["batch_size"], "--batch-size", error=CommandError)
         matched, report = requeue_dead(
             queue=queue,
             type=type_,
