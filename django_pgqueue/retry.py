@@ -74,7 +74,9 @@ class Bounded:
     policy: RetryPolicy
 
     def delay(self, attempt: int) -> float:
-        value = float(self.policy.delay(attempt))
+        value = self.policy.delay(attempt)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            value = float(value)  # as the worker always read a policy's answer
         return validators.clamp_seconds(value, f"retry policy {self.policy!r} delay")
 
 

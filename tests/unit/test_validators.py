@@ -189,7 +189,15 @@ class ReturnsDelay:
 
 @pytest.mark.parametrize(
     ("returned", "expected"),
-    [(math.inf, MAX_SECONDS), (1e13, MAX_SECONDS), (-5.0, 0.0), (math.nan, 0.0), (7.0, 7.0)],
+    [
+        (math.inf, MAX_SECONDS),
+        (1e13, MAX_SECONDS),
+        (10**400, MAX_SECONDS),
+        (-5.0, 0.0),
+        (math.nan, 0.0),
+        (7.0, 7.0),
+        (7, 7.0),
+    ],
 )
 def test_a_handlers_custom_policy_is_bounded(returned, expected, caplog):
     spec = Handler("validators.custom", lambda ctx: None, retry=ReturnsDelay(returned))
