@@ -14,6 +14,8 @@ import datetime as dt
 from typing import Any
 
 import pytest
+
+pytest.importorskip("hypothesis")
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 

@@ -10,6 +10,8 @@ import json
 import math
 
 import pytest
+
+pytest.importorskip("hypothesis")
 from hypothesis import example, given
 from hypothesis import strategies as st
 
