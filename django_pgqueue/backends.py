@@ -22,7 +22,6 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import importlib
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from django.core import checks
 from django.db import transaction
 from django.utils.dateparse import parse_datetime
 
-from . import validation
+from . import validation, validators
 from .conf import get_settings
 from .enqueue import enqueue
 from .exceptions import ConfigurationError, EnqueueError
@@ -76,7 +75,8 @@ STATUS_MAP: dict[str, Any] = {
 }
 
 # A task's module path, as Task.module_path spells it for a module-level function.
-_TASK_PATH_RE = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$", re.ASCII)
+# \A and \Z: `$` would also match before a trailing newline.
+_TASK_PATH_RE = re.compile(r"\A[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\Z", re.ASCII)
 
 
 # -- options ----------------------------------------------------------------------------
@@ -136,17 +136,12 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
         except EnqueueError as exc:
             raise ConfigurationError(f"{where}[{max_key!r}]: {exc}") from None
     timeout = raw.get(timeout_key)
-    if timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        raise ConfigurationError(f"{where}[{timeout_key!r}] must be seconds > 0, got {timeout!r}.")
+    if timeout is not None:
+        timeout = validators.seconds(timeout, f"{where}[{timeout_key!r}]", error=ConfigurationError)
     return TaskOptions(
         max_attempts=max_attempts,
         retry=retry_policy(raw.get(retry_key), f"{where}[{retry_key!r}]"),
-        timeout=None if timeout is None else float(timeout),
+        timeout=timeout,
     )
 
 

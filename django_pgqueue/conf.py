@@ -8,20 +8,21 @@ naming the key, the value and what was expected.
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
+from . import validators
 from .exceptions import ConfigurationError
-
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
-TYPE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,254}$")
-MIN_PRIORITY = -100
-MAX_PRIORITY = 100
+from .validators import (
+    MAX_ATTEMPTS,
+    MAX_BATCH_SIZE,
+    MAX_CONCURRENCY,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+)
 
 
 @dataclass(frozen=True)
@@ -80,23 +81,20 @@ class QueueSettings:
     WORKER_PREPARED_STATEMENTS: bool
 
 
+def _name(key: str) -> str:
+    return f"PGQUEUE[{key!r}]"
+
+
 def _fail(key: str, value: Any, expected: str) -> ConfigurationError:
-    return ConfigurationError(f"PGQUEUE[{key!r}] must be {expected}, got {value!r}.")
+    return ConfigurationError(f"{_name(key)} must be {expected}, got {value!r}.")
 
 
 def _int(key: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _fail(key, value, f"an integer >= {low}" + (f" and <= {high}" if high else ""))
-    if high is not None and value > high:
-        raise _fail(key, value, f"an integer >= {low} and <= {high}")
-    return value
+    return validators.count(value, _name(key), low, high, error=ConfigurationError)
 
 
 def _seconds(key: str, value: Any, *, positive: bool = True) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or (value <= 0 if positive else value < 0):
-        raise _fail(key, value, "a finite number of seconds " + ("> 0" if positive else ">= 0"))
-    return float(value)
+    return validators.seconds(value, _name(key), allow_zero=not positive, error=ConfigurationError)
 
 
 def validate(raw: Any) -> QueueSettings:
@@ -117,10 +115,9 @@ def validate(raw: Any) -> QueueSettings:
     if not isinstance(database, str) or not database:
         raise _fail("DATABASE", database, "a database alias (a non-empty string)")
     queue = values["DEFAULT_QUEUE"]
-    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
-        raise _fail("DEFAULT_QUEUE", queue, "a queue name matching " + QUEUE_NAME_RE.pattern)
+    validators.queue_name(queue, _name("DEFAULT_QUEUE"), error=ConfigurationError)
     priority = _int("DEFAULT_PRIORITY", values["DEFAULT_PRIORITY"], MIN_PRIORITY, MAX_PRIORITY)
-    max_attempts = _int("MAX_ATTEMPTS", values["MAX_ATTEMPTS"], 1, 1000)
+    max_attempts = _int("MAX_ATTEMPTS", values["MAX_ATTEMPTS"], 1, MAX_ATTEMPTS)
     base = _seconds("RETRY_BACKOFF_BASE", values["RETRY_BACKOFF_BASE"], positive=False)
     cap = _seconds("RETRY_BACKOFF_CAP", values["RETRY_BACKOFF_CAP"], positive=False)
     if cap < base:
@@ -155,8 +152,8 @@ def validate(raw: Any) -> QueueSettings:
         HEARTBEAT_INTERVAL=heartbeat,
         SWEEP_INTERVAL=_seconds("SWEEP_INTERVAL", values["SWEEP_INTERVAL"]),
         POLL_INTERVAL=_seconds("POLL_INTERVAL", values["POLL_INTERVAL"]),
-        CONCURRENCY=_int("CONCURRENCY", values["CONCURRENCY"], 1, 1000),
-        BATCH_SIZE=_int("BATCH_SIZE", values["BATCH_SIZE"], 1, 10_000),
+        CONCURRENCY=_int("CONCURRENCY", values["CONCURRENCY"], 1, MAX_CONCURRENCY),
+        BATCH_SIZE=_int("BATCH_SIZE", values["BATCH_SIZE"], 1, MAX_BATCH_SIZE),
         SHUTDOWN_GRACE=_seconds("SHUTDOWN_GRACE", values["SHUTDOWN_GRACE"], positive=False),
         JOB_TIMEOUT=timeout,
         RECONNECT_MAX_DELAY=_seconds("RECONNECT_MAX_DELAY", values["RECONNECT_MAX_DELAY"]),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+from . import validators
+
 _UNITS = {"w": 604_800, "d": 86_400, "h": 3_600, "m": 60, "s": 1}
 _PART = re.compile(r"(\d+)([wdhms])")
 _WHOLE = re.compile(r"(?:\d+[wdhms])+")
@@ -21,7 +23,9 @@ def parse_duration(text: str) -> dt.timedelta:
     seconds = sum(int(number) * _UNITS[unit] for number, unit in _PART.findall(cleaned))
     if seconds <= 0:
         raise ValueError(f"{text!r} is not a duration: it must be longer than zero.")
-    return dt.timedelta(seconds=seconds)
+    # Bounded like every duration of the queue: now() - 20,000 years is out of
+    # PostgreSQL's range, and 10**12 weeks out of timedelta's.
+    return dt.timedelta(seconds=validators.seconds(seconds, f"the duration {text!r}"))
 
 
 def format_seconds(seconds: float | None) -> str:

@@ -103,7 +103,8 @@ def enqueue(
 ) -> EnqueuedJob:
     """Add a job to a queue, in the caller's transaction.
 
-    `payload` is any JSON value. `priority` runs from -100 to 100, higher first.
+    `payload` is any JSON value (lists and dicts nested at most 500 levels deep).
+    `priority` runs from -100 to 100, higher first.
     `run_at` (aware datetime) or `delay` (seconds or timedelta) defer the job. With an
     `idempotency_key`, a second enqueue while a job with that key is pending or running
     in the same queue returns that job (``created=False``) instead of adding one.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
+from .validators import clamp_seconds
+
 
 class PgQueueError(Exception):
     """Root of every error django_pgqueue raises."""
@@ -48,13 +50,19 @@ class RetryLater(PgQueueError):
     """Raise from a handler to retry the job after `delay` seconds.
 
     The attempt counts against max_attempts; when none are left the job is dead.
+    A delay longer than 10 years (`validators.MAX_SECONDS`; infinity included) is
+    shortened to 10 years with a warning in the log, so the job still gets its retry
+    written. A delay that is not a number, is negative or is NaN raises ValueError
+    here: raised from a handler, that is an ordinary failure of the attempt (retried
+    by the retry policy), its message saying what was wrong.
     """
 
     def __init__(self, delay: float, reason: str = "") -> None:
         if not isinstance(delay, int | float) or isinstance(delay, bool) or not delay >= 0:
             raise ValueError(f"RetryLater delay must be a number of seconds >= 0, got {delay!r}")
+        delay = clamp_seconds(delay, "RetryLater delay")
         super().__init__(reason or f"retry requested in {delay:g}s")
-        self.delay = float(delay)
+        self.delay = delay
         self.reason = reason
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import validators
 from .actions import ActionReport, retry_now
 from .conf import get_settings
 from .models import FINISHED_STATUSES
@@ -60,10 +61,10 @@ def prune(
     """Delete jobs in `statuses` (default: all finished) that finished before now - older_than."""
     alias = alias or get_settings().DATABASE
     statuses = check_prunable(statuses)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    validators.count(batch_size, "batch_size")
     if older_than <= dt.timedelta(0):
         raise ValueError(f"older_than must be longer than zero, got {older_than}.")
+    validators.seconds(older_than.total_seconds(), "older_than")
     cutoff = store.clock_ago(alias, older_than.total_seconds())
     result = PruneResult(cutoff=cutoff, statuses=statuses, dry_run=dry_run)
     if dry_run:
@@ -96,10 +97,10 @@ def requeue_dead(
 ) -> tuple[int, ActionReport]:
     """Retry now the dead jobs matching the filters; return (jobs matched, report)."""
     alias = alias or get_settings().DATABASE
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    validators.count(batch_size, "batch_size")
     if isinstance(since, dt.timedelta):
-        since = store.clock_ago(alias, since.total_seconds())
+        seconds = validators.seconds(since.total_seconds(), "since", allow_zero=True)
+        since = store.clock_ago(alias, seconds)
     until = store.clock_ago(alias, 0)
     report = ActionReport("Requeue dead")
     matched = 0

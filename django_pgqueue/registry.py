@@ -12,7 +12,6 @@ cached, so the worker's dispatch stays a dictionary lookup.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,8 +19,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.utils.module_loading import autodiscover_modules
 
-from .exceptions import ConfigurationError, UnknownJobType
-from .retry import RetryPolicy
+from . import validators
+from .exceptions import ConfigurationError
+from .retry import RetryPolicy, bounded
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -37,6 +37,12 @@ class Handler:
     max_attempts: int | None = None
     retry: RetryPolicy | None = None
     timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        # Every handler the worker runs is one of these: bounding its policy here keeps
+        # a custom policy's delay (inf, 1e13) from reaching PostgreSQL out of range.
+        if self.retry is not None:
+            object.__setattr__(self, "retry", bounded(self.retry))
 
 
 class Registry:
@@ -58,20 +64,6 @@ class Registry:
                     f"{_origin(spec.func)} cannot register it again."
                 )
             self._handlers[spec.type] = spec
-
-    def unregister(self, type_: str) -> None:
-        with self._lock:
-            self._handlers.pop(type_, None)
-
-    def get(self, type_: str) -> Handler:
-        try:
-            return self._handlers[type_]
-        except KeyError:
-            known = ", ".join(sorted(self._handlers)) or "none"
-            raise UnknownJobType(
-                f"No handler is registered for job type {type_!r} (known types: {known}). "
-                "Define it with @django_pgqueue.handler in an installed app's jobs module."
-            ) from None
 
     def find(self, type_: str) -> Handler | None:
         """The handler of `type_`: a registered one, else what a resolver makes of it."""
@@ -101,12 +93,6 @@ class Registry:
         with self._lock:
             if resolver not in self._resolvers:
                 self._resolvers.append(resolver)
-            self._resolved.clear()
-
-    def remove_resolver(self, resolver: Resolver) -> None:
-        with self._lock:
-            if resolver in self._resolvers:
-                self._resolvers.remove(resolver)
             self._resolved.clear()
 
     def clear_resolved(self) -> None:
@@ -146,28 +132,23 @@ def handler(
     `RetryLater(delay)` to retry after a chosen delay, `PermanentFailure` to fail
     without retrying, and any other exception to retry with the retry policy.
     """
-    from . import validation
-
-    try:
-        validation.type_name(type)
-        if max_attempts is not None:
-            validation.max_attempts(max_attempts)
-    except ValueError as exc:
-        raise ConfigurationError(f"@handler({type!r}): {exc}") from None
+    where = f"@handler({type!r})"
+    validators.type_name(type, f"{where}: type", error=ConfigurationError)
+    if max_attempts is not None:
+        validators.count(
+            max_attempts,
+            f"{where}: max_attempts",
+            1,
+            validators.MAX_ATTEMPTS,
+            error=ConfigurationError,
+        )
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise ConfigurationError(
-            f"@handler({type!r}): retry must have a delay(attempt) method, such as "
+            f"{where}: retry must have a delay(attempt) method, such as "
             f"ExponentialBackoff or FixedDelay; got {retry!r}."
         )
-    if timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        raise ConfigurationError(
-            f"@handler({type!r}): timeout must be seconds > 0, got {timeout!r}."
-        )
+    if timeout is not None:
+        validators.seconds(timeout, f"{where}: timeout", error=ConfigurationError)
 
     def decorate(func: F) -> F:
         if not callable(func):

@@ -8,10 +8,11 @@ counter-example from the design article: every retry of a burst lands at once.
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+from . import validators
 
 
 @runtime_checkable
@@ -22,11 +23,7 @@ class RetryPolicy(Protocol):
 
 
 def _seconds(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
-    return float(value)
+    return validators.seconds(value, name, allow_zero=True)
 
 
 @dataclass(frozen=True)
@@ -63,6 +60,32 @@ class FixedDelay:
 
     def delay(self, attempt: int) -> float:
         return self.seconds
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """Another policy whose delays are kept within 0..MAX_SECONDS (10 years).
+
+    A delay outside that range (infinity, 1e13, NaN, negative) would make the retry's
+    `now() + interval` fail in PostgreSQL and leave the job without an outcome; it is
+    clamped instead, with a warning naming the policy.
+    """
+
+    policy: RetryPolicy
+
+    def delay(self, attempt: int) -> float:
+        value = self.policy.delay(attempt)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            value = float(value)  # as the worker always read a policy's answer
+        return validators.clamp_seconds(value, f"retry policy {self.policy!r} delay")
+
+
+def bounded(policy: RetryPolicy) -> RetryPolicy:
+    """`policy`, wrapped in `Bounded` unless its delays are in range by construction."""
+    # Exact types: a subclass may override delay().
+    if type(policy) in (ExponentialBackoff, FixedDelay, Bounded):
+        return policy
+    return Bounded(policy)
 
 
 def default_policy() -> RetryPolicy:

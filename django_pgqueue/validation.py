@@ -7,42 +7,28 @@ with a message that names the argument, the bad value and what was expected.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 
-from .conf import MAX_PRIORITY, MIN_PRIORITY, QUEUE_NAME_RE, TYPE_NAME_RE
+from . import validators
+from .encoding import dumps as _dumps
 from .exceptions import EnqueueError, PayloadError
+from .validators import MAX_PRIORITY, MAX_SECONDS, MIN_PRIORITY
 
-# A schedule further out than this is almost certainly a unit mistake (ms for s).
-MAX_DELAY_SECONDS = 10 * 366 * 24 * 3600
-
-_dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+# Deeper JSON is refused: the worker decodes payloads with Python's json module, and
+# walking them here is recursive. Far deeper than any real payload needs.
+MAX_PAYLOAD_DEPTH = 500
 
 
 def queue_name(value: Any, argument: str = "queue") -> str:
-    if not isinstance(value, str):
-        raise EnqueueError(f"{argument} must be a string, got {type(value).__name__} {value!r}.")
-    if not QUEUE_NAME_RE.match(value):
-        raise EnqueueError(
-            f"{argument} {value!r} is not a valid queue name: use 1 to 63 letters, digits, "
-            "'_', '.', ':' or '-', starting with a letter or digit."
-        )
-    return value
+    return validators.queue_name(value, argument, error=EnqueueError)
 
 
 def type_name(value: Any) -> str:
-    if not isinstance(value, str):
-        raise EnqueueError(f"type must be a string, got {type(value).__name__} {value!r}.")
-    if not TYPE_NAME_RE.match(value):
-        raise EnqueueError(
-            f"type {value!r} is not a valid job type: use 1 to 255 letters, digits, '_', "
-            "'.', ':' or '-', starting with a letter or '_' (e.g. 'payments.charge')."
-        )
-    return value
+    return validators.type_name(value, "type", error=EnqueueError)
 
 
 def priority(value: Any) -> int:
@@ -57,9 +43,7 @@ def priority(value: Any) -> int:
 
 
 def max_attempts(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
-        raise EnqueueError(f"max_attempts must be an integer from 1 to 1000, got {value!r}.")
-    return value
+    return validators.count(value, "max_attempts", 1, validators.MAX_ATTEMPTS, error=EnqueueError)
 
 
 def idempotency_key(value: Any) -> str | None:
@@ -90,7 +74,7 @@ def schedule(run_at: Any, delay: Any) -> tuple[dt.datetime | None, float]:
                 )
             run_at = timezone.make_aware(run_at)
         ahead = (run_at - timezone.now()).total_seconds()
-        if ahead > MAX_DELAY_SECONDS:
+        if ahead > MAX_SECONDS:
             raise EnqueueError(f"run_at {run_at.isoformat()} is more than 10 years ahead.")
         return run_at, 0.0
     if delay is None:
@@ -98,16 +82,12 @@ def schedule(run_at: Any, delay: Any) -> tuple[dt.datetime | None, float]:
     if isinstance(delay, dt.timedelta):
         seconds = delay.total_seconds()
     elif isinstance(delay, int | float) and not isinstance(delay, bool):
-        seconds = float(delay)
+        seconds = delay  # not float(): an int too large for one is refused below
     else:
         raise EnqueueError(
             f"delay must be seconds (int or float) or a timedelta, got {type(delay).__name__}."
         )
-    if not math.isfinite(seconds) or seconds < 0:
-        raise EnqueueError(f"delay must be >= 0 seconds, got {delay!r}.")
-    if seconds > MAX_DELAY_SECONDS:
-        raise EnqueueError(f"delay {seconds:g}s is more than 10 years.")
-    return None, seconds
+    return None, validators.seconds(seconds, "delay", allow_zero=True, error=EnqueueError)
 
 
 def payload(value: Any, max_bytes: int | None, name: str = "payload") -> str:
@@ -141,13 +121,15 @@ def payloads(values: list[Any], max_bytes: int | None, offset: int = 0) -> str:
             _item(value, position, None)
         raise  # not reached: one item failed above
     for position, value in enumerate(values, offset):
-        if not _keys_are_strings(value):
+        if not _plain(value):
             _item(value, position, None)
-    if "\\u0000" in text or not _utf8(text):
+    size = _utf8_size(text)
+    if "\\u0000" in text or size is None:
         for position, value in enumerate(values, offset):
             _item(value, position, None)
-    # The array is larger than any of its items: only a large array needs sizing.
-    if max_bytes is not None and len(text) > max_bytes:
+    # The array is larger than any of its items: only a large array needs sizing. The
+    # limit is in UTF-8 bytes, not characters ("é" is one character, two bytes).
+    if max_bytes is not None and size is not None and size > max_bytes:
         for position, value in enumerate(values, offset):
             _item(value, position, max_bytes)
     return text
@@ -168,25 +150,38 @@ def _utf8(text: str) -> bool:
     return True
 
 
-def _keys_are_strings(value: Any) -> bool:
-    """True when every dict inside value has only str keys (the encoder converts others)."""
-    stack = [value]
+def _utf8_size(text: str) -> int | None:
+    """The length of text in UTF-8 bytes; None when it holds a lone surrogate."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return None
+
+
+def _plain(value: Any) -> bool:
+    """True when every dict inside value has only str keys (the encoder converts others)
+    and nothing nests deeper than MAX_PAYLOAD_DEPTH."""
+    stack = [(value, 1)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
+        if depth > MAX_PAYLOAD_DEPTH:
+            return False
         if isinstance(item, dict):
             for key, child in item.items():
                 if type(key) is not str:
                     return False
                 if isinstance(child, dict | list | tuple):
-                    stack.append(child)
+                    stack.append((child, depth + 1))
         elif isinstance(item, list | tuple):
-            stack.extend(child for child in item if isinstance(child, dict | list | tuple))
+            stack.extend(
+                (child, depth + 1) for child in item if isinstance(child, dict | list | tuple)
+            )
     return True
 
 
 def _check_encoded(value: Any, text: str, path: str) -> None:
     """Find what the encoder let through that PostgreSQL or a round trip would not."""
-    if "\\u0000" in text or not _utf8(text) or not _keys_are_strings(value):
+    if "\\u0000" in text or not _utf8(text) or not _plain(value):
         _explain(value, path, set())
 
 
@@ -246,6 +241,14 @@ def _explain(value: Any, path: str, seen: set[int]) -> None:
         _check_text(value, path)
         return
     if isinstance(value, dict | list | tuple):
+        # `seen` holds the containers on the path down to here: its size is the depth.
+        if len(seen) >= MAX_PAYLOAD_DEPTH:
+            root = path.partition("[")[0]
+            raise PayloadError(
+                f"{root} is nested more than {MAX_PAYLOAD_DEPTH} levels deep (lists and dicts "
+                "inside each other); flatten it.",
+                root,
+            )
         if id(value) in seen:
             raise PayloadError(f"{path} contains itself (a circular reference).", path)
         seen.add(id(value))

@@ -8,7 +8,7 @@ import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .. import validation
+from .. import validation, validators
 from ..conf import get_settings
 from ..exceptions import ConfigurationError, EnqueueError
 
@@ -73,15 +73,11 @@ class WorkerConfig:
 
         def positive(name: str, value: float | None, default: float) -> float:
             value = default if value is None else value
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ConfigurationError(f"{name} must be a number > 0, got {value!r}.")
-            return float(value)
+            return validators.seconds(value, name, error=ConfigurationError)
 
-        def count(name: str, value: int | None, default: int) -> int:
+        def count(name: str, value: int | None, default: int, high: int) -> int:
             value = default if value is None else value
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}.")
-            return value
+            return validators.count(value, name, 1, high, error=ConfigurationError)
 
         lease_s = positive("lease", lease, conf.LEASE)
         if heartbeat_interval is None:
@@ -94,9 +90,12 @@ class WorkerConfig:
                 f"heartbeat_interval ({heartbeat:g}s) must be at most half the lease "
                 f"({lease_s:g}s), so a lease is renewed well before it ends."
             )
-        grace = conf.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace
-        if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
-            raise ConfigurationError(f"shutdown_grace must be >= 0 seconds, got {grace!r}.")
+        grace = validators.seconds(
+            conf.SHUTDOWN_GRACE if shutdown_grace is None else shutdown_grace,
+            "shutdown_grace",
+            allow_zero=True,
+            error=ConfigurationError,
+        )
         timeout = conf.JOB_TIMEOUT if job_timeout is None else job_timeout
         if timeout is not None:
             timeout = positive("job_timeout", timeout, 1.0)
@@ -107,8 +106,10 @@ class WorkerConfig:
             )
         return cls(
             queues=names,
-            concurrency=count("concurrency", concurrency, conf.CONCURRENCY),
-            batch_size=count("batch_size", batch_size, conf.BATCH_SIZE),
+            concurrency=count(
+                "concurrency", concurrency, conf.CONCURRENCY, validators.MAX_CONCURRENCY
+            ),
+            batch_size=count("batch_size", batch_size, conf.BATCH_SIZE, validators.MAX_BATCH_SIZE),
             lease=lease_s,
             heartbeat_interval=heartbeat,
             poll_interval=positive("poll_interval", poll_interval, conf.POLL_INTERVAL),

@@ -181,7 +181,10 @@ def test_the_prune_statement_itself_never_deletes_unfinished_jobs():
         (["--older-than", "7x"], "--older-than: '7x' is not a duration"),
         (["--older-than", "0s"], "--older-than: '0s' is not a duration: it must be longer"),
         (["--older-than", "7d", "--status", "running"], "--status: 'running' is not a finished"),
-        (["--older-than", "7d", "--batch-size", "0"], "--batch-size must be at least 1"),
+        (
+            ["--older-than", "7d", "--batch-size", "0"],
+            "--batch-size must be an integer >= 1, got 0",
+        ),
     ],
 )
 def test_prune_rejects_bad_arguments_by_name(args, message):
@@ -263,7 +266,7 @@ def test_requeue_dead_pages_through_many_jobs_and_reports_skips():
         (["--queue", "no spaces"], "--queue: 'no spaces' is not a queue name"),
         (["--type", "9lives"], "--type: '9lives' is not a job type"),
         (["--since", "yesterday"], "--since: 'yesterday' is neither a duration"),
-        (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
     ],
 )
 def test_requeue_dead_rejects_bad_arguments_by_name(args, message):

@@ -201,8 +201,20 @@ def cases() -> list[Case]:
             "must be an integer",
             lambda: echo.using(priority="5").enqueue(),
         ),
-        ("delay -5", {"delay": -5}, EnqueueError, "delay must be >= 0", None),
-        ("delay nan", {"delay": math.nan}, EnqueueError, "delay must be >= 0", None),
+        (
+            "delay -5",
+            {"delay": -5},
+            EnqueueError,
+            "delay must be a finite number of seconds >= 0",
+            None,
+        ),
+        (
+            "delay nan",
+            {"delay": math.nan},
+            EnqueueError,
+            "delay must be a finite number of seconds >= 0",
+            None,
+        ),
         (
             "run_at naive datetime(2030, 1, 1, 12, 0)",
             {"run_at": naive},

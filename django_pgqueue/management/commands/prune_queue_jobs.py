@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_pgqueue import validators
 from django_pgqueue.durations import parse_duration
 from django_pgqueue.maintenance import DEFAULT_PRUNE_BATCH, check_prunable, prune
 from django_pgqueue.models import FINISHED_STATUSES
@@ -55,8 +56,7 @@ class Command(BaseCommand):
             statuses = check_prunable(statuses)
         except ValueError as exc:
             raise CommandError(f"--status: {exc}") from None
-        if options["batch_size"] < 1:
-            raise CommandError(f"--batch-size must be at least 1, got {options['batch_size']}.")
+        validators.count(options["batch_size"], "--batch-size", error=CommandError)
 
         def progress(count: int) -> None:
             if options["verbosity"] >= 2:

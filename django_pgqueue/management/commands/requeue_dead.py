@@ -9,9 +9,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
-from django_pgqueue.conf import QUEUE_NAME_RE, TYPE_NAME_RE
+from django_pgqueue import validators
 from django_pgqueue.durations import parse_duration
 from django_pgqueue.maintenance import DEFAULT_REQUEUE_BATCH, requeue_dead
+from django_pgqueue.validators import is_queue_name, is_type_name
 
 
 def parse_since(text: str) -> dt.datetime | dt.timedelta:
@@ -60,13 +61,18 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         queue, type_ = options["queue"], options["type"]
-        if queue is not None and not QUEUE_NAME_RE.match(queue):
-            raise CommandError(f"--queue: {queue!r} is not a queue name ({QUEUE_NAME_RE.pattern}).")
-        if type_ is not None and not TYPE_NAME_RE.match(type_):
-            raise CommandError(f"--type: {type_!r} is not a job type ({TYPE_NAME_RE.pattern}).")
+        if queue is not None and not is_queue_name(queue):
+            raise CommandError(
+                f"--queue: {queue!r} is not a queue name (1 to 63 letters, digits, '_', '.', "
+                "':' or '-', starting with a letter or digit)."
+            )
+        if type_ is not None and not is_type_name(type_):
+            raise CommandError(
+                f"--type: {type_!r} is not a job type (1 to 255 letters, digits, '_', '.', "
+                "':' or '-', starting with a letter or '_')."
+            )
         since = parse_since(options["since"]) if options["since"] else None
-        if options["batch_size"] < 1:
-            raise CommandError(f"--batch-size must be at least 1, got {options['batch_size']}.")
+        validators.count(options["batch_size"], "--batch-size", error=CommandError)
         matched, report = requeue_dead(
             queue=queue,
             type=type_,

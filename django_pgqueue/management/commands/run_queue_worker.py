@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
+from django_pgqueue import validators
 from django_pgqueue.checks import autovacuum_problem
 from django_pgqueue.exceptions import ConfigurationError
 from django_pgqueue.worker import Worker
@@ -18,15 +19,48 @@ def parse_weights(text: str) -> dict[str, int]:
     """Parse 'payments=3,email=1' into {'payments': 3, 'email': 1}."""
     weights: dict[str, int] = {}
     for part in filter(None, (piece.strip() for piece in text.split(","))):
-        name, sep, value = part.partition("=")
-        if not sep or not name.strip() or not value.strip().isdigit():
+        name, sep, value = (piece.strip() for piece in part.partition("="))
+        try:
+            weight = int(value) if sep and name else None
+        except ValueError:
+            weight = None
+        if weight is None:
             raise CommandError(
                 f"--weights: {part!r} is not QUEUE=WEIGHT (e.g. --weights payments=3,email=1)."
             )
-        if name.strip() in weights:
-            raise CommandError(f"--weights: {name.strip()!r} is given twice.")
-        weights[name.strip()] = int(value)
+        if name in weights:
+            raise CommandError(f"--weights: {name!r} is given twice.")
+        weights[name] = validators.count(
+            weight,
+            f"--weights: the weight of {name!r}",
+            1,
+            validators.MAX_WEIGHT,
+            error=CommandError,
+        )
     return weights
+
+
+# The command's numeric options: checked here so that an error names the option.
+SECONDS_OPTIONS = ("lease", "heartbeat_interval", "sweep_interval", "job_timeout", "poll_interval")
+COUNT_OPTIONS = {"concurrency": validators.MAX_CONCURRENCY, "batch_size": validators.MAX_BATCH_SIZE}
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """Raise CommandError naming the first option whose value is out of range."""
+    for key in SECONDS_OPTIONS:
+        if options[key] is not None:
+            validators.seconds(options[key], _flag(key), error=CommandError)
+    if options["shutdown_grace"] is not None:
+        validators.seconds(
+            options["shutdown_grace"], "--shutdown-grace", allow_zero=True, error=CommandError
+        )
+    for key, high in COUNT_OPTIONS.items():
+        if options[key] is not None:
+            validators.count(options[key], _flag(key), 1, high, error=CommandError)
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
 
 
 class Command(BaseCommand):
@@ -65,8 +99,6 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--weights",
-            type=parse_weights,
-            default={},
             help="Claim turns per queue, e.g. payments=3,email=1 (default: equal turns).",
         )
         parser.add_argument(
@@ -89,6 +121,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         _configure_logging(options["verbosity"])
+        # Parsed here, not by argparse: a CommandError raised while argparse parses
+        # escapes Django's handling and prints a traceback.
+        weights = parse_weights(options["weights"]) if options["weights"] else {}
+        check_options(options)
         try:
             worker = Worker(
                 options["queues"],
@@ -98,7 +134,7 @@ class Command(BaseCommand):
                 heartbeat_interval=options["heartbeat_interval"],
                 sweep_interval=options["sweep_interval"],
                 job_timeout=options["job_timeout"],
-                weights=options["weights"],
+                weights=weights,
                 poll_interval=options["poll_interval"],
                 burst=options["burst"],
                 worker_id=options["worker_id"],
