@@ -12,7 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_pgqueue import admin as pgqueue_admin
+from django_pgqueue.admin import lists as admin_lists
+from django_pgqueue.admin import operations as admin_operations
 from django_pgqueue.models import Job
 from tests.admin.conftest import make_job, state
 from tests.conftest import sql
@@ -195,7 +196,7 @@ def test_a_large_table_is_estimated_not_counted(monkeypatch):
     for _ in range(12):
         make_job("pending")
     queryset = Job.objects.order_by("-id")
-    paginator = pgqueue_admin.EstimatedCountPaginator
+    paginator = admin_lists.EstimatedCountPaginator
     estimated = paginator(queryset, 100, total=lambda: (1_000_000, False))
     with CaptureQueriesContext(connection) as queries:
         assert estimated.count == 1_000_000
@@ -205,7 +206,7 @@ def test_a_large_table_is_estimated_not_counted(monkeypatch):
     assert exact.count == 12
     assert exact.approximate == ""
     # Filtered, rows are counted only up to the limit.
-    monkeypatch.setattr(pgqueue_admin, "EXACT_COUNT_LIMIT", 10)
+    monkeypatch.setattr(admin_lists, "EXACT_COUNT_LIMIT", 10)
     capped = paginator(queryset.filter(queue="ops"), 100)
     assert capped.count == 10
     assert capped.approximate == "more than"
@@ -217,7 +218,7 @@ def test_a_large_table_is_estimated_not_counted(monkeypatch):
 def test_list_page_says_the_total_is_approximate(superuser_client, monkeypatch):
     for _ in range(12):
         make_job("pending")
-    monkeypatch.setattr(pgqueue_admin, "EXACT_COUNT_LIMIT", 10)
+    monkeypatch.setattr(admin_lists, "EXACT_COUNT_LIMIT", 10)
     response = superuser_client.get(JOBS + "?queue=ops")
     assert re.search(r"more than\s+10 jobs", response.content.decode())
 
@@ -293,7 +294,7 @@ def test_operator_cancels_pending_jobs_and_running_ones_are_skipped(operator_cli
 
 
 @pytest.mark.skipif(
-    pgqueue_admin.FORM_ACTION_FIELD is None, reason="actions on a job's page need Django 6.1"
+    admin_operations.FORM_ACTION_FIELD is None, reason="actions on a job's page need Django 6.1"
 )
 def test_operator_retries_a_dead_job_from_its_own_page(operator_client):
     dead = make_job("dead")
@@ -356,7 +357,7 @@ def test_user_without_the_permission_sees_no_action_and_a_forged_post_is_refused
 
 
 def test_a_selection_above_the_limit_is_refused_whole(operator_client, monkeypatch):
-    monkeypatch.setattr(pgqueue_admin, "ACTION_LIMIT", 2)
+    monkeypatch.setattr(admin_operations, "ACTION_LIMIT", 2)
     jobs = [make_job("dead") for _ in range(3)]
     done = operator_client.post(
         DEAD, {"action": "retry_now", "_selected_action": jobs, "post": "yes"}, follow=True
