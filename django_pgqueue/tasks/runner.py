@@ -24,21 +24,12 @@ from django.core.signals import setting_changed
 from django.dispatch import Signal
 from django.utils import timezone
 
-from .backends import (
-    PgQueueBackend,
-    TaskCall,
-    TaskOptions,
-    as_enqueued,
-    build_result,
-    error_class_path,
-    import_task,
-)
-from .conf import get_settings
-from .context import JobContext
-from .exceptions import PermanentFailure, UnknownJobType
-from .executor import describe
-from .registry import Handler, registry
-from .tasks_api import (
+from ..conf import get_settings
+from ..context import JobContext
+from ..exceptions import PermanentFailure, UnknownJobType
+from ..executor import describe
+from ..registry import Handler, registry
+from .api import (
     Task,
     TaskContext,
     TaskError,
@@ -48,6 +39,9 @@ from .tasks_api import (
     task_finished,
     task_started,
 )
+from .backend import PgQueueBackend
+from .options import TaskOptions
+from .results import TaskCall, as_enqueued, build_result, error_class_path, import_task
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +146,7 @@ class TaskRunner:
 
     def _running_result(self, ctx: JobContext, call: TaskCall, alias: str) -> TaskResult:
         """The TaskResult the task and the signals see while this attempt runs."""
-        from .models import Attempt
+        from ..models import Attempt
 
         if ctx.lease_version == 1:
             # The job's first claim (every claim, sweep and retry adds one to the lease
