@@ -181,7 +181,7 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        self.refuse_unpermitted_action(request, "action")
+        self.prepare_action_post(request, "action")
         context = {"pgqueue_snapshot": snapshot(request), **(extra_context or {})}
         return super().changelist_view(request, extra_context=context)
 
@@ -193,7 +193,7 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         if FORM_ACTION_FIELD is not None:
-            self.refuse_unpermitted_action(request, FORM_ACTION_FIELD)
+            self.prepare_action_post(request, FORM_ACTION_FIELD)
         return super().changeform_view(request, object_id, form_url, extra_context)
 
 

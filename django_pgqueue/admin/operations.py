@@ -13,11 +13,12 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.text import Truncator
 
 from .. import actions
 from ..conf import get_settings
@@ -33,6 +34,10 @@ except ImportError:  # pragma: no cover - Django 5.2
     ActionLocation = None
 # The POST field that carries an action chosen on a job's page (Django 6.1).
 FORM_ACTION_FIELD = f"{ActionLocation.CHANGE_FORM.value}-action" if ActionLocation else None
+# The confirmation page posts the selected ids in this one field ("12,15,16"): one
+# field per job would pass Django's DATA_UPLOAD_MAX_NUMBER_FIELDS (1,000) long before
+# ACTION_LIMIT, and Django refuses such a POST with TooManyFieldsSent.
+IDS_FIELD = "pgqueue_ids"
 
 
 def operator_action(description: str) -> Any:
@@ -82,18 +87,44 @@ CANCEL = OperatorAction(
 OPERATOR_ACTIONS = frozenset({RETRY.name, CANCEL.name})
 
 
+def parse_ids(raw: str) -> list[int]:
+    """Read the confirmation page's id list ("12,15,16"); BadRequest naming what is wrong."""
+    ids: list[int] = []
+    for part in raw.split(","):
+        if not (part.isascii() and part.isdigit() and 0 < int(part) < 2**63):
+            raise BadRequest(
+                f"{IDS_FIELD} must be job ids (positive integers) separated by commas; "
+                f"got {Truncator(repr(part)).chars(40)} in {Truncator(repr(raw)).chars(80)}."
+            )
+        ids.append(int(part))
+        if len(ids) > ACTION_LIMIT:
+            break  # enough to refuse the whole selection as too large, as a list would be
+    return ids
+
+
 class OperatorActionsMixin:
     """Retry now and cancel for a job ModelAdmin, each confirmed on a page of its own."""
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(OPERATE_PERMISSION)
 
-    def refuse_unpermitted_action(self, request: HttpRequest, field: str) -> None:
-        """Answer 403 to a POST of an operator action from a user without the permission."""
-        if request.method != "POST" or self.has_operate_permission(request):
+    def prepare_action_post(self, request: HttpRequest, field: str) -> None:
+        """Check a POST that may carry an operator action (`field` names the action).
+
+        A user without the permission gets 403. The confirmation page's one field of
+        ids becomes the selection Django's action handling reads.
+        """
+        if request.method != "POST":
             return
-        if set(request.POST.getlist(field)) & OPERATOR_ACTIONS:
+        if not self.has_operate_permission(request) and (
+            set(request.POST.getlist(field)) & OPERATOR_ACTIONS
+        ):
             raise PermissionDenied("Retrying and cancelling jobs needs the operate_job permission.")
+        if IDS_FIELD in request.POST:
+            post = request.POST.copy()
+            ids = parse_ids(post.pop(IDS_FIELD)[-1])
+            post.setlist(helpers.ACTION_CHECKBOX_NAME, [str(job_id) for job_id in ids])
+            request.POST = post  # type: ignore[misc]
 
     @operator_action("Retry now")
     def retry_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
@@ -173,7 +204,8 @@ class OperatorActionsMixin:
             "preview": model_admin.get_queryset(request).filter(pk__in=ids[:20]).order_by("-id"),
             "more": max(0, len(ids) - 20),
             "action_field": (FORM_ACTION_FIELD if from_form else "action"),
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "ids_field": IDS_FIELD,
+            "ids_value": ",".join(map(str, ids)),
             "media": model_admin.media,
         }
         return TemplateResponse(request, "admin/django_pgqueue/action_confirmation.html", context)

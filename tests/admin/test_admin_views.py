@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from django_pgqueue import enqueue_many
 from django_pgqueue.admin import lists as admin_lists
 from django_pgqueue.admin import operations as admin_operations
 from django_pgqueue.models import Job
@@ -278,6 +279,59 @@ def test_operator_retries_from_the_list_after_a_confirmation(operator_client):
     assert state(dead)["status"] == "pending"
     assert state(running) == running_before
     assert state(completed)["status"] == "completed"
+
+
+def confirmation_fields(html: str) -> list[tuple[str, str]]:
+    """The hidden fields the confirmation page's form posts, as a browser would send them."""
+    form = html[html.index('<form method="post">') :]
+    form = form[: form.index("</form>")]
+    return re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', form)
+
+
+def test_a_confirmed_action_on_thousands_of_jobs_is_not_refused(operator_client, settings):
+    # Django refuses a POST of more than DATA_UPLOAD_MAX_NUMBER_FIELDS (1,000) fields
+    # with TooManyFieldsSent (HTTP 400); an action takes up to ACTION_LIMIT jobs.
+    ids = [
+        job.id for job in enqueue_many([("qa.noop", {"n": n}) for n in range(1_500)], queue="bulk")
+    ]
+    assert settings.DATA_UPLOAD_MAX_NUMBER_FIELDS == 1_000
+    url = JOBS + "?queue=bulk"
+    confirm = operator_client.post(
+        url, {"action": "cancel", "select_across": "1", "_selected_action": ids[:1], "index": "0"}
+    )
+    html = confirm.content.decode()
+    assert "1500 jobs selected" in html
+    fields = confirmation_fields(html)
+    data: dict[str, list[str]] = {}
+    for name, value in fields:
+        data.setdefault(name, []).append(value)
+    done = operator_client.post(url, data, follow=True)
+    assert done.status_code == 200
+    assert messages_of(done) == ["Cancel: 1500 changed, 0 skipped."]
+    statuses = sql("SELECT status, count(*) FROM queue_job_state WHERE queue = 'bulk' GROUP BY 1")
+    assert statuses == [("cancelled", 1_500)]
+
+
+@pytest.mark.parametrize(
+    "ids", ["1,x", "", ",", "1,,2", "-1", "1;2", "1 2", "99999999999999999999"]
+)
+def test_a_malformed_id_list_is_refused_and_nothing_changes(operator_client, ids):
+    pending = make_job("pending")
+    response = operator_client.post(JOBS, {"action": "cancel", "pgqueue_ids": ids, "post": "yes"})
+    assert response.status_code == 400
+    assert state(pending)["status"] == "pending"
+
+
+def test_an_id_list_longer_than_the_limit_is_refused(operator_client, monkeypatch):
+    monkeypatch.setattr(admin_operations, "ACTION_LIMIT", 2)
+    jobs = [make_job("pending") for _ in range(3)]
+    response = operator_client.post(
+        JOBS,
+        {"action": "cancel", "pgqueue_ids": ",".join(map(str, jobs)), "post": "yes"},
+        follow=True,
+    )
+    assert "more than 2 jobs selected; nothing was changed" in messages_of(response)[0]
+    assert all(state(job)["status"] == "pending" for job in jobs)
 
 
 def test_operator_cancels_pending_jobs_and_running_ones_are_skipped(operator_client):
