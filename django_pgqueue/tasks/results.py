@@ -11,6 +11,8 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
+import django_pgqueue
+
 from .api import (
     InvalidTask,
     InvalidTaskBackend,
@@ -105,10 +107,17 @@ def as_enqueued(
 
 
 def error_class_path(error_class: str | None) -> str:
-    """A dotted path for TaskError: builtins are stored as bare names ("ValueError")."""
+    """Return an importable dotted path for TaskError from a stored error class.
+
+    Builtins are stored as bare names ("ValueError"); so were the queue's own lost
+    attempts ("LeaseExpired") before they were stored as "django_pgqueue.LeaseExpired".
+    """
     name = error_class or "Exception"
-    if "." not in name and isinstance(getattr(builtins, name, None), type):
-        return f"builtins.{name}"
+    if "." not in name:
+        if isinstance(getattr(builtins, name, None), type):
+            return f"builtins.{name}"
+        if isinstance(getattr(django_pgqueue, name, None), type):
+            return f"django_pgqueue.{name}"
     return name
 
 

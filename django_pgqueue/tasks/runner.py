@@ -27,7 +27,7 @@ from django.utils import timezone
 from ..conf import get_settings
 from ..context import JobContext
 from ..exceptions import PermanentFailure, UnknownJobType
-from ..executor import describe
+from ..executor import Failure, describe, success
 from ..registry import Handler, registry
 from .api import (
     Task,
@@ -122,9 +122,21 @@ class TaskRunner:
                 object.__setattr__(result, "finished_at", timezone.now())
                 _send(task_finished, result)
             raise
-        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+        outcome = success(value)
+        if isinstance(outcome, Failure):
+            # The worker will record this failure (the value does not encode): the
+            # signal says what the result will say.
+            result.errors.append(
+                TaskError(
+                    exception_class_path=error_class_path(outcome.error_class),
+                    traceback=f"{outcome.error_class}: {outcome.message}",
+                )
+            )
+            object.__setattr__(result, "status", TaskResultStatus.FAILED)
+        else:
+            object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+            object.__setattr__(result, "_return_value", value)
         object.__setattr__(result, "finished_at", timezone.now())
-        object.__setattr__(result, "_return_value", value)
         _send(task_finished, result)
         return value
 
