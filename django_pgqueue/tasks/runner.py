@@ -46,6 +46,29 @@ from .results import TaskCall, as_enqueued, build_result, error_class_path, impo
 logger = logging.getLogger(__name__)
 
 
+class _Sending(threading.local):
+    failure = False
+
+
+_sending = _Sending()
+
+
+class _WorkerLoggedFailure(logging.Filter):
+    """Drop the "django.tasks" record of a task failure the worker logs itself.
+
+    Django's task_finished receiver logs every FAILED task with its traceback; the
+    worker already logs the job's failure (with the job id), so that record would
+    say it twice. Records of other backends, and of started or successful tasks, pass.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_sending.failure and record.levelno >= logging.ERROR)
+
+
+_DUPLICATE_FILTER = _WorkerLoggedFailure()
+logging.getLogger("django.tasks").addFilter(_DUPLICATE_FILTER)
+
+
 def resolve_task(type_: str) -> Handler | None:
     """A Handler running the Task whose module path is `type_`, or None if there is none.
 
@@ -186,7 +209,12 @@ class TaskRunner:
 
 def _send(signal: Signal, result: TaskResult) -> None:
     """Send a task signal; a failing receiver is logged and never changes the outcome."""
-    for receiver, response in signal.send_robust(sender=PgQueueBackend, task_result=result):
+    _sending.failure = result.status == TaskResultStatus.FAILED
+    try:
+        responses = signal.send_robust(sender=PgQueueBackend, task_result=result)
+    finally:
+        _sending.failure = False
+    for receiver, response in responses:
         if isinstance(response, Exception):
             logger.error(
                 "a receiver of a task signal failed: %r: %s",

@@ -8,8 +8,10 @@ stored with.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
-from qa.tasks import add, unstorable
+from qa.tasks import add, explode, unstorable
 
 import django_pgqueue
 from tests.conftest import sql
@@ -74,3 +76,28 @@ def test_an_unstorable_return_value_finishes_failed_in_the_signal_as_in_the_resu
     [error] = result.errors
     assert error.exception_class is django_pgqueue.ResultNotStorable
     assert finished == [("FAILED", [django_pgqueue.ResultNotStorable])]
+
+
+def test_a_failed_task_is_logged_once_by_the_worker(run_worker, caplog):
+    # Django's own task_finished receiver logs a FAILED task on "django.tasks" (with no
+    # timestamp under Django's default console handler): the worker logs it already.
+    caplog.set_level(logging.INFO)
+    result = explode.enqueue("boom, logged once")
+    run_worker([QUEUE], burst=True).join()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    failures = [
+        (record.name, record.levelname)
+        for record in caplog.records
+        if (record.levelno >= logging.ERROR and f"id={result.id} " in f"{record.getMessage()} ")
+        or f"job {result.id} " in record.getMessage()
+    ]
+    assert failures == [
+        ("django_pgqueue.worker", "WARNING"),  # attempt 1 of 2, retried
+        ("django_pgqueue.worker", "ERROR"),  # dead
+    ]
+    # Django's line for a task that started is still there: only the duplicate goes.
+    assert any(
+        record.name == "django.tasks" and f"id={result.id} " in record.getMessage()
+        for record in caplog.records
+    )
