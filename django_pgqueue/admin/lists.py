@@ -17,7 +17,6 @@ from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from ..conf import get_settings
 from ..registry import registry
 from ..stats import Snapshot, collect
 
@@ -77,13 +76,18 @@ def unfiltered(request: HttpRequest) -> bool:
 
 
 class QueueFilter(admin.SimpleListFilter):
-    """Queues with unfinished, dead or cancelled jobs (from the figures), not a DISTINCT scan."""
+    """Queues with unfinished, dead or cancelled jobs (from the figures), not a DISTINCT scan.
+
+    A queue that has no such job is not offered, even the default one; nor is a queue
+    whose jobs all completed (the figures do not count completed jobs per queue without
+    a full scan). A queue asked for in the URL always is.
+    """
 
     title = "queue"
     parameter_name = "queue"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = set(snapshot(request).queue_names) | {get_settings().DEFAULT_QUEUE}
+        names = set(snapshot(request).queue_names)
         if self.value():
             names.add(self.value())
         return [(name, name) for name in sorted(names)]

@@ -162,6 +162,20 @@ def test_filter_choices_never_scan_the_jobs_table(operator_client):
     assert not [q for q in queries.captured_queries if "DISTINCT" in q["sql"].upper()]
 
 
+def queue_choices(response) -> list[str]:
+    [spec] = [spec for spec in response.context["cl"].filter_specs if spec.title == "queue"]
+    return [value for value, _label in spec.lookup_choices]
+
+
+def test_the_queue_filter_offers_only_queues_that_have_jobs(operator_client):
+    make_job("pending", queue="mail")
+    make_job("dead", queue="billing")
+    assert queue_choices(operator_client.get(JOBS)) == ["billing", "mail"]
+    assert queue_choices(operator_client.get(DEAD)) == ["billing", "mail"]
+    # A queue asked for in the URL stays offered, so the page shows what it filters by.
+    assert queue_choices(operator_client.get(JOBS + "?queue=gone")) == ["billing", "gone", "mail"]
+
+
 # -- query counts: small and the same whatever the number of rows --------------------------
 
 
