@@ -6,13 +6,15 @@ it; a missing value (no state row, a NULL, an empty text) shows as a dash.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
 from django.contrib import admin
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import escape, format_html
+from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
 
 from ..models import Job, JobState
@@ -33,8 +35,17 @@ def when(value: Any, *, zone: bool = True) -> str:
 
 
 def when_short(value: Any) -> str:
-    """Show a timestamp for a list column: the zone only as the tooltip."""
-    return when(value, zone=False)
+    """Show a timestamp for a list column: date, then time (below it if the column is
+    narrow), the zone only as the tooltip."""
+    if value is None:
+        return EMPTY
+    local = timezone.localtime(value)
+    return format_html(
+        '<span class="pgqueue-when" title="{}"><span>{}</span> <span>{}</span></span>',
+        local.strftime("%Z"),
+        local.strftime("%Y-%m-%d"),
+        local.strftime("%H:%M:%S"),
+    )
 
 
 def state_of(job: Job) -> JobState | None:
@@ -86,6 +97,27 @@ def badge(status: str) -> str:
 def attempts_of(state: JobState) -> str:
     """Show attempts spent out of the budget, e.g. '2/5'."""
     return f"{state.attempts}/{state.max_attempts}"
+
+
+def status_and_attempts(state: JobState) -> str:
+    """Show the status badge followed by the attempts, for a narrow list."""
+    return format_html(
+        '{} <span class="pgqueue-attempts" title="attempts used / allowed">{}</span>',
+        badge(state.status),
+        attempts_of(state),
+    )
+
+
+def breakable(name: str) -> str:
+    """Show a dotted name that a narrow column may break after a dot or an underscore."""
+    return mark_safe(re.sub(r"([._])", r"\1<wbr>", escape(name)))
+
+
+def type_and_queue(job: Job) -> str:
+    """Show a job's type with its queue under it, for a narrow list."""
+    return format_html(
+        '{}<br><span class="pgqueue-queue" title="queue">{}</span>', breakable(job.type), job.queue
+    )
 
 
 def error_preview(chars: int) -> Callable[[str], str]:

@@ -26,6 +26,8 @@ from .columns import (
     error_preview,
     state_field,
     state_of,
+    status_and_attempts,
+    type_and_queue,
     when,
     when_short,
 )
@@ -41,11 +43,9 @@ FINAL_ERROR_PREVIEW = 160
 class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
     list_display = (
         "id",
-        "queue",
-        "type",
-        "status_badge",
+        "job_column",
+        "status_column",
         "priority",
-        "attempts_display",
         "run_at_column",
         "created_column",
         "last_error_short",
@@ -115,11 +115,13 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
     # -- columns and fields ------------------------------------------------------------
 
     key = column("idempotency key", "idempotency_key")
+    job_column = column("type · queue", lambda job: job, type_and_queue)
     created = column("created", "created_at", when)
     created_column = column("created", "created_at", when_short)
     status_badge = column("status", state_field("status"), badge)
     priority = column("priority", state_field("priority"))
     attempts_display = column("attempts", state_of, attempts_of)
+    status_column = column("status (attempts)", state_of, status_and_attempts)
     run_at = column("run at", state_field("run_at"), when)
     run_at_column = column("run at", state_field("run_at"), when_short)
     died_column = column("died at", state_field("finished_at"), when_short)
@@ -201,8 +203,7 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
 class DeadJobAdmin(JobAdmin):
     list_display = (
         "id",
-        "queue",
-        "type",
+        "job_column",
         "attempts_display",
         "died_column",
         "created_column",
