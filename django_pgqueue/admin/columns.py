@@ -99,12 +99,18 @@ def attempts_of(state: JobState) -> str:
     return f"{state.attempts}/{state.max_attempts}"
 
 
-def status_and_attempts(state: JobState) -> str:
-    """Show the status badge followed by the attempts, for a narrow list."""
+def status_summary(state: JobState) -> str:
+    """Show the status badge, the attempts and a priority other than 0, for a narrow list."""
+    priority = (
+        format_html(' <span class="pgqueue-priority">priority {}</span>', state.priority)
+        if state.priority
+        else ""
+    )
     return format_html(
-        '{} <span class="pgqueue-attempts" title="attempts used / allowed">{}</span>',
+        '{} <span class="pgqueue-attempts" title="attempts used / allowed">{}</span>{}',
         badge(state.status),
         attempts_of(state),
+        priority,
     )
 
 

@@ -26,7 +26,7 @@ from .columns import (
     error_preview,
     state_field,
     state_of,
-    status_and_attempts,
+    status_summary,
     type_and_queue,
     when,
     when_short,
@@ -45,7 +45,6 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
         "id",
         "job_column",
         "status_column",
-        "priority",
         "run_at_column",
         "created_column",
         "last_error_short",
@@ -121,7 +120,7 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
     status_badge = column("status", state_field("status"), badge)
     priority = column("priority", state_field("priority"))
     attempts_display = column("attempts", state_of, attempts_of)
-    status_column = column("status (attempts)", state_of, status_and_attempts)
+    status_column = column("status · attempts", state_of, status_summary)
     run_at = column("run at", state_field("run_at"), when)
     run_at_column = column("run at", state_field("run_at"), when_short)
     died_column = column("died at", state_field("finished_at"), when_short)

@@ -176,6 +176,16 @@ def test_the_queue_filter_offers_only_queues_that_have_jobs(operator_client):
     assert queue_choices(operator_client.get(JOBS + "?queue=gone")) == ["billing", "gone", "mail"]
 
 
+def test_the_list_shows_a_priority_only_where_it_is_not_zero(operator_client):
+    from django_pgqueue import enqueue
+
+    enqueue("qa.noop", {}, queue="ops", priority=10)
+    enqueue("qa.noop", {}, queue="ops")
+    html = operator_client.get(JOBS).content.decode()
+    assert html.count('class="pgqueue-priority"') == 1
+    assert "priority 10" in html
+
+
 # -- query counts: small and the same whatever the number of rows --------------------------
 
 

@@ -109,7 +109,11 @@ def queue_with_a_dead_job(run_worker: Any) -> dict[str, int]:
     """A small realistic queue: completed, retrying, scheduled, running and dead jobs.
 
     Only the demo and shop apps' job types: the screenshots in docs/ are made from it.
+    Job ids start at 4,200,001, seven digits as in a queue that has run a while, so the
+    list's width is measured with realistic ids.
     """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT setval(pg_get_serial_sequence('queue_jobs', 'id'), 4200000)")
     enqueue_many(
         [
             ("demo.charge_card", {"order": 7300 + n, "amount": f"{n * 7 + 12}.00", "card": "ok"})
@@ -131,7 +135,13 @@ def queue_with_a_dead_job(run_worker: Any) -> dict[str, int]:
     enqueue("demo.resize_image", {"image": 991, "size": [4032, 3024]}, queue="images")
     enqueue("demo.send_email", {"to": "ana@example.com", "flaky": 1}, queue="email")
     run_worker(["payments", "images", "email"], burst=True).join()
-    enqueue("shop.create_warehouse_ticket", {"order_id": 7313}, queue="warehouse", delay=3600)
+    enqueue(
+        "shop.create_warehouse_ticket",
+        {"order_id": 7313},
+        queue="warehouse",
+        delay=3600,
+        priority=10,
+    )
     enqueue_many(
         [("demo.send_email", {"to": f"customer{n}@example.com"}) for n in range(3)],
         queue="email",
