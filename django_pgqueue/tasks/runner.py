@@ -30,6 +30,7 @@ from ..exceptions import PermanentFailure, UnknownJobType
 from ..executor import Failure, describe, success
 from ..registry import Handler, registry
 from .api import (
+    SOURCE,
     Task,
     TaskContext,
     TaskError,
@@ -54,7 +55,7 @@ _sending = _Sending()
 
 
 class _WorkerLoggedFailure(logging.Filter):
-    """Drop the "django.tasks" record of a task failure the worker logs itself.
+    """Drop the Tasks framework's record of a task failure the worker logs itself.
 
     Django's task_finished receiver logs every FAILED task with its traceback; the
     worker already logs the job's failure (with the job id), so that record would
@@ -66,7 +67,8 @@ class _WorkerLoggedFailure(logging.Filter):
 
 
 _DUPLICATE_FILTER = _WorkerLoggedFailure()
-logging.getLogger("django.tasks").addFilter(_DUPLICATE_FILTER)
+# Django logs on "django.tasks"; the backport of Django 5.2 on "django_tasks".
+logging.getLogger(SOURCE).addFilter(_DUPLICATE_FILTER)
 
 
 def resolve_task(type_: str) -> Handler | None:

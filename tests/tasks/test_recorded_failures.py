@@ -14,6 +14,7 @@ import pytest
 from qa.tasks import add, explode, unstorable
 
 import django_pgqueue
+from django_pgqueue.tasks.api import SOURCE
 from tests.conftest import sql
 
 from .api import TaskResultStatus, task_finished
@@ -79,8 +80,9 @@ def test_an_unstorable_return_value_finishes_failed_in_the_signal_as_in_the_resu
 
 
 def test_a_failed_task_is_logged_once_by_the_worker(run_worker, caplog):
-    # Django's own task_finished receiver logs a FAILED task on "django.tasks" (with no
-    # timestamp under Django's default console handler): the worker logs it already.
+    # Django's own task_finished receiver logs a FAILED task on "django.tasks" (the
+    # backport: "django_tasks"), with no timestamp under Django's default console
+    # handler: the worker logs it already.
     caplog.set_level(logging.INFO)
     result = explode.enqueue("boom, logged once")
     run_worker([QUEUE], burst=True).join()
@@ -98,6 +100,6 @@ def test_a_failed_task_is_logged_once_by_the_worker(run_worker, caplog):
     ]
     # Django's line for a task that started is still there: only the duplicate goes.
     assert any(
-        record.name == "django.tasks" and f"id={result.id} " in record.getMessage()
+        record.name == SOURCE and f"id={result.id} " in record.getMessage()
         for record in caplog.records
     )
