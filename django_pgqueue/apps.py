@@ -11,10 +11,10 @@ class PgQueueConfig(AppConfig):
         from .registry import registry
 
         try:
-            from . import tasks_api  # noqa: F401
+            from .tasks import api  # noqa: F401
         except ImportError:
             return  # Django 5.2 without the django-tasks backport: handlers only
-        from .task_runner import resolve_task
+        from .tasks.runner import resolve_task
 
         # Jobs enqueued by PgQueueBackend have a task's module path as their type.
         registry.add_resolver(resolve_task)

@@ -68,3 +68,20 @@ class RetryLater(PgQueueError):
 
 class JobTimeout(PgQueueError):
     """A handler ran past its timeout; the attempt is failed and the job retried."""
+
+
+# Failures the queue records itself, not raised by handlers. They are classes so that
+# the error class stored with an attempt ("django_pgqueue.LeaseExpired") imports, as
+# Django's TaskError.exception_class expects of it.
+
+
+class ResultNotStorable(PgQueueError):
+    """Recorded when a handler's return value cannot be stored as JSON: the job is dead."""
+
+
+class WorkerShutdown(PgQueueError):
+    """Recorded when a worker stopped before the handler finished: the job is retried."""
+
+
+class LeaseExpired(PgQueueError):
+    """Recorded when a job's lease ran out before its worker finished: the job is requeued."""

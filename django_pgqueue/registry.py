@@ -6,7 +6,7 @@ worker does at start and enqueue() does the first time it needs a handler's defa
 
 A type with no registered handler can still be run when a *resolver* knows it: the
 Tasks backend adds one that imports a ``django.tasks`` Task from its module path (see
-`django_pgqueue.task_runner`). Each type is resolved at most once per process and
+`django_pgqueue.tasks.runner`). Each type is resolved at most once per process and
 cached, so the worker's dispatch stays a dictionary lookup.
 """
 

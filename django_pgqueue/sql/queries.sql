@@ -386,7 +386,7 @@ WITH expired AS MATERIALIZED (
     UPDATE queue_attempts AS attempt
     SET status = 'lost',
         finished_at = now(),
-        error_class = 'LeaseExpired',
+        error_class = 'django_pgqueue.LeaseExpired',
         error_message = 'the lease ran out before the worker finished; the job was requeued'
     FROM swept
     WHERE attempt.job_id = swept.job_id

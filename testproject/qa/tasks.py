@@ -11,7 +11,7 @@ import asyncio
 from typing import Any
 
 from django_pgqueue import PermanentFailure
-from django_pgqueue.tasks_api import TaskContext
+from django_pgqueue.tasks.api import TaskContext
 
 from .models import TaskCall
 

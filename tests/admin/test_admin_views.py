@@ -12,7 +12,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_pgqueue import admin as pgqueue_admin
+from django_pgqueue import enqueue_many
+from django_pgqueue.admin import lists as admin_lists
+from django_pgqueue.admin import operations as admin_operations
 from django_pgqueue.models import Job
 from tests.admin.conftest import make_job, state
 from tests.conftest import sql
@@ -160,6 +162,30 @@ def test_filter_choices_never_scan_the_jobs_table(operator_client):
     assert not [q for q in queries.captured_queries if "DISTINCT" in q["sql"].upper()]
 
 
+def queue_choices(response) -> list[str]:
+    [spec] = [spec for spec in response.context["cl"].filter_specs if spec.title == "queue"]
+    return [value for value, _label in spec.lookup_choices]
+
+
+def test_the_queue_filter_offers_only_queues_that_have_jobs(operator_client):
+    make_job("pending", queue="mail")
+    make_job("dead", queue="billing")
+    assert queue_choices(operator_client.get(JOBS)) == ["billing", "mail"]
+    assert queue_choices(operator_client.get(DEAD)) == ["billing", "mail"]
+    # A queue asked for in the URL stays offered, so the page shows what it filters by.
+    assert queue_choices(operator_client.get(JOBS + "?queue=gone")) == ["billing", "gone", "mail"]
+
+
+def test_the_list_shows_a_priority_only_where_it_is_not_zero(operator_client):
+    from django_pgqueue import enqueue
+
+    enqueue("qa.noop", {}, queue="ops", priority=10)
+    enqueue("qa.noop", {}, queue="ops")
+    html = operator_client.get(JOBS).content.decode()
+    assert html.count('class="pgqueue-priority"') == 1
+    assert "priority 10" in html
+
+
 # -- query counts: small and the same whatever the number of rows --------------------------
 
 
@@ -195,7 +221,7 @@ def test_a_large_table_is_estimated_not_counted(monkeypatch):
     for _ in range(12):
         make_job("pending")
     queryset = Job.objects.order_by("-id")
-    paginator = pgqueue_admin.EstimatedCountPaginator
+    paginator = admin_lists.EstimatedCountPaginator
     estimated = paginator(queryset, 100, total=lambda: (1_000_000, False))
     with CaptureQueriesContext(connection) as queries:
         assert estimated.count == 1_000_000
@@ -205,7 +231,7 @@ def test_a_large_table_is_estimated_not_counted(monkeypatch):
     assert exact.count == 12
     assert exact.approximate == ""
     # Filtered, rows are counted only up to the limit.
-    monkeypatch.setattr(pgqueue_admin, "EXACT_COUNT_LIMIT", 10)
+    monkeypatch.setattr(admin_lists, "EXACT_COUNT_LIMIT", 10)
     capped = paginator(queryset.filter(queue="ops"), 100)
     assert capped.count == 10
     assert capped.approximate == "more than"
@@ -217,7 +243,7 @@ def test_a_large_table_is_estimated_not_counted(monkeypatch):
 def test_list_page_says_the_total_is_approximate(superuser_client, monkeypatch):
     for _ in range(12):
         make_job("pending")
-    monkeypatch.setattr(pgqueue_admin, "EXACT_COUNT_LIMIT", 10)
+    monkeypatch.setattr(admin_lists, "EXACT_COUNT_LIMIT", 10)
     response = superuser_client.get(JOBS + "?queue=ops")
     assert re.search(r"more than\s+10 jobs", response.content.decode())
 
@@ -279,6 +305,59 @@ def test_operator_retries_from_the_list_after_a_confirmation(operator_client):
     assert state(completed)["status"] == "completed"
 
 
+def confirmation_fields(html: str) -> list[tuple[str, str]]:
+    """The hidden fields the confirmation page's form posts, as a browser would send them."""
+    form = html[html.index('<form method="post">') :]
+    form = form[: form.index("</form>")]
+    return re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', form)
+
+
+def test_a_confirmed_action_on_thousands_of_jobs_is_not_refused(operator_client, settings):
+    # Django refuses a POST of more than DATA_UPLOAD_MAX_NUMBER_FIELDS (1,000) fields
+    # with TooManyFieldsSent (HTTP 400); an action takes up to ACTION_LIMIT jobs.
+    ids = [
+        job.id for job in enqueue_many([("qa.noop", {"n": n}) for n in range(1_500)], queue="bulk")
+    ]
+    assert settings.DATA_UPLOAD_MAX_NUMBER_FIELDS == 1_000
+    url = JOBS + "?queue=bulk"
+    confirm = operator_client.post(
+        url, {"action": "cancel", "select_across": "1", "_selected_action": ids[:1], "index": "0"}
+    )
+    html = confirm.content.decode()
+    assert "1500 jobs selected" in html
+    fields = confirmation_fields(html)
+    data: dict[str, list[str]] = {}
+    for name, value in fields:
+        data.setdefault(name, []).append(value)
+    done = operator_client.post(url, data, follow=True)
+    assert done.status_code == 200
+    assert messages_of(done) == ["Cancel: 1500 changed, 0 skipped."]
+    statuses = sql("SELECT status, count(*) FROM queue_job_state WHERE queue = 'bulk' GROUP BY 1")
+    assert statuses == [("cancelled", 1_500)]
+
+
+@pytest.mark.parametrize(
+    "ids", ["1,x", "", ",", "1,,2", "-1", "1;2", "1 2", "99999999999999999999"]
+)
+def test_a_malformed_id_list_is_refused_and_nothing_changes(operator_client, ids):
+    pending = make_job("pending")
+    response = operator_client.post(JOBS, {"action": "cancel", "pgqueue_ids": ids, "post": "yes"})
+    assert response.status_code == 400
+    assert state(pending)["status"] == "pending"
+
+
+def test_an_id_list_longer_than_the_limit_is_refused(operator_client, monkeypatch):
+    monkeypatch.setattr(admin_operations, "ACTION_LIMIT", 2)
+    jobs = [make_job("pending") for _ in range(3)]
+    response = operator_client.post(
+        JOBS,
+        {"action": "cancel", "pgqueue_ids": ",".join(map(str, jobs)), "post": "yes"},
+        follow=True,
+    )
+    assert "more than 2 jobs selected; nothing was changed" in messages_of(response)[0]
+    assert all(state(job)["status"] == "pending" for job in jobs)
+
+
 def test_operator_cancels_pending_jobs_and_running_ones_are_skipped(operator_client):
     pending = make_job("pending")
     running = make_job("running")
@@ -293,7 +372,7 @@ def test_operator_cancels_pending_jobs_and_running_ones_are_skipped(operator_cli
 
 
 @pytest.mark.skipif(
-    pgqueue_admin.FORM_ACTION_FIELD is None, reason="actions on a job's page need Django 6.1"
+    admin_operations.FORM_ACTION_FIELD is None, reason="actions on a job's page need Django 6.1"
 )
 def test_operator_retries_a_dead_job_from_its_own_page(operator_client):
     dead = make_job("dead")
@@ -356,7 +435,7 @@ def test_user_without_the_permission_sees_no_action_and_a_forged_post_is_refused
 
 
 def test_a_selection_above_the_limit_is_refused_whole(operator_client, monkeypatch):
-    monkeypatch.setattr(pgqueue_admin, "ACTION_LIMIT", 2)
+    monkeypatch.setattr(admin_operations, "ACTION_LIMIT", 2)
     jobs = [make_job("dead") for _ in range(3)]
     done = operator_client.post(
         DEAD, {"action": "retry_now", "_selected_action": jobs, "post": "yes"}, follow=True

@@ -18,6 +18,7 @@ import pytest
 from django.db import connection
 
 from django_pgqueue import enqueue, enqueue_many
+from django_pgqueue.registry import registry
 from tests.admin.conftest import (
     OPERATOR_PERMISSIONS,
     VIEWER_PERMISSIONS,
@@ -76,8 +77,12 @@ def _fast_password_hashing(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
-def login(browser: Any, live_server: Any, username: str) -> Any:
-    context = browser.new_context(viewport={"width": 1600, "height": 900})
+def login(
+    browser: Any, live_server: Any, username: str, width: int = 1600, scale: float = 1
+) -> Any:
+    context = browser.new_context(
+        viewport={"width": width, "height": 900}, device_scale_factor=scale
+    )
     context.set_default_timeout(15_000)
     page = context.new_page()
     page.goto(f"{live_server.url}/admin/login/?next=/admin/")
@@ -88,9 +93,9 @@ def login(browser: Any, live_server: Any, username: str) -> Any:
     return page
 
 
-def save_screenshot(page: Any, tmp_path: Path, name: str) -> Path:
+def save_screenshot(page: Any, tmp_path: Path, name: str, clip: dict | None = None) -> Path:
     target = tmp_path / name
-    page.screenshot(path=str(target), full_page=True)
+    page.screenshot(path=str(target), full_page=True, clip=clip)
     assert target.stat().st_size > 10_000
     if os.environ.get("PGQUEUE_SCREENSHOTS"):
         docs = ROOT / "docs" / "images"
@@ -101,48 +106,119 @@ def save_screenshot(page: Any, tmp_path: Path, name: str) -> Path:
 
 @pytest.fixture
 def queue_with_a_dead_job(run_worker: Any) -> dict[str, int]:
-    """A small realistic queue: completed, retrying, scheduled, running and dead jobs."""
+    """A small realistic queue: completed, retrying, scheduled, running and dead jobs.
+
+    Only the demo and shop apps' job types: the screenshots in docs/ are made from it.
+    Job ids start at 4,200,001, seven digits as in a queue that has run a while, so the
+    list's width is measured with realistic ids.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT setval(pg_get_serial_sequence('queue_jobs', 'id'), 4200000)")
     enqueue_many(
-        [("qa.echo", {"order": n, "total": f"{n * 7}.00"}) for n in range(6)], queue="payments"
+        [
+            ("demo.charge_card", {"order": 7300 + n, "amount": f"{n * 7 + 12}.00", "card": "ok"})
+            for n in range(5)
+        ],
+        queue="payments",
     )
-    enqueue("qa.fail", {"invoice": 1042}, queue="payments")
-    dead = enqueue("qa.permanent", {"order": 7311, "card": "expired"}, queue="payments")
-    other_dead = enqueue("qa.permanent", {"order": 7312, "card": "expired"}, queue="payments")
-    run_worker(["payments"], burst=True).join()
-    enqueue("qa.noop", {"report": "daily"}, queue="reports", delay=3600)
-    enqueue_many([("qa.noop", {"to": f"user{n}@example.com"}) for n in range(3)], queue="email")
-    make_job("running", queue="email", type="qa.noop", payload={"to": "ops@example.com"})
+    enqueue(
+        "demo.charge_card", {"order": 7310, "amount": "89.00", "card": "broken"}, queue="payments"
+    )
+    dead = enqueue(
+        "demo.charge_card",
+        {"order": 7311, "amount": "240.00", "card": "declined"},
+        queue="payments",
+    )
+    other_dead = enqueue(
+        "demo.charge_card", {"order": 7312, "amount": "35.50", "card": "declined"}, queue="payments"
+    )
+    enqueue("demo.resize_image", {"image": 991, "size": [4032, 3024]}, queue="images")
+    enqueue("demo.send_email", {"to": "ana@example.com", "flaky": 1}, queue="email")
+    run_worker(["payments", "images", "email"], burst=True).join()
+    enqueue(
+        "shop.create_warehouse_ticket",
+        {"order_id": 7313},
+        queue="warehouse",
+        delay=3600,
+        priority=10,
+    )
+    enqueue_many(
+        [("demo.send_email", {"to": f"customer{n}@example.com"}) for n in range(3)],
+        queue="email",
+    )
+    make_job(
+        "running",
+        queue="images",
+        type="demo.resize_image",
+        payload={"image": 992, "size": [800, 600]},
+    )
     assert state(dead.id)["status"] == "dead"
     assert state(other_dead.id)["status"] == "dead"
     return {"dead": dead.id, "other_dead": other_dead.id}
 
 
+@pytest.fixture
+def realistic_types_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offer only the demo and shop apps' job types in the type filter (not qa.* or bench.*)."""
+    registry.autodiscover()
+    shown = {
+        name: handler
+        for name, handler in registry._handlers.items()
+        if name.startswith(("demo.", "shop."))
+    }
+    monkeypatch.setattr(registry, "_handlers", shown)
+
+
 def test_operator_reads_a_dead_job_and_retries_it(
-    browser: Any, live_server: Any, queue_with_a_dead_job: dict[str, int], tmp_path: Path
+    browser: Any,
+    live_server: Any,
+    queue_with_a_dead_job: dict[str, int],
+    realistic_types_only: None,
+    tmp_path: Path,
 ) -> None:
     make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
     dead = queue_with_a_dead_job["dead"]
     before = state(dead)
-    page = login(browser, live_server, "operator")
+    # Narrow pages at twice the pixels: the screenshots stay readable at the width of
+    # the documentation's text column (about 740 px).
+    page = login(browser, live_server, "operator", width=1100, scale=2)
 
     # The jobs list, with its figures, as the operator first sees it.
     page.goto(f"{live_server.url}/admin/django_pgqueue/job/")
     page.click("#toggle-nav-sidebar")  # more room for the tables (the browser remembers)
     assert page.locator(".pgqueue-glance").is_visible()
     assert "payments" in page.inner_text(".pgqueue-glance")
-    save_screenshot(page, tmp_path, "admin-jobs-list.png")
+    # The figures and the list, without the filters beside them.
+    content = page.locator("#content").bounding_box()
+    right = max(
+        box["x"] + box["width"]
+        for box in (
+            page.locator(".pgqueue-glance").bounding_box(),
+            page.locator("#changelist-form").bounding_box(),
+        )
+    )
+    bottom = page.locator("#changelist-form").bounding_box()
+    clip = {
+        "x": content["x"] - 8,
+        "y": 0,
+        "width": right - content["x"] + 16,
+        "height": bottom["y"] + bottom["height"] + 8,
+    }
+    save_screenshot(page, tmp_path, "admin-jobs-list.png", clip=clip)
 
     # Dead jobs, newest first; open this one and read why it died.
     page.click("text=Dead jobs, newest first")
     page.click(f"#result_list a[href$='/deadjob/{dead}/change/']")
     error = page.inner_text(".field-last_error_full pre")
-    assert "PermanentFailure: this input can never succeed" in error
+    assert "PermanentFailure: card declined by the issuer" in error
     # The traceback that killed the job is open at once.
     traceback = page.inner_text(".pgqueue-traceback[open] pre")
     assert "Traceback (most recent call last)" in traceback
     assert "raise PermanentFailure" in traceback
-    assert "7311" in page.inner_text(".field-payload_pretty pre")
+    assert '"order": 7311' in page.inner_text(".field-payload_pretty pre")
+    page.set_viewport_size({"width": 1040, "height": 900})
     save_screenshot(page, tmp_path, "admin-dead-job.png")
+    page.set_viewport_size({"width": 1100, "height": 900})
 
     # Retry now, from the job's own page, through the confirmation page.
     page.select_option("select[name='CHANGE_FORM-action']", "retry_now")
@@ -163,6 +239,52 @@ def test_operator_reads_a_dead_job_and_retries_it(
     with connection.cursor() as cursor:  # the failed attempt stays in the history
         cursor.execute("SELECT status FROM queue_attempts WHERE job_id = %s", [dead])
         assert cursor.fetchall() == [("failed",)]
+    page.context.close()
+
+
+# Widths of the list's scrolling box and of each column, as the browser laid them out.
+MEASURE_LIST = """() => {
+    const box = document.querySelector('#changelist .results');
+    const columns = {};
+    for (const th of box.querySelectorAll('thead th')) {
+        const text = th.querySelector('.text') || th;
+        columns[th.className.split(' ').find(c => c.startsWith('column-')) || 'checkbox'] = {
+            width: th.getBoundingClientRect().width,
+            clipped: text.scrollWidth > text.clientWidth + 1,
+        };
+    }
+    return {
+        scroll: box.scrollWidth,
+        client: box.clientWidth,
+        page: document.documentElement.scrollWidth,
+        viewport: document.documentElement.clientWidth,
+        columns: columns,
+    };
+}"""
+
+
+@pytest.mark.parametrize("width", [1366, 1400, 1440])
+def test_the_lists_fit_a_laptop_screen_with_the_sidebar_open(
+    browser: Any,
+    live_server: Any,
+    queue_with_a_dead_job: dict[str, int],
+    width: int,
+    tmp_path: Path,
+) -> None:
+    make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
+    page = login(browser, live_server, "operator", width=width)
+    for model, widest in (("job", "column-last_error_short"), ("deadjob", "column-final_error")):
+        page.goto(f"{live_server.url}/admin/django_pgqueue/{model}/")
+        assert page.locator("#nav-sidebar").is_visible()  # open, as Django starts it
+        page.screenshot(path=str(tmp_path / f"{model}-list-{width}.png"))
+        layout = page.evaluate(MEASURE_LIST)
+        # Every column is on screen: nothing scrolls sideways, in the list or the page.
+        assert layout["scroll"] <= layout["client"], (model, str(layout))
+        assert layout["page"] <= layout["viewport"], (model, str(layout))
+        clipped = [name for name, column in layout["columns"].items() if column["clipped"]]
+        assert clipped == [], (model, str(layout))
+        # The error, the reason to open the list, gets room to be read (12em and more).
+        assert layout["columns"][widest]["width"] >= 156, (model, str(layout))
     page.context.close()
 
 

@@ -26,7 +26,7 @@ from qa.models import TaskCall
 
 from django_pgqueue import EnqueueError, JobSpec, PayloadError, enqueue, enqueue_many
 from django_pgqueue.conf import get_settings
-from django_pgqueue.tasks_api import InvalidTask
+from django_pgqueue.tasks.api import InvalidTask
 from tests.conftest import sql
 from tests.reliability.conftest import wait_until
 

@@ -18,6 +18,7 @@ from django.utils import timezone
 from qa.models import TaskCall
 from qa.tasks import add, async_add, echo, explode, flaky, record, refuse
 
+from django_pgqueue import LeaseExpired
 from django_pgqueue.backends import PgQueueBackend
 from django_pgqueue.models import Job, JobState
 from django_pgqueue.store.worker import Store
@@ -160,7 +161,8 @@ def test_a_task_whose_worker_vanished_shows_the_lost_attempt_and_runs_again(run_
     result.refresh()
     assert result.status == TaskResultStatus.READY
     [error] = result.errors
-    assert error.exception_class_path == "LeaseExpired"
+    assert error.exception_class_path == "django_pgqueue.LeaseExpired"
+    assert error.exception_class is LeaseExpired
     assert "the lease ran out" in error.traceback
 
     run_worker([QUEUE], burst=True).join()

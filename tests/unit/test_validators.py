@@ -9,7 +9,7 @@ import math
 import pytest
 
 from django_pgqueue import executor, maintenance, validation, validators
-from django_pgqueue.backends import PgQueueBackend, import_task
+from django_pgqueue.backends import PgQueueBackend
 from django_pgqueue.conf import validate
 from django_pgqueue.context import JobContext
 from django_pgqueue.durations import parse_duration
@@ -21,6 +21,7 @@ from django_pgqueue.exceptions import (
 )
 from django_pgqueue.registry import Handler, handler
 from django_pgqueue.retry import Bounded, ExponentialBackoff, FixedDelay, bounded
+from django_pgqueue.tasks.results import import_task
 from django_pgqueue.validators import MAX_SECONDS
 from django_pgqueue.worker import WorkerConfig
 

@@ -24,21 +24,13 @@ from django.core.signals import setting_changed
 from django.dispatch import Signal
 from django.utils import timezone
 
-from .backends import (
-    PgQueueBackend,
-    TaskCall,
-    TaskOptions,
-    as_enqueued,
-    build_result,
-    error_class_path,
-    import_task,
-)
-from .conf import get_settings
-from .context import JobContext
-from .exceptions import PermanentFailure, UnknownJobType
-from .executor import describe
-from .registry import Handler, registry
-from .tasks_api import (
+from ..conf import get_settings
+from ..context import JobContext
+from ..exceptions import PermanentFailure, UnknownJobType
+from ..executor import Failure, describe, success
+from ..registry import Handler, registry
+from .api import (
+    SOURCE,
     Task,
     TaskContext,
     TaskError,
@@ -48,8 +40,35 @@ from .tasks_api import (
     task_finished,
     task_started,
 )
+from .backend import PgQueueBackend
+from .options import TaskOptions
+from .results import TaskCall, as_enqueued, build_result, error_class_path, import_task
 
 logger = logging.getLogger(__name__)
+
+
+class _Sending(threading.local):
+    failure = False
+
+
+_sending = _Sending()
+
+
+class _WorkerLoggedFailure(logging.Filter):
+    """Drop the Tasks framework's record of a task failure the worker logs itself.
+
+    Django's task_finished receiver logs every FAILED task with its traceback; the
+    worker already logs the job's failure (with the job id), so that record would
+    say it twice. Records of other backends, and of started or successful tasks, pass.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_sending.failure and record.levelno >= logging.ERROR)
+
+
+_DUPLICATE_FILTER = _WorkerLoggedFailure()
+# Django logs on "django.tasks"; the backport of Django 5.2 on "django_tasks".
+logging.getLogger(SOURCE).addFilter(_DUPLICATE_FILTER)
 
 
 def resolve_task(type_: str) -> Handler | None:
@@ -128,9 +147,21 @@ class TaskRunner:
                 object.__setattr__(result, "finished_at", timezone.now())
                 _send(task_finished, result)
             raise
-        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+        outcome = success(value)
+        if isinstance(outcome, Failure):
+            # The worker will record this failure (the value does not encode): the
+            # signal says what the result will say.
+            result.errors.append(
+                TaskError(
+                    exception_class_path=error_class_path(outcome.error_class),
+                    traceback=f"{outcome.error_class}: {outcome.message}",
+                )
+            )
+            object.__setattr__(result, "status", TaskResultStatus.FAILED)
+        else:
+            object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+            object.__setattr__(result, "_return_value", value)
         object.__setattr__(result, "finished_at", timezone.now())
-        object.__setattr__(result, "_return_value", value)
         _send(task_finished, result)
         return value
 
@@ -152,7 +183,7 @@ class TaskRunner:
 
     def _running_result(self, ctx: JobContext, call: TaskCall, alias: str) -> TaskResult:
         """The TaskResult the task and the signals see while this attempt runs."""
-        from .models import Attempt
+        from ..models import Attempt
 
         if ctx.lease_version == 1:
             # The job's first claim (every claim, sweep and retry adds one to the lease
@@ -180,7 +211,12 @@ class TaskRunner:
 
 def _send(signal: Signal, result: TaskResult) -> None:
     """Send a task signal; a failing receiver is logged and never changes the outcome."""
-    for receiver, response in signal.send_robust(sender=PgQueueBackend, task_result=result):
+    _sending.failure = result.status == TaskResultStatus.FAILED
+    try:
+        responses = signal.send_robust(sender=PgQueueBackend, task_result=result)
+    finally:
+        _sending.failure = False
+    for receiver, response in responses:
         if isinstance(response, Exception):
             logger.error(
                 "a receiver of a task signal failed: %r: %s",

@@ -1,0 +1,110 @@
+"""A job's attempts, oldest first, read-only, inline on the job's page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.auth import get_permission_codename
+from django.db.models import F, Model, QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html
+
+from ..conf import get_settings
+from ..durations import format_seconds
+from ..models import Attempt, Job, Status
+from .columns import EMPTY, column, when
+
+
+def can(request: HttpRequest, model: type[Model], action: str) -> bool:
+    """Tell whether the user holds the model's `action` permission (view, change, ...)."""
+    opts = model._meta
+    return request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+
+
+class AttemptInline(admin.StackedInline):
+    """Every attempt of the job, oldest first, read-only; the fatal traceback is open."""
+
+    model = Attempt
+    fk_name = "job"
+    extra = 0
+    max_num = 0
+    can_delete = False
+    ordering = ("lease_version",)
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    ("attempt_index", "lease_version", "outcome", "worker_id"),
+                    ("started", "finished", "duration"),
+                    ("error_class", "error_message"),
+                    "traceback_display",
+                )
+            },
+        ),
+    )
+    readonly_fields = (
+        "attempt_index",
+        "lease_version",
+        "outcome",
+        "worker_id",
+        "started",
+        "finished",
+        "duration",
+        "error_class",
+        "error_message",
+        "traceback_display",
+    )
+
+    outcome = column("status", lambda attempt: attempt.get_status_display())
+    started = column("started", "started_at", when)
+    finished = column("finished", "finished_at", when)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return (
+            super()
+            .get_queryset(request)
+            .using(get_settings().DATABASE)
+            .annotate(
+                job_status=F("job__state__status"),
+                job_lease_version=F("job__state__lease_version"),
+            )
+        )
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Whoever may see the job may see its attempts: no separate attempt permission.
+        return can(request, self.parent_model, "view") or can(request, Job, "view")
+
+    @admin.display(description="duration")
+    def duration(self, attempt: Attempt) -> str:
+        if attempt.finished_at is None:
+            return EMPTY
+        seconds = (attempt.finished_at - attempt.started_at).total_seconds()
+        return f"{seconds:.3f}s" if seconds < 60 else format_seconds(seconds)
+
+    @admin.display(description="traceback")
+    def traceback_display(self, attempt: Attempt) -> str:
+        if not attempt.traceback:
+            return EMPTY
+        # Open the traceback that killed a dead job (its final claim); the job's status
+        # and lease version come with the attempts, in the same query.
+        fatal = (
+            getattr(attempt, "job_status", None) == Status.DEAD
+            and getattr(attempt, "job_lease_version", None) == attempt.lease_version
+        )
+        return format_html(
+            '<details class="pgqueue-traceback"{}><summary>traceback</summary><pre>{}</pre>'
+            "</details>",
+            " open" if fatal else "",
+            attempt.traceback,
+        )
