@@ -56,6 +56,9 @@ SETTINGS: dict[str, Setting] = {
         "Prepare the worker's statements on its own connections; False behind a "
         "transaction-pooling PgBouncer older than 1.21.",
     ),
+    "SCHEDULES": Setting(
+        {}, "Recurring jobs: {name: {type, cron or every, queue, payload, timezone, ...}}."
+    ),
 }
 
 

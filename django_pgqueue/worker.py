@@ -46,6 +46,7 @@ from .executor import Failure, Outcome, Success
 from .registry import Handler, Registry
 from .registry import registry as default_registry
 from .retry import RetryPolicy, default_policy
+from .schedules.firing import ScheduleHook
 from .store import Backoff, ClaimedRow, ClaimKey, Store, wait_for
 
 logger = logging.getLogger(__name__)
@@ -287,6 +288,8 @@ class Worker:
         self._stuck = 0
         self._policy = default_policy()
         self._backoff = Backoff(self.config.reconnect_max_delay)
+        # Recurring jobs (issue 13): fires due schedule ticks on this worker's connection.
+        self._schedules = ScheduleHook(self._store, self.config.queues, self.config.poll_interval)
         # Grows each time the dispatcher gets its connection back after losing it: the
         # database restarted or cut this process off, so the handler threads' own
         # Django connections are likely dead too (see _executor_loop).
@@ -394,6 +397,8 @@ class Worker:
                 if now >= next_sweep:
                     self._sweep()
                     next_sweep = now + cfg.sweep_interval
+                if now >= self._schedules.due_at:  # recurring jobs: fire due ticks
+                    self._schedules.run(now)
                 if self._cycle(now):
                     continue
                 if cfg.burst and self._idle():
@@ -462,7 +467,7 @@ class Worker:
 
     def _idle_timeout(self, next_sweep: float) -> float:
         now = time.monotonic()
-        deadline = min(next_sweep, now + self.config.poll_interval)
+        deadline = min(next_sweep, now + self.config.poll_interval, self._schedules.due_at)
         if self._unwritten:
             deadline = min(deadline, self._unwritten_since + FLUSH_DELAY)
         if self._empty_until:
