@@ -1,9 +1,9 @@
 """System checks for schedules: bad declarations fail at startup, not at the first tick.
 
-- pgqueue.E010: a schedule declaration cannot be read (not a dict, unknown key ...).
-- pgqueue.E011: invalid cron expression, interval or time zone, or another bad field.
-- pgqueue.E012: a schedule for a job type no handler (or @task) serves.
-- pgqueue.E013: two code schedules with one name.
+- pgqueue.E030: a schedule declaration cannot be read (not a dict, unknown key ...).
+- pgqueue.E031: invalid cron expression, interval or time zone, or another bad field.
+- pgqueue.E032: a schedule for a job type no handler (or @task) serves.
+- pgqueue.E033: two code schedules with one name.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ def schedule_problems(spec: ScheduleSpec) -> list[str]:
 
 @checks.register()
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """pgqueue.E010-E013: every schedule declared in code must be valid and served."""
+    """pgqueue.E030-E013: every schedule declared in code must be valid and served."""
     from ..registry import registry
 
     declared = code_schedules()
     errors: list[checks.CheckMessage] = [
-        checks.Error(f"Schedule declaration {error}.", id="pgqueue.E010")
+        checks.Error(f"Schedule declaration {error}.", id="pgqueue.E030")
         for error in declared.errors
     ]
     for spec in declared.specs:
@@ -42,7 +42,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
                     f"Schedule {spec.name!r} ({spec.origin}): {problem}.",
                     hint="Cron expressions have 5 fields (6 with seconds first); time "
                     "zones are IANA names such as 'Europe/Berlin'.",
-                    id="pgqueue.E011",
+                    id="pgqueue.E031",
                 )
             )
         if not spec.problems() and registry.find(spec.type) is None:
@@ -52,7 +52,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
                     f"{spec.type!r}, which no handler serves.",
                     hint="Register it with @django_pgqueue.handler in an installed app's "
                     "jobs module, or name an existing @task function.",
-                    id="pgqueue.E012",
+                    id="pgqueue.E032",
                 )
             )
     for name, origins in sorted(declared.duplicates().items()):
@@ -60,7 +60,7 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
             checks.Error(
                 f"Two code schedules are named {name!r}: {' and '.join(origins)}.",
                 hint="Give each schedule its own name.",
-                id="pgqueue.E013",
+                id="pgqueue.E033",
             )
         )
     return errors

@@ -224,3 +224,23 @@ def test_code_schedules_are_synced_disabled_when_removed_and_db_ones_kept(settin
     assert (nightly.source, nightly.enabled, nightly.cron) == ("code", True, "0 4 * * *")
     assert nightly.timezone == "UTC"  # settings.TIME_ZONE
     assert nightly.next_tick is None  # timing changed: the next worker starts it afresh
+
+
+def test_a_running_worker_syncs_code_schedules_and_runs_each_tick_once(settings, run_worker):
+    settings.PGQUEUE = {
+        **settings.PGQUEUE,
+        "SCHEDULES": {"tick": {"type": "qa.echo", "every": "1s", "queue": "sched"}},
+    }
+    worker = run_worker(["sched"], poll_interval=0.5)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(fired("tick")) < 3:
+        time.sleep(0.1)
+    worker.stop()
+    ticks = [row[0] for row in fired("tick")]
+    assert len(ticks) >= 3
+    assert ticks == [ticks[0] + dt.timedelta(seconds=i) for i in range(len(ticks))]
+    done = sql(
+        "SELECT count(*) FROM queue_schedule_ticks t JOIN queue_job_state s USING (job_id) "
+        "WHERE t.schedule = 'tick' AND s.status = 'completed'"
+    )[0][0]
+    assert done >= len(ticks) - 1  # the last one may have fired as the worker stopped
