@@ -27,7 +27,7 @@ def schedule_problems(spec: ScheduleSpec) -> list[str]:
 
 @checks.register()
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """pgqueue.E030-E013: every schedule declared in code must be valid and served."""
+    """pgqueue.E030-E033: every schedule declared in code must be valid and served."""
     from ..registry import registry
 
     declared = code_schedules()

@@ -154,6 +154,12 @@ def from_task_option(name: str, raw: Any, backend: str, origin: str) -> Schedule
     if not isinstance(args, list | tuple) or not isinstance(kwargs, Mapping):
         raise ValueError("args must be a list and kwargs a dict")
     rest = {k: v for k, v in raw.items() if k not in ("task", "args", "kwargs")}
+    if "queue" not in rest:  # the task's own queue_name, as task.enqueue() would use
+        from ..backends import import_task
+
+        task = import_task(raw["task"]) if isinstance(raw["task"], str) else None
+        if task is not None:
+            rest["queue"] = task.queue_name
     payload = {"args": list(args), "kwargs": dict(kwargs), "backend": backend}
     return from_mapping(
         name, {**rest, "type": raw["task"], "payload": payload}, origin, keys=(*KEYS, *TASK_KEYS)
