@@ -674,3 +674,6 @@ class DeadJobAdmin(JobAdmin):
             state.last_error,
             Truncator(state.last_error.strip().splitlines()[0]).chars(160),
         )
+
+
+from .schedules import admin as schedules_admin  # noqa: E402, F401  (recurring jobs)
