@@ -17,14 +17,17 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import QuerySet
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from ..conf import get_settings
+from ..durations import format_seconds
 from ..registry import registry
 from .models import Schedule, ScheduleTick, Source
-from .operations import late_schedules, run_now
+from .operations import LATE_POLL_INTERVALS, run_now
 from .spec import ScheduleSpec
 
 TIMING_FIELDS = ("cron", "every", "timezone")
@@ -80,6 +83,10 @@ class ScheduleAdmin(admin.ModelAdmin):
     search_fields = ("name", "type")
     actions = ("enable", "disable", "run_now_action")
     readonly_fields = ("source", "next_tick", "last_tick", "recent_runs")
+
+    class Media:
+        css = {"all": ("django_pgqueue/admin.css",)}
+
     fieldsets = (
         (None, {"fields": ("name", "type", "queue", "payload", "enabled", "source")}),
         ("When", {"fields": ("cron", "every", "timezone", "catch_up")}),
@@ -114,9 +121,21 @@ class ScheduleAdmin(admin.ModelAdmin):
         obj.updated_at = Now()
         super().save_model(request, obj, form, change)
 
-    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
-        self._late = {late.name: late for late in late_schedules()}
-        return super().changelist_view(request, extra_context)
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
+        # How late each schedule is, by the database's clock (the rule of schedule_late).
+        seconds = LATE_POLL_INTERVALS * get_settings().POLL_INTERVAL
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                late_seconds=RawSQL(
+                    "CASE WHEN enabled AND coalesce(next_tick, updated_at)"
+                    " < now() - make_interval(secs => %s)"
+                    " THEN extract(epoch FROM now() - coalesce(next_tick, updated_at)) END",
+                    (seconds,),
+                )
+            )
+        )
 
     # -- columns ------------------------------------------------------------------------
 
@@ -125,6 +144,9 @@ class ScheduleAdmin(admin.ModelAdmin):
         if obj.cron:
             return f"{obj.cron} ({obj.timezone})"
         seconds = int(obj.every.total_seconds()) if obj.every else 0
+        for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+            if seconds % size == 0:
+                return f"every {seconds // size}{unit}"
         return f"every {seconds}s"
 
     @admin.display(description="next run", ordering="next_tick")
@@ -133,20 +155,20 @@ class ScheduleAdmin(admin.ModelAdmin):
 
         if not obj.enabled:
             return "— (disabled)"
-        return when(obj.next_tick) if obj.next_tick else "at its next tick"
+        return when(obj.next_tick, zone=False) if obj.next_tick else "at its next tick"
 
     @admin.display(description="last run", ordering="last_tick")
     def last_run(self, obj: Schedule) -> str:
         from ..admin import when
 
-        return when(obj.last_tick)
+        return when(obj.last_tick, zone=False)
 
     @admin.display(description="late")
     def late(self, obj: Schedule) -> str:
-        found = getattr(self, "_late", {}).get(obj.name)
-        if found is None:
+        late = getattr(obj, "late_seconds", None)
+        if late is None:
             return ""
-        return format_html('<span class="pgqueue-alert">{} late</span>', found.late)
+        return format_html('<span class="pgqueue-late">{}</span>', format_seconds(late))
 
     @admin.display(description="recent runs")
     def recent_runs(self, obj: Schedule) -> str:

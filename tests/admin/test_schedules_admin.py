@@ -147,4 +147,4 @@ def test_late_schedules_show_in_queue_stats_json_the_glance_panel_and_the_list(a
     assert "Late schedules" in glance
     assert page("stuck") in glance
     assert page("fine") not in glance
-    assert "late</span>" in admin_client_.get(LIST).content.decode()
+    assert '<span class="pgqueue-late">' in admin_client_.get(LIST).content.decode()
