@@ -31,7 +31,7 @@ PERMISSIONS = ("view_schedule", "change_schedule", "add_schedule", "run_schedule
 
 
 @pytest.fixture
-def schedules(settings: Any, run_worker: Any) -> None:
+def schedules(settings: Any, run_worker: Any) -> Any:
     """A code schedule a worker has been firing, two database ones, and a late one."""
     settings.PGQUEUE = {
         **settings.PGQUEUE,
@@ -50,7 +50,6 @@ def schedules(settings: Any, run_worker: Any) -> None:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not sql("SELECT FROM queue_schedule_ticks"):
         time.sleep(0.1)
-    worker.stop()
     Schedule.objects.create(
         name="invoices.remind", type="qa.echo", queue="billing", cron="30 9 * * 1-5",
         timezone="America/New_York", payload={"days": 14},
@@ -62,12 +61,13 @@ def schedules(settings: Any, run_worker: Any) -> None:
         name="cache.warm", type="qa.noop", queue="idle", every=dt.timedelta(minutes=5),
         timezone="UTC", next_tick=overdue,
     )  # fmt: skip
+    return worker  # still firing heartbeat.ping
 
 
 def test_operator_lists_disables_and_runs_a_schedule_now(
     browser: Any,  # noqa: F811 - the fixture imported above
     live_server: Any,
-    schedules: None,
+    schedules: Any,
     tmp_path: Path,
 ) -> None:
     make_user("planner", *PERMISSIONS, password=PASSWORD)
@@ -83,6 +83,7 @@ def test_operator_lists_disables_and_runs_a_schedule_now(
     last_run = page.inner_text("#result_list tr:has-text('heartbeat.ping') td.field-last_run")
     assert last_run.startswith("20")  # a timestamp: the worker fired it
     save_screenshot(page, tmp_path, "admin-schedules.png")
+    schedules.stop()
 
     # Disable the code schedule from the list.
     page.check("#result_list tr:has-text('heartbeat.ping') input.action-select")
