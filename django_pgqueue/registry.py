@@ -149,8 +149,9 @@ def handler(
     The function receives a `JobContext`. Return to complete the job; raise
     `RetryLater(delay)` to retry after a chosen delay, `PermanentFailure` to fail
     without retrying, and any other exception to retry with the retry policy.
-    `schedule` ("0 6 * * *", "5m" or a dict, see django_pgqueue.schedules) also
-    enqueues a job of this type on every tick.
+    `schedule` (a cron string such as ``"0 6 * * *"``, an interval such as ``"5m"``,
+    or a dict; see the Replace Celery beat how-to) also enqueues a job of this type
+    on every tick.
     """
     from . import validation
 
