@@ -38,11 +38,13 @@ BURST_LIMIT = 10
 # A catch-up counts the ticks it stands for up to this many (the count is informative).
 MISSED_COUNT_CAP = 100_000
 RUN_NOW = "run-now"
+# Seconds a worker waits before trying schedules again after a statement error.
+ERROR_PAUSE = 10.0
 
 
 def tick_key(name: str, tick: dt.datetime) -> str:
     """The idempotency key of the job of `name`'s tick at `tick`: schedule:<name>@<UTC ISO>."""
-    return f"schedule:{name}@{tick.astimezone(dt.UTC).isoformat()}"
+    return f"schedule:{name}@{tick.astimezone(dt.timezone.utc).isoformat()}"
 
 
 @dataclass
@@ -179,7 +181,11 @@ def sync_code_schedules(store: Store) -> list[str]:
             logger.error("schedule %s not synced: %s", spec.name, why)
             continue
         handler = registry.find(spec.type)
-        row = store._run("schedule_sync", _sync_params(spec, conf.DEFAULT_QUEUE, handler))
+        try:
+            row = store._run("schedule_sync", _sync_params(spec, conf.DEFAULT_QUEUE, handler))
+        except psycopg.Error as exc:
+            logger.error("schedule %s not synced: %s", spec.name, exc)
+            continue
         if row:
             synced.append(spec.name)
         else:
@@ -224,9 +230,19 @@ class ScheduleHook:
         self.due_at = 0.0  # time.monotonic() of the next call
 
     def run(self, now: float) -> None:
-        """Fire what is due (syncing first, once); set `due_at` to the next tick or poll."""
-        if not self._synced:
-            sync_code_schedules(self._store)
-            self._synced = True
-        wait = fire_due(self._store, self._queues)
+        """Fire what is due (syncing first, once); set `due_at` to the next tick or poll.
+
+        A statement error (the schedule tables not migrated yet, say) is logged and
+        tried again later: it must never keep the worker from claiming jobs. A lost
+        connection propagates, as from any other worker statement.
+        """
+        try:
+            if not self._synced:
+                sync_code_schedules(self._store)
+                self._synced = True
+            wait = fire_due(self._store, self._queues)
+        except psycopg.Error as exc:
+            logger.error("schedules: %s; trying again in %gs", exc, ERROR_PAUSE)
+            self.due_at = now + ERROR_PAUSE
+            return
         self.due_at = now + min(self._poll_interval, self._poll_interval if wait is None else wait)

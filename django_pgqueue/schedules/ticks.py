@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _MICROSECOND = dt.timedelta(microseconds=1)
 _LOOK_BACK = tuple(
     dt.timedelta(seconds=s) for s in (120, 7_200, 172_800, 3_456_000, 34_560_000, 290_000_000)
@@ -39,7 +39,7 @@ def check_cron(expr: str) -> None:
     if not isinstance(expr, str) or not expr.strip():
         raise ValueError(f"invalid cron expression {expr!r}: it is empty")
     try:
-        CronSim(expr, dt.datetime(2000, 1, 1, tzinfo=dt.UTC))
+        CronSim(expr, dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc))
     except CronSimError as exc:
         raise ValueError(f"invalid cron expression {expr!r}: {exc}") from None
 
@@ -73,7 +73,7 @@ class Ticks:
         # Started inside a fall-back day's repeated hour, cronsim reads the wall time
         # as its first occurrence and may yield a time before `instant`: skip those.
         for local in CronSim(self.cron, instant.astimezone(self.zone)):
-            tick = local.astimezone(dt.UTC)
+            tick = local.astimezone(dt.timezone.utc)
             if tick > instant:
                 return tick
         raise ValueError(f"cron expression {self.cron!r} never ticks again")  # pragma: no cover
