@@ -250,3 +250,25 @@ def test_a_running_worker_syncs_code_schedules_and_runs_each_tick_once(settings,
         "WHERE t.schedule = 'tick' AND s.status = 'completed'"
     )[0][0]
     assert done >= len(ticks) - 1  # the last one may have fired as the worker stopped
+
+
+def test_a_task_schedule_runs_its_task_with_its_arguments(settings, run_worker):
+    backend = settings.TASKS["default"]
+    settings.TASKS = {
+        "default": {
+            **backend,
+            "OPTIONS": {
+                **backend["OPTIONS"],
+                "SCHEDULES": {
+                    "record": {"task": "qa.tasks.record", "every": "1s", "args": ["tick"]}
+                },
+            },
+        }
+    }
+    worker = run_worker(["qa-tasks"], poll_interval=0.5)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not sql("SELECT FROM qa_task_call"):
+        time.sleep(0.1)
+    worker.stop()
+    assert sql("SELECT DISTINCT label FROM qa_task_call") == [("tick",)]
+    assert fired("record")[0][4] == "qa-tasks"  # the task's own queue_name
