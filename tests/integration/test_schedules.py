@@ -272,3 +272,37 @@ def test_a_task_schedule_runs_its_task_with_its_arguments(settings, run_worker):
     worker.stop()
     assert sql("SELECT DISTINCT label FROM qa_task_call") == [("tick",)]
     assert fired("record")[0][4] == "qa-tasks"  # the task's own queue_name
+
+
+@pytest.mark.parametrize(("catch_up", "catch_up_jobs"), [("once", 1), ("skip", 0)])
+def test_workers_back_after_a_gap_of_20_ticks_catch_up_once_then_run_on_schedule(
+    run_worker, catch_up, catch_up_jobs
+):
+    make_schedule("back", catch_up=catch_up, every=dt.timedelta(seconds=2), next_tick=None)
+    first = run_worker(["sched"], poll_interval=0.5)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not fired("back"):
+        time.sleep(0.1)
+    first.stop()
+    # Every worker is down for 20 ticks: the schedule's next tick is 20 ticks back.
+    every = Ticks(every=dt.timedelta(seconds=2))
+    resume_from = every.at_or_before(db_now()) - dt.timedelta(seconds=40)
+    sql("DELETE FROM queue_schedule_ticks")
+    Schedule.objects.filter(name="back").update(next_tick=resume_from)
+    restarted_at = db_now()
+    second = run_worker(["sched"], poll_interval=0.5)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(fired("back")) < catch_up_jobs + 2:
+        time.sleep(0.1)
+    second.stop()
+    ticks = fired("back")
+    catch_ups = [row for row in ticks if row[2] > 0]
+    assert len(catch_ups) == catch_up_jobs  # one job for the whole gap, or none
+    assert all(row[2] >= 19 for row in catch_ups)  # standing for the ticks it replaced
+    on_time = [row[0] for row in ticks if row[2] == 0]
+    assert len(on_time) >= 2
+    assert on_time == [on_time[0] + dt.timedelta(seconds=2 * i) for i in range(len(on_time))]
+    if catch_ups:  # then on schedule, from the tick after the catch-up
+        assert on_time[0] == catch_ups[0][0] + dt.timedelta(seconds=2)
+    else:  # nothing of the gap ran
+        assert on_time[0] > restarted_at
