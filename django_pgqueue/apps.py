@@ -9,6 +9,7 @@ class PgQueueConfig(AppConfig):
     def ready(self) -> None:
         from . import checks  # noqa: F401 - registers the system checks
         from .registry import registry
+        from .schedules import checks as schedule_checks  # noqa: F401 - and the schedules'
 
         try:
             from .tasks import api  # noqa: F401

@@ -57,6 +57,9 @@ SETTINGS: dict[str, Setting] = {
         "Prepare the worker's statements on its own connections; False behind a "
         "transaction-pooling PgBouncer older than 1.21.",
     ),
+    "SCHEDULES": Setting(
+        {}, "Recurring jobs: {name: {type, cron or every, queue, payload, timezone, ...}}."
+    ),
 }
 
 
@@ -79,6 +82,7 @@ class QueueSettings:
     JOB_TIMEOUT: float | None
     RECONNECT_MAX_DELAY: float
     WORKER_PREPARED_STATEMENTS: bool
+    SCHEDULES: dict[str, Any]  # each entry is checked by django_pgqueue.schedules.checks
 
 
 def _name(key: str) -> str:
@@ -158,7 +162,14 @@ def validate(raw: Any) -> QueueSettings:
         JOB_TIMEOUT=timeout,
         RECONNECT_MAX_DELAY=_seconds("RECONNECT_MAX_DELAY", values["RECONNECT_MAX_DELAY"]),
         WORKER_PREPARED_STATEMENTS=prepared,
+        SCHEDULES=_schedules(values["SCHEDULES"]),
     )
+
+
+def _schedules(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(isinstance(name, str) for name in value):
+        raise _fail("SCHEDULES", value, "a dict of schedule names to their declarations")
+    return value
 
 
 _cached: QueueSettings | None = None

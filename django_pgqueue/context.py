@@ -81,6 +81,24 @@ class JobContext:
         return self.user_key or f"pgqueue-{self.job_id}"
 
     @property
+    def scheduled_for(self) -> dt.datetime | None:
+        """The tick a recurring job was enqueued for (UTC), or None for other jobs.
+
+        Read from the key the schedule gave the job, ``schedule:<name>@<tick>``; a job
+        from the admin's "run now" is scheduled for when it was enqueued.
+        """
+        key = self.user_key
+        if not key or not key.startswith("schedule:") or "@" not in key:
+            return None
+        tick = key.rpartition("@")[2]
+        if tick == "run-now":
+            return self.created_at
+        try:
+            return dt.datetime.fromisoformat(tick)
+        except ValueError:
+            return None
+
+    @property
     def is_last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
 

@@ -212,3 +212,6 @@ class DeadJob(Job):
         proxy = True
         verbose_name = "dead job"
         ordering = ["-state__finished_at"]
+
+
+from .schedules.models import Schedule, ScheduleTick  # noqa: E402, F401  (recurring jobs)

@@ -37,6 +37,9 @@ class Handler:
     max_attempts: int | None = None
     retry: RetryPolicy | None = None
     timeout: float | None = None
+    # A recurring schedule for this type (a cron string, an interval, or a dict);
+    # read by django_pgqueue.schedules, checked by its system checks.
+    schedule: Any = None
 
     def __post_init__(self) -> None:
         # Every handler the worker runs is one of these: bounding its policy here keeps
@@ -125,12 +128,16 @@ def handler(
     max_attempts: int | None = None,
     retry: RetryPolicy | None = None,
     timeout: float | None = None,
+    schedule: Any = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as the handler of job type `type`.
 
     The function receives a `JobContext`. Return to complete the job; raise
     `RetryLater(delay)` to retry after a chosen delay, `PermanentFailure` to fail
     without retrying, and any other exception to retry with the retry policy.
+    `schedule` (a cron string such as ``"0 6 * * *"``, an interval such as ``"5m"``,
+    or a dict; see the Replace Celery beat how-to) also enqueues a job of this type
+    on every tick.
     """
     where = f"@handler({type!r})"
     validators.type_name(type, f"{where}: type", error=ConfigurationError)
@@ -153,7 +160,7 @@ def handler(
     def decorate(func: F) -> F:
         if not callable(func):
             raise ConfigurationError(f"@handler({type!r}) must decorate a callable.")
-        registry.register(Handler(type, func, max_attempts, retry, timeout))
+        registry.register(Handler(type, func, max_attempts, retry, timeout, schedule))
         return func
 
     return decorate

@@ -13,6 +13,7 @@ from typing import Any
 
 from .conf import get_settings
 from .durations import format_seconds
+from .schedules.operations import late_schedules
 from .store import operator as store
 
 
@@ -46,6 +47,8 @@ class Snapshot:
     # Every job, all statuses: an estimate from the statistics unless completed_exact.
     jobs: int | None = None
     completed_exact: bool = False
+    # Recurring schedules whose due tick was not fired in time (django_pgqueue.schedules).
+    late_schedules: list[Any] = field(default_factory=list)
 
     @property
     def totals(self) -> QueueFigures:
@@ -78,6 +81,7 @@ class Snapshot:
             "totals": asdict(self.totals),
             "jobs": self.jobs,
             "completed_exact": self.completed_exact,
+            "late_schedules": [late.as_dict() for late in self.late_schedules],
         }
 
 
@@ -103,8 +107,10 @@ def collect(alias: str | None = None, *, exact: bool = False) -> Snapshot:
         snapshot = Snapshot(queues=sorted(by_queue.values(), key=lambda f: f.queue))
         snapshot.completed_exact = True
         snapshot.jobs = snapshot.totals.live + (snapshot.totals.completed or 0)
-        return snapshot
-    return Snapshot(
-        queues=sorted(by_queue.values(), key=lambda f: f.queue),
-        jobs=store.estimate_job_count(alias),
-    )
+    else:
+        snapshot = Snapshot(
+            queues=sorted(by_queue.values(), key=lambda f: f.queue),
+            jobs=store.estimate_job_count(alias),
+        )
+    snapshot.late_schedules = late_schedules(alias)
+    return snapshot

@@ -13,6 +13,7 @@ model admins, registered on import.
 
 from __future__ import annotations
 
+from ..schedules import admin as schedules_admin  # noqa: F401  (registers the Schedules page)
 from .jobs import DeadJobAdmin, JobAdmin
 
 __all__ = ["DeadJobAdmin", "JobAdmin"]

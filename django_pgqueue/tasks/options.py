@@ -18,6 +18,7 @@ OPTIONS: dict[str, str] = {
     "RETRY": "Retry policy of every task; default full jitter from PGQUEUE's RETRY_BACKOFF_*.",
     "TIMEOUT": "Seconds a task may run before it is failed and retried; default JOB_TIMEOUT.",
     "TASKS": "Per-task overrides: {module path: {max_attempts, retry, timeout}}.",
+    "SCHEDULES": "Recurring @task calls: {name: {task, cron or every, args, kwargs, ...}}.",
 }
 TASK_OPTIONS = ("max_attempts", "retry", "timeout")
 
@@ -95,7 +96,8 @@ def parse_options(raw: Any, where: str) -> tuple[TaskOptions, dict[str, TaskOpti
         raw = {}
     if not isinstance(raw, Mapping):
         raise ConfigurationError(f"{where} must be a dict, got {type(raw).__name__}.")
-    top = {key: value for key, value in raw.items() if key != "TASKS"}
+    # SCHEDULES is read and checked by django_pgqueue.schedules.
+    top = {key: value for key, value in raw.items() if key not in ("TASKS", "SCHEDULES")}
     defaults = _task_options(top, ("MAX_ATTEMPTS", "RETRY", "TIMEOUT"), where)
     per_task_raw = raw.get("TASKS") or {}
     if not isinstance(per_task_raw, Mapping):

@@ -21,6 +21,7 @@ import psycopg
 from ..exceptions import DatabaseUnavailable
 from ..registry import Registry
 from ..retry import default_policy
+from ..schedules.firing import ScheduleHook
 from ..store.worker import Backoff, ClaimedRow, ClaimKey, Store, wait_for
 from .config import WorkerConfig
 from .inflight import InFlight, InFlightJobs
@@ -51,6 +52,8 @@ class Dispatcher:
         self.leases = LeaseBook(config.lease)
         self.writer = OutcomeWriter(self.store, self.leases, stats, config)
         self.pool = HandlerPool(config.concurrency, switch.wake, config.worker_id)
+        # Recurring jobs: fires the due ticks of this worker's queues' schedules.
+        self.schedules = ScheduleHook(self.store, config.queues, config.poll_interval)
         self._switch = switch
         self._wake = switch.wake
         self._policy = default_policy()
@@ -75,6 +78,8 @@ class Dispatcher:
                 if now >= next_sweep:
                     self._sweep()
                     next_sweep = now + cfg.sweep_interval
+                if now >= self.schedules.due_at:
+                    self.schedules.run(now)
                 if self._cycle(now):
                     continue
                 if cfg.burst and self._idle():
@@ -125,7 +130,7 @@ class Dispatcher:
 
     def _idle_timeout(self, next_sweep: float) -> float:
         now = time.monotonic()
-        deadline = min(next_sweep, now + self.config.poll_interval)
+        deadline = min(next_sweep, now + self.config.poll_interval, self.schedules.due_at)
         for due in (
             self.writer.flush_deadline(),
             self.claims.next_look(),

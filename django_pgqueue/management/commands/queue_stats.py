@@ -62,6 +62,11 @@ class Command(BaseCommand):
             self.stdout.write(
                 "~ completed: estimated from the table statistics; --exact counts them."
             )
+        for late in snapshot.late_schedules:
+            self.stdout.write(
+                f"late schedule {late.name} (queue {late.queue}): due "
+                f"{format_seconds(late.late_seconds)} ago, not fired"
+            )
 
 
 def _row(figures: QueueFigures, completed_mark: str) -> list[str]:

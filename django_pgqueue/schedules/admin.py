@@ -1,0 +1,223 @@
+"""The Schedules admin page: next and last run, enable/disable, run now, edit.
+
+Schedules created here (source "database") are edited here. Schedules declared in
+code are read-only: the workers sync them from code at start, so an edit would be
+undone; they can still be disabled and enabled, and run now. Enabling a schedule
+starts it at its next tick (the time it was off is not caught up). "Run now"
+enqueues one job keyed by the schedule, so a double click (or two operators) while
+that job is pending or running does not make a second one; it needs the
+``django_pgqueue.run_schedule`` permission.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Now
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+
+from ..conf import get_settings
+from ..durations import format_seconds
+from ..registry import registry
+from .models import Schedule, ScheduleTick, Source
+from .operations import LATE_POLL_INTERVALS, run_now
+from .spec import ScheduleSpec
+
+TIMING_FIELDS = ("cron", "every", "timezone")
+RECENT_TICKS = 10
+
+
+class ScheduleForm(forms.ModelForm):
+    class Meta:
+        model = Schedule
+        fields = ["name", "type", "queue", "cron", "every", "timezone", "catch_up", "payload",
+                  "priority", "max_attempts", "enabled"]  # fmt: skip
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "timezone" in self.fields and not self.initial.get("timezone"):
+            self.initial["timezone"] = settings.TIME_ZONE or "UTC"
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if self.errors:
+            return data
+        data["cron"] = (data.get("cron") or "").strip() or None
+        spec = ScheduleSpec(
+            name=data.get("name") or getattr(self.instance, "name", ""),
+            type=data.get("type") or "",
+            cron=data["cron"],
+            every=data.get("every"),
+            queue=data.get("queue"),
+            payload=data.get("payload"),
+            timezone=data.get("timezone"),
+            catch_up=data.get("catch_up") or "once",
+            priority=data.get("priority") or 0,
+            max_attempts=data.get("max_attempts"),
+        )
+        problems = spec.problems()
+        if problems:
+            raise forms.ValidationError([f"{problem}." for problem in problems])
+        registry.autodiscover()
+        if registry.find(spec.type) is None:
+            raise forms.ValidationError(
+                f"No handler serves the job type {spec.type!r}; known types: "
+                f"{', '.join(registry.types()) or 'none'}."
+            )
+        return data
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    form = ScheduleForm
+    list_display = ("name", "type", "queue", "timing", "enabled", "source", "next_run",
+                    "last_run", "late")  # fmt: skip
+    list_filter = ("enabled", "source", "queue")
+    search_fields = ("name", "type")
+    actions = ("enable", "disable", "run_now_action")
+    readonly_fields = ("source", "next_tick", "last_tick", "recent_runs")
+
+    class Media:
+        css = {"all": ("django_pgqueue/admin.css",)}
+
+    fieldsets = (
+        (None, {"fields": ("name", "type", "queue", "payload", "enabled", "source")}),
+        ("When", {"fields": ("cron", "every", "timezone", "catch_up")}),
+        ("Jobs", {"fields": ("priority", "max_attempts")}),
+        ("Runs", {"fields": ("next_tick", "last_tick", "recent_runs")}),
+    )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is not None and obj.source != Source.DB:
+            return [f.name for f in Schedule._meta.concrete_fields] + ["recent_runs"]
+        if obj is not None:
+            return (*self.readonly_fields, "name")
+        return self.readonly_fields
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.source != Source.DB:
+            return False  # declared in code: the workers' sync would undo an edit
+        return super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.source == Source.CODE:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def has_run_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_pgqueue.run_schedule")
+
+    def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
+        obj.source = Source.DB
+        if not change or any(name in form.changed_data for name in (*TIMING_FIELDS, "enabled")):
+            obj.next_tick = None  # the next worker to fire it starts it at its next tick
+        obj.updated_at = Now()
+        super().save_model(request, obj, form, change)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
+        # How late each schedule is, by the database's clock (the rule of schedule_late).
+        seconds = LATE_POLL_INTERVALS * get_settings().POLL_INTERVAL
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                late_seconds=RawSQL(
+                    "CASE WHEN enabled AND coalesce(next_tick, updated_at)"
+                    " < now() - make_interval(secs => %s)"
+                    " THEN extract(epoch FROM now() - coalesce(next_tick, updated_at)) END",
+                    (seconds,),
+                )
+            )
+        )
+
+    # -- columns ------------------------------------------------------------------------
+
+    @admin.display(description="when")
+    def timing(self, obj: Schedule) -> str:
+        if obj.cron:
+            return f"{obj.cron} ({obj.timezone})"
+        seconds = int(obj.every.total_seconds()) if obj.every else 0
+        for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+            if seconds % size == 0:
+                return f"every {seconds // size}{unit}"
+        return f"every {seconds}s"
+
+    @admin.display(description="next run", ordering="next_tick")
+    def next_run(self, obj: Schedule) -> str:
+        from ..admin.columns import when
+
+        if not obj.enabled:
+            return "— (disabled)"
+        return when(obj.next_tick, zone=False) if obj.next_tick else "at its next tick"
+
+    @admin.display(description="last run", ordering="last_tick")
+    def last_run(self, obj: Schedule) -> str:
+        from ..admin.columns import when
+
+        return when(obj.last_tick, zone=False)
+
+    @admin.display(description="late")
+    def late(self, obj: Schedule) -> str:
+        late = getattr(obj, "late_seconds", None)
+        if late is None:
+            return ""
+        return format_html('<span class="pgqueue-late">{}</span>', format_seconds(late))
+
+    @admin.display(description="recent runs")
+    def recent_runs(self, obj: Schedule) -> str:
+        from ..admin.columns import when
+
+        ticks = ScheduleTick.objects.filter(schedule=obj).order_by("-tick_at")[:RECENT_TICKS]
+        rows = [
+            (
+                when(tick.tick_at),
+                reverse("admin:django_pgqueue_job_change", args=[tick.job_id]),
+                tick.job_id,
+                f" (catching up {tick.missed} missed ticks)" if tick.missed else "",
+            )
+            for tick in ticks
+        ]
+        if not rows:
+            return "none yet"
+        return format_html(
+            "<ul>{}</ul>", format_html_join("", '<li>{}: <a href="{}">job #{}</a>{}</li>', rows)
+        )
+
+    # -- actions ------------------------------------------------------------------------
+
+    @admin.action(description="Enable (from the next tick)", permissions=["change"])
+    def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        changed = queryset.filter(enabled=False).exclude(source=Source.REMOVED)
+        count = changed.update(enabled=True, next_tick=None, updated_at=Now())
+        self.message_user(request, f"Enabled {count} schedule(s).", messages.SUCCESS)
+
+    @admin.action(description="Disable", permissions=["change"])
+    def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        count = queryset.filter(enabled=True).update(enabled=False, updated_at=Now())
+        self.message_user(request, f"Disabled {count} schedule(s).", messages.SUCCESS)
+
+    @admin.action(description="Run now (one job each)", permissions=["run"])
+    def run_now_action(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        for schedule in queryset:
+            job = run_now(schedule)
+            url = reverse("admin:django_pgqueue_job_change", args=[job.id])
+            if job.created:
+                text = "{}: enqueued job #{} now."
+            else:
+                text = (
+                    "{}: job #{} from an earlier \u201crun now\u201d is still waiting or running."
+                )
+            self.message_user(
+                request,
+                format_html(
+                    text.replace("#{}", '<a href="{}">#{}</a>'), schedule.name, url, job.id
+                ),
+                messages.SUCCESS if job.created else messages.WARNING,
+            )

@@ -1,0 +1,248 @@
+"""Firing due ticks: no beat process, no leader, exactly one job per tick.
+
+Any worker serving a schedule's queue calls `fire_due` every poll cycle on its own
+connection. What to fire is decided in Python (`plan`, pure, from the schedule's
+``next_tick`` and the database's ``now()``); each tick is then fired by one
+statement, ``schedule_fire``, that moves ``next_tick`` by compare-and-set, inserts the
+tick row (primary key (schedule, tick_at), ON CONFLICT DO NOTHING) and, only for a
+tick it inserted, the job and its state row. However many workers race, one tick
+makes one job; a worker that dies mid-statement leaves both rows or neither.
+
+Missed ticks: while due ticks are at most `BURST_LIMIT` and none is older than
+`MISFIRE_GRACE`, each fires (a worker that slept through a poll catches up tick by
+tick). Past that, the schedule was not being served (a gap): ``catch_up='once'``
+fires one job for the latest due tick, standing for the whole gap (its tick row
+counts the missed ones); ``'skip'`` fires nothing for the gap. Either way the
+schedule then runs on time again; never a burst.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from ..conf import get_settings
+from ..store.worker import Store
+from .ticks import Ticks
+
+logger = logging.getLogger(__name__)
+
+MISFIRE_GRACE = dt.timedelta(seconds=60)
+BURST_LIMIT = 10
+# A catch-up counts the ticks it stands for up to this many (the count is informative).
+MISSED_COUNT_CAP = 100_000
+RUN_NOW = "run-now"
+# Seconds a worker waits before trying schedules again after a statement error.
+ERROR_PAUSE = 10.0
+
+
+def tick_key(name: str, tick: dt.datetime) -> str:
+    """The idempotency key of the job of `name`'s tick at `tick`: schedule:<name>@<UTC ISO>."""
+    return f"schedule:{name}@{tick.astimezone(dt.timezone.utc).isoformat()}"
+
+
+@dataclass
+class Plan:
+    """What to do with one schedule now: ticks to fire, or where to move next_tick."""
+
+    fires: list[tuple[dt.datetime, dt.datetime, int]] = field(default_factory=list)
+    advance: dt.datetime | None = None  # move next_tick here without firing
+
+    @property
+    def next_tick(self) -> dt.datetime | None:
+        return self.fires[-1][1] if self.fires else self.advance
+
+
+def plan(ticks: Ticks, next_tick: dt.datetime | None, now: dt.datetime, catch_up: str) -> Plan:
+    """Decide which ticks fire at `now` (each as (tick, next tick, missed before it))."""
+    if next_tick is None:
+        return Plan(advance=ticks.after(now))
+    if next_tick > now:
+        return Plan()
+    due = ticks.between(next_tick, now, BURST_LIMIT + 1)
+    if not due:  # next_tick was not a tick of this timing (changed under it)
+        return Plan(advance=ticks.after(now))
+    if len(due) <= BURST_LIMIT and now - due[0] <= MISFIRE_GRACE:
+        following = [*due[1:], ticks.after(due[-1])]
+        return Plan(fires=[(tick, nxt, 0) for tick, nxt in zip(due, following, strict=True)])
+    latest = ticks.at_or_before(now)
+    if catch_up == "skip":
+        return Plan(advance=ticks.after(latest))
+    missed = len(ticks.between(next_tick, latest, MISSED_COUNT_CAP)) - 1
+    return Plan(fires=[(latest, ticks.after(latest), max(0, missed))])
+
+
+@dataclass(frozen=True)
+class DueRow:
+    """One row of schedule_list_for_queues, in its column order."""
+
+    name: str
+    type: str
+    queue: str
+    cron: str | None
+    every_seconds: float | None
+    timezone: str
+    catch_up: str
+    next_tick: dt.datetime | None
+    db_now: dt.datetime
+
+    def ticks(self) -> Ticks:
+        every = None if self.every_seconds is None else dt.timedelta(seconds=self.every_seconds)
+        return Ticks(cron=self.cron, every=every, timezone=self.timezone)
+
+
+def fire_due(store: Store, queues: Sequence[str]) -> float | None:
+    """Fire the due ticks of the schedules of `queues`; return seconds until the next one.
+
+    None when no enabled schedule serves these queues. A statement error on one
+    schedule is logged and leaves the others firing; a lost connection propagates
+    (DatabaseUnavailable), like any other worker statement.
+    """
+    rows = [DueRow(*row) for row in store._run("schedule_list_for_queues", {"queues": queues})]
+    wait: float | None = None
+    for row in rows:
+        try:
+            upcoming = _fire_schedule(store, row)
+        except ValueError as exc:
+            logger.error("schedule %s cannot fire: %s", row.name, exc)
+            continue
+        except psycopg.Error as exc:
+            logger.error("schedule %s: firing failed: %s", row.name, exc)
+            continue
+        seconds = 0.0 if upcoming is None else (upcoming - row.db_now).total_seconds()
+        wait = seconds if wait is None else min(wait, seconds)
+    return None if wait is None else max(0.0, wait)
+
+
+def _fire_schedule(store: Store, row: DueRow) -> dt.datetime | None:
+    """Carry out the plan of one schedule; its next tick, or None if another worker moved it."""
+    decided = plan(row.ticks(), row.next_tick, row.db_now, row.catch_up)
+    if decided.advance is not None and not decided.fires:
+        moved = store._run(
+            "schedule_advance",
+            {"name": row.name, "next_tick": decided.advance, "expected": row.next_tick},
+        )
+        return decided.advance if moved else None
+    expected = row.next_tick
+    max_attempts = get_settings().MAX_ATTEMPTS
+    for tick, following, missed in decided.fires:
+        fired = store._run(
+            "schedule_fire",
+            {
+                "name": row.name,
+                "tick_at": tick,
+                "next_tick": following,
+                "expected": expected,
+                "missed": missed,
+                "idempotency_key": tick_key(row.name, tick),
+                "default_max_attempts": max_attempts,
+            },
+        )
+        if not fired:
+            return None  # another worker fired it (or moved the schedule): read again
+        logger.info(
+            "schedule %s: tick %s fired as job %d%s",
+            row.name,
+            tick.isoformat(),
+            fired[0][0],
+            f" (catching up {missed} missed ticks)" if missed else "",
+        )
+        expected = following
+    return expected
+
+
+# -- code schedules into the table ------------------------------------------------------
+
+
+def sync_code_schedules(store: Store) -> list[str]:
+    """Upsert the schedules declared in code and disable those removed; return names synced.
+
+    Declarations the system checks reject (bad timing, duplicates, unknown types) are
+    skipped here, and nothing is disabled while any declaration could not be read.
+    """
+    from ..registry import registry
+    from .checks import schedule_problems
+    from .spec import code_schedules
+
+    declared = code_schedules()
+    duplicates = declared.duplicates()
+    conf = get_settings()
+    synced = []
+    for spec in declared.specs:
+        problems = schedule_problems(spec)
+        if spec.name in duplicates or problems:
+            why = "; ".join(problems) or "declared twice"
+            logger.error("schedule %s not synced: %s", spec.name, why)
+            continue
+        handler = registry.find(spec.type)
+        try:
+            row = store._run("schedule_sync", _sync_params(spec, conf.DEFAULT_QUEUE, handler))
+        except psycopg.Error as exc:
+            logger.error("schedule %s not synced: %s", spec.name, exc)
+            continue
+        if row:
+            synced.append(spec.name)
+        else:
+            logger.warning(
+                "schedule %s is defined in the database; its code declaration (%s) is ignored",
+                spec.name,
+                spec.origin,
+            )
+    if not declared.errors:
+        names = [spec.name for spec in declared.specs]
+        for (name,) in store._run("schedule_disable_removed", {"names": names}):
+            logger.warning("schedule %s is no longer declared in code: disabled", name)
+    return synced
+
+
+def _sync_params(spec: Any, default_queue: str, handler: Any) -> dict[str, Any]:
+    max_attempts = spec.max_attempts
+    if max_attempts is None and handler is not None:
+        max_attempts = handler.max_attempts
+    return {
+        "name": spec.name,
+        "type": spec.type,
+        "queue": spec.queue or default_queue,
+        "cron": spec.cron,
+        "every_seconds": None if spec.every is None else spec.every.total_seconds(),
+        "payload": json.dumps(spec.payload),
+        "timezone": spec.zone_name,
+        "catch_up": spec.catch_up,
+        "priority": spec.priority,
+        "max_attempts": max_attempts,
+    }
+
+
+class ScheduleHook:
+    """The worker's side: sync code schedules once, then fire due ticks when they are due."""
+
+    def __init__(self, store: Store, queues: Iterable[str], poll_interval: float) -> None:
+        self._store = store
+        self._queues = list(queues)
+        self._poll_interval = poll_interval
+        self._synced = False
+        self.due_at = 0.0  # time.monotonic() of the next call
+
+    def run(self, now: float) -> None:
+        """Fire what is due (syncing first, once); set `due_at` to the next tick or poll.
+
+        A statement error (the schedule tables not migrated yet, say) is logged and
+        tried again later: it must never keep the worker from claiming jobs. A lost
+        connection propagates, as from any other worker statement.
+        """
+        try:
+            if not self._synced:
+                sync_code_schedules(self._store)
+                self._synced = True
+            wait = fire_due(self._store, self._queues)
+        except psycopg.Error as exc:
+            logger.error("schedules: %s; trying again in %gs", exc, ERROR_PAUSE)
+            self.due_at = now + ERROR_PAUSE
+            return
+        self.due_at = now + min(self._poll_interval, self._poll_interval if wait is None else wait)

@@ -1,0 +1,108 @@
+"""A real browser on the Schedules page: list, disable, run now (twice).
+
+Headless Debian Chromium through Playwright, like test_browser.py (its fixtures are
+reused). The code schedule's ticks are fired by a real worker first, so the page shows
+real last runs. PGQUEUE_SCREENSHOTS=1 refreshes docs/images/admin-schedules.png.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_pgqueue.schedules.models import Schedule
+from tests.admin.conftest import make_user
+from tests.admin.test_browser import (  # noqa: F401 - fixtures
+    PASSWORD,
+    _fast_password_hashing,
+    browser,
+    login,
+    save_screenshot,
+)
+from tests.conftest import sql
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+PERMISSIONS = ("view_schedule", "change_schedule", "add_schedule", "run_schedule", "view_job")
+
+
+@pytest.fixture
+def schedules(settings: Any, run_worker: Any) -> Any:
+    """A code schedule a worker has been firing, two database ones, and a late one."""
+    settings.PGQUEUE = {
+        **settings.PGQUEUE,
+        "SCHEDULES": {
+            "heartbeat.ping": {"type": "qa.noop", "every": "2s", "queue": "ops"},
+            "reports.daily": {
+                "type": "qa.echo",
+                "cron": "0 6 * * *",
+                "queue": "reports",
+                "timezone": "Europe/Berlin",
+                "payload": {"report": "sales"},
+            },
+        },
+    }
+    worker = run_worker(["ops"], poll_interval=0.2)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not sql("SELECT FROM queue_schedule_ticks"):
+        time.sleep(0.1)
+    Schedule.objects.create(
+        name="invoices.remind", type="qa.echo", queue="billing", cron="30 9 * * 1-5",
+        timezone="America/New_York", payload={"days": 14},
+        next_tick=dt.datetime(2026, 12, 1, 14, 30, tzinfo=dt.UTC),
+    )  # fmt: skip
+    # No worker serves "idle": its tick is 12 minutes overdue.
+    overdue = sql("SELECT date_trunc('minute', now()) - interval '12 minutes'")[0][0]
+    Schedule.objects.create(
+        name="cache.warm", type="qa.noop", queue="idle", every=dt.timedelta(minutes=5),
+        timezone="UTC", next_tick=overdue,
+    )  # fmt: skip
+    return worker  # still firing heartbeat.ping
+
+
+def test_operator_lists_disables_and_runs_a_schedule_now(
+    browser: Any,  # noqa: F811 - the fixture imported above
+    live_server: Any,
+    schedules: Any,
+    tmp_path: Path,
+) -> None:
+    make_user("planner", *PERMISSIONS, password=PASSWORD)
+    page = login(browser, live_server, "planner")
+    page.set_viewport_size({"width": 1400, "height": 900})
+    page.goto(f"{live_server.url}/admin/django_pgqueue/schedule/")
+    page.click("#toggle-nav-sidebar")  # more room for the table
+    rows = page.inner_text("#result_list")
+    for expected in ("heartbeat.ping", "every 2s", "reports.daily", "0 6 * * * (Europe/Berlin)",
+                     "invoices.remind", "database", "code"):  # fmt: skip
+        assert expected in rows
+    assert page.locator("#result_list tr:has-text('cache.warm') .pgqueue-late").count() == 1
+    last_run = page.inner_text("#result_list tr:has-text('heartbeat.ping') td.field-last_run")
+    assert last_run.startswith("20")  # a timestamp: the worker fired it
+    save_screenshot(page, tmp_path, "admin-schedules.png")
+    schedules.stop()
+
+    # Disable the code schedule from the list.
+    page.check("#result_list tr:has-text('heartbeat.ping') input.action-select")
+    page.select_option("select[name='action']", "disable")
+    page.click("button[name='index']")
+    assert "Disabled 1 schedule(s)." in page.inner_text(".messagelist")
+    assert Schedule.objects.get(name="heartbeat.ping").enabled is False
+
+    # Run a database schedule now; a second click does not make a second job.
+    for _ in range(2):
+        page.check("#result_list tr:has-text('invoices.remind') input.action-select")
+        page.select_option("select[name='action']", "run_now_action")
+        page.click("button[name='index']")
+    assert "still waiting or running" in page.inner_text(".messagelist")
+    jobs = sql("SELECT type, queue FROM queue_jobs WHERE idempotency_key LIKE 'schedule:invoices%'")
+    assert jobs == [("qa.echo", "billing")]
+
+    # A code schedule's page is read-only.
+    page.click("#result_list a:text-is('reports.daily')")
+    assert page.locator("input[name='cron']").count() == 0
+    assert "0 6 * * *" in page.inner_text("#content-main")
+    page.context.close()
