@@ -231,6 +231,79 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def plot(results: dict[str, Any], path: Any) -> None:
+    """Each figure's ratio ours / peer per peer, with the issue's targets against pgqueuer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = peer_names(results)
+    fig, ax = plt.subplots(figsize=(10, 5))
+    width = 0.8 / max(1, len(names))
+    for i, name in enumerate(names):
+        values = [ratio(results, key, name) or 0 for key, _, _, _ in FIGURES]
+        xs = [x + (i - (len(names) - 1) / 2) * width for x in range(len(FIGURES))]
+        bars = ax.bar(xs, values, width, label=f"ours / {name} {results['peers'][name]['version']}")
+        ax.bar_label(bars, [f"{v:.2f}x" for v in values], fontsize=7)
+    for key, _, target, _ in TARGETS:
+        x = [k for k, _, _, _ in FIGURES].index(key)
+        ax.hlines(target, x - 0.45, x + 0.45, colors="black", linestyles="--", linewidth=1)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_yscale("log")
+    labels = [
+        f"{label}\n({'higher' if higher else 'LOWER'} is better)" for _, label, _, higher in FIGURES
+    ]
+    ax.set_xticks(range(len(FIGURES)), [t.replace(", ", "\n", 1) for t in labels], fontsize=7)
+    ax.set_ylabel("ours / peer (log scale)")
+    ax.set_title(
+        f"django-pgqueue against its peers, {results['processes']} worker processes, "
+        f"{results['sizes']['jobs']:,} no-op jobs, median of {results['runs']} "
+        "(dashed: the issue's target against pgqueuer)",
+        fontsize=9,
+    )
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def section(results: dict[str, Any], image: str) -> str:
+    """The README's peers section: setup, the ratio table, the targets, the plot."""
+    m = results["machine"]
+    versions = ", ".join(
+        f"{name} {p['version']} ({', '.join(p['requirements'][1:])}; tuned: "
+        + ", ".join(f"{k} {v}" for k, v in p["tuned"].items())
+        + ")"
+        if "skipped" not in p
+        else f"{name}: skipped ({p['skipped']})"
+        for name, p in results["peers"].items()
+    )
+    size = results["sizes"]
+    return "\n".join(
+        [
+            "### peers.py",
+            "",
+            f"Commit `{m['commit']}`, {m['cpus']} CPUs, PostgreSQL {m['postgresql']}, "
+            f"yardstick {m.get('calibration_ms', float('nan')):.0f} ms; {versions}. "
+            f"{results['processes']} worker processes; drains of {size['jobs']:,} no-op jobs; "
+            f"{size['singles']:,} single enqueues; bulk enqueue of {size['bulk']:,}; "
+            f"pickup of {size['pickups']} jobs 50 ms apart; ours tuned: concurrency "
+            f"{results['ours_tuned']['concurrency']}, batch {results['ours_tuned']['batch_size']}. "
+            f"Median of {results['runs']}, systems interleaved.",
+            "",
+            table(results),
+            "",
+            markdown_table(["target (issue 16)", "wanted", "measured", ""], targets(results)),
+            "",
+            f"![ours against the peers]({image})",
+            "",
+        ]
+    )
+
+
 def main() -> None:
     p = parser(__doc__.splitlines()[0], database="pgqueue_bench_peers")
     p.add_argument("--jobs", type=int, default=20_000, help="jobs per drain run")
