@@ -48,7 +48,7 @@ PEERS = (
         "pgqueuer",
         "1.6.0",
         ("pgqueuer==1.6.0", "asyncpg==0.32.0", "uvloop==0.23.0"),
-        ("batch", 100),
+        ("batch", 1000),
     ),
     Peer(
         "procrastinate",

@@ -4,7 +4,7 @@ The same workloads for each system, interleaved (ours, pgqueuer, procrastinate, 
 ... for every figure), medians of --runs:
 
 - drain of --jobs no-op jobs by 2 worker processes, at each system's defaults, and
-  tuned (ours: concurrency = batch = 200; pgqueuer: batch 100; procrastinate:
+  tuned (ours: concurrency = batch = 200; pgqueuer: batch 1000; procrastinate:
   concurrency 100; the peers' best of a sweep, see benchmarks/README.md); timed on the
   database clock and checked exactly-once in the database (ours: queue_attempts; the
   peers: their own event tables, benchmarks/peers/*_driver.py);
