@@ -89,7 +89,10 @@ def call(peer: Peer, command: str, timeout: float = 900, **args: Any) -> dict[st
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         raise PeerFailed(f"{peer.name} {command} exited with {done.returncode}")
-    return json.loads(lines[-1])
+    try:
+        return json.loads(lines[-1])
+    except ValueError as exc:
+        raise PeerFailed(f"{peer.name} {command} printed no JSON: {lines[-1][:200]!r}") from exc
 
 
 def database_url(url: str, suffix: str) -> str:
