@@ -118,20 +118,22 @@ def prepare_peers(url: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
 def measure(
     runs: int, size: dict[str, int], url: str, info: dict[str, dict[str, Any]], runners: dict
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """Every workload, every run, systems interleaved; a failing peer is dropped, noted."""
+    """Every workload, every run, systems interleaved; a peer's failing workload is dropped."""
     systems: dict[str, dict[str, Callable[[], dict[str, Any]]]] = {OURS: ours(size)}
     for name, (peer, peer_url) in runners.items():
         systems[name] = theirs(peer, peer_url, size)
     samples: dict[str, dict[str, list[dict[str, Any]]]] = {name: {} for name in systems}
     for workload in ("enqueue_single", "enqueue_bulk", "drain_default", "drain_tuned", "pickup"):
         for run in range(runs):
-            for name, workloads in list(systems.items()):
+            for name, workloads in systems.items():
+                if workload in info.get(name, {}).get("failed", {}):
+                    continue
                 try:
                     sample = workloads[workload]()
                 except PeerFailed as exc:
-                    info[name]["skipped"] = str(exc)
-                    print(f"peers: dropping {name}: {exc}", flush=True)
-                    del systems[name], samples[name]
+                    info[name].setdefault("failed", {})[workload] = str(exc)
+                    samples[name].pop(workload, None)
+                    print(f"peers: dropping {name}'s {workload}: {exc}", flush=True)
                     continue
                 samples[name].setdefault(workload, []).append(sample)
                 print(f"{workload} run {run + 1}: {name} {fmt_sample(sample)}", flush=True)
@@ -281,6 +283,11 @@ def section(results: dict[str, Any], image: str) -> str:
         else f"{name}: skipped ({p['skipped']})"
         for name, p in results["peers"].items()
     )
+    failures = "".join(
+        f" {name} failed its {workload} workload: {reason}."
+        for name, p in results["peers"].items()
+        for workload, reason in p.get("failed", {}).items()
+    )
     size = results["sizes"]
     return "\n".join(
         [
@@ -292,7 +299,7 @@ def section(results: dict[str, Any], image: str) -> str:
             f"{size['singles']:,} single enqueues; bulk enqueue of {size['bulk']:,}; "
             f"pickup of {size['pickups']} jobs 50 ms apart; ours tuned: concurrency "
             f"{results['ours_tuned']['concurrency']}, batch {results['ours_tuned']['batch_size']}. "
-            f"Median of {results['runs']}, systems interleaved.",
+            f"Median of {results['runs']}, systems interleaved.{failures}",
             "",
             table(results),
             "",

@@ -116,7 +116,9 @@ async def worker(args: dict[str, Any]) -> dict[str, Any]:
     """One worker process: drain the queue (no-op jobs), or serve the clock job until SIGTERM."""
     conn = await connect(args["url"])
     manager = QueueManager(Queries(AsyncpgDriver(conn)))
-    clock = await connect(args["url"]) if args.get("continuous") else None
+    # A pool: handlers of one batch run concurrently, and an asyncpg connection runs
+    # one statement at a time.
+    clock = await asyncpg.create_pool(args["url"], min_size=4) if args.get("continuous") else None
 
     @manager.entrypoint("noop")
     async def noop(job: Job) -> None:
@@ -150,7 +152,8 @@ async def pickup(args: dict[str, Any]) -> dict[str, Any]:
             for _ in range(count):
                 await queries.enqueue("clock", None)
                 await asyncio.sleep(gap)
-            deadline = time.monotonic() + 30
+            # Longer than pgqueuer's dequeue_timeout (30 s), its poll for a missed NOTIFY.
+            deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 if await conn.fetchval("SELECT count(*) FROM peer_pickup") >= count:
                     break
