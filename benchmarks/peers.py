@@ -12,7 +12,8 @@ The same workloads for each system, interleaved (ours, pgqueuer, procrastinate, 
 - pickup latency of an idle worker, jobs enqueued one by one 50 ms apart: from the
   job's creation time to the handler's first statement (clock_timestamp()), both on
   the database clock;
-- ours only: the bare-SQL loop of throughput.py (the ceiling the tuned drain is held to).
+- ours only: the bare-SQL loop of throughput.py (the ceiling the tuned drain is held to),
+  run in the same rounds as the tuned drains.
 
 The peers run from their own virtual environments (benchmarks/_peer_env.py), each in its
 own database: the --database-url name with _pgqueuer or _procrastinate appended. A peer
@@ -79,6 +80,7 @@ def ours(size: dict[str, int]) -> dict[str, Callable[[], dict[str, float]]]:
         "enqueue_single": lambda: {"jobs_per_s": throughput.enqueue_single(size["singles"])},
         "enqueue_bulk": lambda: {"jobs_per_s": throughput.enqueue_bulk(size["bulk"])},
         "pickup": pickup,
+        "bare_loop": lambda: {"jobs_per_s": throughput.bare_drain(size["jobs"], *throughput.BARE)},
     }
 
 
@@ -123,10 +125,19 @@ def measure(
     for name, (peer, peer_url) in runners.items():
         systems[name] = theirs(peer, peer_url, size)
     samples: dict[str, dict[str, list[dict[str, Any]]]] = {name: {} for name in systems}
-    for workload in ("enqueue_single", "enqueue_bulk", "drain_default", "drain_tuned", "pickup"):
+    # The bare-SQL loop (ours only) right after the tuned drains, in the same rounds.
+    order = (
+        "enqueue_single",
+        "enqueue_bulk",
+        "drain_default",
+        "drain_tuned",
+        "bare_loop",
+        "pickup",
+    )
+    for workload in order:
         for run in range(runs):
             for name, workloads in systems.items():
-                if workload in info.get(name, {}).get("failed", {}):
+                if workload not in workloads or workload in info.get(name, {}).get("failed", {}):
                     continue
                 try:
                     sample = workloads[workload]()
@@ -329,7 +340,7 @@ def main() -> None:
     results["peers"], runners = prepare_peers(args.database_url)
     samples = measure(runs, size, args.database_url, results["peers"], runners)
     results["figures"] = figures(samples)
-    bare = [throughput.bare_drain(size["jobs"], *throughput.BARE) for _ in range(runs)]
+    bare = [s["jobs_per_s"] for s in samples[OURS]["bare_loop"]]
     results["bare_loop"] = {"value": statistics.median(bare), "runs": bare}
     results["bare_loop"]["processes"], results["bare_loop"]["batch_size"] = throughput.BARE
     print(table(results))
