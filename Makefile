@@ -97,6 +97,7 @@ bench: install
 	$(BENCH)/retry_storm.py
 	$(BENCH)/throughput.py
 	$(BENCH)/scale.py
+	$(BENCH)/peers.py
 	$(BENCH)/report.py
 
 # Tiny sizes, one run each: CI runs this so the scripts never rot. Results go to
@@ -107,6 +108,7 @@ bench-smoke: install
 	$(BENCH)/retry_storm.py --smoke
 	$(BENCH)/throughput.py --smoke
 	$(BENCH)/scale.py --smoke
+	$(BENCH)/peers.py --smoke
 	$(BENCH)/report.py --smoke
 
 # The admin's pages on 1,000,000 jobs (its own database, dropped afterwards);

@@ -1,9 +1,10 @@
 """Plots and the results section of benchmarks/README.md, from the scripts' JSON results.
 
-Reads benchmarks/results/*.json (claim_plan, race, retry_storm, scale, throughput;
-whichever exist), draws the PNG plots into docs/images/ (headless, Agg backend) and
+Reads benchmarks/results/*.json (claim_plan, race, retry_storm, scale, throughput,
+peers; whichever exist), draws the PNG plots into docs/images/ (headless, Agg backend) and
 rewrites the part of benchmarks/README.md between the results markers: machine,
-PostgreSQL version and settings, commit, each script's tables and the targets table.
+PostgreSQL version and settings, commit, each script's tables and the targets table;
+and peers.py's section between the peers markers (each only from results that exist).
 With --smoke it reads results/smoke/ and writes there instead (CI checks the code runs).
 
 Run: python benchmarks/report.py [--smoke]
@@ -21,10 +22,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import peers
 from _common import RESULTS, ROOT, markdown_table
 
 README = ROOT / "benchmarks" / "README.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+PEERS_START, PEERS_END = "<!-- peers:start -->", "<!-- peers:end -->"
 CLAIM_INDEX = "queue_job_state_claim_idx"
 
 
@@ -467,17 +470,34 @@ def main() -> None:
         plot_storm(results["retry_storm"], images / "retry-storm.png")
     plot_drain(results["throughput"], results["scale"], images / "drain-rate.png")
     section = render(results, "images" if args.smoke else "../docs/images")
+    peer_results = load(folder, "peers")
+    peer_section = ""
+    if peer_results:
+        peers.plot(peer_results, images / "peers.png")
+        peer_section = peers.section(
+            peer_results, f"{'images' if args.smoke else '../docs/images'}/peers.png"
+        )
     if args.smoke:
-        (folder / "README.md").write_text(section)
+        (folder / "README.md").write_text(section + "\n" + peer_section)
         print(f"report: {folder / 'README.md'}, plots in {images}")
         return
     text = README.read_text()
-    if START not in text:
-        sys.exit(f"report: {README} has no {START} marker")
-    before, rest = text.split(START, 1)
-    after = rest.split(END, 1)[1] if END in rest else ""
-    README.write_text(f"{before}{START}\n{section}{END}{after}")
+    # Each block is rewritten only from results that exist: peers.py alone redraws its own.
+    if any(results.values()):
+        text = replace_block(text, START, END, section)
+    if peer_results:
+        text = replace_block(text, PEERS_START, PEERS_END, peer_section)
+    README.write_text(text)
     print(f"report: {README}, plots in {images}")
+
+
+def replace_block(text: str, start: str, end: str, section: str) -> str:
+    """`text` with what lies between the markers `start` and `end` replaced by `section`."""
+    if start not in text:
+        sys.exit(f"report: {README} has no {start} marker")
+    before, rest = text.split(start, 1)
+    after = rest.split(end, 1)[1] if end in rest else ""
+    return f"{before}{start}\n{section}{end}{after}"
 
 
 if __name__ == "__main__":
