@@ -10,8 +10,11 @@ _PART = re.compile(r"(\d+)([wdhms])")
 _WHOLE = re.compile(r"(?:\d+[wdhms])+")
 
 
-def parse_duration(text: str) -> dt.timedelta:
-    """Turn '7d', '12h', '30m', '90s' or a sum such as '1h30m' into a positive timedelta."""
+def parse_duration(text: str, *, allow_zero: bool = False) -> dt.timedelta:
+    """Turn '7d', '12h', '30m', '90s' or a sum such as '1h30m' into a timedelta.
+
+    It must be positive, or zero ('0s') where `allow_zero` says zero means something.
+    """
     cleaned = text.strip().lower()
     if not _WHOLE.fullmatch(cleaned):
         raise ValueError(
@@ -19,9 +22,14 @@ def parse_duration(text: str) -> dt.timedelta:
             "e.g. 7d, 12h, 30m, 90s or 1h30m."
         )
     seconds = sum(int(number) * _UNITS[unit] for number, unit in _PART.findall(cleaned))
-    if seconds <= 0:
+    if seconds <= 0 and not (allow_zero and seconds == 0):
         raise ValueError(f"{text!r} is not a duration: it must be longer than zero.")
     return dt.timedelta(seconds=seconds)
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """Return '1 job' or '3 jobs': a count with its noun in the right number."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
 def format_seconds(seconds: float | None) -> str:

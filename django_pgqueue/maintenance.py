@@ -62,8 +62,8 @@ def prune(
     statuses = check_prunable(statuses)
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
-    if older_than <= dt.timedelta(0):
-        raise ValueError(f"older_than must be longer than zero, got {older_than}.")
+    if older_than < dt.timedelta(0):
+        raise ValueError(f"older_than must not be negative, got {older_than}.")
     cutoff = store.clock_ago(alias, older_than.total_seconds())
     result = PruneResult(cutoff=cutoff, statuses=statuses, dry_run=dry_run)
     if dry_run:
