@@ -24,8 +24,7 @@ COLUMNS = (
 COMPLETED = [key for key, _ in COLUMNS].index("completed")
 FOOTNOTES = {
     "~": "estimated from the table statistics; --exact counts them.",
-    "—": "not counted per queue (or no statistics yet) without --exact, which reads the "
-    "whole table.",
+    "—": "not estimated per queue, nor before the table is first analyzed; --exact counts them.",
 }
 
 
