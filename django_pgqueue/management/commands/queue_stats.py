@@ -21,6 +21,11 @@ COLUMNS = (
     ("completed", "completed"),
     ("oldest_due_seconds", "oldest due"),
 )
+COMPLETED = [key for key, _ in COLUMNS].index("completed")
+FOOTNOTES = {
+    "~": "estimated from the table statistics; --exact counts them.",
+    "—": "not estimated per queue, nor before the table is first analyzed; --exact counts them.",
+}
 
 
 class Command(BaseCommand):
@@ -58,10 +63,11 @@ class Command(BaseCommand):
             if index == len(rows) - 1:
                 self.stdout.write("  ".join("-" * width for width in widths))
             self.stdout.write(line(row))
-        if not snapshot.completed_exact:
-            self.stdout.write(
-                "~ completed: estimated from the table statistics; --exact counts them."
-            )
+        # A footnote for each mark the completed column shows, and only for those.
+        marks = {row[COMPLETED][0] for row in rows if row[COMPLETED][0] in FOOTNOTES}
+        for mark, note in FOOTNOTES.items():
+            if mark in marks:
+                self.stdout.write(f"{mark} completed: {note}")
         for late in snapshot.late_schedules:
             self.stdout.write(
                 f"late schedule {late.name} (queue {late.queue}): due "

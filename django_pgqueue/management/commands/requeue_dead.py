@@ -10,7 +10,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_date, parse_datetime
 
 from django_pgqueue import validators
-from django_pgqueue.durations import parse_duration
+from django_pgqueue.durations import counted, parse_duration
 from django_pgqueue.maintenance import DEFAULT_REQUEUE_BATCH, requeue_dead
 from django_pgqueue.validators import is_queue_name, is_type_name
 
@@ -81,6 +81,9 @@ class Command(BaseCommand):
             dry_run=options["dry_run"],
         )
         if options["dry_run"]:
-            self.stdout.write(f"Dry run: {matched} dead jobs match; nothing was changed.")
+            verb = "matches" if matched == 1 else "match"
+            self.stdout.write(
+                f"Dry run: {counted(matched, 'dead job')} {verb}; nothing was changed."
+            )
         else:
-            self.stdout.write(f"{matched} dead jobs matched. {report.message()}")
+            self.stdout.write(f"{counted(matched, 'dead job')} matched. {report.message()}")

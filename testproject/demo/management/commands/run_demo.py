@@ -14,8 +14,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand
-from django.db import connections
+from django.core.management.base import BaseCommand, CommandError
+from django.db import OperationalError, connections
 from django.db.models import Count, Max
 from django.test import Client
 from django.urls import reverse
@@ -24,6 +24,7 @@ from shop.tasks import charge_order
 from testproject.dburl import describe
 
 from django_pgqueue import JobSpec, enqueue, enqueue_many
+from django_pgqueue.durations import counted
 from django_pgqueue.models import Attempt, Job, JobState
 from django_pgqueue.worker import Worker
 
@@ -35,6 +36,16 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         db = connections["default"].settings_dict
+        try:
+            tables = connections["default"].introspection.table_names()
+        except OperationalError as exc:
+            reason = str(exc).strip().splitlines()[-1]
+            raise CommandError(
+                f"cannot reach PostgreSQL at {describe(db)} ({reason}): start it, set "
+                "DATABASE_URL, or run `make demo`, which falls back to an embedded PostgreSQL."
+            ) from None
+        if "queue_jobs" not in tables:
+            raise CommandError(f"{describe(db)} has no queue tables: run manage.py migrate.")
         self.stdout.write(f"demo: using database {describe(db)}")
         checks = self.mixed_batch()
         checks.update(self.shop())
@@ -146,14 +157,14 @@ class Command(BaseCommand):
             payment = payments[name]
             charge = charges.get(order.pk)
             gateway = (
-                f"charge {order.charge_id}, {charge.requests} request(s) for 1 charge"
+                f"charge {order.charge_id}, {counted(charge.requests, 'request')} for 1 charge"
                 if charge
                 else "no charge"
             )
             errors = ", ".join(e.exception_class_path.rsplit(".", 1)[-1] for e in payment.errors)
             self.stdout.write(
                 f"  order {order.pk} ({name}): {order.status}; payment task {payment.status} "
-                f"after {payment.attempts} attempt(s)"
+                f"after {counted(payment.attempts, 'attempt')}"
                 + (f" [errors: {errors}]" if errors else "")
                 + f"; gateway: {gateway}"
             )
