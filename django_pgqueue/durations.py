@@ -28,7 +28,9 @@ def parse_duration(text: str, *, allow_zero: bool = False) -> dt.timedelta:
         raise ValueError(f"{text!r} is not a duration: it must be longer than zero.")
     # Bounded like every duration of the queue: now() - 20,000 years is out of
     # PostgreSQL's range, and 10**12 weeks out of timedelta's.
-    return dt.timedelta(seconds=validators.seconds(seconds, f"the duration {text!r}"))
+    return dt.timedelta(
+        seconds=validators.seconds(seconds, f"the duration {text!r}", allow_zero=allow_zero)
+    )
 
 
 def counted(count: int, noun: str, plural: str | None = None) -> str:
