@@ -213,3 +213,7 @@ class DeadJob(Job):
         proxy = True
         verbose_name = "dead job"
         ordering = ["-state__finished_at"]
+
+
+# Issue 15 hook: the worker registry and the per-minute rollup live in their own module.
+from .observability.models import MinuteStats, WorkerRecord  # noqa: E402, F401

@@ -43,6 +43,7 @@ from .conf import get_settings
 from .context import JobContext, Lease
 from .exceptions import ConfigurationError, DatabaseUnavailable, EnqueueError
 from .executor import Failure, Outcome, Success
+from .observability.hooks import Observer  # issue 15 hook
 from .registry import Handler, Registry
 from .registry import registry as default_registry
 from .retry import RetryPolicy, default_policy
@@ -248,6 +249,8 @@ class Worker:
         **options: Any,
     ) -> None:
         self.config = WorkerConfig.build(queues, **options)
+        # Issue 15 hook: signals, counters, worker registry and rollup (observability/hooks.py).
+        self.observer = Observer(self.config)
         self.registry = registry or default_registry
         self.install_signal_handlers = install_signal_handlers
         self.stats: Counter[str] = Counter()
@@ -444,6 +447,9 @@ class Worker:
             elif not lease.lost and not lease.finishing:
                 lease.lost = True
                 self.stats["leases_lost"] += 1
+                item = self._inflight.get(lease.job_id)
+                if item is not None and item.lease is lease:
+                    self.observer.lease_lost(item, "renewal")  # issue 15 hook
                 logger.warning(
                     "lease lost: job %d (lease_version %d) is no longer this worker's",
                     lease.job_id,
@@ -598,6 +604,7 @@ class Worker:
 
     def _dispatch(self, rows: list[ClaimedRow], expires: float) -> None:
         cfg = self.config
+        self.observer.claimed(rows)  # issue 15 hook
         self.stats["claimed"] += len(rows)
         if len(rows) > 1:
             rows.sort(key=ClaimedRow.order)
@@ -723,9 +730,11 @@ class Worker:
     def _account_completions(
         self, successes: list[tuple[InFlight, Outcome]], completed: set[int]
     ) -> None:
-        for item, _ in successes:
+        for item, outcome in successes:
             if item.ctx.job_id in completed:
                 self.stats["completed"] += 1
+                assert isinstance(outcome, Success)
+                self.observer.completed(item, outcome.result)  # issue 15 hook
             elif item.ctx.job_id not in self._unstorable:
                 self._stale(item, "complete")
             self._forget(item)
@@ -777,7 +786,8 @@ class Worker:
         if result is None:
             self._stale(item, "fail")
             return
-        status, _run_at = result
+        status, run_at = result
+        self.observer.failed(item, outcome, status, run_at)  # issue 15 hook
         if status == "dead":
             self.stats["dead"] += 1
             logger.error(
@@ -808,6 +818,7 @@ class Worker:
 
     def _stale(self, item: InFlight, what: str) -> None:
         self.stats["stale_writes"] += 1
+        self.observer.lease_lost(item, "write")  # issue 15 hook
         logger.warning(
             "stale write rejected: %s of job %d with lease_version %d changed nothing; "
             "another worker owns it now",
@@ -944,6 +955,7 @@ class Worker:
                 item.thread = threading.current_thread()
                 item.started = time.monotonic()
                 outcome = self._execute(item)
+                self.observer.executed(item, time.monotonic() - item.started)  # issue 15 hook
                 self._outcomes.put((item, outcome))
                 with self._count_lock:
                     self._finished_n += 1
@@ -965,6 +977,7 @@ class Worker:
         except ValueError as exc:
             return Failure(*executor.describe(exc), permanent=True)
         try:
+            self.observer.started(item)  # issue 15 hook: job_started
             return executor.run(ctx, item.handler, item.policy)
         finally:
             _reset_django_connections()
@@ -976,28 +989,32 @@ class Worker:
         store = Store(cfg.database, f"pgqueue heartbeat {cfg.worker_id}")
         backoff = Backoff(cfg.reconnect_max_delay)
         last = time.monotonic()
+        first = True  # issue 15: report to the worker registry at once, then every cycle
         try:
-            while not self._service_stop.wait(cfg.heartbeat_interval):
+            while first or not self._service_stop.wait(cfg.heartbeat_interval):
+                first = False
                 held = self._held_leases()
-                if not held:
-                    last = time.monotonic()
-                    continue
                 if not store.connected and not wait_for(
                     store, self._service_stop, backoff, "heartbeat"
                 ):
                     return
-                sent = time.monotonic()
-                try:
-                    self._renew(store, held, sent)
-                except DatabaseUnavailable as exc:
-                    logger.warning("heartbeat: %s", exc)
-                    continue
-                except Exception:  # a statement error must not end the renewals
-                    logger.exception("heartbeat: renewing %d lease(s) failed", len(held))
-                    continue
-                self.heartbeat_gaps.append(sent - last)
-                last = sent
+                if not held:
+                    last = time.monotonic()
+                else:
+                    sent = time.monotonic()
+                    try:
+                        self._renew(store, held, sent)
+                    except DatabaseUnavailable as exc:
+                        logger.warning("heartbeat: %s", exc)
+                        continue
+                    except Exception:  # a statement error must not end the renewals
+                        logger.exception("heartbeat: renewing %d lease(s) failed", len(held))
+                        continue
+                    self.heartbeat_gaps.append(sent - last)
+                    last = sent
+                self.observer.beat(store, len(held))  # issue 15 hook: registry and rollup
         finally:
+            self.observer.stopped(store)  # issue 15 hook: flush the rollup, mark gone
             store.close()
 
     # -- listener ---------------------------------------------------------------------
@@ -1116,6 +1133,7 @@ class Worker:
 
     def _release(self, held: list[tuple[int, int, int]]) -> None:
         """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""
+        self.observer.released([attempt for _, _, attempt in held])  # issue 15 hook
         try:
             if not self._store.connected:
                 self._store.connect()

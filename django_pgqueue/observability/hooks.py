@@ -1,0 +1,164 @@
+"""What a worker tells the outside world: signals, its counters, the registry, the rollup.
+
+`Observer` is the one object the worker calls at each point of a job's life; each
+method says which worker thread calls it. Nothing here can fail a job: signal
+receivers are guarded (`signals.send`), and the heartbeat's registry and rollup
+writes log their errors and go on (the lease renewal that shares the cycle has
+already been sent).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .. import signals
+from ..executor import Failure
+from ..store import Store
+from . import workers
+from .counters import WorkerCounters
+from .rollup import RollupBuffer
+
+if TYPE_CHECKING:
+    from ..worker import InFlight, WorkerConfig
+
+logger = logging.getLogger(__name__)
+
+# Heartbeats between two passes that mark silent workers gone and prune old rows.
+HOUSEKEEPING_EVERY = 6
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+class Observer:
+    """Signals, counters, registry and rollup of one worker process."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.identity = workers.Identity(
+            id=config.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=tuple(config.queues),
+            concurrency=config.concurrency,
+            lease=config.lease,
+            version=_version(),
+        )
+        self.counters = WorkerCounters()
+        self.rollup = RollupBuffer()
+        self._run_at: dict[int, Any] = {}  # attempt id -> run_at it was claimed at
+        self._lost: set[int] = set()  # attempt ids announced as lost
+        self._lock = threading.Lock()
+        self._beats = 0
+
+    # -- dispatcher thread ------------------------------------------------------------
+
+    def claimed(self, rows: list[Any]) -> None:
+        """Remember when each claimed job was due (ClaimedRow.run_at), for its wait."""
+        for row in rows:
+            self._run_at[row.attempt_id] = row.run_at
+
+    def released(self, attempt_ids: list[int]) -> None:
+        """Forget claimed jobs handed back unstarted."""
+        for attempt_id in attempt_ids:
+            self._run_at.pop(attempt_id, None)
+
+    def completed(self, item: InFlight, result: str | None) -> None:
+        """The completion of `item` was written."""
+        self._written(item, "succeeded")
+        signals.send(signals.job_succeeded, **self._event(item), result=result)
+
+    def failed(self, item: InFlight, failure: Failure, status: str, run_at: Any) -> None:
+        """The failure of `item` was written: the job is `status` (pending or dead) now."""
+        error = failure.last_error
+        if status == "dead":
+            self._written(item, "dead")
+            signals.send(signals.job_failed, **self._event(item), error=error)
+        else:
+            self._written(item, "retried")
+            signals.send(
+                signals.job_retried,
+                **self._event(item),
+                delay=failure.delay,
+                run_at=run_at,
+                error=error,
+            )
+
+    def lease_lost(self, item: InFlight, detected_by: str) -> None:
+        """`item`'s lease was found lost (by a renewal or a fenced write); announce it once."""
+        self._run_at.pop(item.attempt_id, None)
+        with self._lock:
+            if item.attempt_id in self._lost:
+                return
+            self._lost.add(item.attempt_id)
+        self.counters.attempt(item.ctx.queue, item.ctx.type, "lease_lost")
+        signals.send(signals.job_lease_lost, **self._event(item), detected_by=detected_by)
+
+    def _written(self, item: InFlight, outcome: str) -> None:
+        ctx = item.ctx
+        self.counters.attempt(ctx.queue, ctx.type, outcome)
+        run_at = self._run_at.pop(item.attempt_id, None)
+        if run_at is not None:
+            self.rollup.add(item.attempt_id, ctx.queue, run_at, outcome)
+        with self._lock:
+            self._lost.discard(item.attempt_id)
+
+    @staticmethod
+    def _event(item: InFlight) -> dict[str, Any]:
+        ctx = item.ctx
+        return {
+            "job_id": ctx.job_id,
+            "queue": ctx.queue,
+            "type": ctx.type,
+            "attempt": ctx.attempt,
+            "lease_version": ctx.lease_version,
+            "worker_id": ctx.worker_id,
+        }
+
+    # -- executor threads -------------------------------------------------------------
+
+    def started(self, item: InFlight) -> None:
+        """`item`'s handler is about to run, on this thread."""
+        ctx = item.ctx
+        signals.send(
+            signals.job_started,
+            **self._event(item),
+            max_attempts=ctx.max_attempts,
+            context=ctx,
+        )
+
+    def executed(self, item: InFlight, seconds: float) -> None:
+        """`item`'s handler ran for `seconds` (whatever its outcome)."""
+        self.counters.runtime(item.ctx.queue, item.ctx.type, seconds)
+
+    # -- heartbeat thread -------------------------------------------------------------
+
+    def beat(self, store: Store, running: int) -> None:
+        """Report this worker alive and flush the rollup; now and then, tidy the registry."""
+        try:
+            workers.record_beat(store, self.identity, running)
+            self.rollup.flush(store)
+            if self._beats % HOUSEKEEPING_EVERY == 0:
+                gone = workers.mark_gone(store)
+                if gone:
+                    logger.warning("workers not seen for two leases, marked gone: %s", gone)
+                workers.prune(store)
+            self._beats += 1
+        except Exception as exc:  # the registry is for people: never stop the renewals
+            logger.warning("heartbeat: updating the worker registry failed: %s", exc)
+
+    def stopped(self, store: Store) -> None:
+        """Flush the rollup and mark this worker gone, as it stops."""
+        if not store.connected:
+            return  # the database is away: the row goes gone by worker_mark_gone instead
+        try:
+            self.rollup.flush(store)
+            workers.record_stop(store, self.identity.id)
+        except Exception as exc:
+            logger.warning("shutdown: updating the worker registry failed: %s", exc)
