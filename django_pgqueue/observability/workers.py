@@ -116,6 +116,9 @@ def list_workers(alias: str, *, with_jobs: bool = True) -> list[WorkerInfo]:
     with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["worker_list"], {"limit": LIST_LIMIT})
         workers = [WorkerInfo(*row) for row in cursor.fetchall()]
+        for worker in workers:
+            if isinstance(worker.queues, str):  # Django's connection leaves jsonb as text
+                worker.queues = json.loads(worker.queues)
         # Gone workers too: a job a dead worker held stays running until the sweep.
         by_id = {w.id: w for w in workers}
         if with_jobs and by_id:
