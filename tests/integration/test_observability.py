@@ -27,7 +27,7 @@ def wait_until(predicate: Any, timeout: float = 20.0) -> None:
 
 
 def test_a_worker_registers_shows_its_jobs_and_is_gone_after_stopping(run_worker: Any) -> None:
-    job = enqueue("qa.sleep", {"seconds": 30}, queue="reg")
+    job = enqueue("qa.nap", {"seconds": 30}, queue="reg")  # touches no database
     thread = run_worker(["reg", "other"], concurrency=3, lease=3, heartbeat_interval=0.2)
     me = thread.worker.worker_id
     wait_until(lambda: any(w.jobs for w in workers.list_workers("default")))
@@ -38,7 +38,7 @@ def test_a_worker_registers_shows_its_jobs_and_is_gone_after_stopping(run_worker
     assert info.concurrency == 3
     assert info.lease_seconds == 3
     assert [j.job_id for j in info.jobs] == [job.id]
-    assert info.jobs[0].type == "qa.sleep"
+    assert info.jobs[0].type == "qa.nap"
     assert info.jobs[0].attempt == 1
     assert info.jobs[0].started_at is not None
     wait_until(lambda: workers.list_workers("default")[0].running == 1)
