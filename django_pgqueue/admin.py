@@ -674,3 +674,7 @@ class DeadJobAdmin(JobAdmin):
             state.last_error,
             Truncator(state.last_error.strip().splitlines()[0]).chars(160),
         )
+
+
+# Issue 15 hook: the Workers and Charts pages register themselves.
+from .observability import admin as _observability_admin  # noqa: E402, F401
