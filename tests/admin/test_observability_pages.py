@@ -36,7 +36,8 @@ def test_workers_page_lists_alive_and_gone_workers_with_their_jobs(client) -> No
     assert page.status_code == 200
     html = page.content.decode()
     assert "1 alive, 1 gone" in html
-    assert "web-1:4242:aa" in html and "web-2:77:bb" in html
+    assert "web-1:4242:aa" in html
+    assert "web-2:77:bb" in html
     assert reverse("admin:django_pgqueue_job_change", args=[job_id]) in html
     assert "payments, email" in html
 

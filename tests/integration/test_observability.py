@@ -33,7 +33,8 @@ def test_a_worker_registers_shows_its_jobs_and_is_gone_after_stopping(run_worker
     wait_until(lambda: any(w.jobs for w in workers.list_workers("default")))
     (info,) = workers.list_workers("default")
     assert info.id == me
-    assert info.alive and info.gone_at is None
+    assert info.alive
+    assert info.gone_at is None
     assert info.queues == ["reg", "other"]
     assert info.concurrency == 3
     assert info.lease_seconds == 3
@@ -104,9 +105,11 @@ def test_the_rollup_counts_what_workers_finished_and_how_long_it_waited(
     assert by_queue["roll"].total_completed == 41
     assert by_queue["roll"].total_failed == 2
     late_p50 = [v for v in by_queue["late"].wait_p50 if v is not None]
-    assert late_p50 and 30 <= late_p50[-1] <= 60  # the bucket [30 s, 60 s)
+    assert late_p50
+    assert 30 <= late_p50[-1] <= 60  # the bucket [30 s, 60 s)
     roll_p95 = [v for v in by_queue["roll"].wait_p95 if v is not None]
-    assert roll_p95 and roll_p95[-1] < 30
+    assert roll_p95
+    assert roll_p95[-1] < 30
 
 
 def test_quantile_reads_the_buckets() -> None:
