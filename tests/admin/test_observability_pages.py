@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.urls import reverse
 
-from django_pgqueue.observability import workers
-from django_pgqueue.store import Store
+from django_pgqueue.sql import QUERIES
 from tests.admin.conftest import make_job, make_user
 from tests.conftest import sql
 
@@ -17,12 +18,20 @@ CHARTS = reverse("admin:django_pgqueue_minutestats_changelist")
 
 
 def register(worker_id: str, running: int = 0) -> None:
-    store = Store("default", "test")
-    try:
-        me = workers.Identity(worker_id, "web-1", 4242, ("payments", "email"), 8, 30.0, "0.1.0")
-        workers.record_beat(store, me, running)
-    finally:
-        store.close()
+    """Upsert a worker row on the test's connection (rolled back with the test)."""
+    sql(
+        QUERIES["worker_upsert"],
+        {
+            "id": worker_id,
+            "host": "web-1",
+            "pid": 4242,
+            "queues": json.dumps(["payments", "email"]),
+            "concurrency": 8,
+            "lease": 30.0,
+            "version": "0.1.0",
+            "running": running,
+        },
+    )
 
 
 def test_workers_page_lists_alive_and_gone_workers_with_their_jobs(client) -> None:
@@ -63,3 +72,25 @@ def test_pages_need_a_view_permission(client) -> None:
     client.force_login(make_user("nobody"))
     assert client.get(WORKERS).status_code == 403
     assert client.get(CHARTS).status_code == 403
+
+
+def test_queue_stats_lists_the_workers() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    register("web-1:4242:aa", running=1)
+    job_id = make_job("running", queue="payments", type="qa.noop")
+    sql("UPDATE queue_job_state SET locked_by = 'web-1:4242:aa' WHERE job_id = %s", [job_id])
+    out = StringIO()
+    call_command("queue_stats", stdout=out)
+    text = out.getvalue()
+    assert "workers: 1 alive, 0 gone" in text
+    assert "web-1:4242:aa  queues=payments,email  running=1/8" in text
+    assert f"jobs: #{job_id} qa.noop" in text
+    out = StringIO()
+    call_command("queue_stats", "--json", stdout=out)
+    (worker,) = json.loads(out.getvalue())["workers"]
+    assert worker["id"] == "web-1:4242:aa"
+    assert worker["alive"] is True
+    assert worker["jobs"] == [job_id]
