@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..durations import format_seconds
 from ..sql import QUERIES
 from ..store import Store, django_cursor
 
@@ -66,6 +67,11 @@ class WorkerInfo:
     alive: bool
     seen_seconds_ago: float
     jobs: list[RunningJob] = field(default_factory=list)
+
+    @property
+    def seen_ago(self) -> str:
+        """How long ago the last heartbeat came, for people ('4m 12s')."""
+        return format_seconds(self.seen_seconds_ago)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for ``queue_stats --json``."""
