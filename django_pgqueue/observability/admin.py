@@ -19,8 +19,9 @@ from ..models import Job
 from . import charts, rollup, workers
 from .models import MinuteStats, WorkerRecord
 
-# The chart windows a page offers, in hours.
+# The chart windows a page offers, in hours, and the minutes each point sums.
 WINDOWS = (1, 6, 24)
+STEPS = {1: 1, 6: 1, 24: 5}
 DEFAULT_WINDOW = 6
 COMPLETED, FAILED, P50, P95 = "#2e7d32", "#b3261e", "#2f6fb0", "#b07d10"
 
@@ -84,7 +85,7 @@ class ChartsAdmin(ReadOnlyPage):
         if hours not in WINDOWS:
             hours = DEFAULT_WINDOW
         wanted = request.GET.get("queue") or None
-        window = rollup.read_window(get_settings().DATABASE, hours * 60)
+        window = rollup.read_window(get_settings().DATABASE, hours * 60, STEPS[hours])
         shown = [s for s in window.queues if wanted is None or s.queue == wanted]
         rows = []
         for series in shown:
@@ -93,12 +94,15 @@ class ChartsAdmin(ReadOnlyPage):
                 {
                     "series": series,
                     "throughput": charts.line_chart(
-                        f"{series.queue}: jobs per minute",
+                        f"{series.queue}: jobs per minute"
+                        if window.step == 1
+                        else f"{series.queue}: jobs per {window.step} minutes",
                         window.start,
                         [
                             charts.Series("completed", COMPLETED, series.completed),
                             charts.Series("failed", FAILED, series.failed),
                         ],
+                        step=window.step,
                     ),
                     "wait": charts.line_chart(
                         f"{series.queue}: wait from due to start",
@@ -108,6 +112,7 @@ class ChartsAdmin(ReadOnlyPage):
                             charts.Series("p95", P95, series.wait_p95),
                         ],
                         charts.seconds_label,
+                        step=window.step,
                     ),
                 }
             )

@@ -59,9 +59,10 @@ def line_chart(
     start: dt.datetime,
     series: Sequence[Series],
     label: Callable[[float], str] = count_label,
+    step: int = 1,
 ) -> SafeString:
-    """An SVG line chart of `series`, one point per minute from `start`."""
-    minutes = max((len(s.values) for s in series), default=0)
+    """An SVG line chart of `series`, one point per `step` minutes from `start`."""
+    minutes = max((len(s.values) for s in series), default=0)  # points, in fact
     top = nice_ceiling(max((v for s in series for v in s.values if v is not None), default=0))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
@@ -87,11 +88,14 @@ def line_chart(
             f'<text x="{LEFT - 6}" y="{py + 4:.1f}" text-anchor="end" '
             f'class="pgqueue-chart-axis">{escape(label(value))}</text>'
         )
-    every = _tick_every(minutes)
+    every = _tick_every(minutes * step)
     for index in range(minutes):
-        moment = timezone.localtime(start + dt.timedelta(minutes=index))
-        if moment.minute % every or (every >= 60 and moment.hour % (every // 60)):
+        moment = timezone.localtime(start + dt.timedelta(minutes=index * step))
+        # Label the point whose minutes hold a multiple of `every` (since midnight).
+        offset = -(moment.hour * 60 + moment.minute) % every
+        if offset >= step:
             continue
+        moment += dt.timedelta(minutes=offset)
         px = x(index)
         parts.append(
             f'<line x1="{px:.1f}" y1="{TOP + plot_h}" x2="{px:.1f}" y2="{TOP + plot_h + 4}" '

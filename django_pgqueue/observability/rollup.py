@@ -109,40 +109,50 @@ class QueueSeries:
 
 @dataclass
 class Window:
-    """The rollup of the last `minutes` minutes, per queue; `start` is the first minute."""
+    """The rollup of the last `minutes` minutes per queue, in points of `step` minutes.
+
+    `start` is the first point's first minute (None when the rollup has no rows).
+    """
 
     start: dt.datetime | None
     minutes: int
     queues: list[QueueSeries]
+    step: int = 1
 
 
-def read_window(alias: str, minutes: int) -> Window:
-    """Read the rollup of the last `minutes` minutes (one index range walk)."""
+def read_window(alias: str, minutes: int, step: int = 1) -> Window:
+    """Read the rollup of the last `minutes` minutes (one index range walk).
+
+    Each point sums `step` minutes (their wait histograms too, so its percentiles are
+    those of all the attempts in it): a day at 5-minute points is 288 points a line.
+    """
+    if minutes < 1 or step < 1 or minutes % step:
+        raise ValueError(f"minutes ({minutes}) must be a positive multiple of step ({step})")
     with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["stats_minute_range"], {"minutes": minutes})
         rows = cursor.fetchall()
     if not rows:
-        return Window(None, minutes, [])
-    now_minute = rows[0][0]
-    start = now_minute - dt.timedelta(minutes=minutes - 1)
+        return Window(None, minutes, [], step)
+    points = minutes // step
+    start = rows[0][0] - dt.timedelta(minutes=minutes - 1)
+    width = len(WAIT_BOUNDS) + 1
     series: dict[str, QueueSeries] = {}
+    waits: dict[str, list[list[int]]] = {}
     for _, minute, queue, completed, retried, dead, _wait_sum, buckets in rows:
+        slot = int((minute - start).total_seconds() // 60) // step
+        if not 0 <= slot < points:
+            continue
         item = series.get(queue)
         if item is None:
-            item = series[queue] = QueueSeries(
-                queue,
-                [0] * minutes,
-                [0] * minutes,
-                [0] * minutes,
-                [None] * minutes,
-                [None] * minutes,
-            )
-        slot = int((minute - start).total_seconds() // 60)
-        if not 0 <= slot < minutes:
-            continue
-        item.completed[slot] = completed
-        item.failed[slot] = retried + dead
-        item.dead[slot] = dead
-        item.wait_p50[slot] = quantile(buckets, 0.5)
-        item.wait_p95[slot] = quantile(buckets, 0.95)
-    return Window(start, minutes, sorted(series.values(), key=lambda s: s.queue))
+            item = series[queue] = QueueSeries(queue, [0] * points, [0] * points, [0] * points)
+            waits[queue] = [[0] * width for _ in range(points)]
+        item.completed[slot] += completed
+        item.failed[slot] += retried + dead
+        item.dead[slot] += dead
+        merged = waits[queue][slot]
+        for index, count in enumerate(buckets[:width]):
+            merged[index] += count
+    for queue, item in series.items():
+        item.wait_p50 = [quantile(merged, 0.5) for merged in waits[queue]]
+        item.wait_p95 = [quantile(merged, 0.95) for merged in waits[queue]]
+    return Window(start, minutes, sorted(series.values(), key=lambda s: s.queue), step)

@@ -23,7 +23,7 @@ KEEP_GONE = 24 * 3600.0
 KEEP_MINUTES = 7 * 24 * 60
 # Most workers and running jobs a page lists.
 LIST_LIMIT = 200
-RUNNING_LIMIT = 1000
+JOBS_PER_WORKER = 25
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,13 @@ class WorkerInfo:
     gone_at: dt.datetime | None
     alive: bool
     seen_seconds_ago: float
+    # The first JOBS_PER_WORKER jobs it holds (oldest job first); `running` counts all.
     jobs: list[RunningJob] = field(default_factory=list)
+
+    @property
+    def jobs_not_shown(self) -> int:
+        """How many more jobs the worker holds than `jobs` lists."""
+        return max(0, self.running - len(self.jobs))
 
     @property
     def seen_ago(self) -> str:
@@ -130,7 +136,7 @@ def list_workers(alias: str, *, with_jobs: bool = True) -> list[WorkerInfo]:
         if with_jobs and by_id:
             cursor.execute(
                 QUERIES["worker_running_jobs"],
-                {"worker_ids": list(by_id), "limit": RUNNING_LIMIT},
+                {"worker_ids": list(by_id), "per_worker": JOBS_PER_WORKER},
             )
             for locked_by, *job in cursor.fetchall():
                 by_id[locked_by].jobs.append(RunningJob(*job))

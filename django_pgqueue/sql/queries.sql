@@ -645,26 +645,33 @@ LIMIT %(limit)s::integer;
 
 
 -- name: worker_running_jobs
--- The jobs that the given workers hold, oldest attempt first, for the Workers page.
+-- The jobs the given workers hold, at most per_worker of each (oldest job first).
 -- Reads queue_job_state_running_idx (only running rows: bounded by the workers'
--- concurrency, whatever the table size), then one primary-key probe per row for the
--- job's type and one unique-index probe for the attempt's start.
-SELECT state.locked_by, state.job_id, state.queue, job.type, state.attempts,
-       state.max_attempts, state.lease_version, attempt.started_at,
-       extract(epoch FROM state.locked_until - now())::float8 AS lease_left_seconds
-FROM queue_job_state AS state
+-- concurrency, whatever the table size) and picks each worker's first rows before
+-- anything else: the job's type (a primary-key probe) and the attempt's start (a
+-- unique-index probe) are read for the rows shown only.
+WITH held AS (
+    SELECT state.locked_by, state.job_id, state.queue, state.attempts, state.max_attempts,
+           state.lease_version, state.locked_until,
+           row_number() OVER (PARTITION BY state.locked_by ORDER BY state.job_id) AS n
+    FROM queue_job_state AS state
+    WHERE state.status = 'running'
+      AND state.locked_by = ANY (%(worker_ids)s::text[])
+)
+SELECT held.locked_by, held.job_id, held.queue, job.type, held.attempts,
+       held.max_attempts, held.lease_version, attempt.started_at,
+       extract(epoch FROM held.locked_until - now())::float8 AS lease_left_seconds
+FROM held
 CROSS JOIN LATERAL (
-    SELECT j.type FROM queue_jobs AS j WHERE j.id = state.job_id LIMIT 1
+    SELECT j.type FROM queue_jobs AS j WHERE j.id = held.job_id LIMIT 1
 ) AS job
 LEFT JOIN LATERAL (
     SELECT a.started_at FROM queue_attempts AS a
-    WHERE a.job_id = state.job_id AND a.lease_version = state.lease_version
+    WHERE a.job_id = held.job_id AND a.lease_version = held.lease_version
     LIMIT 1
 ) AS attempt ON true
-WHERE state.status = 'running'
-  AND state.locked_by = ANY (%(worker_ids)s::text[])
-ORDER BY attempt.started_at, state.job_id
-LIMIT %(limit)s::integer;
+WHERE held.n <= %(per_worker)s::integer
+ORDER BY held.locked_by, held.job_id;
 
 
 -- name: worker_counts

@@ -129,3 +129,20 @@ def test_the_rollup_read_is_an_index_range_walk() -> None:
         cursor.execute("EXPLAIN " + QUERIES["stats_minute_range"], {"minutes": 60})
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "queue_stats_minutely_key" in plan  # a range of the index, whatever the table size
+
+
+def test_a_window_in_points_of_five_minutes_sums_them() -> None:
+    sql(
+        "INSERT INTO queue_stats_minutely (minute, queue, completed, retried, dead, "
+        "wait_seconds_sum, wait_buckets) "
+        "SELECT date_trunc('minute', now()) - make_interval(mins => m), 'w', 10, 1, 0, 0, "
+        "'{0,0,0,0,0,2,0,0,0,0,0,0,0,0}' FROM generate_series(0, 59) AS m"
+    )
+    window = rollup.read_window("default", 60, 5)
+    (series,) = window.queues
+    assert window.step == 5
+    assert series.completed == [50] * 12  # five minutes of 10 in each point
+    assert series.failed == [5] * 12
+    assert all(1 <= p <= 2.5 for p in series.wait_p50)  # bucket [1 s, 2.5 s)
+    with pytest.raises(ValueError, match="multiple of step"):
+        rollup.read_window("default", 60, 7)
