@@ -66,8 +66,10 @@ def line_chart(
     top = nice_ceiling(max((v for s in series for v in s.values if v is not None), default=0))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
+    xs = [LEFT + plot_w * index / max(minutes - 1, 1) for index in range(minutes)]
+
     def x(index: int) -> float:
-        return LEFT + (plot_w * index / max(minutes - 1, 1))
+        return xs[index]
 
     def y(value: float) -> float:
         return TOP + plot_h - plot_h * min(value, top) / top
@@ -89,23 +91,28 @@ def line_chart(
             f'class="pgqueue-chart-axis">{escape(label(value))}</text>'
         )
     every = _tick_every(minutes * step)
+    local = timezone.localtime(start)
+    first = local.hour * 60 + local.minute  # minutes since local midnight
     for index in range(minutes):
-        moment = timezone.localtime(start + dt.timedelta(minutes=index * step))
         # Label the point whose minutes hold a multiple of `every` (since midnight).
-        offset = -(moment.hour * 60 + moment.minute) % every
+        at = first + index * step
+        offset = -at % every
         if offset >= step:
             continue
-        moment += dt.timedelta(minutes=offset)
+        hour, minute = divmod((at + offset) % 1440, 60)
         px = x(index)
         parts.append(
             f'<line x1="{px:.1f}" y1="{TOP + plot_h}" x2="{px:.1f}" y2="{TOP + plot_h + 4}" '
             f'class="pgqueue-chart-grid"/>'
             f'<text x="{px:.1f}" y="{HEIGHT - 10}" text-anchor="middle" '
-            f'class="pgqueue-chart-axis">{moment:%H:%M}</text>'
+            f'class="pgqueue-chart-axis">{hour:02d}:{minute:02d}</text>'
         )
     for s in series:
         for run in _runs(s.values):
-            points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in run)
+            scale = plot_h / top
+            points = " ".join(
+                f"{xs[i]:.1f},{TOP + plot_h - scale * min(v, top):.1f}" for i, v in run
+            )
             if len(run) == 1:
                 i, v = run[0]
                 parts.append(f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2" fill="{s.color}"/>')

@@ -22,8 +22,8 @@ KEEP_GONE = 24 * 3600.0
 # Rollup minutes kept for the charts.
 KEEP_MINUTES = 7 * 24 * 60
 # Most workers and running jobs a page lists.
-LIST_LIMIT = 200
-JOBS_PER_WORKER = 25
+LIST_LIMIT = 100
+JOBS_PER_WORKER = 10
 
 
 @dataclass(frozen=True)
