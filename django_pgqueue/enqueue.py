@@ -15,6 +15,7 @@ from typing import Any
 from . import signals, store, validation
 from .conf import get_settings
 from .exceptions import EnqueueError
+from .observability import tracing
 from .registry import registry
 
 
@@ -85,6 +86,7 @@ def _prepare(
         "delay": seconds,
         "max_attempts": attempts,
         "idempotency_key": key,
+        "traceparent": tracing.current_traceparent(),  # issue 15 hook: OpenTelemetry
     }
 
 
@@ -198,7 +200,7 @@ def enqueue_many(
         )
         for start in range(0, len(payloads), store.BULK_CHUNK)
     ]
-    results = store.insert_jobs(alias, rows, texts)
+    results = store.insert_jobs(alias, rows, texts, tracing.current_traceparent())
     if signals.job_enqueued.receivers:  # issue 15 hook: job_enqueued, on commit
         events = [
             {"job_id": job_id, "queue": row[1], "type": row[0], "payload": p, "priority": row[2]}

@@ -53,6 +53,8 @@ class Job(models.Model):
     payload = models.JSONField()
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
+    # The W3C traceparent of the span that enqueued the job (OpenTelemetry), if any.
+    traceparent = models.TextField(null=True, blank=True)
 
     class Meta:
         db_table = "queue_jobs"

@@ -72,6 +72,7 @@ class ClaimedRow(NamedTuple):
     idempotency_key: str | None
     created_at: Any
     run_at: Any
+    traceparent: str | None = None
 
     def order(self) -> tuple[int, Any, int]:
         """A sort key for claim order: ORDER BY priority DESC, run_at, job_id."""
@@ -403,12 +404,16 @@ BulkRow = tuple[str, str, int, Any, float, int, "str | None"]
 
 
 def insert_jobs(
-    alias: str, rows: Sequence[BulkRow], payloads: Sequence[str]
+    alias: str,
+    rows: Sequence[BulkRow],
+    payloads: Sequence[str],
+    traceparent: str | None = None,
 ) -> list[tuple[int, bool]]:
     """Insert validated jobs on Django's connection `alias`; return [(job id, created)].
 
     `rows` are (type, queue, priority, run_at, delay, max_attempts, idempotency_key);
-    `payloads` the JSON array text of each BULK_CHUNK slice of them.
+    `payloads` the JSON array text of each BULK_CHUNK slice of them; `traceparent`
+    the trace context every one of them is stored with.
     """
     results: list[tuple[int, bool]] = []
     with django_cursor(alias) as cursor:
@@ -424,6 +429,7 @@ def insert_jobs(
                 "delays": "{" + ",".join(repr(row[4]) for row in chunk) + "}",
                 "max_attempts": int_array(row[5] for row in chunk),
                 "payloads": payload_text,
+                "traceparent": traceparent,
             }
             if all(row[6] is None for row in chunk):
                 cursor.execute(QUERIES["job_enqueue_many"], params)
@@ -434,7 +440,7 @@ def insert_jobs(
 
 
 def _insert_keyed(
-    cursor: Any, chunk: Sequence[BulkRow], params: dict[str, str]
+    cursor: Any, chunk: Sequence[BulkRow], params: dict[str, str | None]
 ) -> list[tuple[int, bool]]:
     cursor.execute(
         QUERIES["job_enqueue_many_keyed"],

@@ -977,8 +977,12 @@ class Worker:
         except ValueError as exc:
             return Failure(*executor.describe(exc), permanent=True)
         try:
-            self.observer.started(item)  # issue 15 hook: job_started
-            return executor.run(ctx, item.handler, item.policy)
+            # Issue 15 hook: an OpenTelemetry span per attempt, and job_started in it.
+            with self.observer.attempt_span(item) as span:
+                self.observer.started(item)
+                outcome = executor.run(ctx, item.handler, item.policy)
+                self.observer.span_outcome(span, outcome)
+            return outcome
         finally:
             _reset_django_connections()
 

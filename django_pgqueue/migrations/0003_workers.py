@@ -13,6 +13,12 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # Nullable, no default: adding it rewrites nothing, whatever the table size.
+        migrations.AddField(
+            model_name="job",
+            name="traceparent",
+            field=models.TextField(blank=True, null=True),
+        ),
         migrations.CreateModel(
             name="WorkerRecord",
             fields=[

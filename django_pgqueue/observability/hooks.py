@@ -9,16 +9,18 @@ already been sent).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import signals
-from ..executor import Failure
+from ..executor import Failure, Success
 from ..store import Store
-from . import workers
+from . import tracing, workers
 from .counters import WorkerCounters
 from .rollup import RollupBuffer
 
@@ -53,6 +55,7 @@ class Observer:
         self.counters = WorkerCounters()
         self.rollup = RollupBuffer()
         self._run_at: dict[int, Any] = {}  # attempt id -> run_at it was claimed at
+        self._traceparent: dict[int, str] = {}  # attempt id -> the enqueuer's trace
         self._lost: set[int] = set()  # attempt ids announced as lost
         self._lock = threading.Lock()
         self._beats = 0
@@ -63,11 +66,14 @@ class Observer:
         """Remember when each claimed job was due (ClaimedRow.run_at), for its wait."""
         for row in rows:
             self._run_at[row.attempt_id] = row.run_at
+            if row.traceparent:
+                self._traceparent[row.attempt_id] = row.traceparent
 
     def released(self, attempt_ids: list[int]) -> None:
         """Forget claimed jobs handed back unstarted."""
         for attempt_id in attempt_ids:
             self._run_at.pop(attempt_id, None)
+            self._traceparent.pop(attempt_id, None)
 
     def completed(self, item: InFlight, result: str | None) -> None:
         """The completion of `item` was written."""
@@ -132,6 +138,31 @@ class Observer:
             max_attempts=ctx.max_attempts,
             context=ctx,
         )
+
+    @contextlib.contextmanager
+    def attempt_span(self, item: InFlight) -> Iterator[Any]:
+        """Run an attempt in an OpenTelemetry span linked to its enqueuer's trace."""
+        ctx = item.ctx
+        attributes = {
+            "pgqueue.job_id": ctx.job_id,
+            "pgqueue.type": ctx.type,
+            "pgqueue.queue": ctx.queue,
+            "pgqueue.attempt": ctx.attempt,
+            "pgqueue.lease_version": ctx.lease_version,
+            "pgqueue.worker_id": ctx.worker_id,
+        }
+        traceparent = self._traceparent.pop(item.attempt_id, None)
+        with tracing.attempt_span(traceparent, attributes, ctx.type) as span:
+            yield span
+
+    @staticmethod
+    def span_outcome(span: Any, outcome: Success | Failure) -> None:
+        """Record a handler's outcome on its attempt's span."""
+        if isinstance(outcome, Failure):
+            kind = "failed_permanently" if outcome.permanent else "failed"
+            tracing.set_outcome(span, kind, outcome.last_error)
+        else:
+            tracing.set_outcome(span, "succeeded")
 
     def executed(self, item: InFlight, seconds: float) -> None:
         """`item`'s handler ran for `seconds` (whatever its outcome)."""

@@ -20,8 +20,9 @@
 -- The common case: no idempotency key (job_enqueue_keyed handles keys). NOTIFY is
 -- delivered by PostgreSQL only when the caller's transaction commits.
 WITH job AS (
-    INSERT INTO queue_jobs (queue, type, payload, idempotency_key, created_at)
-    VALUES (%(queue)s::text, %(type)s::text, %(payload)s::jsonb, NULL, now())
+    INSERT INTO queue_jobs (queue, type, payload, idempotency_key, created_at, traceparent)
+    VALUES (%(queue)s::text, %(type)s::text, %(payload)s::jsonb, NULL, now(),
+            %(traceparent)s::text)
     RETURNING id
 )
 INSERT INTO queue_job_state AS state (
@@ -60,9 +61,9 @@ WITH new_job AS (
         DO NOTHING
     RETURNING s.job_id, s.run_at
 ), job AS (
-    INSERT INTO queue_jobs (id, queue, type, payload, idempotency_key, created_at)
+    INSERT INTO queue_jobs (id, queue, type, payload, idempotency_key, created_at, traceparent)
     SELECT state.job_id, %(queue)s::text, %(type)s::text, %(payload)s::jsonb,
-           %(idempotency_key)s::text, now()
+           %(idempotency_key)s::text, now(), %(traceparent)s::text
     FROM state
     RETURNING id, created_at
 )
@@ -98,8 +99,8 @@ WITH numbered AS MATERIALIZED (
     JOIN jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, position)
         USING (position)
 ), job AS (
-    INSERT INTO queue_jobs (id, queue, type, payload, created_at)
-    SELECT id, queue, type, payload, now()
+    INSERT INTO queue_jobs (id, queue, type, payload, created_at, traceparent)
+    SELECT id, queue, type, payload, now(), %(traceparent)s::text
     FROM numbered
 ), state AS (
     INSERT INTO queue_job_state (
@@ -149,9 +150,9 @@ WITH numbered AS MATERIALIZED (
         DO NOTHING
     RETURNING s.job_id, s.queue, s.run_at
 ), job AS (
-    INSERT INTO queue_jobs (id, queue, type, payload, idempotency_key, created_at)
+    INSERT INTO queue_jobs (id, queue, type, payload, idempotency_key, created_at, traceparent)
     SELECT numbered.id, numbered.queue, numbered.type, numbered.payload,
-           numbered.idempotency_key, now()
+           numbered.idempotency_key, now(), %(traceparent)s::text
     FROM numbered
     JOIN state ON state.job_id = numbered.id
     RETURNING id
@@ -223,14 +224,14 @@ WITH candidates AS MATERIALIZED (
 )
 SELECT claimed.job_id, claimed.queue, job.type, job.payload, claimed.priority,
        claimed.attempts, claimed.max_attempts, claimed.lease_version, opened.id,
-       job.idempotency_key, job.created_at, claimed.run_at
+       job.idempotency_key, job.created_at, claimed.run_at, job.traceparent
 FROM claimed
 JOIN opened ON opened.job_id = claimed.job_id
 -- LIMIT 1 keeps this subquery from being flattened into a join: one primary-key probe
 -- per claimed row, instead of a hash join that reads all of queue_jobs when the
 -- planner underestimates how cheap the probes are.
 CROSS JOIN LATERAL (
-    SELECT j.type, j.payload::text AS payload, j.idempotency_key, j.created_at
+    SELECT j.type, j.payload::text AS payload, j.idempotency_key, j.created_at, j.traceparent
     FROM queue_jobs AS j
     WHERE j.id = claimed.job_id
     LIMIT 1
