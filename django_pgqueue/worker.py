@@ -993,10 +993,14 @@ class Worker:
         store = Store(cfg.database, f"pgqueue heartbeat {cfg.worker_id}")
         backoff = Backoff(cfg.reconnect_max_delay)
         last = time.monotonic()
-        first = True  # issue 15: report to the worker registry at once, then every cycle
+        # Issue 15: the first cycle runs at once (the worker registry hears of this worker
+        # at start), and cycles start every heartbeat_interval whatever the registry's
+        # writes after a renewal cost: they never push the next renewal back.
+        first, due = True, time.monotonic()
         try:
-            while first or not self._service_stop.wait(cfg.heartbeat_interval):
+            while first or not self._service_stop.wait(max(0.0, due - time.monotonic())):
                 first = False
+                due = time.monotonic() + cfg.heartbeat_interval
                 held = self._held_leases()
                 if not store.connected and not wait_for(
                     store, self._service_stop, backoff, "heartbeat"

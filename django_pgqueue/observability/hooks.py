@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Heartbeats between two passes that mark silent workers gone and prune old rows.
+# Seconds between two registry reports (and rollup flushes) of a worker, at most.
+BEAT_EVERY = 5.0
+# Reports between two passes that mark silent workers gone and prune old rows.
 HOUSEKEEPING_EVERY = 6
 
 
@@ -59,6 +62,7 @@ class Observer:
         self._lost: set[int] = set()  # attempt ids announced as lost
         self._lock = threading.Lock()
         self._beats = 0
+        self._next_beat = 0.0
 
     # -- dispatcher thread ------------------------------------------------------------
 
@@ -171,7 +175,15 @@ class Observer:
     # -- heartbeat thread -------------------------------------------------------------
 
     def beat(self, store: Store, running: int) -> None:
-        """Report this worker alive and flush the rollup; now and then, tidy the registry."""
+        """Report this worker alive and flush the rollup; now and then, tidy the registry.
+
+        At most every BEAT_EVERY seconds (or half a lease, if shorter): the heartbeat
+        runs far more often with short leases, and its renewals come first.
+        """
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        self._next_beat = now + min(BEAT_EVERY, self.identity.lease / 2)
         try:
             workers.record_beat(store, self.identity, running)
             self.rollup.flush(store)

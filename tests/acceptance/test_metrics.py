@@ -96,9 +96,11 @@ def test_scrape_a_draining_worker_and_match_the_tables(worker_process: Any) -> N
         )
         after = attempts_in_table()
         left = sql("SELECT count(*) FROM queue_job_state WHERE status = 'pending'")[0][0]
-        # Read after the scrape: the queue only shrinks, and the worker counts a job
-        # once its completion is written.
-        assert left <= pending <= total + 2
+        # Read after the scrape: the queue only shrinks (but for the flaky job's one
+        # retry, which puts it back), and the worker counts a job once its completion
+        # is written.
+        assert left <= pending + 1
+        assert pending <= total + 2
         assert succeeded <= after["succeeded"]
         if succeeded > 0 and pending > 0:
             seen_mid_drain = True
