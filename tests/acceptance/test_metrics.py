@@ -163,5 +163,7 @@ def test_the_metrics_view_reports_the_queue_figures(client: Any) -> None:
 def test_a_bad_metrics_port_is_refused_before_the_worker_starts() -> None:
     from django.core.management import CommandError, call_command
 
-    with pytest.raises(CommandError, match=r"--metrics-port must be an integer from 0 to 65535, got 70000"):
+    with pytest.raises(
+        CommandError, match=r"--metrics-port must be an integer from 0 to 65535, got 70000"
+    ):
         call_command("run_queue_worker", "q", "--metrics-port", "70000")

@@ -175,6 +175,28 @@ def test_job_lease_lost_is_sent_once(recorder: Recorder, run_worker: Any) -> Non
     assert JobState.objects.get(pk=job.id).status == "pending"
 
 
+def test_a_renewal_finds_the_lease_lost_while_the_handler_runs(
+    recorder: Recorder, run_worker: Any
+) -> None:
+    job = enqueue("qa.sleep", {"seconds": 4}, queue="sig")
+    worker = run_worker(["sig"], lease=2, heartbeat_interval=0.2)
+    wait_until(lambda: recorder.of("job_started", job.id))
+    sql(
+        "UPDATE queue_job_state SET status = 'pending', locked_by = NULL, "
+        "locked_until = NULL, lease_version = lease_version + 1, run_at = now() + '1 hour' "
+        "WHERE job_id = %s",
+        [job.id],
+    )
+    # The heartbeat (every 0.2 s) sees it long before the 4 s handler's write could.
+    wait_until(lambda: recorder.of("job_lease_lost", job.id), timeout=3)
+    (lost,) = recorder.of("job_lease_lost", job.id)
+    assert lost["detected_by"] == "renewal"
+    assert lost["attempt"] == 1
+    assert lost["worker_id"] == worker.worker.worker_id
+    counts = worker.worker.observer.counters.attempts()
+    assert counts == {("sig", "qa.sleep", "lease_lost"): 1}
+
+
 def test_job_cancelled_on_commit(recorder: Recorder) -> None:
     job = enqueue("qa.noop", queue="sig")
     with transaction.atomic():
