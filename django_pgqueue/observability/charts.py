@@ -81,8 +81,8 @@ def line_chart(
         f"<title>{escape(title)}</title>",
         f'<text x="{LEFT}" y="16" class="pgqueue-chart-title">{escape(title)}</text>',
     ]
-    for step in range(5):  # horizontal grid lines with their values
-        value = top * step / 4
+    for row in range(5):  # horizontal grid lines with their values (`step` is the x step)
+        value = top * row / 4
         py = y(value)
         parts.append(
             f'<line x1="{LEFT}" y1="{py:.1f}" x2="{WIDTH - RIGHT}" y2="{py:.1f}" '
