@@ -1,4 +1,4 @@
-"""The admin's Workers and Charts pages (registered by the import at the end of admin.py).
+"""The admin's Workers and Charts pages (registered by an import in admin/__init__.py).
 
 Both are read-only pages on their models' changelist URLs. The Workers page reads the
 small registry table and the running jobs through the running-rows index; the Charts

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import signal
 import socket
 import time
@@ -158,6 +159,33 @@ def test_the_metrics_view_reports_the_queue_figures(client: Any) -> None:
     assert value(samples, "pgqueue_jobs", queue="web", status="pending") == 4
     assert value(samples, "pgqueue_jobs_due", queue="web") == 3
     assert 90 <= value(samples, "pgqueue_oldest_due_age_seconds", queue="web") < 150
+
+
+@pytest.mark.urls("tests.integration.metrics_urls")
+def test_the_metrics_view_reports_late_schedules(client: Any) -> None:
+    from django_pgqueue.models import Schedule
+
+    def samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = client.get("/metrics").content.decode()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    every = {"type": "qa.noop", "timezone": "UTC", "every": dt.timedelta(minutes=1)}
+    Schedule.objects.create(name="on-time", queue="nightly", next_tick=None, **every)
+    Schedule.objects.create(name="stuck", queue="nightly", next_tick=None, **every)
+    assert value(samples(), "pgqueue_late_schedules") == 0
+    # Nobody fired "stuck"'s tick due 10 minutes ago; "on-time" is due in an hour.
+    sql("UPDATE queue_schedules SET next_tick = now() + interval '1 hour' WHERE name = 'on-time'")
+    sql("UPDATE queue_schedules SET next_tick = now() - interval '10 minutes' WHERE name = 'stuck'")
+    found = samples()
+    assert value(found, "pgqueue_late_schedules") == 1
+    late = value(found, "pgqueue_schedule_late_seconds", schedule="stuck", queue="nightly")
+    assert 600 <= late < 700
+    assert not [key for key in found if key[0] == "pgqueue_schedule_late_seconds" and
+                ("schedule", "on-time") in key[1]]  # fmt: skip
 
 
 def test_a_bad_metrics_port_is_refused_before_the_worker_starts() -> None:
