@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 from django.db import IntegrityError, transaction
 
+from . import signals
 from .conf import get_settings
-from .models import JobState, Status
+from .models import Job, JobState, Status
 from .store import operator as store
 
 RETRYABLE = frozenset({Status.DEAD, Status.CANCELLED, Status.PENDING})
@@ -126,6 +127,7 @@ def cancel(job_ids: Iterable[int], *, alias: str | None = None) -> ActionReport:
     with transaction.atomic(using=alias):
         changed = store.cancel_jobs(alias, ids) if ids else set()
         report.changed = sorted(changed)
+        _announce_cancelled(alias, report.changed)  # issue 15 hook: job_cancelled
         _explain(report, alias, [i for i in ids if i not in changed], CANCELLABLE, {})
     return report
 
@@ -155,3 +157,12 @@ def _explain(
             report.skip(KEY_HELD, job_id)
         else:
             report.skip(CHANGED, job_id)
+
+
+def _announce_cancelled(alias: str, job_ids: list[int]) -> None:
+    """Send job_cancelled for each cancelled job when the cancelling transaction commits."""
+    if not signals.job_cancelled.receivers or not job_ids:
+        return
+    jobs = Job.objects.using(alias).filter(pk__in=job_ids).values_list("pk", "queue", "type")
+    events = [{"job_id": pk, "queue": queue, "type": type_} for pk, queue, type_ in jobs]
+    signals.send_on_commit(signals.job_cancelled, alias, events)

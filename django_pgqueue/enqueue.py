@@ -12,9 +12,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import validation
+from . import signals, validation
 from .conf import get_settings
 from .exceptions import EnqueueError
+from .observability import tracing
 from .registry import registry
 from .store import enqueue as store
 
@@ -86,6 +87,7 @@ def _prepare(
         "delay": seconds,
         "max_attempts": attempts,
         "idempotency_key": key,
+        "traceparent": tracing.current_traceparent(),  # issue 15 hook: OpenTelemetry
     }
 
 
@@ -120,7 +122,12 @@ def enqueue(
         max_attempts=max_attempts,
         idempotency_key=idempotency_key,
     )
-    job_id, created, created_at = store.insert_job(using or get_settings().DATABASE, params)
+    alias = using or get_settings().DATABASE
+    job_id, created, created_at = store.insert_job(alias, params)
+    if created:  # issue 15 hook: job_enqueued, on commit
+        event = {"job_id": job_id, "queue": params["queue"], "type": params["type"]}
+        event.update(payload=payload, priority=params["priority"])
+        signals.send_on_commit(signals.job_enqueued, alias, [event])
     return EnqueuedJob(job_id, params["queue"], params["type"], created, created_at)
 
 
@@ -195,7 +202,14 @@ def enqueue_many(
         )
         for start in range(0, len(payloads), store.BULK_CHUNK)
     ]
-    results = store.insert_jobs(alias, rows, texts)
+    results = store.insert_jobs(alias, rows, texts, tracing.current_traceparent())
+    if signals.job_enqueued.receivers:  # issue 15 hook: job_enqueued, on commit
+        events = [
+            {"job_id": job_id, "queue": row[1], "type": row[0], "payload": p, "priority": row[2]}
+            for (job_id, created), row, p in zip(results, rows, payloads, strict=True)
+            if created
+        ]
+        signals.send_on_commit(signals.job_enqueued, alias, events)
     return [
         EnqueuedJob(job_id, row[1], row[0], created)
         for (job_id, created), row in zip(results, rows, strict=True)

@@ -52,6 +52,8 @@ class Job(models.Model):
     payload = models.JSONField()
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
+    # The W3C traceparent of the span that enqueued the job (OpenTelemetry), if any.
+    traceparent = models.TextField(null=True, blank=True)
 
     class Meta:
         db_table = "queue_jobs"
@@ -214,4 +216,6 @@ class DeadJob(Job):
         ordering = ["-state__finished_at"]
 
 
+# Issue 15 hook: the worker registry and the per-minute rollup live in their own module.
+from .observability.models import MinuteStats, WorkerRecord  # noqa: E402, F401
 from .schedules.models import Schedule, ScheduleTick  # noqa: E402, F401  (recurring jobs)

@@ -42,12 +42,16 @@ BulkRow = tuple[str, str, int, Any, float, int, "str | None"]
 
 
 def insert_jobs(
-    alias: str, rows: Sequence[BulkRow], payloads: Sequence[str]
+    alias: str,
+    rows: Sequence[BulkRow],
+    payloads: Sequence[str],
+    traceparent: str | None = None,
 ) -> list[tuple[int, bool]]:
     """Insert validated jobs on Django's connection `alias`; return [(job id, created)].
 
     `rows` are (type, queue, priority, run_at, delay, max_attempts, idempotency_key);
-    `payloads` the JSON array text of each BULK_CHUNK slice of them.
+    `payloads` the JSON array text of each BULK_CHUNK slice of them; `traceparent`
+    the trace context every one of them is stored with.
     """
     results: list[tuple[int, bool]] = []
     with django_cursor(alias) as cursor:
@@ -63,6 +67,7 @@ def insert_jobs(
                 "delays": "{" + ",".join(repr(row[4]) for row in chunk) + "}",
                 "max_attempts": int_array(row[5] for row in chunk),
                 "payloads": payload_text,
+                "traceparent": traceparent,
             }
             if all(row[6] is None for row in chunk):
                 cursor.execute(QUERIES["job_enqueue_many"], params)
@@ -73,7 +78,7 @@ def insert_jobs(
 
 
 def _insert_keyed(
-    cursor: Any, chunk: Sequence[BulkRow], params: dict[str, str]
+    cursor: Any, chunk: Sequence[BulkRow], params: dict[str, str | None]
 ) -> list[tuple[int, bool]]:
     cursor.execute(
         QUERIES["job_enqueue_many_keyed"],

@@ -71,6 +71,7 @@ class ClaimedRow(NamedTuple):
     idempotency_key: str | None
     created_at: Any
     run_at: Any
+    traceparent: str | None = None  # issue 15: the enqueuer's W3C trace context
 
     def order(self) -> tuple[int, Any, int]:
         """A sort key for claim order: ORDER BY priority DESC, run_at, job_id."""

@@ -19,6 +19,7 @@ from collections import Counter
 import psycopg
 
 from ..exceptions import DatabaseUnavailable
+from ..observability.hooks import Observer  # issue 15 hook
 from ..registry import Registry
 from ..retry import default_policy
 from ..schedules.firing import ScheduleHook
@@ -38,9 +39,15 @@ class Dispatcher:
     """Claims, hands out, collects and writes, on the worker's own connection."""
 
     def __init__(
-        self, config: WorkerConfig, registry: Registry, switch: StopSwitch, stats: Counter[str]
+        self,
+        config: WorkerConfig,
+        registry: Registry,
+        switch: StopSwitch,
+        stats: Counter[str],
+        observer: Observer,
     ) -> None:
         self.config = config
+        self.observer = observer  # issue 15: told of claims, releases and renewals
         self.registry = registry
         self.stats = stats
         self.exit_code = 0  # 1 once too many handlers are stuck past their timeout
@@ -50,8 +57,8 @@ class Dispatcher:
         self.claims = ClaimScheduler(config.queues, config.weights, config.poll_interval)
         self.inflight = InFlightJobs()
         self.leases = LeaseBook(config.lease)
-        self.writer = OutcomeWriter(self.store, self.leases, stats, config)
-        self.pool = HandlerPool(config.concurrency, switch.wake, config.worker_id)
+        self.writer = OutcomeWriter(self.store, self.leases, stats, config, observer)
+        self.pool = HandlerPool(config.concurrency, switch.wake, config.worker_id, observer)
         # Recurring jobs: fires the due ticks of this worker's queues' schedules.
         self.schedules = ScheduleHook(self.store, config.queues, config.poll_interval)
         self._switch = switch
@@ -118,6 +125,7 @@ class Dispatcher:
             lost = self.leases.renew(self.store, held, time.monotonic())
             if lost:
                 self.stats["leases_lost"] += lost
+                self.observer.renewed(held)  # issue 15 hook: job_lease_lost
 
     def _idle(self) -> bool:
         """Burst mode's exit test: nothing running, nothing due, no retry about to be."""
@@ -244,6 +252,7 @@ class Dispatcher:
         for item in items:
             self.inflight.add(item)
         self.leases.hold(item.lease for item in items)
+        self.observer.claimed(rows, items)  # issue 15 hook: waits, traces, leases
         self.pool.submit(items)
 
     # -- outcomes, timeouts, sweep --------------------------------------------------
@@ -287,6 +296,7 @@ class Dispatcher:
 
     def release(self, held: list[tuple[int, int, int]]) -> None:
         """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""
+        self.observer.released(held)  # issue 15 hook
         released = self.leases.hand_back(self.store, held)
         if released is not None:
             self.stats["released"] += len(released)

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 
 from ..context import Lease
 from ..exceptions import DatabaseUnavailable
+from ..observability.hooks import Observer  # issue 15 hook
 from ..store.worker import Backoff, Store, wait_for
 from .config import WorkerConfig
 
@@ -108,15 +109,23 @@ class Heartbeat:
     """The heartbeat thread: renews every held lease in one statement per interval.
 
     It has its own connection, so a busy dispatcher or handler cannot starve it.
+    After each renewal it tells the observer (issue 15: the worker registry and the
+    rollup), and once more as it stops.
     """
 
     def __init__(
-        self, config: WorkerConfig, leases: LeaseBook, stop: threading.Event, stats: Counter[str]
+        self,
+        config: WorkerConfig,
+        leases: LeaseBook,
+        stop: threading.Event,
+        stats: Counter[str],
+        observer: Observer,
     ) -> None:
         self.config = config
         self.leases = leases
         self.stop = stop
         self.stats = stats
+        self.observer = observer
         self.gaps: list[float] = []  # seconds between renewals that worked
 
     def run(self) -> None:
@@ -124,26 +133,34 @@ class Heartbeat:
         store = Store(cfg.database, f"pgqueue heartbeat {cfg.worker_id}")
         backoff = Backoff(cfg.reconnect_max_delay)
         last = time.monotonic()
+        # Issue 15: the first cycle runs at once (the worker registry hears of this worker
+        # at start), and cycles start every heartbeat_interval whatever the registry's
+        # writes after a renewal cost: they never push the next renewal back.
+        first, due = True, time.monotonic()
         try:
-            while not self.stop.wait(cfg.heartbeat_interval):
+            while first or not self.stop.wait(max(0.0, due - time.monotonic())):
+                first, due = False, time.monotonic() + cfg.heartbeat_interval
                 held = self.leases.held()
-                if not held:
-                    last = time.monotonic()
-                    continue
                 if not store.connected and not wait_for(store, self.stop, backoff, "heartbeat"):
                     return
-                sent = time.monotonic()
-                try:
-                    lost = self.leases.renew(store, held, sent)
-                except DatabaseUnavailable as exc:
-                    logger.warning("heartbeat: %s", exc)
-                    continue
-                except Exception:  # a statement error must not end the renewals
-                    logger.exception("heartbeat: renewing %d lease(s) failed", len(held))
-                    continue
-                if lost:
-                    self.stats["leases_lost"] += lost
-                self.gaps.append(sent - last)
-                last = sent
+                if not held:
+                    last = time.monotonic()
+                else:
+                    sent = time.monotonic()
+                    try:
+                        lost = self.leases.renew(store, held, sent)
+                    except DatabaseUnavailable as exc:
+                        logger.warning("heartbeat: %s", exc)
+                        continue
+                    except Exception:  # a statement error must not end the renewals
+                        logger.exception("heartbeat: renewing %d lease(s) failed", len(held))
+                        continue
+                    if lost:
+                        self.stats["leases_lost"] += lost
+                        self.observer.renewed(held)  # issue 15 hook: job_lease_lost
+                    self.gaps.append(sent - last)
+                    last = sent
+                self.observer.beat(store, len(held))  # issue 15 hook: registry and rollup
         finally:
+            self.observer.stopped(store)  # issue 15 hook: flush the rollup, mark gone
             store.close()

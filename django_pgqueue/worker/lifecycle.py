@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..exceptions import DatabaseUnavailable
+from ..observability.hooks import Observer  # issue 15 hook
 from ..outcomes import Failure
 from ..registry import Registry
 from ..registry import registry as default_registry
@@ -39,6 +40,8 @@ class Worker:
         **options: Any,
     ) -> None:
         self.config = cfg = WorkerConfig.build(queues, **options)
+        # Issue 15 hook: signals, counters, worker registry and rollup (observability/hooks.py).
+        self.observer = observer = Observer(cfg)
         self.registry = registry or default_registry
         self.install_signal_handlers = install_signal_handlers
         self.stats: Counter[str] = Counter()
@@ -46,12 +49,16 @@ class Worker:
         self._switch = StopSwitch(self._wake)
         self._service_stop = threading.Event()  # ends the heartbeat and the listener
         self._threads: list[threading.Thread] = []  # signals, heartbeat, listener
-        self._dispatcher = dispatcher = Dispatcher(cfg, self.registry, self._switch, self.stats)
+        self._dispatcher = dispatcher = Dispatcher(
+            cfg, self.registry, self._switch, self.stats, observer
+        )
         self._store = dispatcher.store
         self._inflight = dispatcher.inflight
         self._writer = dispatcher.writer
         self._pool = dispatcher.pool
-        self._heartbeat = Heartbeat(cfg, dispatcher.leases, self._service_stop, self.stats)
+        self._heartbeat = Heartbeat(
+            cfg, dispatcher.leases, self._service_stop, self.stats, observer
+        )
         self.heartbeat_gaps = self._heartbeat.gaps
         self._listener = Listener(cfg, dispatcher.claims, self._wake, self._service_stop)
         self._signals = SignalRelay(self._switch, cfg.shutdown_grace)

@@ -20,6 +20,7 @@ from typing import NamedTuple
 from django.db import connections
 
 from .. import executor
+from ..observability.hooks import Observer  # issue 15 hook
 from ..outcomes import Failure, Outcome
 from .inflight import InFlight
 
@@ -39,9 +40,12 @@ _NO_TIMEOUTS = Timeouts([], 0)
 class HandlerPool:
     """`concurrency` handler threads, replaced when a handler hangs past its timeout."""
 
-    def __init__(self, concurrency: int, wake: threading.Event, worker_id: str) -> None:
+    def __init__(
+        self, concurrency: int, wake: threading.Event, worker_id: str, observer: Observer
+    ) -> None:
         self.concurrency = concurrency
         self.worker_id = worker_id
+        self.observer = observer  # issue 15: spans, job_started, run times
         self._wake = wake
         self._work: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
         self._outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]] = (
@@ -202,7 +206,8 @@ class HandlerPool:
                     _close_unusable_django_connections()
                 item.thread = threading.current_thread()
                 item.started = time.monotonic()
-                outcome = _execute(item)
+                outcome = _execute(item, self.observer)
+                self.observer.executed(item, time.monotonic() - item.started)  # issue 15 hook
                 self._outcomes.put((item, outcome))
                 with self._count_lock:
                     self._finished_n += 1
@@ -218,14 +223,19 @@ class HandlerPool:
             connections.close_all()
 
 
-def _execute(item: InFlight) -> Outcome:
+def _execute(item: InFlight, observer: Observer) -> Outcome:
     ctx = item.ctx
     try:
         ctx.payload = json.loads(item.payload_text)
     except ValueError as exc:
         return Failure(*executor.describe(exc), permanent=True)
     try:
-        return executor.run(ctx, item.handler, item.policy)
+        # Issue 15 hook: an OpenTelemetry span per attempt, and job_started in it.
+        with observer.attempt_span(item) as span:
+            observer.started(item)
+            outcome = executor.run(ctx, item.handler, item.policy)
+            observer.span_outcome(span, outcome)
+        return outcome
     finally:
         _reset_django_connections()
 

@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 
 from ..exceptions import DatabaseUnavailable
+from ..observability.hooks import Observer  # issue 15 hook
 from ..outcomes import Failure, Outcome, Success, plainer, unstorable_result
 from ..store.worker import ClaimedRow, ClaimKey, Store
 from .config import WorkerConfig
@@ -39,12 +40,18 @@ class OutcomeWriter:
     """
 
     def __init__(
-        self, store: Store, leases: LeaseBook, stats: Counter[str], config: WorkerConfig
+        self,
+        store: Store,
+        leases: LeaseBook,
+        stats: Counter[str],
+        config: WorkerConfig,
+        observer: Observer,
     ) -> None:
         self.store = store
         self.leases = leases
         self.stats = stats
         self.config = config
+        self.observer = observer  # issue 15: told of every outcome written (or stale)
         self._unwritten: list[Written] = []
         self._unwritten_since = 0.0
         # Written when the connection died: did the COMMIT happen? (resolve_uncertain)
@@ -146,9 +153,11 @@ class OutcomeWriter:
         return None
 
     def _account_completions(self, successes: list[Written], completed: set[int]) -> None:
-        for item, _ in successes:
+        for item, outcome in successes:
             if item.ctx.job_id in completed:
                 self.stats["completed"] += 1
+                assert isinstance(outcome, Success)
+                self.observer.completed(item, outcome.result)  # issue 15 hook
             elif item.ctx.job_id not in self._unstorable:
                 self._stale(item, "complete")
             self.leases.forget(item.lease)
@@ -190,7 +199,8 @@ class OutcomeWriter:
         if result is None:
             self._stale(item, "fail")
             return
-        status, _run_at = result
+        status, run_at = result
+        self.observer.failed(item, outcome, status, run_at)  # issue 15 hook
         if status == "dead":
             self.stats["dead"] += 1
             logger.error(
@@ -217,6 +227,7 @@ class OutcomeWriter:
 
     def _stale(self, item: InFlight, what: str) -> None:
         self.stats["stale_writes"] += 1
+        self.observer.lease_lost(item, "write")  # issue 15 hook
         logger.warning(
             "stale write rejected: %s of job %d with lease_version %d changed nothing; "
             "another worker owns it now",

@@ -53,7 +53,7 @@ def test_commands_count_one_job_in_the_singular():
 
 def _completed_column_and_footnotes(out: str) -> tuple[list[str], dict[str, str]]:
     """The completed cells of the table (queues, then totals) and the footnotes by mark."""
-    lines = out.splitlines()
+    lines = out.split("\n\n")[0].splitlines()  # the table and its footnotes; workers follow
     notes = {line[0]: line for line in lines if line.startswith(("~", "—"))}
     rows = [
         re.split(r"\s{2,}", line.strip())  # columns are two spaces apart, cells have one

@@ -189,6 +189,7 @@ def test_concurrent_enqueues_of_one_key_make_one_job():
                         "delay": 0.0,
                         "max_attempts": 3,
                         "idempotency_key": "one-and-only",
+                        "traceparent": None,
                     },
                 ).fetchone()
                 if row:

@@ -7,7 +7,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_pgqueue.conf import get_settings
 from django_pgqueue.durations import format_seconds
+from django_pgqueue.observability.workers import WorkerInfo, list_workers
 from django_pgqueue.stats import QueueFigures, collect
 
 COLUMNS = (
@@ -44,8 +46,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         snapshot = collect(exact=options["exact"])
+        registered = list_workers(get_settings().DATABASE)
         if options["json"]:
-            self.stdout.write(json.dumps(snapshot.as_dict(), indent=2))
+            data = snapshot.as_dict()
+            data["workers"] = [worker.as_dict() for worker in registered]
+            self.stdout.write(json.dumps(data, indent=2))
             return
         completed_mark = "" if snapshot.completed_exact else "~"
         rows = [_row(figures, completed_mark) for figures in [*snapshot.queues, snapshot.totals]]
@@ -72,6 +77,23 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"late schedule {late.name} (queue {late.queue}): due "
                 f"{format_seconds(late.late_seconds)} ago, not fired"
+            )
+        self._workers(registered)
+
+    def _workers(self, registered: list[WorkerInfo]) -> None:
+        """List the registered workers, alive first, with the jobs each runs."""
+        alive = sum(1 for worker in registered if worker.alive)
+        self.stdout.write("")
+        self.stdout.write(f"workers: {alive} alive, {len(registered) - alive} gone")
+        for worker in registered:
+            state = "alive" if worker.alive else "gone "
+            jobs = ", ".join(f"#{job.job_id} {job.type}" for job in worker.jobs[:10])
+            more = f" (+{len(worker.jobs) - 10} more)" if len(worker.jobs) > 10 else ""
+            self.stdout.write(
+                f"  {state}  {worker.id}  queues={','.join(worker.queues)}  "
+                f"running={worker.running}/{worker.concurrency}  "
+                f"seen {format_seconds(worker.seen_seconds_ago)} ago"
+                + (f"  jobs: {jobs}{more}" if jobs else "")
             )
 
 

@@ -57,6 +57,8 @@ def check_options(options: dict[str, Any]) -> None:
     for key, high in COUNT_OPTIONS.items():
         if options[key] is not None:
             validators.count(options[key], _flag(key), 1, high, error=CommandError)
+    if options.get("metrics_port") is not None:  # 0: any free port
+        validators.count(options["metrics_port"], "--metrics-port", 0, 65535, error=CommandError)
 
 
 def _flag(key: str) -> str:
@@ -114,6 +116,17 @@ class Command(BaseCommand):
             help="Identity shown in locked_by and attempts (default: host:pid:random).",
         )
         parser.add_argument(
+            "--metrics-port",
+            type=int,
+            help="Serve Prometheus metrics on http://ADDR:PORT/metrics "
+            "(needs the prometheus extra; default: off).",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="0.0.0.0",
+            help="Address --metrics-port listens on (default: 0.0.0.0).",
+        )
+        parser.add_argument(
             "--shutdown-grace",
             type=float,
             help="Seconds running handlers get after SIGTERM (default: PGQUEUE SHUTDOWN_GRACE).",
@@ -143,9 +156,28 @@ class Command(BaseCommand):
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
         _warn_without_autovacuum(worker.config.database)
+        if options["metrics_port"] is not None:  # issue 15 hook
+            _serve_metrics(worker, options["metrics_port"], options["metrics_addr"])
         code = worker.run()
         if code:
             sys.exit(code)
+
+
+def _serve_metrics(worker: Worker, port: int, addr: str) -> None:
+    """Start the /metrics server in this process, or refuse clearly."""
+    try:
+        from django_pgqueue.metrics.server import serve
+    except ImportError:
+        raise CommandError(
+            "--metrics-port needs prometheus-client: pip install 'django-pgqueue[prometheus]'."
+        ) from None
+    try:
+        server = serve(worker, port, addr)
+    except OSError as exc:
+        raise CommandError(f"--metrics-port: cannot listen on {addr}:{port}: {exc}") from None
+    logging.getLogger("django_pgqueue.worker").info(
+        "serving metrics on http://%s:%d/metrics", addr, server.server_port
+    )
 
 
 def _warn_without_autovacuum(alias: str) -> None:

@@ -1,0 +1,139 @@
+"""Prometheus collectors: the queues' figures from the database, a worker's own counters."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from django.db import DatabaseError, connections
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from .. import stats
+from ..conf import get_settings
+from ..observability import workers
+from ..observability.counters import RUNTIME_BOUNDS, WorkerCounters
+
+logger = logging.getLogger(__name__)
+
+
+class QueueCollector(Collector):
+    """Per queue: jobs by status, due jobs, the oldest due job's age; workers alive and gone.
+
+    Reads `stats.collect` (small partial indexes only) and the worker registry on
+    every scrape. Values are the same whichever process reports them: aggregate them
+    across scrape targets with max, not sum. `close` closes the Django connection
+    after each scrape (for a server thread outside Django's request cycle).
+    """
+
+    def __init__(self, alias: str | None = None, *, close: bool = False) -> None:
+        self.alias = alias
+        self.close = close
+
+    def collect(self) -> Iterator[Any]:
+        alias = self.alias or get_settings().DATABASE
+        up = GaugeMetricFamily(
+            "pgqueue_database_up", "1 if the queue figures could be read from the database."
+        )
+        try:
+            snapshot = stats.collect(alias)
+            alive, gone = workers.count_workers(alias)
+        except DatabaseError as exc:
+            logger.warning("metrics: reading the queue figures failed: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        finally:
+            if self.close:
+                connections[alias].close()
+        up.add_metric([], 1)
+        yield up
+        jobs = GaugeMetricFamily(
+            "pgqueue_jobs",
+            "Jobs by queue and status (completed ones are not counted).",
+            labels=["queue", "status"],
+        )
+        due = GaugeMetricFamily("pgqueue_jobs_due", "Pending jobs due now.", labels=["queue"])
+        oldest = GaugeMetricFamily(
+            "pgqueue_oldest_due_age_seconds",
+            "How long the oldest due pending job has waited (0 when none is due).",
+            labels=["queue"],
+        )
+        expired = GaugeMetricFamily(
+            "pgqueue_expired_leases",
+            "Running jobs whose lease ran out and that no sweep has requeued yet.",
+            labels=["queue"],
+        )
+        for q in snapshot.queues:
+            for status in ("pending", "running", "dead", "cancelled"):
+                jobs.add_metric([q.queue, status], getattr(q, status))
+            due.add_metric([q.queue], q.due)
+            oldest.add_metric([q.queue], q.oldest_due_seconds or 0.0)
+            expired.add_metric([q.queue], q.expired_leases)
+        count = GaugeMetricFamily(
+            "pgqueue_workers", "Registered workers, alive or gone.", labels=["state"]
+        )
+        count.add_metric(["alive"], alive)
+        count.add_metric(["gone"], gone)
+        yield from (jobs, due, oldest, expired, count, *_late_schedules(snapshot))
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())  # the families depend on the data: collect on each scrape only
+
+
+def _late_schedules(snapshot: stats.Snapshot) -> Iterator[Any]:
+    """The schedules whose due tick was not fired in time (read by `stats.collect`)."""
+    late = GaugeMetricFamily(
+        "pgqueue_late_schedules",
+        "Enabled schedules whose due tick has not been fired within 2 poll intervals.",
+    )
+    late.add_metric([], len(snapshot.late_schedules))
+    seconds = GaugeMetricFamily(
+        "pgqueue_schedule_late_seconds",
+        "How long a late schedule's due tick has waited (only late schedules are listed).",
+        labels=["schedule", "queue"],
+    )
+    for schedule in snapshot.late_schedules:
+        seconds.add_metric([schedule.name, schedule.queue], schedule.late_seconds)
+    yield late
+    yield seconds
+
+
+class WorkerCollector(Collector):
+    """One worker process's attempts by outcome and handler run times, since it started."""
+
+    def __init__(self, counters: WorkerCounters, worker_id: str) -> None:
+        self.counters = counters
+        self.worker_id = worker_id
+
+    def collect(self) -> Iterator[Any]:
+        attempts = CounterMetricFamily(
+            "pgqueue_attempts",
+            "Attempts this worker finished, by outcome: succeeded, retried, dead, lease_lost.",
+            labels=["queue", "type", "outcome"],
+        )
+        for (queue, type_, outcome), n in sorted(self.counters.attempts().items()):
+            attempts.add_metric([queue, type_, outcome], n)
+        runtime = HistogramMetricFamily(
+            "pgqueue_attempt_duration_seconds",
+            "How long handlers ran, whatever their outcome.",
+            labels=["queue", "type"],
+        )
+        for (queue, type_), value in sorted(self.counters.runtimes().items()):
+            cumulative, buckets = 0, []
+            for bound, n in zip([*RUNTIME_BOUNDS, float("inf")], value.buckets, strict=True):
+                cumulative += n
+                buckets.append(
+                    ("+Inf" if bound == float("inf") else repr(float(bound)), cumulative)
+                )
+            runtime.add_metric([queue, type_], buckets, value.total)
+        yield attempts
+        yield runtime
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())

@@ -1,0 +1,20 @@
+"""The worker's ``--metrics-port``: /metrics served from a thread of the worker process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from .collector import QueueCollector, WorkerCollector
+
+
+def serve(worker: Any, port: int, addr: str = "0.0.0.0") -> Any:
+    """Serve `worker`'s counters and the queues' figures on http://addr:port/metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(WorkerCollector(worker.observer.counters, worker.worker_id))
+    # The server answers on its own threads: each scrape closes the Django connection
+    # it opened, so no connection is left behind per request thread.
+    registry.register(QueueCollector(worker.config.database, close=True))
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    return server

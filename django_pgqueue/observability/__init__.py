@@ -1,0 +1,6 @@
+"""Seeing the queue: the worker registry, the per-minute rollup and the admin's charts.
+
+Nothing here decides anything about a job: ownership is the lease's. The registry
+and the rollup are written by the worker's heartbeat (see `hooks.Observer`) and read
+by the admin's Workers and Charts pages, ``queue_stats`` and the Prometheus collector.
+"""

@@ -1,0 +1,77 @@
+"""Counters a worker process keeps about its own attempts, for its /metrics endpoint.
+
+Plain Python (prometheus_client is optional): attempts by queue, type and outcome,
+and handler run times per queue and type as a cumulative histogram.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+# Upper bounds (seconds) of the run-time histogram's buckets (+Inf is implied).
+RUNTIME_BOUNDS: tuple[float, ...] = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+)
+OUTCOMES = ("succeeded", "retried", "dead", "lease_lost")
+
+
+@dataclass
+class Runtime:
+    """Run times of one (queue, type): per-bucket counts (not cumulative), sum and count."""
+
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(RUNTIME_BOUNDS) + 1))
+    total: float = 0.0
+    count: int = 0
+
+
+class WorkerCounters:
+    """Attempts by outcome and handler run times, updated from any worker thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._attempts: Counter[tuple[str, str, str]] = Counter()
+        self._runtimes: dict[tuple[str, str], Runtime] = {}
+
+    def attempt(self, queue: str, type_: str, outcome: str) -> None:
+        """Count one attempt's outcome (see OUTCOMES)."""
+        with self._lock:
+            self._attempts[(queue, type_, outcome)] += 1
+
+    def runtime(self, queue: str, type_: str, seconds: float) -> None:
+        """Record how long one handler ran."""
+        index = next(
+            (i for i, bound in enumerate(RUNTIME_BOUNDS) if seconds <= bound), len(RUNTIME_BOUNDS)
+        )
+        with self._lock:
+            runtime = self._runtimes.setdefault((queue, type_), Runtime())
+            runtime.buckets[index] += 1
+            runtime.total += seconds
+            runtime.count += 1
+
+    def attempts(self) -> dict[tuple[str, str, str], int]:
+        """A copy of the attempt counts by (queue, type, outcome)."""
+        with self._lock:
+            return dict(self._attempts)
+
+    def runtimes(self) -> dict[tuple[str, str], Runtime]:
+        """A copy of the run-time histograms by (queue, type)."""
+        with self._lock:
+            return {
+                key: Runtime(list(value.buckets), value.total, value.count)
+                for key, value in self._runtimes.items()
+            }

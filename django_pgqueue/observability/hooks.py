@@ -1,0 +1,243 @@
+"""What a worker tells the outside world: signals, its counters, the registry, the rollup.
+
+`Observer` is the one object the worker calls at each point of a job's life; each
+method says which worker thread calls it. Nothing here can fail a job: signal
+receivers are guarded (`signals.send`), and the heartbeat's registry and rollup
+writes log their errors and go on (the lease renewal that shares the cycle has
+already been sent).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .. import signals
+from ..outcomes import Failure, Success
+from ..store.worker import Store
+from . import tracing, workers
+from .counters import WorkerCounters
+from .rollup import RollupBuffer
+
+if TYPE_CHECKING:
+    from ..context import Lease
+    from ..store.worker import ClaimedRow
+    from ..worker.config import WorkerConfig
+    from ..worker.inflight import InFlight
+
+logger = logging.getLogger(__name__)
+
+# Seconds between two registry reports (and rollup flushes) of a worker, at most.
+BEAT_EVERY = 5.0
+# Reports between two passes that mark silent workers gone and prune old rows.
+HOUSEKEEPING_EVERY = 6
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+class Observer:
+    """Signals, counters, registry and rollup of one worker process."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.identity = workers.Identity(
+            id=config.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=tuple(config.queues),
+            concurrency=config.concurrency,
+            lease=config.lease,
+            version=_version(),
+        )
+        self.counters = WorkerCounters()
+        self.rollup = RollupBuffer()
+        self._run_at: dict[int, Any] = {}  # attempt id -> run_at it was claimed at
+        self._traceparent: dict[int, str] = {}  # attempt id -> the enqueuer's trace
+        # Job id -> the in-flight job holding its lease: a renewal knows leases only.
+        self._items: dict[int, InFlight] = {}
+        self._lost: set[int] = set()  # attempt ids announced as lost
+        self._lock = threading.Lock()
+        self._beats = 0
+        self._next_beat = 0.0
+
+    # -- dispatcher thread ------------------------------------------------------------
+
+    def claimed(self, rows: Sequence[ClaimedRow], items: Sequence[InFlight]) -> None:
+        """Remember the launched jobs: when each was due (for its wait), its trace, its lease."""
+        for row in rows:
+            self._run_at[row.attempt_id] = row.run_at
+            if row.traceparent:
+                self._traceparent[row.attempt_id] = row.traceparent
+        with self._lock:
+            for item in items:
+                self._items[item.ctx.job_id] = item
+
+    def released(self, held: Sequence[tuple[int, int, int]]) -> None:
+        """Forget claimed jobs handed back unstarted: (job_id, lease_version, attempt_id)."""
+        for job_id, lease_version, attempt_id in held:
+            self._run_at.pop(attempt_id, None)
+            self._traceparent.pop(attempt_id, None)
+            with self._lock:
+                item = self._items.get(job_id)
+                if item is not None and item.ctx.lease_version == lease_version:
+                    del self._items[job_id]
+
+    def completed(self, item: InFlight, result: str | None) -> None:
+        """The completion of `item` was written."""
+        self._written(item, "succeeded")
+        signals.send(signals.job_succeeded, **self._event(item), result=result)
+
+    def failed(self, item: InFlight, failure: Failure, status: str, run_at: Any) -> None:
+        """The failure of `item` was written: the job is `status` (pending or dead) now."""
+        error = failure.last_error
+        if status == "dead":
+            self._written(item, "dead")
+            signals.send(signals.job_failed, **self._event(item), error=error)
+        else:
+            self._written(item, "retried")
+            signals.send(
+                signals.job_retried,
+                **self._event(item),
+                delay=failure.delay,
+                run_at=run_at,
+                error=error,
+            )
+
+    def lease_lost(self, item: InFlight, detected_by: str) -> None:
+        """`item`'s lease was found lost (by a renewal or a fenced write); announce it once.
+
+        A fenced write ("write") is the attempt's last word: it is forgotten then.
+        """
+        self._run_at.pop(item.attempt_id, None)
+        with self._lock:
+            announced = item.attempt_id in self._lost
+            if detected_by == "write":
+                self._lost.discard(item.attempt_id)
+                self._forget(item)
+            else:
+                self._lost.add(item.attempt_id)
+        if announced:
+            return
+        self.counters.attempt(item.ctx.queue, item.ctx.type, "lease_lost")
+        signals.send(signals.job_lease_lost, **self._event(item), detected_by=detected_by)
+
+    def _written(self, item: InFlight, outcome: str) -> None:
+        ctx = item.ctx
+        self.counters.attempt(ctx.queue, ctx.type, outcome)
+        run_at = self._run_at.pop(item.attempt_id, None)
+        if run_at is not None:
+            self.rollup.add(item.attempt_id, ctx.queue, run_at, outcome)
+        with self._lock:
+            self._lost.discard(item.attempt_id)
+            self._forget(item)
+
+    def _forget(self, item: InFlight) -> None:
+        """Drop `item` from the jobs whose leases renewals report (caller holds the lock)."""
+        if self._items.get(item.ctx.job_id) is item:
+            del self._items[item.ctx.job_id]
+
+    @staticmethod
+    def _event(item: InFlight) -> dict[str, Any]:
+        ctx = item.ctx
+        return {
+            "job_id": ctx.job_id,
+            "queue": ctx.queue,
+            "type": ctx.type,
+            "attempt": ctx.attempt,
+            "lease_version": ctx.lease_version,
+            "worker_id": ctx.worker_id,
+        }
+
+    # -- executor threads -------------------------------------------------------------
+
+    def started(self, item: InFlight) -> None:
+        """`item`'s handler is about to run, on this thread."""
+        ctx = item.ctx
+        signals.send(
+            signals.job_started,
+            **self._event(item),
+            max_attempts=ctx.max_attempts,
+            context=ctx,
+        )
+
+    @contextlib.contextmanager
+    def attempt_span(self, item: InFlight) -> Iterator[Any]:
+        """Run an attempt in an OpenTelemetry span linked to its enqueuer's trace."""
+        ctx = item.ctx
+        attributes = {
+            "pgqueue.job_id": ctx.job_id,
+            "pgqueue.type": ctx.type,
+            "pgqueue.queue": ctx.queue,
+            "pgqueue.attempt": ctx.attempt,
+            "pgqueue.lease_version": ctx.lease_version,
+            "pgqueue.worker_id": ctx.worker_id,
+        }
+        traceparent = self._traceparent.pop(item.attempt_id, None)
+        with tracing.attempt_span(traceparent, attributes, ctx.type) as span:
+            yield span
+
+    @staticmethod
+    def span_outcome(span: Any, outcome: Success | Failure) -> None:
+        """Record a handler's outcome on its attempt's span."""
+        if isinstance(outcome, Failure):
+            kind = "failed_permanently" if outcome.permanent else "failed"
+            tracing.set_outcome(span, kind, outcome.last_error)
+        else:
+            tracing.set_outcome(span, "succeeded")
+
+    def executed(self, item: InFlight, seconds: float) -> None:
+        """`item`'s handler ran for `seconds` (whatever its outcome)."""
+        self.counters.runtime(item.ctx.queue, item.ctx.type, seconds)
+
+    # -- heartbeat thread (and the dispatcher's renewal after a reconnect) --------------
+
+    def renewed(self, held: Sequence[Lease]) -> None:
+        """Announce the leases of `held` that the renewal just sent found lost."""
+        for lease in held:
+            if not lease.lost:
+                continue
+            with self._lock:
+                item = self._items.get(lease.job_id)
+            if item is not None and item.lease is lease:
+                self.lease_lost(item, "renewal")
+
+    def beat(self, store: Store, running: int) -> None:
+        """Report this worker alive and flush the rollup; now and then, tidy the registry.
+
+        At most every BEAT_EVERY seconds (or half a lease, if shorter): the heartbeat
+        runs far more often with short leases, and its renewals come first.
+        """
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        self._next_beat = now + min(BEAT_EVERY, self.identity.lease / 2)
+        try:
+            workers.record_beat(store, self.identity, running)
+            self.rollup.flush(store)
+            if self._beats % HOUSEKEEPING_EVERY == 0:
+                gone = workers.mark_gone(store)
+                if gone:
+                    logger.warning("workers not seen for two leases, marked gone: %s", gone)
+                workers.prune(store)
+            self._beats += 1
+        except Exception as exc:  # the registry is for people: never stop the renewals
+            logger.warning("heartbeat: updating the worker registry failed: %s", exc)
+
+    def stopped(self, store: Store) -> None:
+        """Flush the rollup and mark this worker gone, as it stops."""
+        if not store.connected:
+            return  # the database is away: the row goes gone by worker_mark_gone instead
+        try:
+            self.rollup.flush(store)
+            workers.record_stop(store, self.identity.id)
+        except Exception as exc:
+            logger.warning("shutdown: updating the worker registry failed: %s", exc)

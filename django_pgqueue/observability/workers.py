@@ -1,0 +1,152 @@
+"""The worker registry: who is alive, seen when, running what.
+
+Written by each worker's heartbeat (`record_beat`, `record_stop`, `mark_gone`,
+`prune`, on the heartbeat's own connection); read by the admin's Workers page,
+``queue_stats`` and the metrics (`list_workers`, `count_workers`). Observation only:
+a job belongs to whoever holds its lease, whatever this table says.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..durations import format_seconds
+from ..sql import QUERIES
+from ..store.cursors import django_cursor
+from ..store.worker import Store
+
+# Gone workers stay listed this long (seconds) before a heartbeat prunes them.
+KEEP_GONE = 24 * 3600.0
+# Rollup minutes kept for the charts.
+KEEP_MINUTES = 7 * 24 * 60
+# Most workers and running jobs a page lists.
+LIST_LIMIT = 100
+JOBS_PER_WORKER = 10
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a worker says about itself in the registry."""
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    concurrency: int
+    lease: float
+    version: str
+
+
+@dataclass
+class RunningJob:
+    job_id: int
+    queue: str
+    type: str
+    attempt: int
+    max_attempts: int
+    lease_version: int
+    started_at: dt.datetime | None
+    lease_left_seconds: float | None
+
+
+@dataclass
+class WorkerInfo:
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    lease_seconds: float
+    version: str
+    running: int
+    started_at: dt.datetime
+    last_seen_at: dt.datetime
+    gone_at: dt.datetime | None
+    alive: bool
+    seen_seconds_ago: float
+    # The first JOBS_PER_WORKER jobs it holds (oldest job first); `running` counts all.
+    jobs: list[RunningJob] = field(default_factory=list)
+
+    @property
+    def jobs_not_shown(self) -> int:
+        """How many more jobs the worker holds than `jobs` lists."""
+        return max(0, self.running - len(self.jobs))
+
+    @property
+    def seen_ago(self) -> str:
+        """How long ago the last heartbeat came, for people ('4m 12s')."""
+        return format_seconds(self.seen_seconds_ago)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for ``queue_stats --json``."""
+        data = {key: value for key, value in vars(self).items() if key != "jobs"}
+        for key in ("started_at", "last_seen_at", "gone_at"):
+            data[key] = data[key].isoformat() if data[key] is not None else None
+        data["jobs"] = [job.job_id for job in self.jobs]
+        return data
+
+
+def record_beat(store: Store, me: Identity, running: int) -> None:
+    """Upsert this worker's row: alive now, running `running` jobs (one statement)."""
+    store._run(
+        "worker_upsert",
+        {
+            "id": me.id,
+            "host": me.host,
+            "pid": me.pid,
+            "queues": json.dumps(list(me.queues)),
+            "concurrency": me.concurrency,
+            "lease": me.lease,
+            "version": me.version,
+            "running": running,
+        },
+    )
+
+
+def record_stop(store: Store, worker_id: str) -> None:
+    """Mark this worker gone as it stops."""
+    store._run("worker_stopped", {"id": worker_id})
+
+
+def mark_gone(store: Store) -> list[str]:
+    """Mark gone the workers not seen for two of their leases; return their ids."""
+    return [row[0] for row in store._run("worker_mark_gone", {})]
+
+
+def prune(
+    store: Store, keep_seconds: float = KEEP_GONE, keep_minutes: int = KEEP_MINUTES
+) -> tuple[int, int]:
+    """Delete long-gone workers and old rollup minutes; return how many of each."""
+    rows = store._run("worker_prune", {"keep_seconds": keep_seconds, "keep_minutes": keep_minutes})
+    return int(rows[0][0]), int(rows[0][1])
+
+
+def list_workers(alias: str, *, with_jobs: bool = True) -> list[WorkerInfo]:
+    """The registered workers, alive first, each with the jobs it holds now."""
+    with django_cursor(alias) as cursor:
+        cursor.execute(QUERIES["worker_list"], {"limit": LIST_LIMIT})
+        workers = [WorkerInfo(*row) for row in cursor.fetchall()]
+        for worker in workers:
+            if isinstance(worker.queues, str):  # Django's connection leaves jsonb as text
+                worker.queues = json.loads(worker.queues)
+        # Gone workers too: a job a dead worker held stays running until the sweep.
+        by_id = {w.id: w for w in workers}
+        if with_jobs and by_id:
+            cursor.execute(
+                QUERIES["worker_running_jobs"],
+                {"worker_ids": list(by_id), "per_worker": JOBS_PER_WORKER},
+            )
+            for locked_by, *job in cursor.fetchall():
+                by_id[locked_by].jobs.append(RunningJob(*job))
+    return workers
+
+
+def count_workers(alias: str) -> tuple[int, int]:
+    """(alive, gone) registered workers."""
+    with django_cursor(alias) as cursor:
+        cursor.execute(QUERIES["worker_counts"])
+        alive, gone = cursor.fetchone()
+    return int(alive), int(gone)

@@ -1,0 +1,101 @@
+"""A real browser on the Workers and Charts pages (see test_browser.py for the setup).
+
+Set PGQUEUE_SCREENSHOTS=1 to refresh docs/images/admin-workers.png and
+docs/images/admin-charts.png.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_pgqueue import enqueue, enqueue_many
+from tests.admin.conftest import make_user
+from tests.admin.test_browser import (  # noqa: F401 - fixtures
+    PASSWORD,
+    _fast_password_hashing,
+    browser,
+    login,
+    save_screenshot,
+)
+from tests.conftest import sql
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def wait_until(predicate: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def six_hours_of_rollup() -> None:
+    """Rollup rows as busy workers leave them: a daily-ish load with a failure spike."""
+    sql(
+        """
+        INSERT INTO queue_stats_minutely
+            (minute, queue, completed, retried, dead, wait_seconds_sum, wait_buckets)
+        SELECT date_trunc('minute', now()) - make_interval(mins => m), q.name,
+               (q.base + q.base * 0.4 * sin(m / 40.0) + (m * 7919 % 23))::int
+                   * CASE WHEN m = 0 THEN 0.4 ELSE 1 END,
+               CASE WHEN m BETWEEN 95 AND 110 THEN 30 + m % 9 ELSE m % 4 END,
+               CASE WHEN m BETWEEN 95 AND 110 THEN 4 ELSE (m % 17 = 0)::int END,
+               0,
+               CASE WHEN m BETWEEN 120 AND 150
+                    THEN ARRAY[0, 0, 5, 20, 40, 60, 80, 90, 40, 10, 3, 0, 0, 0]
+                    ELSE ARRAY[q.base / 2, q.base, q.base / 2, 20, 10, 5, 2, 1, 0, 0, 0, 0, 0, 0]
+               END
+        FROM generate_series(0, 359) AS m
+        CROSS JOIN (VALUES ('email', 120), ('payments', 300)) AS q(name, base)
+        """
+    )
+
+
+def test_operator_sees_live_workers_and_the_charts(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    run_worker: Any,
+    tmp_path: Path,
+) -> None:
+    make_user("viewer", "view_job", password=PASSWORD)
+    six_hours_of_rollup()
+    # A worker that drained some jobs and now runs two long ones; another that left.
+    enqueue_many([("qa.noop", n) for n in range(20)], queue="payments")
+    slow = [enqueue("qa.nap", {"seconds": 60}, queue="payments") for _ in range(2)]
+    enqueue("qa.nap", {"seconds": 60}, queue="email")
+    worker = run_worker(["payments", "email"], concurrency=4, heartbeat_interval=0.2)
+    sql(
+        "INSERT INTO queue_workers (id, host, pid, queues, concurrency, lease_seconds, "
+        "version, running, started_at, last_seen_at, gone_at) VALUES ('batch-2:8812:9f3c1a', "
+        "'batch-2', 8812, '[\"reports\"]', 2, 30, '0.1.0', 0, now() - interval '3 hours', "
+        "now() - interval '14 minutes', now() - interval '14 minutes')"
+    )
+    wait_until(lambda: sql("SELECT running FROM queue_workers WHERE gone_at IS NULL") == [(3,)])
+
+    page = login(browser, live_server, "viewer")
+    page.goto(f"{live_server.url}/admin/django_pgqueue/workerrecord/")
+    text = page.inner_text("#content-main")
+    assert "1 alive, 1 gone" in text
+    assert worker.worker.worker_id in text
+    assert "batch-2:8812:9f3c1a" in text
+    assert "3 / 4" in text
+    for job in slow:
+        assert page.locator(f"a[href$='/job/{job.id}/change/']").count() == 1
+    save_screenshot(page, tmp_path, "admin-workers.png")
+    page.click(f"a[href$='/job/{slow[0].id}/change/']")
+    page.wait_for_url(f"**/job/{slow[0].id}/change/")
+
+    page.goto(f"{live_server.url}/admin/django_pgqueue/minutestats/")
+    assert page.locator("svg.pgqueue-chart").count() == 4
+    assert "payments: jobs per minute" in page.inner_text("#content-main")
+    assert page.locator("svg.pgqueue-chart polyline").count() >= 8
+    save_screenshot(page, tmp_path, "admin-charts.png")
+    page.click("text=email")
+    assert page.locator("svg.pgqueue-chart").count() == 2
+    page.context.close()

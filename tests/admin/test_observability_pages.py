@@ -1,0 +1,96 @@
+"""The Workers and Charts pages through Django's test client."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.urls import reverse
+
+from django_pgqueue.sql import QUERIES
+from tests.admin.conftest import make_job, make_user
+from tests.conftest import sql
+
+pytestmark = pytest.mark.django_db
+
+WORKERS = reverse("admin:django_pgqueue_workerrecord_changelist")
+CHARTS = reverse("admin:django_pgqueue_minutestats_changelist")
+
+
+def register(worker_id: str, running: int = 0) -> None:
+    """Upsert a worker row on the test's connection (rolled back with the test)."""
+    sql(
+        QUERIES["worker_upsert"],
+        {
+            "id": worker_id,
+            "host": "web-1",
+            "pid": 4242,
+            "queues": json.dumps(["payments", "email"]),
+            "concurrency": 8,
+            "lease": 30.0,
+            "version": "0.1.0",
+            "running": running,
+        },
+    )
+
+
+def test_workers_page_lists_alive_and_gone_workers_with_their_jobs(client) -> None:
+    client.force_login(make_user("viewer", "view_job"))
+    register("web-1:4242:aa", running=1)
+    register("web-2:77:bb")
+    sql("UPDATE queue_workers SET gone_at = now() WHERE id = 'web-2:77:bb'")
+    job_id = make_job("running", queue="payments", type="qa.noop")
+    sql("UPDATE queue_job_state SET locked_by = 'web-1:4242:aa' WHERE job_id = %s", [job_id])
+    page = client.get(WORKERS)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "1 alive, 1 gone" in html
+    assert "web-1:4242:aa" in html
+    assert "web-2:77:bb" in html
+    assert reverse("admin:django_pgqueue_job_change", args=[job_id]) in html
+    assert "payments, email" in html
+
+
+def test_charts_page_draws_svg_from_the_rollup(client) -> None:
+    client.force_login(make_user("viewer", "view_job"))
+    sql(
+        "INSERT INTO queue_stats_minutely (minute, queue, completed, retried, dead, "
+        "wait_seconds_sum, wait_buckets) VALUES (date_trunc('minute', now()), 'payments', "
+        "120, 3, 1, 10, '{5,10,20,30,40,10,5,3,1,0,0,0,0,0}')"
+    )
+    page = client.get(CHARTS, {"hours": 1})
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert html.count('<svg xmlns="http://www.w3.org/2000/svg" class="pgqueue-chart"') == 2
+    assert "payments: jobs per minute" in html
+    assert "120 completed, 4 failed attempts in the last 1 h" in html
+    assert "<polyline" in html or "<circle" in html
+    assert client.get(CHARTS, {"hours": "x", "queue": "nope"}).status_code == 200
+
+
+def test_pages_need_a_view_permission(client) -> None:
+    client.force_login(make_user("nobody"))
+    assert client.get(WORKERS).status_code == 403
+    assert client.get(CHARTS).status_code == 403
+
+
+def test_queue_stats_lists_the_workers() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    register("web-1:4242:aa", running=1)
+    job_id = make_job("running", queue="payments", type="qa.noop")
+    sql("UPDATE queue_job_state SET locked_by = 'web-1:4242:aa' WHERE job_id = %s", [job_id])
+    out = StringIO()
+    call_command("queue_stats", stdout=out)
+    text = out.getvalue()
+    assert "workers: 1 alive, 0 gone" in text
+    assert "web-1:4242:aa  queues=payments,email  running=1/8" in text
+    assert f"jobs: #{job_id} qa.noop" in text
+    out = StringIO()
+    call_command("queue_stats", "--json", stdout=out)
+    (worker,) = json.loads(out.getvalue())["workers"]
+    assert worker["id"] == "web-1:4242:aa"
+    assert worker["alive"] is True
+    assert worker["jobs"] == [job_id]
