@@ -130,3 +130,13 @@ def worker_process() -> Iterator[Any]:
     yield start
     for proc in started:
         proc.kill()
+
+
+# The admin fixtures, for every tier; imported last: factories uses `sql` above.
+from tests.factories import (  # noqa: E402, F401
+    operator,
+    operator_client,
+    superuser_client,
+    viewer,
+    viewer_client,
+)

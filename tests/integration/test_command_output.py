@@ -13,8 +13,8 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from tests.admin.conftest import make_job
 from tests.conftest import MANAGE, sql
+from tests.factories import make_job
 
 pytestmark = pytest.mark.django_db
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from django_pgqueue import actions
-from tests.admin.conftest import make_job, state
 from tests.conftest import sql
+from tests.factories import make_job, state
 
 pytestmark = pytest.mark.django_db
 

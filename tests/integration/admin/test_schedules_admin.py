@@ -11,8 +11,8 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from django_pgqueue.schedules.models import Schedule
-from tests.admin.conftest import make_user
 from tests.conftest import sql
+from tests.factories import make_user
 
 pytestmark = pytest.mark.django_db
 

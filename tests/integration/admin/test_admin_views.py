@@ -16,8 +16,8 @@ from django_pgqueue import enqueue_many
 from django_pgqueue.admin import lists as admin_lists
 from django_pgqueue.admin import operations as admin_operations
 from django_pgqueue.models import Job
-from tests.admin.conftest import make_job, state
 from tests.conftest import sql
+from tests.factories import make_job, state
 
 pytestmark = pytest.mark.django_db
 

@@ -8,8 +8,8 @@ import pytest
 from django.urls import reverse
 
 from django_pgqueue.sql import QUERIES
-from tests.admin.conftest import make_job, make_user
 from tests.conftest import sql
+from tests.factories import make_job, make_user
 
 pytestmark = pytest.mark.django_db
 

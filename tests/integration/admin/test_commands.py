@@ -13,8 +13,8 @@ from django.test.utils import CaptureQueriesContext
 from django_pgqueue import maintenance
 from django_pgqueue.durations import parse_duration
 from django_pgqueue.store import operator as store
-from tests.admin.conftest import make_job, state
 from tests.conftest import sql
+from tests.factories import make_job, state
 
 pytestmark = pytest.mark.django_db
 

@@ -19,7 +19,7 @@ from shop.models import (
 from shop.tasks import charge_order, send_order_confirmation
 
 from django_pgqueue.models import Job
-from tests.tasks.api import TaskResultStatus, settle
+from tests.integration.tasks.api import TaskResultStatus, settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

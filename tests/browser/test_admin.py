@@ -19,7 +19,7 @@ from django.db import connection
 
 from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.registry import registry
-from tests.admin.conftest import (
+from tests.factories import (
     OPERATOR_PERMISSIONS,
     VIEWER_PERMISSIONS,
     make_job,

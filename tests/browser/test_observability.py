@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 from django_pgqueue import enqueue, enqueue_many
-from tests.admin.conftest import make_user
-from tests.admin.test_browser import (  # noqa: F401 - fixtures
+from tests.browser.test_admin import (  # noqa: F401 - fixtures
     PASSWORD,
     _fast_password_hashing,
     browser,
@@ -22,6 +21,7 @@ from tests.admin.test_browser import (  # noqa: F401 - fixtures
     save_screenshot,
 )
 from tests.conftest import sql
+from tests.factories import make_user
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
