@@ -66,17 +66,40 @@ def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcom
 
 
 def success(value: Any) -> Outcome:
+    """The Success of a handler's return value, or why the value cannot be stored.
+
+    Anything raised while encoding (a `__str__` or `default` of the value's own, a
+    recursion) makes the value unstorable: the job ran, so it is not re-run.
+    """
     if value is None:
         return Success()
     try:
         text = _dumps(value)
-        # jsonb refuses NUL (\u0000) and the UTF-8 encoding refuses lone surrogates.
-        if "\\u0000" in text:
+        # jsonb refuses NUL and the UTF-8 encoding refuses lone surrogates. The test is
+        # on the value's strings: the encoded text spells a backslash as "\\", so a
+        # substring test on it would take r"C:\u0000dir" for a NUL.
+        if _has_nul(value):
             raise ValueError("it contains a NUL character, which PostgreSQL cannot store")
         text.encode("utf-8")
-    except (TypeError, ValueError, RecursionError) as exc:
+    except Exception as exc:
         return unstorable_result(value, exc)
     return Success(text)
+
+
+def _has_nul(value: Any) -> bool:
+    """A NUL in any string of a JSON-encodable value (keys included)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
 
 
 def retryable(exc: BaseException, ctx: JobContext, policy: RetryPolicy) -> Failure:
