@@ -50,7 +50,33 @@ def describe(exc: BaseException) -> tuple[str, str, str]:
 
 
 def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcome:
-    """Call the handler for ctx and classify the result."""
+    """Call the handler for ctx and classify the result; never raises for the job."""
+    try:
+        return _run(ctx, handler, policy)
+    except BaseException as exc:  # classifying itself failed: still an outcome
+        return fallback_failure(exc)
+
+
+def decode_failure(exc: BaseException) -> Failure:
+    """The permanent failure of a payload that cannot be decoded (it never will be)."""
+    try:
+        return Failure(*describe(exc), permanent=True)
+    except BaseException:
+        return fallback_failure(exc, permanent=True)
+
+
+def fallback_failure(exc: BaseException, *, permanent: bool = False) -> Failure:
+    """A failure built from the exception's class alone, when describing it failed too."""
+    cls = type(exc)
+    return Failure(
+        storable(f"{cls.__module__}.{cls.__qualname__}", ERROR_CLASS_LIMIT),
+        "the outcome of the handler could not be described",
+        "",
+        permanent=permanent,
+    )
+
+
+def _run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcome:
     try:
         if handler is None:
             raise UnknownJobType(f"No handler is registered for job type {ctx.type!r}.")

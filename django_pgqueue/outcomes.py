@@ -65,10 +65,26 @@ def unstorable_result(value: Any, exc: BaseException) -> Failure:
     return Failure(
         "django_pgqueue.ResultNotStorable",
         storable(
-            f"the handler returned {type(value).__name__} {value!r:.200}, which cannot be "
-            f"stored as JSON ({exc}); the job ran but is marked dead so it is not re-run",
+            f"the handler returned {type(value).__name__} {_safe_repr(value)}, which cannot "
+            f"be stored as JSON ({_safe_str(exc)}); the job ran but is marked dead so it is "
+            "not re-run",
             MESSAGE_LIMIT,
         ),
         "",
         permanent=True,
     )
+
+
+def _safe_repr(value: Any) -> str:
+    """repr(value), at most 200 characters; a value's own __repr__ may raise or recurse."""
+    try:
+        return f"{value!r:.200}"
+    except BaseException:  # whatever it raises, the failure is still recorded
+        return f"<{type(value).__name__} whose repr() failed>"
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except BaseException:
+        return type(exc).__name__

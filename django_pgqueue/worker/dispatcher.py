@@ -250,11 +250,16 @@ class Dispatcher:
             self.writer.add(item, outcome)
 
     def check_timeouts(self) -> None:
-        """Record the failures of handlers past their timeout; stop if too many are stuck."""
+        """Record the failures of handlers past their timeout or whose thread died; stop if
+        too many are stuck."""
         timeouts = self.pool.check_timeouts()
         for item, failure in timeouts.failed:
             self.inflight.drop(item)
             self.stats["timed_out"] += 1
+            self.writer.add(item, failure)
+        for item, failure in self.pool.check_threads():
+            self.inflight.drop(item)
+            self.stats["threads_died"] += 1
             self.writer.add(item, failure)
         for _ in range(timeouts.over_limit):
             self.exit_code = 1

@@ -29,6 +29,8 @@ class InFlight:
     # Set by the dispatcher: the handler ran past its timeout; the outcome is known.
     timed_out: bool = field(default=False, init=False)
     resolved: bool = field(default=False, init=False)
+    # Set by its handler thread just before it hands the outcome over.
+    reported: bool = field(default=False, init=False)
 
     @classmethod
     def claimed(

@@ -9,6 +9,7 @@ jobs reaches a mark it set (see `wait`), not once per job.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import logging
 import queue as queue_module
@@ -47,7 +48,10 @@ class HandlerPool:
         self._outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]] = (
             queue_module.SimpleQueue()
         )
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threading.Thread] = []  # the live pool, not the retired
+        self._current: dict[threading.Thread, InFlight] = {}  # the job each thread runs
+        self._stopping = False
+        self._names = itertools.count()
         self._timed: dict[int, InFlight] = {}  # handed out with a timeout, by job id
         self._stuck = 0
         # Jobs handed to handler threads and finished by them, and the finished count
@@ -144,6 +148,8 @@ class HandlerPool:
             )
             failed.append((item, executor.timed_out(item.ctx, item.timeout, item.policy)))
             thread = item.thread
+            if thread in self._threads:  # retired: it ends once the handler returns
+                self._threads.remove(thread)
             if thread is not None and thread.ident is not None:
                 # Best effort: raises JobTimeout in the handler at its next bytecode. A
                 # handler blocked in C code only notices when that call returns.
@@ -163,9 +169,26 @@ class HandlerPool:
                 self._spawn()
         return Timeouts(failed, over_limit)
 
+    def check_threads(self) -> list[tuple[InFlight, Failure]]:
+        """Replace handler threads that died; fail the job each left without an outcome."""
+        failed = []
+        for thread in [t for t in self._threads if not t.is_alive()]:
+            if self._stopping:
+                break
+            self._threads.remove(thread)
+            item = self._current.pop(thread, None)
+            logger.error("handler thread %s died; starting a replacement", thread.name)
+            if item is not None and not item.resolved and not item.reported:
+                item.resolved = True
+                self._timed.pop(item.ctx.job_id, None)
+                failed.append((item, _thread_died()))
+            self._spawn()
+        return failed
+
     def stop(self) -> list[InFlight]:
         """Stop the handler threads once their current job ends; return the jobs that
         never started."""
+        self._stopping = True
         unstarted: list[InFlight] = []
         while True:
             try:
@@ -182,28 +205,35 @@ class HandlerPool:
 
     def _spawn(self) -> None:
         thread = threading.Thread(
-            target=self._run, name=f"pgqueue-executor-{len(self._threads)}", daemon=True
+            target=self._run, name=f"pgqueue-executor-{next(self._names)}", daemon=True
         )
         self._threads.append(thread)
         thread.start()
 
     def _run(self) -> None:
         epoch = self._db_epoch
+        me = threading.current_thread()
+        item: InFlight | None = None
         try:
             while True:
                 item = self._work.get()
                 if item is None:
                     return
+                self._current[me] = item
                 if epoch != self._db_epoch:
                     # The dispatcher lost its connection since this thread's last job: a
                     # Django connection that died with it would fail the next job for
                     # nothing (and kill one with a single attempt). Replace it first.
                     epoch = self._db_epoch
                     _close_unusable_django_connections()
-                item.thread = threading.current_thread()
+                item.thread = me
                 item.started = time.monotonic()
                 outcome = _execute(item)
+                # Reported before it is put: a thread that dies now leaves its outcome
+                # queued, and check_threads must not fail the job a second time.
+                item.reported = True
                 self._outcomes.put((item, outcome))
+                self._current.pop(me, None)
                 with self._count_lock:
                     self._finished_n += 1
                     finished = self._finished_n
@@ -214,20 +244,35 @@ class HandlerPool:
         except BaseException:
             if not (item is not None and item.timed_out):
                 logger.exception("executor thread crashed")
+                self._wake.set()  # check_threads fails its job and replaces it
         finally:
             connections.close_all()
 
 
 def _execute(item: InFlight) -> Outcome:
+    """Run one job; whatever happens, return its outcome (never raise for the job)."""
     ctx = item.ctx
     try:
         ctx.payload = json.loads(item.payload_text)
-    except ValueError as exc:
-        return Failure(*executor.describe(exc), permanent=True)
+    except BaseException as exc:  # ValueError; RecursionError when nested deep
+        return executor.decode_failure(exc)
     try:
         return executor.run(ctx, item.handler, item.policy)
     finally:
-        _reset_django_connections()
+        try:
+            _reset_django_connections()
+        except Exception:
+            logger.exception("job %d: resetting the Django connections failed", ctx.job_id)
+
+
+def _thread_died() -> Failure:
+    """The failure of a job whose handler thread ended without reporting an outcome."""
+    return Failure(
+        "django_pgqueue.HandlerThreadDied",
+        "the handler thread ended without reporting the job's outcome; see the worker's log",
+        "",
+        permanent=False,
+    )
 
 
 def _close_unusable_django_connections() -> None:
