@@ -25,15 +25,13 @@ from ..conf import get_settings
 from ..exceptions import DatabaseUnavailable
 from ..outcomes import Failure
 from ..sql import QUERIES
+from . import errors
 from .arrays import int_array
 
 logger = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "pgqueue"
 
-# Connection-level errors: the session is gone or unusable. Anything else (a bad
-# value, a constraint) is a statement error and leaves an autocommit session usable.
-_CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 LOST = "lost the database connection"
 
 
@@ -154,8 +152,10 @@ class Store:
         # The worker runs the same few statements thousands of times on a connection it
         # owns: prepared on first use, each is parsed and planned once per session.
         params["prepare_threshold"] = 0 if get_settings().WORKER_PREPARED_STATEMENTS else None
-        with self._unavailable("cannot connect to the queue database"):
+        try:
             self._conn = psycopg.connect(**params, autocommit=True)
+        except psycopg.Error as exc:  # refused, unreachable, starting up: try again later
+            raise DatabaseUnavailable(f"cannot connect to the queue database: {exc}") from exc
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -165,13 +165,18 @@ class Store:
 
     @contextmanager
     def _unavailable(self, *what: str) -> Iterator[None]:
-        """Turn a connection-level error into DatabaseUnavailable("<what>: <error>").
+        """Turn a lost connection into DatabaseUnavailable("<what>: <error>").
 
-        The connection is dropped, so the next call reconnects.
+        The connection is dropped, so the next call reconnects. Whether the connection
+        is lost is decided by its state and the SQLSTATE (`errors.classify`); any other
+        error is a statement error that leaves an autocommit session usable, raised as
+        it came for the caller to classify.
         """
         try:
             yield
-        except _CONNECTION_ERRORS as exc:
+        except psycopg.Error as exc:
+            if errors.classify(exc, self._conn) != errors.LOST:
+                raise
             self.close()
             raise DatabaseUnavailable(": ".join([*what, str(exc)])) from exc
 
@@ -182,11 +187,39 @@ class Store:
         return self._conn
 
     def _run(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        try:
+            return self._run_once(name, params)
+        except psycopg.Error as exc:
+            if not self._unprepared(exc):
+                raise
+            return self._run_once(name, params)
+
+    def _run_once(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         with self._lock:
             conn = self.raw
             with self._unavailable(name, LOST), conn.cursor() as cursor:
                 cursor.execute(QUERIES[name], params)
                 return cursor.fetchall() if cursor.description else []
+
+    def _unprepared(self, exc: psycopg.Error) -> bool:
+        """A prepared statement the server lost (a transaction pooler): stop preparing.
+
+        True if the statement should be sent again, unprepared.
+        """
+        conn = self._conn
+        if errors.classify(exc, conn) != errors.UNPREPARED or conn is None:
+            return False
+        if conn.prepare_threshold is None:
+            return False
+        conn.prepare_threshold = None
+        logger.error(
+            "the server does not know a statement this worker prepared (%s): a "
+            "transaction-mode pooler (PgBouncer) sits between them. Set "
+            'PGQUEUE["WORKER_PREPARED_STATEMENTS"] = False, or connect the worker '
+            "directly; preparation is off on this connection from now on",
+            errors.describe(exc),
+        )
+        return True
 
     # -- worker statements ----------------------------------------------------------
 
@@ -234,9 +267,21 @@ class Store:
                 conn.cursor() as done_cur,
                 conn.cursor() as claim_cur,
             ):
-                with conn.pipeline():
-                    done_cur.execute(QUERIES["job_complete"], _complete_params(done))
-                    claim_cur.execute(QUERIES[claim_name], claim)
+                try:
+                    with conn.pipeline():
+                        done_cur.execute(QUERIES["job_complete"], _complete_params(done))
+                        claim_cur.execute(QUERIES[claim_name], claim)
+                except psycopg.Error as exc:
+                    self._unprepared(exc)  # the caller writes them apart, unprepared
+                    raise
+                except Exception as exc:
+                    # Not an answer from the server: the pipeline's own state broke
+                    # (psycopg once raised IndexError on exit). Whether the COMMIT
+                    # happened is unknown: a write in doubt, on a fresh connection.
+                    self.close()
+                    raise DatabaseUnavailable(
+                        f"job_complete + job_claim: the pipeline failed ({exc!r})"
+                    ) from exc
                 completed = {row[0] for row in done_cur.fetchall()}
                 return completed, [ClaimedRow._make(row) for row in claim_cur.fetchall()]
 

@@ -21,6 +21,7 @@ import psycopg
 from ..exceptions import DatabaseUnavailable
 from ..registry import Registry
 from ..retry import default_policy
+from ..store import errors
 from ..store.worker import Backoff, ClaimedRow, ClaimKey, Store, wait_for
 from .config import WorkerConfig
 from .inflight import InFlight, InFlightJobs
@@ -31,6 +32,9 @@ from .signals import StopSwitch
 from .writer import Claim, OutcomeWriter, Written
 
 logger = logging.getLogger(__name__)
+
+# After a refused sweep, the next one comes this soon (or at SWEEP_INTERVAL if sooner).
+SWEEP_RETRY = 0.2
 
 
 class Dispatcher:
@@ -67,14 +71,16 @@ class Dispatcher:
                     self.reconnect()
                     continue
                 self._wake.clear()
+                if self.writer.in_doubt:  # a read-back that failed for a statement error
+                    self.writer.resolve_uncertain()
                 self.collect_outcomes()
                 self.check_timeouts()
                 if stopping.is_set():
                     break
                 now = time.monotonic()
                 if now >= next_sweep:
-                    self._sweep()
-                    next_sweep = now + cfg.sweep_interval
+                    swept = self._sweep()
+                    next_sweep = now + (cfg.sweep_interval if swept else SWEEP_RETRY)
                 if self._cycle(now):
                     continue
                 if cfg.burst and self._idle():
@@ -171,20 +177,21 @@ class Dispatcher:
                 limit = min(cfg.batch_size, free)
                 sent = time.monotonic()
                 after = self.claims.resume_after(name, sent)
-                rows = self.store.claim(name, limit, cfg.worker_id, cfg.lease, after)
+                rows = self._claim_or_log(name, limit, after)
                 self._intake(name, limit, after, rows, sent)
         return True
 
     def _claim_or_log(
         self, queue: str, limit: int, after: ClaimKey | None = None
     ) -> list[ClaimedRow]:
-        """Claim; a statement error (not a lost connection) is logged and claims nothing."""
+        """Claim; a refused claim (not a lost connection) is logged and claims nothing:
+        nothing was claimed, and the next cycle claims again."""
         try:
             return self.store.claim(queue, limit, self.config.worker_id, self.config.lease, after)
         except psycopg.Error as exc:
-            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-                raise
-            logger.error("claim from %s failed: %s", queue, exc)
+            logger.warning(
+                "claim from %s refused (%s: %s)", queue, errors.classify(exc), errors.describe(exc)
+            )
             return []
 
     # -- intake: claimed rows -> handler pool -----------------------------------------
@@ -280,10 +287,17 @@ class Dispatcher:
         if self.writer.pending:
             self._write(self.writer.take(), None)
 
-    def _sweep(self) -> None:
-        for queue in sweep_expired(self.store):
+    def _sweep(self) -> bool:
+        """Sweep expired leases; False if PostgreSQL refused the sweep (try again soon)."""
+        try:
+            queues = sweep_expired(self.store)
+        except psycopg.Error as exc:
+            logger.warning("sweep refused (%s); again shortly", errors.describe(exc))
+            return False
+        for queue in queues:
             self.stats["swept"] += 1
             self.claims.requeued(queue)  # a requeued job keeps its place: walk from the start
+        return True
 
     def release(self, held: list[tuple[int, int, int]]) -> None:
         """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""

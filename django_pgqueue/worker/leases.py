@@ -9,6 +9,8 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+import psycopg
+
 from ..context import Lease
 from ..exceptions import DatabaseUnavailable
 from ..store.worker import Backoff, Store, wait_for
@@ -75,7 +77,7 @@ class LeaseBook:
             if not store.connected:
                 store.connect()
             released = store.release(held)
-        except DatabaseUnavailable as exc:
+        except (DatabaseUnavailable, psycopg.Error) as exc:
             logger.warning(
                 "shutdown: could not hand back %d unstarted job(s) (%s); the sweep will",
                 len(held),

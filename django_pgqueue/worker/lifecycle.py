@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import psycopg
+
 from ..exceptions import DatabaseUnavailable
 from ..outcomes import Failure
 from ..registry import Registry
@@ -136,6 +138,9 @@ class Worker:
                 logger.warning("shutdown: %s", exc)
                 self._store.close()
                 self._switch.force.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+            except psycopg.Error as exc:  # a refused statement: the session is usable
+                logger.warning("shutdown: %s", exc)
+                self._switch.force.wait(min(0.5, max(0.0, deadline - time.monotonic())))
 
         interrupted = [item for item in self._inflight if not item.resolved]
         for item in interrupted:
@@ -151,7 +156,7 @@ class Worker:
                 self._store.connect()
             self._writer.resolve_uncertain()
             dispatcher.write_outcomes()
-        except DatabaseUnavailable as exc:
+        except (DatabaseUnavailable, psycopg.Error) as exc:
             logger.warning(
                 "shutdown: could not write %d outcome(s) (%s); their leases will expire and "
                 "the sweep will requeue them",

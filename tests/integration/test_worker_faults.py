@@ -52,3 +52,87 @@ def test_a_handler_thread_that_dies_has_its_job_failed_and_is_replaced(run_worke
     later = enqueue("qa.outcome", {"do": "return"}, queue="die")
     wait_until(lambda: status(later.id) == "completed", timeout=10)
     assert worker.worker.stats["threads_died"] == 1
+
+
+@pytest.fixture
+def refuse():
+    """refuse(job_id, sqlstate, times): the next `times` completions of the job raise it.
+
+    A trigger on queue_job_state: PostgreSQL's own error, inside the worker's statement.
+    """
+    sql("CREATE TABLE qa_refuse (job_id bigint PRIMARY KEY, state text, times int)")
+    # A sequence counts the refusals: nextval survives the rollback the refusal causes.
+    sql("CREATE SEQUENCE qa_refuse_hits")
+    sql(
+        """
+        CREATE FUNCTION qa_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+        DECLARE plan qa_refuse;
+        BEGIN
+            IF OLD.status = 'running' AND NEW.status = 'completed' THEN
+                SELECT * INTO plan FROM qa_refuse WHERE job_id = NEW.job_id;
+                IF FOUND AND nextval('qa_refuse_hits') <= plan.times THEN
+                    RAISE EXCEPTION 'qa refusal' USING ERRCODE = plan.state;
+                END IF;
+            END IF;
+            RETURN NEW;
+        END $$
+        """
+    )
+    sql(
+        "CREATE TRIGGER qa_refuse BEFORE UPDATE ON queue_job_state "
+        "FOR EACH ROW EXECUTE FUNCTION qa_refuse()"
+    )
+
+    def plan(job_id: int, state: str, times: int = 1) -> None:
+        sql("INSERT INTO qa_refuse VALUES (%s, %s, %s)", [job_id, state, times])
+
+    yield plan
+    sql("DROP TRIGGER qa_refuse ON queue_job_state")
+    sql("DROP FUNCTION qa_refuse()")
+    sql("DROP TABLE qa_refuse")
+    sql("DROP SEQUENCE qa_refuse_hits")
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        "40001",  # serialization_failure
+        "40P01",  # deadlock_detected
+        "55P03",  # lock_not_available
+        "57014",  # query_canceled
+        "22008",  # datetime_field_overflow: nothing to do with the result
+        "23514",  # check_violation
+    ],
+)
+def test_a_completion_refused_for_a_passing_reason_completes(run_worker, refuse, state, caplog):
+    """A refused completion is written again: never dead as "ResultNotStorable", and a
+    serialization failure is no lost connection (no reconnect, no write in doubt)."""
+    jobs = [enqueue("qa.outcome", {"do": "return"}, queue="refused") for _ in range(3)]
+    refuse(jobs[1].id, state, times=3)  # with the claim, the batch, the job alone
+    worker = run_worker(["refused"], concurrency=3, batch_size=3, burst=True)
+    worker.join()
+    assert [status(job.id) for job in jobs] == ["completed"] * 3
+    assert "lost the database connection" not in caplog.text
+    assert "in doubt" not in caplog.text
+    assert worker.worker.stats["completed"] == 3
+    assert "dead" not in worker.worker.stats
+    assert Attempt.objects.filter(job_id__in=[j.id for j in jobs]).count() == 3
+
+
+def test_a_completion_refused_for_good_is_a_retryable_failure_naming_the_error(run_worker, refuse):
+    job = enqueue("qa.outcome", {"do": "return"}, queue="refused", max_attempts=2)
+    refuse(job.id, "40001", times=100)
+    worker = run_worker(["refused"], burst=True)
+    worker.join()
+    attempts = list(Attempt.objects.filter(job_id=job.id).order_by("attempt_index"))
+    assert [a.status for a in attempts] == ["failed", "failed"]
+    assert {a.error_class for a in attempts} == {"psycopg.errors.SerializationFailure"}
+    assert "ResultNotStorable" not in JobState.objects.get(pk=job.id).last_error
+
+
+def test_a_result_postgresql_refuses_as_a_value_is_unstorable(run_worker, refuse):
+    job = enqueue("qa.outcome", {"do": "return"}, queue="refused")
+    refuse(job.id, "22P05", times=100)  # untranslatable_character: about the result
+    run_worker(["refused"], burst=True).join()
+    assert status(job.id) == "dead"
+    assert "ResultNotStorable" in JobState.objects.get(pk=job.id).last_error
