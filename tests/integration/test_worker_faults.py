@@ -136,3 +136,34 @@ def test_a_result_postgresql_refuses_as_a_value_is_unstorable(run_worker, refuse
     run_worker(["refused"], burst=True).join()
     assert status(job.id) == "dead"
     assert "ResultNotStorable" in JobState.objects.get(pk=job.id).last_error
+
+
+def test_a_failure_write_refused_never_drops_the_rest_of_its_batch():
+    """A retry delay too large for now() + delay ("timestamp out of range"): the failure
+    is written with a bounded delay, and the other outcomes of the batch are written."""
+    from django_pgqueue.outcomes import MAX_RETRY_DELAY, Failure, Success
+    from django_pgqueue.retry import FixedDelay
+    from django_pgqueue.worker import InFlight, Worker
+
+    jobs = [enqueue("qa.outcome", {"do": "return"}, queue="far") for _ in range(3)]
+    worker = Worker(["far"], install_signal_handlers=False)
+    rows = sorted(worker._store.claim("far", 3, worker.worker_id, 30), key=lambda r: r.job_id)
+    items = [InFlight.claimed(row, None, FixedDelay(1), None, worker.worker_id, 0) for row in rows]
+    batch = [
+        (items[0], Failure("RetryLater", "in a long while", "", permanent=False, delay=1e13)),
+        (items[1], Failure("ValueError", "soon", "", permanent=False, delay=float("inf"))),
+        (items[2], Success('{"ok": true}')),
+    ]
+    try:
+        worker._dispatcher._write(batch, None)
+    finally:
+        worker._store.close()
+    states = dict(JobState.objects.filter(queue="far").values_list("job_id", "status"))
+    assert states == {jobs[0].id: "pending", jobs[1].id: "pending", jobs[2].id: "completed"}
+    (ahead,) = sql(
+        "SELECT min(extract(epoch FROM run_at - now())) FROM queue_job_state WHERE queue = 'far' "
+        "AND status = 'pending'"
+    )[0]
+    assert MAX_RETRY_DELAY - 60 < float(ahead) <= MAX_RETRY_DELAY
+    assert worker.stats["retried"] == 2
+    assert not worker._dispatcher.leases.held()
