@@ -53,7 +53,7 @@ class HandlerPool:
         self._stopping = False
         self._names = itertools.count()
         self._timed: dict[int, InFlight] = {}  # handed out with a timeout, by job id
-        self._stuck = 0
+        self._stuck_threads: list[threading.Thread] = []  # timed out, handler still running
         # Jobs handed to handler threads and finished by them, and the finished count
         # at which a handler thread wakes the dispatcher (see wait).
         self._count_lock = threading.Lock()
@@ -125,7 +125,13 @@ class HandlerPool:
         return deadline
 
     def check_timeouts(self) -> Timeouts:
-        """Fail the handlers past their timeout and replace their threads."""
+        """Fail the handlers past their timeout and replace their threads.
+
+        The handoff is decided under the job's lock: a handler that has returned is
+        never timed out (its outcome is on its way), and a job timed out here is never
+        reported by its thread, which then ends (see `_run`).
+        """
+        self._stuck_threads = [t for t in self._stuck_threads if t.is_alive()]
         if not self._timed:
             return _NO_TIMEOUTS
         failed = []
@@ -137,7 +143,20 @@ class HandlerPool:
                 continue
             if item.started is None or item.timed_out or now - item.started < item.timeout:
                 continue
-            item.timed_out = True
+            thread = item.thread
+            with item.lock:
+                if item.returned:
+                    continue
+                item.timed_out = True
+                # The failure is about to be written and the job may run elsewhere
+                # soon: a handler that keeps running must see its lease as lost.
+                item.lease.lost = True
+                if thread is not None and thread.ident is not None:
+                    # Raises JobTimeout in the handler at its next bytecode. A handler
+                    # blocked in C code only notices when that call returns.
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                        ctypes.c_ulong(thread.ident), ctypes.py_object(executor.JobTimeout)
+                    )
             item.resolved = True
             del self._timed[item.ctx.job_id]
             logger.error(
@@ -147,22 +166,19 @@ class HandlerPool:
                 item.timeout,
             )
             failed.append((item, executor.timed_out(item.ctx, item.timeout, item.policy)))
-            thread = item.thread
             if thread in self._threads:  # retired: it ends once the handler returns
                 self._threads.remove(thread)
-            if thread is not None and thread.ident is not None:
-                # Best effort: raises JobTimeout in the handler at its next bytecode. A
-                # handler blocked in C code only notices when that call returns.
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(thread.ident), ctypes.py_object(executor.JobTimeout)
-                )
-            self._stuck += 1
-            if self._stuck > self.concurrency:
+            if thread is not None:
+                self._stuck_threads.append(thread)
+            # Only the handlers stuck right now count: each ends its thread when it
+            # finally returns.
+            stuck = sum(1 for t in self._stuck_threads if t.is_alive())
+            if stuck > self.concurrency:
                 logger.critical(
                     "worker %s: %d handlers are stuck past their timeout; exiting so a "
                     "supervisor can restart the process",
                     self.worker_id,
-                    self._stuck,
+                    stuck,
                 )
                 over_limit += 1
             else:
@@ -229,6 +245,13 @@ class HandlerPool:
                 item.thread = me
                 item.started = time.monotonic()
                 outcome = _execute(item)
+                with item.lock:
+                    item.returned = True  # from now on the dispatcher cannot time it out
+                    timed_out = item.timed_out
+                if timed_out:
+                    # Its failure is written; a JobTimeout injected but not delivered yet
+                    # must not land later, and a replacement runs the next jobs.
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me.ident), None)
                 # Reported before it is put: a thread that dies now leaves its outcome
                 # queued, and check_threads must not fail the job a second time.
                 item.reported = True
@@ -239,8 +262,8 @@ class HandlerPool:
                     finished = self._finished_n
                 if finished >= self._wake_at:
                     self._wake.set()
-                if item.timed_out:
-                    return  # a replacement thread took this one's place
+                if timed_out:
+                    return
         except BaseException:
             if not (item is not None and item.timed_out):
                 logger.exception("executor thread crashed")

@@ -4,9 +4,14 @@ worker keeps its handler threads."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
+import django_pgqueue
 from django_pgqueue import enqueue
+from django_pgqueue.exceptions import JobTimeout
 from django_pgqueue.models import Attempt, JobState
 from tests.conftest import sql
 from tests.integration.test_worker import wait_until
@@ -167,3 +172,64 @@ def test_a_failure_write_refused_never_drops_the_rest_of_its_batch():
     assert MAX_RETRY_DELAY - 60 < float(ahead) <= MAX_RETRY_DELAY
     assert worker.stats["retried"] == 2
     assert not worker._dispatcher.leases.held()
+
+
+# -- timeouts: the handoff between a handler thread and the dispatcher ---------------
+
+SEEN: dict[int, dict[str, object]] = {}
+
+
+@django_pgqueue.handler("test.outlives_timeout", max_attempts=1)
+def outlives_timeout(ctx):
+    """Swallows the timeout's exception and keeps running, noting what it sees."""
+    seen = SEEN.setdefault(ctx.job_id, {"thread": threading.current_thread().name})
+    deadline = time.monotonic() + float(ctx.payload["seconds"])
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(0.01)
+        except JobTimeout:
+            seen["timeout"] = time.monotonic()
+        if "timeout" in seen and ctx.lease_lost():
+            seen["lease_lost"] = True
+    seen["thread_after"] = threading.current_thread().name
+
+
+def test_a_timed_out_handler_sees_its_lease_lost(run_worker):
+    job = enqueue("test.outlives_timeout", {"seconds": 1.2}, queue="to")
+    run_worker(["to"], job_timeout=0.3, poll_interval=0.1)
+    wait_until(lambda: "thread_after" in SEEN.get(job.id, {}), timeout=10)
+    assert status(job.id) == "dead"
+    assert SEEN[job.id].get("lease_lost") is True
+
+
+def test_stuck_handlers_that_finally_return_no_longer_count_as_stuck(run_worker):
+    """More timeouts over a worker's life than threads, never more stuck at once."""
+    jobs = [enqueue("test.outlives_timeout", {"seconds": 0.4}, queue="to") for _ in range(4)]
+    worker = run_worker(["to"], concurrency=1, job_timeout=0.3, poll_interval=0.1)
+    wait_until(lambda: all("thread_after" in SEEN.get(j.id, {}) for j in jobs), timeout=20)
+    last = enqueue("qa.outcome", {"do": "return"}, queue="to")
+    wait_until(lambda: status(last.id) == "completed", timeout=10)
+    assert worker.worker.stats["timed_out"] == 4
+    assert worker.worker.exit_code == 0
+    # A thread whose job timed out never took another job.
+    threads = [SEEN[j.id]["thread"] for j in jobs]
+    assert len(set(threads)) == 4
+
+
+def test_a_handler_that_returned_is_never_timed_out():
+    from django_pgqueue.context import Lease
+    from django_pgqueue.retry import FixedDelay
+    from django_pgqueue.store.worker import ClaimedRow
+    from django_pgqueue.worker.inflight import InFlight
+    from django_pgqueue.worker.pool import HandlerPool
+
+    row = ClaimedRow(1, "q", "t", "{}", 0, 1, 1, 1, 1, None, None, None)
+    item = InFlight.claimed(row, None, FixedDelay(1), 0.1, "w", time.monotonic() + 30)
+    assert isinstance(item.lease, Lease)
+    pool = HandlerPool(1, threading.Event(), "w")
+    pool.submit([item])
+    item.started = time.monotonic() - 1  # past its timeout, but its handler returned
+    with item.lock:
+        item.returned = True
+    assert pool.check_timeouts().failed == []
+    assert not item.timed_out
