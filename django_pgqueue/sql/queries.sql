@@ -587,3 +587,16 @@ WHERE state.status = 'dead'
       > (%(after_finished)s::timestamptz, %(after_id)s::bigint)
 ORDER BY state.finished_at, state.job_id
 LIMIT %(limit)s::integer;
+
+
+-- name: job_locked_by
+-- List the running jobs a worker holds according to the database, with their attempts.
+-- After a reconnect the worker compares them with the leases it knows: a claim whose
+-- COMMIT landed but whose answer was lost leaves jobs it does not know it holds, which
+-- it hands back (job_release). Walks queue_job_state_running_idx (running rows only).
+SELECT state.job_id, state.lease_version, attempt.id
+FROM queue_job_state AS state
+JOIN queue_attempts AS attempt
+  ON attempt.job_id = state.job_id AND attempt.lease_version = state.lease_version
+WHERE state.status = 'running'
+  AND state.locked_by = %(worker_id)s::text;

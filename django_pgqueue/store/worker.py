@@ -325,6 +325,11 @@ class Store:
         )
         return {row[0] for row in rows}
 
+    def locked_by(self, worker_id: str) -> list[tuple[int, int, int]]:
+        """The (job_id, lease_version, attempt_id) of running jobs locked by `worker_id`."""
+        rows = self._run("job_locked_by", {"worker_id": worker_id})
+        return [(row[0], row[1], row[2]) for row in rows]
+
     def sweep(self, limit: int = 1000) -> list[tuple[int, str, int, str]]:
         """Requeue (or kill) jobs whose lease ran out: [(job_id, queue, lost_version, status)]."""
         return [tuple(row) for row in self._run("lease_sweep", {"limit": limit})]  # type: ignore[misc]

@@ -25,7 +25,7 @@ from ..store import errors
 from ..store.worker import Backoff, ClaimedRow, ClaimKey, Store, wait_for
 from .config import WorkerConfig
 from .inflight import InFlight, InFlightJobs
-from .leases import LeaseBook, sweep_expired
+from .leases import LeaseBook, UnknownClaims, sweep_expired
 from .pool import HandlerPool
 from .scheduler import ClaimScheduler
 from .signals import StopSwitch
@@ -59,6 +59,7 @@ class Dispatcher:
         self._wake = switch.wake
         self._policy = default_policy()
         self._backoff = Backoff(config.reconnect_max_delay)
+        self.unknown_claims = UnknownClaims(self.leases)
 
     def run(self) -> None:
         """Cycle until stopped (or, in burst mode, until idle); survive a lost database."""
@@ -73,6 +74,8 @@ class Dispatcher:
                 self._wake.clear()
                 if self.writer.in_doubt:  # a read-back that failed for a statement error
                     self.writer.resolve_uncertain()
+                if self.unknown_claims:  # a hand-back that was refused
+                    self._release_unknown_claims()
                 self.collect_outcomes()
                 self.check_timeouts()
                 if stopping.is_set():
@@ -108,6 +111,8 @@ class Dispatcher:
         self.pool.reconnected()
         self.claims.reconnected()
         self.writer.resolve_uncertain()
+        if self.unknown_claims.find(self.store, self.config.worker_id):
+            self._release_unknown_claims()
         # The leases this worker holds may have run out while it was cut off. Before
         # its next sweep (the first thing the loop does) could requeue them, write
         # what finished meanwhile and renew what still runs. Another worker's sweep
@@ -120,10 +125,18 @@ class Dispatcher:
             if lost:
                 self.stats["leases_lost"] += lost
 
+    def _release_unknown_claims(self) -> None:
+        released = self.unknown_claims.release(self.store)
+        if released:
+            self.stats["released"] += released
+            for queue in self.config.queues:
+                self.claims.requeued(queue)
+
     def _idle(self) -> bool:
         """Burst mode's exit test: nothing running, nothing due, no retry about to be."""
         return (
             not self.inflight
+            and not self.unknown_claims
             and not self.writer.pending
             and not self.writer.in_doubt
             and self.claims.idle(time.monotonic())

@@ -6,19 +6,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 
 import psycopg
 
 from ..context import Lease
 from ..exceptions import DatabaseUnavailable
+from ..store import errors
 from ..store.worker import Backoff, Store, wait_for
 from .config import WorkerConfig
 
 logger = logging.getLogger(__name__)
 
 SWEEP_BATCH = 1000
+# A renewal PostgreSQL refused is tried again after RENEW_RETRY, 2x, 4x ... (at most
+# HEARTBEAT_INTERVAL); a lost connection is reconnected at once.
+RENEW_RETRY = 0.05
+GAPS_KEPT = 10_000
 
 
 class LeaseBook:
@@ -41,6 +46,11 @@ class LeaseBook:
             # would stop its renewals, and the sweep would take the job from under it.
             if self._leases.get(lease.job_id) is lease:
                 del self._leases[lease.job_id]
+
+    def known(self) -> set[tuple[int, int]]:
+        """(job_id, lease_version) of every lease in the book, lost ones included."""
+        with self._lock:
+            return {(lease.job_id, lease.lease_version) for lease in self._leases.values()}
 
     def held(self) -> list[Lease]:
         """The leases to renew: held and not known to be lost."""
@@ -91,6 +101,65 @@ class LeaseBook:
         return released
 
 
+class UnknownClaims:
+    """Jobs the database says this worker holds and it does not know of, until handed back.
+
+    A claim whose COMMIT landed but whose answer was lost (the connection died) leaves
+    them. Their leases are held (renewed) until the hand-back lands, so the sweep does
+    not take them first and spend an attempt: they never started. Dispatcher only.
+    """
+
+    def __init__(self, leases: LeaseBook) -> None:
+        self.leases = leases
+        self._claims: list[tuple[Lease, int]] = []  # and the attempt id
+
+    def __bool__(self) -> bool:
+        return bool(self._claims)
+
+    def find(self, store: Store, worker_id: str) -> bool:
+        """After a reconnect: look for such jobs; True if there are some to hand back."""
+        try:
+            rows = store.locked_by(worker_id)
+        except psycopg.Error as exc:
+            logger.warning("listing the jobs locked by this worker failed: %s", exc)
+            return bool(self._claims)
+        known = self.leases.known()
+        unknown = [row for row in rows if (row[0], row[1]) not in known]
+        if unknown:
+            logger.warning(
+                "worker %s: %d job(s) were claimed by a claim whose answer was lost; "
+                "handing them back",
+                worker_id,
+                len(unknown),
+            )
+            expires = time.monotonic() + self.leases.seconds
+            found = [(Lease(job, version, expires), attempt) for job, version, attempt in unknown]
+            self.leases.hold(lease for lease, _ in found)
+            self._claims.extend(found)
+        return bool(self._claims)
+
+    def release(self, store: Store) -> int:
+        """Hand them back (fenced; the attempt is given back); how many were released.
+
+        A refusal keeps them for the next call; a lost connection raises.
+        """
+        claims, self._claims = self._claims, []
+        try:
+            released = store.release(
+                [(lease.job_id, lease.lease_version, attempt) for lease, attempt in claims]
+            )
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            self._claims = claims + self._claims
+            if isinstance(exc, DatabaseUnavailable):
+                raise
+            logger.warning("handing back unknown claims refused (%s); again soon", exc)
+            return 0
+        # Jobs not released were swept or finished meanwhile: nothing left to do.
+        for lease, _ in claims:
+            self.leases.forget(lease)
+        return len(released)
+
+
 def sweep_expired(store: Store) -> list[str]:
     """Requeue (or kill) jobs whose lease ran out, any worker's; return their queues."""
     queues = []
@@ -119,15 +188,19 @@ class Heartbeat:
         self.leases = leases
         self.stop = stop
         self.stats = stats
-        self.gaps: list[float] = []  # seconds between renewals that worked
+        # Seconds between renewals that worked: the latest GAPS_KEPT of them.
+        self.gaps: deque[float] = deque(maxlen=GAPS_KEPT)
 
     def run(self) -> None:
         cfg = self.config
         store = Store(cfg.database, f"pgqueue heartbeat {cfg.worker_id}")
         backoff = Backoff(cfg.reconnect_max_delay)
         last = time.monotonic()
+        wait = cfg.heartbeat_interval
+        failures = 0
         try:
-            while not self.stop.wait(cfg.heartbeat_interval):
+            while not self.stop.wait(wait):
+                wait = cfg.heartbeat_interval
                 held = self.leases.held()
                 if not held:
                     last = time.monotonic()
@@ -138,11 +211,21 @@ class Heartbeat:
                 try:
                     lost = self.leases.renew(store, held, sent)
                 except DatabaseUnavailable as exc:
-                    logger.warning("heartbeat: %s", exc)
+                    logger.warning("heartbeat: %s; reconnecting now", exc)
+                    wait = 0.0  # wait_for above reconnects with its own backoff
                     continue
-                except Exception:  # a statement error must not end the renewals
-                    logger.exception("heartbeat: renewing %d lease(s) failed", len(held))
+                except Exception as exc:  # a statement error must not end the renewals
+                    failures += 1
+                    # Again soon, not a whole interval later: the leases run out meanwhile.
+                    wait = min(cfg.heartbeat_interval, RENEW_RETRY * 2 ** min(failures, 10))
+                    logger.warning(
+                        "heartbeat: renewing %d lease(s) failed (%s); again in %.2fs",
+                        len(held),
+                        errors.describe(exc),
+                        wait,
+                    )
                     continue
+                failures = 0
                 if lost:
                     self.stats["leases_lost"] += lost
                 self.gaps.append(sent - last)

@@ -233,3 +233,42 @@ def test_a_handler_that_returned_is_never_timed_out():
         item.returned = True
     assert pool.check_timeouts().failed == []
     assert not item.timed_out
+
+
+# -- claims whose answer was lost; the heartbeat after a failed renewal ---------------
+
+
+def test_jobs_claimed_by_a_claim_whose_answer_was_lost_are_handed_back(run_worker):
+    """The database says the worker holds a job it never heard of: after (re)connecting
+    it hands the job back with its attempt, and the job runs (even a last attempt)."""
+    from django_pgqueue.store.worker import Store
+
+    job = enqueue("qa.outcome", {"do": "return"}, queue="lost", max_attempts=1)
+    claimer = Store("default", "a claim whose answer was lost")
+    try:
+        assert [row.job_id for row in claimer.claim("lost", 1, "worker-x", 60)] == [job.id]
+    finally:
+        claimer.close()
+    worker = run_worker(["lost"], worker_id="worker-x", burst=True)
+    worker.join()
+    assert status(job.id) == "completed"
+    attempts = list(Attempt.objects.filter(job_id=job.id).order_by("lease_version"))
+    assert [a.status for a in attempts] == ["released", "succeeded"]
+    assert worker.worker.stats["released"] == 1
+
+
+def test_the_heartbeat_renews_again_at_once_after_losing_its_connection(run_worker):
+    job = enqueue("qa.sleep", {"seconds": 4.0}, queue="beat")
+    worker = run_worker(["beat"], lease=3.0, heartbeat_interval=1.0)
+    wait_until(lambda: status(job.id) == "running")
+    wait_until(lambda: len(worker.worker.heartbeat_gaps) >= 1, timeout=5)
+    sql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE application_name LIKE 'pgqueue heartbeat %%'"
+    )
+    wait_until(lambda: status(job.id) == "completed", timeout=10)
+    gaps = list(worker.worker.heartbeat_gaps)
+    assert len(gaps) >= 2
+    # One interval (1 s) and a reconnect, not two intervals.
+    assert max(gaps) < 1.6, gaps
+    assert worker.worker.heartbeat_gaps.maxlen is not None
