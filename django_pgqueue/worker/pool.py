@@ -31,10 +31,7 @@ class Timeouts(NamedTuple):
     """What a timeout check found."""
 
     failed: list[tuple[InFlight, Failure]]  # jobs past their timeout, and their failure
-    over_limit: int  # of those, how many left more stuck threads than the pool's size
-
-
-_NO_TIMEOUTS = Timeouts([], 0)
+    over_limit: int  # 1 when more handlers are stuck at once than the pool has threads
 
 
 class HandlerPool:
@@ -53,7 +50,9 @@ class HandlerPool:
         self._stopping = False
         self._names = itertools.count()
         self._timed: dict[int, InFlight] = {}  # handed out with a timeout, by job id
-        self._stuck_threads: list[threading.Thread] = []  # timed out, handler still running
+        # Threads whose job timed out and whose handler still runs, and when each
+        # counts as stuck (see _too_many_stuck).
+        self._stuck_threads: list[tuple[threading.Thread, float]] = []
         # Jobs handed to handler threads and finished by them, and the finished count
         # at which a handler thread wakes the dispatcher (see wait).
         self._count_lock = threading.Lock()
@@ -131,12 +130,12 @@ class HandlerPool:
         never timed out (its outcome is on its way), and a job timed out here is never
         reported by its thread, which then ends (see `_run`).
         """
-        self._stuck_threads = [t for t in self._stuck_threads if t.is_alive()]
-        if not self._timed:
-            return _NO_TIMEOUTS
-        failed = []
-        over_limit = 0
         now = time.monotonic()
+        self._stuck_threads = [(t, since) for t, since in self._stuck_threads if t.is_alive()]
+        over_limit = int(self._too_many_stuck(now))
+        if not self._timed:
+            return Timeouts([], over_limit)
+        failed = []
         for item in list(self._timed.values()):
             if item.resolved:
                 del self._timed[item.ctx.job_id]
@@ -169,21 +168,25 @@ class HandlerPool:
             if thread in self._threads:  # retired: it ends once the handler returns
                 self._threads.remove(thread)
             if thread is not None:
-                self._stuck_threads.append(thread)
-            # Only the handlers stuck right now count: each ends its thread when it
-            # finally returns.
-            stuck = sum(1 for t in self._stuck_threads if t.is_alive())
-            if stuck > self.concurrency:
-                logger.critical(
-                    "worker %s: %d handlers are stuck past their timeout; exiting so a "
-                    "supervisor can restart the process",
-                    self.worker_id,
-                    stuck,
-                )
-                over_limit += 1
-            else:
+                # Stuck once it outlives its timeout by as much again; it leaves the
+                # count when its handler finally returns and the thread ends.
+                self._stuck_threads.append((thread, now + item.timeout))
+            if not over_limit:
                 self._spawn()
         return Timeouts(failed, over_limit)
+
+    def _too_many_stuck(self, now: float) -> bool:
+        """More handlers stuck right now than the pool has threads: time to exit."""
+        stuck = sum(1 for _, since in self._stuck_threads if now >= since)
+        if stuck <= self.concurrency:
+            return False
+        logger.critical(
+            "worker %s: %d handlers are stuck past their timeout; exiting so a supervisor "
+            "can restart the process",
+            self.worker_id,
+            stuck,
+        )
+        return True
 
     def check_threads(self) -> list[tuple[InFlight, Failure]]:
         """Replace handler threads that died; fail the job each left without an outcome."""

@@ -272,3 +272,12 @@ def test_the_heartbeat_renews_again_at_once_after_losing_its_connection(run_work
     # One interval (1 s) and a reconnect, not two intervals.
     assert max(gaps) < 1.6, gaps
     assert worker.worker.heartbeat_gaps.maxlen is not None
+
+
+def test_more_handlers_stuck_at_once_than_threads_ends_the_worker(run_worker):
+    for _ in range(2):
+        enqueue("qa.hang", queue="wedged", max_attempts=1)  # blocked in C for good
+    worker = run_worker(["wedged"], concurrency=1, job_timeout=0.2, poll_interval=0.1)
+    worker.thread.join(15)
+    assert not worker.thread.is_alive()
+    assert worker.worker.exit_code == 1
