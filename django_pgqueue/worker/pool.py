@@ -245,6 +245,7 @@ class HandlerPool:
                     # nothing (and kill one with a single attempt). Replace it first.
                     epoch = self._db_epoch
                     _close_unusable_django_connections()
+                _health_check_on_first_use()
                 item.thread = me
                 item.started = time.monotonic()
                 outcome = _execute(item)
@@ -299,6 +300,20 @@ def _thread_died() -> Failure:
         "",
         permanent=False,
     )
+
+
+def _health_check_on_first_use() -> None:
+    """Have Django check each kept connection of this thread before its first query of
+    the next job, and replace it if the server dropped it meanwhile.
+
+    Django's own health check (CONN_HEALTH_CHECKS), armed for every job: it costs one
+    round trip, and only for a job that uses the connection; a connection the server
+    dropped between jobs would otherwise fail that job and spend an attempt.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None:
+            conn.health_check_enabled = True
+            conn.health_check_done = False
 
 
 def _close_unusable_django_connections() -> None:

@@ -281,3 +281,17 @@ def test_more_handlers_stuck_at_once_than_threads_ends_the_worker(run_worker):
     worker.thread.join(15)
     assert not worker.thread.is_alive()
     assert worker.worker.exit_code == 1
+
+
+def test_a_handler_connection_the_server_dropped_between_jobs_costs_no_attempt(run_worker):
+    first = enqueue("qa.backend_pid", queue="pid")
+    worker = run_worker(["pid"], concurrency=1, batch_size=1, poll_interval=0.05)
+    wait_until(lambda: status(first.id) == "completed")
+    pid = Attempt.objects.get(job_id=first.id).result
+    sql("SELECT pg_terminate_backend(%s)", [pid])  # the handler thread's, not the worker's
+    time.sleep(0.2)
+    job = enqueue("qa.backend_pid", queue="pid", max_attempts=1)
+    wait_until(lambda: status(job.id) != "pending" and status(job.id) != "running")
+    assert status(job.id) == "completed", JobState.objects.get(pk=job.id).last_error
+    assert Attempt.objects.get(job_id=job.id).result != pid
+    assert "leases_lost" not in worker.worker.stats
