@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 from django.db import connections
+from psycopg import sql
 
 from ..conf import get_settings
 from ..exceptions import DatabaseUnavailable
@@ -52,6 +53,24 @@ def connection_params(alias: str, application_name: str) -> dict[str, Any]:
     params.setdefault("keepalives_count", 3)
     params.setdefault("connect_timeout", 10)
     return params
+
+
+def _configure_session(conn: psycopg.Connection[Any], options: dict[str, Any]) -> None:
+    """Pin READ COMMITTED and take on OPTIONS["assume_role"], as Django's connections do.
+
+    The statements rely on READ COMMITTED (a fenced UPDATE re-checks the row a
+    concurrent writer changed instead of failing); a database or role default of
+    REPEATABLE READ or SERIALIZABLE must not reach them. The isolation is set only
+    when the default differs (one round trip per connection either way), so a session
+    behind a pooler is left as it was in the usual case.
+    """
+    conn.execute(
+        "SELECT set_config('default_transaction_isolation', 'read committed', false) "
+        "WHERE current_setting('default_transaction_isolation') <> 'read committed'",
+        prepare=False,
+    )
+    if role := options.get("assume_role"):
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)), prepare=False)
 
 
 class ClaimedRow(NamedTuple):
@@ -153,9 +172,16 @@ class Store:
         # owns: prepared on first use, each is parsed and planned once per session.
         params["prepare_threshold"] = 0 if get_settings().WORKER_PREPARED_STATEMENTS else None
         try:
-            self._conn = psycopg.connect(**params, autocommit=True)
+            conn = psycopg.connect(**params, autocommit=True)
         except psycopg.Error as exc:  # refused, unreachable, starting up: try again later
             raise DatabaseUnavailable(f"cannot connect to the queue database: {exc}") from exc
+        try:
+            _configure_session(conn, connections[self.alias].settings_dict.get("OPTIONS", {}))
+        except psycopg.Error as exc:
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise DatabaseUnavailable(f"cannot set up the worker's session: {exc}") from exc
+        self._conn = conn
 
     def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -99,7 +99,7 @@ class Dispatcher:
             except psycopg.Error as exc:
                 # A statement error (a timeout, a refused value): the session is still
                 # usable; the fenced statements make a retry of the cycle safe.
-                logger.exception("worker %s: database error: %s", cfg.worker_id, exc)
+                logger.error("worker %s: database error: %s", cfg.worker_id, errors.describe(exc))
                 stopping.wait(0.5)
 
     def reconnect(self) -> None:
@@ -121,9 +121,13 @@ class Dispatcher:
         self.write_outcomes()
         held = self.leases.held()
         if held:
-            lost = self.leases.renew(self.store, held, time.monotonic())
-            if lost:
-                self.stats["leases_lost"] += lost
+            try:
+                lost = self.leases.renew(self.store, held, time.monotonic())
+            except psycopg.Error as exc:  # refused: the heartbeat renews them shortly
+                logger.warning("renewing after the reconnect refused: %s", errors.describe(exc))
+            else:
+                if lost:
+                    self.stats["leases_lost"] += lost
 
     def _release_unknown_claims(self) -> None:
         released = self.unknown_claims.release(self.store)

@@ -121,7 +121,7 @@ class UnknownClaims:
         try:
             rows = store.locked_by(worker_id)
         except psycopg.Error as exc:
-            logger.warning("listing the jobs locked by this worker failed: %s", exc)
+            logger.warning("listing the jobs this worker holds failed: %s", errors.describe(exc))
             return bool(self._claims)
         known = self.leases.known()
         unknown = [row for row in rows if (row[0], row[1]) not in known]
@@ -152,7 +152,7 @@ class UnknownClaims:
             self._claims = claims + self._claims
             if isinstance(exc, DatabaseUnavailable):
                 raise
-            logger.warning("handing back unknown claims refused (%s); again soon", exc)
+            logger.warning("handing back unknown claims refused (%s)", errors.describe(exc))
             return 0
         # Jobs not released were swept or finished meanwhile: nothing left to do.
         for lease, _ in claims:

@@ -295,3 +295,42 @@ def test_a_handler_connection_the_server_dropped_between_jobs_costs_no_attempt(r
     assert status(job.id) == "completed", JobState.objects.get(pk=job.id).last_error
     assert Attempt.objects.get(job_id=job.id).result != pid
     assert "leases_lost" not in worker.worker.stats
+
+
+# -- the worker's sessions -------------------------------------------------------------
+
+
+@pytest.fixture
+def serializable_by_default():
+    """The test database's default isolation is SERIALIZABLE for new sessions."""
+    from django.db import connection
+
+    name = connection.settings_dict["NAME"]
+    sql(f'ALTER DATABASE "{name}" SET default_transaction_isolation = serializable')
+    yield
+    sql(f'ALTER DATABASE "{name}" RESET default_transaction_isolation')
+
+
+def test_worker_sessions_pin_read_committed_and_assume_the_configured_role(
+    serializable_by_default,
+):
+    from django.db import connections
+
+    from django_pgqueue.store.worker import Store
+
+    role = "pgqueue_fixes_qa_role"
+    sql(f"DROP ROLE IF EXISTS {role}")
+    sql(f"CREATE ROLE {role}")
+    sql(f"GRANT {role} TO CURRENT_USER")
+    options = connections["default"].settings_dict["OPTIONS"]
+    options["assume_role"] = role
+    store = Store("default", "session check")
+    try:
+        row = store.raw.execute(
+            "SELECT current_setting('transaction_isolation'), current_user"
+        ).fetchone()
+    finally:
+        store.close()
+        del options["assume_role"]
+        sql(f"DROP ROLE {role}")
+    assert row == ("read committed", role)
