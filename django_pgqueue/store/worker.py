@@ -14,6 +14,7 @@ import contextlib
 import logging
 import random
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -384,13 +385,24 @@ class Store:
                 yield notify.payload
 
 
-def wait_for(store: Store, stop: threading.Event, backoff: Backoff, what: str) -> bool:
-    """Reconnect `store` with jittered backoff until it works or `stop` is set."""
+def wait_for(
+    store: Store,
+    stop: threading.Event,
+    backoff: Backoff,
+    what: str,
+    deadline: float | None = None,
+) -> bool:
+    """Reconnect `store` with jittered backoff until it works, `stop` is set or the
+    `deadline` (time.monotonic()) passes; True once connected."""
     while not stop.is_set():
         try:
             store.connect()
         except DatabaseUnavailable as exc:
             delay = backoff.next_delay()
+            if deadline is not None:
+                delay = min(delay, deadline - time.monotonic())
+                if delay <= 0:
+                    return False
             logger.warning("%s: database unavailable (%s); retrying in %.2fs", what, exc, delay)
             stop.wait(delay)
             continue

@@ -102,10 +102,17 @@ class Dispatcher:
                 logger.error("worker %s: database error: %s", cfg.worker_id, errors.describe(exc))
                 stopping.wait(0.5)
 
-    def reconnect(self) -> None:
-        """Get the connection back, then settle what happened while it was gone."""
+    def reconnect(self, deadline: float | None = None) -> None:
+        """Get the connection back, then settle what happened while it was gone.
+
+        Gives up when asked to stop with no handler running (nothing would be lost:
+        outcomes not written leave leases to expire), at a second stop request, or at
+        `deadline`.
+        """
+        switch = self._switch
+        stop = switch.force if self.inflight else switch.stopping
         if not wait_for(
-            self.store, self._switch.force, self._backoff, f"worker {self.config.worker_id}"
+            self.store, stop, self._backoff, f"worker {self.config.worker_id}", deadline
         ):
             return
         self.pool.reconnected()

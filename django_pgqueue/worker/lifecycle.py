@@ -28,6 +28,10 @@ from .signals import SignalRelay, StopSwitch
 
 logger = logging.getLogger(__name__)
 
+# The exit code of a worker that stopped while it could not reach the database
+# (sysexits' EX_UNAVAILABLE): its outcomes not written are left to the sweep.
+EXIT_UNREACHABLE = 69
+
 
 class Worker:
     """Runs jobs from one or more queues until stopped (or, in burst mode, until idle)."""
@@ -46,6 +50,7 @@ class Worker:
         self.stats: Counter[str] = Counter()
         self._wake = threading.Event()
         self._switch = StopSwitch(self._wake)
+        self._unreachable = False  # it stopped without reaching the database
         self._service_stop = threading.Event()  # ends the heartbeat and the listener
         self._threads: list[threading.Thread] = []  # signals, heartbeat, listener
         self._dispatcher = dispatcher = Dispatcher(cfg, self.registry, self._switch, self.stats)
@@ -64,8 +69,11 @@ class Worker:
 
     @property
     def exit_code(self) -> int:
-        """The process exit code: 1 once too many handlers were stuck, else 0."""
-        return self._dispatcher.exit_code
+        """The process exit code: 1 once too many handlers were stuck; EXIT_UNREACHABLE
+        when the worker stopped without reaching the database; else 0."""
+        if self._dispatcher.exit_code:
+            return self._dispatcher.exit_code
+        return EXIT_UNREACHABLE if self._unreachable else 0
 
     def stop(self, *, force: bool = False) -> None:
         """Stop claiming and shut down; force skips the grace period for running handlers."""
@@ -123,7 +131,9 @@ class Worker:
             )
 
         deadline = time.monotonic() + cfg.shutdown_grace
-        while self._busy():
+        # Handlers still run, or outcomes wait and the database answers: give them the
+        # grace period. With no handler running and the database gone, stop now.
+        while self._inflight or (self._busy() and self._store.connected):
             if self._switch.force.is_set() or time.monotonic() >= deadline:
                 break
             self._wake.wait(0.05)
@@ -132,7 +142,7 @@ class Worker:
             dispatcher.check_timeouts()
             try:
                 if not self._store.connected:
-                    dispatcher.reconnect()
+                    dispatcher.reconnect(deadline)
                 dispatcher.write_outcomes()
             except DatabaseUnavailable as exc:
                 logger.warning("shutdown: %s", exc)
@@ -156,7 +166,15 @@ class Worker:
                 self._store.connect()
             self._writer.resolve_uncertain()
             dispatcher.write_outcomes()
-        except (DatabaseUnavailable, psycopg.Error) as exc:
+        except DatabaseUnavailable as exc:
+            self._unreachable = True
+            logger.warning(
+                "shutdown: could not write %d outcome(s) (%s); their leases will expire and "
+                "the sweep will requeue them",
+                self._writer.backlog(),
+                exc,
+            )
+        except psycopg.Error as exc:
             logger.warning(
                 "shutdown: could not write %d outcome(s) (%s); their leases will expire and "
                 "the sweep will requeue them",
