@@ -334,3 +334,23 @@ def test_worker_sessions_pin_read_committed_and_assume_the_configured_role(
         del options["assume_role"]
         sql(f"DROP ROLE {role}")
     assert row == ("read committed", role)
+
+
+def test_prepared_statements_lost_behind_a_pooler_turn_preparation_off(caplog):
+    """A transaction-mode pooler hands the next statement to a server connection that
+    never prepared it (SQLSTATE 26000): one clear error naming the setting, then the
+    statement runs unprepared."""
+    from django_pgqueue.store.worker import Store
+
+    jobs = [enqueue("qa.outcome", {"do": "return"}, queue="pooled") for _ in range(2)]
+    store = Store("default", "behind a pooler")
+    try:
+        assert len(store.claim("pooled", 1, "w", 30)) == 1
+        # What another server connection looks like: nothing prepared. Through libpq
+        # directly, so psycopg does not notice and still believes its statements exist.
+        store.raw.pgconn.exec_(b"DEALLOCATE ALL")
+        assert [row.job_id for row in store.claim("pooled", 1, "w", 30)] == [jobs[1].id]
+        assert store.raw.prepare_threshold is None
+    finally:
+        store.close()
+    assert 'PGQUEUE["WORKER_PREPARED_STATEMENTS"] = False' in caplog.text
