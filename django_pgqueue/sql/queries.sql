@@ -600,3 +600,13 @@ JOIN queue_attempts AS attempt
   ON attempt.job_id = state.job_id AND attempt.lease_version = state.lease_version
 WHERE state.status = 'running'
   AND state.locked_by = %(worker_id)s::text;
+
+
+-- name: queue_next_due
+-- Seconds until the next pending job of a queue comes due (NULL: none pending).
+-- An idle worker whose listener is connected sleeps until then (or its idle poll)
+-- instead of polling every POLL_INTERVAL: a NOTIFY announces new jobs, but not a
+-- scheduled job coming due. Reads the queue's entries of queue_job_state_claim_idx.
+SELECT extract(epoch FROM min(run_at) - now())::float8
+FROM queue_job_state
+WHERE queue = %(queue)s::text AND status = 'pending';

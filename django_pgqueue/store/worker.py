@@ -5,23 +5,20 @@ database settings but outside Django's connection handling, so CONN_MAX_AGE neve
 closes it between jobs; its statements are prepared unless
 PGQUEUE["WORKER_PREPARED_STATEMENTS"] is False. Each method runs one statement from
 `sql/queries.sql`; a lost connection surfaces as `DatabaseUnavailable` and the next
-call reconnects. `wait_for` reconnects with jittered backoff.
+call reconnects (`store.connection.wait_for`, with jittered backoff).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import threading
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import psycopg
 from django.db import connections
-from psycopg import sql
 
 from ..conf import get_settings
 from ..exceptions import DatabaseUnavailable
@@ -29,49 +26,15 @@ from ..outcomes import Failure
 from ..sql import QUERIES
 from . import errors
 from .arrays import int_array
+from .connection import Backoff, configure_session, connection_params, wait_for
+
+__all__ = ["Backoff", "ClaimKey", "ClaimedRow", "Store", "connection_params", "wait_for"]
 
 logger = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "pgqueue"
 
 LOST = "lost the database connection"
-
-
-def connection_params(alias: str, application_name: str) -> dict[str, Any]:
-    """psycopg connect() arguments for the Django database `alias`."""
-    params = dict(connections[alias].get_connection_params())
-    # Server-side binding: our statements carry explicit casts, and arrays of
-    # thousands of values travel as parameters instead of literals.
-    params.pop("cursor_factory", None)
-    # psycopg's own (C) loaders: Django's adapters parse timestamps in Python, and the
-    # worker reads no model fields.
-    params.pop("context", None)
-    params.setdefault("application_name", application_name[:63])
-    # Notice a dead peer (a failed-over server, a cut network) within about a minute.
-    params.setdefault("keepalives", 1)
-    params.setdefault("keepalives_idle", 30)
-    params.setdefault("keepalives_interval", 10)
-    params.setdefault("keepalives_count", 3)
-    params.setdefault("connect_timeout", 10)
-    return params
-
-
-def _configure_session(conn: psycopg.Connection[Any], options: dict[str, Any]) -> None:
-    """Pin READ COMMITTED and take on OPTIONS["assume_role"], as Django's connections do.
-
-    The statements rely on READ COMMITTED (a fenced UPDATE re-checks the row a
-    concurrent writer changed instead of failing); a database or role default of
-    REPEATABLE READ or SERIALIZABLE must not reach them. The isolation is set only
-    when the default differs (one round trip per connection either way), so a session
-    behind a pooler is left as it was in the usual case.
-    """
-    conn.execute(
-        "SELECT set_config('default_transaction_isolation', 'read committed', false) "
-        "WHERE current_setting('default_transaction_isolation') <> 'read committed'",
-        prepare=False,
-    )
-    if role := options.get("assume_role"):
-        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)), prepare=False)
 
 
 class ClaimedRow(NamedTuple):
@@ -132,23 +95,6 @@ def _complete_params(done: Sequence[tuple[int, int, int, str | None]]) -> dict[s
     }
 
 
-class Backoff:
-    """Full-jitter exponential backoff for reconnects: uniform(0, min(cap, base * 2**n))."""
-
-    def __init__(self, cap: float, base: float = 0.05) -> None:
-        self.cap = cap
-        self.base = base
-        self.failures = 0
-
-    def next_delay(self) -> float:
-        ceiling = min(self.cap, self.base * 2 ** min(self.failures, 30))
-        self.failures += 1
-        return random.uniform(ceiling / 4, ceiling)
-
-    def reset(self) -> None:
-        self.failures = 0
-
-
 class Store:
     """Runs the worker's statements on one dedicated connection."""
 
@@ -177,7 +123,7 @@ class Store:
         except psycopg.Error as exc:  # refused, unreachable, starting up: try again later
             raise DatabaseUnavailable(f"cannot connect to the queue database: {exc}") from exc
         try:
-            _configure_session(conn, connections[self.alias].settings_dict.get("OPTIONS", {}))
+            configure_session(conn, connections[self.alias].settings_dict.get("OPTIONS", {}))
         except psycopg.Error as exc:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -357,6 +303,11 @@ class Store:
         rows = self._run("job_locked_by", {"worker_id": worker_id})
         return [(row[0], row[1], row[2]) for row in rows]
 
+    def next_due(self, queue: str) -> float | None:
+        """Seconds until the next pending job of `queue` is due (<= 0: due), None if none."""
+        rows = self._run("queue_next_due", {"queue": queue})
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
+
     def sweep(self, limit: int = 1000) -> list[tuple[int, str, int, str]]:
         """Requeue (or kill) jobs whose lease ran out: [(job_id, queue, lost_version, status)]."""
         return [tuple(row) for row in self._run("lease_sweep", {"limit": limit})]  # type: ignore[misc]
@@ -383,31 +334,3 @@ class Store:
             # Collect what else already arrived without waiting again.
             for notify in conn.notifies(timeout=0.0):
                 yield notify.payload
-
-
-def wait_for(
-    store: Store,
-    stop: threading.Event,
-    backoff: Backoff,
-    what: str,
-    deadline: float | None = None,
-) -> bool:
-    """Reconnect `store` with jittered backoff until it works, `stop` is set or the
-    `deadline` (time.monotonic()) passes; True once connected."""
-    while not stop.is_set():
-        try:
-            store.connect()
-        except DatabaseUnavailable as exc:
-            delay = backoff.next_delay()
-            if deadline is not None:
-                delay = min(delay, deadline - time.monotonic())
-                if delay <= 0:
-                    return False
-            logger.warning("%s: database unavailable (%s); retrying in %.2fs", what, exc, delay)
-            stop.wait(delay)
-            continue
-        if backoff.failures:
-            logger.warning("%s: reconnected to the database", what)
-        backoff.reset()
-        return True
-    return False

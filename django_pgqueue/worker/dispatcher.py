@@ -22,7 +22,8 @@ from ..exceptions import DatabaseUnavailable
 from ..registry import Registry
 from ..retry import default_policy
 from ..store import errors
-from ..store.worker import Backoff, ClaimedRow, ClaimKey, Store, wait_for
+from ..store.connection import Backoff, wait_for
+from ..store.worker import ClaimedRow, ClaimKey, Store
 from .config import WorkerConfig
 from .inflight import InFlight, InFlightJobs
 from .leases import LeaseBook, UnknownClaims, sweep_expired
@@ -33,6 +34,11 @@ from .writer import Claim, OutcomeWriter, Written
 
 logger = logging.getLogger(__name__)
 
+# The longest an idle worker whose listener is connected waits before it looks at an
+# empty queue again (a NOTIFY wakes it at once; a job already scheduled, when it is
+# due). It covers what no NOTIFY announces: a job scheduled meanwhile (enqueued with a
+# delay), a retry another worker wrote.
+IDLE_POLL = 5.0
 # After a refused sweep, the next one comes this soon (or at SWEEP_INTERVAL if sooner).
 SWEEP_RETRY = 0.2
 
@@ -89,6 +95,8 @@ class Dispatcher:
                 if cfg.burst and self._idle():
                     logger.info("worker %s: queues empty, burst done", cfg.worker_id)
                     return
+                if not self.inflight and not self.writer.pending and not self.writer.in_doubt:
+                    _sleep_long(self.store, self.claims, time.monotonic())
                 self.pool.wait(
                     self._idle_timeout(next_sweep),
                     until_last=self.writer.pending and bool(self.inflight),
@@ -155,7 +163,12 @@ class Dispatcher:
 
     def _idle_timeout(self, next_sweep: float) -> float:
         now = time.monotonic()
-        deadline = min(next_sweep, now + self.config.poll_interval)
+        # Idle: the empty marks (see _sleep_long) and the sweep say when to look again.
+        # Busy: at least every POLL_INTERVAL (a handler that just started has no
+        # timeout deadline known yet).
+        idle = not self.inflight and not self.writer.pending
+        cap = max(self.config.poll_interval, IDLE_POLL) if idle else self.config.poll_interval
+        deadline = min(next_sweep, now + cap)
         for due in (
             self.writer.flush_deadline(),
             self.claims.next_look(),
@@ -328,3 +341,16 @@ class Dispatcher:
         released = self.leases.hand_back(self.store, held)
         if released is not None:
             self.stats["released"] += len(released)
+
+
+def _sleep_long(store: Store, claims: ClaimScheduler, now: float) -> None:
+    """Idle, and NOTIFYs arrive: look at each empty queue again only when its next
+    job is due, or after IDLE_POLL, instead of every POLL_INTERVAL."""
+    for queue in claims.long_sleep(now):
+        try:
+            due = store.next_due(queue)
+        except psycopg.Error as exc:  # look at POLL_INTERVAL, as without a listener
+            logger.warning("next due job of %s: %s", queue, errors.describe(exc))
+            return
+        until = IDLE_POLL if due is None else min(max(due, 0.0), IDLE_POLL)
+        claims.sleep_until(queue, now + until)

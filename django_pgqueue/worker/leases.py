@@ -14,7 +14,8 @@ import psycopg
 from ..context import Lease
 from ..exceptions import DatabaseUnavailable
 from ..store import errors
-from ..store.worker import Backoff, Store, wait_for
+from ..store.connection import Backoff, wait_for
+from ..store.worker import Store
 from .config import WorkerConfig
 
 logger = logging.getLogger(__name__)

@@ -11,14 +11,15 @@ import logging
 import threading
 
 from ..exceptions import DatabaseUnavailable
-from ..store.worker import Backoff, Store, wait_for
+from ..store.connection import Backoff, wait_for
+from ..store.worker import Store
 from .config import WorkerConfig
 from .scheduler import ClaimScheduler
 
 logger = logging.getLogger(__name__)
 
 # How long the listener blocks waiting for a NOTIFY before it checks for shutdown.
-LISTEN_TIMEOUT = 0.25
+LISTEN_TIMEOUT = 1.0
 
 
 class Listener:
@@ -53,6 +54,7 @@ class Listener:
                         continue
                     # Notifications sent while we were not listening are gone: look.
                     self.claims.notify(wanted)
+                    self.claims.listening = True
                     self.wake.set()
                 try:
                     for name in store.notifications(timeout=LISTEN_TIMEOUT):
@@ -60,10 +62,13 @@ class Listener:
                             self.claims.notify((name,))
                             self.wake.set()
                 except DatabaseUnavailable as exc:
+                    self.claims.listening = False
                     logger.warning("listener: %s", exc)
                 except Exception:  # polling covers while the listener recovers
+                    self.claims.listening = False
                     logger.exception("listener failed; reconnecting")
                     store.close()
                     self.stop.wait(backoff.next_delay())
         finally:
+            self.claims.listening = False
             store.close()

@@ -181,39 +181,13 @@ class OutcomeWriter:
                 self._stale(item, "complete")
             self.leases.forget(item.lease)
 
-    def _again(self, what: str, write: Callable[[], T], *, other: bool = True) -> T:
-        """Run `write`, again after a pause while PostgreSQL refuses it for a transient
-        reason (or, with `other`, one it cannot classify), at most WRITE_TRIES times.
-
-        A lost connection (DatabaseUnavailable) and a refused value raise at once.
-        """
-        for attempt in range(1, WRITE_TRIES + 1):
-            try:
-                return write()
-            except psycopg.Error as exc:
-                kind = errors.classify(exc)
-                if attempt == WRITE_TRIES or not (
-                    kind == errors.TRANSIENT or (other and kind == errors.OTHER)
-                ):
-                    raise
-                pause = WRITE_PAUSE * 4 ** (attempt - 1)
-                logger.warning(
-                    "%s refused (%s: %s); writing it again in %.2fs",
-                    what,
-                    kind,
-                    errors.describe(exc),
-                    pause,
-                )
-                time.sleep(pause)
-        raise AssertionError("unreachable")
-
     def _complete(self, successes: list[Written]) -> set[int]:
         """Complete the batch's successes; one by one if the batch is refused."""
         if not successes:
             return set()
         done = _done(successes)
         try:
-            return self._again(f"completing {len(done)} job(s)", lambda: self.store.complete(done))
+            return _again(f"completing {len(done)} job(s)", lambda: self.store.complete(done))
         except psycopg.Error as exc:
             if len(successes) == 1:
                 return self._complete_refused(successes[0], exc)
@@ -225,7 +199,7 @@ class OutcomeWriter:
         completed: set[int] = set()
         for written in successes:
             try:
-                completed |= self._again(
+                completed |= _again(
                     f"completing job {written[0].ctx.job_id}",
                     lambda w=written: self.store.complete(_done([w])),
                 )
@@ -270,11 +244,11 @@ class OutcomeWriter:
 
         what = f"recording the failure of job {ctx.job_id}"
         try:
-            return self._again(what, lambda: write(outcome), other=False)
+            return _again(what, lambda: write(outcome), other=False)
         except psycopg.Error as exc:
             logger.error("%s was refused (%s); writing it plainer", what, errors.describe(exc))
         try:
-            return self._again(what, lambda: write(plainer(outcome)))
+            return _again(what, lambda: write(plainer(outcome)))
         except psycopg.Error as exc:
             logger.error(
                 "job %d: %s was refused again (%s); its lease is let go and the sweep will "
@@ -374,3 +348,30 @@ def _done(successes: list[Written]) -> list[tuple[int, int, int, str | None]]:
         for item, out in successes
         if isinstance(out, Success)
     ]
+
+
+def _again(what: str, write: Callable[[], T], *, other: bool = True) -> T:
+    """Run `write`, again after a pause while PostgreSQL refuses it for a transient
+    reason (or, with `other`, one it cannot classify), at most WRITE_TRIES times.
+
+    A lost connection (DatabaseUnavailable) and a refused value raise at once.
+    """
+    for attempt in range(1, WRITE_TRIES + 1):
+        try:
+            return write()
+        except psycopg.Error as exc:
+            kind = errors.classify(exc)
+            if attempt == WRITE_TRIES or not (
+                kind == errors.TRANSIENT or (other and kind == errors.OTHER)
+            ):
+                raise
+            pause = WRITE_PAUSE * 4 ** (attempt - 1)
+            logger.warning(
+                "%s refused (%s: %s); writing it again in %.2fs",
+                what,
+                kind,
+                errors.describe(exc),
+                pause,
+            )
+            time.sleep(pause)
+    raise AssertionError("unreachable")

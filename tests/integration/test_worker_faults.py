@@ -354,3 +354,24 @@ def test_prepared_statements_lost_behind_a_pooler_turn_preparation_off(caplog):
     finally:
         store.close()
     assert 'PGQUEUE["WORKER_PREPARED_STATEMENTS"] = False' in caplog.text
+
+
+# -- an idle worker ----------------------------------------------------------------------
+
+
+def test_an_idle_listening_worker_polls_rarely_yet_runs_a_scheduled_job_when_due(run_worker):
+    due = enqueue("qa.outcome", {"do": "return"}, queue="idle", delay=3.0)
+    enqueued = time.monotonic()
+    worker = run_worker(["idle"], poll_interval=0.2, sweep_interval=60)
+    dispatcher = worker.worker._dispatcher
+    claims = []
+    claim = dispatcher.store.claim
+    dispatcher.store.claim = lambda *args, **kwargs: (claims.append(1), claim(*args, **kwargs))[1]
+    wait_until(lambda: status(due.id) == "completed", timeout=15)
+    assert 3.0 <= time.monotonic() - enqueued < 3.0 + 1.0
+    # Polling every POLL_INTERVAL (0.2 s) would have claimed about 15 times meanwhile;
+    # an idle worker that hears NOTIFYs looks when the scheduled job is due.
+    assert len(claims) <= 4, len(claims)
+    looked = len(claims)
+    time.sleep(2.0)
+    assert len(claims) - looked <= 1
