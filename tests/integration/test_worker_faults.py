@@ -14,7 +14,7 @@ from django_pgqueue import enqueue
 from django_pgqueue.exceptions import JobTimeout
 from django_pgqueue.models import Attempt, JobState
 from tests.conftest import sql
-from tests.integration.test_worker import wait_until
+from tests.integration.test_worker import wait_until, write_claimed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -147,22 +147,14 @@ def test_a_failure_write_refused_never_drops_the_rest_of_its_batch():
     """A retry delay too large for now() + delay ("timestamp out of range"): the failure
     is written with a bounded delay, and the other outcomes of the batch are written."""
     from django_pgqueue.outcomes import MAX_RETRY_DELAY, Failure, Success
-    from django_pgqueue.retry import FixedDelay
-    from django_pgqueue.worker import InFlight, Worker
 
     jobs = [enqueue("qa.outcome", {"do": "return"}, queue="far") for _ in range(3)]
-    worker = Worker(["far"], install_signal_handlers=False)
-    rows = sorted(worker._store.claim("far", 3, worker.worker_id, 30), key=lambda r: r.job_id)
-    items = [InFlight.claimed(row, None, FixedDelay(1), None, worker.worker_id, 0) for row in rows]
-    batch = [
-        (items[0], Failure("RetryLater", "in a long while", "", permanent=False, delay=1e13)),
-        (items[1], Failure("ValueError", "soon", "", permanent=False, delay=float("inf"))),
-        (items[2], Success('{"ok": true}')),
-    ]
-    try:
-        worker._dispatcher._write(batch, None)
-    finally:
-        worker._store.close()
+    outcomes = {
+        jobs[0].id: Failure("RetryLater", "in a long while", "", permanent=False, delay=1e13),
+        jobs[1].id: Failure("ValueError", "soon", "", permanent=False, delay=float("inf")),
+        jobs[2].id: Success('{"ok": true}'),
+    }
+    worker = write_claimed("far", 3, lambda row: outcomes[row.job_id])
     states = dict(JobState.objects.filter(queue="far").values_list("job_id", "status"))
     assert states == {jobs[0].id: "pending", jobs[1].id: "pending", jobs[2].id: "completed"}
     (ahead,) = sql(
