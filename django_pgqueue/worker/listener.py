@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 import threading
 
+import psycopg
+
 from ..exceptions import DatabaseUnavailable
+from ..store import errors
 from ..store.connection import Backoff, wait_for
 from ..store.worker import Store
 from .config import WorkerConfig
@@ -51,6 +54,11 @@ class Listener:
                         store.listen()
                     except DatabaseUnavailable as exc:
                         logger.warning("listener: %s", exc)
+                        continue
+                    except psycopg.Error as exc:  # refused (a timeout...): try again later
+                        logger.warning("listener: LISTEN refused: %s", errors.describe(exc))
+                        store.close()
+                        self.stop.wait(backoff.next_delay())
                         continue
                     # Notifications sent while we were not listening are gone: look.
                     self.claims.notify(wanted)

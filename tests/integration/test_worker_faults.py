@@ -367,3 +367,23 @@ def test_an_idle_listening_worker_polls_rarely_yet_runs_a_scheduled_job_when_due
     looked = len(claims)
     time.sleep(2.0)
     assert len(claims) - looked <= 1
+
+
+def test_a_refused_listen_does_not_end_the_listener(run_worker, monkeypatch):
+    from psycopg import errors as pg
+
+    from django_pgqueue.store.worker import Store
+
+    listen = Store.listen
+    calls = []
+
+    def refused_once(store):
+        calls.append(1)
+        if len(calls) == 1:
+            raise pg.QueryCanceled("canceling statement due to statement timeout")
+        listen(store)
+
+    monkeypatch.setattr(Store, "listen", refused_once)
+    worker = run_worker(["lq"], poll_interval=0.1)
+    wait_until(lambda: worker.worker._dispatcher.claims.listening, timeout=10)
+    assert len(calls) == 2
