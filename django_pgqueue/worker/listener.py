@@ -70,13 +70,20 @@ class Listener:
                             self.claims.notify((name,))
                             self.wake.set()
                 except DatabaseUnavailable as exc:
-                    self.claims.listening = False
+                    self._deaf()
                     logger.warning("listener: %s", exc)
                 except Exception:  # polling covers while the listener recovers
-                    self.claims.listening = False
+                    self._deaf()
                     logger.exception("listener failed; reconnecting")
                     store.close()
                     self.stop.wait(backoff.next_delay())
         finally:
             self.claims.listening = False
             store.close()
+
+    def _deaf(self) -> None:
+        """No NOTIFY arrives any more: the dispatcher polls every POLL_INTERVAL again,
+        starting with a look at every queue (an idle one may wait far longer)."""
+        self.claims.listening = False
+        self.claims.notify(self.config.queues)
+        self.wake.set()
