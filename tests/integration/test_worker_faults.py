@@ -387,3 +387,35 @@ def test_a_refused_listen_does_not_end_the_listener(run_worker, monkeypatch):
     worker = run_worker(["lq"], poll_interval=0.1)
     wait_until(lambda: worker.worker._dispatcher.claims.listening, timeout=10)
     assert len(calls) == 2
+
+
+def test_an_exception_out_of_the_pipeline_is_a_write_in_doubt(monkeypatch):
+    """psycopg's pipeline exit once raised IndexError: not a crash, a write in doubt (the
+    COMMIT may have happened), on a fresh connection."""
+    import contextlib
+
+    from django_pgqueue.exceptions import DatabaseUnavailable
+    from django_pgqueue.store.worker import Store
+
+    job = enqueue("qa.outcome", {"do": "return"}, queue="pipe")
+    store = Store("default", "broken pipeline")
+    try:
+        (row,) = store.claim("pipe", 1, "w", 30)
+        conn = store.raw
+        pipeline = conn.pipeline
+
+        @contextlib.contextmanager
+        def breaks_on_exit():
+            with pipeline() as pipe:
+                yield pipe
+            raise IndexError("pop from an empty deque")
+
+        monkeypatch.setattr(conn, "pipeline", breaks_on_exit)
+        done = [(job.id, row.lease_version, row.attempt_id, None)]
+        with pytest.raises(DatabaseUnavailable, match="pipeline"):
+            store.complete_and_claim(done, "pipe", 1, "w", 30)
+        assert not store.connected
+        # It did land: the read-back of writes in doubt finds it.
+        assert store.attempt_statuses([row.attempt_id]) == {row.attempt_id: "succeeded"}
+    finally:
+        store.close()
