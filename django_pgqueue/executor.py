@@ -50,7 +50,33 @@ def describe(exc: BaseException) -> tuple[str, str, str]:
 
 
 def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcome:
-    """Call the handler for ctx and classify the result."""
+    """Call the handler for ctx and classify the result; never raises for the job."""
+    try:
+        return _run(ctx, handler, policy)
+    except BaseException as exc:  # classifying itself failed: still an outcome
+        return fallback_failure(exc)
+
+
+def decode_failure(exc: BaseException) -> Failure:
+    """The permanent failure of a payload that cannot be decoded (it never will be)."""
+    try:
+        return Failure(*describe(exc), permanent=True)
+    except BaseException:
+        return fallback_failure(exc, permanent=True)
+
+
+def fallback_failure(exc: BaseException, *, permanent: bool = False) -> Failure:
+    """A failure built from the exception's class alone, when describing it failed too."""
+    cls = type(exc)
+    return Failure(
+        storable(f"{cls.__module__}.{cls.__qualname__}", ERROR_CLASS_LIMIT),
+        "the outcome of the handler could not be described",
+        "",
+        permanent=permanent,
+    )
+
+
+def _run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcome:
     try:
         if handler is None:
             raise UnknownJobType(f"No handler is registered for job type {ctx.type!r}.")
@@ -66,17 +92,40 @@ def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcom
 
 
 def success(value: Any) -> Outcome:
+    """The Success of a handler's return value, or why the value cannot be stored.
+
+    Anything raised while encoding (a `__str__` or `default` of the value's own, a
+    recursion) makes the value unstorable: the job ran, so it is not re-run.
+    """
     if value is None:
         return Success()
     try:
         text = _dumps(value)
-        # jsonb refuses NUL (\u0000) and the UTF-8 encoding refuses lone surrogates.
-        if "\\u0000" in text:
+        # jsonb refuses NUL and the UTF-8 encoding refuses lone surrogates. The test is
+        # on the value's strings: the encoded text spells a backslash as "\\", so a
+        # substring test on it would take r"C:\u0000dir" for a NUL.
+        if _has_nul(value):
             raise ValueError("it contains a NUL character, which PostgreSQL cannot store")
         text.encode("utf-8")
-    except (TypeError, ValueError, RecursionError) as exc:
+    except Exception as exc:
         return unstorable_result(value, exc)
     return Success(text)
+
+
+def _has_nul(value: Any) -> bool:
+    """A NUL in any string of a JSON-encodable value (keys included)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
 
 
 def retryable(exc: BaseException, ctx: JobContext, policy: RetryPolicy) -> Failure:

@@ -6,6 +6,7 @@ writes it) use these types; neither imports the other for them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,14 +51,27 @@ def storable(text: str, limit: int) -> str:
 
 
 def plainer(failure: Failure) -> Failure:
-    """The same failure as plain text, for when PostgreSQL refused its original text."""
+    """The same failure as plain text with a delay PostgreSQL can add to now(), for
+    when PostgreSQL refused the original (its text, or a delay out of range)."""
     return Failure(
         storable(failure.error_class, ERROR_CLASS_LIMIT),
         storable(repr(failure.message), MESSAGE_LIMIT),
         "",
         permanent=failure.permanent,
-        delay=failure.delay,
+        delay=bounded_delay(failure.delay),
     )
+
+
+# The longest retry delay written: a century; now() + more than about 292,000 years is
+# out of a timestamp's range, and infinity out of an interval's.
+MAX_RETRY_DELAY = 100 * 366 * 86_400.0
+
+
+def bounded_delay(delay: float) -> float:
+    """`delay` in [0, MAX_RETRY_DELAY]; NaN counts as 0."""
+    if math.isnan(delay):
+        return 0.0
+    return min(max(delay, 0.0), MAX_RETRY_DELAY)
 
 
 def unstorable_result(value: Any, exc: BaseException) -> Failure:
@@ -65,10 +79,26 @@ def unstorable_result(value: Any, exc: BaseException) -> Failure:
     return Failure(
         "django_pgqueue.ResultNotStorable",
         storable(
-            f"the handler returned {type(value).__name__} {value!r:.200}, which cannot be "
-            f"stored as JSON ({exc}); the job ran but is marked dead so it is not re-run",
+            f"the handler returned {type(value).__name__} {_safe_repr(value)}, which cannot "
+            f"be stored as JSON ({_safe_str(exc)}); the job ran but is marked dead so it is "
+            "not re-run",
             MESSAGE_LIMIT,
         ),
         "",
         permanent=True,
     )
+
+
+def _safe_repr(value: Any) -> str:
+    """repr(value), at most 200 characters; a value's own __repr__ may raise or recurse."""
+    try:
+        return f"{value!r:.200}"
+    except BaseException:  # whatever it raises, the failure is still recorded
+        return f"<{type(value).__name__} whose repr() failed>"
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except BaseException:
+        return type(exc).__name__

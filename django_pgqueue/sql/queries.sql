@@ -891,3 +891,26 @@ SELECT date_trunc('minute', now()) AS now_minute, r.minute, r.queue, r.completed
 FROM queue_stats_minutely AS r
 WHERE r.minute > date_trunc('minute', now()) - make_interval(mins => %(minutes)s::integer)
 ORDER BY r.minute, r.queue;
+
+
+-- name: job_locked_by
+-- List the running jobs a worker holds according to the database, with their attempts.
+-- After a reconnect the worker compares them with the leases it knows: a claim whose
+-- COMMIT landed but whose answer was lost leaves jobs it does not know it holds, which
+-- it hands back (job_release). Walks queue_job_state_running_idx (running rows only).
+SELECT state.job_id, state.lease_version, attempt.id
+FROM queue_job_state AS state
+JOIN queue_attempts AS attempt
+  ON attempt.job_id = state.job_id AND attempt.lease_version = state.lease_version
+WHERE state.status = 'running'
+  AND state.locked_by = %(worker_id)s::text;
+
+
+-- name: queue_next_due
+-- Seconds until the next pending job of a queue comes due (NULL: none pending).
+-- An idle worker whose listener is connected sleeps until then (or its idle poll)
+-- instead of polling every POLL_INTERVAL: a NOTIFY announces new jobs, but not a
+-- scheduled job coming due. Reads the queue's entries of queue_job_state_claim_idx.
+SELECT extract(epoch FROM min(run_at) - now())::float8
+FROM queue_job_state
+WHERE queue = %(queue)s::text AND status = 'pending';

@@ -5,14 +5,13 @@ database settings but outside Django's connection handling, so CONN_MAX_AGE neve
 closes it between jobs; its statements are prepared unless
 PGQUEUE["WORKER_PREPARED_STATEMENTS"] is False. Each method runs one statement from
 `sql/queries.sql`; a lost connection surfaces as `DatabaseUnavailable` and the next
-call reconnects. `wait_for` reconnects with jittered backoff.
+call reconnects (`store.connection.wait_for`, with jittered backoff).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,35 +24,17 @@ from ..conf import get_settings
 from ..exceptions import DatabaseUnavailable
 from ..outcomes import Failure
 from ..sql import QUERIES
+from . import errors
 from .arrays import int_array
+from .connection import Backoff, configure_session, connection_params, wait_for
+
+__all__ = ["Backoff", "ClaimKey", "ClaimedRow", "Store", "connection_params", "wait_for"]
 
 logger = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "pgqueue"
 
-# Connection-level errors: the session is gone or unusable. Anything else (a bad
-# value, a constraint) is a statement error and leaves an autocommit session usable.
-_CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 LOST = "lost the database connection"
-
-
-def connection_params(alias: str, application_name: str) -> dict[str, Any]:
-    """psycopg connect() arguments for the Django database `alias`."""
-    params = dict(connections[alias].get_connection_params())
-    # Server-side binding: our statements carry explicit casts, and arrays of
-    # thousands of values travel as parameters instead of literals.
-    params.pop("cursor_factory", None)
-    # psycopg's own (C) loaders: Django's adapters parse timestamps in Python, and the
-    # worker reads no model fields.
-    params.pop("context", None)
-    params.setdefault("application_name", application_name[:63])
-    # Notice a dead peer (a failed-over server, a cut network) within about a minute.
-    params.setdefault("keepalives", 1)
-    params.setdefault("keepalives_idle", 30)
-    params.setdefault("keepalives_interval", 10)
-    params.setdefault("keepalives_count", 3)
-    params.setdefault("connect_timeout", 10)
-    return params
 
 
 class ClaimedRow(NamedTuple):
@@ -115,23 +96,6 @@ def _complete_params(done: Sequence[tuple[int, int, int, str | None]]) -> dict[s
     }
 
 
-class Backoff:
-    """Full-jitter exponential backoff for reconnects: uniform(0, min(cap, base * 2**n))."""
-
-    def __init__(self, cap: float, base: float = 0.05) -> None:
-        self.cap = cap
-        self.base = base
-        self.failures = 0
-
-    def next_delay(self) -> float:
-        ceiling = min(self.cap, self.base * 2 ** min(self.failures, 30))
-        self.failures += 1
-        return random.uniform(ceiling / 4, ceiling)
-
-    def reset(self) -> None:
-        self.failures = 0
-
-
 class Store:
     """Runs the worker's statements on one dedicated connection."""
 
@@ -155,8 +119,17 @@ class Store:
         # The worker runs the same few statements thousands of times on a connection it
         # owns: prepared on first use, each is parsed and planned once per session.
         params["prepare_threshold"] = 0 if get_settings().WORKER_PREPARED_STATEMENTS else None
-        with self._unavailable("cannot connect to the queue database"):
-            self._conn = psycopg.connect(**params, autocommit=True)
+        try:
+            conn = psycopg.connect(**params, autocommit=True)
+        except psycopg.Error as exc:  # refused, unreachable, starting up: try again later
+            raise DatabaseUnavailable(f"cannot connect to the queue database: {exc}") from exc
+        try:
+            configure_session(conn, connections[self.alias].settings_dict.get("OPTIONS", {}))
+        except psycopg.Error as exc:
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise DatabaseUnavailable(f"cannot set up the worker's session: {exc}") from exc
+        self._conn = conn
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -166,13 +139,18 @@ class Store:
 
     @contextmanager
     def _unavailable(self, *what: str) -> Iterator[None]:
-        """Turn a connection-level error into DatabaseUnavailable("<what>: <error>").
+        """Turn a lost connection into DatabaseUnavailable("<what>: <error>").
 
-        The connection is dropped, so the next call reconnects.
+        The connection is dropped, so the next call reconnects. Whether the connection
+        is lost is decided by its state and the SQLSTATE (`errors.classify`); any other
+        error is a statement error that leaves an autocommit session usable, raised as
+        it came for the caller to classify.
         """
         try:
             yield
-        except _CONNECTION_ERRORS as exc:
+        except psycopg.Error as exc:
+            if errors.classify(exc, self._conn) != errors.LOST:
+                raise
             self.close()
             raise DatabaseUnavailable(": ".join([*what, str(exc)])) from exc
 
@@ -183,11 +161,39 @@ class Store:
         return self._conn
 
     def _run(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        try:
+            return self._run_once(name, params)
+        except psycopg.Error as exc:
+            if not self._unprepared(exc):
+                raise
+            return self._run_once(name, params)
+
+    def _run_once(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         with self._lock:
             conn = self.raw
             with self._unavailable(name, LOST), conn.cursor() as cursor:
                 cursor.execute(QUERIES[name], params)
                 return cursor.fetchall() if cursor.description else []
+
+    def _unprepared(self, exc: psycopg.Error) -> bool:
+        """A prepared statement the server lost (a transaction pooler): stop preparing.
+
+        True if the statement should be sent again, unprepared.
+        """
+        conn = self._conn
+        if errors.classify(exc, conn) != errors.UNPREPARED or conn is None:
+            return False
+        if conn.prepare_threshold is None:
+            return False
+        conn.prepare_threshold = None
+        logger.error(
+            "the server does not know a statement this worker prepared (%s): a "
+            "transaction-mode pooler (PgBouncer) sits between them. Set "
+            'PGQUEUE["WORKER_PREPARED_STATEMENTS"] = False, or connect the worker '
+            "directly; preparation is off on this connection from now on",
+            errors.describe(exc),
+        )
+        return True
 
     # -- worker statements ----------------------------------------------------------
 
@@ -235,9 +241,21 @@ class Store:
                 conn.cursor() as done_cur,
                 conn.cursor() as claim_cur,
             ):
-                with conn.pipeline():
-                    done_cur.execute(QUERIES["job_complete"], _complete_params(done))
-                    claim_cur.execute(QUERIES[claim_name], claim)
+                try:
+                    with conn.pipeline():
+                        done_cur.execute(QUERIES["job_complete"], _complete_params(done))
+                        claim_cur.execute(QUERIES[claim_name], claim)
+                except psycopg.Error as exc:
+                    self._unprepared(exc)  # the caller writes them apart, unprepared
+                    raise
+                except Exception as exc:
+                    # Not an answer from the server: the pipeline's own state broke
+                    # (psycopg once raised IndexError on exit). Whether the COMMIT
+                    # happened is unknown: a write in doubt, on a fresh connection.
+                    self.close()
+                    raise DatabaseUnavailable(
+                        f"job_complete + job_claim: the pipeline failed ({exc!r})"
+                    ) from exc
                 completed = {row[0] for row in done_cur.fetchall()}
                 return completed, [ClaimedRow._make(row) for row in claim_cur.fetchall()]
 
@@ -281,6 +299,16 @@ class Store:
         )
         return {row[0] for row in rows}
 
+    def locked_by(self, worker_id: str) -> list[tuple[int, int, int]]:
+        """The (job_id, lease_version, attempt_id) of running jobs locked by `worker_id`."""
+        rows = self._run("job_locked_by", {"worker_id": worker_id})
+        return [(row[0], row[1], row[2]) for row in rows]
+
+    def next_due(self, queue: str) -> float | None:
+        """Seconds until the next pending job of `queue` is due (<= 0: due), None if none."""
+        rows = self._run("queue_next_due", {"queue": queue})
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
+
     def sweep(self, limit: int = 1000) -> list[tuple[int, str, int, str]]:
         """Requeue (or kill) jobs whose lease ran out: [(job_id, queue, lost_version, status)]."""
         return [tuple(row) for row in self._run("lease_sweep", {"limit": limit})]  # type: ignore[misc]
@@ -307,20 +335,3 @@ class Store:
             # Collect what else already arrived without waiting again.
             for notify in conn.notifies(timeout=0.0):
                 yield notify.payload
-
-
-def wait_for(store: Store, stop: threading.Event, backoff: Backoff, what: str) -> bool:
-    """Reconnect `store` with jittered backoff until it works or `stop` is set."""
-    while not stop.is_set():
-        try:
-            store.connect()
-        except DatabaseUnavailable as exc:
-            delay = backoff.next_delay()
-            logger.warning("%s: database unavailable (%s); retrying in %.2fs", what, exc, delay)
-            stop.wait(delay)
-            continue
-        if backoff.failures:
-            logger.warning("%s: reconnected to the database", what)
-        backoff.reset()
-        return True
-    return False

@@ -23,16 +23,26 @@ from ..observability.hooks import Observer  # issue 15 hook
 from ..registry import Registry
 from ..retry import default_policy
 from ..schedules.firing import ScheduleHook
-from ..store.worker import Backoff, ClaimedRow, ClaimKey, Store, wait_for
+from ..store import errors
+from ..store.connection import Backoff, wait_for
+from ..store.worker import ClaimedRow, ClaimKey, Store
 from .config import WorkerConfig
 from .inflight import InFlight, InFlightJobs
-from .leases import LeaseBook, sweep_expired
+from .leases import LeaseBook, UnknownClaims, sweep_expired
 from .pool import HandlerPool
 from .scheduler import ClaimScheduler
 from .signals import StopSwitch
 from .writer import Claim, OutcomeWriter, Written
 
 logger = logging.getLogger(__name__)
+
+# The longest an idle worker whose listener is connected waits before it looks at an
+# empty queue again (a NOTIFY wakes it at once; a job already scheduled, when it is
+# due). It covers what no NOTIFY announces: a job scheduled meanwhile (enqueued with a
+# delay), a retry another worker wrote.
+IDLE_POLL = 5.0
+# After a refused sweep, the next one comes this soon (or at SWEEP_INTERVAL if sooner).
+SWEEP_RETRY = 0.2
 
 
 class Dispatcher:
@@ -65,6 +75,7 @@ class Dispatcher:
         self._wake = switch.wake
         self._policy = default_policy()
         self._backoff = Backoff(config.reconnect_max_delay)
+        self.unknown_claims = UnknownClaims(self.leases)
 
     def run(self) -> None:
         """Cycle until stopped (or, in burst mode, until idle); survive a lost database."""
@@ -77,14 +88,18 @@ class Dispatcher:
                     self.reconnect()
                     continue
                 self._wake.clear()
+                if self.writer.in_doubt:  # a read-back that failed for a statement error
+                    self.writer.resolve_uncertain()
+                if self.unknown_claims:  # a hand-back that was refused
+                    self._release_unknown_claims()
                 self.collect_outcomes()
                 self.check_timeouts()
                 if stopping.is_set():
                     break
                 now = time.monotonic()
                 if now >= next_sweep:
-                    self._sweep()
-                    next_sweep = now + cfg.sweep_interval
+                    swept = self._sweep()
+                    next_sweep = now + (cfg.sweep_interval if swept else SWEEP_RETRY)
                 if now >= self.schedules.due_at:
                     self.schedules.run(now)
                 if self._cycle(now):
@@ -92,6 +107,8 @@ class Dispatcher:
                 if cfg.burst and self._idle():
                     logger.info("worker %s: queues empty, burst done", cfg.worker_id)
                     return
+                if not self.inflight and not self.writer.pending and not self.writer.in_doubt:
+                    _sleep_long(self.store, self.claims, time.monotonic())
                 self.pool.wait(
                     self._idle_timeout(next_sweep),
                     until_last=self.writer.pending and bool(self.inflight),
@@ -102,18 +119,27 @@ class Dispatcher:
             except psycopg.Error as exc:
                 # A statement error (a timeout, a refused value): the session is still
                 # usable; the fenced statements make a retry of the cycle safe.
-                logger.exception("worker %s: database error: %s", cfg.worker_id, exc)
+                logger.error("worker %s: database error: %s", cfg.worker_id, errors.describe(exc))
                 stopping.wait(0.5)
 
-    def reconnect(self) -> None:
-        """Get the connection back, then settle what happened while it was gone."""
+    def reconnect(self, deadline: float | None = None) -> None:
+        """Get the connection back, then settle what happened while it was gone.
+
+        Gives up when asked to stop with no handler running (nothing would be lost:
+        outcomes not written leave leases to expire), at a second stop request, or at
+        `deadline`.
+        """
+        switch = self._switch
+        stop = switch.force if self.inflight else switch.stopping
         if not wait_for(
-            self.store, self._switch.force, self._backoff, f"worker {self.config.worker_id}"
+            self.store, stop, self._backoff, f"worker {self.config.worker_id}", deadline
         ):
             return
         self.pool.reconnected()
         self.claims.reconnected()
         self.writer.resolve_uncertain()
+        if self.unknown_claims.find(self.store, self.config.worker_id):
+            self._release_unknown_claims()
         # The leases this worker holds may have run out while it was cut off. Before
         # its next sweep (the first thing the loop does) could requeue them, write
         # what finished meanwhile and renew what still runs. Another worker's sweep
@@ -122,15 +148,27 @@ class Dispatcher:
         self.write_outcomes()
         held = self.leases.held()
         if held:
-            lost = self.leases.renew(self.store, held, time.monotonic())
-            if lost:
-                self.stats["leases_lost"] += lost
-                self.observer.renewed(held)  # issue 15 hook: job_lease_lost
+            try:
+                lost = self.leases.renew(self.store, held, time.monotonic())
+            except psycopg.Error as exc:  # refused: the heartbeat renews them shortly
+                logger.warning("renewing after the reconnect refused: %s", errors.describe(exc))
+            else:
+                if lost:
+                    self.stats["leases_lost"] += lost
+                    self.observer.renewed(held)  # issue 15 hook: job_lease_lost
+
+    def _release_unknown_claims(self) -> None:
+        released = self.unknown_claims.release(self.store)
+        if released:
+            self.stats["released"] += released
+            for queue in self.config.queues:
+                self.claims.requeued(queue)
 
     def _idle(self) -> bool:
         """Burst mode's exit test: nothing running, nothing due, no retry about to be."""
         return (
             not self.inflight
+            and not self.unknown_claims
             and not self.writer.pending
             and not self.writer.in_doubt
             and self.claims.idle(time.monotonic())
@@ -138,7 +176,12 @@ class Dispatcher:
 
     def _idle_timeout(self, next_sweep: float) -> float:
         now = time.monotonic()
-        deadline = min(next_sweep, now + self.config.poll_interval, self.schedules.due_at)
+        # Idle: the empty marks (see _sleep_long) and the sweep say when to look again.
+        # Busy: at least every POLL_INTERVAL (a handler that just started has no
+        # timeout deadline known yet).
+        idle = not self.inflight and not self.writer.pending
+        cap = max(self.config.poll_interval, IDLE_POLL) if idle else self.config.poll_interval
+        deadline = min(next_sweep, now + cap, self.schedules.due_at)
         for due in (
             self.writer.flush_deadline(),
             self.claims.next_look(),
@@ -184,20 +227,21 @@ class Dispatcher:
                 limit = min(cfg.batch_size, free)
                 sent = time.monotonic()
                 after = self.claims.resume_after(name, sent)
-                rows = self.store.claim(name, limit, cfg.worker_id, cfg.lease, after)
+                rows = self._claim_or_log(name, limit, after)
                 self._intake(name, limit, after, rows, sent)
         return True
 
     def _claim_or_log(
         self, queue: str, limit: int, after: ClaimKey | None = None
     ) -> list[ClaimedRow]:
-        """Claim; a statement error (not a lost connection) is logged and claims nothing."""
+        """Claim; a refused claim (not a lost connection) is logged and claims nothing:
+        nothing was claimed, and the next cycle claims again."""
         try:
             return self.store.claim(queue, limit, self.config.worker_id, self.config.lease, after)
         except psycopg.Error as exc:
-            if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-                raise
-            logger.error("claim from %s failed: %s", queue, exc)
+            logger.warning(
+                "claim from %s refused (%s: %s)", queue, errors.classify(exc), errors.describe(exc)
+            )
             return []
 
     # -- intake: claimed rows -> handler pool -----------------------------------------
@@ -264,11 +308,16 @@ class Dispatcher:
             self.writer.add(item, outcome)
 
     def check_timeouts(self) -> None:
-        """Record the failures of handlers past their timeout; stop if too many are stuck."""
+        """Record the failures of handlers past their timeout or whose thread died; stop if
+        too many are stuck."""
         timeouts = self.pool.check_timeouts()
         for item, failure in timeouts.failed:
             self.inflight.drop(item)
             self.stats["timed_out"] += 1
+            self.writer.add(item, failure)
+        for item, failure in self.pool.check_threads():
+            self.inflight.drop(item)
+            self.stats["threads_died"] += 1
             self.writer.add(item, failure)
         for _ in range(timeouts.over_limit):
             self.exit_code = 1
@@ -289,10 +338,17 @@ class Dispatcher:
         if self.writer.pending:
             self._write(self.writer.take(), None)
 
-    def _sweep(self) -> None:
-        for queue in sweep_expired(self.store):
+    def _sweep(self) -> bool:
+        """Sweep expired leases; False if PostgreSQL refused the sweep (try again soon)."""
+        try:
+            queues = sweep_expired(self.store)
+        except psycopg.Error as exc:
+            logger.warning("sweep refused (%s); again shortly", errors.describe(exc))
+            return False
+        for queue in queues:
             self.stats["swept"] += 1
             self.claims.requeued(queue)  # a requeued job keeps its place: walk from the start
+        return True
 
     def release(self, held: list[tuple[int, int, int]]) -> None:
         """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""
@@ -300,3 +356,16 @@ class Dispatcher:
         released = self.leases.hand_back(self.store, held)
         if released is not None:
             self.stats["released"] += len(released)
+
+
+def _sleep_long(store: Store, claims: ClaimScheduler, now: float) -> None:
+    """Idle, and NOTIFYs arrive: look at each empty queue again only when its next
+    job is due, or after IDLE_POLL, instead of every POLL_INTERVAL."""
+    for queue in claims.long_sleep(now):
+        try:
+            due = store.next_due(queue)
+        except psycopg.Error as exc:  # look at POLL_INTERVAL, as without a listener
+            logger.warning("next due job of %s: %s", queue, errors.describe(exc))
+            return
+        until = IDLE_POLL if due is None else min(max(due, 0.0), IDLE_POLL)
+        claims.sleep_until(queue, now + until)

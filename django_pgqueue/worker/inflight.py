@@ -26,9 +26,16 @@ class InFlight:
     # Set by its handler thread when the handler starts.
     started: float | None = field(default=None, init=False)
     thread: threading.Thread | None = field(default=None, init=False)
+    # The handoff between the handler thread and the dispatcher's timeout: under
+    # `lock`, the thread sets `returned` and the dispatcher sets `timed_out` only if
+    # the handler has not returned; so exactly one of them decides the outcome.
+    lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    returned: bool = field(default=False, init=False)
     # Set by the dispatcher: the handler ran past its timeout; the outcome is known.
     timed_out: bool = field(default=False, init=False)
     resolved: bool = field(default=False, init=False)
+    # Set by its handler thread just before it hands the outcome over.
+    reported: bool = field(default=False, init=False)
 
     @classmethod
     def claimed(

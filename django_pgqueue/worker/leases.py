@@ -6,18 +6,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
+
+import psycopg
 
 from ..context import Lease
 from ..exceptions import DatabaseUnavailable
 from ..observability.hooks import Observer  # issue 15 hook
-from ..store.worker import Backoff, Store, wait_for
+from ..store import errors
+from ..store.connection import Backoff, wait_for
+from ..store.worker import Store
 from .config import WorkerConfig
 
 logger = logging.getLogger(__name__)
 
 SWEEP_BATCH = 1000
+# A renewal PostgreSQL refused is tried again after RENEW_RETRY, 2x, 4x ... (at most
+# HEARTBEAT_INTERVAL); a lost connection is reconnected at once.
+RENEW_RETRY = 0.05
+GAPS_KEPT = 10_000
 
 
 class LeaseBook:
@@ -40,6 +48,11 @@ class LeaseBook:
             # would stop its renewals, and the sweep would take the job from under it.
             if self._leases.get(lease.job_id) is lease:
                 del self._leases[lease.job_id]
+
+    def known(self) -> set[tuple[int, int]]:
+        """(job_id, lease_version) of every lease in the book, lost ones included."""
+        with self._lock:
+            return {(lease.job_id, lease.lease_version) for lease in self._leases.values()}
 
     def held(self) -> list[Lease]:
         """The leases to renew: held and not known to be lost."""
@@ -76,7 +89,7 @@ class LeaseBook:
             if not store.connected:
                 store.connect()
             released = store.release(held)
-        except DatabaseUnavailable as exc:
+        except (DatabaseUnavailable, psycopg.Error) as exc:
             logger.warning(
                 "shutdown: could not hand back %d unstarted job(s) (%s); the sweep will",
                 len(held),
@@ -88,6 +101,65 @@ class LeaseBook:
                 self._leases.pop(job_id, None)
         logger.info("shutdown: handed back %d unstarted job(s)", len(released))
         return released
+
+
+class UnknownClaims:
+    """Jobs the database says this worker holds and it does not know of, until handed back.
+
+    A claim whose COMMIT landed but whose answer was lost (the connection died) leaves
+    them. Their leases are held (renewed) until the hand-back lands, so the sweep does
+    not take them first and spend an attempt: they never started. Dispatcher only.
+    """
+
+    def __init__(self, leases: LeaseBook) -> None:
+        self.leases = leases
+        self._claims: list[tuple[Lease, int]] = []  # and the attempt id
+
+    def __bool__(self) -> bool:
+        return bool(self._claims)
+
+    def find(self, store: Store, worker_id: str) -> bool:
+        """After a reconnect: look for such jobs; True if there are some to hand back."""
+        try:
+            rows = store.locked_by(worker_id)
+        except psycopg.Error as exc:
+            logger.warning("listing the jobs this worker holds failed: %s", errors.describe(exc))
+            return bool(self._claims)
+        known = self.leases.known()
+        unknown = [row for row in rows if (row[0], row[1]) not in known]
+        if unknown:
+            logger.warning(
+                "worker %s: %d job(s) were claimed by a claim whose answer was lost; "
+                "handing them back",
+                worker_id,
+                len(unknown),
+            )
+            expires = time.monotonic() + self.leases.seconds
+            found = [(Lease(job, version, expires), attempt) for job, version, attempt in unknown]
+            self.leases.hold(lease for lease, _ in found)
+            self._claims.extend(found)
+        return bool(self._claims)
+
+    def release(self, store: Store) -> int:
+        """Hand them back (fenced; the attempt is given back); how many were released.
+
+        A refusal keeps them for the next call; a lost connection raises.
+        """
+        claims, self._claims = self._claims, []
+        try:
+            released = store.release(
+                [(lease.job_id, lease.lease_version, attempt) for lease, attempt in claims]
+            )
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            self._claims = claims + self._claims
+            if isinstance(exc, DatabaseUnavailable):
+                raise
+            logger.warning("handing back unknown claims refused (%s)", errors.describe(exc))
+            return 0
+        # Jobs not released were swept or finished meanwhile: nothing left to do.
+        for lease, _ in claims:
+            self.leases.forget(lease)
+        return len(released)
 
 
 def sweep_expired(store: Store) -> list[str]:
@@ -126,7 +198,8 @@ class Heartbeat:
         self.stop = stop
         self.stats = stats
         self.observer = observer
-        self.gaps: list[float] = []  # seconds between renewals that worked
+        # Seconds between renewals that worked: the latest GAPS_KEPT of them.
+        self.gaps: deque[float] = deque(maxlen=GAPS_KEPT)
 
     def run(self) -> None:
         cfg = self.config
@@ -136,10 +209,12 @@ class Heartbeat:
         # Issue 15: the first cycle runs at once (the worker registry hears of this worker
         # at start), and cycles start every heartbeat_interval whatever the registry's
         # writes after a renewal cost: they never push the next renewal back.
-        first, due = True, time.monotonic()
+        wait = 0.0
+        failures = 0
         try:
-            while first or not self.stop.wait(max(0.0, due - time.monotonic())):
-                first, due = False, time.monotonic() + cfg.heartbeat_interval
+            while not self.stop.wait(wait):
+                started = time.monotonic()
+                wait = cfg.heartbeat_interval
                 held = self.leases.held()
                 if not store.connected and not wait_for(store, self.stop, backoff, "heartbeat"):
                     return
@@ -150,17 +225,28 @@ class Heartbeat:
                     try:
                         lost = self.leases.renew(store, held, sent)
                     except DatabaseUnavailable as exc:
-                        logger.warning("heartbeat: %s", exc)
+                        logger.warning("heartbeat: %s; reconnecting now", exc)
+                        wait = 0.0  # wait_for above reconnects with its own backoff
                         continue
-                    except Exception:  # a statement error must not end the renewals
-                        logger.exception("heartbeat: renewing %d lease(s) failed", len(held))
+                    except Exception as exc:  # a statement error must not end the renewals
+                        failures += 1
+                        # Again soon, not a whole interval later: the leases run out meanwhile.
+                        wait = min(cfg.heartbeat_interval, RENEW_RETRY * 2 ** min(failures, 10))
+                        logger.warning(
+                            "heartbeat: renewing %d lease(s) failed (%s); again in %.2fs",
+                            len(held),
+                            errors.describe(exc),
+                            wait,
+                        )
                         continue
+                    failures = 0
                     if lost:
                         self.stats["leases_lost"] += lost
                         self.observer.renewed(held)  # issue 15 hook: job_lease_lost
                     self.gaps.append(sent - last)
                     last = sent
                 self.observer.beat(store, len(held))  # issue 15 hook: registry and rollup
+                wait = max(0.0, started + cfg.heartbeat_interval - time.monotonic())
         finally:
             self.observer.stopped(store)  # issue 15 hook: flush the rollup, mark gone
             store.close()

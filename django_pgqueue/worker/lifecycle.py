@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import psycopg
+
 from ..exceptions import DatabaseUnavailable
 from ..observability.hooks import Observer  # issue 15 hook
 from ..outcomes import Failure
@@ -26,6 +28,10 @@ from .listener import Listener
 from .signals import SignalRelay, StopSwitch
 
 logger = logging.getLogger(__name__)
+
+# The exit code of a worker that stopped while it could not reach the database
+# (sysexits' EX_UNAVAILABLE): its outcomes not written are left to the sweep.
+EXIT_UNREACHABLE = 69
 
 
 class Worker:
@@ -47,6 +53,7 @@ class Worker:
         self.stats: Counter[str] = Counter()
         self._wake = threading.Event()
         self._switch = StopSwitch(self._wake)
+        self._unreachable = False  # it stopped without reaching the database
         self._service_stop = threading.Event()  # ends the heartbeat and the listener
         self._threads: list[threading.Thread] = []  # signals, heartbeat, listener
         self._dispatcher = dispatcher = Dispatcher(
@@ -69,8 +76,11 @@ class Worker:
 
     @property
     def exit_code(self) -> int:
-        """The process exit code: 1 once too many handlers were stuck, else 0."""
-        return self._dispatcher.exit_code
+        """The process exit code: 1 once too many handlers were stuck; EXIT_UNREACHABLE
+        when the worker stopped without reaching the database; else 0."""
+        if self._dispatcher.exit_code:
+            return self._dispatcher.exit_code
+        return EXIT_UNREACHABLE if self._unreachable else 0
 
     def stop(self, *, force: bool = False) -> None:
         """Stop claiming and shut down; force skips the grace period for running handlers."""
@@ -128,7 +138,9 @@ class Worker:
             )
 
         deadline = time.monotonic() + cfg.shutdown_grace
-        while self._busy():
+        # Handlers still run, or outcomes wait and the database answers: give them the
+        # grace period. With no handler running and the database gone, stop now.
+        while self._inflight or (self._busy() and self._store.connected):
             if self._switch.force.is_set() or time.monotonic() >= deadline:
                 break
             self._wake.wait(0.05)
@@ -137,11 +149,14 @@ class Worker:
             dispatcher.check_timeouts()
             try:
                 if not self._store.connected:
-                    dispatcher.reconnect()
+                    dispatcher.reconnect(deadline)
                 dispatcher.write_outcomes()
             except DatabaseUnavailable as exc:
                 logger.warning("shutdown: %s", exc)
                 self._store.close()
+                self._switch.force.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+            except psycopg.Error as exc:  # a refused statement: the session is usable
+                logger.warning("shutdown: %s", exc)
                 self._switch.force.wait(min(0.5, max(0.0, deadline - time.monotonic())))
 
         interrupted = [item for item in self._inflight if not item.resolved]
@@ -159,6 +174,14 @@ class Worker:
             self._writer.resolve_uncertain()
             dispatcher.write_outcomes()
         except DatabaseUnavailable as exc:
+            self._unreachable = True
+            logger.warning(
+                "shutdown: could not write %d outcome(s) (%s); their leases will expire and "
+                "the sweep will requeue them",
+                self._writer.backlog(),
+                exc,
+            )
+        except psycopg.Error as exc:
             logger.warning(
                 "shutdown: could not write %d outcome(s) (%s); their leases will expire and "
                 "the sweep will requeue them",

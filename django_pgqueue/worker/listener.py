@@ -10,15 +10,19 @@ from __future__ import annotations
 import logging
 import threading
 
+import psycopg
+
 from ..exceptions import DatabaseUnavailable
-from ..store.worker import Backoff, Store, wait_for
+from ..store import errors
+from ..store.connection import Backoff, wait_for
+from ..store.worker import Store
 from .config import WorkerConfig
 from .scheduler import ClaimScheduler
 
 logger = logging.getLogger(__name__)
 
 # How long the listener blocks waiting for a NOTIFY before it checks for shutdown.
-LISTEN_TIMEOUT = 0.25
+LISTEN_TIMEOUT = 1.0
 
 
 class Listener:
@@ -51,8 +55,14 @@ class Listener:
                     except DatabaseUnavailable as exc:
                         logger.warning("listener: %s", exc)
                         continue
+                    except psycopg.Error as exc:  # refused (a timeout...): try again later
+                        logger.warning("listener: LISTEN refused: %s", errors.describe(exc))
+                        store.close()
+                        self.stop.wait(backoff.next_delay())
+                        continue
                     # Notifications sent while we were not listening are gone: look.
                     self.claims.notify(wanted)
+                    self.claims.listening = True
                     self.wake.set()
                 try:
                     for name in store.notifications(timeout=LISTEN_TIMEOUT):
@@ -60,10 +70,20 @@ class Listener:
                             self.claims.notify((name,))
                             self.wake.set()
                 except DatabaseUnavailable as exc:
+                    self._deaf()
                     logger.warning("listener: %s", exc)
                 except Exception:  # polling covers while the listener recovers
+                    self._deaf()
                     logger.exception("listener failed; reconnecting")
                     store.close()
                     self.stop.wait(backoff.next_delay())
         finally:
+            self.claims.listening = False
             store.close()
+
+    def _deaf(self) -> None:
+        """No NOTIFY arrives any more: the dispatcher polls every POLL_INTERVAL again,
+        starting with a look at every queue (an idle one may wait far longer)."""
+        self.claims.listening = False
+        self.claims.notify(self.config.queues)
+        self.wake.set()

@@ -9,6 +9,7 @@ jobs reaches a mark it set (see `wait`), not once per job.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import logging
 import queue as queue_module
@@ -31,10 +32,7 @@ class Timeouts(NamedTuple):
     """What a timeout check found."""
 
     failed: list[tuple[InFlight, Failure]]  # jobs past their timeout, and their failure
-    over_limit: int  # of those, how many left more stuck threads than the pool's size
-
-
-_NO_TIMEOUTS = Timeouts([], 0)
+    over_limit: int  # 1 when more handlers are stuck at once than the pool has threads
 
 
 class HandlerPool:
@@ -51,9 +49,14 @@ class HandlerPool:
         self._outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]] = (
             queue_module.SimpleQueue()
         )
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threading.Thread] = []  # the live pool, not the retired
+        self._current: dict[threading.Thread, InFlight] = {}  # the job each thread runs
+        self._stopping = False
+        self._names = itertools.count()
         self._timed: dict[int, InFlight] = {}  # handed out with a timeout, by job id
-        self._stuck = 0
+        # Threads whose job timed out and whose handler still runs, and when each
+        # counts as stuck (see _too_many_stuck).
+        self._stuck_threads: list[tuple[threading.Thread, float]] = []
         # Jobs handed to handler threads and finished by them, and the finished count
         # at which a handler thread wakes the dispatcher (see wait).
         self._count_lock = threading.Lock()
@@ -125,19 +128,38 @@ class HandlerPool:
         return deadline
 
     def check_timeouts(self) -> Timeouts:
-        """Fail the handlers past their timeout and replace their threads."""
-        if not self._timed:
-            return _NO_TIMEOUTS
-        failed = []
-        over_limit = 0
+        """Fail the handlers past their timeout and replace their threads.
+
+        The handoff is decided under the job's lock: a handler that has returned is
+        never timed out (its outcome is on its way), and a job timed out here is never
+        reported by its thread, which then ends (see `_run`).
+        """
         now = time.monotonic()
+        self._stuck_threads = [(t, since) for t, since in self._stuck_threads if t.is_alive()]
+        over_limit = int(self._too_many_stuck(now))
+        if not self._timed:
+            return Timeouts([], over_limit)
+        failed = []
         for item in list(self._timed.values()):
             if item.resolved:
                 del self._timed[item.ctx.job_id]
                 continue
             if item.started is None or item.timed_out or now - item.started < item.timeout:
                 continue
-            item.timed_out = True
+            thread = item.thread
+            with item.lock:
+                if item.returned:
+                    continue
+                item.timed_out = True
+                # The failure is about to be written and the job may run elsewhere
+                # soon: a handler that keeps running must see its lease as lost.
+                item.lease.lost = True
+                if thread is not None and thread.ident is not None:
+                    # Raises JobTimeout in the handler at its next bytecode. A handler
+                    # blocked in C code only notices when that call returns.
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                        ctypes.c_ulong(thread.ident), ctypes.py_object(executor.JobTimeout)
+                    )
             item.resolved = True
             del self._timed[item.ctx.job_id]
             logger.error(
@@ -147,29 +169,49 @@ class HandlerPool:
                 item.timeout,
             )
             failed.append((item, executor.timed_out(item.ctx, item.timeout, item.policy)))
-            thread = item.thread
-            if thread is not None and thread.ident is not None:
-                # Best effort: raises JobTimeout in the handler at its next bytecode. A
-                # handler blocked in C code only notices when that call returns.
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(thread.ident), ctypes.py_object(executor.JobTimeout)
-                )
-            self._stuck += 1
-            if self._stuck > self.concurrency:
-                logger.critical(
-                    "worker %s: %d handlers are stuck past their timeout; exiting so a "
-                    "supervisor can restart the process",
-                    self.worker_id,
-                    self._stuck,
-                )
-                over_limit += 1
-            else:
+            if thread in self._threads:  # retired: it ends once the handler returns
+                self._threads.remove(thread)
+            if thread is not None:
+                # Stuck once it outlives its timeout by as much again; it leaves the
+                # count when its handler finally returns and the thread ends.
+                self._stuck_threads.append((thread, now + item.timeout))
+            if not over_limit:
                 self._spawn()
         return Timeouts(failed, over_limit)
+
+    def _too_many_stuck(self, now: float) -> bool:
+        """More handlers stuck right now than the pool has threads: time to exit."""
+        stuck = sum(1 for _, since in self._stuck_threads if now >= since)
+        if stuck <= self.concurrency:
+            return False
+        logger.critical(
+            "worker %s: %d handlers are stuck past their timeout; exiting so a supervisor "
+            "can restart the process",
+            self.worker_id,
+            stuck,
+        )
+        return True
+
+    def check_threads(self) -> list[tuple[InFlight, Failure]]:
+        """Replace handler threads that died; fail the job each left without an outcome."""
+        failed = []
+        for thread in [t for t in self._threads if not t.is_alive()]:
+            if self._stopping:
+                break
+            self._threads.remove(thread)
+            item = self._current.pop(thread, None)
+            logger.error("handler thread %s died; starting a replacement", thread.name)
+            if item is not None and not item.resolved and not item.reported:
+                item.resolved = True
+                self._timed.pop(item.ctx.job_id, None)
+                failed.append((item, _thread_died()))
+            self._spawn()
+        return failed
 
     def stop(self) -> list[InFlight]:
         """Stop the handler threads once their current job ends; return the jobs that
         never started."""
+        self._stopping = True
         unstarted: list[InFlight] = []
         while True:
             try:
@@ -186,49 +228,66 @@ class HandlerPool:
 
     def _spawn(self) -> None:
         thread = threading.Thread(
-            target=self._run, name=f"pgqueue-executor-{len(self._threads)}", daemon=True
+            target=self._run, name=f"pgqueue-executor-{next(self._names)}", daemon=True
         )
         self._threads.append(thread)
         thread.start()
 
     def _run(self) -> None:
         epoch = self._db_epoch
+        me = threading.current_thread()
+        item: InFlight | None = None
         try:
             while True:
                 item = self._work.get()
                 if item is None:
                     return
+                self._current[me] = item
                 if epoch != self._db_epoch:
                     # The dispatcher lost its connection since this thread's last job: a
                     # Django connection that died with it would fail the next job for
                     # nothing (and kill one with a single attempt). Replace it first.
                     epoch = self._db_epoch
                     _close_unusable_django_connections()
-                item.thread = threading.current_thread()
+                _health_check_on_first_use()
+                item.thread = me
                 item.started = time.monotonic()
                 outcome = _execute(item, self.observer)
+                with item.lock:
+                    item.returned = True  # from now on the dispatcher cannot time it out
+                    timed_out = item.timed_out
                 self.observer.executed(item, time.monotonic() - item.started)  # issue 15 hook
+                if timed_out:
+                    # Its failure is written; a JobTimeout injected but not delivered yet
+                    # must not land later, and a replacement runs the next jobs.
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me.ident), None)
+                # Reported before it is put: a thread that dies now leaves its outcome
+                # queued, and check_threads must not fail the job a second time.
+                item.reported = True
                 self._outcomes.put((item, outcome))
+                self._current.pop(me, None)
                 with self._count_lock:
                     self._finished_n += 1
                     finished = self._finished_n
                 if finished >= self._wake_at:
                     self._wake.set()
-                if item.timed_out:
-                    return  # a replacement thread took this one's place
+                if timed_out:
+                    return
         except BaseException:
             if not (item is not None and item.timed_out):
                 logger.exception("executor thread crashed")
+                self._wake.set()  # check_threads fails its job and replaces it
         finally:
             connections.close_all()
 
 
 def _execute(item: InFlight, observer: Observer) -> Outcome:
+    """Run one job; whatever happens, return its outcome (never raise for the job)."""
     ctx = item.ctx
     try:
         ctx.payload = json.loads(item.payload_text)
-    except ValueError as exc:
-        return Failure(*executor.describe(exc), permanent=True)
+    except BaseException as exc:  # ValueError; RecursionError when nested deep
+        return executor.decode_failure(exc)
     try:
         # Issue 15 hook: an OpenTelemetry span per attempt, and job_started in it.
         with observer.attempt_span(item) as span:
@@ -237,7 +296,34 @@ def _execute(item: InFlight, observer: Observer) -> Outcome:
             observer.span_outcome(span, outcome)
         return outcome
     finally:
-        _reset_django_connections()
+        try:
+            _reset_django_connections()
+        except Exception:
+            logger.exception("job %d: resetting the Django connections failed", ctx.job_id)
+
+
+def _thread_died() -> Failure:
+    """The failure of a job whose handler thread ended without reporting an outcome."""
+    return Failure(
+        "django_pgqueue.HandlerThreadDied",
+        "the handler thread ended without reporting the job's outcome; see the worker's log",
+        "",
+        permanent=False,
+    )
+
+
+def _health_check_on_first_use() -> None:
+    """Have Django check each kept connection of this thread before its first query of
+    the next job, and replace it if the server dropped it meanwhile.
+
+    Django's own health check (CONN_HEALTH_CHECKS), armed for every job: it costs one
+    round trip, and only for a job that uses the connection; a connection the server
+    dropped between jobs would otherwise fail that job and spend an attempt.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None:
+            conn.health_check_enabled = True
+            conn.health_check_done = False
 
 
 def _close_unusable_django_connections() -> None:

@@ -59,6 +59,10 @@ class ClaimScheduler:
         self._resume: dict[str, tuple[ClaimKey, float]] = {}
         self._notified: set[str] = set()
         self._retry_due = 0.0  # when the latest imminent retry written by this worker is due
+        # Queues whose empty mark was lengthened while idle (see sleep_until).
+        self._sleeping: set[str] = set()
+        # Set by the listener thread while it is LISTENing: NOTIFYs arrive.
+        self.listening = False
 
     def notify(self, names: Iterable[str]) -> None:
         """Note queues a NOTIFY (or a reconnected listener) says may hold due jobs."""
@@ -70,9 +74,11 @@ class ClaimScheduler:
             notified, self._notified = self._notified, set()
             for name in notified:
                 self._empty_until.pop(name, None)
+                self._sleeping.discard(name)
         for name, until in list(self._empty_until.items()):
             if until <= now:
                 del self._empty_until[name]
+                self._sleeping.discard(name)
         return len(self._empty_until) < len(self.queues)
 
     def order(self) -> list[str]:
@@ -92,6 +98,7 @@ class ClaimScheduler:
         if len(rows) < limit:
             if after is None:
                 self._empty_until[queue] = sent + self.poll_interval
+                self._sleeping.discard(queue)
                 self._resume.pop(queue, None)  # a full walk found the queue drained
             return  # a short resumed claim: the walk from the start that follows decides
         last = max(rows, key=ClaimedRow.order)
@@ -106,6 +113,7 @@ class ClaimScheduler:
         """
         self._empty_until[queue] = min(self._empty_until.get(queue, due), due)
         self._retry_due = max(self._retry_due, due)
+        self._sleeping.discard(queue)
 
     def requeued(self, queue: str) -> None:
         """A job of `queue` was requeued and kept its place: walk from the start."""
@@ -114,7 +122,26 @@ class ClaimScheduler:
     def reconnected(self) -> None:
         """Anything may have arrived while the worker was cut off: forget what it knew."""
         self._empty_until.clear()
+        self._sleeping.clear()
         self._resume.clear()
+
+    def long_sleep(self, now: float) -> list[str]:
+        """The queues marked empty for POLL_INTERVAL that an idle worker whose listener
+        is connected may look at much later (see `sleep_until`)."""
+        if not self.listening:
+            return []
+        return [
+            name
+            for name, until in self._empty_until.items()
+            if name not in self._sleeping and until > now
+        ]
+
+    def sleep_until(self, queue: str, until: float) -> None:
+        """Keep `queue` marked empty until `until`: nothing in it is due before then, and a
+        NOTIFY (which clears the mark) announces anything new."""
+        if queue in self._empty_until:
+            self._empty_until[queue] = max(self._empty_until[queue], until)
+            self._sleeping.add(queue)
 
     def idle(self, now: float) -> bool:
         """Every queue found empty, and no retry this worker wrote is about to be due."""

@@ -6,16 +6,27 @@ about a job that another worker owns now changes nothing and is counted as stale
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 import psycopg
 
 from ..exceptions import DatabaseUnavailable
 from ..observability.hooks import Observer  # issue 15 hook
-from ..outcomes import Failure, Outcome, Success, plainer, unstorable_result
+from ..outcomes import (
+    ERROR_CLASS_LIMIT,
+    Failure,
+    Outcome,
+    Success,
+    plainer,
+    storable,
+    unstorable_result,
+)
+from ..store import errors
 from ..store.worker import ClaimedRow, ClaimKey, Store
 from .config import WorkerConfig
 from .inflight import InFlight
@@ -26,6 +37,22 @@ logger = logging.getLogger(__name__)
 # How long a finished job's outcome may wait so that it is written together with
 # others (and with the next claim). Short against any job worth queueing.
 FLUSH_DELAY = 0.005
+
+# A write refused for a reason other than a lost connection is written again at most
+# WRITE_TRIES times, after pauses of WRITE_PAUSE, 4x, 16x ... (the heartbeat keeps the
+# lease meanwhile).
+WRITE_TRIES = 4
+WRITE_PAUSE = 0.02
+
+T = TypeVar("T")
+
+
+class _Abandoned(enum.Enum):
+    ABANDONED = "abandoned"
+
+
+Abandoned = Literal[_Abandoned.ABANDONED]
+ABANDONED: Abandoned = _Abandoned.ABANDONED
 
 Written = tuple[InFlight, Outcome]
 # (queue, limit, worker_id, lease seconds, resume key): a claim to send with completions.
@@ -56,7 +83,8 @@ class OutcomeWriter:
         self._unwritten_since = 0.0
         # Written when the connection died: did the COMMIT happen? (resolve_uncertain)
         self._uncertain: list[Written] = []
-        self._unstorable: set[int] = set()
+        # Completions recorded as failures instead (unstorable, or refused) in this write.
+        self._failed_instead: set[int] = set()
         self._retries: list[tuple[str, float]] = []
 
     # -- the batch ----------------------------------------------------------------
@@ -109,35 +137,35 @@ class OutcomeWriter:
         With `claim`, the completions and the claim go in one round trip when the
         batch holds only successes; returns the claimed rows then, else None: the
         claim is the caller's to send.
+
+        Only `DatabaseUnavailable` leaves it (what was being written is then in doubt):
+        a write PostgreSQL refuses is written again, plainer, or given up on (its lease
+        let go, for the sweep), and never keeps the rest of the batch from being written.
         """
         successes = [(item, out) for item, out in batch if isinstance(out, Success)]
         failures = [(item, out) for item, out in batch if isinstance(out, Failure)]
         for item, _ in batch:
             item.lease.finishing = True  # a renewal racing this write must not cry "lost"
-        done = [(i.ctx.job_id, i.ctx.lease_version, i.attempt_id, o.result) for i, o in successes]
         remaining: list[Written] = list(batch)  # not known to be written
-        self._unstorable.clear()
-        if done and not failures and claim is not None:
+        self._failed_instead.clear()
+        if successes and not failures and claim is not None:
             # The common case: completions and the next claim in one round trip and
             # one commit. Any refusal undoes both; they are then written one by one.
             try:
-                completed, claimed = self.store.complete_and_claim(done, *claim)
+                completed, claimed = self.store.complete_and_claim(_done(successes), *claim)
             except DatabaseUnavailable:
                 self._uncertain.extend(remaining)
                 raise
             except psycopg.Error as exc:
-                logger.warning("completing and claiming together failed (%s); apart now", exc)
+                logger.warning(
+                    "completing and claiming together was refused (%s); apart now",
+                    errors.describe(exc),
+                )
             else:
                 self._account_completions(successes, completed)
                 return claimed
         try:
-            try:
-                completed = self.store.complete(done)
-            except psycopg.Error as exc:  # a value PostgreSQL refused, not a lost connection
-                logger.error(
-                    "completing %d job(s) failed (%s); writing them one by one", len(done), exc
-                )
-                completed = self._complete_one_by_one(successes)
+            completed = self._complete(successes)
             remaining = list(failures)
             self._account_completions(successes, completed)
             while remaining:
@@ -158,44 +186,95 @@ class OutcomeWriter:
                 self.stats["completed"] += 1
                 assert isinstance(outcome, Success)
                 self.observer.completed(item, outcome.result)  # issue 15 hook
-            elif item.ctx.job_id not in self._unstorable:
+            elif item.ctx.job_id not in self._failed_instead:
                 self._stale(item, "complete")
             self.leases.forget(item.lease)
 
-    def _fail(self, item: InFlight, outcome: Failure) -> tuple[str, Any] | None:
-        """Write one failure; if PostgreSQL refuses its text, write a plainer one."""
-        ctx = item.ctx
+    def _complete(self, successes: list[Written]) -> set[int]:
+        """Complete the batch's successes; one by one if the batch is refused."""
+        if not successes:
+            return set()
+        done = _done(successes)
         try:
-            return self.store.fail(ctx.job_id, ctx.lease_version, item.attempt_id, outcome)
-        except DatabaseUnavailable:
-            raise
+            return _again(f"completing {len(done)} job(s)", lambda: self.store.complete(done))
         except psycopg.Error as exc:
-            logger.error("recording the failure of job %d was refused: %s", ctx.job_id, exc)
-            plain = plainer(outcome)
-            return self.store.fail(ctx.job_id, ctx.lease_version, item.attempt_id, plain)
-
-    def _complete_one_by_one(self, successes: list[Written]) -> set[int]:
+            if len(successes) == 1:
+                return self._complete_refused(successes[0], exc)
+            logger.error(
+                "completing %d job(s) was refused (%s); writing them one by one",
+                len(done),
+                errors.describe(exc),
+            )
         completed: set[int] = set()
-        for item, outcome in successes:
-            ctx = item.ctx
-            assert isinstance(outcome, Success)
+        for written in successes:
             try:
-                completed |= self.store.complete(
-                    [(ctx.job_id, ctx.lease_version, item.attempt_id, outcome.result)]
+                completed |= _again(
+                    f"completing job {written[0].ctx.job_id}",
+                    lambda w=written: self.store.complete(_done([w])),
                 )
-            except DatabaseUnavailable:
-                raise
             except psycopg.Error as exc:
-                # The job ran; its result cannot be stored: dead, so it is not re-run.
-                self._unstorable.add(ctx.job_id)
-                failure = unstorable_result(outcome.result, exc)
-                self._log_failure(item, failure, self._fail(item, failure))
+                completed |= self._complete_refused(written, exc)
         return completed
 
+    def _complete_refused(self, written: Written, exc: psycopg.Error) -> set[int]:
+        """Record a completion PostgreSQL refused as a failure; return the ids completed.
+
+        Only a refused value makes a returned result unstorable (the job ran: dead, so
+        it is not re-run); any other refusal fails the attempt retryably, naming the
+        error: a successful job is never dead because of a database hiccup.
+        """
+        item, outcome = written
+        assert isinstance(outcome, Success)
+        if outcome.result is not None and errors.classify(exc) == errors.VALUE:
+            failure = unstorable_result(outcome.result, exc)
+        else:
+            logger.error(
+                "job %d: completing it was refused (%s); recording a retryable failure",
+                item.ctx.job_id,
+                errors.describe(exc),
+            )
+            failure = Failure(
+                storable(errors.class_path(exc), ERROR_CLASS_LIMIT),
+                storable(f"recording the job's success failed: {errors.describe(exc)}", 4000),
+                "",
+                permanent=False,
+            )
+        self._failed_instead.add(item.ctx.job_id)
+        self._log_failure(item, failure, self._fail(item, failure))
+        return set()
+
+    def _fail(self, item: InFlight, outcome: Failure) -> tuple[str, Any] | Abandoned | None:
+        """Write one failure; if PostgreSQL refuses it, a plainer one (plain text, a
+        bounded delay); if that too, give the job up to the sweep."""
+        ctx = item.ctx
+
+        def write(failure: Failure) -> tuple[str, Any] | None:
+            return self.store.fail(ctx.job_id, ctx.lease_version, item.attempt_id, failure)
+
+        what = f"recording the failure of job {ctx.job_id}"
+        try:
+            return _again(what, lambda: write(outcome), other=False)
+        except psycopg.Error as exc:
+            logger.error("%s was refused (%s); writing it plainer", what, errors.describe(exc))
+        try:
+            return _again(what, lambda: write(plainer(outcome)))
+        except psycopg.Error as exc:
+            logger.error(
+                "job %d: %s was refused again (%s); its lease is let go and the sweep will "
+                "requeue it once the lease runs out",
+                ctx.job_id,
+                what,
+                errors.describe(exc),
+            )
+            self.stats["writes_abandoned"] += 1
+            return ABANDONED
+
     def _log_failure(
-        self, item: InFlight, outcome: Failure, result: tuple[str, Any] | None
+        self, item: InFlight, outcome: Failure, result: tuple[str, Any] | Abandoned | None
     ) -> None:
         ctx = item.ctx
+        if result is ABANDONED:
+            return
         if result is None:
             self._stale(item, "fail")
             return
@@ -248,6 +327,10 @@ class OutcomeWriter:
         except DatabaseUnavailable:
             self._uncertain = pending + self._uncertain
             raise
+        except psycopg.Error as exc:  # still in doubt: the next cycle reads them back
+            self._uncertain = pending + self._uncertain
+            logger.warning("reading back %d write(s) in doubt failed: %s", len(pending), exc)
+            return
         for item, outcome in pending:
             status = statuses.get(item.attempt_id)
             # Warnings, like the lost connection that put the write in doubt.
@@ -267,3 +350,39 @@ class OutcomeWriter:
             else:
                 self.leases.forget(item.lease)
                 self._stale(item, "write after reconnect")
+
+
+def _done(successes: list[Written]) -> list[tuple[int, int, int, str | None]]:
+    """The (job_id, lease_version, attempt_id, result) rows of job_complete."""
+    return [
+        (item.ctx.job_id, item.ctx.lease_version, item.attempt_id, out.result)
+        for item, out in successes
+        if isinstance(out, Success)
+    ]
+
+
+def _again(what: str, write: Callable[[], T], *, other: bool = True) -> T:
+    """Run `write`, again after a pause while PostgreSQL refuses it for a transient
+    reason (or, with `other`, one it cannot classify), at most WRITE_TRIES times.
+
+    A lost connection (DatabaseUnavailable) and a refused value raise at once.
+    """
+    for attempt in range(1, WRITE_TRIES + 1):
+        try:
+            return write()
+        except psycopg.Error as exc:
+            kind = errors.classify(exc)
+            if attempt == WRITE_TRIES or not (
+                kind == errors.TRANSIENT or (other and kind == errors.OTHER)
+            ):
+                raise
+            pause = WRITE_PAUSE * 4 ** (attempt - 1)
+            logger.warning(
+                "%s refused (%s: %s); writing it again in %.2fs",
+                what,
+                kind,
+                errors.describe(exc),
+                pause,
+            )
+            time.sleep(pause)
+    raise AssertionError("unreachable")

@@ -233,3 +233,46 @@ def spin(ctx: JobContext) -> None:
     while time.monotonic() < deadline:
         sum(range(1000))
     _ledger_end(entry)
+
+
+# -- tests/reliability/test_invariant.py -------------------------------------------------
+# One handler for every way a handler can end. It writes the ledger first, so the
+# harness sees each execution; payload["do"] says how it ends.
+
+
+class QaBaseException(BaseException):
+    """A BaseException subclass no one catches by name."""
+
+
+def _recurse(depth: int) -> int:
+    return _recurse(depth + 1) + 1
+
+
+@django_pgqueue.handler("qa.outcome", max_attempts=2, retry=FixedDelay(0.05))
+def outcome(ctx: JobContext) -> Any:
+    _ledger_start(ctx)
+    do = ctx.payload["do"] if isinstance(ctx.payload, dict) else "nested"
+    if do == "return":
+        return {"ok": ctx.job_id}
+    if do == "backslash":
+        return r"C:\u0000dir"  # a backslash, a 'u' and four digits: no NUL anywhere
+    if do == "raise":
+        raise ValueError("qa.outcome raised")
+    if do in ("SystemExit", "KeyboardInterrupt", "GeneratorExit"):
+        raise {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt}.get(
+            do, GeneratorExit
+        )("qa.outcome")
+    if do == "base_exception":
+        raise QaBaseException("qa.outcome")
+    if do == "recursion":
+        return _recurse(0)
+    if do == "memory":
+        raise MemoryError("qa.outcome")
+    if do == "hang":
+        threading.Event().wait(float(ctx.payload.get("seconds", 30)))
+        return None
+    if do == "unstorable":
+        return {"nan": float("nan")}
+    if do == "nul":
+        return "nul \x00 result"
+    raise AssertionError(f"unknown outcome {do!r}")

@@ -345,25 +345,36 @@ def test_worker_reconnects_after_its_connections_are_terminated(run_worker):
     assert worker.worker.stats["completed"] == 1
 
 
-def test_a_completion_postgresql_refuses_is_recorded_not_fatal():
-    """The batch falls back to one-by-one writes; the refused job dies with the error."""
-    from django_pgqueue.outcomes import Success
+def write_claimed(queue: str, count: int, outcome_of):
+    """Claim `count` jobs of `queue` for a new Worker and write, as one batch, the
+    outcome `outcome_of(row)` gives each (rows in job id order); return the Worker."""
     from django_pgqueue.retry import FixedDelay
     from django_pgqueue.worker import InFlight, Worker
 
-    jobs = enqueue_many([("qa.noop", i) for i in range(3)], queue="refuse")
-    worker = Worker(["refuse"], install_signal_handlers=False)
-    rows = worker._store.claim("refuse", 3, worker.worker_id, 30)
-    batch = []
-    for row in rows:
-        item = InFlight.claimed(row, None, FixedDelay(1), None, worker.worker_id, 0)
-        # jsonb refuses \u0000: the first job's "result" cannot be stored.
-        result = '"\\u0000"' if row.job_id == jobs[0].id else '{"ok": true}'
-        batch.append((item, Success(result)))
+    worker = Worker([queue], install_signal_handlers=False)
+    rows = sorted(worker._store.claim(queue, count, worker.worker_id, 30), key=lambda r: r.job_id)
+    batch = [
+        (InFlight.claimed(row, None, FixedDelay(1), None, worker.worker_id, 0), outcome_of(row))
+        for row in rows
+    ]
     try:
         worker._dispatcher._write(batch, None)
     finally:
         worker._store.close()
+    return worker
+
+
+def test_a_completion_postgresql_refuses_is_recorded_not_fatal():
+    """The batch falls back to one-by-one writes; the refused job dies with the error."""
+    from django_pgqueue.outcomes import Success
+
+    jobs = enqueue_many([("qa.noop", i) for i in range(3)], queue="refuse")
+    # jsonb refuses \u0000: the first job's "result" cannot be stored.
+    worker = write_claimed(
+        "refuse",
+        3,
+        lambda row: Success('"\\u0000"' if row.job_id == jobs[0].id else '{"ok": true}'),
+    )
     states = dict(JobState.objects.filter(queue="refuse").values_list("job_id", "status"))
     assert states == {jobs[0].id: "dead", jobs[1].id: "completed", jobs[2].id: "completed"}
     assert "ResultNotStorable" in JobState.objects.get(pk=jobs[0].id).last_error

@@ -95,3 +95,14 @@ def test_broken_str_does_not_break_the_worker():
 
 def test_idempotency_key_is_stable_across_attempts():
     assert ctx(1).idempotency_key == ctx(3).idempotency_key == "pgqueue-1"
+
+
+def test_a_backslash_before_u0000_is_storable_and_a_real_nul_is_not():
+    path = r"C:\u0000dir"  # a backslash, a 'u' and four digits: no NUL
+    assert executor.success(path) == executor.Success(json.dumps(path, ensure_ascii=False))
+    assert executor.success({"dir": [path]}) == executor.Success('{"dir":["C:\\\\u0000dir"]}')
+    for value in ("a\x00b", {"k": ["a\x00"]}, {"a\x00": 1}):
+        outcome = executor.success(value)
+        assert isinstance(outcome, executor.Failure), value
+        assert outcome.permanent
+        assert "NUL" in outcome.message

@@ -1,0 +1,184 @@
+"""The worker's invariant, finding by finding (issue 12): handler threads, timeouts,
+their Django connections and an idle worker. Whatever a handler or its thread does,
+every claimed job ends with an attempt saying why, and the worker keeps its threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import django_pgqueue
+from django_pgqueue import enqueue
+from django_pgqueue.exceptions import JobTimeout
+from django_pgqueue.models import Attempt, JobState
+from tests.conftest import sql
+from tests.integration.test_worker import wait_until
+from tests.integration.test_worker_faults import status
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_payload_too_deep_to_decode_fails_its_job_and_the_thread_goes_on(run_worker):
+    nested = enqueue("qa.outcome", {"do": "return"}, queue="deep")
+    # jsonb takes nesting that Python's json.loads cannot (RecursionError).
+    sql(
+        "UPDATE queue_jobs SET payload = (repeat('[', 12000) || repeat(']', 12000))::jsonb "
+        "WHERE id = %s",
+        [nested.id],
+    )
+    after = enqueue("qa.outcome", {"do": "return"}, queue="deep")
+    run_worker(["deep"], concurrency=1, poll_interval=0.1)
+    wait_until(lambda: status(after.id) == "completed", timeout=10)
+    assert status(nested.id) == "dead"
+    attempt = Attempt.objects.get(job_id=nested.id)
+    assert attempt.error_class == "RecursionError"
+
+
+def test_a_handler_thread_that_dies_has_its_job_failed_and_is_replaced(run_worker, monkeypatch):
+    from django_pgqueue.worker import pool
+
+    doomed = enqueue("qa.outcome", {"do": "return"}, queue="die", max_attempts=1)
+    real = pool._execute
+
+    def dies_on_doomed(item, observer):
+        if item.ctx.job_id == doomed.id:
+            raise SystemExit("the thread ends outside any handler")
+        return real(item, observer)
+
+    monkeypatch.setattr(pool, "_execute", dies_on_doomed)
+    worker = run_worker(["die"], concurrency=1, poll_interval=0.1)
+    wait_until(lambda: status(doomed.id) == "dead", timeout=10)
+    assert Attempt.objects.get(job_id=doomed.id).error_class == "django_pgqueue.HandlerThreadDied"
+    later = enqueue("qa.outcome", {"do": "return"}, queue="die")
+    wait_until(lambda: status(later.id) == "completed", timeout=10)
+    assert worker.worker.stats["threads_died"] == 1
+
+
+# -- timeouts: the handoff between a handler thread and the dispatcher ---------------
+
+SEEN: dict[int, dict[str, object]] = {}
+
+
+@django_pgqueue.handler("test.outlives_timeout", max_attempts=1)
+def outlives_timeout(ctx):
+    """Swallows the timeout's exception and keeps running, noting what it sees."""
+    seen = SEEN.setdefault(ctx.job_id, {"thread": threading.current_thread().name})
+    deadline = time.monotonic() + float(ctx.payload["seconds"])
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(0.01)
+        except JobTimeout:
+            seen["timeout"] = time.monotonic()
+        if "timeout" in seen and ctx.lease_lost():
+            seen["lease_lost"] = True
+    seen["thread_after"] = threading.current_thread().name
+
+
+def test_a_timed_out_handler_sees_its_lease_lost(run_worker):
+    job = enqueue("test.outlives_timeout", {"seconds": 1.2}, queue="to")
+    run_worker(["to"], job_timeout=0.3, poll_interval=0.1)
+    wait_until(lambda: "thread_after" in SEEN.get(job.id, {}), timeout=10)
+    assert status(job.id) == "dead"
+    assert SEEN[job.id].get("lease_lost") is True
+
+
+def test_stuck_handlers_that_finally_return_no_longer_count_as_stuck(run_worker):
+    """More timeouts over a worker's life than threads, never more stuck at once."""
+    jobs = [enqueue("test.outlives_timeout", {"seconds": 0.4}, queue="to") for _ in range(4)]
+    worker = run_worker(["to"], concurrency=1, job_timeout=0.3, poll_interval=0.1)
+    wait_until(lambda: all("thread_after" in SEEN.get(j.id, {}) for j in jobs), timeout=20)
+    last = enqueue("qa.outcome", {"do": "return"}, queue="to")
+    wait_until(lambda: status(last.id) == "completed", timeout=10)
+    assert worker.worker.stats["timed_out"] == 4
+    assert worker.worker.exit_code == 0
+    # A thread whose job timed out never took another job.
+    threads = [SEEN[j.id]["thread"] for j in jobs]
+    assert len(set(threads)) == 4
+
+
+def test_a_handler_that_returned_is_never_timed_out():
+    from django_pgqueue.context import Lease
+    from django_pgqueue.retry import FixedDelay
+    from django_pgqueue.store.worker import ClaimedRow
+    from django_pgqueue.worker.inflight import InFlight
+    from django_pgqueue.worker.pool import HandlerPool
+
+    row = ClaimedRow(1, "q", "t", "{}", 0, 1, 1, 1, 1, None, None, None)
+    item = InFlight.claimed(row, None, FixedDelay(1), 0.1, "w", time.monotonic() + 30)
+    assert isinstance(item.lease, Lease)
+    from django_pgqueue.observability.hooks import Observer
+    from django_pgqueue.worker.config import WorkerConfig
+
+    pool = HandlerPool(1, threading.Event(), "w", Observer(WorkerConfig.build(["q"])))
+    pool.submit([item])
+    item.started = time.monotonic() - 1  # past its timeout, but its handler returned
+    with item.lock:
+        item.returned = True
+    assert pool.check_timeouts().failed == []
+    assert not item.timed_out
+
+
+def test_more_handlers_stuck_at_once_than_threads_ends_the_worker(run_worker):
+    for _ in range(2):
+        enqueue("qa.hang", queue="wedged", max_attempts=1)  # blocked in C for good
+    worker = run_worker(["wedged"], concurrency=1, job_timeout=0.2, poll_interval=0.1)
+    worker.thread.join(15)
+    assert not worker.thread.is_alive()
+    assert worker.worker.exit_code == 1
+
+
+def test_a_handler_connection_the_server_dropped_between_jobs_costs_no_attempt(run_worker):
+    first = enqueue("qa.backend_pid", queue="pid")
+    worker = run_worker(["pid"], concurrency=1, batch_size=1, poll_interval=0.05)
+    wait_until(lambda: status(first.id) == "completed")
+    pid = Attempt.objects.get(job_id=first.id).result
+    sql("SELECT pg_terminate_backend(%s)", [pid])  # the handler thread's, not the worker's
+    time.sleep(0.2)
+    job = enqueue("qa.backend_pid", queue="pid", max_attempts=1)
+    wait_until(lambda: status(job.id) != "pending" and status(job.id) != "running")
+    assert status(job.id) == "completed", JobState.objects.get(pk=job.id).last_error
+    assert Attempt.objects.get(job_id=job.id).result != pid
+    assert "leases_lost" not in worker.worker.stats
+
+
+# -- an idle worker ----------------------------------------------------------------------
+
+
+def test_an_idle_listening_worker_polls_rarely_yet_runs_a_scheduled_job_when_due(run_worker):
+    due = enqueue("qa.outcome", {"do": "return"}, queue="idle", delay=3.0)
+    enqueued = time.monotonic()
+    worker = run_worker(["idle"], poll_interval=0.2, sweep_interval=60)
+    dispatcher = worker.worker._dispatcher
+    claims = []
+    claim = dispatcher.store.claim
+    dispatcher.store.claim = lambda *args, **kwargs: (claims.append(1), claim(*args, **kwargs))[1]
+    wait_until(lambda: status(due.id) == "completed", timeout=15)
+    assert 3.0 <= time.monotonic() - enqueued < 3.0 + 1.0
+    # Polling every POLL_INTERVAL (0.2 s) would have claimed about 15 times meanwhile;
+    # an idle worker that hears NOTIFYs looks when the scheduled job is due.
+    assert len(claims) <= 4, len(claims)
+    looked = len(claims)
+    time.sleep(2.0)
+    assert len(claims) - looked <= 1
+
+
+def test_a_refused_listen_does_not_end_the_listener(run_worker, monkeypatch):
+    from psycopg import errors as pg
+
+    from django_pgqueue.store.worker import Store
+
+    listen = Store.listen
+    calls = []
+
+    def refused_once(store):
+        calls.append(1)
+        if len(calls) == 1:
+            raise pg.QueryCanceled("canceling statement due to statement timeout")
+        listen(store)
+
+    monkeypatch.setattr(Store, "listen", refused_once)
+    worker = run_worker(["lq"], poll_interval=0.1)
+    wait_until(lambda: worker.worker._dispatcher.claims.listening, timeout=10)
+    assert len(calls) == 2

@@ -1,0 +1,377 @@
+"""The worker's one invariant, hunted for (docs/reliability.md, scenario 12).
+
+For every job a worker claimed, once its handler has ended (returned, raised anything,
+hung past its timeout, or its thread died), the job ends completed, pending, dead or
+cancelled with an attempt row saying why; the worker keeps all its handler threads and
+keeps claiming; and a job whose handler succeeded is never dead because of a transient
+database error.
+
+The harness breaks the worker's writes for real, on a throwaway server: a trigger on
+queue_job_state recognises which write a row change belongs to (claim, complete, fail,
+renew, release, sweep) and, on planned hits, makes that statement fail with each class
+of error PostgreSQL can return: the connection lost before the COMMIT (the backend
+terminates itself) or after it (the COMMIT waits for a synchronous standby that does
+not exist and the backend is terminated while it waits: durable, never acknowledged),
+query cancelled, lock timeout, deadlock, serialization failure, a value out of range, a
+check violation. The jobs end every way a handler can end (qa.outcome). Nothing is
+mocked: the errors are the server's own, raised inside the worker's statements.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.reliability.conftest import FULL, size
+from tests.reliability.pgserver import (  # noqa: F401 (pg_server is a fixture)
+    TEST_APPLICATION,
+    PgServer,
+    pg_server,
+)
+from tests.reliability.test_database_faults import Enqueuer, FaultWorker
+
+LEASE = 2.0
+SWEEP = 1.0
+TIMEOUT = 1.0
+CONCURRENCY = 4
+ARGS = (
+    "--lease", str(LEASE), "--heartbeat-interval", "0.5", "--sweep-interval", str(SWEEP),
+    "--poll-interval", "0.5", "--job-timeout", str(TIMEOUT),
+    "--concurrency", str(CONCURRENCY), "--batch-size", str(CONCURRENCY),
+)  # fmt: skip
+
+TARGETS = ("claim", "complete", "fail", "renew", "sweep", "release")
+FAULTS = {
+    # action: what the trigger does on a planned hit
+    "disconnect": "PERFORM pg_terminate_backend(pg_backend_pid()); PERFORM pg_sleep(5);",
+    "commit_unknown": "PERFORM set_config('synchronous_commit', 'on', true);",
+    "query_canceled": "RAISE EXCEPTION 'qa fault' USING ERRCODE = 'query_canceled';",
+    "lock_timeout": "RAISE EXCEPTION 'qa fault' USING ERRCODE = 'lock_not_available';",
+    "deadlock": "RAISE EXCEPTION 'qa fault' USING ERRCODE = 'deadlock_detected';",
+    "serialization": "RAISE EXCEPTION 'qa fault' USING ERRCODE = 'serialization_failure';",
+    "out_of_range": "RAISE EXCEPTION 'qa fault' USING ERRCODE = 'datetime_field_overflow';",
+    "check_violation": "RAISE EXCEPTION 'qa fault' USING ERRCODE = 'check_violation';",
+}
+# How each kind of handler ending must leave its job (max_attempts=2 unless "once").
+OUTCOMES = {
+    "return": "completed",
+    "backslash": "completed",
+    "once": "completed",  # max_attempts=1: a claim in doubt must not use up its attempt
+    "raise": "dead",
+    "SystemExit": "dead",
+    "KeyboardInterrupt": "dead",
+    "GeneratorExit": "dead",
+    "base_exception": "dead",
+    "recursion": "dead",
+    "memory": "dead",
+    "hang": "dead",
+    "unstorable": "dead",
+    "nul": "dead",
+    "nested": "dead",  # a payload nested 12,000 deep: json.loads raises RecursionError
+    "slow": "completed",  # runs past several heartbeats: renewals to break
+}
+
+FAULT_TRIGGER = """
+CREATE TABLE IF NOT EXISTS qa_fault_plan (
+    target text NOT NULL, hit bigint NOT NULL, action text NOT NULL,
+    PRIMARY KEY (target, hit)
+);
+{sequences}
+CREATE OR REPLACE FUNCTION qa_fault() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    what text;
+    n bigint;
+    act text;
+BEGIN
+    IF current_setting('application_name') NOT LIKE 'pgqueue worker %'
+       AND current_setting('application_name') NOT LIKE 'pgqueue heartbeat %' THEN
+        RETURN NEW;
+    END IF;
+    what := CASE
+        WHEN OLD.status = 'pending' AND NEW.status = 'running' THEN 'claim'
+        WHEN OLD.status = 'running' AND NEW.status = 'completed' THEN 'complete'
+        WHEN OLD.status = 'running' AND NEW.status = 'running' THEN 'renew'
+        WHEN OLD.status = 'running' AND NEW.lease_version > OLD.lease_version THEN 'sweep'
+        WHEN OLD.status = 'running' AND NEW.attempts < OLD.attempts THEN 'release'
+        WHEN OLD.status = 'running' THEN 'fail'
+    END;
+    IF what IS NULL THEN
+        RETURN NEW;
+    END IF;
+    n := nextval('qa_fault_hits_' || what);
+    SELECT action INTO act FROM qa_fault_plan WHERE target = what AND hit = n;
+    {cases}
+    RETURN NEW;
+END
+$$;
+DROP TRIGGER IF EXISTS qa_fault ON queue_job_state;
+CREATE TRIGGER qa_fault BEFORE UPDATE ON queue_job_state
+    FOR EACH ROW EXECUTE FUNCTION qa_fault();
+"""
+
+
+def install_faults(server: PgServer) -> None:
+    sequences = "\n".join(
+        f"CREATE SEQUENCE IF NOT EXISTS qa_fault_hits_{target};" for target in TARGETS
+    )
+    cases = "\n    ".join(
+        f"{'IF' if i == 0 else 'ELSIF'} act = '{name}' THEN {body}"
+        for i, (name, body) in enumerate(FAULTS.items())
+    )
+    server.sql(FAULT_TRIGGER.format(sequences=sequences, cases=cases + "\n    END IF;"))
+    # Every COMMIT is local, except one that a fault sends to a standby that never comes.
+    server.sql("ALTER SYSTEM SET synchronous_standby_names = 'qa_ghost'")
+    server.sql("ALTER SYSTEM SET synchronous_commit = 'local'")
+    server.sql("SELECT pg_reload_conf()")
+
+
+def plan(server: PgServer, rng: random.Random, spacing: int) -> dict[str, int]:
+    """Plan every fault once on every target, spread over its hits; how many per target."""
+    server.sql("TRUNCATE qa_fault_plan")
+    planned = {}
+    for target in TARGETS:
+        faults = list(FAULTS)
+        rng.shuffle(faults)
+        # Sweeps and releases are rare: their faults come first, on consecutive hits.
+        step = 1 if target in ("sweep", "release") else spacing
+        for i, fault in enumerate(faults):
+            server.sql(
+                "INSERT INTO qa_fault_plan VALUES (%s, %s, %s)", [target, 2 + i * step, fault]
+            )
+        planned[target] = len(faults)
+    return planned
+
+
+def hits(server: PgServer) -> dict[str, int]:
+    """How many row changes of each write the trigger saw (planned faults fired on these)."""
+    return {
+        target: int(server.sql(f"SELECT last_value FROM qa_fault_hits_{target}")[0][0])
+        for target in TARGETS
+    }
+
+
+class Terminator:
+    """Terminates every backend whose COMMIT waits for the ghost standby: a COMMIT that
+    landed but whose answer never reaches the worker."""
+
+    def __init__(self, server: PgServer) -> None:
+        self.server = server
+        self.stop = threading.Event()
+        self.terminated = 0
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        with self.server.connect() as conn:
+            while not self.stop.wait(0.02):
+                rows = conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE wait_event = 'SyncRep'"
+                ).fetchall()
+                self.terminated += len(rows)
+
+    def __enter__(self) -> Terminator:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+@pytest.fixture
+def fault_server(pg_server: PgServer) -> Iterator[PgServer]:  # noqa: F811
+    install_faults(pg_server)
+    try:
+        yield pg_server
+    finally:
+        pg_server.sql("DROP TRIGGER IF EXISTS qa_fault ON queue_job_state")
+        pg_server.sql("ALTER SYSTEM RESET synchronous_standby_names")
+        pg_server.sql("ALTER SYSTEM RESET synchronous_commit")
+        pg_server.sql("SELECT pg_reload_conf()")
+
+
+def enqueue_outcomes(server: PgServer, enqueue: Enqueuer, queue: str, each: int) -> None:
+    for kind in OUTCOMES:
+        if kind == "nested":
+            continue
+        payload: dict[str, Any] = {"do": "return" if kind == "once" else kind}
+        if kind == "hang":
+            payload["seconds"] = TIMEOUT * 2.5
+        if kind == "slow":
+            payload = {"do": "hang", "seconds": TIMEOUT * 0.7}
+        options = {"max_attempts": 1} if kind == "once" else {}
+        # The kind rides in the idempotency key, so the check can tell the jobs apart.
+        jobs = [("qa.outcome", {**payload, "kind": kind})] * each
+        enqueue(queue, jobs, **options)
+    # jsonb takes nesting that Python's json.loads cannot: written past enqueue's checks.
+    enqueue(queue, [("qa.outcome", {"do": "nested", "kind": "nested"})] * each, delay=3600)
+    server.sql(
+        "UPDATE queue_jobs SET payload = (repeat('[', 12000) || repeat(']', 12000))::jsonb "
+        "WHERE queue = %s AND payload ->> 'kind' = 'nested'",
+        [queue],
+    )
+    server.sql(
+        "UPDATE queue_job_state SET run_at = now() WHERE queue = %s AND run_at > now()", [queue]
+    )
+    server.sql("SELECT pg_notify('pgqueue', %s)", [queue])
+
+
+def settled(server: PgServer, queue: str) -> bool:
+    (busy,) = server.sql(
+        "SELECT count(*) FROM queue_job_state WHERE queue = %s "
+        "AND (status = 'running' OR (status = 'pending' AND run_at <= now() + interval '5 s'))",
+        [queue],
+    )[0]
+    return busy == 0
+
+
+class NotSettled(AssertionError):
+    """Jobs still running or due long after their handlers could have ended."""
+
+
+def wait_settled(server: PgServer, queue: str, timeout: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if settled(server, queue):
+            return time.monotonic() - started
+        time.sleep(0.2)
+    rows = server.sql(
+        "SELECT s.job_id, j.payload ->> 'kind', s.status, s.attempts, s.locked_until, s.last_error "
+        "FROM queue_job_state s JOIN queue_jobs j ON j.id = s.job_id "
+        "WHERE s.queue = %s AND s.status IN ('running', 'pending') ORDER BY s.job_id LIMIT 20",
+        [queue],
+    )
+    raise NotSettled(f"jobs not settled after {timeout}s: {rows}")
+
+
+def invariant_breaks(server: PgServer, queue: str) -> list[str]:
+    """Every way the jobs of `queue` break the invariant, as readable lines."""
+    breaks = []
+    rows = server.sql(
+        """
+        SELECT s.job_id, CASE WHEN j.payload ? 'kind' THEN j.payload ->> 'kind'
+                              ELSE 'nested' END, s.status, s.last_error,
+               (SELECT count(*) FROM queue_attempts a WHERE a.job_id = s.job_id),
+               (SELECT count(*) FROM queue_attempts a WHERE a.job_id = s.job_id
+                  AND (a.status = 'running' OR a.finished_at IS NULL)),
+               (SELECT count(*) FROM queue_attempts a WHERE a.job_id = s.job_id
+                  AND a.status IN ('failed', 'lost') AND a.error_class IS NULL)
+        FROM queue_job_state s JOIN queue_jobs j ON j.id = s.job_id
+        WHERE s.queue = %s
+        """,
+        [queue],
+    )
+    for job_id, kind, status, last_error, attempts, open_attempts, unexplained in rows:
+        expected = OUTCOMES[kind]
+        if status != expected:
+            breaks.append(f"job {job_id} ({kind}): {status}, expected {expected}: {last_error}")
+        if attempts == 0:
+            breaks.append(f"job {job_id} ({kind}): no attempt row")
+        if open_attempts:
+            breaks.append(f"job {job_id} ({kind}): {open_attempts} attempt(s) never closed")
+        if unexplained:
+            breaks.append(f"job {job_id} ({kind}): a failed attempt without an error class")
+    return breaks
+
+
+# The probe's jobs run under the job timeout (a probe job that times out proves
+# nothing), long enough that one missing thread would delay a start by PROBE_SECONDS.
+PROBE_SECONDS = TIMEOUT * 0.8
+
+
+def probe_concurrency(server: PgServer, enqueue: Enqueuer, queue: str) -> float:
+    """CONCURRENCY jobs of PROBE_SECONDS: all must run at once on live threads; their
+    start spread."""
+    enqueue(queue, [("qa.ledger", {"seconds": PROBE_SECONDS})] * CONCURRENCY)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        (done,) = server.sql(
+            "SELECT count(*) FROM queue_job_state WHERE queue = %s AND status = 'completed'",
+            [queue],
+        )[0]
+        if done == CONCURRENCY:
+            break
+        time.sleep(0.1)
+    (spread,) = server.sql(
+        "SELECT extract(epoch FROM max(l.started_at) - min(l.started_at)) FROM qa_ledger l "
+        "JOIN queue_jobs j ON j.id = l.job_id WHERE j.queue = %s",
+        [queue],
+    )[0]
+    assert done == CONCURRENCY, f"the probe jobs did not all complete ({done}/{CONCURRENCY})"
+    return float(spread)
+
+
+def expire_leases(server: PgServer, queue: str, jobs: int) -> None:
+    """Claim `jobs` jobs for a worker that never finishes them: the sweep's work."""
+    enqueue_sql = (
+        "WITH j AS (INSERT INTO queue_jobs (queue, type, payload, created_at) "
+        'SELECT %(queue)s, \'qa.outcome\', \'{"do": "return", "kind": "return"}\', now() '
+        "FROM generate_series(1, %(n)s) RETURNING id, queue) "
+        "INSERT INTO queue_job_state (job_id, queue, status, priority, run_at, attempts, "
+        "max_attempts, lease_version, locked_by, locked_until, updated_at) "
+        "SELECT id, queue, 'running', 0, now(), 1, 2, 1, 'ghost', now() - interval '1 s', now() "
+        "FROM j"
+    )
+    server.sql(enqueue_sql, {"queue": queue, "n": jobs})
+    server.sql(
+        "INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id, status, "
+        "started_at) SELECT job_id, 1, 1, 'ghost', 'running', now() FROM queue_job_state "
+        "WHERE queue = %s",
+        [queue],
+    )
+
+
+def test_invariant_under_injected_faults(fault_server, report):
+    """12. The invariant under injected faults"""
+    server = fault_server
+    rng = random.Random(20261130)
+    rounds = size(1, 3)
+    each = size(3, 8)
+    enqueue = Enqueuer(server)
+    summary: dict[str, Any] = {"faults": 0, "jobs": 0}
+    worker = FaultWorker(server, *[f"inv{r}" for r in range(rounds)], "probe", "swept", *ARGS)
+    try:
+        with Terminator(server) as terminator:
+            expire_leases(server, "swept", 12)
+            for r in range(rounds):
+                queue = f"inv{r}"
+                planned = plan(server, rng, spacing=3 if not FULL else rng.randint(2, 5))
+                summary["faults"] += sum(planned.values())
+                enqueue_outcomes(server, enqueue, queue, each)
+                summary["jobs"] += each * len(OUTCOMES)
+                summary[f"round {r} settled_s"] = round(wait_settled(server, queue, 120), 1)
+            wait_settled(server, "swept", 30)
+            spread = probe_concurrency(server, enqueue, "probe")
+        summary["in_doubt_commits"] = terminator.terminated
+        summary["hits"] = hits(server)
+        assert worker.proc.poll() is None, worker.output()[-4000:]
+        breaks = [line for r in range(rounds) for line in invariant_breaks(server, f"inv{r}")]
+        stuck = server.sql(
+            "SELECT count(*) FROM queue_job_state WHERE queue = 'swept' AND status = 'running'"
+        )[0][0]
+        code = worker.stop()
+        output = worker.output()
+    except NotSettled as exc:
+        raise AssertionError(f"{exc}\n--- worker output ---\n{worker.output()[-6000:]}") from None
+    finally:
+        enqueue.close()
+        if worker.proc.poll() is None:
+            worker.proc.kill()
+        worker.log.close()
+    report(
+        size=f"{summary['jobs']} jobs ({len(OUTCOMES)} endings) x {summary['faults']} faults "
+        f"({len(FAULTS)} classes on {len(TARGETS)} writes)",
+        invariant_breaks=len(breaks),
+        notes=f"{summary}; probe start spread {spread:.2f}s",
+    )
+    assert breaks == [], "\n".join(breaks[:40])
+    assert stuck == 0
+    # All CONCURRENCY probe jobs ran at once: every handler thread is alive.
+    assert spread < PROBE_SECONDS / 2, spread
+    assert code == 0, output[-4000:]
+    assert "Traceback" not in output.split("stopped:")[-1], output[-4000:]
