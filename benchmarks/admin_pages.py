@@ -165,7 +165,7 @@ def main() -> int:
                 "Traceback",
                 budget,
             ),
-            ("Workers page", "/admin/django_pgqueue/workerrecord/", "bench-00", PAGE_BUDGET_MS),
+            ("Workers page", "/admin/django_pgqueue/workerrecord/", '/change/">#', PAGE_BUDGET_MS),
             ("Charts page (6 h)", "/admin/django_pgqueue/minutestats/", "<svg", PAGE_BUDGET_MS),
             (
                 "Charts page, 24 h",
