@@ -22,7 +22,20 @@ def can(request: HttpRequest, model: type[Model], action: str) -> bool:
     return request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
 
 
-class AttemptInline(admin.StackedInline):
+class NoEditing:
+    """For admins that only show: nothing to add, change or delete, whoever asks."""
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class AttemptInline(NoEditing, admin.StackedInline):
     """Every attempt of the job, oldest first, read-only; the fatal traceback is open."""
 
     model = Attempt
@@ -71,15 +84,6 @@ class AttemptInline(admin.StackedInline):
                 job_lease_version=F("job__state__lease_version"),
             )
         )
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Whoever may see the job may see its attempts: no separate attempt permission.

@@ -89,24 +89,8 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
         ),
         ("Payload (immutable)", {"fields": ("payload_pretty",)}),
     )
-    readonly_fields = (
-        "id",
-        "queue",
-        "type",
-        "key",
-        "created",
-        "status_badge",
-        "priority",
-        "attempts_display",
-        "run_at",
-        "lease_version",
-        "locked_by",
-        "locked_until",
-        "last_error_full",
-        "updated_at",
-        "finished_at",
-        "payload_pretty",
-    )
+    # Every field of the page is read-only: the operator actions are the only writes.
+    readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
 
     class Media:
         css = {"all": ("django_pgqueue/admin.css",)}

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.auth import get_permission_codename
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from ..admin.attempts import NoEditing, can
 from ..conf import get_settings
 from ..models import Job
 from . import charts, rollup, workers
@@ -26,24 +26,12 @@ DEFAULT_WINDOW = 6
 COMPLETED, FAILED, P50, P95 = "#2e7d32", "#b3261e", "#2f6fb0", "#b07d10"
 
 
-class ReadOnlyPage(admin.ModelAdmin):  # type: ignore[type-arg]
+class ReadOnlyPage(NoEditing, admin.ModelAdmin):  # type: ignore[type-arg]
     """A page, not a list of rows: nothing to add, change or delete."""
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Whoever may view jobs may view who runs them and how the queues fare.
-        opts = Job._meta
-        return super().has_view_permission(request, obj) or request.user.has_perm(
-            f"{opts.app_label}.{get_permission_codename('view', opts)}"
-        )
+        return super().has_view_permission(request, obj) or can(request, Job, "view")
 
     def page(self, request: HttpRequest, template: str, **context: Any) -> HttpResponse:
         if not self.has_view_permission(request):
