@@ -106,23 +106,31 @@ def is_type_name(value: Any) -> bool:
 
 def queue_name(value: Any, name: str = "queue", *, error: type[Exception] = ValueError) -> str:
     """Return `value` if it is a queue name: 1 to 63 of [A-Za-z0-9_.:-], not led by [_.:-]."""
-    if not isinstance(value, str):
-        raise error(f"{name} must be a string, got {type(value).__name__} {value!r}.")
-    if not is_queue_name(value):
-        raise error(
-            f"{name} {value!r} is not a valid queue name: use 1 to 63 letters, digits, "
-            "'_', '.', ':' or '-', starting with a letter or digit."
-        )
-    return value
+    return _named(
+        value,
+        name,
+        is_queue_name,
+        "is not a valid queue name: use 1 to 63 letters, digits, '_', '.', ':' or '-', "
+        "starting with a letter or digit.",
+        error,
+    )
 
 
 def type_name(value: Any, name: str = "type", *, error: type[Exception] = ValueError) -> str:
     """Return `value` if it is a job type: 1 to 255 of [A-Za-z0-9_.:-], led by a letter or _."""
+    return _named(
+        value,
+        name,
+        is_type_name,
+        "is not a valid job type: use 1 to 255 letters, digits, '_', '.', ':' or '-', "
+        "starting with a letter or '_' (e.g. 'payments.charge').",
+        error,
+    )
+
+
+def _named(value: Any, name: str, valid: Any, problem: str, error: type[Exception]) -> str:
     if not isinstance(value, str):
         raise error(f"{name} must be a string, got {type(value).__name__} {value!r}.")
-    if not is_type_name(value):
-        raise error(
-            f"{name} {value!r} is not a valid job type: use 1 to 255 letters, digits, '_', "
-            "'.', ':' or '-', starting with a letter or '_' (e.g. 'payments.charge')."
-        )
+    if not valid(value):
+        raise error(f"{name} {value!r} {problem}")
     return value

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_pgqueue import validators
 from django_pgqueue.durations import counted, parse_duration
 from django_pgqueue.maintenance import DEFAULT_PRUNE_BATCH, check_prunable, prune
+from django_pgqueue.management.options import add_batch_options
 from django_pgqueue.models import FINISHED_STATUSES
 
 
@@ -39,14 +40,11 @@ class Command(BaseCommand):
                 f"(default: {', '.join(FINISHED_STATUSES)})."
             ),
         )
-        parser.add_argument(
-            "--batch-size",
-            type=int,
-            default=DEFAULT_PRUNE_BATCH,
-            help=f"Most jobs one DELETE removes (default: {DEFAULT_PRUNE_BATCH}).",
-        )
-        parser.add_argument(
-            "--dry-run", action="store_true", help="Count what would be deleted; delete nothing."
+        add_batch_options(
+            parser,
+            DEFAULT_PRUNE_BATCH,
+            "Most jobs one DELETE removes",
+            "Count what would be deleted; delete nothing.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

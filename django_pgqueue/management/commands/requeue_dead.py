@@ -12,6 +12,7 @@ from django.utils.dateparse import parse_date, parse_datetime
 from django_pgqueue import validators
 from django_pgqueue.durations import counted, parse_duration
 from django_pgqueue.maintenance import DEFAULT_REQUEUE_BATCH, requeue_dead
+from django_pgqueue.management.options import add_batch_options
 from django_pgqueue.validators import is_queue_name, is_type_name
 
 
@@ -49,14 +50,11 @@ class Command(BaseCommand):
             help="Only jobs that died since then: a duration back from now (2h, 1d) or an "
             "ISO date or date-time.",
         )
-        parser.add_argument(
-            "--batch-size",
-            type=int,
-            default=DEFAULT_REQUEUE_BATCH,
-            help=f"Jobs retried per statement (default: {DEFAULT_REQUEUE_BATCH}).",
-        )
-        parser.add_argument(
-            "--dry-run", action="store_true", help="Count the matching dead jobs; change nothing."
+        add_batch_options(
+            parser,
+            DEFAULT_REQUEUE_BATCH,
+            "Jobs retried per statement",
+            "Count the matching dead jobs; change nothing.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
