@@ -47,6 +47,9 @@ def db_now() -> dt.datetime:
     return sql("SELECT now()")[0][0]
 
 
+MIN_KILLS = 3
+
+
 def test_racing_workers_fire_every_tick_exactly_once_through_sigkills(worker_process, report):
     """11. Recurring jobs: 5 workers racing, one SIGKILLed every 30 s"""
     window = size(45, 600)
@@ -75,9 +78,10 @@ def test_racing_workers_fire_every_tick_exactly_once_through_sigkills(worker_pro
     started = time.monotonic()
     kills = 0
     victim_slot = 0
-    while time.monotonic() - started < window:
+    # At least MIN_KILLS kills, however long a loaded machine takes to see each one gone.
+    while kills < MIN_KILLS or time.monotonic() - started < window:
         time.sleep(min(kill_every, max(0.0, window - (time.monotonic() - started))))
-        if time.monotonic() - started >= window:
+        if time.monotonic() - started >= window and kills >= MIN_KILLS:
             break
         worker_id, victim = slots[victim_slot]
         victim.kill()  # SIGKILL
@@ -145,7 +149,7 @@ def test_racing_workers_fire_every_tick_exactly_once_through_sigkills(worker_pro
     assert counts["lost"] == 0
     assert counts["completed_twice"] == 0
     assert counts["completed_without_success"] == 0
-    assert kills >= 3
+    assert kills >= MIN_KILLS
     report(
         size=f"{window} s of ticks, {WORKERS} processes, {len(SCHEDULES)} schedules",
         **outcome(counts),
