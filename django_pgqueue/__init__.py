@@ -6,6 +6,14 @@ version, so a stale worker can never overwrite a newer owner's result.
 """
 
 from .context import JobContext
+from .control.api import (
+    pause_queue,
+    queue_controls,
+    resume_queue,
+    set_key_limit,
+    set_queue_limit,
+    set_queue_rate,
+)
 from .enqueue import EnqueuedJob, JobSpec, enqueue, enqueue_many
 from .exceptions import (
     ConfigurationError,
@@ -15,6 +23,7 @@ from .exceptions import (
     PermanentFailure,
     PgQueueError,
     RetryLater,
+    Snooze,
     UnknownJobType,
 )
 from .registry import handler
@@ -36,8 +45,15 @@ __all__ = [
     "PgQueueError",
     "RetryLater",
     "RetryPolicy",
+    "Snooze",
     "UnknownJobType",
     "enqueue",
     "enqueue_many",
     "handler",
+    "pause_queue",
+    "queue_controls",
+    "resume_queue",
+    "set_key_limit",
+    "set_queue_limit",
+    "set_queue_rate",
 ]

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
+from .control.limits import QueueLimits, parse_queues
 from .exceptions import ConfigurationError
 
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
@@ -56,6 +57,12 @@ SETTINGS: dict[str, Setting] = {
         "Prepare the worker's statements on its own connections; False behind a "
         "transaction-pooling PgBouncer older than 1.21.",
     ),
+    # Queue control (issue 14).
+    "QUEUES": Setting(
+        {},
+        "Per-queue limits, e.g. {'reports': {'limit': 3, 'key_limit': 1, 'rate': '100/s'}}; "
+        "written to queue_controls at worker start.",
+    ),
 }
 
 
@@ -78,6 +85,7 @@ class QueueSettings:
     JOB_TIMEOUT: float | None
     RECONNECT_MAX_DELAY: float
     WORKER_PREPARED_STATEMENTS: bool
+    QUEUES: dict[str, QueueLimits] = field(default_factory=dict)
 
 
 def _fail(key: str, value: Any, expected: str) -> ConfigurationError:
@@ -161,6 +169,7 @@ def validate(raw: Any) -> QueueSettings:
         JOB_TIMEOUT=timeout,
         RECONNECT_MAX_DELAY=_seconds("RECONNECT_MAX_DELAY", values["RECONNECT_MAX_DELAY"]),
         WORKER_PREPARED_STATEMENTS=prepared,
+        QUEUES=parse_queues(values["QUEUES"], QUEUE_NAME_RE),
     )
 
 

@@ -60,3 +60,26 @@ class RetryLater(PgQueueError):
 
 class JobTimeout(PgQueueError):
     """A handler ran past its timeout; the attempt is failed and the job retried."""
+
+
+# The longest a handler may snooze its job (30 days).
+MAX_SNOOZE = 30 * 86_400.0
+
+
+class Snooze(PgQueueError):
+    """Raise (or return) from a handler to run the job again after `seconds`.
+
+    The job goes back to pending at now() + seconds without spending an attempt; the
+    attempt is recorded as snoozed. `seconds` must be finite, > 0 and at most
+    MAX_SNOOZE (30 days).
+    """
+
+    def __init__(self, seconds: float, reason: str = "") -> None:
+        ok = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+        if not ok or not 0 < seconds <= MAX_SNOOZE:  # also refuses NaN
+            raise ValueError(
+                f"Snooze needs a number of seconds > 0 and <= {MAX_SNOOZE:g}, got {seconds!r}"
+            )
+        super().__init__(reason or f"snoozed for {seconds:g}s")
+        self.seconds = float(seconds)
+        self.reason = reason

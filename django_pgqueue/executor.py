@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .context import JobContext
-from .exceptions import JobTimeout, PermanentFailure, RetryLater, UnknownJobType
+from .exceptions import JobTimeout, PermanentFailure, RetryLater, Snooze, UnknownJobType
 from .registry import Handler
 from .retry import RetryPolicy
 
@@ -37,6 +37,8 @@ class Failure:
     traceback: str
     permanent: bool
     delay: float = 0.0
+    # issue 14: a Snooze, written with job_snooze (no attempt spent), not job_fail.
+    snoozed: bool = False
 
     @property
     def last_error(self) -> str:
@@ -79,6 +81,8 @@ def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcom
         if handler is None:
             raise UnknownJobType(f"No handler is registered for job type {ctx.type!r}.")
         value = handler.func(ctx)
+    except Snooze as exc:  # issue 14
+        return snoozed(exc)
     except RetryLater as exc:
         cls, message, trace = describe(exc)
         return Failure(cls, message, trace, permanent=False, delay=exc.delay)
@@ -89,7 +93,21 @@ def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcom
     return success(value)
 
 
+def snoozed(snooze: Snooze) -> Failure:
+    """The outcome of a handler that raised or returned Snooze."""
+    return Failure(
+        "django_pgqueue.Snooze",
+        storable(str(snooze), MESSAGE_LIMIT),
+        "",
+        False,
+        delay=snooze.seconds,
+        snoozed=True,
+    )
+
+
 def success(value: Any) -> Outcome:
+    if isinstance(value, Snooze):  # issue 14: returned rather than raised
+        return snoozed(value)
     if value is None:
         return Success()
     try:

@@ -41,6 +41,7 @@ from django.db import connections
 from . import executor, validation
 from .conf import get_settings
 from .context import JobContext, Lease
+from .control.store import ControlledStore, sync_queue_controls
 from .exceptions import ConfigurationError, DatabaseUnavailable, EnqueueError
 from .executor import Failure, Outcome, Success
 from .registry import Handler, Registry
@@ -253,7 +254,10 @@ class Worker:
         self.stats: Counter[str] = Counter()
         self.heartbeat_gaps: list[float] = []
         self._scheduler = QueueScheduler(self.config.queues, self.config.weights)
-        self._store = Store(self.config.database, f"pgqueue worker {self.config.worker_id}")
+        # issue 14: ControlledStore routes controlled queues' claims, snoozes, cancel marks.
+        self._store = ControlledStore(
+            self.config.database, f"pgqueue worker {self.config.worker_id}"
+        )
         self._work: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
         self._outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]] = (
             queue_module.SimpleQueue()
@@ -310,6 +314,7 @@ class Worker:
         """Run until stopped; return the process exit code (0 after a graceful stop)."""
         cfg = self.config
         self.registry.autodiscover()
+        sync_queue_controls(cfg.database)  # issue 14: PGQUEUE["QUEUES"] into queue_controls
         restore = self._install_signals() if self.install_signal_handlers else None
         if restore:
             self._start_service(self._signal_loop, "signals")
@@ -438,9 +443,11 @@ class Worker:
         kept = store.renew(
             [(lease.job_id, lease.lease_version) for lease in held], self.config.lease
         )
+        cancelled = getattr(store, "cancel_requested", ())  # issue 14
         for lease in held:
             if lease.job_id in kept:
                 lease.expires = sent + self.config.lease
+                lease.cancel_requested = lease.job_id in cancelled
             elif not lease.lost and not lease.finishing:
                 lease.lost = True
                 self.stats["leases_lost"] += 1
@@ -584,7 +591,10 @@ class Worker:
         self, queue: str, limit: int, rows: list[ClaimedRow], sent: float, *, resumed: bool = False
     ) -> int:
         if len(rows) < limit and not resumed:
-            self._empty_until[queue] = sent + self.config.poll_interval
+            # issue 14: a claim cut by a limit is tried again as soon as it could succeed.
+            self._empty_until[queue] = sent + self._store.recheck_after(
+                queue, self.config.poll_interval
+            )
         if rows and self._stopping.is_set():
             # The signal came while this claim was on the wire: these jobs have not
             # started, so they go back now rather than run after the signal.
@@ -778,6 +788,10 @@ class Worker:
             self._stale(item, "fail")
             return
         status, _run_at = result
+        if outcome.snoozed or status == "cancelled":  # issue 14
+            self.stats["snoozed" if status == "pending" else "cancelled"] += 1
+            logger.info("job %d (%s) %s: %s", ctx.job_id, ctx.type, status, outcome.message)
+            return
         if status == "dead":
             self.stats["dead"] += 1
             logger.error(
@@ -973,7 +987,7 @@ class Worker:
 
     def _heartbeat_loop(self) -> None:
         cfg = self.config
-        store = Store(cfg.database, f"pgqueue heartbeat {cfg.worker_id}")
+        store = ControlledStore(cfg.database, f"pgqueue heartbeat {cfg.worker_id}")  # issue 14
         backoff = Backoff(cfg.reconnect_max_delay)
         last = time.monotonic()
         try:
