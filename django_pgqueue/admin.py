@@ -676,3 +676,6 @@ class DeadJobAdmin(JobAdmin):
             state.last_error,
             Truncator(state.last_error.strip().splitlines()[0]).chars(160),
         )
+
+
+from .control import admin as _control_admin  # noqa: E402, F401  (issue 14: the Queues page)

@@ -245,7 +245,8 @@ class QueueControl(models.Model):
 
     class Meta:
         db_table = "queue_controls"
-        verbose_name = "queue control"
+        verbose_name = "queue"
+        verbose_name_plural = "queues"
         constraints = [
             models.CheckConstraint(
                 condition=Q(concurrency_limit__isnull=True) | Q(concurrency_limit__gte=0),

@@ -73,7 +73,8 @@ class Migration(migrations.Migration):
                 ),
             ],
             options={
-                "verbose_name": "queue control",
+                "verbose_name": "queue",
+                "verbose_name_plural": "queues",
                 "db_table": "queue_controls",
             },
         ),
