@@ -279,7 +279,7 @@ def test_operator_retries_from_the_list_after_a_confirmation(operator_client):
     assert state(completed)["status"] == "completed"
 
 
-def test_operator_cancels_pending_jobs_and_running_ones_are_skipped(operator_client):
+def test_operator_cancels_pending_jobs_and_asks_running_ones_to_stop(operator_client):
     pending = make_job("pending")
     running = make_job("running")
     done = operator_client.post(
@@ -287,9 +287,15 @@ def test_operator_cancels_pending_jobs_and_running_ones_are_skipped(operator_cli
         {"action": "cancel", "_selected_action": [pending, running], "post": "yes"},
         follow=True,
     )
-    assert messages_of(done) == ["Cancel: 1 changed, 1 skipped: 1 running."]
+    assert messages_of(done) == [
+        "Cancel: 2 changed (1 running: cancellation requested), 0 skipped."
+    ]
     assert state(pending)["status"] == "cancelled"
+    # Still running: the worker ends it cancelled when its attempt ends (issue 14).
     assert state(running)["status"] == "running"
+    assert sql(
+        "SELECT cancel_requested_at IS NOT NULL FROM queue_job_state WHERE job_id = %s", [running]
+    ) == [(True,)]
 
 
 @pytest.mark.skipif(
