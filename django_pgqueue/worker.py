@@ -256,7 +256,9 @@ class Worker:
         self._scheduler = QueueScheduler(self.config.queues, self.config.weights)
         # issue 14: ControlledStore routes controlled queues' claims, snoozes, cancel marks.
         self._store = ControlledStore(
-            self.config.database, f"pgqueue worker {self.config.worker_id}"
+            self.config.database,
+            f"pgqueue worker {self.config.worker_id}",
+            self.config.poll_interval,
         )
         self._work: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
         self._outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]] = (

@@ -74,8 +74,13 @@ def scan_size(limit: int) -> int:
 class ControlledStore(Store):
     """A `Store` whose claims respect queue_controls."""
 
-    def __init__(self, alias: str, application_name: str) -> None:
+    def __init__(
+        self, alias: str, application_name: str, poll_interval: float | None = None
+    ) -> None:
         super().__init__(alias, application_name)
+        # How often the view of queue_controls is refreshed: a pause or a new limit
+        # on a queue this worker claims without controls holds one interval later.
+        self.poll_interval = poll_interval
         self._controlled: frozenset[str] = frozenset()
         self._controls_due = 0.0
         self.states: dict[str, ControlState] = {}
@@ -90,7 +95,7 @@ class ControlledStore(Store):
         if now >= self._controls_due:
             rows = self._run("queue_control_list", {})
             self._controlled = frozenset(row[0] for row in rows)
-            self._controls_due = now + get_settings().POLL_INTERVAL
+            self._controls_due = now + (self.poll_interval or get_settings().POLL_INTERVAL)
         return queue in self._controlled
 
     def recheck_after(self, queue: str, poll_interval: float) -> float:

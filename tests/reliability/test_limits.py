@@ -68,6 +68,15 @@ class Sampler:
 
 
 def stop_all(workers: list) -> None:
+    # A worker still starting has no SIGTERM handler yet: wait until each is connected
+    # (its handlers are installed before it connects).
+    names = [f"pgqueue worker {w.args[w.args.index('--worker-id') + 1]}" for w in workers]
+    wait_until(
+        "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
+        "WHERE application_name = ANY (%s)",
+        lambda n: n == len([w for w in workers if w.proc.poll() is None]),
+        params=[names],
+    )
     for worker in workers:
         if worker.proc.poll() is None:
             worker.signal(signal.SIGTERM)
