@@ -139,7 +139,7 @@ def kill_and_wait(victim, worker_id: str) -> tuple:
 
 
 def test_global_limit_with_four_workers(worker_process, report):
-    """Limits 1. Global limit 3, 4 workers x 10"""
+    """11a. Queue control: Global limit 3, 4 workers x 10"""
     jobs = size(300, 2_000)
     set_queue_limit("limited", LIMIT)
     enqueue_many([("qa.nap", {"seconds": JOB_S}) for _ in range(jobs)], queue="limited")
@@ -177,7 +177,7 @@ def test_global_limit_with_four_workers(worker_process, report):
 
 
 def test_global_limit_with_a_worker_sigkilled_every_period(worker_process, report):
-    """Limits 2. Global limit 3, a worker SIGKILLed every 10 s"""
+    """11b. Queue control: Global limit 3, a worker SIGKILLed every 10 s"""
     jobs = size(400, 2_000)
     period = size(3, 10)
     set_queue_limit("killed", LIMIT)
@@ -243,7 +243,7 @@ def test_global_limit_with_a_worker_sigkilled_every_period(worker_process, repor
 
 
 def test_key_limit_one_with_fifty_keys(worker_process, report):
-    """Limits 3. Key limit 1, 50 keys"""
+    """11c. Queue control: Key limit 1, 50 keys"""
     jobs = size(400, 2_000)
     with transaction.atomic():
         for n in range(jobs):
@@ -282,7 +282,7 @@ def test_key_limit_one_with_fifty_keys(worker_process, report):
 
 
 def test_rate_limit_over_a_window(worker_process, report):
-    """Limits 4. Rate 100/s"""
+    """11d. Queue control: Rate 100/s"""
     seconds = size(6, 30)
     jobs = 100 * seconds + 200
     set_queue_rate("rated", "100/s")
@@ -323,7 +323,7 @@ def test_rate_limit_over_a_window(worker_process, report):
 
 
 def test_pause_stops_claims_within_a_poll_interval(worker_process, report):
-    """Limits 5. Pause"""
+    """11e. Queue control: Pause"""
     jobs = size(2_000, 10_000)
     enqueue_many([("qa.nap", {"seconds": 0.02}) for _ in range(jobs)], queue="paused")
     workers = [worker_process("paused", "--worker-id", f"pause-{i}", *OPTIONS) for i in range(4)]
@@ -356,7 +356,7 @@ def test_pause_stops_claims_within_a_poll_interval(worker_process, report):
 
 
 def test_global_limit_with_a_stale_sigstopped_worker(worker_process, report):
-    """Limits 6. Global limit 3, a worker SIGSTOPped past its lease"""
+    """11f. Queue control: Global limit 3, a worker SIGSTOPped past its lease"""
     jobs = size(150, 600)
     set_queue_limit("stale", LIMIT)
     enqueue_many([("qa.nap", {"seconds": 0.2}) for _ in range(jobs)], queue="stale")
