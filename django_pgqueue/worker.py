@@ -518,6 +518,9 @@ class Worker:
         """
         cfg = self.config
         free = cfg.concurrency - len(self._inflight)
+        for item, _ in self._unwritten:  # issue 14: claim back the slots this worker frees
+            if item.ctx.queue in self._empty_until and self._store.frees_slots(item.ctx.queue):
+                del self._empty_until[item.ctx.queue]
         flush_due = bool(self._unwritten) and (
             not self._inflight
             or len(self._unwritten) >= cfg.batch_size

@@ -38,8 +38,12 @@ from .limits import QueueLimits
 logger = logging.getLogger(__name__)
 
 # How soon a worker tries again a queue whose claim was cut by its concurrency limit:
-# a slot frees when another worker's job ends, which no NOTIFY announces.
+# a slot frees when another worker's job ends, which no NOTIFY announces. The wait
+# doubles while the queue stays full (long jobs), up to the poll interval, so full
+# queues are not polled hundreds of times a second; a worker that frees a slot itself
+# claims again at once (see `frees_slots`).
 FULL_RECHECK = 0.005
+FULL_BACKOFF_STEPS = 8
 # How many pending jobs a controlled claim may walk past, per job asked for, looking
 # for keys under their limit.
 SCAN_FACTOR = 8
@@ -54,7 +58,7 @@ class ControlState:
     full: bool
     rate_wait: float | None
 
-    def recheck_after(self, poll_interval: float) -> float:
+    def recheck_after(self, poll_interval: float, full_streak: int = 0) -> float:
         """Seconds until a claim of this queue could take a job again."""
         if self.paused:
             return poll_interval
@@ -62,7 +66,7 @@ class ControlState:
         if self.rate_wait is not None:
             waits.append(self.rate_wait)
         if self.full:
-            waits.append(FULL_RECHECK)
+            waits.append(FULL_RECHECK * 2 ** min(full_streak, FULL_BACKOFF_STEPS))
         return max(0.0, min(waits))
 
 
@@ -84,6 +88,7 @@ class ControlledStore(Store):
         self._controlled: frozenset[str] = frozenset()
         self._controls_due = 0.0
         self.states: dict[str, ControlState] = {}
+        self._full_streak: dict[str, int] = {}
         # Job ids the last renewal reported as cancel-requested.
         self.cancel_requested: set[int] = set()
 
@@ -101,7 +106,15 @@ class ControlledStore(Store):
     def recheck_after(self, queue: str, poll_interval: float) -> float:
         """Seconds before a short claim of `queue` is worth retrying (poll_interval if unknown)."""
         state = self.states.pop(queue, None)
-        return poll_interval if state is None else state.recheck_after(poll_interval)
+        if state is None:
+            return poll_interval
+        streak = self._full_streak.get(queue, 0)
+        self._full_streak[queue] = streak + 1 if state.full else 0
+        return state.recheck_after(poll_interval, streak)
+
+    def frees_slots(self, queue: str) -> bool:
+        """Whether finishing a job of `queue` frees a slot worth claiming again at once."""
+        return queue in self._controlled
 
     # -- claims ---------------------------------------------------------------------
 
