@@ -518,11 +518,17 @@ class Worker:
         """
         cfg = self.config
         free = cfg.concurrency - len(self._inflight)
-        for item, _ in self._unwritten:  # issue 14: claim back the slots this worker frees
-            if item.ctx.queue in self._empty_until and self._store.frees_slots(item.ctx.queue):
-                del self._empty_until[item.ctx.queue]
+        # issue 14: a finished job of a controlled queue holds a slot until its outcome is
+        # written: write it now (no batching delay) and claim the slot back in the same
+        # transaction.
+        frees_slot = False
+        for item, _ in self._unwritten:
+            if self._store.frees_slots(item.ctx.queue):
+                frees_slot = True
+                self._empty_until.pop(item.ctx.queue, None)
         flush_due = bool(self._unwritten) and (
-            not self._inflight
+            frees_slot
+            or not self._inflight
             or len(self._unwritten) >= cfg.batch_size
             or now - self._unwritten_since >= FLUSH_DELAY
         )

@@ -48,6 +48,9 @@ FULL_BACKOFF_STEPS = 8
 # for keys under their limit.
 SCAN_FACTOR = 8
 MAX_SCAN = 1000
+# How long a controlled claim's transaction may wait on its own client (see
+# transaction_guard): the longest a frozen worker can stall a queue's claims.
+LOCK_IDLE_MS = 1000
 
 
 @dataclass(frozen=True)
@@ -166,8 +169,9 @@ class ControlledStore(Store):
                 # One pipeline, one implicit transaction (no Sync until it ends): the
                 # completions (whose slots this claim may reuse), the queue lock, the
                 # claim under it, and the state after it. The lock ends with it.
-                with conn.pipeline():
+                with conn.pipeline(), conn.cursor() as guard:
                     cursors = [conn.cursor() for _ in range(4)]
+                    guard.execute(QUERIES["transaction_guard"], {"idle_ms": LOCK_IDLE_MS})
                     if done:
                         cursors[0].execute(QUERIES["job_complete"], _complete_params(done))
                     cursors[1].execute(QUERIES["queue_control_lock"], {"queue": queue})

@@ -612,6 +612,19 @@ LIMIT %(limit)s::integer;
 SELECT queue FROM queue_controls WHERE queue = %(queue)s::text FOR NO KEY UPDATE;
 
 
+-- name: transaction_guard
+-- Bound how long this transaction may wait on its own client: the first statement of
+-- a controlled claim's pipeline. The queue lock stalls every claimer of the queue
+-- while it is held, and the completions sent before it hold their rows (the sweep
+-- skips locked rows), so the transaction must not outlive its client: a worker frozen
+-- (SIGSTOP, a partition) between two messages of the pipeline would otherwise hold
+-- them until TCP keepalives noticed. The transaction-local
+-- idle_in_transaction_session_timeout ends such a session after `idle_ms`; the
+-- worker reconnects when it wakes and reads back what it had sent. Local to the
+-- transaction, so nothing outlives it on a pooled connection.
+SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true);
+
+
 -- name: job_claim_controlled
 -- Claim up to `limit` due jobs of a controlled queue, within its pause, limits and rate.
 -- Runs after queue_control_lock in the same transaction, so no other claim of this

@@ -11,6 +11,7 @@ import datetime as dt
 import threading
 import time
 
+import psycopg
 import pytest
 
 from django_pgqueue import (
@@ -23,6 +24,7 @@ from django_pgqueue import (
 from django_pgqueue.control import api
 from django_pgqueue.control.limits import QueueLimits
 from django_pgqueue.control.store import ControlledStore, sync_settings, update_control
+from django_pgqueue.sql import QUERIES
 from tests.conftest import sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -326,3 +328,19 @@ def test_claimers_of_a_controlled_queue_take_turns(stores):
     waiter.join(10)
     assert got == [1]  # saw the holder's 2 running jobs: one slot left
     assert running("turns") == 3
+
+
+def test_a_frozen_claimer_holds_the_queue_lock_one_second_at_most(stores):
+    """A client that stops between the lock and the end of its transaction is cut off."""
+    set_queue_limit("frozen", 3)
+    enqueue("qa.noop", queue="frozen")
+    frozen = stores("frozen").raw
+    frozen.execute("BEGIN")
+    frozen.execute(QUERIES["transaction_guard"], {"idle_ms": 500})
+    frozen.execute(QUERIES["queue_control_lock"], {"queue": "frozen"})
+    started = time.monotonic()
+    rows = stores("other").claim("frozen", 10, "other", 30)  # waits, then claims
+    assert len(rows) == 1
+    assert 0.3 < time.monotonic() - started < 5
+    with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+        frozen.execute("SELECT 1")
