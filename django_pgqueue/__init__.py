@@ -6,6 +6,14 @@ version, so a stale worker can never overwrite a newer owner's result.
 """
 
 from .context import JobContext
+from .control.api import (
+    pause_queue,
+    queue_controls,
+    resume_queue,
+    set_key_limit,
+    set_queue_limit,
+    set_queue_rate,
+)
 from .enqueue import EnqueuedJob, JobSpec, enqueue, enqueue_many
 from .exceptions import (
     ConfigurationError,
@@ -17,6 +25,7 @@ from .exceptions import (
     PgQueueError,
     ResultNotStorable,
     RetryLater,
+    Snooze,
     UnknownJobType,
     WorkerShutdown,
 )
@@ -41,9 +50,16 @@ __all__ = [
     "ResultNotStorable",
     "RetryLater",
     "RetryPolicy",
+    "Snooze",
     "UnknownJobType",
     "WorkerShutdown",
     "enqueue",
     "enqueue_many",
     "handler",
+    "pause_queue",
+    "queue_controls",
+    "resume_queue",
+    "set_key_limit",
+    "set_queue_limit",
+    "set_queue_rate",
 ]

@@ -5,7 +5,10 @@ Both run the statements every other path uses (`store.retry_jobs` runs
 state row itself. Those statements decide, row by row and under the row lock, what
 changes; this module only reads back why the other rows did not, so an operator is
 told "3 changed, 2 skipped: 1 running, 1 not in an allowed state (completed)".
-A running job is never touched by either action.
+Cancel also accepts running jobs (issue 14): it marks them cancel-requested
+(``job_cancel_request``) without changing their status; the worker hears of it at its
+next lease renewal and the fenced write that ends the attempt ends the job cancelled.
+Retry never touches a running job.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from django.db import IntegrityError, transaction
 
 from . import signals
 from .conf import get_settings
+from .control import store as control_store
 from .models import Job, JobState, Status
 from .store import operator as store
 
 RETRYABLE = frozenset({Status.DEAD, Status.CANCELLED, Status.PENDING})
-CANCELLABLE = frozenset({Status.PENDING})
+CANCELLABLE = frozenset({Status.PENDING, Status.RUNNING})
 
 # Why a job was skipped, in the order a report lists them.
 RUNNING = "running"
@@ -45,6 +49,8 @@ class ActionReport:
     skipped: dict[str, list[int]] = field(default_factory=dict)
     # Statuses of the jobs skipped as NOT_ALLOWED, for the message.
     not_allowed: Counter[str] = field(default_factory=Counter)
+    # Running jobs among `changed`: cancellation requested, ending when their attempt does.
+    requested: list[int] = field(default_factory=list)
 
     @property
     def skipped_count(self) -> int:
@@ -60,10 +66,14 @@ class ActionReport:
         for reason, ids in other.skipped.items():
             self.skipped.setdefault(reason, []).extend(ids)
         self.not_allowed.update(other.not_allowed)
+        self.requested.extend(other.requested)
 
     def message(self) -> str:
         """One line for an operator: how many changed, how many skipped and why."""
-        text = f"{self.action}: {len(self.changed)} changed, {self.skipped_count} skipped"
+        text = f"{self.action}: {len(self.changed)} changed"
+        if self.requested:
+            text += f" ({len(self.requested)} running: cancellation requested)"
+        text += f", {self.skipped_count} skipped"
         parts = []
         for reason in REASONS:
             ids = self.skipped.get(reason)
@@ -120,14 +130,22 @@ def retry_now(job_ids: Iterable[int], *, alias: str | None = None) -> ActionRepo
 
 
 def cancel(job_ids: Iterable[int], *, alias: str | None = None) -> ActionReport:
-    """Cancel pending jobs (job_cancel); every other job is skipped and accounted for."""
+    """Cancel pending jobs (job_cancel) and ask running ones to stop (job_cancel_request).
+
+    Every other job, and a running job already asked, is skipped and accounted for.
+    """
     alias = alias or get_settings().DATABASE
     ids = _ids(job_ids)
     report = ActionReport("Cancel")
     with transaction.atomic(using=alias):
         changed = store.cancel_jobs(alias, ids) if ids else set()
+        rest = [job_id for job_id in ids if job_id not in changed]
+        requested = control_store.request_cancel(alias, rest) if rest else set()
+        changed |= requested
         report.changed = sorted(changed)
-        _announce_cancelled(alias, report.changed)  # issue 15 hook: job_cancelled
+        report.requested = sorted(requested)
+        # Running jobs only asked to stop are announced by the worker that ends them.
+        _announce_cancelled(alias, sorted(changed - requested))  # issue 15 hook
         _explain(report, alias, [i for i in ids if i not in changed], CANCELLABLE, {})
     return report
 

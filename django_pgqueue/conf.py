@@ -8,13 +8,14 @@ naming the key, the value and what was expected.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
 from . import validators
+from .control.limits import QueueLimits, parse_queues
 from .exceptions import ConfigurationError
 from .validators import (
     MAX_ATTEMPTS,
@@ -60,6 +61,12 @@ SETTINGS: dict[str, Setting] = {
     "SCHEDULES": Setting(
         {}, "Recurring jobs: {name: {type, cron or every, queue, payload, timezone, ...}}."
     ),
+    # Queue control (issue 14).
+    "QUEUES": Setting(
+        {},
+        "Per-queue limits, e.g. {'reports': {'limit': 3, 'key_limit': 1, 'rate': '100/s'}}; "
+        "written to queue_controls at worker start.",
+    ),
 }
 
 
@@ -83,6 +90,7 @@ class QueueSettings:
     RECONNECT_MAX_DELAY: float
     WORKER_PREPARED_STATEMENTS: bool
     SCHEDULES: dict[str, Any]  # each entry is checked by django_pgqueue.schedules.checks
+    QUEUES: dict[str, QueueLimits] = field(default_factory=dict)
 
 
 def _name(key: str) -> str:
@@ -163,6 +171,7 @@ def validate(raw: Any) -> QueueSettings:
         RECONNECT_MAX_DELAY=_seconds("RECONNECT_MAX_DELAY", values["RECONNECT_MAX_DELAY"]),
         WORKER_PREPARED_STATEMENTS=prepared,
         SCHEDULES=_schedules(values["SCHEDULES"]),
+        QUEUES=parse_queues(values["QUEUES"], validators.QUEUE_NAME_RE),
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 class Lease:
     """The worker's view of one claimed job's lease, shared with the heartbeat thread."""
 
-    __slots__ = ("expires", "finishing", "job_id", "lease_version", "lost")
+    __slots__ = ("cancel_requested", "expires", "finishing", "job_id", "lease_version", "lost")
 
     def __init__(self, job_id: int, lease_version: int, expires: float) -> None:
         self.job_id = job_id
@@ -18,6 +18,7 @@ class Lease:
         self.expires = expires  # time.monotonic() by which the database lease surely ends
         self.lost = False
         self.finishing = False  # its outcome is being written: a failed renewal means nothing
+        self.cancel_requested = False  # an operator cancelled the job (seen at a renewal)
 
     def held(self) -> bool:
         return not self.lost and time.monotonic() < self.expires
@@ -105,6 +106,14 @@ class JobContext:
     def lease_lost(self) -> bool:
         """True once this worker may no longer own the job (renewal failed or overdue)."""
         return self._lease is not None and not self._lease.held()
+
+    def cancel_requested(self) -> bool:
+        """True once an operator asked to cancel this running job (seen at a lease renewal).
+
+        A handler that sees it should stop: whatever it returns or raises, the job ends
+        cancelled and is not retried.
+        """
+        return self._lease is not None and self._lease.cancel_requested
 
     def __repr__(self) -> str:
         return (

@@ -12,8 +12,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import transaction
+
 from . import signals, validation
 from .conf import get_settings
+from .control import limits
+from .control import store as control_store
 from .exceptions import EnqueueError
 from .observability import tracing
 from .registry import registry
@@ -101,6 +105,7 @@ def enqueue(
     delay: float | dt.timedelta | None = None,
     max_attempts: int | None = None,
     idempotency_key: str | None = None,
+    concurrency_key: str | None = None,
     using: str | None = None,
 ) -> EnqueuedJob:
     """Add a job to a queue, in the caller's transaction.
@@ -110,6 +115,8 @@ def enqueue(
     `run_at` (aware datetime) or `delay` (seconds or timedelta) defer the job. With an
     `idempotency_key`, a second enqueue while a job with that key is pending or running
     in the same queue returns that job (``created=False``) instead of adding one.
+    With a `concurrency_key`, at most the queue's key_limit (default 1) jobs with
+    that key run at once (see queue control).
     Everything is validated before anything is written.
     """
     params = _prepare(
@@ -122,8 +129,16 @@ def enqueue(
         max_attempts=max_attempts,
         idempotency_key=idempotency_key,
     )
+    key = limits.concurrency_key(concurrency_key)  # issue 14
     alias = using or get_settings().DATABASE
-    job_id, created, created_at = store.insert_job(alias, params)
+    if key is None:
+        job_id, created, created_at = store.insert_job(alias, params)
+    else:
+        # The key is set in the same transaction, so no worker sees the job without it.
+        with transaction.atomic(using=alias):
+            job_id, created, created_at = store.insert_job(alias, params)
+            if created:
+                control_store.set_concurrency_key(alias, job_id, key)
     if created:  # issue 15 hook: job_enqueued, on commit
         event = {"job_id": job_id, "queue": params["queue"], "type": params["type"]}
         event.update(payload=payload, priority=params["priority"])

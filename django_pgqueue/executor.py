@@ -14,7 +14,7 @@ import traceback as tb
 from typing import Any
 
 from .context import JobContext
-from .exceptions import JobTimeout, PermanentFailure, RetryLater, UnknownJobType
+from .exceptions import JobTimeout, PermanentFailure, RetryLater, Snooze, UnknownJobType
 from .outcomes import (
     ERROR_CLASS_LIMIT,
     MESSAGE_LIMIT,
@@ -81,6 +81,8 @@ def _run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outco
         if handler is None:
             raise UnknownJobType(f"No handler is registered for job type {ctx.type!r}.")
         value = handler.func(ctx)
+    except Snooze as exc:  # issue 14
+        return snoozed(exc)
     except RetryLater as exc:
         cls, message, trace = describe(exc)
         return Failure(cls, message, trace, permanent=False, delay=exc.delay)
@@ -91,12 +93,26 @@ def _run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outco
     return success(value)
 
 
+def snoozed(snooze: Snooze) -> Failure:
+    """The outcome of a handler that raised or returned Snooze."""
+    return Failure(
+        "django_pgqueue.Snooze",
+        storable(str(snooze), MESSAGE_LIMIT),
+        "",
+        False,
+        delay=snooze.seconds,
+        snoozed=True,
+    )
+
+
 def success(value: Any) -> Outcome:
     """The Success of a handler's return value, or why the value cannot be stored.
 
     Anything raised while encoding (a `__str__` or `default` of the value's own, a
     recursion) makes the value unstorable: the job ran, so it is not re-run.
     """
+    if isinstance(value, Snooze):  # issue 14: returned rather than raised
+        return snoozed(value)
     if value is None:
         return Success()
     try:

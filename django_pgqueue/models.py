@@ -22,8 +22,8 @@ message names the invariant that was broken.
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
-from django.db.models.functions import Now
+from django.db.models import Q, Value
+from django.db.models.functions import Cast, Now
 
 
 class Status(models.TextChoices):
@@ -43,6 +43,7 @@ class AttemptStatus(models.TextChoices):
     FAILED = "failed"
     LOST = "lost", "lost (lease expired)"
     RELEASED = "released", "released (never started)"
+    SNOOZED = "snoozed", "snoozed (attempt given back)"
 
 
 class Job(models.Model):
@@ -106,6 +107,11 @@ class JobState(models.Model):
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     updated_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Queue control (issue 14). At most the queue's key_limit running jobs share a
+    # concurrency key. cancel_requested_at marks a running job an operator cancelled:
+    # its status stays running until the fenced write that ends the attempt.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "queue_job_state"
@@ -141,6 +147,14 @@ class JobState(models.Model):
                 fields=["queue", "status"],
                 name="queue_job_state_failed_idx",
                 condition=Q(status__in=["dead", "cancelled"]),
+            ),
+            # Running jobs that carry a concurrency key, by key: the per-key count of
+            # the controlled claim. Rows without a key (all of an unkeyed queue) never
+            # enter it, so unlimited queues pay nothing for it; no heartbeat column.
+            models.Index(
+                fields=["queue", "concurrency_key"],
+                name="queue_job_state_run_key_idx",
+                condition=Q(status="running", concurrency_key__isnull=False),
             ),
         ]
         constraints = [
@@ -196,6 +210,59 @@ class Attempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.attempt_index} of job #{self.job_id} ({self.status})"
+
+
+class TimestampArray(models.Field):
+    """A timestamptz[] column, without requiring django.contrib.postgres."""
+
+    def db_type(self, connection: object) -> str:
+        return "timestamptz[]"
+
+
+class QueueControl(models.Model):
+    """A queue's run-time controls: pause, concurrency limits and a rate limit.
+
+    A queue without a row claims with the plain job_claim. The controlled claim locks
+    this row for its transaction (one claimer per queue at a time) and counts running
+    rows instead of keeping a counter, so a slot cannot leak or be freed twice.
+    `configured` is the PGQUEUE["QUEUES"] entry last written here by a worker start:
+    settings overwrite the limits only when they change (see control/settings.py).
+    """
+
+    queue = models.CharField(max_length=63, primary_key=True)
+    paused = models.BooleanField(db_default=False)
+    concurrency_limit = models.IntegerField(null=True, blank=True)
+    key_limit = models.IntegerField(db_default=1)
+    rate_count = models.IntegerField(null=True, blank=True)
+    rate_period = models.FloatField(null=True, blank=True)
+    # The last rate_count start times, oldest first: the exact sliding window.
+    rate_starts = TimestampArray(
+        db_default=Cast(Value("{}"), output_field=TimestampArray()), editable=False
+    )
+    # The queue has (had) jobs with a concurrency key: its claims must apply key_limit.
+    keyed = models.BooleanField(db_default=False)
+    configured = models.JSONField(null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "queue_controls"
+        verbose_name = "queue"
+        verbose_name_plural = "queues"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(concurrency_limit__isnull=True) | Q(concurrency_limit__gte=0),
+                name="queue_controls_limit_valid",
+            ),
+            models.CheckConstraint(condition=Q(key_limit__gte=1), name="queue_controls_key_valid"),
+            models.CheckConstraint(
+                condition=Q(rate_count__isnull=True, rate_period__isnull=True)
+                | Q(rate_count__gte=1, rate_count__lte=10_000, rate_period__gt=0),
+                name="queue_controls_rate_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.queue
 
 
 class DeadJobManager(models.Manager["DeadJob"]):

@@ -13,6 +13,7 @@ model admins, registered on import.
 
 from __future__ import annotations
 
+from ..control import admin as control_admin  # noqa: F401  (issue 14: the Queues page)
 from ..observability import admin as observability_admin  # noqa: F401  (Workers, Charts)
 from ..schedules import admin as schedules_admin  # noqa: F401  (registers the Schedules page)
 from .jobs import DeadJobAdmin, JobAdmin

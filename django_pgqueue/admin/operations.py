@@ -80,7 +80,9 @@ CANCEL = OperatorAction(
     allowed=actions.CANCELLABLE,
     explanation=(
         "Pending jobs become cancelled and will not run (Retry now can bring them back). "
-        "Running jobs are never touched; they and finished jobs are skipped."
+        "Running jobs are asked to stop: their handler sees ctx.cancel_requested() at the "
+        "next lease renewal, and the job ends cancelled when its attempt ends, whatever the "
+        "handler does (its result is kept). Finished jobs are skipped."
     ),
     run=actions.cancel,
 )

@@ -245,14 +245,15 @@ CROSS JOIN LATERAL (
 -- and attempt_ids list the jobs and their attempts; results maps attempt ids to the
 -- handlers' return values, for those that returned something. Fenced per job by
 -- (job_id, lease_version, status = 'running'); returns the jobs that were completed.
--- A job missing from the result was not this worker's any more.
+-- A job missing from the result was not this worker's any more. A job an operator
+-- asked to cancel while it ran ends cancelled (its result is still recorded).
 -- Rows are found by key (= ANY of an array) and the lease version is looked up per
 -- row: no join for the planner to get wrong on stale statistics, and no FROM list,
 -- which would make PostgreSQL copy every joined row whole for concurrent-update
 -- rechecks.
 WITH done AS (
     UPDATE queue_job_state AS state
-    SET status = 'completed',
+    SET status = CASE WHEN state.cancel_requested_at IS NULL THEN 'completed' ELSE 'cancelled' END,
         locked_by = NULL,
         locked_until = NULL,
         finished_at = now(),
@@ -275,20 +276,24 @@ SELECT job_id FROM done;
 -- name: job_fail
 -- Record a failed attempt of a job a worker still owns.
 -- The job goes back to pending at now() + delay, or to dead when the failure is
--- permanent or its attempts are spent. Fenced; returns the new status and run_at, or
--- no row when the lease was lost.
+-- permanent or its attempts are spent, or to cancelled when an operator asked to
+-- cancel it while it ran. Fenced; returns the new status and run_at, or no row when
+-- the lease was lost.
 WITH failed AS (
     UPDATE queue_job_state AS state
     SET status = CASE
+            WHEN state.cancel_requested_at IS NOT NULL THEN 'cancelled'
             WHEN %(permanent)s::boolean OR state.attempts >= state.max_attempts THEN 'dead'
             ELSE 'pending'
         END,
         run_at = CASE
-            WHEN %(permanent)s::boolean OR state.attempts >= state.max_attempts THEN state.run_at
+            WHEN state.cancel_requested_at IS NOT NULL OR %(permanent)s::boolean
+                 OR state.attempts >= state.max_attempts THEN state.run_at
             ELSE now() + make_interval(secs => %(delay)s::float8)
         END,
         finished_at = CASE
-            WHEN %(permanent)s::boolean OR state.attempts >= state.max_attempts THEN now()
+            WHEN state.cancel_requested_at IS NOT NULL OR %(permanent)s::boolean
+                 OR state.attempts >= state.max_attempts THEN now()
         END,
         locked_by = NULL,
         locked_until = NULL,
@@ -315,22 +320,25 @@ SELECT status, run_at FROM failed;
 -- Extend the leases a worker still holds, all in one statement.
 -- owned maps job ids (as text) to the lease versions held. Touches only
 -- locked_until, which no index covers, so renewals can be HOT updates. Returns the
--- jobs still owned; the others were lost (swept, or finished by someone else).
+-- jobs still owned, each with whether an operator asked to cancel it; the others
+-- were lost (swept, or finished by someone else).
 UPDATE queue_job_state AS state
 SET locked_until = now() + make_interval(secs => %(lease)s::float8)
 WHERE state.job_id = ANY (%(job_ids)s::bigint[])
   AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
   AND state.status = 'running'
-RETURNING state.job_id;
+RETURNING state.job_id, state.cancel_requested_at IS NOT NULL AS cancel_requested;
 
 
 -- name: job_release
 -- Hand back claimed jobs a worker never started (shutdown).
 -- They return to pending at once, the claim's attempt is given back and the attempt
--- row is marked released. Fenced like job_complete; returns the jobs released.
+-- row is marked released. A job an operator asked to cancel ends cancelled instead.
+-- Fenced like job_complete; returns the jobs released.
 WITH released AS (
     UPDATE queue_job_state AS state
-    SET status = 'pending',
+    SET status = CASE WHEN state.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+        finished_at = CASE WHEN state.cancel_requested_at IS NOT NULL THEN now() END,
         attempts = state.attempts - 1,
         locked_by = NULL,
         locked_until = NULL,
@@ -368,8 +376,16 @@ WITH expired AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ), swept AS (
     UPDATE queue_job_state AS state
-    SET status = CASE WHEN state.attempts >= state.max_attempts THEN 'dead' ELSE 'pending' END,
-        finished_at = CASE WHEN state.attempts >= state.max_attempts THEN now() END,
+    -- A job an operator asked to cancel while it ran ends cancelled, not requeued.
+    SET status = CASE
+            WHEN state.cancel_requested_at IS NOT NULL THEN 'cancelled'
+            WHEN state.attempts >= state.max_attempts THEN 'dead'
+            ELSE 'pending'
+        END,
+        finished_at = CASE
+            WHEN state.cancel_requested_at IS NOT NULL OR state.attempts >= state.max_attempts
+            THEN now()
+        END,
         lease_version = state.lease_version + 1,
         last_error = 'lease expired: worker ' || state.locked_by
                      || ' stopped renewing it (crashed, frozen or cut off)',
@@ -443,6 +459,7 @@ WITH candidate AS MATERIALIZED (
         attempts = 0,
         lease_version = state.lease_version + 1,
         finished_at = NULL,
+        cancel_requested_at = NULL,
         updated_at = now()
     FROM target
     WHERE state.job_id = target.job_id
@@ -914,3 +931,305 @@ WHERE state.status = 'running'
 SELECT extract(epoch FROM min(run_at) - now())::float8
 FROM queue_job_state
 WHERE queue = %(queue)s::text AND status = 'pending';
+
+
+-- Queue control (issue 14): pause, concurrency limits, concurrency keys, rate limits,
+-- snooze and cancelling a running job. A queue without a queue_controls row never
+-- runs any of these on its claim path: it claims with job_claim above, unchanged.
+
+
+-- name: queue_control_lock
+-- Lock a controlled queue's row until the transaction ends: its claimers take turns.
+-- Sent in one pipeline and one transaction with job_claim_controlled (and
+-- queue_control_state) right after it. The count of running jobs must be in that next
+-- statement, not here: in READ COMMITTED a statement that waited for a row lock
+-- re-reads only the locked row, every other table and subquery keeps the snapshot it
+-- took before waiting, so a count taken here would miss the jobs the previous lock
+-- holder claimed. The next statement takes a fresh snapshot after the lock: it sees
+-- every claim that holder committed.
+SELECT queue FROM queue_controls WHERE queue = %(queue)s::text FOR NO KEY UPDATE;
+
+
+-- name: transaction_guard
+-- Bound how long this transaction may wait on its own client: the first statement of
+-- a controlled claim's pipeline. The queue lock stalls every claimer of the queue
+-- while it is held, and the completions sent before it hold their rows (the sweep
+-- skips locked rows), so the transaction must not outlive its client: a worker frozen
+-- (SIGSTOP, a partition) between two messages of the pipeline would otherwise hold
+-- them until TCP keepalives noticed. The transaction-local
+-- idle_in_transaction_session_timeout ends such a session after `idle_ms`; the
+-- worker reconnects when it wakes and reads back what it had sent. Local to the
+-- transaction, so nothing outlives it on a pooled connection.
+SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true);
+
+
+-- name: job_claim_controlled
+-- Claim up to `limit` due jobs of a controlled queue, within its pause, limits and rate.
+-- Runs after queue_control_lock in the same transaction, so no other claim of this
+-- queue runs at the same time. Slots are not counters: running jobs are counted, so
+-- the fenced write that ends an attempt (complete, fail, snooze, release) or the sweep
+-- that takes an expired lease frees the slot by changing the status, and a stale
+-- worker's rejected write frees nothing. Budget = least(limit, concurrency_limit -
+-- running, rate_count - starts in the last rate_period); 0 while paused. Per key:
+-- a walked job is eligible while its key's running jobs plus the earlier walked
+-- jobs of that key stay under key_limit (a correlated count, not a window function:
+-- PARTITION BY would add a Sort). The walk is the ordered scan of the claim index
+-- of job_claim, bounded by `scan` (>= limit) so that jobs of saturated keys do not
+-- hide the ones behind them; with no keyed jobs it stops after the budget. The rate
+-- window keeps the last start times in queue_controls.rate_starts, oldest first: a
+-- start at t is allowed only while fewer than rate_count starts are later than
+-- t - rate_period, which is exact for every window of that length because t comes
+-- from clock_timestamp() under the queue lock (it only grows). started_at of the
+-- attempts is that same t. Rows come back unordered, like job_claim's.
+WITH budget AS MATERIALIZED (
+    SELECT CASE WHEN c.paused THEN 0 ELSE GREATEST(0, LEAST(
+               %(limit)s::integer,
+               c.concurrency_limit - (
+                   SELECT count(*) FROM queue_job_state AS r
+                   WHERE r.queue = %(queue)s::text AND r.status = 'running'
+               ),
+               c.rate_count - (
+                   SELECT count(*) FROM unnest(c.rate_starts) AS s(at)
+                   WHERE s.at > clock.at - make_interval(secs => c.rate_period)
+               )
+           )) END AS n,
+           coalesce(c.key_limit, 1) AS key_limit,
+           clock.at
+    FROM (SELECT clock_timestamp() AS at) AS clock
+    LEFT JOIN queue_controls AS c ON c.queue = %(queue)s::text
+), walk AS MATERIALIZED (
+    -- row_number() OVER () numbers the rows in the order the ordered scan yields them.
+    SELECT ordered.job_id, ordered.concurrency_key, row_number() OVER () AS pos
+    FROM (
+        SELECT job_id, concurrency_key
+        FROM queue_job_state
+        WHERE queue = %(queue)s::text
+          AND status = 'pending'
+          AND run_at <= now()
+        ORDER BY priority DESC, run_at, job_id
+        LIMIT (SELECT CASE WHEN n > 0 THEN %(scan)s::integer ELSE 0 END FROM budget)
+    ) AS ordered
+), eligible AS (
+    SELECT walk.job_id
+    FROM walk
+    WHERE walk.concurrency_key IS NULL
+       OR (SELECT count(*) FROM queue_job_state AS r
+           WHERE r.queue = %(queue)s::text
+             AND r.status = 'running'
+             AND r.concurrency_key = walk.concurrency_key)
+        + (SELECT count(*) FROM walk AS earlier
+           WHERE earlier.concurrency_key = walk.concurrency_key AND earlier.pos < walk.pos)
+        < (SELECT key_limit FROM budget)
+), candidates AS MATERIALIZED (
+    -- The eligible jobs in walk order, up to the budget; each is locked and re-checked
+    -- (an operator may have cancelled it since the walk's snapshot).
+    SELECT job_id
+    FROM queue_job_state
+    WHERE job_id = ANY (ARRAY(SELECT job_id FROM eligible LIMIT (SELECT n FROM budget)))
+      AND status = 'pending'
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE queue_job_state AS state
+    SET status = 'running',
+        attempts = state.attempts + 1,
+        lease_version = state.lease_version + 1,
+        locked_by = %(worker_id)s::text,
+        locked_until = now() + make_interval(secs => %(lease)s::float8),
+        updated_at = now()
+    WHERE state.job_id = ANY (ARRAY(SELECT job_id FROM candidates))
+    RETURNING state.job_id, state.queue, state.priority, state.run_at, state.attempts,
+              state.max_attempts, state.lease_version
+), opened AS (
+    INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id, status, started_at)
+    SELECT job_id, lease_version, attempts, %(worker_id)s::text, 'running',
+           (SELECT at FROM budget)
+    FROM claimed
+    RETURNING id, job_id
+), started AS (
+    -- The rate window: the starts still inside it, then this claim's, oldest first.
+    UPDATE queue_controls AS c
+    SET rate_starts = ARRAY(
+            SELECT s.at FROM unnest(c.rate_starts) AS s(at)
+            WHERE s.at > budget.at - make_interval(secs => c.rate_period)
+        ) || array_fill(budget.at, ARRAY[(SELECT count(*) FROM claimed)::integer])
+    FROM budget
+    WHERE c.queue = %(queue)s::text
+      AND c.rate_count IS NOT NULL
+      AND EXISTS (SELECT FROM claimed)
+)
+SELECT claimed.job_id, claimed.queue, job.type, job.payload, claimed.priority,
+       claimed.attempts, claimed.max_attempts, claimed.lease_version, opened.id,
+       job.idempotency_key, job.created_at, claimed.run_at, job.traceparent
+FROM claimed
+JOIN opened ON opened.job_id = claimed.job_id
+CROSS JOIN LATERAL (
+    SELECT j.type, j.payload::text AS payload, j.idempotency_key, j.created_at, j.traceparent
+    FROM queue_jobs AS j
+    WHERE j.id = claimed.job_id
+    LIMIT 1
+) AS job;
+
+
+-- name: queue_control_state
+-- Say why a controlled queue's claim may have come back short, after the claim.
+-- Runs last in the claim's transaction (it sees that claim's writes). Returns
+-- (paused, full: running >= concurrency_limit, rate_wait: seconds until the rate
+-- window admits the next start, or NULL when it admits one now).
+SELECT c.paused,
+       coalesce(c.concurrency_limit <= (
+           SELECT count(*) FROM queue_job_state AS r
+           WHERE r.queue = c.queue AND r.status = 'running'
+       ), false) AS full,
+       (SELECT greatest(0.0, extract(epoch FROM
+                   s.at + make_interval(secs => c.rate_period) - clock_timestamp()))::float8
+        FROM unnest(c.rate_starts) WITH ORDINALITY AS s(at, n)
+        WHERE c.rate_count IS NOT NULL
+          AND cardinality(c.rate_starts) >= c.rate_count
+          AND s.n = cardinality(c.rate_starts) - c.rate_count + 1) AS rate_wait
+FROM queue_controls AS c
+WHERE c.queue = %(queue)s::text;
+
+
+-- name: queue_control_list
+-- List the queues whose claims must go through job_claim_controlled (a worker's
+-- per-poll view); every other queue claims with job_claim.
+SELECT queue
+FROM queue_controls
+WHERE paused OR concurrency_limit IS NOT NULL OR rate_count IS NOT NULL OR keyed;
+
+
+-- name: queue_control_sync
+-- Write one queue's PGQUEUE["QUEUES"] entry at worker start, unless it is the entry
+-- written last time. `configured` remembers that entry: a run-time edit (admin,
+-- queue_control, the Python API) stands until the setting itself changes; workers
+-- restarting with the same settings leave it alone. Pause is never set by settings.
+INSERT INTO queue_controls AS c (
+    queue, paused, concurrency_limit, key_limit, rate_count, rate_period, rate_starts,
+    keyed, configured, updated_at
+)
+VALUES (
+    %(queue)s::text, false, %(concurrency_limit)s::integer, %(key_limit)s::integer,
+    %(rate_count)s::integer, %(rate_period)s::float8, '{}', false, %(configured)s::jsonb, now()
+)
+ON CONFLICT (queue) DO UPDATE
+SET concurrency_limit = excluded.concurrency_limit,
+    key_limit = excluded.key_limit,
+    rate_count = excluded.rate_count,
+    rate_period = excluded.rate_period,
+    configured = excluded.configured,
+    updated_at = now()
+WHERE c.configured IS DISTINCT FROM excluded.configured
+RETURNING queue;
+
+
+-- name: queue_control_update
+-- Change a queue's controls at run time, creating its row if needed.
+-- Each set_* flag says whether its value is written (a NULL value removes that limit);
+-- paused is written unless NULL. Returns the row as it now is.
+INSERT INTO queue_controls AS c (
+    queue, paused, concurrency_limit, key_limit, rate_count, rate_period, rate_starts,
+    keyed, updated_at
+)
+VALUES (
+    %(queue)s::text, coalesce(%(paused)s::boolean, false),
+    CASE WHEN %(set_limit)s::boolean THEN %(concurrency_limit)s::integer END,
+    CASE WHEN %(set_key_limit)s::boolean THEN %(key_limit)s::integer ELSE 1 END,
+    CASE WHEN %(set_rate)s::boolean THEN %(rate_count)s::integer END,
+    CASE WHEN %(set_rate)s::boolean THEN %(rate_period)s::float8 END,
+    '{}', false, now()
+)
+ON CONFLICT (queue) DO UPDATE
+SET paused = coalesce(%(paused)s::boolean, c.paused),
+    concurrency_limit = CASE WHEN %(set_limit)s::boolean THEN %(concurrency_limit)s::integer
+                             ELSE c.concurrency_limit END,
+    key_limit = CASE WHEN %(set_key_limit)s::boolean THEN %(key_limit)s::integer
+                     ELSE c.key_limit END,
+    rate_count = CASE WHEN %(set_rate)s::boolean THEN %(rate_count)s::integer
+                      ELSE c.rate_count END,
+    rate_period = CASE WHEN %(set_rate)s::boolean THEN %(rate_period)s::float8
+                       ELSE c.rate_period END,
+    updated_at = now()
+RETURNING c.queue, c.paused, c.concurrency_limit, c.key_limit, c.rate_count, c.rate_period;
+
+
+-- name: queue_control_show
+-- List every controlled queue with its running jobs and the starts in its rate window.
+SELECT c.queue, c.paused, c.concurrency_limit, c.key_limit, c.rate_count, c.rate_period,
+       c.keyed, c.configured, c.updated_at,
+       (SELECT count(*) FROM queue_job_state AS r
+        WHERE r.queue = c.queue AND r.status = 'running') AS running,
+       (SELECT count(*) FROM unnest(c.rate_starts) AS s(at)
+        WHERE s.at > now() - make_interval(secs => c.rate_period)) AS recent_starts
+FROM queue_controls AS c
+ORDER BY c.queue;
+
+
+-- name: job_concurrency_key_set
+-- Give a job enqueued in this same transaction its concurrency key, and mark its queue
+-- keyed so workers claim it through job_claim_controlled. The queue's row is written
+-- (and locked until the caller commits) only the first time a keyed job arrives; later
+-- keyed enqueues only read it. Returns the number of jobs keyed (0 or 1).
+WITH keyed AS (
+    UPDATE queue_job_state
+    SET concurrency_key = %(concurrency_key)s::text
+    WHERE job_id = %(job_id)s::bigint AND status = 'pending'
+    RETURNING queue
+), marked AS (
+    INSERT INTO queue_controls AS c (queue, paused, key_limit, rate_starts, keyed, updated_at)
+    SELECT keyed.queue, false, 1, '{}', true, now()
+    FROM keyed
+    WHERE NOT EXISTS (
+        SELECT FROM queue_controls AS known WHERE known.queue = keyed.queue AND known.keyed
+    )
+    ON CONFLICT (queue) DO UPDATE SET keyed = true, updated_at = now()
+)
+SELECT count(*) FROM keyed;
+
+
+-- name: job_snooze
+-- Put a job a worker still owns back to pending at now() + delay, giving its attempt back.
+-- The attempt row is closed as snoozed; lease_version grows at the next claim as
+-- always. A job an operator asked to cancel ends cancelled instead. Fenced; returns
+-- the new status and run_at, or no row when the lease was lost.
+WITH snoozed AS (
+    UPDATE queue_job_state AS state
+    SET status = CASE WHEN state.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+        run_at = CASE
+            WHEN state.cancel_requested_at IS NULL
+            THEN now() + make_interval(secs => %(delay)s::float8)
+            ELSE state.run_at
+        END,
+        attempts = CASE
+            WHEN state.cancel_requested_at IS NULL THEN state.attempts - 1 ELSE state.attempts
+        END,
+        finished_at = CASE WHEN state.cancel_requested_at IS NOT NULL THEN now() END,
+        locked_by = NULL,
+        locked_until = NULL,
+        updated_at = now()
+    WHERE state.job_id = %(job_id)s::bigint
+      AND state.lease_version = %(lease_version)s::bigint
+      AND state.status = 'running'
+    RETURNING state.status, state.run_at
+), closed AS (
+    UPDATE queue_attempts AS attempt
+    SET status = 'snoozed',
+        finished_at = now(),
+        error_class = 'django_pgqueue.Snooze',
+        error_message = %(reason)s::text
+    WHERE attempt.id = %(attempt_id)s::bigint
+      AND EXISTS (SELECT FROM snoozed)
+)
+SELECT status, run_at FROM snoozed;
+
+
+-- name: job_cancel_request
+-- Operator cancel of running jobs: mark them; the status stays running.
+-- The worker hears of it from its next lease renewal (lease_renew returns the mark);
+-- the fenced write that ends the attempt, or the sweep, then ends the job cancelled.
+-- Touches no indexed column, so the update can be HOT. Returns the jobs marked.
+UPDATE queue_job_state
+SET cancel_requested_at = now(), updated_at = now()
+WHERE job_id = ANY(%(job_ids)s::bigint[])
+  AND status = 'running'
+  AND cancel_requested_at IS NULL
+RETURNING job_id;

@@ -27,12 +27,13 @@ from ..store import errors
 from ..store.connection import Backoff, wait_for
 from ..store.worker import ClaimedRow, ClaimKey, Store
 from .config import WorkerConfig
+from .control import ControlledClaims, ControlledWriter, worker_store
 from .inflight import InFlight, InFlightJobs
 from .leases import LeaseBook, UnknownClaims, sweep_expired
 from .pool import HandlerPool
 from .scheduler import ClaimScheduler
 from .signals import StopSwitch
-from .writer import Claim, OutcomeWriter, Written
+from .writer import Claim, Written
 
 logger = logging.getLogger(__name__)
 
@@ -63,11 +64,11 @@ class Dispatcher:
         self.exit_code = 0  # 1 once too many handlers are stuck past their timeout
         # The parts; the Worker starts the heartbeat on `leases` and the listener on
         # `claims`, and shuts the others down.
-        self.store = Store(config.database, f"pgqueue worker {config.worker_id}")
-        self.claims = ClaimScheduler(config.queues, config.weights, config.poll_interval)
+        self.store = worker_store(config)  # issue 14: claims respect queue controls
+        self.claims = ControlledClaims(config, self.store)
         self.inflight = InFlightJobs()
         self.leases = LeaseBook(config.lease)
-        self.writer = OutcomeWriter(self.store, self.leases, stats, config, observer)
+        self.writer = ControlledWriter(self.store, self.leases, stats, config, observer)
         self.pool = HandlerPool(config.concurrency, switch.wake, config.worker_id, observer)
         # Recurring jobs: fires the due ticks of this worker's queues' schedules.
         self.schedules = ScheduleHook(self.store, config.queues, config.poll_interval)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 import psycopg
 
 from ..context import Lease
+from ..control.store import ControlledStore
 from ..exceptions import DatabaseUnavailable
 from ..observability.hooks import Observer  # issue 15 hook
 from ..store import errors
@@ -65,10 +66,12 @@ class LeaseBook:
         Returns how many leases this renewal found lost.
         """
         kept = store.renew([(lease.job_id, lease.lease_version) for lease in held], self.seconds)
+        cancelled = getattr(store, "cancel_requested", ())  # issue 14: ControlledStore's
         lost = 0
         for lease in held:
             if lease.job_id in kept:
                 lease.expires = sent + self.seconds
+                lease.cancel_requested = lease.job_id in cancelled
             elif not lease.lost and not lease.finishing:
                 lease.lost = True
                 lost += 1
@@ -203,7 +206,7 @@ class Heartbeat:
 
     def run(self) -> None:
         cfg = self.config
-        store = Store(cfg.database, f"pgqueue heartbeat {cfg.worker_id}")
+        store = ControlledStore(cfg.database, f"pgqueue heartbeat {cfg.worker_id}")  # issue 14
         backoff = Backoff(cfg.reconnect_max_delay)
         last = time.monotonic()
         # Issue 15: the first cycle runs at once (the worker registry hears of this worker

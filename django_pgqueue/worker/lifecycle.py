@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from ..control.store import sync_queue_controls
 from ..exceptions import DatabaseUnavailable
 from ..observability.hooks import Observer  # issue 15 hook
 from ..outcomes import Failure
@@ -102,6 +103,7 @@ class Worker:
             cfg.lease,
             cfg.heartbeat_interval,
         )
+        sync_queue_controls(cfg.database)  # issue 14: PGQUEUE["QUEUES"] into queue_controls
         self._pool.start()
         self._start_service(self._heartbeat.run, "heartbeat")
         self._start_service(self._listener.run, "listener")

@@ -276,3 +276,31 @@ def outcome(ctx: JobContext) -> Any:
     if do == "nul":
         return "nul \x00 result"
     raise AssertionError(f"unknown outcome {do!r}")
+
+
+# -- queue control (issue 14) ------------------------------------------------------------
+
+
+@django_pgqueue.handler("qa.snooze")
+def snooze(ctx: JobContext) -> str:
+    """Snooze payload['seconds'] until the job was snoozed payload['times'] times."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM queue_attempts WHERE job_id = %s AND status = 'snoozed'",
+            [ctx.job_id],
+        )
+        snoozed = cursor.fetchone()[0]
+    if snoozed < int(ctx.payload.get("times", 1)):
+        raise django_pgqueue.Snooze(float(ctx.payload.get("seconds", 0.1)), "not yet")
+    return f"ran after {snoozed} snooze(s)"
+
+
+@django_pgqueue.handler("qa.cancellable")
+def cancellable(ctx: JobContext) -> str:
+    """Work in small steps until an operator cancels the job (or payload['seconds'] pass)."""
+    deadline = time.monotonic() + float(ctx.payload.get("seconds", 30))
+    while time.monotonic() < deadline:
+        if ctx.cancel_requested():
+            return "stopped on request"
+        time.sleep(0.02)
+    return "ran to the end"

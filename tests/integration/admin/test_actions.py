@@ -41,7 +41,7 @@ def test_retry_changes_dead_cancelled_and_pending_and_skips_running_and_complete
     assert state(completed) == before[completed]
 
 
-def test_cancel_changes_only_pending_jobs_and_never_touches_a_running_one():
+def test_cancel_cancels_pending_jobs_and_marks_running_ones_without_ending_them():
     pending = make_job("pending")
     running = make_job("running")
     dead = make_job("dead")
@@ -51,17 +51,26 @@ def test_cancel_changes_only_pending_jobs_and_never_touches_a_running_one():
 
     report = actions.cancel([pending, running, dead, completed, cancelled])
 
-    assert report.changed == [pending]
+    assert report.changed == sorted([pending, running])
+    assert report.requested == [running]
     assert state(pending)["status"] == "cancelled"
     assert state(pending)["finished_at"] is not None
-    assert report.skipped[actions.RUNNING] == [running]
     assert sorted(report.skipped[actions.NOT_ALLOWED]) == sorted([dead, completed, cancelled])
     assert report.message() == (
-        "Cancel: 1 changed, 4 skipped: 1 running, "
+        "Cancel: 2 changed (1 running: cancellation requested), 3 skipped: "
         "3 not in an allowed state (1 cancelled, 1 completed, 1 dead)."
     )
-    for job, row in before.items():
-        assert state(job) == row
+    # The running job keeps its status, owner and lease: only the mark is new.
+    assert state(running) == before[running]
+    assert sql(
+        "SELECT cancel_requested_at IS NOT NULL FROM queue_job_state WHERE job_id = %s", [running]
+    ) == [(True,)]
+    for job in (dead, completed, cancelled):
+        assert state(job) == before[job]
+    # Asked again, it is skipped as running (already asked).
+    again = actions.cancel([running])
+    assert again.changed == []
+    assert again.skipped[actions.RUNNING] == [running]
 
 
 def test_retry_skips_a_job_whose_idempotency_key_another_live_job_holds():

@@ -358,7 +358,7 @@ def test_an_id_list_longer_than_the_limit_is_refused(operator_client, monkeypatc
     assert all(state(job)["status"] == "pending" for job in jobs)
 
 
-def test_operator_cancels_pending_jobs_and_running_ones_are_skipped(operator_client):
+def test_operator_cancels_pending_jobs_and_asks_running_ones_to_stop(operator_client):
     pending = make_job("pending")
     running = make_job("running")
     done = operator_client.post(
@@ -366,9 +366,15 @@ def test_operator_cancels_pending_jobs_and_running_ones_are_skipped(operator_cli
         {"action": "cancel", "_selected_action": [pending, running], "post": "yes"},
         follow=True,
     )
-    assert messages_of(done) == ["Cancel: 1 changed, 1 skipped: 1 running."]
+    assert messages_of(done) == [
+        "Cancel: 2 changed (1 running: cancellation requested), 0 skipped."
+    ]
     assert state(pending)["status"] == "cancelled"
+    # Still running: the worker ends it cancelled when its attempt ends (issue 14).
     assert state(running)["status"] == "running"
+    assert sql(
+        "SELECT cancel_requested_at IS NOT NULL FROM queue_job_state WHERE job_id = %s", [running]
+    ) == [(True,)]
 
 
 @pytest.mark.skipif(

@@ -1,0 +1,173 @@
+"""The admin's Queues page: pause, resume and limit queues at run time.
+
+Registered by one import in ``django_pgqueue/admin/__init__.py``. Viewing needs the
+view permission on jobs; every change (the pause and resume actions, the form) needs
+``django_pgqueue.operate_job``, like retrying and cancelling jobs. A form never saves
+the row through the ORM: `save_model` runs ``queue_control_update``, which leaves the
+rate window (written by claims under the queue's lock) alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest
+
+from ..conf import get_settings
+from ..exceptions import ConfigurationError
+from ..models import Job, JobState, QueueControl, Status
+from . import store
+from .limits import check_limit, parse_rate
+
+OPERATE_PERMISSION = "django_pgqueue.operate_job"
+
+
+class QueueControlForm(forms.ModelForm):
+    """The editable controls; the rate is one field ('100/s'), empty for none."""
+
+    rate = forms.CharField(
+        required=False,
+        help_text="At most N starts per period: '100/s', '5/m', '10/2.5s'. Empty: no limit.",
+    )
+
+    class Meta:
+        model = QueueControl
+        fields = ("queue", "paused", "concurrency_limit", "key_limit")
+        help_texts = {
+            "concurrency_limit": "Most running jobs of the queue across all workers. "
+            "Empty: no limit.",
+            "key_limit": "Most running jobs sharing one concurrency key.",
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.rate_count is not None:
+            self.initial["rate"] = f"{self.instance.rate_count}/{self.instance.rate_period:g}s"
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        try:
+            data["concurrency_limit"] = check_limit(data.get("concurrency_limit"), "limit")
+            check_limit(data.get("key_limit"), "key limit", low=1)
+            data["parsed_rate"] = parse_rate(data.get("rate") or None)
+        except ConfigurationError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        return data
+
+
+@admin.register(QueueControl)
+class QueueControlAdmin(admin.ModelAdmin):
+    form = QueueControlForm
+    list_display = (
+        "queue",
+        "state_display",
+        "limit_display",
+        "key_limit",
+        "rate_display",
+        "running",
+        "updated_at",
+    )
+    list_display_links = ("queue",)
+    ordering = ("queue",)
+    actions = ("pause_selected", "resume_selected")
+    readonly_fields = ("configured", "updated_at")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[QueueControl]:
+        running = (
+            JobState.objects.filter(queue=OuterRef("queue"), status=Status.RUNNING)
+            .order_by()
+            .values("queue")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
+        return (
+            super()
+            .get_queryset(request)
+            .defer("rate_starts")
+            .annotate(running=Coalesce(Subquery(running, output_field=IntegerField()), Value(0)))
+        )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return (*self.readonly_fields, "queue") if obj is not None else self.readonly_fields
+
+    # -- permissions: operate_job for every change ------------------------------------
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(OPERATE_PERMISSION)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        opts = Job._meta
+        return request.user.has_perm(f"{opts.app_label}.view_job") or self.has_operate_permission(
+            request
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return self.has_operate_permission(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_operate_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    # -- columns ----------------------------------------------------------------------
+
+    @admin.display(description="state")
+    def state_display(self, control: QueueControl) -> str:
+        return "paused" if control.paused else "active"
+
+    @admin.display(description="limit")
+    def limit_display(self, control: QueueControl) -> str:
+        return "-" if control.concurrency_limit is None else str(control.concurrency_limit)
+
+    @admin.display(description="rate")
+    def rate_display(self, control: QueueControl) -> str:
+        if control.rate_count is None:
+            return "-"
+        return f"{control.rate_count} / {control.rate_period:g}s"
+
+    @admin.display(description="running")
+    def running(self, control: QueueControl) -> int:
+        return control.running  # type: ignore[attr-defined]
+
+    # -- writes -----------------------------------------------------------------------
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        data = form.cleaned_data
+        store.update_control(
+            get_settings().DATABASE,
+            obj.queue,
+            paused=data["paused"],
+            concurrency_limit=data["concurrency_limit"],
+            key_limit=data["key_limit"],
+            rate=data["parsed_rate"],
+        )
+
+    def _set_paused(
+        self, request: HttpRequest, queryset: QuerySet[QueueControl], paused: bool
+    ) -> None:
+        queues = sorted(queryset.values_list("queue", flat=True))
+        for queue in queues:
+            store.update_control(get_settings().DATABASE, queue, paused=paused)
+        verb = "Paused" if paused else "Resumed"
+        self.message_user(
+            request,
+            f"{verb} {len(queues)} queue(s): {', '.join(queues)}. Workers follow within one "
+            "poll interval.",
+            messages.SUCCESS,
+        )
+
+    @admin.action(description="Pause selected queues", permissions=["operate"])
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
+        self._set_paused(request, queryset, True)
+
+    @admin.action(description="Resume selected queues", permissions=["operate"])
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
+        self._set_paused(request, queryset, False)

@@ -1,0 +1,123 @@
+"""Queue limits as settings and arguments: parsed and checked, no database here.
+
+``PGQUEUE["QUEUES"] = {"reports": {"limit": 3, "key_limit": 1, "rate": "100/s"}}``:
+`limit` is the most running jobs of the queue across every worker (None: no limit),
+`key_limit` the most running jobs sharing one concurrency key (default 1), `rate` the
+most job starts in any window of the given length ("N/s", "N/m", "N/h", or "N/<x>s"
+for a window of x seconds; None: no rate limit).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .. import validators
+from ..exceptions import ConfigurationError, EnqueueError
+
+QUEUE_KEYS = ("limit", "key_limit", "rate")
+MAX_LIMIT = 100_000
+# The rate window keeps one timestamp per start in the queue's row: bounded.
+MAX_RATE_COUNT = 10_000
+MAX_RATE_PERIOD = 86_400.0
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*([smh])\s*$")
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """One queue's configured limits."""
+
+    limit: int | None = None
+    key_limit: int = 1
+    rate_count: int | None = None
+    rate_period: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The form stored in queue_controls.configured."""
+        return {
+            "limit": self.limit,
+            "key_limit": self.key_limit,
+            "rate_count": self.rate_count,
+            "rate_period": self.rate_period,
+        }
+
+
+def parse_rate(value: Any, what: str = "rate") -> tuple[int, float] | None:
+    """Parse "100/s", "5/m", "10/2.5s" into (count, period seconds); None stays None."""
+    if value is None:
+        return None
+    match = _RATE.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise ConfigurationError(
+            f"{what} must look like '100/s', '5/m', '1/h' or '10/2.5s', got {value!r}."
+        )
+    count = int(match.group(1))
+    period = float(match.group(2) or 1) * _UNITS[match.group(3)]
+    if not 1 <= count <= MAX_RATE_COUNT:
+        raise ConfigurationError(
+            f"{what}: the count must be between 1 and {MAX_RATE_COUNT}, got {count}."
+        )
+    if not (math.isfinite(period) and 0 < period <= MAX_RATE_PERIOD):
+        raise ConfigurationError(
+            f"{what}: the period must be > 0 and at most {MAX_RATE_PERIOD:g}s, got {period:g}s."
+        )
+    return count, period
+
+
+def check_limit(value: Any, what: str, *, low: int = 0) -> int | None:
+    """Check a concurrency limit (an integer >= low) or None."""
+    if value is None:
+        return None
+    return validators.count(value, f"{what} (or None)", low, MAX_LIMIT, error=ConfigurationError)
+
+
+def parse_queues(raw: Any, queue_name: re.Pattern[str]) -> dict[str, QueueLimits]:
+    """Check PGQUEUE["QUEUES"] and return {queue: QueueLimits}."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"PGQUEUE['QUEUES'] must be a dict, got {raw!r}.")
+    queues: dict[str, QueueLimits] = {}
+    for queue, entry in raw.items():
+        where = f"PGQUEUE['QUEUES'][{queue!r}]"
+        if not isinstance(queue, str) or not queue_name.match(queue):
+            raise ConfigurationError(
+                f"PGQUEUE['QUEUES'] keys must be queue names matching {queue_name.pattern}, "
+                f"got {queue!r}."
+            )
+        if not isinstance(entry, dict):
+            raise ConfigurationError(f"{where} must be a dict, got {entry!r}.")
+        unknown = sorted(set(entry) - set(QUEUE_KEYS))
+        if unknown:
+            raise ConfigurationError(
+                f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
+                f"known keys: {', '.join(QUEUE_KEYS)}."
+            )
+        key_limit = check_limit(entry.get("key_limit", 1), f"{where}['key_limit']", low=1)
+        rate = parse_rate(entry.get("rate"), f"{where}['rate']")
+        queues[queue] = QueueLimits(
+            limit=check_limit(entry.get("limit"), f"{where}['limit']"),
+            key_limit=1 if key_limit is None else key_limit,
+            rate_count=None if rate is None else rate[0],
+            rate_period=None if rate is None else rate[1],
+        )
+    return queues
+
+
+def concurrency_key(value: Any) -> str | None:
+    """Check an enqueue() concurrency key: None, or a string of 1..255 characters, no NUL."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 255 or "\x00" in value:
+        raise EnqueueError(
+            "concurrency_key must be a non-empty string of at most 255 characters without "
+            f"NUL, got {value!r}."
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise EnqueueError(f"concurrency_key is not valid UTF-8: {value!r}.") from exc
+    return value

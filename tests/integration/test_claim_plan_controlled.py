@@ -1,0 +1,55 @@
+"""The controlled claim's plan: the same ordered walk of the claim index, never a sort."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+
+from django_pgqueue.sql import QUERIES
+from tests.integration.test_claim_plan import load_jobs, nodes
+
+pytestmark = pytest.mark.django_db
+
+
+def controlled_plan(queue: str = "payments", limit: int = 20) -> dict:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO queue_controls (queue, concurrency_limit, key_limit, rate_count, "
+            "rate_period, keyed) VALUES (%s, 50, 1, 1000, 1.0, true) ON CONFLICT DO NOTHING",
+            [queue],
+        )
+        cursor.execute(
+            "EXPLAIN (FORMAT JSON) " + QUERIES["job_claim_controlled"],
+            {"queue": queue, "limit": limit, "scan": limit * 8, "worker_id": "x", "lease": 30.0},
+        )
+        plan = cursor.fetchone()[0]
+    return (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+
+
+def walk_scan(plan: dict) -> dict:
+    for node in nodes(plan):
+        if node.get("Subplan Name") == "CTE walk":
+            scans = [n for n in nodes(node) if "Relation Name" in n]
+            assert scans, node
+            return scans[0]
+    raise AssertionError("no walk CTE in the plan")
+
+
+@pytest.mark.parametrize("finished", [0, 40_000])
+def test_controlled_claim_walks_the_claim_index_without_sorting(finished):
+    load_jobs(pending=50_000, finished=finished)
+    plan = controlled_plan()
+    scan = walk_scan(plan)
+    assert (scan["Node Type"], scan["Index Name"]) == ("Index Scan", "queue_job_state_claim_idx")
+    kinds = {node["Node Type"] for node in nodes(plan)}
+    assert "Sort" not in kinds
+    assert "Incremental Sort" not in kinds
+    assert "Seq Scan" not in kinds
+
+
+def test_the_plain_claim_is_unchanged():
+    """Queues without controls pay nothing: job_claim has no trace of queue control."""
+    for word in ("queue_controls", "concurrency_key", "cancel_requested"):
+        assert word not in QUERIES["job_claim"]

@@ -1,0 +1,103 @@
+"""Queue control through a real Worker: limits, pause, snooze and cancelling a running job."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from django_pgqueue import (
+    actions,
+    enqueue,
+    enqueue_many,
+    pause_queue,
+    resume_queue,
+    set_queue_limit,
+)
+from tests.conftest import sql
+from tests.integration.test_queue_control import most_at_once
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wait_until(check, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def status(job_id: int) -> str:
+    return sql("SELECT status FROM queue_job_state WHERE job_id = %s", [job_id])[0][0]
+
+
+def test_two_workers_keep_a_global_limit(run_worker):
+    set_queue_limit("reports", 2)
+    enqueue_many([("qa.nap", {"seconds": 0.05}) for _ in range(40)], queue="reports")
+    workers = [run_worker(["reports"], concurrency=5) for _ in range(2)]
+    wait_until(
+        lambda: sql("SELECT count(*) FROM queue_job_state WHERE status = 'completed'")[0][0] == 40,
+        timeout=30,
+    )
+    for worker in workers:
+        worker.stop()
+    assert most_at_once("reports") == 2
+    first, last = sql("SELECT min(started_at), max(finished_at) FROM queue_attempts")[0]
+    # 40 jobs of 50 ms, 2 at a time: 1 s at best. A limit that waited a poll interval
+    # after every short claim would take many times that.
+    assert (last - first).total_seconds() < 3.0
+
+
+def test_a_paused_queue_is_not_claimed_until_resumed(run_worker):
+    pause_queue("mail")
+    job = enqueue("qa.noop", queue="mail")
+    worker = run_worker(["mail"], poll_interval=0.1)
+    time.sleep(0.5)
+    assert status(job.id) == "pending"
+    resume_queue("mail")
+    wait_until(lambda: status(job.id) == "completed")
+    worker.stop()
+
+
+def test_a_snoozed_job_runs_later_without_spending_attempts(run_worker):
+    job = enqueue("qa.snooze", {"times": 2, "seconds": 0.2}, queue="later", max_attempts=1)
+    worker = run_worker(["later"], poll_interval=0.05)
+    wait_until(lambda: status(job.id) == "completed")
+    worker.stop()
+    assert sql(
+        "SELECT status, attempt_index FROM queue_attempts WHERE job_id = %s ORDER BY id", [job.id]
+    ) == [("snoozed", 1), ("snoozed", 1), ("succeeded", 1)]
+    assert worker.worker.stats["snoozed"] == 2
+    started = [
+        row[0]
+        for row in sql(
+            "SELECT started_at FROM queue_attempts WHERE job_id = %s ORDER BY id", [job.id]
+        )
+    ]
+    assert all((b - a).total_seconds() >= 0.2 for a, b in itertools.pairwise(started))
+
+
+def test_a_handler_that_checks_stops_when_cancelled(run_worker):
+    job = enqueue("qa.cancellable", {"seconds": 30}, queue="long")
+    worker = run_worker(["long"], lease=1.5)  # renewals every 0.5 s bring the request
+    wait_until(lambda: status(job.id) == "running")
+    asked = time.monotonic()
+    assert actions.cancel([job.id]).requested == [job.id]
+    wait_until(lambda: status(job.id) == "cancelled", timeout=5)
+    assert time.monotonic() - asked < 2.0
+    worker.stop()
+    assert sql("SELECT status, result FROM queue_attempts WHERE job_id = %s", [job.id]) == [
+        ("succeeded", '"stopped on request"')
+    ]
+
+
+def test_a_handler_that_ignores_the_request_is_cancelled_when_it_ends(run_worker):
+    job = enqueue("qa.sleep", {"seconds": 1.0}, queue="long", max_attempts=3)
+    worker = run_worker(["long"], lease=1.5)
+    wait_until(lambda: status(job.id) == "running")
+    actions.cancel([job.id])
+    wait_until(lambda: status(job.id) == "cancelled", timeout=5)
+    worker.stop()
+    assert sql("SELECT status FROM queue_attempts WHERE job_id = %s", [job.id]) == [("succeeded",)]
+    assert sql("SELECT count(*) FROM qa_ledger WHERE job_id = %s", [job.id]) == [(1,)]
