@@ -65,6 +65,29 @@ class WorkerThread:
 
 
 @pytest.fixture
+def store_class() -> type:
+    """The Store the `stores` fixture opens; a module overrides it for a subclass."""
+    from django_pgqueue.store.worker import Store
+
+    return Store
+
+
+@pytest.fixture
+def stores(store_class: type) -> Iterator[Any]:
+    """Open worker Stores on the test database (each closed after the test)."""
+    opened: list[Any] = []
+
+    def make(name: str = "test") -> Any:
+        store = store_class("default", name)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
 def run_worker() -> Iterator[Any]:
     started: list[WorkerThread] = []
 

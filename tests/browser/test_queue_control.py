@@ -11,6 +11,7 @@ from django_pgqueue import pause_queue, set_queue_limit, set_queue_rate
 from tests.browser.test_admin import (  # noqa: F401  (fixtures)
     PASSWORD,
     _fast_password_hashing,
+    login,
     save_screenshot,
 )
 from tests.browser.test_admin import browser as browser  # a fixture
@@ -20,18 +21,6 @@ from tests.factories import OPERATOR_PERMISSIONS, VIEWER_PERMISSIONS, make_job, 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 QUEUES = "/admin/django_pgqueue/queuecontrol/"
-
-
-def login(browser: Any, live_server: Any, username: str) -> Any:
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    context.set_default_timeout(15_000)
-    page = context.new_page()
-    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{live_server.url}/admin/")
-    return page
 
 
 def controls(queue: str) -> tuple:
@@ -51,7 +40,7 @@ def test_operator_pauses_a_queue_and_changes_a_limit(
     for _ in range(2):
         make_job("running", queue="reports")
     make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
-    page = login(browser, live_server, "operator")
+    page = login(browser, live_server, "operator", width=1400)
 
     page.click(f"a[href='{QUEUES}']")
     page.wait_for_url(f"{live_server.url}{QUEUES}")
@@ -94,7 +83,7 @@ def test_operator_pauses_a_queue_and_changes_a_limit(
 def test_a_viewer_sees_the_queues_but_cannot_change_them(browser: Any, live_server: Any) -> None:
     set_queue_limit("reports", 3)
     make_user("viewer", *VIEWER_PERMISSIONS, password=PASSWORD)
-    page = login(browser, live_server, "viewer")
+    page = login(browser, live_server, "viewer", width=1400)
     page.goto(f"{live_server.url}{QUEUES}")
     assert "reports" in page.inner_text("#result_list")
     assert page.locator("select[name=action]").count() == 0

@@ -31,17 +31,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def stores():
-    opened: list[ControlledStore] = []
-
-    def make(name: str = "test") -> ControlledStore:
-        store = ControlledStore("default", name)
-        opened.append(store)
-        return store
-
-    yield make
-    for store in opened:
-        store.close()
+def store_class() -> type:
+    return ControlledStore
 
 
 def running(queue: str) -> int:

@@ -11,24 +11,9 @@ import pytest
 from django_pgqueue.schedules.firing import BURST_LIMIT, fire_due, sync_code_schedules, tick_key
 from django_pgqueue.schedules.models import Schedule
 from django_pgqueue.schedules.ticks import Ticks
-from django_pgqueue.store.worker import Store
 from tests.conftest import sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def stores():
-    opened: list[Store] = []
-
-    def make(name: str = "test") -> Store:
-        store = Store("default", name)
-        opened.append(store)
-        return store
-
-    yield make
-    for store in opened:
-        store.close()
 
 
 def db_now() -> dt.datetime:

@@ -13,24 +13,9 @@ from django.db import connection
 from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.outcomes import Failure
 from django_pgqueue.store.operator import retry_jobs
-from django_pgqueue.store.worker import Store
 from tests.conftest import sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def stores():
-    opened: list[Store] = []
-
-    def make(name: str = "test") -> Store:
-        store = Store("default", name)
-        opened.append(store)
-        return store
-
-    yield make
-    for store in opened:
-        store.close()
 
 
 def state(job_id: int) -> dict:
