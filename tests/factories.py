@@ -7,10 +7,12 @@ running job with an unexpired lease or a job that died two weeks ago in one call
 
 from __future__ import annotations
 
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.core.management import call_command
 
 from django_pgqueue import enqueue
 from tests.conftest import sql
@@ -151,3 +153,15 @@ def superuser_client(client: Any, db: None) -> Any:
     """A logged-in superuser (pytest-django's admin_client hashes a password: slow)."""
     client.force_login(User.objects.create_superuser("root", password=None))
     return client
+
+
+def run_command(*args: str) -> str:
+    """Run a management command in-process; what it wrote to stdout."""
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def job_exists(job_id: int) -> bool:
+    """Tell whether the job's row is still in queue_jobs (not pruned)."""
+    return bool(sql("SELECT 1 FROM queue_jobs WHERE id = %s", [job_id]))

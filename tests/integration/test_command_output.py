@@ -8,25 +8,15 @@ import re
 import socket
 import subprocess
 import sys
-from io import StringIO
 
 import pytest
-from django.core.management import call_command
 
 from tests.conftest import MANAGE, sql
+from tests.factories import job_exists as exists
 from tests.factories import make_job
+from tests.factories import run_command as run
 
 pytestmark = pytest.mark.django_db
-
-
-def run(*args: str) -> str:
-    out = StringIO()
-    call_command(*args, stdout=out)
-    return out.getvalue()
-
-
-def exists(job_id: int) -> bool:
-    return bool(sql("SELECT 1 FROM queue_jobs WHERE id = %s", [job_id]))
 
 
 def test_prune_older_than_zero_deletes_every_finished_job():

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -14,19 +13,11 @@ from django_pgqueue import maintenance
 from django_pgqueue.durations import parse_duration
 from django_pgqueue.store import operator as store
 from tests.conftest import sql
+from tests.factories import job_exists as exists
 from tests.factories import make_job, state
+from tests.factories import run_command as run
 
 pytestmark = pytest.mark.django_db
-
-
-def run(*args: str) -> str:
-    out = StringIO()
-    call_command(*args, stdout=out)
-    return out.getvalue()
-
-
-def exists(job_id: int) -> bool:
-    return bool(sql("SELECT 1 FROM queue_jobs WHERE id = %s", [job_id]))
 
 
 # -- queue_stats -------------------------------------------------------------------------
