@@ -9,7 +9,7 @@ from django_pgqueue.exceptions import Snooze
 from django_pgqueue.executor import Failure, snoozed
 from tests.conftest import sql
 from tests.integration.test_queue_control import expire_and_sweep
-from tests.integration.test_queue_control import stores as stores  # a fixture
+from tests.integration.test_queue_control import store_class as store_class  # ControlledStore
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
