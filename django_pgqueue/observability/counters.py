@@ -6,6 +6,7 @@ and handler run times per queue and type as a cumulative histogram.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -54,9 +55,7 @@ class WorkerCounters:
 
     def runtime(self, queue: str, type_: str, seconds: float) -> None:
         """Record how long one handler ran."""
-        index = next(
-            (i for i, bound in enumerate(RUNTIME_BOUNDS) if seconds <= bound), len(RUNTIME_BOUNDS)
-        )
+        index = bisect.bisect_left(RUNTIME_BOUNDS, seconds)  # the first bound >= seconds
         with self._lock:
             runtime = self._runtimes.setdefault((queue, type_), Runtime())
             runtime.buckets[index] += 1

@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import signals
@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 BEAT_EVERY = 5.0
 # Reports between two passes that mark silent workers gone and prune old rows.
 HOUSEKEEPING_EVERY = 6
+_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()  # reusable, yields None
 
 
 def _version() -> str:
@@ -94,16 +95,20 @@ class Observer:
     def completed(self, item: InFlight, result: str | None) -> None:
         """The completion of `item` was written."""
         self._written(item, "succeeded")
-        signals.send(signals.job_succeeded, **self._event(item), result=result)
+        if signals.job_succeeded.receivers:
+            signals.send(signals.job_succeeded, **self._event(item), result=result)
 
     def failed(self, item: InFlight, failure: Failure, status: str, run_at: Any) -> None:
         """The failure of `item` was written: the job is `status` (pending or dead) now."""
         error = failure.last_error
         if status == "dead":
             self._written(item, "dead")
-            signals.send(signals.job_failed, **self._event(item), error=error)
+            if signals.job_failed.receivers:
+                signals.send(signals.job_failed, **self._event(item), error=error)
         else:
             self._written(item, "retried")
+            if not signals.job_retried.receivers:
+                return
             signals.send(
                 signals.job_retried,
                 **self._event(item),
@@ -162,6 +167,8 @@ class Observer:
     def started(self, item: InFlight) -> None:
         """`item`'s handler is about to run, on this thread."""
         ctx = item.ctx
+        if not signals.job_started.receivers:
+            return
         signals.send(
             signals.job_started,
             **self._event(item),
@@ -169,9 +176,14 @@ class Observer:
             context=ctx,
         )
 
-    @contextlib.contextmanager
-    def attempt_span(self, item: InFlight) -> Iterator[Any]:
-        """Run an attempt in an OpenTelemetry span linked to its enqueuer's trace."""
+    def attempt_span(self, item: InFlight) -> contextlib.AbstractContextManager[Any]:
+        """Run an attempt in an OpenTelemetry span linked to its enqueuer's trace.
+
+        A context that yields None when no tracer provider is set (nothing would record).
+        """
+        traceparent = self._traceparent.pop(item.attempt_id, None)
+        if not tracing.recording():
+            return _NO_SPAN
         ctx = item.ctx
         attributes = {
             "pgqueue.job_id": ctx.job_id,
@@ -181,9 +193,7 @@ class Observer:
             "pgqueue.lease_version": ctx.lease_version,
             "pgqueue.worker_id": ctx.worker_id,
         }
-        traceparent = self._traceparent.pop(item.attempt_id, None)
-        with tracing.attempt_span(traceparent, attributes, ctx.type) as span:
-            yield span
+        return tracing.attempt_span(traceparent, attributes, ctx.type)
 
     @staticmethod
     def span_outcome(span: Any, outcome: Success | Failure) -> None:

@@ -4,7 +4,9 @@
 ``traceparent`` of the span active at enqueue, or None (no span, or opentelemetry-api
 not installed). `attempt_span` runs one attempt in a span of its own, linked to that
 trace rather than parented to it: a job may run long after, and several times.
-Without opentelemetry-api both cost one failed import, once.
+Without opentelemetry-api both cost one failed import, once; with the API but no SDK
+configured (no tracer provider set), `recording()` is false and the worker skips the
+span: a no-op span per job cost the drain about a tenth of its rate.
 """
 
 from __future__ import annotations
@@ -32,6 +34,18 @@ def current_traceparent() -> str | None:
     carrier: dict[str, str] = {}
     _propagator.inject(carrier)
     return carrier.get("traceparent")
+
+
+def recording() -> bool:
+    """Whether a tracer provider is set (spans would be exported), checked per call.
+
+    Until an SDK (or auto-instrumentation) calls set_tracer_provider, the API hands out
+    a proxy whose spans record nothing.
+    """
+    if trace is None:
+        return False
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
 
 
 @contextlib.contextmanager
