@@ -34,7 +34,7 @@ def connection_params(alias: str, application_name: str) -> dict[str, Any]:
     # psycopg's own (C) loaders: Django's adapters parse timestamps in Python, and the
     # worker reads no model fields.
     params.pop("context", None)
-    params.setdefault("application_name", application_name[:63])
+    params["application_name"] = session_name(application_name, params.get("application_name"))
     # Notice a dead peer (a failed-over server, a cut network) within about a minute.
     params.setdefault("keepalives", 1)
     params.setdefault("keepalives_idle", 30)
@@ -42,6 +42,17 @@ def connection_params(alias: str, application_name: str) -> dict[str, Any]:
     params.setdefault("keepalives_count", 3)
     params.setdefault("connect_timeout", 10)
     return params
+
+
+def session_name(ours: str, theirs: str | None) -> str:
+    """The worker's connection name, with an `application_name` from OPTIONS after it.
+
+    Monitoring, the tests and the docs find a worker's sessions by `pgqueue <role> <id>`
+    at the start of the name, so a project-wide name in OPTIONS may not replace it; it is
+    kept in parentheses. Cut to PostgreSQL's 63 bytes without splitting a character.
+    """
+    name = f"{ours} ({theirs})" if theirs else ours
+    return name.encode()[:63].decode(errors="ignore")
 
 
 def configure_session(conn: psycopg.Connection[Any], options: dict[str, Any]) -> None:

@@ -255,3 +255,31 @@ def test_an_exception_out_of_the_pipeline_is_a_write_in_doubt(monkeypatch):
         assert store.attempt_statuses([row.attempt_id]) == {row.attempt_id: "succeeded"}
     finally:
         store.close()
+
+
+def test_an_application_name_in_options_does_not_hide_the_workers_sessions():
+    """OPTIONS["application_name"] once replaced the worker's own connection names, so
+    monitoring queries (LIKE 'pgqueue worker %') found no worker. The worker's name
+    comes first now, the project's name after it."""
+    from django.db import connections
+
+    from django_pgqueue.store.worker import Store
+
+    options = connections["default"].settings_dict["OPTIONS"]
+    options["application_name"] = "shop-web"
+    store = Store("default", "pgqueue worker host-1")
+    try:
+        (name,) = store.raw.execute("SELECT current_setting('application_name')").fetchone()
+    finally:
+        store.close()
+        del options["application_name"]
+    assert name == "pgqueue worker host-1 (shop-web)"
+
+
+def test_a_long_worker_name_is_cut_to_63_bytes_on_a_character_boundary():
+    from django_pgqueue.store.connection import session_name
+
+    name = session_name("pgqueue worker " + "é" * 40, "shop")
+    assert len(name.encode()) <= 63
+    assert name.startswith("pgqueue worker é")
+    assert session_name("pgqueue worker a", None) == "pgqueue worker a"
