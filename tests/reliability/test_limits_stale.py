@@ -14,6 +14,7 @@ from tests.reliability.test_limits import (
     LEASE,
     LIMIT,
     OPTIONS,
+    SESSIONS,
     SWEEP,
     Sampler,
     drained,
@@ -32,7 +33,8 @@ def test_global_limit_with_a_stale_sigstopped_worker(worker_process, report):
     with Sampler("stale") as sampler:
         workers = [worker_process("stale", "--worker-id", f"stale-{i}", *OPTIONS) for i in range(3)]
         # Freeze the worker holding the most slots, mid-job. What it holds is read once
-        # it is frozen (a statement it had already sent may still have landed).
+        # it is frozen and none of its statements is still running on the server: one
+        # it had sent (a completion, under load) may still land after the signal.
         held: list[int] = []
         deadline = time.monotonic() + 60
         while not held:
@@ -48,7 +50,9 @@ def test_global_limit_with_a_stale_sigstopped_worker(worker_process, report):
             victim = workers[int(worker_id.rsplit("-", 1)[1])]
             stopped_at = sql("SELECT clock_timestamp()")[0][0]
             victim.signal(signal.SIGSTOP)
-            time.sleep(0.3)
+            if not _quiesced(worker_id):
+                victim.signal(signal.SIGCONT)  # frozen inside a transaction: try again
+                continue
             (held,) = sql(
                 "SELECT coalesce(array_agg(job_id), '{}') "
                 "FROM queue_job_state WHERE locked_by = %s AND status = 'running'",
@@ -90,3 +94,19 @@ def test_global_limit_with_a_stale_sigstopped_worker(worker_process, report):
     assert max(sampler.samples) <= LIMIT
     assert stale_succeeded == 0  # its old leases' completions were all refused
     assert back_s <= LEASE + SWEEP + 1.0
+
+
+def _quiesced(worker_id: str, timeout: float = 5.0) -> bool:
+    """Whether every session of the (frozen) worker is idle on the server within `timeout`."""
+    names = [f"pgqueue {role} {worker_id}" for role in SESSIONS]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = sql(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = ANY (%s) AND state IS DISTINCT FROM 'idle'",
+            [names],
+        )[0][0]
+        if busy == 0:
+            return True
+        time.sleep(0.02)
+    return False
