@@ -66,10 +66,16 @@ def test_operator_sees_live_workers_and_the_charts(
     make_user("viewer", "view_job", password=PASSWORD)
     six_hours_of_rollup()
     # A worker that drained some jobs and now runs two long ones; another that left.
-    enqueue_many([("qa.noop", n) for n in range(20)], queue="payments")
-    slow = [enqueue("qa.nap", {"seconds": 60}, queue="payments") for _ in range(2)]
-    enqueue("qa.nap", {"seconds": 60}, queue="email")
-    worker = run_worker(["payments", "email"], concurrency=4, heartbeat_interval=0.2)
+    # The demo app's job types, as a reader of the docs would have them (no qa.*).
+    enqueue_many(
+        [("demo.send_email", {"to": f"customer{n}@example.com"}) for n in range(20)],
+        queue="email",
+    )
+    slow = [
+        enqueue("demo.resize_image", {"image": n, "size": [4032, 3024], "seconds": 60}, queue=q)
+        for n, q in ((881, "images"), (882, "images"), (883, "email"))
+    ]
+    worker = run_worker(["images", "email"], concurrency=4, heartbeat_interval=0.2)
     sql(
         "INSERT INTO queue_workers (id, host, pid, queues, concurrency, lease_seconds, "
         "version, running, started_at, last_seen_at, gone_at) VALUES ('batch-2:8812:9f3c1a', "
@@ -78,8 +84,10 @@ def test_operator_sees_live_workers_and_the_charts(
     )
     wait_until(lambda: sql("SELECT running FROM queue_workers WHERE gone_at IS NULL") == [(3,)])
 
-    page = login(browser, live_server, "viewer")
+    # Narrow pages at twice the pixels: readable at the docs' text width (~740 px).
+    page = login(browser, live_server, "viewer", width=1100, scale=2)
     page.goto(f"{live_server.url}/admin/django_pgqueue/workerrecord/")
+    page.click("#toggle-nav-sidebar")  # more room for the table (the browser remembers)
     text = page.inner_text("#content-main")
     assert "1 alive, 1 gone" in text
     assert worker.worker.worker_id in text

@@ -36,13 +36,18 @@ def schedules(settings: Any, run_worker: Any) -> Any:
     settings.PGQUEUE = {
         **settings.PGQUEUE,
         "SCHEDULES": {
-            "heartbeat.ping": {"type": "qa.noop", "every": "2s", "queue": "ops"},
+            "ops.digest": {
+                "type": "demo.send_email",
+                "every": "2s",
+                "queue": "ops",
+                "payload": {"to": "ops@example.com"},
+            },
             "reports.daily": {
-                "type": "qa.echo",
+                "type": "demo.send_email",
                 "cron": "0 6 * * *",
                 "queue": "reports",
                 "timezone": "Europe/Berlin",
-                "payload": {"report": "sales"},
+                "payload": {"to": "sales@example.com"},
             },
         },
     }
@@ -51,17 +56,18 @@ def schedules(settings: Any, run_worker: Any) -> Any:
     while time.monotonic() < deadline and not sql("SELECT FROM queue_schedule_ticks"):
         time.sleep(0.1)
     Schedule.objects.create(
-        name="invoices.remind", type="qa.echo", queue="billing", cron="30 9 * * 1-5",
-        timezone="America/New_York", payload={"days": 14},
+        name="invoices.remind", type="demo.send_email", queue="billing",
+        cron="30 9 * * 1-5", timezone="America/New_York", payload={"to": "billing@example.com"},
         next_tick=dt.datetime(2026, 12, 1, 14, 30, tzinfo=dt.UTC),
     )  # fmt: skip
     # No worker serves "idle": its tick is 12 minutes overdue.
     overdue = sql("SELECT date_trunc('minute', now()) - interval '12 minutes'")[0][0]
     Schedule.objects.create(
-        name="cache.warm", type="qa.noop", queue="idle", every=dt.timedelta(minutes=5),
+        name="thumbnails.warm", type="demo.resize_image", queue="idle",
+        payload={"image": 1, "size": [800, 600]}, every=dt.timedelta(minutes=5),
         timezone="UTC", next_tick=overdue,
     )  # fmt: skip
-    return worker  # still firing heartbeat.ping
+    return worker  # still firing ops.digest
 
 
 def test_operator_lists_disables_and_runs_a_schedule_now(
@@ -71,26 +77,33 @@ def test_operator_lists_disables_and_runs_a_schedule_now(
     tmp_path: Path,
 ) -> None:
     make_user("planner", *PERMISSIONS, password=PASSWORD)
-    page = login(browser, live_server, "planner")
-    page.set_viewport_size({"width": 1400, "height": 900})
+    # Twice the pixels, and only the list (not the filters): readable at the docs' width.
+    page = login(browser, live_server, "planner", width=1400, scale=2)
     page.goto(f"{live_server.url}/admin/django_pgqueue/schedule/")
     page.click("#toggle-nav-sidebar")  # more room for the table
     rows = page.inner_text("#result_list")
-    for expected in ("heartbeat.ping", "every 2s", "reports.daily", "0 6 * * * (Europe/Berlin)",
+    for expected in ("ops.digest", "every 2s", "reports.daily", "0 6 * * * (Europe/Berlin)",
                      "invoices.remind", "database", "code"):  # fmt: skip
         assert expected in rows
-    assert page.locator("#result_list tr:has-text('cache.warm') .pgqueue-late").count() == 1
-    last_run = page.inner_text("#result_list tr:has-text('heartbeat.ping') td.field-last_run")
+    assert page.locator("#result_list tr:has-text('thumbnails.warm') .pgqueue-late").count() == 1
+    last_run = page.inner_text("#result_list tr:has-text('ops.digest') td.field-last_run")
     assert last_run.startswith("20")  # a timestamp: the worker fired it
-    save_screenshot(page, tmp_path, "admin-schedules.png")
+    table = page.locator("#changelist-form").bounding_box()
+    clip = {"x": table["x"] - 8, "y": 0, "width": table["width"] + 16}
+    save_screenshot(
+        page,
+        tmp_path,
+        "admin-schedules.png",
+        clip={**clip, "height": table["y"] + table["height"] + 8},
+    )
     schedules.stop()
 
     # Disable the code schedule from the list.
-    page.check("#result_list tr:has-text('heartbeat.ping') input.action-select")
+    page.check("#result_list tr:has-text('ops.digest') input.action-select")
     page.select_option("select[name='action']", "disable")
     page.click("button[name='index']")
     assert "Disabled 1 schedule(s)." in page.inner_text(".messagelist")
-    assert Schedule.objects.get(name="heartbeat.ping").enabled is False
+    assert Schedule.objects.get(name="ops.digest").enabled is False
 
     # Run a database schedule now; a second click does not make a second job.
     for _ in range(2):
@@ -99,7 +112,7 @@ def test_operator_lists_disables_and_runs_a_schedule_now(
         page.click("button[name='index']")
     assert "still waiting or running" in page.inner_text(".messagelist")
     jobs = sql("SELECT type, queue FROM queue_jobs WHERE idempotency_key LIKE 'schedule:invoices%'")
-    assert jobs == [("qa.echo", "billing")]
+    assert jobs == [("demo.send_email", "billing")]
 
     # A code schedule's page is read-only.
     page.click("#result_list a:text-is('reports.daily')")
