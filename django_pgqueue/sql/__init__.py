@@ -55,5 +55,31 @@ def resumed(claim: str) -> str:
     return f"{header}_after{newline}{body.replace(RESUME_MARK, RESUME_CONDITION)}"
 
 
+# job_claim_controlled holds only the controlled queue's steps (its budget, walk and
+# candidates, then the rate window's update); job_claim's steps from claimed on and
+# its rows stand at its marks, so both claims take a job with one text. Its attempts
+# start at the budget's clock (the rate window's time), not at clock_timestamp().
+STEPS_MARK = "-- job_claim_controlled: job_claim's claimed and opened steps\n"
+ROWS_MARK = "-- job_claim_controlled: job_claim's rows"
+CLAIMED = "), claimed AS (\n"
+ROWS = ")\nSELECT claimed.job_id"
+CLAIM_CLOCK = "clock_timestamp()"
+BUDGET_CLOCK = "(SELECT at FROM budget)"
+
+
+def controlled(own: str, claim: str) -> str:
+    """The controlled claim `own` with the steps and rows of `claim` at its marks."""
+    _, claimed, rest = claim.partition(CLAIMED)
+    steps, rows, after = rest.partition(ROWS)
+    if not (claimed and rows and steps.count(CLAIM_CLOCK) == 1):
+        raise ValueError("queries.sql: job_claim's claimed, opened and rows are not found")
+    if own.count(STEPS_MARK) != 1 or not own.endswith(ROWS_MARK):
+        raise ValueError("queries.sql: job_claim_controlled must hold each mark once")
+    steps = CLAIMED + steps.replace(CLAIM_CLOCK, BUDGET_CLOCK)
+    rows = ROWS.removeprefix(")\n") + after
+    return own.replace(STEPS_MARK, steps).removesuffix(ROWS_MARK) + rows
+
+
 QUERIES: dict[str, str] = load((Path(__file__).parent / "queries.sql").read_text("utf-8"))
 QUERIES["job_claim_after"] = resumed(QUERIES["job_claim"])
+QUERIES["job_claim_controlled"] = controlled(QUERIES["job_claim_controlled"], QUERIES["job_claim"])

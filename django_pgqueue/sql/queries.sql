@@ -189,6 +189,7 @@ LEFT JOIN queue_job_state AS live
 -- Each row carries its attempt's id: later writes address the attempt by primary key.
 -- job_claim_after (built from this statement in sql/__init__.py) starts the walk
 -- after a key the worker claimed before: see RESUME_TTL in worker/scheduler.py.
+-- job_claim_controlled takes its steps from claimed on and its rows.
 WITH candidates AS MATERIALIZED (
     SELECT job_id
     FROM queue_job_state
@@ -981,6 +982,9 @@ SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true
 -- t - rate_period, which is exact for every window of that length because t comes
 -- from clock_timestamp() under the queue lock (it only grows). started_at of the
 -- attempts is that same t. Rows come back unordered, like job_claim's.
+-- Only the controlled steps stand here: sql/__init__.py puts job_claim's claimed and
+-- opened steps (the attempts starting at budget.at) and its rows at the two marks,
+-- so both claims take a job the same way.
 WITH budget AS MATERIALIZED (
     SELECT CASE WHEN c.paused THEN 0 ELSE GREATEST(0, LEAST(
                %(limit)s::integer,
@@ -1028,23 +1032,7 @@ WITH budget AS MATERIALIZED (
     WHERE job_id = ANY (ARRAY(SELECT job_id FROM eligible LIMIT (SELECT n FROM budget)))
       AND status = 'pending'
     FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE queue_job_state AS state
-    SET status = 'running',
-        attempts = state.attempts + 1,
-        lease_version = state.lease_version + 1,
-        locked_by = %(worker_id)s::text,
-        locked_until = now() + make_interval(secs => %(lease)s::float8),
-        updated_at = now()
-    WHERE state.job_id = ANY (ARRAY(SELECT job_id FROM candidates))
-    RETURNING state.job_id, state.queue, state.priority, state.run_at, state.attempts,
-              state.max_attempts, state.lease_version
-), opened AS (
-    INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id, status, started_at)
-    SELECT job_id, lease_version, attempts, %(worker_id)s::text, 'running',
-           (SELECT at FROM budget)
-    FROM claimed
-    RETURNING id, job_id
+-- job_claim_controlled: job_claim's claimed and opened steps
 ), started AS (
     -- The rate window: the starts still inside it, then this claim's, oldest first.
     UPDATE queue_controls AS c
@@ -1057,17 +1045,8 @@ WITH budget AS MATERIALIZED (
       AND c.rate_count IS NOT NULL
       AND EXISTS (SELECT FROM claimed)
 )
-SELECT claimed.job_id, claimed.queue, job.type, job.payload, claimed.priority,
-       claimed.attempts, claimed.max_attempts, claimed.lease_version, opened.id,
-       job.idempotency_key, job.created_at, claimed.run_at, job.traceparent
-FROM claimed
-JOIN opened ON opened.job_id = claimed.job_id
-CROSS JOIN LATERAL (
-    SELECT j.type, j.payload::text AS payload, j.idempotency_key, j.created_at, j.traceparent
-    FROM queue_jobs AS j
-    WHERE j.id = claimed.job_id
-    LIMIT 1
-) AS job;
+-- job_claim_controlled: job_claim's rows
+;
 
 
 -- name: queue_control_state

@@ -63,6 +63,17 @@ def test_the_resumed_claim_is_the_claim_with_the_resume_condition():
         sql_module.resumed("-- name: job_claim\nSELECT 1")
 
 
+def test_the_controlled_claim_takes_jobs_with_the_claims_own_steps():
+    claim, controlled = QUERIES["job_claim"], QUERIES["job_claim_controlled"]
+    assert controlled.startswith("-- name: job_claim_controlled\n")
+    steps = claim[claim.index("), claimed AS (") : claim.index(")\nSELECT claimed.job_id")]
+    assert steps.replace("clock_timestamp()", "(SELECT at FROM budget)") in controlled
+    assert controlled.endswith(claim[claim.index("SELECT claimed.job_id") :])
+    assert "-- job_claim_controlled:" not in controlled
+    with pytest.raises(ValueError, match="mark"):
+        sql_module.controlled("-- name: job_claim_controlled\nSELECT 1", claim)
+
+
 def test_loader_refuses_duplicates():
     with pytest.raises(ValueError, match="twice"):
         load("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;")
