@@ -22,11 +22,10 @@ import psycopg
 from django.db import DatabaseError, connections
 
 from ..conf import get_settings
-from ..exceptions import DatabaseUnavailable
 from ..outcomes import Failure
 from ..sql import QUERIES
 from ..store.cursors import django_cursor
-from ..store.worker import LOST, ClaimedRow, ClaimKey, Store, _complete_params, _owned
+from ..store.worker import ClaimedRow, ClaimRequest, Store, _complete_params
 from .limits import QueueLimits
 
 logger = logging.getLogger(__name__)
@@ -127,41 +126,13 @@ class ControlledStore(Store):
 
     # -- claims ---------------------------------------------------------------------
 
-    def claim(
-        self,
-        queue: str,
-        limit: int,
-        worker_id: str,
-        lease: float,
-        after: ClaimKey | None = None,
-    ) -> list[ClaimedRow]:
-        """Claim like `Store.claim`; a controlled queue's claim respects its controls."""
-        if not self.controlled(queue):
-            return super().claim(queue, limit, worker_id, lease, after)
-        return self._controlled_claim(None, queue, limit, worker_id, lease)[1]
-
-    def complete_and_claim(
-        self,
-        done: Sequence[tuple[int, int, int, str | None]],
-        queue: str,
-        limit: int,
-        worker_id: str,
-        lease: float,
-        after: ClaimKey | None = None,
+    def _claim(
+        self, done: Sequence[tuple[int, int, int, str | None]] | None, request: ClaimRequest
     ) -> tuple[set[int], list[ClaimedRow]]:
-        """`Store.complete_and_claim`; a controlled queue's claim respects its controls."""
+        """Claim like `Store`; a controlled queue's claim respects its controls."""
+        queue, limit, worker_id, lease, _ = request
         if not self.controlled(queue):
-            return super().complete_and_claim(done, queue, limit, worker_id, lease, after)
-        return self._controlled_claim(done, queue, limit, worker_id, lease)
-
-    def _controlled_claim(
-        self,
-        done: Sequence[tuple[int, int, int, str | None]] | None,
-        queue: str,
-        limit: int,
-        worker_id: str,
-        lease: float,
-    ) -> tuple[set[int], list[ClaimedRow]]:
+            return super()._claim(done, request)
         claim = {
             "queue": queue,
             "limit": limit,
@@ -169,27 +140,14 @@ class ControlledStore(Store):
             "worker_id": worker_id,
             "lease": lease,
         }
-        with self._lock:
-            conn = self.raw
-            with self._unavailable("job_claim_controlled", LOST):
-                try:
-                    completed, rows, state = self._pipeline(conn, done, queue, claim)
-                except psycopg.Error as exc:
-                    self._unprepared(exc)  # the caller writes them apart, unprepared
-                    raise
-                except Exception as exc:
-                    # Not an answer from the server: whether the COMMIT happened is
-                    # unknown, a write in doubt on a fresh connection (as Store does).
-                    self.close()
-                    raise DatabaseUnavailable(
-                        f"job_claim_controlled: the pipeline failed ({exc!r})"
-                    ) from exc
+        with self._holding("job_claim_controlled") as conn:
+            completed, rows, state = self._pipeline(conn, done, queue, claim)
         if state is not None:
             self.states[queue] = ControlState(bool(state[0]), bool(state[1]), state[2])
         return completed, rows
 
-    @staticmethod
     def _pipeline(
+        self,
         conn: psycopg.Connection[Any],
         done: Sequence[tuple[int, int, int, str | None]] | None,
         queue: str,
@@ -200,7 +158,7 @@ class ControlledStore(Store):
         # under it, and the state after it. The lock ends with it.
         cursors = [conn.cursor() for _ in range(5)]
         try:
-            with conn.pipeline():
+            with self._pipelined(conn, "job_claim_controlled"):
                 cursors[4].execute(QUERIES["transaction_guard"], {"idle_ms": LOCK_IDLE_MS})
                 if done:
                     cursors[0].execute(QUERIES["job_complete"], _complete_params(done))
@@ -216,30 +174,15 @@ class ControlledStore(Store):
 
     # -- outcomes -------------------------------------------------------------------
 
-    def fail(
-        self, job_id: int, lease_version: int, attempt_id: int, failure: Failure
-    ) -> tuple[str, Any] | None:
-        """Record a failed attempt, or a snooze (``job_snooze``) when the failure is one."""
+    def _failure(self, failure: Failure) -> tuple[str, dict[str, Any]]:
+        """`Store`'s, or a snooze (``job_snooze``) when the failure is one."""
         if not getattr(failure, "snoozed", False):
-            return super().fail(job_id, lease_version, attempt_id, failure)
-        rows = self._run(
-            "job_snooze",
-            {
-                "job_id": job_id,
-                "lease_version": lease_version,
-                "attempt_id": attempt_id,
-                "delay": failure.delay,
-                "reason": failure.message,
-            },
-        )
-        return (rows[0][0], rows[0][1]) if rows else None
+            return super()._failure(failure)
+        return "job_snooze", {"delay": failure.delay, "reason": failure.message}
 
     def renew(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
         """`Store.renew`; also note in `cancel_requested` the jobs an operator cancelled."""
-        if not held:
-            self.cancel_requested = set()
-            return set()
-        rows = self._run("lease_renew", {**_owned(held), "lease": lease})
+        rows = self._renewed(held, lease)
         self.cancel_requested = {row[0] for row in rows if row[1]}
         return {row[0] for row in rows}
 

@@ -28,7 +28,15 @@ from . import errors
 from .arrays import int_array
 from .connection import Backoff, configure_session, connection_params, wait_for
 
-__all__ = ["Backoff", "ClaimKey", "ClaimedRow", "Store", "connection_params", "wait_for"]
+__all__ = [
+    "Backoff",
+    "ClaimKey",
+    "ClaimRequest",
+    "ClaimedRow",
+    "Store",
+    "connection_params",
+    "wait_for",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +71,22 @@ class ClaimedRow(NamedTuple):
 ClaimKey = tuple[int, Any, int]
 
 
-def _claim_statement(
-    queue: str, limit: int, worker_id: str, lease: float, after: ClaimKey | None
-) -> tuple[str, dict[str, Any]]:
+class ClaimRequest(NamedTuple):
+    """One claim: up to `limit` jobs of `queue` for `worker_id`, leased `lease` seconds.
+
+    With `after`, a (priority, run_at, job_id) key, only jobs of that priority after
+    it in claim order are taken.
+    """
+
+    queue: str
+    limit: int
+    worker_id: str
+    lease: float
+    after: ClaimKey | None = None
+
+
+def _claim_statement(request: ClaimRequest) -> tuple[str, dict[str, Any]]:
+    queue, limit, worker_id, lease, after = request
     params = {"queue": queue, "limit": limit, "worker_id": worker_id, "lease": lease}
     if after is None:
         return "job_claim", params
@@ -160,6 +181,33 @@ class Store:
         assert self._conn is not None
         return self._conn
 
+    @contextmanager
+    def _holding(self, what: str) -> Iterator[psycopg.Connection[Any]]:
+        """The connection, for this thread alone; losing it raises DatabaseUnavailable."""
+        with self._lock:
+            conn = self.raw
+            with self._unavailable(what, LOST):
+                yield conn
+
+    @contextmanager
+    def _pipelined(self, conn: psycopg.Connection[Any], what: str) -> Iterator[None]:
+        """Send the block's statements in one pipeline: one round trip, one transaction.
+
+        An error undoes them all and is raised. A failure that is not an answer from
+        the server means the pipeline's own state broke (psycopg once raised
+        IndexError on exit): whether the COMMIT happened is unknown, a write in doubt,
+        so the connection is dropped and DatabaseUnavailable raised.
+        """
+        try:
+            with conn.pipeline():
+                yield
+        except psycopg.Error as exc:
+            self._unprepared(exc)  # the caller writes them apart, unprepared
+            raise
+        except Exception as exc:
+            self.close()
+            raise DatabaseUnavailable(f"{what}: the pipeline failed ({exc!r})") from exc
+
     def _run(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         try:
             return self._run_once(name, params)
@@ -169,11 +217,9 @@ class Store:
             return self._run_once(name, params)
 
     def _run_once(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        with self._lock:
-            conn = self.raw
-            with self._unavailable(name, LOST), conn.cursor() as cursor:
-                cursor.execute(QUERIES[name], params)
-                return cursor.fetchall() if cursor.description else []
+        with self._holding(name) as conn, conn.cursor() as cursor:
+            cursor.execute(QUERIES[name], params)
+            return cursor.fetchall() if cursor.description else []
 
     def _unprepared(self, exc: psycopg.Error) -> bool:
         """A prepared statement the server lost (a transaction pooler): stop preparing.
@@ -210,8 +256,7 @@ class Store:
         With `after`, a (priority, run_at, job_id) key, only jobs of that priority
         after it in claim order are taken (`job_claim_after`).
         """
-        name, params = _claim_statement(queue, limit, worker_id, lease, after)
-        return [ClaimedRow._make(row) for row in self._run(name, params)]
+        return self._claim(None, ClaimRequest(queue, limit, worker_id, lease, after))[1]
 
     def complete(self, done: Sequence[tuple[int, int, int, str | None]]) -> set[int]:
         """Complete (job_id, lease_version, attempt_id, result_json); return the job ids done."""
@@ -233,58 +278,52 @@ class Store:
         Both statements share the transaction, so an error in either undoes both and
         raises; the caller then writes them one at a time.
         """
-        claim_name, claim = _claim_statement(queue, limit, worker_id, lease, after)
-        with self._lock:
-            conn = self.raw
-            with (
-                self._unavailable("job_complete + job_claim", LOST),
-                conn.cursor() as done_cur,
-                conn.cursor() as claim_cur,
-            ):
-                try:
-                    with conn.pipeline():
-                        done_cur.execute(QUERIES["job_complete"], _complete_params(done))
-                        claim_cur.execute(QUERIES[claim_name], claim)
-                except psycopg.Error as exc:
-                    self._unprepared(exc)  # the caller writes them apart, unprepared
-                    raise
-                except Exception as exc:
-                    # Not an answer from the server: the pipeline's own state broke
-                    # (psycopg once raised IndexError on exit). Whether the COMMIT
-                    # happened is unknown: a write in doubt, on a fresh connection.
-                    self.close()
-                    raise DatabaseUnavailable(
-                        f"job_complete + job_claim: the pipeline failed ({exc!r})"
-                    ) from exc
-                completed = {row[0] for row in done_cur.fetchall()}
-                return completed, [ClaimedRow._make(row) for row in claim_cur.fetchall()]
+        return self._claim(done, ClaimRequest(queue, limit, worker_id, lease, after))
+
+    def _claim(
+        self, done: Sequence[tuple[int, int, int, str | None]] | None, request: ClaimRequest
+    ) -> tuple[set[int], list[ClaimedRow]]:
+        """Complete `done` (None: the claim alone) and claim: what a subclass may change."""
+        claim_name, claim = _claim_statement(request)
+        if done is None:
+            return set(), [ClaimedRow._make(row) for row in self._run(claim_name, claim)]
+        what = "job_complete + job_claim"
+        with self._holding(what) as conn, conn.cursor() as done_cur, conn.cursor() as claim_cur:
+            with self._pipelined(conn, what):
+                done_cur.execute(QUERIES["job_complete"], _complete_params(done))
+                claim_cur.execute(QUERIES[claim_name], claim)
+            completed = {row[0] for row in done_cur.fetchall()}
+            return completed, [ClaimedRow._make(row) for row in claim_cur.fetchall()]
 
     def fail(
         self, job_id: int, lease_version: int, attempt_id: int, failure: Failure
     ) -> tuple[str, Any] | None:
         """Record a failed attempt; return (new status, run_at), or None if the lease was lost."""
-        rows = self._run(
-            "job_fail",
-            {
-                "job_id": job_id,
-                "lease_version": lease_version,
-                "attempt_id": attempt_id,
-                "permanent": failure.permanent,
-                "delay": failure.delay,
-                "error_class": failure.error_class,
-                "error_message": failure.message,
-                "traceback": failure.traceback,
-                "last_error": failure.last_error,
-            },
-        )
+        name, params = self._failure(failure)
+        attempt = {"job_id": job_id, "lease_version": lease_version, "attempt_id": attempt_id}
+        rows = self._run(name, {**attempt, **params})
         return (rows[0][0], rows[0][1]) if rows else None
+
+    def _failure(self, failure: Failure) -> tuple[str, dict[str, Any]]:
+        """The statement that records `failure`, with its own parameters."""
+        return "job_fail", {
+            "permanent": failure.permanent,
+            "delay": failure.delay,
+            "error_class": failure.error_class,
+            "error_message": failure.message,
+            "traceback": failure.traceback,
+            "last_error": failure.last_error,
+        }
 
     def renew(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
         """Extend the leases of (job_id, lease_version) pairs; return the job ids still held."""
+        return {row[0] for row in self._renewed(held, lease)}
+
+    def _renewed(self, held: Sequence[tuple[int, int]], lease: float) -> list[tuple[Any, ...]]:
+        """lease_renew's rows: (job_id, cancel requested) of the jobs still held."""
         if not held:
-            return set()
-        rows = self._run("lease_renew", {**_owned(held), "lease": lease})
-        return {row[0] for row in rows}
+            return []
+        return self._run("lease_renew", {**_owned(held), "lease": lease})
 
     def release(self, held: Sequence[tuple[int, int, int]]) -> set[int]:
         """Hand back claimed, never-started (job_id, lease_version, attempt_id); return job ids."""
@@ -323,8 +362,8 @@ class Store:
     # -- LISTEN / NOTIFY ------------------------------------------------------------
 
     def listen(self) -> None:
-        with self._lock, self._unavailable("LISTEN", LOST):
-            self.raw.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        with self._holding("LISTEN") as conn:
+            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
 
     def notifications(self, timeout: float) -> Iterator[str]:
         """Yield queue names notified within `timeout` seconds (stops early after one burst)."""
