@@ -14,7 +14,8 @@ Threads of one worker process, each with its own database connection:
   SIGTERM/SIGINT, which the handler itself only queues.
 
 The dispatcher's parts, each in its own module: `config` (WorkerConfig), `scheduler`
-(queue order, weights, empty marks, resume keys), `inflight` (the jobs handed out),
+(queue order, weights, empty marks, resume keys), `intake` (claimed rows to the
+handler pool, or back), `inflight` (the jobs handed out),
 `leases` (held leases, heartbeat, sweep, hand-back), `writer` (outcome batches,
 fenced writes, the read-back of writes in doubt) and `pool` (handler threads,
 timeouts, Django connection hygiene). They report facts to the dispatcher and never

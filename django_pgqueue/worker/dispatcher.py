@@ -5,9 +5,8 @@ timeout, sweep expired leases now and then, then write outcomes and claim more i
 few round trips as it can; sleep until there is a reason to act. The parts it calls
 report facts (outcomes, timeouts, retries due, queues requeued) and never call it back.
 
-A claim's rows go through one intake pipeline: `_intake` (what the claim taught the
-scheduler; a short resumed claim is topped up by a walk from the start) -> `_admit`
-(hand back at once when stopping) -> `_launch` (in-flight job, lease, handler pool).
+A claim's rows go to the intake (`intake.py`), which takes them to the handler pool
+or hands them back.
 """
 
 from __future__ import annotations
@@ -21,14 +20,14 @@ import psycopg
 from ..exceptions import DatabaseUnavailable
 from ..observability.hooks import Observer  # issue 15 hook
 from ..registry import Registry
-from ..retry import default_policy
 from ..schedules.firing import ScheduleHook
 from ..store import errors
 from ..store.connection import Backoff, wait_for
-from ..store.worker import ClaimedRow, ClaimKey, Store
+from ..store.worker import ClaimedRow, Store
 from .config import WorkerConfig
 from .control import ControlledClaims, ControlledWriter, worker_store
-from .inflight import InFlight, InFlightJobs
+from .inflight import InFlightJobs
+from .intake import Intake
 from .leases import LeaseBook, UnknownClaims, sweep_expired
 from .pool import HandlerPool
 from .scheduler import ClaimScheduler
@@ -58,8 +57,7 @@ class Dispatcher:
         observer: Observer,
     ) -> None:
         self.config = config
-        self.observer = observer  # issue 15: told of claims, releases and renewals
-        self.registry = registry
+        self.observer = observer  # issue 15: told of renewals after a reconnect
         self.stats = stats
         self.exit_code = 0  # 1 once too many handlers are stuck past their timeout
         # The parts; the Worker starts the heartbeat on `leases` and the listener on
@@ -72,9 +70,20 @@ class Dispatcher:
         self.pool = HandlerPool(config.concurrency, switch.wake, config.worker_id, observer)
         # Recurring jobs: fires the due ticks of this worker's queues' schedules.
         self.schedules = ScheduleHook(self.store, config.queues, config.poll_interval)
+        self.intake = Intake(
+            config,
+            registry,
+            store=self.store,
+            claims=self.claims,
+            inflight=self.inflight,
+            leases=self.leases,
+            pool=self.pool,
+            stats=stats,
+            stopping=switch.stopping,
+            observer=observer,
+        )
         self._switch = switch
         self._wake = switch.wake
-        self._policy = default_policy()
         self._backoff = Backoff(config.reconnect_max_delay)
         self.unknown_claims = UnknownClaims(self.leases)
 
@@ -219,8 +228,8 @@ class Dispatcher:
         rows = self._write(self.writer.take() if flush_due else [], claim)
         if claim is not None:
             if rows is None:
-                rows = self._claim_or_log(order[0], limit, after)
-            self._intake(order[0], limit, after, rows, sent)
+                rows = self.intake.claim(order[0], limit, after)
+            self.intake.take(order[0], limit, after, rows, sent)
             for name in order[1:]:
                 free = cfg.concurrency - len(self.inflight)
                 if free <= 0 or stopping.is_set():
@@ -228,77 +237,9 @@ class Dispatcher:
                 limit = min(cfg.batch_size, free)
                 sent = time.monotonic()
                 after = self.claims.resume_after(name, sent)
-                rows = self._claim_or_log(name, limit, after)
-                self._intake(name, limit, after, rows, sent)
+                rows = self.intake.claim(name, limit, after)
+                self.intake.take(name, limit, after, rows, sent)
         return True
-
-    def _claim_or_log(
-        self, queue: str, limit: int, after: ClaimKey | None = None
-    ) -> list[ClaimedRow]:
-        """Claim; a refused claim (not a lost connection) is logged and claims nothing:
-        nothing was claimed, and the next cycle claims again."""
-        try:
-            return self.store.claim(queue, limit, self.config.worker_id, self.config.lease, after)
-        except psycopg.Error as exc:
-            logger.warning(
-                "claim from %s refused (%s: %s)", queue, errors.classify(exc), errors.describe(exc)
-            )
-            return []
-
-    # -- intake: claimed rows -> handler pool -----------------------------------------
-
-    def _intake(
-        self, queue: str, limit: int, after: ClaimKey | None, rows: list[ClaimedRow], sent: float
-    ) -> None:
-        """Take in a claim's rows; a resumed claim that came back short claims the rest
-        with a walk from the start, which may find jobs that sort before its key."""
-        if after is not None:
-            self.stats["claims_resumed"] += 1
-        self.claims.claimed(queue, limit, after, rows, sent)
-        self._admit(queue, rows, sent)
-        if after is None or len(rows) >= limit or self._switch.stopping.is_set():
-            return
-        rest = limit - len(rows)
-        sent = time.monotonic()
-        more = self._claim_or_log(queue, rest)
-        self.claims.claimed(queue, rest, None, more, sent)
-        self._admit(queue, more, sent)
-
-    def _admit(self, queue: str, rows: list[ClaimedRow], sent: float) -> None:
-        """Launch claimed rows, or hand them back if a stop came while the claim ran."""
-        if not rows:
-            return
-        if self._switch.stopping.is_set():
-            # The signal came while this claim was on the wire: these jobs have not
-            # started, so they go back now rather than run after the signal.
-            self.stats["claimed"] += len(rows)
-            self.release([(row.job_id, row.lease_version, row.attempt_id) for row in rows])
-            return
-        logger.info("claimed %d job(s) from %s", len(rows), queue)
-        self._launch(rows, sent + self.config.lease)
-
-    def _launch(self, rows: list[ClaimedRow], expires: float) -> None:
-        """Start claimed jobs: in flight, their leases held, handed to the handler pool."""
-        cfg = self.config
-        self.stats["claimed"] += len(rows)
-        if len(rows) > 1:
-            rows.sort(key=ClaimedRow.order)
-        items = [
-            InFlight.claimed(
-                row,
-                self.registry.find(row.type),
-                self._policy,
-                cfg.job_timeout,
-                cfg.worker_id,
-                expires,
-            )
-            for row in rows
-        ]
-        for item in items:
-            self.inflight.add(item)
-        self.leases.hold(item.lease for item in items)
-        self.observer.claimed(rows, items)  # issue 15 hook: waits, traces, leases
-        self.pool.submit(items)
 
     # -- outcomes, timeouts, sweep --------------------------------------------------
 
@@ -350,13 +291,6 @@ class Dispatcher:
             self.stats["swept"] += 1
             self.claims.requeued(queue)  # a requeued job keeps its place: walk from the start
         return True
-
-    def release(self, held: list[tuple[int, int, int]]) -> None:
-        """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""
-        self.observer.released(held)  # issue 15 hook
-        released = self.leases.hand_back(self.store, held)
-        if released is not None:
-            self.stats["released"] += len(released)
 
 
 def _sleep_long(store: Store, claims: ClaimScheduler, now: float) -> None:

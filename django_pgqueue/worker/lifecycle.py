@@ -135,7 +135,7 @@ class Worker:
             item.resolved = True
             self._inflight.drop(item)
         if unstarted:
-            dispatcher.release(
+            dispatcher.intake.release(
                 [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in unstarted]
             )
 

@@ -1,0 +1,132 @@
+"""Intake: a claim's rows on their way to the handler pool, or back to the queue.
+
+The dispatcher decides when to claim and from which queue; the intake claims and
+takes the rows in, through one pipeline: `take` (what the claim taught the
+scheduler; a short resumed claim is topped up by a walk from the start) -> `_admit`
+(hand back at once when stopping) -> `_launch` (in-flight job, lease, handler pool).
+It also hands back claimed jobs no handler started (`release`), for `_admit` and for
+the worker's shutdown. It never calls the dispatcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+
+import psycopg
+
+from ..observability.hooks import Observer  # issue 15 hook
+from ..registry import Registry
+from ..retry import default_policy
+from ..store import errors
+from ..store.worker import ClaimedRow, ClaimKey, Store
+from .config import WorkerConfig
+from .inflight import InFlight, InFlightJobs
+from .leases import LeaseBook
+from .pool import HandlerPool
+from .scheduler import ClaimScheduler
+
+logger = logging.getLogger(__name__)
+
+
+class Intake:
+    """Claims and takes in the rows: scheduler told, leases held, handlers started."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        registry: Registry,
+        *,
+        store: Store,
+        claims: ClaimScheduler,
+        inflight: InFlightJobs,
+        leases: LeaseBook,
+        pool: HandlerPool,
+        stats: Counter[str],
+        stopping: threading.Event,
+        observer: Observer,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.store = store
+        self.claims = claims
+        self.inflight = inflight
+        self.leases = leases
+        self.pool = pool
+        self.stats = stats
+        self.stopping = stopping
+        self.observer = observer  # issue 15: told of claims and releases
+        self._policy = default_policy()
+
+    def claim(self, queue: str, limit: int, after: ClaimKey | None = None) -> list[ClaimedRow]:
+        """Claim; a refused claim (not a lost connection) is logged and claims nothing:
+        nothing was claimed, and the next cycle claims again."""
+        try:
+            return self.store.claim(queue, limit, self.config.worker_id, self.config.lease, after)
+        except psycopg.Error as exc:
+            logger.warning(
+                "claim from %s refused (%s: %s)", queue, errors.classify(exc), errors.describe(exc)
+            )
+            return []
+
+    def take(
+        self, queue: str, limit: int, after: ClaimKey | None, rows: list[ClaimedRow], sent: float
+    ) -> None:
+        """Take in a claim's rows; a resumed claim that came back short claims the rest
+        with a walk from the start, which may find jobs that sort before its key."""
+        if after is not None:
+            self.stats["claims_resumed"] += 1
+        self.claims.claimed(queue, limit, after, rows, sent)
+        self._admit(queue, rows, sent)
+        if after is None or len(rows) >= limit or self.stopping.is_set():
+            return
+        rest = limit - len(rows)
+        sent = time.monotonic()
+        more = self.claim(queue, rest)
+        self.claims.claimed(queue, rest, None, more, sent)
+        self._admit(queue, more, sent)
+
+    def _admit(self, queue: str, rows: list[ClaimedRow], sent: float) -> None:
+        """Launch claimed rows, or hand them back if a stop came while the claim ran."""
+        if not rows:
+            return
+        if self.stopping.is_set():
+            # The signal came while this claim was on the wire: these jobs have not
+            # started, so they go back now rather than run after the signal.
+            self.stats["claimed"] += len(rows)
+            self.release([(row.job_id, row.lease_version, row.attempt_id) for row in rows])
+            return
+        logger.info("claimed %d job(s) from %s", len(rows), queue)
+        self._launch(rows, sent + self.config.lease)
+
+    def _launch(self, rows: list[ClaimedRow], expires: float) -> None:
+        """Start claimed jobs: in flight, their leases held, handed to the handler pool."""
+        cfg = self.config
+        self.stats["claimed"] += len(rows)
+        if len(rows) > 1:
+            rows.sort(key=ClaimedRow.order)
+        items = [
+            InFlight.claimed(
+                row,
+                self.registry.find(row.type),
+                self._policy,
+                cfg.job_timeout,
+                cfg.worker_id,
+                expires,
+            )
+            for row in rows
+        ]
+        for item in items:
+            self.inflight.add(item)
+        self.leases.hold(item.lease for item in items)
+        self.observer.claimed(rows, items)  # issue 15 hook: waits, traces, leases
+        self.pool.submit(items)
+
+    def release(self, held: list[tuple[int, int, int]]) -> None:
+        """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""
+        self.observer.released(held)  # issue 15 hook
+        released = self.leases.hand_back(self.store, held)
+        if released is not None:
+            self.stats["released"] += len(released)
