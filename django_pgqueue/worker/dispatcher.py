@@ -70,18 +70,8 @@ class Dispatcher:
         self.pool = HandlerPool(config.concurrency, switch.wake, config.worker_id, observer)
         # Recurring jobs: fires the due ticks of this worker's queues' schedules.
         self.schedules = ScheduleHook(self.store, config.queues, config.poll_interval)
-        self.intake = Intake(
-            config,
-            registry,
-            store=self.store,
-            claims=self.claims,
-            inflight=self.inflight,
-            leases=self.leases,
-            pool=self.pool,
-            stats=stats,
-            stopping=switch.stopping,
-            observer=observer,
-        )
+        parts = (self.store, self.claims, self.inflight, self.leases, self.pool)
+        self.intake = Intake(config, registry, *parts, stats, switch.stopping, observer)
         self._switch = switch
         self._wake = switch.wake
         self._backoff = Backoff(config.reconnect_max_delay)

@@ -14,12 +14,13 @@ import logging
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 
 import psycopg
 
 from ..observability.hooks import Observer  # issue 15 hook
 from ..registry import Registry
-from ..retry import default_policy
+from ..retry import RetryPolicy, default_policy
 from ..store import errors
 from ..store.worker import ClaimedRow, ClaimKey, Store
 from .config import WorkerConfig
@@ -31,34 +32,21 @@ from .scheduler import ClaimScheduler
 logger = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class Intake:
     """Claims and takes in the rows: scheduler told, leases held, handlers started."""
 
-    def __init__(
-        self,
-        config: WorkerConfig,
-        registry: Registry,
-        *,
-        store: Store,
-        claims: ClaimScheduler,
-        inflight: InFlightJobs,
-        leases: LeaseBook,
-        pool: HandlerPool,
-        stats: Counter[str],
-        stopping: threading.Event,
-        observer: Observer,
-    ) -> None:
-        self.config = config
-        self.registry = registry
-        self.store = store
-        self.claims = claims
-        self.inflight = inflight
-        self.leases = leases
-        self.pool = pool
-        self.stats = stats
-        self.stopping = stopping
-        self.observer = observer  # issue 15: told of claims and releases
-        self._policy = default_policy()
+    config: WorkerConfig
+    registry: Registry
+    store: Store
+    claims: ClaimScheduler
+    inflight: InFlightJobs
+    leases: LeaseBook
+    pool: HandlerPool
+    stats: Counter[str]
+    stopping: threading.Event
+    observer: Observer  # issue 15: told of claims and releases
+    policy: RetryPolicy = field(default_factory=default_policy)
 
     def claim(self, queue: str, limit: int, after: ClaimKey | None = None) -> list[ClaimedRow]:
         """Claim; a refused claim (not a lost connection) is logged and claims nothing:
@@ -111,7 +99,7 @@ class Intake:
             InFlight.claimed(
                 row,
                 self.registry.find(row.type),
-                self._policy,
+                self.policy,
                 cfg.job_timeout,
                 cfg.worker_id,
                 expires,

@@ -8,6 +8,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 import psycopg
 
@@ -180,6 +181,7 @@ def sweep_expired(store: Store) -> list[str]:
     return queues
 
 
+@dataclass(eq=False)
 class Heartbeat:
     """The heartbeat thread: renews every held lease in one statement per interval.
 
@@ -188,21 +190,13 @@ class Heartbeat:
     rollup), and once more as it stops.
     """
 
-    def __init__(
-        self,
-        config: WorkerConfig,
-        leases: LeaseBook,
-        stop: threading.Event,
-        stats: Counter[str],
-        observer: Observer,
-    ) -> None:
-        self.config = config
-        self.leases = leases
-        self.stop = stop
-        self.stats = stats
-        self.observer = observer
-        # Seconds between renewals that worked: the latest GAPS_KEPT of them.
-        self.gaps: deque[float] = deque(maxlen=GAPS_KEPT)
+    config: WorkerConfig
+    leases: LeaseBook
+    stop: threading.Event
+    stats: Counter[str]
+    observer: Observer
+    # Seconds between renewals that worked: the latest GAPS_KEPT of them.
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAPS_KEPT), init=False)
 
     def run(self) -> None:
         cfg = self.config
