@@ -113,14 +113,7 @@ def validate(raw: Any) -> QueueSettings:
     """Check a PGQUEUE dict and return the resolved settings."""
     if raw is None:
         raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigurationError(f"settings.PGQUEUE must be a dict, got {type(raw).__name__}.")
-    unknown = sorted(set(raw) - set(SETTINGS))
-    if unknown:
-        raise ConfigurationError(
-            f"Unknown PGQUEUE key(s) {', '.join(map(repr, unknown))}; "
-            f"known keys: {', '.join(SETTINGS)}."
-        )
+    validators.mapping(raw, "settings.PGQUEUE", SETTINGS, error=ConfigurationError)
     values = {key: raw.get(key, setting.default) for key, setting in SETTINGS.items()}
 
     database = values["DATABASE"]

@@ -78,24 +78,15 @@ def parse_queues(raw: Any, queue_name: re.Pattern[str]) -> dict[str, QueueLimits
     """Check PGQUEUE["QUEUES"] and return {queue: QueueLimits}."""
     if raw is None:
         return {}
-    if not isinstance(raw, dict):
-        raise ConfigurationError(f"PGQUEUE['QUEUES'] must be a dict, got {raw!r}.")
     queues: dict[str, QueueLimits] = {}
-    for queue, entry in raw.items():
-        where = f"PGQUEUE['QUEUES'][{queue!r}]"
-        if not isinstance(queue, str) or not queue_name.match(queue):
-            raise ConfigurationError(
-                f"PGQUEUE['QUEUES'] keys must be queue names matching {queue_name.pattern}, "
-                f"got {queue!r}."
-            )
-        if not isinstance(entry, dict):
-            raise ConfigurationError(f"{where} must be a dict, got {entry!r}.")
-        unknown = sorted(set(entry) - set(QUEUE_KEYS))
-        if unknown:
-            raise ConfigurationError(
-                f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
-                f"known keys: {', '.join(QUEUE_KEYS)}."
-            )
+    for queue, entry, where in validators.entries(
+        raw,
+        "PGQUEUE['QUEUES']",
+        lambda key: isinstance(key, str) and queue_name.match(key) is not None,
+        f"queue names matching {queue_name.pattern}",
+        error=ConfigurationError,
+    ):
+        validators.mapping(entry, where, QUEUE_KEYS, error=ConfigurationError)
         key_limit = check_limit(entry.get("key_limit", 1), f"{where}['key_limit']", low=1)
         rate = parse_rate(entry.get("rate"), f"{where}['rate']")
         queues[queue] = QueueLimits(

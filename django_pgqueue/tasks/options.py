@@ -67,12 +67,7 @@ def retry_policy(value: Any, where: str) -> RetryPolicy | None:
 
 
 def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> TaskOptions:
-    unknown = sorted(set(raw) - set(keys))
-    if unknown:
-        raise ConfigurationError(
-            f"{where} has unknown key(s) {', '.join(map(repr, unknown))}; "
-            f"known keys: {', '.join(keys)}."
-        )
+    validators.mapping(raw, where, keys, error=ConfigurationError)
     max_key, retry_key, timeout_key = keys[:3]
     max_attempts = raw.get(max_key)
     if max_attempts is not None:
@@ -94,24 +89,17 @@ def parse_options(raw: Any, where: str) -> tuple[TaskOptions, dict[str, TaskOpti
     """Validate a backend's OPTIONS: (defaults for every task, overrides per task path)."""
     if raw is None:
         raw = {}
-    if not isinstance(raw, Mapping):
-        raise ConfigurationError(f"{where} must be a dict, got {type(raw).__name__}.")
+    validators.mapping(raw, where, OPTIONS, error=ConfigurationError)
     # SCHEDULES is read and checked by django_pgqueue.schedules.
     top = {key: value for key, value in raw.items() if key not in ("TASKS", "SCHEDULES")}
     defaults = _task_options(top, ("MAX_ATTEMPTS", "RETRY", "TIMEOUT"), where)
-    per_task_raw = raw.get("TASKS") or {}
-    if not isinstance(per_task_raw, Mapping):
-        raise ConfigurationError(
-            f"{where}['TASKS'] must map task module paths to options, got {per_task_raw!r}."
-        )
     per_task: dict[str, TaskOptions] = {}
-    for path, options in per_task_raw.items():
-        entry = f"{where}['TASKS'][{path!r}]"
-        if not isinstance(path, str) or not TASK_PATH_RE.match(path):
-            raise ConfigurationError(
-                f"{entry}: keys must be task module paths such as 'shop.tasks.charge'."
-            )
-        if not isinstance(options, Mapping):
-            raise ConfigurationError(f"{entry} must be a dict, got {options!r}.")
+    for path, options, entry in validators.entries(
+        raw.get("TASKS") or {},
+        f"{where}['TASKS']",
+        lambda key: isinstance(key, str) and TASK_PATH_RE.match(key) is not None,
+        "task module paths such as 'shop.tasks.charge'",
+        error=ConfigurationError,
+    ):
         per_task[path] = _task_options(options, TASK_OPTIONS, entry)
     return defaults, per_task

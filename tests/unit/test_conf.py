@@ -14,7 +14,7 @@ def test_defaults_validate():
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"LEASES": 5}, "Unknown PGQUEUE key"),
+        ({"LEASES": 5}, "PGQUEUE has unknown key"),
         ({"LEASE": 0}, r"PGQUEUE\['LEASE'\] must be a finite number of seconds > 0"),
         ({"LEASE": 10, "HEARTBEAT_INTERVAL": 6}, "at most half the LEASE"),
         ({"CONCURRENCY": "4"}, "CONCURRENCY"),
