@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,15 @@ MAX_WEIGHT = 1000
 # would pass and then fail in the database's CHECK constraint.
 QUEUE_NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}\Z")
 TYPE_NAME_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_.:-]{0,254}\Z")
+# What a refused name is told, after the name and the value.
+QUEUE_NAME_RULE = (
+    "is not a valid queue name: use 1 to 63 letters, digits, '_', '.', ':' or '-', "
+    "starting with a letter or digit."
+)
+TYPE_NAME_RULE = (
+    "is not a valid job type: use 1 to 255 letters, digits, '_', '.', ':' or '-', "
+    "starting with a letter or '_' (e.g. 'payments.charge')."
+)
 
 
 def seconds(
@@ -94,6 +104,41 @@ def count(
     return value
 
 
+def mapping(
+    value: Any, name: str, known: Collection[str], *, error: type[Exception] = ValueError
+) -> Mapping[Any, Any]:
+    """Return `value` if it is a dict whose keys are all among `known`."""
+    if not isinstance(value, Mapping):
+        raise error(f"{name} must be a dict, got {type(value).__name__} {value!r}.")
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise error(
+            f"{name} has unknown key(s) {', '.join(map(repr, unknown))}; "
+            f"known keys: {', '.join(known)}."
+        )
+    return value
+
+
+def entries(
+    value: Any,
+    name: str,
+    valid_key: Callable[[Any], bool],
+    keys_are: str,
+    *,
+    error: type[Exception] = ValueError,
+) -> Iterator[tuple[Any, Any, str]]:
+    """Each (key, entry, how to name the entry) of a dict whose keys are `keys_are`.
+
+    A key `valid_key` refuses raises `error` when the loop reaches it.
+    """
+    if not isinstance(value, Mapping):
+        raise error(f"{name} must map {keys_are} to their settings, got {value!r}.")
+    for key, entry in value.items():
+        if not valid_key(key):
+            raise error(f"{name} keys must be {keys_are}, got {key!r}.")
+        yield key, entry, f"{name}[{key!r}]"
+
+
 def is_queue_name(value: Any) -> bool:
     """True when `value` is a valid queue name."""
     return isinstance(value, str) and QUEUE_NAME_RE.match(value) is not None
@@ -106,31 +151,19 @@ def is_type_name(value: Any) -> bool:
 
 def queue_name(value: Any, name: str = "queue", *, error: type[Exception] = ValueError) -> str:
     """Return `value` if it is a queue name: 1 to 63 of [A-Za-z0-9_.:-], not led by [_.:-]."""
-    return _named(
-        value,
-        name,
-        is_queue_name,
-        "is not a valid queue name: use 1 to 63 letters, digits, '_', '.', ':' or '-', "
-        "starting with a letter or digit.",
-        error,
-    )
+    return _named(value, name, is_queue_name, QUEUE_NAME_RULE, error)
 
 
 def type_name(value: Any, name: str = "type", *, error: type[Exception] = ValueError) -> str:
     """Return `value` if it is a job type: 1 to 255 of [A-Za-z0-9_.:-], led by a letter or _."""
-    return _named(
-        value,
-        name,
-        is_type_name,
-        "is not a valid job type: use 1 to 255 letters, digits, '_', '.', ':' or '-', "
-        "starting with a letter or '_' (e.g. 'payments.charge').",
-        error,
-    )
+    return _named(value, name, is_type_name, TYPE_NAME_RULE, error)
 
 
-def _named(value: Any, name: str, valid: Any, problem: str, error: type[Exception]) -> str:
+def _named(
+    value: Any, name: str, valid: Callable[[Any], bool], rule: str, error: type[Exception]
+) -> str:
     if not isinstance(value, str):
         raise error(f"{name} must be a string, got {type(value).__name__} {value!r}.")
     if not valid(value):
-        raise error(f"{name} {value!r} {problem}")
+        raise error(f"{name} {value!r} {rule}")
     return value
