@@ -61,40 +61,6 @@ def _default_max_attempts(type_: str) -> int:
     return get_settings().MAX_ATTEMPTS
 
 
-def _prepare(
-    type_: Any,
-    payload: Any,
-    *,
-    queue: Any,
-    priority: Any,
-    run_at: Any,
-    delay: Any,
-    max_attempts: Any,
-    idempotency_key: Any,
-) -> dict[str, Any]:
-    conf = get_settings()
-    type_ = validation.type_name(type_)
-    queue = validation.queue_name(conf.DEFAULT_QUEUE if queue is None else queue)
-    priority = validation.priority(conf.DEFAULT_PRIORITY if priority is None else priority)
-    when, seconds = validation.schedule(run_at, delay)
-    attempts = validation.max_attempts(
-        _default_max_attempts(type_) if max_attempts is None else max_attempts
-    )
-    key = validation.idempotency_key(idempotency_key)
-    text = validation.payload(payload, conf.MAX_PAYLOAD_BYTES)
-    return {
-        "queue": queue,
-        "type": type_,
-        "payload": text,
-        "priority": priority,
-        "run_at": when,
-        "delay": seconds,
-        "max_attempts": attempts,
-        "idempotency_key": key,
-        "traceparent": tracing.current_traceparent(),  # issue 15 hook: OpenTelemetry
-    }
-
-
 def enqueue(
     type: str,
     payload: Any = None,
@@ -119,18 +85,23 @@ def enqueue(
     that key run at once (see queue control).
     Everything is validated before anything is written.
     """
-    params = _prepare(
-        type,
-        payload,
-        queue=queue,
-        priority=priority,
-        run_at=run_at,
-        delay=delay,
-        max_attempts=max_attempts,
-        idempotency_key=idempotency_key,
-    )
+    conf = get_settings()
+    options = _check_options(conf, type, queue, priority, run_at, delay, max_attempts)
+    type_, queue_name, priority_value, when, seconds, attempts = options
+    key_value = validation.idempotency_key(idempotency_key)
+    params = {
+        "queue": queue_name,
+        "type": type_,
+        "payload": validation.payload(payload, conf.MAX_PAYLOAD_BYTES),
+        "priority": priority_value,
+        "run_at": when,
+        "delay": seconds,
+        "max_attempts": attempts,
+        "idempotency_key": key_value,
+        "traceparent": tracing.current_traceparent(),  # issue 15 hook: OpenTelemetry
+    }
     key = limits.concurrency_key(concurrency_key)  # issue 14
-    alias = using or get_settings().DATABASE
+    alias = using or conf.DATABASE
     if key is None:
         job_id, created, created_at = store.insert_job(alias, params)
     else:
@@ -240,15 +211,13 @@ def _check_options(
     delay: Any,
     max_attempts: Any,
 ) -> tuple[str, str, int, dt.datetime | None, float, int]:
+    """A job's options validated, in this order, and with the defaults filled in:
+    (type, queue, priority, run_at, delay in seconds, max_attempts)."""
     type_ = validation.type_name(type_)
+    queue = validation.queue_name(conf.DEFAULT_QUEUE if queue is None else queue)
+    priority = validation.priority(conf.DEFAULT_PRIORITY if priority is None else priority)
     when, seconds = validation.schedule(run_at, delay)
-    return (
-        type_,
-        validation.queue_name(conf.DEFAULT_QUEUE if queue is None else queue),
-        validation.priority(conf.DEFAULT_PRIORITY if priority is None else priority),
-        when,
-        seconds,
-        validation.max_attempts(
-            _default_max_attempts(type_) if max_attempts is None else max_attempts
-        ),
+    attempts = validation.max_attempts(
+        _default_max_attempts(type_) if max_attempts is None else max_attempts
     )
+    return type_, queue, priority, when, seconds, attempts
