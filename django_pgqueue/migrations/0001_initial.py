@@ -4,6 +4,100 @@ import django.db.models.deletion
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
+# The attempt statuses as they were; 0005_queue_control adds one to this same list.
+ATTEMPT_CHOICES = [
+    ("running", "Running"),
+    ("succeeded", "Succeeded"),
+    ("failed", "Failed"),
+    ("lost", "lost (lease expired)"),
+    ("released", "released (never started)"),
+]
+# The invariants' functions (see the RunSQL below that creates them).
+JOBS_VALID = r"""
+CREATE FUNCTION queue_jobs_valid(queue text, type text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    -- Unbounded repetition plus length(): PostgreSQL's regex engine expands {0,254}
+    -- into a large automaton that costs more than the rest of the insert.
+    IF queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' AND length(queue) <= 63
+       AND type ~ '^[A-Za-z_][A-Za-z0-9_.:-]*$' AND length(type) <= 255 THEN
+        RETURN true;
+    END IF;
+    IF NOT (queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' AND length(queue) <= 63) THEN
+        RAISE check_violation USING MESSAGE = format('queue_jobs: queue name %L has not the '
+            'shape [A-Za-z0-9][A-Za-z0-9_.:-]{0,62}', queue);
+    END IF;
+    RAISE check_violation USING MESSAGE = format('queue_jobs: job type %L has not the '
+        'shape [A-Za-z_][A-Za-z0-9_.:-]{0,254}', type);
+END
+$$
+"""
+JOB_STATE_VALID = r"""
+CREATE FUNCTION queue_job_state_valid(
+    status text, priority smallint, attempts integer, max_attempts integer,
+    lease_version bigint, locked_by text, locked_until timestamptz, finished_at timestamptz
+) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    IF status IN ('pending', 'running', 'completed', 'dead', 'cancelled')
+       AND priority BETWEEN -100 AND 100
+       AND attempts >= 0 AND max_attempts >= 1 AND attempts <= max_attempts
+       AND lease_version >= 0
+       AND (status = 'running') = (locked_by IS NOT NULL AND locked_until IS NOT NULL)
+       AND (status IN ('completed', 'dead', 'cancelled')) = (finished_at IS NOT NULL) THEN
+        RETURN true;
+    END IF;
+    IF status NOT IN ('pending', 'running', 'completed', 'dead', 'cancelled') THEN
+        RAISE check_violation USING MESSAGE = format('queue_job_state: unknown status %L', status);
+    ELSIF priority NOT BETWEEN -100 AND 100 THEN
+        RAISE check_violation USING MESSAGE = format(
+            'queue_job_state: priority %s is outside -100..100', priority);
+    ELSIF NOT (attempts >= 0 AND max_attempts >= 1 AND attempts <= max_attempts) THEN
+        RAISE check_violation USING MESSAGE = format(
+            'queue_job_state: attempts %s / max_attempts %s break 0 <= attempts <= max_attempts, '
+            'max_attempts >= 1', attempts, max_attempts);
+    ELSIF lease_version < 0 THEN
+        RAISE check_violation USING MESSAGE = format(
+            'queue_job_state: lease_version %s is negative', lease_version);
+    ELSIF (status = 'running') <> (locked_by IS NOT NULL AND locked_until IS NOT NULL) THEN
+        RAISE check_violation USING MESSAGE = format(
+            'queue_job_state: a %s row must %s locked_by and locked_until', status,
+            CASE WHEN status = 'running' THEN 'have' ELSE 'not have' END);
+    END IF;
+    RAISE check_violation USING MESSAGE = format(
+        'queue_job_state: a %s row must %s finished_at', status,
+        CASE WHEN status IN ('completed', 'dead', 'cancelled') THEN 'have' ELSE 'not have' END);
+END
+$$
+"""
+# The attempts' function as a template: 0005_queue_control replaces the function from
+# this same text with one more status, so this text must never change.
+ATTEMPT_STATUSES = "'running', 'succeeded', 'failed', 'lost', 'released'"
+ATTEMPTS_VALID = r"""
+{create} FUNCTION queue_attempts_valid(
+    status text, attempt_index integer, lease_version bigint, finished_at timestamptz
+) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    IF status IN ({statuses})
+       AND attempt_index >= 1 AND lease_version >= 1
+       AND (status = 'running') = (finished_at IS NULL) THEN
+        RETURN true;
+    END IF;
+    IF status NOT IN ({statuses}) THEN
+        RAISE check_violation USING MESSAGE = format('queue_attempts: unknown status %L', status);
+    ELSIF NOT (attempt_index >= 1 AND lease_version >= 1) THEN
+        RAISE check_violation USING MESSAGE = format(
+            'queue_attempts: attempt_index %s and lease_version %s must be >= 1',
+            attempt_index, lease_version);
+    END IF;
+    RAISE check_violation USING MESSAGE = format(
+        'queue_attempts: a %s attempt must %s finished_at', status,
+        CASE WHEN status = 'running' THEN 'not have' ELSE 'have' END);
+END
+$$
+"""
+
 
 class Migration(migrations.Migration):
     initial = True
@@ -21,13 +115,7 @@ class Migration(migrations.Migration):
                 (
                     "status",
                     models.CharField(
-                        choices=[
-                            ("running", "Running"),
-                            ("succeeded", "Succeeded"),
-                            ("failed", "Failed"),
-                            ("lost", "lost (lease expired)"),
-                            ("released", "released (never started)"),
-                        ],
+                        choices=ATTEMPT_CHOICES,
                         db_default="running",
                         max_length=16,
                     ),
@@ -207,87 +295,9 @@ class Migration(migrations.Migration):
         # is compiled once per session, and the message says which rule was broken.
         migrations.RunSQL(
             sql=[
-                r"""
-CREATE FUNCTION queue_jobs_valid(queue text, type text) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    -- Unbounded repetition plus length(): PostgreSQL's regex engine expands {0,254}
-    -- into a large automaton that costs more than the rest of the insert.
-    IF queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' AND length(queue) <= 63
-       AND type ~ '^[A-Za-z_][A-Za-z0-9_.:-]*$' AND length(type) <= 255 THEN
-        RETURN true;
-    END IF;
-    IF NOT (queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' AND length(queue) <= 63) THEN
-        RAISE check_violation USING MESSAGE = format('queue_jobs: queue name %L has not the '
-            'shape [A-Za-z0-9][A-Za-z0-9_.:-]{0,62}', queue);
-    END IF;
-    RAISE check_violation USING MESSAGE = format('queue_jobs: job type %L has not the '
-        'shape [A-Za-z_][A-Za-z0-9_.:-]{0,254}', type);
-END
-$$
-""",
-                r"""
-CREATE FUNCTION queue_job_state_valid(
-    status text, priority smallint, attempts integer, max_attempts integer,
-    lease_version bigint, locked_by text, locked_until timestamptz, finished_at timestamptz
-) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    IF status IN ('pending', 'running', 'completed', 'dead', 'cancelled')
-       AND priority BETWEEN -100 AND 100
-       AND attempts >= 0 AND max_attempts >= 1 AND attempts <= max_attempts
-       AND lease_version >= 0
-       AND (status = 'running') = (locked_by IS NOT NULL AND locked_until IS NOT NULL)
-       AND (status IN ('completed', 'dead', 'cancelled')) = (finished_at IS NOT NULL) THEN
-        RETURN true;
-    END IF;
-    IF status NOT IN ('pending', 'running', 'completed', 'dead', 'cancelled') THEN
-        RAISE check_violation USING MESSAGE = format('queue_job_state: unknown status %L', status);
-    ELSIF priority NOT BETWEEN -100 AND 100 THEN
-        RAISE check_violation USING MESSAGE = format(
-            'queue_job_state: priority %s is outside -100..100', priority);
-    ELSIF NOT (attempts >= 0 AND max_attempts >= 1 AND attempts <= max_attempts) THEN
-        RAISE check_violation USING MESSAGE = format(
-            'queue_job_state: attempts %s / max_attempts %s break 0 <= attempts <= max_attempts, '
-            'max_attempts >= 1', attempts, max_attempts);
-    ELSIF lease_version < 0 THEN
-        RAISE check_violation USING MESSAGE = format(
-            'queue_job_state: lease_version %s is negative', lease_version);
-    ELSIF (status = 'running') <> (locked_by IS NOT NULL AND locked_until IS NOT NULL) THEN
-        RAISE check_violation USING MESSAGE = format(
-            'queue_job_state: a %s row must %s locked_by and locked_until', status,
-            CASE WHEN status = 'running' THEN 'have' ELSE 'not have' END);
-    END IF;
-    RAISE check_violation USING MESSAGE = format(
-        'queue_job_state: a %s row must %s finished_at', status,
-        CASE WHEN status IN ('completed', 'dead', 'cancelled') THEN 'have' ELSE 'not have' END);
-END
-$$
-""",
-                r"""
-CREATE FUNCTION queue_attempts_valid(
-    status text, attempt_index integer, lease_version bigint, finished_at timestamptz
-) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    IF status IN ('running', 'succeeded', 'failed', 'lost', 'released')
-       AND attempt_index >= 1 AND lease_version >= 1
-       AND (status = 'running') = (finished_at IS NULL) THEN
-        RETURN true;
-    END IF;
-    IF status NOT IN ('running', 'succeeded', 'failed', 'lost', 'released') THEN
-        RAISE check_violation USING MESSAGE = format('queue_attempts: unknown status %L', status);
-    ELSIF NOT (attempt_index >= 1 AND lease_version >= 1) THEN
-        RAISE check_violation USING MESSAGE = format(
-            'queue_attempts: attempt_index %s and lease_version %s must be >= 1',
-            attempt_index, lease_version);
-    END IF;
-    RAISE check_violation USING MESSAGE = format(
-        'queue_attempts: a %s attempt must %s finished_at', status,
-        CASE WHEN status = 'running' THEN 'not have' ELSE 'have' END);
-END
-$$
-""",
+                JOBS_VALID,
+                JOB_STATE_VALID,
+                ATTEMPTS_VALID.format(create="CREATE", statuses=ATTEMPT_STATUSES),
                 "ALTER TABLE queue_jobs ADD CONSTRAINT queue_jobs_valid "
                 "CHECK (queue_jobs_valid(queue, type))",
                 "ALTER TABLE queue_job_state ADD CONSTRAINT queue_job_state_valid "

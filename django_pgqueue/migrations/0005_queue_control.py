@@ -2,6 +2,8 @@
 # CONCURRENTLY (hence atomic = False) and the attempts' CHECK function learns the
 # 'snoozed' status. Queue control (issue 14).
 
+import importlib
+
 import django.db.models.functions.comparison
 import django.db.models.functions.datetime
 from django.contrib.postgres.operations import AddIndexConcurrently
@@ -9,34 +11,13 @@ from django.db import migrations, models
 
 import django_pgqueue.models
 
-_BEFORE = "'running', 'succeeded', 'failed', 'lost', 'released'"
+# The attempt statuses and their CHECK function as in 0001_initial, from the same text,
+# with one more status. CREATE OR REPLACE keeps the CHECK constraint that calls it;
+# existing rows stay valid (the set only grows). 0001_initial is released and never
+# changes.
+_initial = importlib.import_module("django_pgqueue.migrations.0001_initial")
+_BEFORE = _initial.ATTEMPT_STATUSES
 _SNOOZED = _BEFORE + ", 'snoozed'"
-# The same function as in 0001_initial, with one more status. CREATE OR REPLACE keeps
-# the CHECK constraint that calls it; existing rows stay valid (the set only grows).
-_ATTEMPTS_VALID = r"""
-CREATE OR REPLACE FUNCTION queue_attempts_valid(
-    status text, attempt_index integer, lease_version bigint, finished_at timestamptz
-) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    IF status IN ({statuses})
-       AND attempt_index >= 1 AND lease_version >= 1
-       AND (status = 'running') = (finished_at IS NULL) THEN
-        RETURN true;
-    END IF;
-    IF status NOT IN ({statuses}) THEN
-        RAISE check_violation USING MESSAGE = format('queue_attempts: unknown status %L', status);
-    ELSIF NOT (attempt_index >= 1 AND lease_version >= 1) THEN
-        RAISE check_violation USING MESSAGE = format(
-            'queue_attempts: attempt_index %s and lease_version %s must be >= 1',
-            attempt_index, lease_version);
-    END IF;
-    RAISE check_violation USING MESSAGE = format(
-        'queue_attempts: a %s attempt must %s finished_at', status,
-        CASE WHEN status = 'running' THEN 'not have' ELSE 'have' END);
-END
-$$
-"""
 
 
 class Migration(migrations.Migration):
@@ -92,14 +73,7 @@ class Migration(migrations.Migration):
             model_name="attempt",
             name="status",
             field=models.CharField(
-                choices=[
-                    ("running", "Running"),
-                    ("succeeded", "Succeeded"),
-                    ("failed", "Failed"),
-                    ("lost", "lost (lease expired)"),
-                    ("released", "released (never started)"),
-                    ("snoozed", "snoozed (attempt given back)"),
-                ],
+                choices=[*_initial.ATTEMPT_CHOICES, ("snoozed", "snoozed (attempt given back)")],
                 db_default="running",
                 max_length=16,
             ),
@@ -143,7 +117,9 @@ class Migration(migrations.Migration):
             ),
         ),
         migrations.RunSQL(
-            sql=[_ATTEMPTS_VALID.format(statuses=_SNOOZED)],
-            reverse_sql=[_ATTEMPTS_VALID.format(statuses=_BEFORE)],
+            sql=[_initial.ATTEMPTS_VALID.format(create="CREATE OR REPLACE", statuses=_SNOOZED)],
+            reverse_sql=[
+                _initial.ATTEMPTS_VALID.format(create="CREATE OR REPLACE", statuses=_BEFORE)
+            ],
         ),
     ]
