@@ -26,6 +26,8 @@ from .counters import WorkerCounters
 from .rollup import RollupBuffer
 
 if TYPE_CHECKING:
+    from django.dispatch import Signal
+
     from ..context import Lease
     from ..store.worker import ClaimedRow
     from ..worker.config import WorkerConfig
@@ -95,27 +97,17 @@ class Observer:
     def completed(self, item: InFlight, result: str | None) -> None:
         """The completion of `item` was written."""
         self._written(item, "succeeded")
-        if signals.job_succeeded.receivers:
-            signals.send(signals.job_succeeded, **self._event(item), result=result)
+        self._tell(signals.job_succeeded, item, result=result)
 
     def failed(self, item: InFlight, failure: Failure, status: str, run_at: Any) -> None:
         """The failure of `item` was written: the job is `status` (pending or dead) now."""
         error = failure.last_error
         if status == "dead":
             self._written(item, "dead")
-            if signals.job_failed.receivers:
-                signals.send(signals.job_failed, **self._event(item), error=error)
+            self._tell(signals.job_failed, item, error=error)
         else:
             self._written(item, "retried")
-            if not signals.job_retried.receivers:
-                return
-            signals.send(
-                signals.job_retried,
-                **self._event(item),
-                delay=failure.delay,
-                run_at=run_at,
-                error=error,
-            )
+            self._tell(signals.job_retried, item, delay=failure.delay, run_at=run_at, error=error)
 
     def lease_lost(self, item: InFlight, detected_by: str) -> None:
         """`item`'s lease was found lost (by a renewal or a fenced write); announce it once.
@@ -133,7 +125,7 @@ class Observer:
         if announced:
             return
         self.counters.attempt(item.ctx.queue, item.ctx.type, "lease_lost")
-        signals.send(signals.job_lease_lost, **self._event(item), detected_by=detected_by)
+        self._tell(signals.job_lease_lost, item, detected_by=detected_by)
 
     def _written(self, item: InFlight, outcome: str) -> None:
         ctx = item.ctx
@@ -149,6 +141,11 @@ class Observer:
         """Drop `item` from the jobs whose leases renewals report (caller holds the lock)."""
         if self._items.get(item.ctx.job_id) is item:
             del self._items[item.ctx.job_id]
+
+    def _tell(self, signal: Signal, item: InFlight, **extra: Any) -> None:
+        """Send `signal` about `item`; its event is built only when someone listens."""
+        if signal.receivers:
+            signals.send(signal, **self._event(item), **extra)
 
     @staticmethod
     def _event(item: InFlight) -> dict[str, Any]:
@@ -167,14 +164,7 @@ class Observer:
     def started(self, item: InFlight) -> None:
         """`item`'s handler is about to run, on this thread."""
         ctx = item.ctx
-        if not signals.job_started.receivers:
-            return
-        signals.send(
-            signals.job_started,
-            **self._event(item),
-            max_attempts=ctx.max_attempts,
-            context=ctx,
-        )
+        self._tell(signals.job_started, item, max_attempts=ctx.max_attempts, context=ctx)
 
     def attempt_span(self, item: InFlight) -> contextlib.AbstractContextManager[Any]:
         """Run an attempt in an OpenTelemetry span linked to its enqueuer's trace.
