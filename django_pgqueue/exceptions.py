@@ -88,24 +88,16 @@ class LeaseExpired(PgQueueError):
     """Recorded when a job's lease ran out before its worker finished: the job is requeued."""
 
 
-# The longest a handler may snooze its job (30 days).
-MAX_SNOOZE = 30 * 86_400.0
-
-
 class Snooze(PgQueueError):
     """Raise (or return) from a handler to run the job again after `seconds`.
 
     The job goes back to pending at now() + seconds without spending an attempt; the
     attempt is recorded as snoozed. `seconds` must be finite, > 0 and at most
-    MAX_SNOOZE (30 days).
+    `validators.MAX_SECONDS` (10 years), the bound of every other duration.
     """
 
     def __init__(self, seconds: float, reason: str = "") -> None:
-        value = validators.seconds(seconds, "Snooze(seconds)")  # finite and > 0
-        if value > MAX_SNOOZE:
-            raise ValueError(
-                f"Snooze(seconds) must be at most {MAX_SNOOZE:g} (30 days), got {seconds!r}."
-            )
+        value = validators.seconds(seconds, "Snooze(seconds)")
         super().__init__(reason or f"snoozed for {value:g}s")
         self.seconds = value
         self.reason = reason

@@ -24,7 +24,9 @@ job_lease_lost     the worker found it no longer owns the job  attempt, lease_ve
                    (a renewal or a fenced write changed        worker_id, detected_by
                    nothing)
 job_cancelled      an operator cancelled a pending job, once   (none)
-                   the cancelling transaction commits
+                   the cancelling transaction commits; or a
+                   running job asked to cancel ended           attempt, lease_version,
+                   cancelled (the worker's dispatcher)         worker_id
 =================  =========================================  ===========================
 
 A receiver that raises is logged (by Django, on ``django.dispatch``, with its

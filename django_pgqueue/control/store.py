@@ -141,10 +141,10 @@ class ControlledStore(Store):
             "lease": lease,
         }
         with self._holding("job_claim_controlled") as conn:
-            completed, rows, state = self._pipeline(conn, done, queue, claim)
+            done_rows, rows, state = self._pipeline(conn, done, queue, claim)
         if state is not None:
             self.states[queue] = ControlState(bool(state[0]), bool(state[1]), state[2])
-        return completed, rows
+        return self._completed(done_rows), rows
 
     def _pipeline(
         self,
@@ -152,7 +152,7 @@ class ControlledStore(Store):
         done: Sequence[tuple[int, int, int, str | None]] | None,
         queue: str,
         claim: dict[str, Any],
-    ) -> tuple[set[int], list[ClaimedRow], tuple[Any, ...] | None]:
+    ) -> tuple[list[tuple[Any, ...]], list[ClaimedRow], tuple[Any, ...] | None]:
         # One pipeline, one implicit transaction (no Sync until it ends): the
         # completions (whose slots this claim may reuse), the queue lock, the claim
         # under it, and the state after it. The lock ends with it.
@@ -165,9 +165,9 @@ class ControlledStore(Store):
                 cursors[1].execute(QUERIES["queue_control_lock"], {"queue": queue})
                 cursors[2].execute(QUERIES["job_claim_controlled"], claim)
                 cursors[3].execute(QUERIES["queue_control_state"], {"queue": queue})
-            completed = {row[0] for row in cursors[0].fetchall()} if done else set()
+            done_rows = cursors[0].fetchall() if done else []
             rows = [ClaimedRow._make(row) for row in cursors[2].fetchall()]
-            return completed, rows, cursors[3].fetchone()
+            return done_rows, rows, cursors[3].fetchone()
         finally:
             for cursor in cursors:
                 cursor.close()

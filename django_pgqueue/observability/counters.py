@@ -28,7 +28,7 @@ RUNTIME_BOUNDS: tuple[float, ...] = (
     60,
     300,
 )
-OUTCOMES = ("succeeded", "retried", "dead", "lease_lost")
+OUTCOMES = ("succeeded", "retried", "dead", "cancelled", "snoozed", "lease_lost")
 
 
 @dataclass

@@ -109,6 +109,15 @@ class Observer:
             self._written(item, "retried")
             self._tell(signals.job_retried, item, delay=failure.delay, run_at=run_at, error=error)
 
+    def cancelled(self, item: InFlight) -> None:
+        """`item` ended cancelled (an operator asked while it ran): its write landed."""
+        self._written(item, "cancelled")
+        signals.send(signals.job_cancelled, **self._event(item))
+
+    def snoozed(self, item: InFlight) -> None:
+        """`item` snoozed: its write landed, the job is pending again."""
+        self._written(item, "snoozed")
+
     def lease_lost(self, item: InFlight, detected_by: str) -> None:
         """`item`'s lease was found lost (by a renewal or a fenced write); announce it once.
 

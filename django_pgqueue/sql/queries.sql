@@ -245,9 +245,10 @@ CROSS JOIN LATERAL (
 -- owned maps each job id (as text) to the lease version the worker holds; job_ids
 -- and attempt_ids list the jobs and their attempts; results maps attempt ids to the
 -- handlers' return values, for those that returned something. Fenced per job by
--- (job_id, lease_version, status = 'running'); returns the jobs that were completed.
--- A job missing from the result was not this worker's any more. A job an operator
--- asked to cancel while it ran ends cancelled (its result is still recorded).
+-- (job_id, lease_version, status = 'running'); returns the jobs that were completed,
+-- each with whether it ended cancelled instead: a job an operator asked to cancel
+-- while it ran ends cancelled (its result is still recorded). A job missing from the
+-- result was not this worker's any more.
 -- Rows are found by key (= ANY of an array) and the lease version is looked up per
 -- row: no join for the planner to get wrong on stale statistics, and no FROM list,
 -- which would make PostgreSQL copy every joined row whole for concurrent-update
@@ -262,7 +263,7 @@ WITH done AS (
     WHERE state.job_id = ANY (%(job_ids)s::bigint[])
       AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
       AND state.status = 'running'
-    RETURNING state.job_id
+    RETURNING state.job_id, state.status = 'cancelled' AS cancelled
 ), closed AS (
     UPDATE queue_attempts AS attempt
     SET status = 'succeeded',
@@ -271,7 +272,7 @@ WITH done AS (
     WHERE attempt.id = ANY (%(attempt_ids)s::bigint[])
       AND attempt.job_id IN (SELECT job_id FROM done)
 )
-SELECT job_id FROM done;
+SELECT job_id, cancelled FROM done;
 
 
 -- name: job_fail

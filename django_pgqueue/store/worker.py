@@ -125,6 +125,9 @@ class Store:
         self.application_name = application_name
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
+        # Jobs a completion ended cancelled (an operator asked while they ran), since
+        # the last `take_cancelled`.
+        self._cancelled: set[int] = set()
 
     # -- connection ---------------------------------------------------------------
 
@@ -262,7 +265,17 @@ class Store:
         """Complete (job_id, lease_version, attempt_id, result_json); return the job ids done."""
         if not done:
             return set()
-        return {row[0] for row in self._run("job_complete", _complete_params(done))}
+        return self._completed(self._run("job_complete", _complete_params(done)))
+
+    def _completed(self, rows: Sequence[tuple[Any, ...]]) -> set[int]:
+        """The job ids job_complete returned; those it ended cancelled are noted."""
+        self._cancelled.update(row[0] for row in rows if row[1])
+        return {row[0] for row in rows}
+
+    def take_cancelled(self) -> set[int]:
+        """The jobs completions ended cancelled since the last call (not succeeded)."""
+        cancelled, self._cancelled = self._cancelled, set()
+        return cancelled
 
     def complete_and_claim(
         self,
@@ -292,7 +305,7 @@ class Store:
             with self._pipelined(conn, what):
                 done_cur.execute(QUERIES["job_complete"], _complete_params(done))
                 claim_cur.execute(QUERIES[claim_name], claim)
-            completed = {row[0] for row in done_cur.fetchall()}
+            completed = self._completed(done_cur.fetchall())
             return completed, [ClaimedRow._make(row) for row in claim_cur.fetchall()]
 
     def fail(

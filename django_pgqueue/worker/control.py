@@ -85,5 +85,10 @@ class ControlledWriter(OutcomeWriter):
             super()._log_failure(item, outcome, result)
             return
         ctx = item.ctx
-        self.stats["snoozed" if status == "pending" else "cancelled"] += 1
+        if status == "pending":
+            self.stats["snoozed"] += 1
+            self.observer.snoozed(item)
+        else:
+            self.stats["cancelled"] += 1
+            self.observer.cancelled(item)  # job_cancelled
         logger.info("job %d (%s) %s: %s", ctx.job_id, ctx.type, status, outcome.message)

@@ -181,8 +181,12 @@ class OutcomeWriter:
         return None
 
     def _account_completions(self, successes: list[Written], completed: set[int]) -> None:
+        cancelled = self.store.take_cancelled()  # an operator asked while they ran
         for item, outcome in successes:
-            if item.ctx.job_id in completed:
+            if item.ctx.job_id in cancelled:
+                self.stats["cancelled"] += 1
+                self.observer.cancelled(item)  # issue 14: job_cancelled
+            elif item.ctx.job_id in completed:
                 self.stats["completed"] += 1
                 assert isinstance(outcome, Success)
                 self.observer.completed(item, outcome.result)  # issue 15 hook

@@ -7,6 +7,7 @@ import pytest
 from django_pgqueue import actions, enqueue
 from django_pgqueue.exceptions import Snooze
 from django_pgqueue.executor import Failure, snoozed
+from django_pgqueue.validators import MAX_SECONDS
 from tests.conftest import sql
 from tests.integration.test_queue_control import expire_and_sweep
 from tests.integration.test_queue_control import store_class as store_class  # ControlledStore
@@ -35,10 +36,27 @@ def test_snooze_goes_back_to_pending_without_spending_an_attempt(stores):
     assert store.fail(row.job_id, row.lease_version, row.attempt_id, snoozed(Snooze(1))) is None
 
 
-@pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf"), 31 * 86_400, True, "5"])
+@pytest.mark.parametrize("seconds", [0, -1, float("nan"), float("inf"), MAX_SECONDS + 1, True, "5"])
 def test_snooze_refuses_a_bad_delay(seconds):
     with pytest.raises(ValueError, match=r"Snooze\(seconds\) must be"):
         Snooze(seconds)
+
+
+def test_snooze_takes_the_shared_ten_year_bound(stores):
+    """Snooze is bounded like every other duration (validators.MAX_SECONDS), not 30 days,
+    and the longest one is written."""
+    job = enqueue("qa.noop", queue="snooze")
+    store = stores()
+    [row] = store.claim("snooze", 1, "w", 30)
+    snooze = Snooze(MAX_SECONDS)
+    assert store.fail(row.job_id, row.lease_version, row.attempt_id, snoozed(snooze))[0] == (
+        "pending"
+    )
+    (due,) = sql(
+        "SELECT extract(epoch FROM run_at - now()) FROM queue_job_state WHERE job_id = %s",
+        [job.id],
+    )[0]
+    assert MAX_SECONDS - 60 < due <= MAX_SECONDS
 
 
 def test_cancel_a_running_job_that_finishes_anyway(stores):

@@ -14,6 +14,7 @@ from django_pgqueue import (
     pause_queue,
     resume_queue,
     set_queue_limit,
+    signals,
 )
 from tests.conftest import sql
 from tests.integration.test_queue_control import most_at_once
@@ -101,3 +102,51 @@ def test_a_handler_that_ignores_the_request_is_cancelled_when_it_ends(run_worker
     worker.stop()
     assert sql("SELECT status FROM queue_attempts WHERE job_id = %s", [job.id]) == [("succeeded",)]
     assert sql("SELECT count(*) FROM qa_ledger WHERE job_id = %s", [job.id]) == [(1,)]
+
+
+def test_a_running_job_that_ends_cancelled_sends_job_cancelled(run_worker):
+    """Like every outcome the worker writes: job_cancelled with the attempt's arguments,
+    never job_succeeded, and counted as cancelled."""
+    events: list[tuple[str, dict]] = []
+
+    def record(name):
+        def receive(sender, **kwargs):
+            kwargs.pop("signal")
+            events.append((name, kwargs))
+
+        return receive
+
+    receivers = [
+        (signals.job_cancelled, record("cancelled")),
+        (signals.job_succeeded, record("succeeded")),
+    ]
+    for signal, receive in receivers:
+        signal.connect(receive, weak=False)
+    try:
+        job = enqueue("qa.cancellable", {"seconds": 30}, queue="long")
+        worker = run_worker(["long"], lease=1.5)
+        wait_until(lambda: status(job.id) == "running")
+        actions.cancel([job.id])
+        wait_until(lambda: status(job.id) == "cancelled", timeout=5)
+        wait_until(lambda: events)
+        worker.stop()
+    finally:
+        for signal, receive in receivers:
+            signal.disconnect(receive)
+    assert events == [
+        (
+            "cancelled",
+            {
+                "job_id": job.id,
+                "queue": "long",
+                "type": "qa.cancellable",
+                "attempt": 1,
+                "lease_version": 1,
+                "worker_id": worker.worker.worker_id,
+            },
+        )
+    ]
+    assert worker.worker.stats["cancelled"] == 1
+    assert worker.worker.stats["completed"] == 0
+    counts = worker.worker.observer.counters.attempts()
+    assert counts == {("long", "qa.cancellable", "cancelled"): 1}
