@@ -115,14 +115,16 @@ class PgQueueBackend(BaseTaskBackend):
         validation.payload(kwargs, None, "kwargs")
         call = TaskCall(args, kwargs, self.alias, task.run_after)
         conf = get_settings()
-        max_attempts = self.task_options(task.module_path).max_attempts or conf.MAX_ATTEMPTS
+        options = self.task_options(task.module_path)
         job = enqueue(
             task.module_path,
             call.payload(),
             queue=task.queue_name,
             priority=task.priority,
             run_at=task.run_after,
-            max_attempts=max_attempts,  # stored with the job: the worker never guesses it
+            # stored with the job: the worker never guesses it
+            max_attempts=options.max_attempts or conf.MAX_ATTEMPTS,
+            concurrency_key=options.key_for(task.func, task.takes_context, args, kwargs),
             using=conf.DATABASE,
         )
         result = TaskResult(

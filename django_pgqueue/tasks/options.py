@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Mapping, Sequence
+import string
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,23 +19,32 @@ OPTIONS: dict[str, str] = {
     "MAX_ATTEMPTS": "Attempts each task gets; default PGQUEUE['MAX_ATTEMPTS'].",
     "RETRY": "Retry policy of every task; default full jitter from PGQUEUE's RETRY_BACKOFF_*.",
     "TIMEOUT": "Seconds a task may run before it is failed and retried; default JOB_TIMEOUT.",
-    "TASKS": "Per-task overrides: {module path: {max_attempts, retry, timeout}}.",
+    "TASKS": "Per-task overrides: {module path: {max_attempts, retry, timeout, concurrency_key}}.",
     "SCHEDULES": "Recurring @task calls: {name: {task, cron or every, args, kwargs, ...}}.",
 }
-TASK_OPTIONS = ("max_attempts", "retry", "timeout")
+TASK_OPTIONS = ("max_attempts", "retry", "timeout", "concurrency_key")
 
 # A task's module path, as Task.module_path spells it for a module-level function.
 # \A and \Z: `$` would also match before a trailing newline.
 TASK_PATH_RE = re.compile(r"\A[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\Z", re.ASCII)
 
 
+# A task's concurrency key: a template formatted with the call's arguments
+# ("customer:{customer_id}", "report:{0}"), or a callable taking them like the task.
+ConcurrencyKey = str | Callable[..., Any]
+# A template's fields: a keyword argument's name or a positional argument's index.
+_FIELD_RE = re.compile(r"\A(?:[A-Za-z_]\w*|\d+)\Z", re.ASCII)
+
+
 @dataclass(frozen=True)
 class TaskOptions:
-    """How one task is retried; None fields fall back to the PGQUEUE settings."""
+    """How one task is retried (None fields fall back to the PGQUEUE settings) and
+    which concurrency key its jobs get (per task only)."""
 
     max_attempts: int | None = None
     retry: RetryPolicy | None = None
     timeout: float | None = None
+    concurrency_key: ConcurrencyKey | None = None
 
     def over(self, defaults: TaskOptions) -> TaskOptions:
         """These options, with their unset fields taken from `defaults`."""
@@ -41,7 +52,71 @@ class TaskOptions:
             self.max_attempts if self.max_attempts is not None else defaults.max_attempts,
             self.retry if self.retry is not None else defaults.retry,
             self.timeout if self.timeout is not None else defaults.timeout,
+            self.concurrency_key,
         )
+
+    def key_for(
+        self,
+        func: Callable[..., Any],
+        takes_context: bool,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+    ) -> Any:
+        """The concurrency key of one call of the task `func` (None without the option).
+
+        A template's fields name the task's parameters however the call passed them
+        ("{customer_id}"), or positional arguments by index ("{0}"); a callable gets the
+        call's arguments. EnqueueError if the template names an argument the call lacks;
+        enqueue() checks the key itself.
+        """
+        spec = self.concurrency_key
+        if spec is None:
+            return None
+        if callable(spec):
+            return spec(*args, **kwargs)
+        named = {**_positional_names(func, takes_context, args), **kwargs}
+        try:
+            return spec.format(*args, **named)
+        except (IndexError, KeyError) as exc:
+            raise EnqueueError(
+                f"the concurrency_key template {spec!r} names argument {exc}, which this "
+                "call does not pass."
+            ) from None
+
+
+def _positional_names(
+    func: Callable[..., Any], takes_context: bool, args: Sequence[Any]
+) -> dict[str, Any]:
+    """The parameter names of the call's positional arguments (the context skipped)."""
+    try:
+        params = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: indexes only
+        return {}
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return dict(zip(positional[1 if takes_context else 0 :], args, strict=False))
+
+
+def concurrency_key_option(value: Any, where: str) -> ConcurrencyKey | None:
+    """Check a task's concurrency_key option: None, a callable, or a template whose
+    fields name arguments only ("{customer_id}", "{0}"; no attributes or indexing)."""
+    if value is None or callable(value):
+        return value
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(
+            f"{where} must be a template such as 'customer:{{customer_id}}' or a callable "
+            f"taking the task's arguments, got {value!r}."
+        )
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(value) if field is not None]
+    except ValueError as exc:
+        raise ConfigurationError(f"{where}: {value!r} is not a valid template ({exc}).") from None
+    bad = [field for field in fields if not _FIELD_RE.match(field)]
+    if bad:
+        raise ConfigurationError(
+            f"{where}: template fields must name an argument ('{{customer_id}}') or its "
+            f"position ('{{0}}'), got {{{bad[0]}}} in {value!r}."
+        )
+    return value
 
 
 def retry_policy(value: Any, where: str) -> RetryPolicy | None:
@@ -78,10 +153,14 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
     timeout = raw.get(timeout_key)
     if timeout is not None:
         timeout = validators.seconds(timeout, f"{where}[{timeout_key!r}]", error=ConfigurationError)
+    key = None
+    if "concurrency_key" in keys:
+        key = concurrency_key_option(raw.get("concurrency_key"), f"{where}['concurrency_key']")
     return TaskOptions(
         max_attempts=max_attempts,
         retry=retry_policy(raw.get(retry_key), f"{where}[{retry_key!r}]"),
         timeout=timeout,
+        concurrency_key=key,
     )
 
 

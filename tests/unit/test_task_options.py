@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from django_pgqueue.backends import PgQueueBackend, TaskOptions
-from django_pgqueue.exceptions import ConfigurationError
+from django_pgqueue.exceptions import ConfigurationError, EnqueueError
 from django_pgqueue.retry import ExponentialBackoff, FixedDelay
 
 
@@ -43,6 +43,15 @@ def test_per_task_options_override_the_backend_wide_ones():
         ({"TASKS": ["shop.tasks.charge"]}, "TASKS.*must map"),
         ({"TASKS": {"charge": {}}}, "task module paths"),
         ({"TASKS": {"shop.tasks.charge": {"attempts": 2}}}, "unknown key.*'attempts'"),
+        ({"TASKS": {"shop.tasks.charge": {"concurrency_key": 42}}}, "concurrency_key.*template"),
+        ({"TASKS": {"shop.tasks.charge": {"concurrency_key": ""}}}, "concurrency_key.*template"),
+        ({"TASKS": {"shop.tasks.charge": {"concurrency_key": "c:{"}}}, "not a valid template"),
+        (
+            {"TASKS": {"shop.tasks.charge": {"concurrency_key": "c:{order.customer}"}}},
+            r"name an argument.*\{order.customer\}",
+        ),
+        ({"TASKS": {"shop.tasks.charge": {"concurrency_key": "c:{a[0]}"}}}, "name an argument"),
+        ({"CONCURRENCY_KEY": "c"}, "unknown key.*'CONCURRENCY_KEY'"),
     ],
 )
 def test_bad_options_name_the_key(options, message):
@@ -53,3 +62,37 @@ def test_bad_options_name_the_key(options, message):
 def test_queue_names_must_be_queue_names():
     with pytest.raises(ConfigurationError, match="not a valid queue name"):
         backend(queues=["payments", "bad queue"])
+
+
+def charge(order_id, customer_id, *, amount=0):
+    return order_id
+
+
+def charge_in_context(context, customer_id):
+    return customer_id
+
+
+def test_a_concurrency_key_template_names_parameters_however_they_are_passed():
+    options = backend(
+        {"TASKS": {"shop.tasks.charge": {"concurrency_key": "customer:{customer_id}/{0}"}}}
+    ).task_options("shop.tasks.charge")
+    assert options.key_for(charge, False, [7, 42], {}) == "customer:42/7"
+    assert options.key_for(charge, False, [7], {"customer_id": 42}) == "customer:42/7"
+    contextual = TaskOptions(concurrency_key="customer:{customer_id}")
+    assert contextual.key_for(charge_in_context, True, [42], {}) == "customer:42"
+    with pytest.raises(EnqueueError, match="names argument 'customer_id'"):
+        options.key_for(charge, False, [7], {})
+    assert TaskOptions().key_for(charge, False, [7, 42], {}) is None
+
+
+def test_a_concurrency_key_callable_gets_the_call_arguments():
+    options = backend(
+        {
+            "TASKS": {
+                "shop.tasks.charge": {
+                    "concurrency_key": lambda order_id, customer_id, **kw: f"c:{customer_id}"
+                }
+            }
+        }
+    ).task_options("shop.tasks.charge")
+    assert options.key_for(charge, False, [7, 42], {"amount": 1}) == "c:42"

@@ -146,6 +146,33 @@ def test_dead_after_max_attempts_from_the_per_task_options(run_worker, settings)
     assert (state.status, state.attempts, state.max_attempts) == ("dead", 3, 3)
 
 
+def test_a_task_option_gives_its_jobs_a_concurrency_key(run_worker, settings):
+    """OPTIONS["TASKS"][path]["concurrency_key"] is passed to enqueue(): the job is keyed
+    (its queue's claims then respect the key limit)."""
+    settings.TASKS = {
+        "default": {
+            **settings.TASKS["default"],
+            "OPTIONS": {
+                **settings.TASKS["default"]["OPTIONS"],
+                "TASKS": {"qa.tasks.add": {"concurrency_key": "sum:{a}"}},
+            },
+        }
+    }
+    first = add.enqueue(1, 2)
+    second = add.enqueue(b=3, a=1)
+    other = echo.enqueue(1)  # no option: no key
+    keys = dict(
+        JobState.objects.filter(pk__in=[int(r.id) for r in (first, second, other)]).values_list(
+            "pk", "concurrency_key"
+        )
+    )
+    assert keys == {int(first.id): "sum:1", int(second.id): "sum:1", int(other.id): None}
+    run_worker([QUEUE])
+    settle(first)
+    settle(second)
+    assert (first.return_value, second.return_value) == (3, 4)
+
+
 def test_a_task_whose_worker_vanished_shows_the_lost_attempt_and_runs_again(run_worker):
     result = add.enqueue(4, 5)
     vanished = Store("default", "pgqueue test: a worker that dies")
