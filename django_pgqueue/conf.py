@@ -64,8 +64,9 @@ SETTINGS: dict[str, Setting] = {
     # Queue control (issue 14).
     "QUEUES": Setting(
         {},
-        "Per-queue limits, e.g. {'reports': {'limit': 3, 'key_limit': 1, 'rate': '100/s'}}; "
-        "written to queue_controls at worker start.",
+        "Per-queue limits, e.g. {'reports': {'limit': 3, 'key_limit': 1, 'rate': '100/s', "
+        "'types': {'reports.big': {'key_limit': 2, 'rate': '1/s'}}}}; written to "
+        "queue_controls at worker start.",
     ),
 }
 

@@ -265,6 +265,44 @@ class QueueControl(models.Model):
         return self.queue
 
 
+class QueueTypeControl(models.Model):
+    """One job type's limits within a controlled queue: a key limit and a rate window.
+
+    Read and written by the queue's controlled claim under the queue's lock (the
+    `queue_controls` row), so the type's rate window is exact like the queue's. A NULL
+    key_limit means the queue's; NULL rate_count means no rate of its own.
+    """
+
+    queue = models.CharField(max_length=63)
+    type = models.CharField(max_length=255)
+    key_limit = models.IntegerField(null=True, blank=True)
+    rate_count = models.IntegerField(null=True, blank=True)
+    rate_period = models.FloatField(null=True, blank=True)
+    rate_starts = TimestampArray(
+        db_default=Cast(Value("{}"), output_field=TimestampArray()), editable=False
+    )
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "queue_type_controls"
+        verbose_name = "job type limit"
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "type"], name="queue_type_controls_key"),
+            models.CheckConstraint(
+                condition=Q(key_limit__isnull=True) | Q(key_limit__gte=1),
+                name="queue_type_controls_key_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(rate_count__isnull=True, rate_period__isnull=True)
+                | Q(rate_count__gte=1, rate_count__lte=10_000, rate_period__gt=0),
+                name="queue_type_controls_rate_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue}: {self.type}"
+
+
 class DeadJobManager(models.Manager["DeadJob"]):
     def get_queryset(self) -> models.QuerySet[DeadJob]:
         # Served by the partial queue_job_state_failed_age_idx: dead jobs newest

@@ -19,9 +19,9 @@ from django.http import HttpRequest
 
 from ..conf import get_settings
 from ..exceptions import ConfigurationError
-from ..models import Job, JobState, QueueControl, Status
+from ..models import Job, JobState, QueueControl, QueueTypeControl, Status
 from . import store
-from .limits import check_limit, parse_rate
+from .limits import check_limit, describe_type, parse_rate
 
 OPERATE_PERMISSION = "django_pgqueue.operate_job"
 
@@ -74,7 +74,7 @@ class QueueControlAdmin(admin.ModelAdmin):
     list_display_links = ("queue",)
     ordering = ("queue",)
     actions = ("pause_selected", "resume_selected")
-    readonly_fields = ("configured", "updated_at")
+    readonly_fields = ("type_limits", "configured", "updated_at")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[QueueControl]:
         running = (
@@ -132,6 +132,12 @@ class QueueControlAdmin(admin.ModelAdmin):
         if control.rate_count is None:
             return "-"
         return f"{control.rate_count} / {control.rate_period:g}s"
+
+    @admin.display(description="per-type limits")
+    def type_limits(self, control: QueueControl) -> str:
+        """Read only here: set with `queue_control key-limit|rate --type` or the Python API."""
+        rows = QueueTypeControl.objects.filter(queue=control.queue).order_by("type")
+        return "; ".join(describe_type(row) for row in rows.values()) or "-"
 
     @admin.display(description="running")
     def running(self, control: QueueControl) -> int:

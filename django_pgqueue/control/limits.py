@@ -4,26 +4,48 @@
 `limit` is the most running jobs of the queue across every worker (None: no limit),
 `key_limit` the most running jobs sharing one concurrency key (default 1), `rate` the
 most job starts in any window of the given length ("N/s", "N/m", "N/h", or "N/<x>s"
-for a window of x seconds; None: no rate limit).
+for a window of x seconds; None: no rate limit). `types` sets a key limit and a rate
+per job type within the queue: ``{"types": {"sms.bulk": {"key_limit": 2, "rate":
+"10/s"}}}`` (a type's key_limit replaces the queue's for its jobs; its rate holds
+besides the queue's).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import validators
 from ..exceptions import ConfigurationError, EnqueueError
 
-QUEUE_KEYS = ("limit", "key_limit", "rate")
+QUEUE_KEYS = ("limit", "key_limit", "rate", "types")
+TYPE_KEYS = ("key_limit", "rate")
+# Per-type entries of one queue, bounded: the controlled claim reads them all.
+MAX_TYPES = 100
 MAX_LIMIT = 100_000
 # The rate window keeps one timestamp per start in the queue's row: bounded.
 MAX_RATE_COUNT = 10_000
 MAX_RATE_PERIOD = 86_400.0
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*([smh])\s*$")
+
+
+@dataclass(frozen=True)
+class TypeLimits:
+    """One job type's limits within a queue (None: the queue's key limit, no own rate)."""
+
+    key_limit: int | None = None
+    rate_count: int | None = None
+    rate_period: float | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "key_limit": self.key_limit,
+            "rate_count": self.rate_count,
+            "rate_period": self.rate_period,
+        }
 
 
 @dataclass(frozen=True)
@@ -34,15 +56,19 @@ class QueueLimits:
     key_limit: int = 1
     rate_count: int | None = None
     rate_period: float | None = None
+    types: dict[str, TypeLimits] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         """The form stored in queue_controls.configured."""
-        return {
+        configured: dict[str, Any] = {
             "limit": self.limit,
             "key_limit": self.key_limit,
             "rate_count": self.rate_count,
             "rate_period": self.rate_period,
         }
+        if self.types:  # absent rather than empty: rows written before types stay equal
+            configured["types"] = {name: t.as_json() for name, t in sorted(self.types.items())}
+        return configured
 
 
 def parse_rate(value: Any, what: str = "rate") -> tuple[int, float] | None:
@@ -94,8 +120,53 @@ def parse_queues(raw: Any, queue_name: re.Pattern[str]) -> dict[str, QueueLimits
             key_limit=1 if key_limit is None else key_limit,
             rate_count=None if rate is None else rate[0],
             rate_period=None if rate is None else rate[1],
+            types=parse_types(entry.get("types"), f"{where}['types']"),
         )
     return queues
+
+
+def parse_types(raw: Any, where: str) -> dict[str, TypeLimits]:
+    """Check a queue's "types" entry: {type name: {"key_limit": n, "rate": "N/s"}}."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigurationError(
+            f"{where} must be a dict of job types to {{'key_limit': n, 'rate': 'N/s'}}, "
+            f"got {raw!r}."
+        )
+    if len(raw) > MAX_TYPES:
+        raise ConfigurationError(f"{where}: at most {MAX_TYPES} types per queue, got {len(raw)}.")
+    types: dict[str, TypeLimits] = {}
+    for name, entry in raw.items():
+        here = f"{where}[{name!r}]"
+        type_name(name, f"{where} keys")
+        if not isinstance(entry, dict):
+            raise ConfigurationError(f"{here} must be a dict, got {entry!r}.")
+        unknown = sorted(set(entry) - set(TYPE_KEYS))
+        if unknown:
+            raise ConfigurationError(
+                f"{here}: unknown key(s) {', '.join(map(repr, unknown))}; "
+                f"known keys: {', '.join(TYPE_KEYS)}."
+            )
+        if not entry:
+            raise ConfigurationError(f"{here} sets nothing; give key_limit, rate or both.")
+        rate = parse_rate(entry.get("rate"), f"{here}['rate']")
+        types[name] = TypeLimits(
+            key_limit=check_limit(entry.get("key_limit"), f"{here}['key_limit']", low=1),
+            rate_count=None if rate is None else rate[0],
+            rate_period=None if rate is None else rate[1],
+        )
+    return types
+
+
+def type_name(value: Any, what: str = "type") -> str:
+    """Check a job type name given to a per-type limit."""
+    if not isinstance(value, str) or not validators.TYPE_NAME_RE.match(value):
+        raise ConfigurationError(
+            f"{what}: expected a job type name matching {validators.TYPE_NAME_RE.pattern}, "
+            f"got {value!r}."
+        )
+    return value
 
 
 def concurrency_key(value: Any) -> str | None:
@@ -112,3 +183,12 @@ def concurrency_key(value: Any) -> str | None:
     except UnicodeEncodeError as exc:
         raise EnqueueError(f"concurrency_key is not valid UTF-8: {value!r}.") from exc
     return value
+
+
+def describe_type(row: dict[str, Any]) -> str:
+    """One line for a job type's limits within a queue."""
+    rate = "-"
+    if row.get("rate_count") is not None:
+        rate = f"{row['rate_count']}/{row['rate_period']:g}s"
+    key_limit = "queue's" if row.get("key_limit") is None else row["key_limit"]
+    return f"type {row['type']}: key_limit={key_limit} rate={rate}"

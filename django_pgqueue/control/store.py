@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 
 from ..conf import get_settings
 from ..outcomes import Failure
@@ -197,7 +197,7 @@ def sync_settings(alias: str, queues: dict[str, QueueLimits]) -> list[str]:
     last time, so run-time edits stand until the setting itself changes.
     """
     changed = []
-    with django_cursor(alias) as cursor:
+    with transaction.atomic(using=alias), django_cursor(alias) as cursor:
         for queue, limits in sorted(queues.items()):
             cursor.execute(
                 QUERIES["queue_control_sync"],
@@ -210,7 +210,13 @@ def sync_settings(alias: str, queues: dict[str, QueueLimits]) -> list[str]:
                     "configured": json.dumps(limits.as_json(), sort_keys=True),
                 },
             )
-            changed.extend(row[0] for row in cursor.fetchall())
+            if not cursor.fetchall():
+                continue
+            changed.append(queue)
+            types = {name: t.as_json() for name, t in limits.types.items()}
+            cursor.execute(
+                QUERIES["queue_type_control_sync"], {"queue": queue, "types": json.dumps(types)}
+            )
     return changed
 
 
@@ -244,12 +250,47 @@ def update_control(
         return dict(zip(names, cursor.fetchone(), strict=True))
 
 
+def update_type_control(
+    alias: str,
+    queue: str,
+    type_: str,
+    *,
+    key_limit: int | None = UNSET,
+    rate: tuple[int, float] | None = UNSET,
+) -> dict[str, Any]:
+    """Change one type's limits within `queue` (arguments left out stay); return its row.
+
+    The queue gets a queue_controls row if it has none: its claims lock that row, which
+    is what keeps the type's rate window exact. A type left with no limit is removed.
+    """
+    params = {
+        "queue": queue,
+        "type": type_,
+        "set_key_limit": key_limit is not UNSET,
+        "key_limit": None if key_limit is UNSET else key_limit,
+        "set_rate": rate is not UNSET,
+        "rate_count": None if rate is UNSET or rate is None else rate[0],
+        "rate_period": None if rate is UNSET or rate is None else rate[1],
+    }
+    with transaction.atomic(using=alias):
+        update_control(alias, queue)
+        with django_cursor(alias) as cursor:
+            cursor.execute(QUERIES["queue_type_control_update"], params)
+            names = [column.name for column in cursor.description]
+            row = dict(zip(names, cursor.fetchone(), strict=True))
+            cursor.execute(QUERIES["queue_type_control_prune"], {"queue": queue, "type": type_})
+    return row
+
+
 def show_controls(alias: str) -> list[dict[str, Any]]:
-    """Every controlled queue with its settings, running jobs and recent starts."""
+    """Every controlled queue with its settings, running jobs, recent starts and types."""
     with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["queue_control_show"], {})
         names = [column.name for column in cursor.description]
-        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    for row in rows:
+        row["types"] = json.loads(row["types"])
+    return rows
 
 
 def set_concurrency_key(alias: str, job_id: int, key: str) -> bool:

@@ -1002,29 +1002,50 @@ WITH budget AS MATERIALIZED (
            clock.at
     FROM (SELECT clock_timestamp() AS at) AS clock
     LEFT JOIN queue_controls AS c ON c.queue = %(queue)s::text
+), typed AS MATERIALIZED (
+    -- The queue's per-type limits (most queues have none): each type's key limit, and
+    -- the starts its rate window still admits.
+    SELECT t.type, t.key_limit,
+           t.rate_count - (
+               SELECT count(*) FROM unnest(t.rate_starts) AS s(at)
+               WHERE s.at > budget.at - make_interval(secs => t.rate_period)
+           ) AS room
+    FROM queue_type_controls AS t, budget
+    WHERE t.queue = %(queue)s::text
 ), walk AS MATERIALIZED (
     -- row_number() OVER () numbers the rows in the order the ordered scan yields them.
-    SELECT ordered.job_id, ordered.concurrency_key, row_number() OVER () AS pos
+    -- A walked job's type is read (one primary-key probe) only when the queue has
+    -- per-type limits.
+    SELECT ordered.job_id, ordered.concurrency_key, ordered.type, row_number() OVER () AS pos
     FROM (
-        SELECT job_id, concurrency_key
-        FROM queue_job_state
-        WHERE queue = %(queue)s::text
-          AND status = 'pending'
-          AND run_at <= now()
-        ORDER BY priority DESC, run_at, job_id
+        SELECT s.job_id, s.concurrency_key,
+               CASE WHEN EXISTS (SELECT FROM typed)
+                    THEN (SELECT j.type FROM queue_jobs AS j WHERE j.id = s.job_id) END AS type
+        FROM queue_job_state AS s
+        WHERE s.queue = %(queue)s::text
+          AND s.status = 'pending'
+          AND s.run_at <= now()
+        ORDER BY s.priority DESC, s.run_at, s.job_id
         LIMIT (SELECT CASE WHEN n > 0 THEN %(scan)s::integer ELSE 0 END FROM budget)
     ) AS ordered
 ), eligible AS (
+    -- Within its key's limit (its type's, else the queue's), and within its type's
+    -- rate window counting the jobs of that type walked before it.
     SELECT walk.job_id
     FROM walk
-    WHERE walk.concurrency_key IS NULL
-       OR (SELECT count(*) FROM queue_job_state AS r
-           WHERE r.queue = %(queue)s::text
-             AND r.status = 'running'
-             AND r.concurrency_key = walk.concurrency_key)
-        + (SELECT count(*) FROM walk AS earlier
-           WHERE earlier.concurrency_key = walk.concurrency_key AND earlier.pos < walk.pos)
-        < (SELECT key_limit FROM budget)
+    WHERE (walk.concurrency_key IS NULL
+           OR (SELECT count(*) FROM queue_job_state AS r
+               WHERE r.queue = %(queue)s::text
+                 AND r.status = 'running'
+                 AND r.concurrency_key = walk.concurrency_key)
+            + (SELECT count(*) FROM walk AS earlier
+               WHERE earlier.concurrency_key = walk.concurrency_key AND earlier.pos < walk.pos)
+            < coalesce((SELECT typed.key_limit FROM typed WHERE typed.type = walk.type),
+                       (SELECT key_limit FROM budget)))
+      AND (walk.type IS NULL
+           OR coalesce((SELECT count(*) FROM walk AS earlier
+                        WHERE earlier.type = walk.type AND earlier.pos < walk.pos)
+                       < (SELECT typed.room FROM typed WHERE typed.type = walk.type), true))
 ), candidates AS MATERIALIZED (
     -- The eligible jobs in walk order, up to the budget; each is locked and re-checked
     -- (an operator may have cancelled it since the walk's snapshot).
@@ -1045,6 +1066,19 @@ WITH budget AS MATERIALIZED (
     WHERE c.queue = %(queue)s::text
       AND c.rate_count IS NOT NULL
       AND EXISTS (SELECT FROM claimed)
+), type_started AS (
+    -- The same for each type with a rate of its own that this claim started.
+    UPDATE queue_type_controls AS t
+    SET rate_starts = ARRAY(
+            SELECT s.at FROM unnest(t.rate_starts) AS s(at)
+            WHERE s.at > budget.at - make_interval(secs => t.rate_period)
+        ) || array_fill(budget.at, ARRAY[(
+            SELECT count(*) FROM claimed JOIN walk ON walk.job_id = claimed.job_id
+            WHERE walk.type = t.type)::integer])
+    FROM budget
+    WHERE t.queue = %(queue)s::text
+      AND t.rate_count IS NOT NULL
+      AND t.type IN (SELECT walk.type FROM claimed JOIN walk ON walk.job_id = claimed.job_id)
 )
 -- job_claim_controlled: job_claim's rows
 ;
@@ -1053,19 +1087,34 @@ WITH budget AS MATERIALIZED (
 -- name: queue_control_state
 -- Say why a controlled queue's claim may have come back short, after the claim.
 -- Runs last in the claim's transaction (it sees that claim's writes). Returns
--- (paused, full: running >= concurrency_limit, rate_wait: seconds until the rate
--- window admits the next start, or NULL when it admits one now).
+-- (paused, full: running >= concurrency_limit, rate_wait: seconds until a full rate
+-- window (the queue's, or the soonest of its types') admits the next start, or NULL
+-- when none is full). A window whose starts have all left it is not full, even if the
+-- array still holds them (it is trimmed only by a claim that starts a job): waiting
+-- 0 s for it would have the worker claim an empty queue in a loop.
 SELECT c.paused,
        coalesce(c.concurrency_limit <= (
            SELECT count(*) FROM queue_job_state AS r
            WHERE r.queue = c.queue AND r.status = 'running'
        ), false) AS full,
-       (SELECT greatest(0.0, extract(epoch FROM
-                   s.at + make_interval(secs => c.rate_period) - clock_timestamp()))::float8
-        FROM unnest(c.rate_starts) WITH ORDINALITY AS s(at, n)
-        WHERE c.rate_count IS NOT NULL
-          AND cardinality(c.rate_starts) >= c.rate_count
-          AND s.n = cardinality(c.rate_starts) - c.rate_count + 1) AS rate_wait
+       least(
+           (SELECT extract(epoch FROM
+                       s.at + make_interval(secs => c.rate_period) - clock_timestamp())::float8
+            FROM unnest(c.rate_starts) WITH ORDINALITY AS s(at, n)
+            WHERE c.rate_count IS NOT NULL
+              AND cardinality(c.rate_starts) >= c.rate_count
+              AND s.n = cardinality(c.rate_starts) - c.rate_count + 1
+              AND s.at + make_interval(secs => c.rate_period) > clock_timestamp()),
+           (SELECT min(extract(epoch FROM
+                       t.rate_starts[cardinality(t.rate_starts) - t.rate_count + 1]
+                       + make_interval(secs => t.rate_period) - clock_timestamp()))::float8
+            FROM queue_type_controls AS t
+            WHERE t.queue = c.queue
+              AND t.rate_count IS NOT NULL
+              AND cardinality(t.rate_starts) >= t.rate_count
+              AND t.rate_starts[cardinality(t.rate_starts) - t.rate_count + 1]
+                  + make_interval(secs => t.rate_period) > clock_timestamp())
+       ) AS rate_wait
 FROM queue_controls AS c
 WHERE c.queue = %(queue)s::text;
 
@@ -1074,8 +1123,10 @@ WHERE c.queue = %(queue)s::text;
 -- List the queues whose claims must go through job_claim_controlled (a worker's
 -- per-poll view); every other queue claims with job_claim.
 SELECT queue
-FROM queue_controls
-WHERE paused OR concurrency_limit IS NOT NULL OR rate_count IS NOT NULL OR keyed;
+FROM queue_controls AS c
+WHERE paused OR concurrency_limit IS NOT NULL OR rate_count IS NOT NULL OR keyed
+   OR EXISTS (SELECT FROM queue_type_controls AS t
+              WHERE t.queue = c.queue AND t.rate_count IS NOT NULL);
 
 
 -- name: queue_control_sync
@@ -1133,15 +1184,78 @@ RETURNING c.queue, c.paused, c.concurrency_limit, c.key_limit, c.rate_count, c.r
 
 
 -- name: queue_control_show
--- List every controlled queue with its running jobs and the starts in its rate window.
+-- List every controlled queue with its running jobs, the starts in its rate window and
+-- its per-type limits (a JSON array, by type).
 SELECT c.queue, c.paused, c.concurrency_limit, c.key_limit, c.rate_count, c.rate_period,
        c.keyed, c.configured, c.updated_at,
        (SELECT count(*) FROM queue_job_state AS r
         WHERE r.queue = c.queue AND r.status = 'running') AS running,
        (SELECT count(*) FROM unnest(c.rate_starts) AS s(at)
-        WHERE s.at > now() - make_interval(secs => c.rate_period)) AS recent_starts
+        WHERE s.at > now() - make_interval(secs => c.rate_period)) AS recent_starts,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'type', t.type, 'key_limit', t.key_limit, 'rate_count', t.rate_count,
+                   'rate_period', t.rate_period) ORDER BY t.type), '[]')::text
+        FROM queue_type_controls AS t WHERE t.queue = c.queue) AS types
 FROM queue_controls AS c
 ORDER BY c.queue;
+
+
+-- name: queue_type_control_sync
+-- Replace a queue's per-type limits with its PGQUEUE["QUEUES"] entry's `types`
+-- ({type: {key_limit, rate_count, rate_period}}), keeping the rate windows of the types
+-- that stay. Run with queue_control_sync, when that entry changed.
+WITH wanted AS (
+    SELECT w.key AS type,
+           (w.value ->> 'key_limit')::integer AS key_limit,
+           (w.value ->> 'rate_count')::integer AS rate_count,
+           (w.value ->> 'rate_period')::float8 AS rate_period
+    FROM jsonb_each(%(types)s::jsonb) AS w
+), dropped AS (
+    DELETE FROM queue_type_controls AS t
+    WHERE t.queue = %(queue)s::text AND t.type NOT IN (SELECT type FROM wanted)
+)
+INSERT INTO queue_type_controls AS t (
+    queue, type, key_limit, rate_count, rate_period, rate_starts, updated_at
+)
+SELECT %(queue)s::text, type, key_limit, rate_count, rate_period, '{}', now()
+FROM wanted
+ON CONFLICT (queue, type) DO UPDATE
+SET key_limit = excluded.key_limit,
+    rate_count = excluded.rate_count,
+    rate_period = excluded.rate_period,
+    updated_at = now();
+
+
+-- name: queue_type_control_update
+-- Change one type's limits within a queue at run time, creating its row if needed.
+-- Like queue_control_update: each set_* flag says whether its value is written (NULL
+-- removes that limit). Returns the row as it now is.
+INSERT INTO queue_type_controls AS t (
+    queue, type, key_limit, rate_count, rate_period, rate_starts, updated_at
+)
+VALUES (
+    %(queue)s::text, %(type)s::text,
+    CASE WHEN %(set_key_limit)s::boolean THEN %(key_limit)s::integer END,
+    CASE WHEN %(set_rate)s::boolean THEN %(rate_count)s::integer END,
+    CASE WHEN %(set_rate)s::boolean THEN %(rate_period)s::float8 END,
+    '{}', now()
+)
+ON CONFLICT (queue, type) DO UPDATE
+SET key_limit = CASE WHEN %(set_key_limit)s::boolean THEN %(key_limit)s::integer
+                     ELSE t.key_limit END,
+    rate_count = CASE WHEN %(set_rate)s::boolean THEN %(rate_count)s::integer
+                      ELSE t.rate_count END,
+    rate_period = CASE WHEN %(set_rate)s::boolean THEN %(rate_period)s::float8
+                       ELSE t.rate_period END,
+    updated_at = now()
+RETURNING t.queue, t.type, t.key_limit, t.rate_count, t.rate_period;
+
+
+-- name: queue_type_control_prune
+-- Remove a type's row once it limits nothing (so the queue's claims stop reading types).
+DELETE FROM queue_type_controls
+WHERE queue = %(queue)s::text AND type = %(type)s::text
+  AND key_limit IS NULL AND rate_count IS NULL;
 
 
 -- name: job_concurrency_key_set

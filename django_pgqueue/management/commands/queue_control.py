@@ -1,4 +1,4 @@
-"""manage.py queue_control pause|resume|limit|key-limit|rate|show [QUEUE] [VALUE]."""
+"""manage.py queue_control pause|resume|limit|key-limit|rate|show [QUEUE] [VALUE] [--type T]."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_pgqueue.control import api
+from django_pgqueue.control.limits import describe_type
 from django_pgqueue.exceptions import ConfigurationError
 
 ACTIONS = ("pause", "resume", "limit", "key-limit", "rate", "show")
@@ -39,7 +40,10 @@ def describe(row: dict[str, Any]) -> str:
     ]
     if "running" in row:
         parts.append(f"running={row['running']}")
-    return " ".join(parts)
+    lines = [" ".join(parts)]
+    for limits in row.get("types", []):
+        lines.append(f"  {describe_type(limits)}")
+    return "\n".join(lines)
 
 
 class Command(BaseCommand):
@@ -57,9 +61,18 @@ class Command(BaseCommand):
             help="limit and key-limit: a number ('none' removes a limit); rate: '100/s', "
             "'5/m', '10/2.5s' or 'none'.",
         )
+        parser.add_argument(
+            "--type",
+            dest="job_type",
+            help="key-limit and rate: set them for this job type's jobs in the queue "
+            "('none' falls back to the queue's key limit, or removes the type's rate).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         action, queue, value = options["action"], options["queue"], options["value"]
+        job_type = options.get("job_type")
+        if job_type is not None and action not in ("key-limit", "rate"):
+            raise CommandError(f"--type applies to key-limit and rate, not {action}.")
         if action == "show":
             rows = api.queue_controls()
             rows = [row for row in rows if queue is None or row["queue"] == queue]
@@ -81,13 +94,14 @@ class Command(BaseCommand):
                 row = api.set_queue_limit(queue, _limit(value, "limit"))
             elif action == "key-limit":
                 key_limit = _limit(value, "key-limit")
-                if key_limit is None:
+                if key_limit is None and job_type is None:
                     raise CommandError("key-limit: a key limit cannot be removed; give >= 1.")
-                row = api.set_key_limit(queue, key_limit)
+                row = api.set_key_limit(queue, key_limit, type=job_type)
             else:
                 if value is None:
                     raise CommandError("rate: give a rate like '100/s', or 'none'.")
-                row = api.set_queue_rate(queue, None if value.lower() in NONE else value)
+                rate = None if value.lower() in NONE else value
+                row = api.set_queue_rate(queue, rate, type=job_type)
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(describe(row))
+        self.stdout.write(describe_type(row) if job_type is not None else describe(row))
