@@ -122,6 +122,39 @@ def drain_rate(queue: str) -> float:
     return jobs / float(seconds)
 
 
+def slot_gaps(queue: str) -> dict[str, float]:
+    """Where a slot's time goes, in ms per job: `held_extra_ms`, how much longer than the
+    handler's JOB_S an attempt held its slot (claim to completion); `idle_ms`, how long
+    a slot stood free per job (LIMIT x the drain's length, minus every attempt's hold);
+    `gap_p50_ms` / `gap_p90_ms`, from an attempt's end to the next start."""
+    jobs, seconds, held, p50, p90 = sql(
+        """
+        WITH a AS (
+            SELECT a.started_at, a.finished_at FROM queue_attempts a
+            JOIN queue_job_state s ON s.job_id = a.job_id
+            WHERE s.queue = %s AND a.status = 'succeeded'
+        ), gaps AS (
+            SELECT extract(epoch FROM (
+                SELECT min(b.started_at) FROM a AS b WHERE b.started_at >= a.finished_at
+            ) - a.finished_at) AS gap
+            FROM a
+        )
+        SELECT (SELECT count(*) FROM a),
+               (SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM a),
+               (SELECT sum(extract(epoch FROM finished_at - started_at)) FROM a),
+               (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY gap) FROM gaps),
+               (SELECT percentile_cont(0.9) WITHIN GROUP (ORDER BY gap) FROM gaps)
+        """,
+        [queue],
+    )[0]
+    return {
+        "held_extra_ms": round((float(held) / jobs - JOB_S) * 1000, 2),
+        "idle_ms": round((LIMIT * float(seconds) - float(held)) / jobs * 1000, 2),
+        "gap_p50_ms": round(float(p50 or 0) * 1000, 2),
+        "gap_p90_ms": round(float(p90 or 0) * 1000, 2),
+    }
+
+
 def kill_and_wait(victim, worker_id: str) -> tuple:
     """SIGKILL a worker, wait until its sessions are gone; (db time, jobs it held)."""
     victim.kill()
@@ -166,6 +199,7 @@ def test_global_limit_with_four_workers(worker_process, report):
         of_ideal=round(rate / IDEAL_RATE, 3),
         slot_held_ms=round(held_s * 1000, 1),
         of_slot_bound=round(rate / (LIMIT / held_s), 3),
+        **slot_gaps("limited"),
     )
     assert len(sampler.samples) > 100
     assert max(sampler.samples) == LIMIT  # reached, and never above at any sample
