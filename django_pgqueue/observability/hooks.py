@@ -112,7 +112,8 @@ class Observer:
     def cancelled(self, item: InFlight) -> None:
         """`item` ended cancelled (an operator asked while it ran): its write landed."""
         self._written(item, "cancelled")
-        signals.send(signals.job_cancelled, **self._event(item))
+        if signals.job_cancelled.receivers:
+            signals.send(signals.job_cancelled, **self._event(item))
 
     def snoozed(self, item: InFlight) -> None:
         """`item` snoozed: its write landed, the job is pending again."""
