@@ -146,3 +146,32 @@ def test_the_admin_shows_a_queues_type_limits(superuser_client):
     page = superuser_client.get("/admin/django_pgqueue/queuecontrol/sms/change/")
     assert page.status_code == 200
     assert "type sms.bulk: key_limit=queue&#x27;s rate=10/1s" in page.content.decode()
+
+
+def test_two_workers_keep_a_type_rate_while_other_types_run(run_worker):
+    set_queue_rate("mixed", "4/0.5s", type="qa.echo")
+    enqueue_many([(kind, {}) for _ in range(12) for kind in ("qa.echo", "qa.noop")], queue="mixed")
+    workers = [run_worker(["mixed"], concurrency=4, poll_interval=0.2) for _ in range(2)]
+    deadline = time.monotonic() + 20
+    while sql("SELECT count(*) FROM queue_job_state WHERE status = 'completed'")[0][0] < 24:
+        assert time.monotonic() < deadline, "not drained in time"
+        time.sleep(0.05)
+    for worker in workers:
+        worker.stop()
+    starts = {
+        kind: [
+            row[0]
+            for row in sql(
+                "SELECT a.started_at FROM queue_attempts a JOIN queue_jobs j ON j.id = a.job_id "
+                "WHERE j.type = %s ORDER BY a.started_at",
+                [kind],
+            )
+        ]
+        for kind in ("qa.echo", "qa.noop")
+    }
+    window = dt.timedelta(seconds=0.5)
+    echo = starts["qa.echo"]
+    assert max(sum(1 for t in echo if s <= t < s + window) for s in echo) == 4
+    # 12 at 4 per 0.5 s take at least 1 s; the other type did not wait for them.
+    assert (echo[-1] - echo[0]).total_seconds() >= 1.0
+    assert max(starts["qa.noop"]) < echo[-1]
