@@ -129,25 +129,17 @@ def parse_types(raw: Any, where: str) -> dict[str, TypeLimits]:
     """Check a queue's "types" entry: {type name: {"key_limit": n, "rate": "N/s"}}."""
     if raw is None:
         return {}
-    if not isinstance(raw, dict):
-        raise ConfigurationError(
-            f"{where} must be a dict of job types to {{'key_limit': n, 'rate': 'N/s'}}, "
-            f"got {raw!r}."
-        )
-    if len(raw) > MAX_TYPES:
+    if isinstance(raw, dict) and len(raw) > MAX_TYPES:
         raise ConfigurationError(f"{where}: at most {MAX_TYPES} types per queue, got {len(raw)}.")
     types: dict[str, TypeLimits] = {}
-    for name, entry in raw.items():
-        here = f"{where}[{name!r}]"
-        type_name(name, f"{where} keys")
-        if not isinstance(entry, dict):
-            raise ConfigurationError(f"{here} must be a dict, got {entry!r}.")
-        unknown = sorted(set(entry) - set(TYPE_KEYS))
-        if unknown:
-            raise ConfigurationError(
-                f"{here}: unknown key(s) {', '.join(map(repr, unknown))}; "
-                f"known keys: {', '.join(TYPE_KEYS)}."
-            )
+    for name, entry, here in validators.entries(
+        raw,
+        where,
+        validators.is_type_name,
+        f"job type names matching {validators.TYPE_NAME_RE.pattern}",
+        error=ConfigurationError,
+    ):
+        validators.mapping(entry, here, TYPE_KEYS, error=ConfigurationError)
         if not entry:
             raise ConfigurationError(f"{here} sets nothing; give key_limit, rate or both.")
         rate = parse_rate(entry.get("rate"), f"{here}['rate']")
@@ -161,7 +153,7 @@ def parse_types(raw: Any, where: str) -> dict[str, TypeLimits]:
 
 def type_name(value: Any, what: str = "type") -> str:
     """Check a job type name given to a per-type limit."""
-    if not isinstance(value, str) or not validators.TYPE_NAME_RE.match(value):
+    if not validators.is_type_name(value):
         raise ConfigurationError(
             f"{what}: expected a job type name matching {validators.TYPE_NAME_RE.pattern}, "
             f"got {value!r}."

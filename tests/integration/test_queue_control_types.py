@@ -110,9 +110,9 @@ def test_settings_write_types_and_run_time_edits_stand(stores):
 @pytest.mark.parametrize(
     ("types", "message"),
     [
-        (["sms.bulk"], r"\['types'\] must be a dict of job types"),
-        ({"bad type": {"rate": "1/s"}}, r"\['types'\] keys: expected a job type name"),
-        ({"sms.bulk": {"limit": 3}}, r"\['sms.bulk'\]: unknown key\(s\) 'limit'"),
+        (["sms.bulk"], r"\['types'\] must map job type names"),
+        ({"bad type": {"rate": "1/s"}}, r"\['types'\] keys must be job type names"),
+        ({"sms.bulk": {"limit": 3}}, r"\['sms.bulk'\] has unknown key\(s\) 'limit'"),
         ({"sms.bulk": {}}, r"\['sms.bulk'\] sets nothing"),
         ({"sms.bulk": {"rate": "fast"}}, r"\['sms.bulk'\]\['rate'\] must look like"),
         ({"sms.bulk": {"key_limit": 0}}, r"\['sms.bulk'\]\['key_limit'\]"),
