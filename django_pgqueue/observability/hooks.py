@@ -112,8 +112,7 @@ class Observer:
     def cancelled(self, item: InFlight) -> None:
         """`item` ended cancelled (an operator asked while it ran): its write landed."""
         self._written(item, "cancelled")
-        if signals.job_cancelled.receivers:
-            signals.send(signals.job_cancelled, **self._event(item))
+        self._tell(signals.job_cancelled, item)
 
     def snoozed(self, item: InFlight) -> None:
         """`item` snoozed: its write landed, the job is pending again."""
