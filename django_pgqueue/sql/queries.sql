@@ -1057,6 +1057,9 @@ WITH budget AS MATERIALIZED (
 -- job_claim_controlled: job_claim's claimed and opened steps
 ), started AS (
     -- The rate window: the starts still inside it, then this claim's, oldest first.
+    -- Rewritten when this claim started jobs, or when its oldest start has left the
+    -- window (so that the array only holds starts inside it: queue_control_state reads
+    -- a full array as a full window).
     UPDATE queue_controls AS c
     SET rate_starts = ARRAY(
             SELECT s.at FROM unnest(c.rate_starts) AS s(at)
@@ -1065,9 +1068,10 @@ WITH budget AS MATERIALIZED (
     FROM budget
     WHERE c.queue = %(queue)s::text
       AND c.rate_count IS NOT NULL
-      AND EXISTS (SELECT FROM claimed)
+      AND (EXISTS (SELECT FROM claimed)
+           OR c.rate_starts[1] <= budget.at - make_interval(secs => c.rate_period))
 ), type_started AS (
-    -- The same for each type with a rate of its own that this claim started.
+    -- The same for each type with a rate of its own.
     UPDATE queue_type_controls AS t
     SET rate_starts = ARRAY(
             SELECT s.at FROM unnest(t.rate_starts) AS s(at)
@@ -1078,7 +1082,8 @@ WITH budget AS MATERIALIZED (
     FROM budget
     WHERE t.queue = %(queue)s::text
       AND t.rate_count IS NOT NULL
-      AND t.type IN (SELECT walk.type FROM claimed JOIN walk ON walk.job_id = claimed.job_id)
+      AND (t.type IN (SELECT walk.type FROM claimed JOIN walk ON walk.job_id = claimed.job_id)
+           OR t.rate_starts[1] <= budget.at - make_interval(secs => t.rate_period))
 )
 -- job_claim_controlled: job_claim's rows
 ;
@@ -1088,32 +1093,30 @@ WITH budget AS MATERIALIZED (
 -- Say why a controlled queue's claim may have come back short, after the claim.
 -- Runs last in the claim's transaction (it sees that claim's writes). Returns
 -- (paused, full: running >= concurrency_limit, rate_wait: seconds until a full rate
--- window (the queue's, or the soonest of its types') admits the next start, or NULL
--- when none is full). A window whose starts have all left it is not full, even if the
--- array still holds them (it is trimmed only by a claim that starts a job): waiting
--- 0 s for it would have the worker claim an empty queue in a loop.
+-- window (the queue's, or the soonest of its types') admits the next start, 0 when one
+-- filled at the claim has room again already, or NULL when none was full). The claim
+-- trims every window whose oldest start has left it, so a full array is a window that
+-- was full at the claim: an expired one would read as "0 s" for ever, and the worker
+-- would claim an empty queue in a loop.
 SELECT c.paused,
        coalesce(c.concurrency_limit <= (
            SELECT count(*) FROM queue_job_state AS r
            WHERE r.queue = c.queue AND r.status = 'running'
        ), false) AS full,
        least(
-           (SELECT extract(epoch FROM
-                       s.at + make_interval(secs => c.rate_period) - clock_timestamp())::float8
+           (SELECT greatest(0.0, extract(epoch FROM
+                       s.at + make_interval(secs => c.rate_period) - clock_timestamp()))::float8
             FROM unnest(c.rate_starts) WITH ORDINALITY AS s(at, n)
             WHERE c.rate_count IS NOT NULL
               AND cardinality(c.rate_starts) >= c.rate_count
-              AND s.n = cardinality(c.rate_starts) - c.rate_count + 1
-              AND s.at + make_interval(secs => c.rate_period) > clock_timestamp()),
-           (SELECT min(extract(epoch FROM
+              AND s.n = cardinality(c.rate_starts) - c.rate_count + 1),
+           (SELECT min(greatest(0.0, extract(epoch FROM
                        t.rate_starts[cardinality(t.rate_starts) - t.rate_count + 1]
-                       + make_interval(secs => t.rate_period) - clock_timestamp()))::float8
+                       + make_interval(secs => t.rate_period) - clock_timestamp())))::float8
             FROM queue_type_controls AS t
             WHERE t.queue = c.queue
               AND t.rate_count IS NOT NULL
-              AND cardinality(t.rate_starts) >= t.rate_count
-              AND t.rate_starts[cardinality(t.rate_starts) - t.rate_count + 1]
-                  + make_interval(secs => t.rate_period) > clock_timestamp())
+              AND cardinality(t.rate_starts) >= t.rate_count)
        ) AS rate_wait
 FROM queue_controls AS c
 WHERE c.queue = %(queue)s::text;

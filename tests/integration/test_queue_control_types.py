@@ -86,6 +86,20 @@ def test_a_drained_rate_limited_queue_is_not_claimed_in_a_loop(stores):
     assert store.recheck_after("calm", 1.0) == 1.0
 
 
+def test_a_window_full_at_the_claim_is_retried_at_once_when_it_has_room(stores):
+    """The claim filled the window; if a start leaves it before the worker looks, the
+    worker tries again at once (0 s), not a poll interval later (13d's dip)."""
+    set_queue_rate("edge", "2/0.2s")
+    set_queue_rate("edge", "2/0.2s", type="qa.noop")
+    enqueue_many([("qa.noop", {}) for _ in range(6)], queue="edge")
+    store = stores()
+    assert len(store.claim("edge", 10, "w", 30)) == 2
+    time.sleep(0.25)
+    [(_, _, rate_wait)] = store._run("queue_control_state", {"queue": "edge"})
+    assert rate_wait == 0.0
+    assert len(store.claim("edge", 10, "w", 30)) == 2
+
+
 def test_settings_write_types_and_run_time_edits_stand(stores):
     configured = {
         "sms": QueueLimits(
