@@ -21,6 +21,9 @@ that cannot be installed or fails is skipped with a line saying why. Ratios are 
 peer: above 1 is ours ahead for rates; for latencies, below 1 is ours ahead.
 
 Run: python benchmarks/peers.py [--smoke] [--runs 3] [--jobs 20000]
+         [--only enqueue_single,enqueue_bulk] [--peers pgqueuer]
+(--only: a subset of the workloads, the JSON then holds only those figures; the bare-SQL
+loop runs with drain_tuned. --peers: only these peers.)
 """
 
 from __future__ import annotations
@@ -97,11 +100,16 @@ def theirs(peer: Peer, url: str, size: dict[str, int]) -> dict[str, Callable[[],
     }
 
 
-def prepare_peers(url: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """Install each peer and set up its database; the skipped ones get a reason."""
+def prepare_peers(
+    url: str, names: str | None = None
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """Install each peer (those `names` lists) and set up its database; skipped ones say why."""
     info: dict[str, dict[str, Any]] = {}
     runners: dict[str, Any] = {}
+    wanted = None if not names else {name.strip() for name in names.split(",")}
     for peer in PEERS:
+        if wanted is not None and peer.name not in wanted:
+            continue
         info[peer.name] = {"version": peer.version, "requirements": list(peer.requirements)}
         info[peer.name]["tuned"] = dict([peer.tuned])
         try:
@@ -117,8 +125,36 @@ def prepare_peers(url: str) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     return info, runners
 
 
+WORKLOADS = (
+    "enqueue_single",
+    "enqueue_bulk",
+    "drain_default",
+    "drain_tuned",
+    "bare_loop",
+    "pickup",
+)
+
+
+def chosen_workloads(only: str | None) -> tuple[str, ...]:
+    """The workloads --only names (all by default), in the order they run."""
+    if not only:
+        return WORKLOADS
+    wanted = {name.strip() for name in only.split(",") if name.strip()}
+    unknown = wanted - set(WORKLOADS)
+    if unknown:
+        raise SystemExit(f"--only: unknown workload(s) {sorted(unknown)}; use {WORKLOADS}")
+    if "drain_tuned" in wanted:
+        wanted.add("bare_loop")  # the ceiling the tuned drain is held to, same rounds
+    return tuple(w for w in WORKLOADS if w in wanted)
+
+
 def measure(
-    runs: int, size: dict[str, int], url: str, info: dict[str, dict[str, Any]], runners: dict
+    runs: int,
+    size: dict[str, int],
+    url: str,
+    info: dict[str, dict[str, Any]],
+    runners: dict,
+    order: tuple[str, ...] = WORKLOADS,
 ) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """Every workload, every run, systems interleaved; a peer's failing workload is dropped."""
     systems: dict[str, dict[str, Callable[[], dict[str, Any]]]] = {OURS: ours(size)}
@@ -126,14 +162,6 @@ def measure(
         systems[name] = theirs(peer, peer_url, size)
     samples: dict[str, dict[str, list[dict[str, Any]]]] = {name: {} for name in systems}
     # The bare-SQL loop (ours only) right after the tuned drains, in the same rounds.
-    order = (
-        "enqueue_single",
-        "enqueue_bulk",
-        "drain_default",
-        "drain_tuned",
-        "bare_loop",
-        "pickup",
-    )
     for workload in order:
         for run in range(runs):
             for name, workloads in systems.items():
@@ -325,7 +353,10 @@ def section(results: dict[str, Any], image: str) -> str:
 def main() -> None:
     p = parser(__doc__.splitlines()[0], database="pgqueue_bench_peers")
     p.add_argument("--jobs", type=int, default=20_000, help="jobs per drain run")
+    p.add_argument("--only", help=f"comma-separated workloads to run, of {', '.join(WORKLOADS)}")
+    p.add_argument("--peers", help="comma-separated peers to run (default: all)")
     args = p.parse_args()
+    order = chosen_workloads(args.only)
     setup_django(args.database_url)
     runs = 1 if args.smoke else args.runs
     size = sizes(args.smoke, args.jobs)
@@ -337,12 +368,15 @@ def main() -> None:
         "processes": PROCESSES,
         "ours_tuned": {"concurrency": OURS_TUNED[0], "batch_size": OURS_TUNED[1]},
     }
-    results["peers"], runners = prepare_peers(args.database_url)
-    samples = measure(runs, size, args.database_url, results["peers"], runners)
+    results["peers"], runners = prepare_peers(args.database_url, args.peers)
+    samples = measure(runs, size, args.database_url, results["peers"], runners, order)
     results["figures"] = figures(samples)
-    bare = [s["jobs_per_s"] for s in samples[OURS]["bare_loop"]]
-    results["bare_loop"] = {"value": statistics.median(bare), "runs": bare}
-    results["bare_loop"]["processes"], results["bare_loop"]["batch_size"] = throughput.BARE
+    if order != WORKLOADS:
+        results["only"] = list(order)
+    bare = [s["jobs_per_s"] for s in samples[OURS].get("bare_loop", [])]
+    if bare:
+        results["bare_loop"] = {"value": statistics.median(bare), "runs": bare}
+        results["bare_loop"]["processes"], results["bare_loop"]["batch_size"] = throughput.BARE
     print(table(results))
     print(markdown_table(["target", "wanted", "measured", ""], targets(results)))
     print(f"results: {write_json(args.json_out, 'peers', results)}")

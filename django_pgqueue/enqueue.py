@@ -12,12 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
-
 from . import signals, validation
 from .conf import get_settings
 from .control import limits
-from .control import store as control_store
 from .exceptions import EnqueueError
 from .observability import tracing
 from .registry import registry
@@ -41,7 +38,10 @@ class EnqueuedJob:
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
-    """One job for enqueue_many(); None fields take the call's (then the settings') defaults."""
+    """One job for enqueue_many(); None fields take the call's (then the settings') defaults.
+
+    `idempotency_key` and `concurrency_key` work as in enqueue() (the call has none).
+    """
 
     type: str
     payload: Any = None
@@ -51,6 +51,7 @@ class JobSpec:
     delay: float | dt.timedelta | None = None
     max_attempts: int | None = None
     idempotency_key: str | None = None
+    concurrency_key: str | None = None
 
 
 def _default_max_attempts(type_: str) -> int:
@@ -99,17 +100,11 @@ def enqueue(
         "max_attempts": attempts,
         "idempotency_key": key_value,
         "traceparent": tracing.current_traceparent(),  # issue 15 hook: OpenTelemetry
+        # Issue 14: written with the state row, by the same statement.
+        "concurrency_key": limits.concurrency_key(concurrency_key),
     }
-    key = limits.concurrency_key(concurrency_key)  # issue 14
     alias = using or conf.DATABASE
-    if key is None:
-        job_id, created, created_at = store.insert_job(alias, params)
-    else:
-        # The key is set in the same transaction, so no worker sees the job without it.
-        with transaction.atomic(using=alias):
-            job_id, created, created_at = store.insert_job(alias, params)
-            if created:
-                control_store.set_concurrency_key(alias, job_id, key)
+    job_id, created, created_at = store.insert_job(alias, params)
     if created:  # issue 15 hook: job_enqueued, on commit
         event = {"job_id": job_id, "queue": params["queue"], "type": params["type"]}
         event.update(payload=payload, priority=params["priority"])
@@ -137,49 +132,53 @@ def enqueue_many(
     in the caller's transaction).
     """
     conf = get_settings()
-    rows: list[tuple[str, str, int, dt.datetime | None, float, int, str | None]] = []
+    batch = store.Batch()
     payloads: list[Any] = []
-    # Items usually share their options: validate each distinct combination once.
-    checked: dict[tuple[Any, ...], tuple[str, str, int, dt.datetime | None, float, int]] = {}
+    defaults = (queue, priority, run_at, delay, max_attempts)
     for position, item in enumerate(jobs):
         if type(item) is tuple and len(item) == 2:
-            type_, payload, item_queue, item_priority = item[0], item[1], None, None
-            item_run_at = item_delay = item_attempts = key = None
+            type_, payload = item
+            options: tuple[Any, ...] = (type_, *defaults)
+            key: Any = type_ if type(type_) is str else None
+            keys: tuple[Any, Any] | None = None
         elif isinstance(item, JobSpec):
-            type_, payload, item_queue, item_priority = (
-                item.type,
-                item.payload,
-                item.queue,
-                item.priority,
+            type_, payload = item.type, item.payload
+            # An item's own schedule (run_at or delay) replaces the call's as a whole.
+            own = item.run_at is not None or item.delay is not None
+            options = (
+                type_,
+                queue if item.queue is None else item.queue,
+                priority if item.priority is None else item.priority,
+                item.run_at if own else run_at,
+                item.delay if own else delay,
+                max_attempts if item.max_attempts is None else item.max_attempts,
             )
-            item_run_at, item_delay = item.run_at, item.delay
-            item_attempts, key = item.max_attempts, item.idempotency_key
+            keys = (item.idempotency_key, item.concurrency_key)
+            # Exact types in the key: 1 == 1.0 == True, but only 1 is a valid priority.
+            key = (options, *map(type, options)) if type(type_) is str else None
         else:
             raise EnqueueError(
                 f"enqueue_many item {position} must be a JobSpec or a (type, payload) pair, "
                 f"got {type(item).__name__}."
             )
-        # An item's own schedule (run_at or delay) replaces the call's as a whole.
-        own_schedule = item_run_at is not None or item_delay is not None
-        options = (
-            type_,
-            queue if item_queue is None else item_queue,
-            priority if item_priority is None else item_priority,
-            item_run_at if own_schedule else run_at,
-            item_delay if own_schedule else delay,
-            max_attempts if item_attempts is None else item_attempts,
-        )
         try:
-            valid = checked.get(options) if type(type_) is str else None
-            if valid is None:
-                valid = _check_options(conf, *options)
-                if type(type_) is str:
-                    checked[options] = valid
-            rows.append((*valid, validation.idempotency_key(key)))
+            # Items usually share their options: each distinct combination is validated
+            # once (an unhashable value is validated, and refused, on its own).
+            group = batch.group(key)
+            if group is None:
+                group = batch.add_group(key, _check_options(conf, *options))
+            if keys is None:
+                batch.add(group)
+            else:
+                batch.add(
+                    group,
+                    validation.idempotency_key(keys[0]),
+                    limits.concurrency_key(keys[1]),
+                )
         except EnqueueError as exc:
             raise EnqueueError(f"enqueue_many item {position}: {exc}") from exc
         payloads.append(payload)
-    if not rows:
+    if not payloads:
         return []
     alias = using or conf.DATABASE
     texts = [
@@ -188,7 +187,8 @@ def enqueue_many(
         )
         for start in range(0, len(payloads), store.BULK_CHUNK)
     ]
-    results = store.insert_jobs(alias, rows, texts, tracing.current_traceparent())
+    results = store.insert_jobs(alias, batch, texts, tracing.current_traceparent())
+    rows = [batch.options[group] for group in batch.groups]
     if signals.job_enqueued.receivers:  # issue 15 hook: job_enqueued, on commit
         events = [
             {"job_id": job_id, "queue": row[1], "type": row[0], "payload": p, "priority": row[2]}

@@ -293,15 +293,6 @@ def show_controls(alias: str) -> list[dict[str, Any]]:
     return rows
 
 
-def set_concurrency_key(alias: str, job_id: int, key: str) -> bool:
-    """Give a job enqueued in the current transaction its concurrency key."""
-    with django_cursor(alias) as cursor:
-        cursor.execute(
-            QUERIES["job_concurrency_key_set"], {"job_id": job_id, "concurrency_key": key}
-        )
-        return bool(cursor.fetchone()[0])
-
-
 def request_cancel(alias: str, job_ids: Sequence[int]) -> set[int]:
     """Mark running jobs as cancel-requested; return those marked."""
     with django_cursor(alias) as cursor:

@@ -17,88 +17,42 @@
 
 -- name: job_enqueue
 -- Insert one job and its state row, wake the queue's workers if it is due, and return
--- (id, created, created_at); created_at is now(), the value the job row got.
--- The common case: no idempotency key (job_enqueue_keyed handles keys). NOTIFY is
--- delivered by PostgreSQL only when the caller's transaction commits.
-WITH job AS (
-    INSERT INTO queue_jobs (queue, type, payload, idempotency_key, created_at, traceparent)
-    VALUES (%(queue)s::text, %(type)s::text, %(payload)s::jsonb, NULL, now(),
-            %(traceparent)s::text)
-    RETURNING id
-)
-INSERT INTO queue_job_state AS state (
-    job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version, updated_at
-)
-SELECT job.id, %(queue)s::text, 'pending', %(priority)s::smallint,
-       coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-       0, %(max_attempts)s::integer, 0, now()
-FROM job
-RETURNING state.job_id, true AS created, now() AS created_at,
-          (SELECT pg_notify('pgqueue', state.queue) WHERE state.run_at <= now()) IS NULL;
-
-
--- name: job_enqueue_keyed
--- Insert one job with an idempotency key, unless a pending or running job of the same
--- queue holds that key: then return the holder with created = false. Returns
--- (id, created, created_at).
--- The state row is inserted first, with an id drawn from the jobs' sequence, so that
--- ON CONFLICT on the live-key index can skip the whole job; the foreign key to
--- queue_jobs is checked at the end of the statement, when both rows exist. If no row
--- comes back, a concurrent transaction took the key after this statement's snapshot
--- and committed: run it again.
-WITH new_job AS (
-    SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id
-), state AS (
-    INSERT INTO queue_job_state AS s (
-        job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
-        idempotency_key, updated_at
-    )
-    SELECT new_job.id, %(queue)s::text, 'pending', %(priority)s::smallint,
-           coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-           0, %(max_attempts)s::integer, 0, %(idempotency_key)s::text, now()
-    FROM new_job
-    ON CONFLICT (queue, idempotency_key)
-        WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'running')
-        DO NOTHING
-    RETURNING s.job_id, s.run_at
-), job AS (
-    INSERT INTO queue_jobs (id, queue, type, payload, idempotency_key, created_at, traceparent)
-    SELECT state.job_id, %(queue)s::text, %(type)s::text, %(payload)s::jsonb,
-           %(idempotency_key)s::text, now(), %(traceparent)s::text
-    FROM state
-    RETURNING id, created_at
-)
-SELECT job.id, true AS created, job.created_at,
-       (SELECT pg_notify('pgqueue', %(queue)s::text) WHERE state.run_at <= now()) IS NULL
-FROM job
-JOIN state ON state.job_id = job.id
-UNION ALL
-SELECT live.job_id, false, held.created_at, true
-FROM queue_job_state AS live
-JOIN queue_jobs AS held ON held.id = live.job_id
-WHERE NOT EXISTS (SELECT FROM state)
-  AND live.queue = %(queue)s::text
-  AND live.idempotency_key = %(idempotency_key)s::text
-  AND live.status IN ('pending', 'running');
+-- (id, created, created_at). The work is the PL/pgSQL function pgqueue_enqueue
+-- (migration 0007): PostgreSQL plans its statements once per session and reuses the
+-- plans, which a prepared statement would do too but a transaction-mode pooler may
+-- not allow. Without an idempotency key: the job row, then its state row (with the
+-- concurrency key, if any). With one: the state row first, its id drawn from the
+-- jobs' sequence, so ON CONFLICT on the live-key index can skip the whole job; then
+-- the holder is returned with created = false, and a key that changed hands after
+-- the statement's snapshot is tried again (up to 5 times; then the row is all NULL).
+-- A concurrency key marks the queue keyed in queue_controls (the first time only), so
+-- workers claim it through job_claim_controlled. NOTIFY is delivered by PostgreSQL
+-- only when the caller's transaction commits; created_at is now(), the job row's.
+SELECT job_id, created, created_at
+FROM pgqueue_enqueue(
+    %(queue)s::text, %(type)s::text, %(payload)s::jsonb, %(priority)s::smallint,
+    %(run_at)s::timestamptz, %(delay)s::float8, %(max_attempts)s::integer,
+    %(idempotency_key)s::text, %(traceparent)s::text, %(concurrency_key)s::text
+);
 
 
 -- name: job_enqueue_many
--- Insert many jobs without idempotency keys in one statement and wake their queues.
--- Arrays are parallel, one element per job, and payloads is one JSON array; ids come
--- back in input order. Ids are
--- drawn from the jobs' sequence first so both tables can be filled from the same
--- rows (the sequence is looked up once, not per row). Kept simple on purpose: its
--- estimated cost must stay far below jit_above_cost, or PostgreSQL spends longer
--- compiling it than running it.
+-- Insert many jobs without keys in one statement and wake their queues; return their
+-- ids as one array, in input order.
+-- Arrays are parallel, one element per job, and payloads is one JSON array, zipped by
+-- ROWS FROM (no join). Ids are drawn from the jobs' sequence first so both tables can
+-- be filled from the same rows (the sequence is looked up once, not per row). Kept
+-- simple on purpose: its estimated cost must stay far below jit_above_cost, or
+-- PostgreSQL spends longer compiling it than running it.
 WITH numbered AS MATERIALIZED (
-    SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*,
-           p.payload
-    FROM unnest(
-        %(queues)s::text[], %(types)s::text[], %(priorities)s::smallint[],
-        %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::integer[]
-    ) WITH ORDINALITY AS i(queue, type, priority, run_at, delay, max_attempts, position)
-    JOIN jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, position)
-        USING (position)
+    SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*
+    FROM ROWS FROM (
+        unnest(%(queues)s::text[]), unnest(%(types)s::text[]),
+        unnest(%(priorities)s::smallint[]), unnest(%(run_ats)s::timestamptz[]),
+        unnest(%(delays)s::float8[]), unnest(%(max_attempts)s::integer[]),
+        jsonb_array_elements(%(payloads)s::jsonb)
+    ) WITH ORDINALITY
+        AS i(queue, type, priority, run_at, delay, max_attempts, payload, position)
 ), job AS (
     INSERT INTO queue_jobs (id, queue, type, payload, created_at, traceparent)
     SELECT id, queue, type, payload, now(), %(traceparent)s::text
@@ -115,41 +69,42 @@ WITH numbered AS MATERIALIZED (
     SELECT count(pg_notify('pgqueue', due.queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM state WHERE run_at <= now()) AS due
 )
-SELECT numbered.id
+SELECT array_agg(numbered.id ORDER BY numbered.position)
 FROM numbered
-CROSS JOIN wake
-ORDER BY numbered.position;
+CROSS JOIN wake;
 
 
 -- name: job_enqueue_many_keyed
--- Insert many jobs, some with idempotency keys, skipping those whose key a live job
--- holds. Returns (position, id) for the jobs inserted; job_live_by_keys then finds
--- the holder for every other position, including keys repeated within the call.
--- The state row goes first so ON CONFLICT can skip the whole job (see job_enqueue_keyed).
+-- Insert many jobs, some with idempotency or concurrency keys, skipping those whose
+-- idempotency key a live job holds. Returns (position, id) for the jobs inserted;
+-- job_live_by_keys then finds the holder for every other position, including keys
+-- repeated within the call. The state row goes first so ON CONFLICT can skip the
+-- whole job (see pgqueue_enqueue). A queue that receives a job with a concurrency key
+-- is marked keyed in queue_controls (the first time only), as job_enqueue does.
 WITH numbered AS MATERIALIZED (
-    SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*,
-           p.payload
-    FROM unnest(
-        %(queues)s::text[], %(types)s::text[], %(priorities)s::smallint[],
-        %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::integer[],
-        %(idempotency_keys)s::text[]
-    ) WITH ORDINALITY AS i(queue, type, priority, run_at, delay, max_attempts,
-                           idempotency_key, position)
-    JOIN jsonb_array_elements(%(payloads)s::jsonb) WITH ORDINALITY AS p(payload, position)
-        USING (position)
+    SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*
+    FROM ROWS FROM (
+        unnest(%(queues)s::text[]), unnest(%(types)s::text[]),
+        unnest(%(priorities)s::smallint[]), unnest(%(run_ats)s::timestamptz[]),
+        unnest(%(delays)s::float8[]), unnest(%(max_attempts)s::integer[]),
+        unnest(%(idempotency_keys)s::text[]), unnest(%(concurrency_keys)s::text[]),
+        jsonb_array_elements(%(payloads)s::jsonb)
+    ) WITH ORDINALITY
+        AS i(queue, type, priority, run_at, delay, max_attempts, idempotency_key,
+             concurrency_key, payload, position)
 ), state AS (
     INSERT INTO queue_job_state AS s (
         job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
-        idempotency_key, updated_at
+        idempotency_key, concurrency_key, updated_at
     )
     SELECT id, queue, 'pending', priority, coalesce(run_at, now() + make_interval(secs => delay)),
-           0, max_attempts, 0, idempotency_key, now()
+           0, max_attempts, 0, idempotency_key, concurrency_key, now()
     FROM numbered
     ORDER BY position
     ON CONFLICT (queue, idempotency_key)
         WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'running')
         DO NOTHING
-    RETURNING s.job_id, s.queue, s.run_at
+    RETURNING s.job_id, s.queue, s.run_at, s.concurrency_key
 ), job AS (
     INSERT INTO queue_jobs (id, queue, type, payload, idempotency_key, created_at, traceparent)
     SELECT numbered.id, numbered.queue, numbered.type, numbered.payload,
@@ -157,6 +112,15 @@ WITH numbered AS MATERIALIZED (
     FROM numbered
     JOIN state ON state.job_id = numbered.id
     RETURNING id
+), marked AS (
+    INSERT INTO queue_controls AS c (queue, paused, key_limit, rate_starts, keyed, updated_at)
+    SELECT DISTINCT state.queue, false, 1, '{}'::timestamptz[], true, now()
+    FROM state
+    WHERE state.concurrency_key IS NOT NULL
+      AND NOT EXISTS (
+          SELECT FROM queue_controls AS known WHERE known.queue = state.queue AND known.keyed
+      )
+    ON CONFLICT (queue) DO UPDATE SET keyed = true, updated_at = now()
 ), wake AS (
     SELECT count(pg_notify('pgqueue', due.queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM state WHERE run_at <= now()) AS due
@@ -1259,28 +1223,6 @@ RETURNING t.queue, t.type, t.key_limit, t.rate_count, t.rate_period;
 DELETE FROM queue_type_controls
 WHERE queue = %(queue)s::text AND type = %(type)s::text
   AND key_limit IS NULL AND rate_count IS NULL;
-
-
--- name: job_concurrency_key_set
--- Give a job enqueued in this same transaction its concurrency key, and mark its queue
--- keyed so workers claim it through job_claim_controlled. The queue's row is written
--- (and locked until the caller commits) only the first time a keyed job arrives; later
--- keyed enqueues only read it. Returns the number of jobs keyed (0 or 1).
-WITH keyed AS (
-    UPDATE queue_job_state
-    SET concurrency_key = %(concurrency_key)s::text
-    WHERE job_id = %(job_id)s::bigint AND status = 'pending'
-    RETURNING queue
-), marked AS (
-    INSERT INTO queue_controls AS c (queue, paused, key_limit, rate_starts, keyed, updated_at)
-    SELECT keyed.queue, false, 1, '{}', true, now()
-    FROM keyed
-    WHERE NOT EXISTS (
-        SELECT FROM queue_controls AS known WHERE known.queue = keyed.queue AND known.keyed
-    )
-    ON CONFLICT (queue) DO UPDATE SET keyed = true, updated_at = now()
-)
-SELECT count(*) FROM keyed;
 
 
 -- name: job_snooze

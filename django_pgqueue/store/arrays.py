@@ -12,10 +12,11 @@ def int_array(values: Iterable[int]) -> str:
 
 def text_array(values: Iterable[str | None]) -> str:
     """A PostgreSQL array literal of strings (None becomes NULL)."""
-    return "{" + ",".join("NULL" if v is None else _quote(v) for v in values) + "}"
+    return "{" + ",".join("NULL" if v is None else text_element(v) for v in values) + "}"
 
 
-def _quote(value: str) -> str:
+def text_element(value: str) -> str:
+    """One string as an element of a PostgreSQL array literal (quoted, escaped)."""
     if '"' in value or "\\" in value:
         value = value.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{value}"'

@@ -6,88 +6,152 @@ workers is delivered at that commit too.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from ..exceptions import PgQueueError
 from ..sql import QUERIES
-from .arrays import int_array, text_array
-from .cursors import django_cursor
+from .arrays import text_array, text_element
+from .cursors import django_cursor, fetch_one
 
 _LOOKUP_RETRIES = 5
 
 
 def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool, Any]:
-    """Insert one job on Django's connection `alias`; return (job id, created, created_at)."""
-    keyed = params["idempotency_key"] is not None
-    with django_cursor(alias) as cursor:
-        for _ in range(_LOOKUP_RETRIES if keyed else 1):
-            cursor.execute(QUERIES["job_enqueue_keyed" if keyed else "job_enqueue"], params)
-            row = cursor.fetchone()
-            if row is not None:
-                return int(row[0]), bool(row[1]), row[2]
-            # A concurrent transaction took the idempotency key after this statement's
-            # snapshot and committed; the next statement sees it.
-    raise PgQueueError(
-        f"Could not enqueue: the idempotency key {params['idempotency_key']!r} on queue "
-        f"{params['queue']!r} keeps changing hands; try again."
-    )
+    """Insert one job on Django's connection `alias`; return (job id, created, created_at).
+
+    One statement: ``job_enqueue`` calls the ``pgqueue_enqueue`` function (migration
+    0007), whose two INSERTs, key handling and NOTIFY PostgreSQL plans once per session.
+    """
+    row = fetch_one(alias, QUERIES["job_enqueue"], params)
+    if row is None or row[0] is None:
+        # The function tried _LOOKUP_RETRIES times: each time a concurrent transaction
+        # took the idempotency key after its statement's snapshot, then let it go.
+        raise PgQueueError(
+            f"Could not enqueue: the idempotency key {params['idempotency_key']!r} on queue "
+            f"{params['queue']!r} keeps changing hands; try again."
+        )
+    return row[0], row[1], row[2]
 
 
 # Jobs per enqueue_many statement: large enough to amortize a round trip and a plan,
 # small enough that the plan's estimated cost stays well below jit_above_cost.
 BULK_CHUNK = 20_000
 
-BulkRow = tuple[str, str, int, Any, float, int, "str | None"]
+# Validated options of a group of jobs: (type, queue, priority, run_at, delay, max_attempts).
+Options = tuple[str, str, int, Any, float, int]
+
+
+class Batch:
+    """The validated jobs of an enqueue_many() call, without their payloads.
+
+    Jobs that share their options share a group: the options are validated and
+    turned into array elements once per group, not once per job.
+    """
+
+    def __init__(self) -> None:
+        self.options: list[Options] = []  # per group
+        self.groups: list[int] = []  # per job, in order
+        # Per job, only once a job has a key (None until then).
+        self.idempotency_keys: list[str | None] | None = None
+        self.concurrency_keys: list[str | None] | None = None
+        self._known: dict[Any, int] = {}
+
+    def group(self, key: Any) -> int | None:
+        """The group of options already validated under `key`, if any (None: no key)."""
+        if key is None:
+            return None
+        try:
+            return self._known.get(key)
+        except TypeError:  # an unhashable value: validated (and refused) on its own
+            return None
+
+    def add_group(self, key: Any, options: Options) -> int:
+        self.options.append(options)
+        number = len(self.options) - 1
+        if key is not None:
+            with contextlib.suppress(TypeError):  # unhashable: not remembered
+                self._known[key] = number
+        return number
+
+    def add(
+        self, group: int, idempotency_key: str | None = None, concurrency_key: str | None = None
+    ) -> None:
+        if self.idempotency_keys is None and (idempotency_key or concurrency_key) is not None:
+            self.idempotency_keys = [None] * len(self.groups)
+            self.concurrency_keys = [None] * len(self.groups)
+        if self.idempotency_keys is not None and self.concurrency_keys is not None:
+            self.idempotency_keys.append(idempotency_key)
+            self.concurrency_keys.append(concurrency_key)
+        self.groups.append(group)
+
+    def params(self, start: int, stop: int) -> dict[str, str | None]:
+        """The statement's arrays for jobs start..stop (each element built once per group)."""
+        groups = self.groups[start:stop]
+        columns = list(zip(*self.options, strict=True))
+        elements = [
+            [text_element(v) for v in columns[0]],
+            [text_element(v) for v in columns[1]],
+            [str(v) for v in columns[2]],
+            ["NULL" if v is None else text_element(v.isoformat()) for v in columns[3]],
+            [repr(v) for v in columns[4]],
+            [str(v) for v in columns[5]],
+        ]
+        names = ("types", "queues", "priorities", "run_ats", "delays", "max_attempts")
+        if len(self.options) == 1:
+            params = {
+                name: "{" + ",".join(e * len(groups)) + "}"
+                for name, e in zip(names, elements, strict=True)
+            }
+        else:
+            params = {
+                name: "{" + ",".join([e[g] for g in groups]) + "}"
+                for name, e in zip(names, elements, strict=True)
+            }
+        if self.idempotency_keys is not None and self.concurrency_keys is not None:
+            params["idempotency_keys"] = text_array(self.idempotency_keys[start:stop])
+            params["concurrency_keys"] = text_array(self.concurrency_keys[start:stop])
+        return params
 
 
 def insert_jobs(
     alias: str,
-    rows: Sequence[BulkRow],
+    batch: Batch,
     payloads: Sequence[str],
     traceparent: str | None = None,
 ) -> list[tuple[int, bool]]:
     """Insert validated jobs on Django's connection `alias`; return [(job id, created)].
 
-    `rows` are (type, queue, priority, run_at, delay, max_attempts, idempotency_key);
-    `payloads` the JSON array text of each BULK_CHUNK slice of them; `traceparent`
-    the trace context every one of them is stored with.
+    `payloads` is the JSON array text of each BULK_CHUNK slice of the batch's jobs;
+    `traceparent` the trace context every one of them is stored with.
     """
     results: list[tuple[int, bool]] = []
     with django_cursor(alias) as cursor:
         for index, payload_text in enumerate(payloads):
-            chunk = rows[index * BULK_CHUNK : (index + 1) * BULK_CHUNK]
-            params = {
-                "types": text_array(row[0] for row in chunk),
-                "queues": text_array(row[1] for row in chunk),
-                "priorities": int_array(row[2] for row in chunk),
-                "run_ats": text_array(
-                    None if row[3] is None else row[3].isoformat() for row in chunk
-                ),
-                "delays": "{" + ",".join(repr(row[4]) for row in chunk) + "}",
-                "max_attempts": int_array(row[5] for row in chunk),
-                "payloads": payload_text,
-                "traceparent": traceparent,
-            }
-            if all(row[6] is None for row in chunk):
+            start = index * BULK_CHUNK
+            params = batch.params(start, start + BULK_CHUNK)
+            params["payloads"] = payload_text
+            params["traceparent"] = traceparent
+            if "idempotency_keys" not in params:
                 cursor.execute(QUERIES["job_enqueue_many"], params)
-                results.extend((int(job_id), True) for (job_id,) in cursor.fetchall())
+                (ids,) = cursor.fetchone()
+                results.extend([(job_id, True) for job_id in ids])
             else:
-                results.extend(_insert_keyed(cursor, chunk, params))
+                results.extend(_insert_keyed(cursor, params, batch, start))
     return results
 
 
 def _insert_keyed(
-    cursor: Any, chunk: Sequence[BulkRow], params: dict[str, str | None]
+    cursor: Any, params: dict[str, str | None], batch: Batch, start: int
 ) -> list[tuple[int, bool]]:
-    cursor.execute(
-        QUERIES["job_enqueue_many_keyed"],
-        {**params, "idempotency_keys": text_array(row[6] for row in chunk)},
-    )
+    cursor.execute(QUERIES["job_enqueue_many_keyed"], params)
     created = {position: int(job_id) for position, job_id in cursor.fetchall()}
+    groups = batch.groups[start : start + BULK_CHUNK]
+    keys = (batch.idempotency_keys or [])[start : start + BULK_CHUNK]
     found: dict[int, int] = {}
     for _ in range(_LOOKUP_RETRIES):
-        missing = [p for p in range(1, len(chunk) + 1) if p not in created and p not in found]
+        missing = [p for p in range(1, len(groups) + 1) if p not in created and p not in found]
         if not missing:
             break
         # Holders of the keys that were skipped: earlier positions of this call (the
@@ -95,17 +159,17 @@ def _insert_keyed(
         cursor.execute(
             QUERIES["job_live_by_keys"],
             {
-                "queues": text_array(chunk[p - 1][1] for p in missing),
-                "idempotency_keys": text_array(chunk[p - 1][6] for p in missing),
+                "queues": text_array(batch.options[groups[p - 1]][1] for p in missing),
+                "idempotency_keys": text_array(keys[p - 1] for p in missing),
             },
         )
         for index, job_id in cursor.fetchall():
             if job_id is not None:
                 found[missing[index - 1]] = int(job_id)
-    if len(created) + len(found) < len(chunk):
+    if len(created) + len(found) < len(groups):
         raise PgQueueError(
             "Could not enqueue: some idempotency keys keep changing hands; try again."
         )
     return [
-        (created[p], True) if p in created else (found[p], False) for p in range(1, len(chunk) + 1)
+        (created[p], True) if p in created else (found[p], False) for p in range(1, len(groups) + 1)
     ]

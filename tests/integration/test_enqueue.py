@@ -179,7 +179,7 @@ def test_concurrent_enqueues_of_one_key_make_one_job():
             barrier.wait()
             for _ in range(5):
                 row = conn.execute(
-                    QUERIES["job_enqueue_keyed"],
+                    QUERIES["job_enqueue"],
                     {
                         "queue": "race",
                         "type": "qa.noop",
@@ -190,9 +190,10 @@ def test_concurrent_enqueues_of_one_key_make_one_job():
                         "max_attempts": 3,
                         "idempotency_key": "one-and-only",
                         "traceparent": None,
+                        "concurrency_key": None,
                     },
                 ).fetchone()
-                if row:
+                if row[0] is not None:
                     break
             conn.commit()
             with lock:
@@ -226,3 +227,52 @@ def test_enqueue_notifies_on_commit_only():
 def test_public_api():
     for name in ("enqueue", "enqueue_many", "handler", "RetryLater", "PermanentFailure"):
         assert hasattr(django_pgqueue, name)
+
+
+def test_concurrency_key_is_written_by_the_one_enqueue_statement():
+    with CaptureQueriesContext(connection) as queries:
+        job = enqueue("qa.noop", queue="keyed-one", concurrency_key="customer:1")
+    assert len(queries) == 1
+    assert sql("SELECT concurrency_key FROM queue_job_state WHERE job_id = %s", [job.id]) == [
+        ("customer:1",)
+    ]
+    # The queue is marked keyed, so workers claim it through the controlled claim.
+    assert sql("SELECT keyed FROM queue_controls WHERE queue = 'keyed-one'") == [(True,)]
+
+
+def test_enqueue_many_takes_concurrency_keys_in_one_statement():
+    specs = [JobSpec("qa.noop", {"n": i}, concurrency_key=f"c:{i % 2}") for i in range(4)]
+    specs.append(JobSpec("qa.noop", {"n": 4}, queue="plain"))
+    with CaptureQueriesContext(connection) as queries:
+        jobs = enqueue_many(specs, queue="keyed-many")
+    assert len(queries) == 1
+    keys = dict(sql("SELECT job_id, concurrency_key FROM queue_job_state"))
+    assert [keys[job.id] for job in jobs] == ["c:0", "c:1", "c:0", "c:1", None]
+    assert sql("SELECT queue, keyed FROM queue_controls ORDER BY queue") == [("keyed-many", True)]
+
+
+def test_enqueue_many_refuses_a_bad_concurrency_key_naming_the_item():
+    before = counts()
+    with pytest.raises(EnqueueError, match="item 1: concurrency_key"):
+        enqueue_many([JobSpec("qa.noop"), JobSpec("qa.noop", concurrency_key="")])
+    assert counts() == before
+
+
+def test_enqueue_refuses_to_write_in_a_broken_transaction():
+    from django.db.transaction import TransactionManagementError
+
+    with transaction.atomic():
+        transaction.set_rollback(True)  # as after a database error caught inside atomic()
+        with pytest.raises(TransactionManagementError):
+            enqueue("qa.noop")
+
+
+def test_enqueue_raises_database_errors_as_djangos():
+    from django.db import DatabaseError
+
+    with transaction.atomic():
+        sql("SET LOCAL transaction_read_only = on")
+        with pytest.raises(DatabaseError, match="read-only transaction") as caught:
+            enqueue("qa.noop")
+        transaction.set_rollback(True)
+    assert type(caught.value).__module__ == "django.db.utils"
