@@ -7,9 +7,12 @@
 - `DeadJob`: a proxy of `Job` limited to dead jobs, for their own admin page.
 
 Workers never write these through the ORM: every state change is a fenced statement in
-`django_pgqueue/sql/queries.sql`. The foreign keys are declared with
-``db_constraint=False`` because the migration creates them itself, with
-``ON DELETE CASCADE`` and, for the state row, over ``(job_id, queue)``.
+`django_pgqueue/sql/queries.sql`. The relations are declared with
+``db_constraint=False`` because the migrations hold them in the database
+themselves: the attempts' foreign key to the state row, with ``ON DELETE CASCADE``;
+the state row's job by construction (every statement that inserts a state row
+inserts its job, with the same id and queue) and triggers (a job's id and queue never
+change; deleting jobs deletes their state rows): see migration 0008.
 
 The CHECK constraints are created by the migration too, each as one call to a small
 PL/pgSQL function (``queue_job_state_valid`` ...). PostgreSQL re-reads a CHECK
@@ -74,7 +77,6 @@ class Job(models.Model):
             ),
         ]
         constraints = [
-            models.UniqueConstraint(fields=["id", "queue"], name="queue_jobs_id_queue_unique"),
             # CHECK queue_jobs_valid: queue and type names have their documented shape
             # (created by the migration; see the note in the module docstring).
         ]

@@ -527,15 +527,16 @@ GROUP BY status;
 
 -- name: job_prune_batch
 -- Delete at most `limit` jobs that finished before the cutoff, with their state and attempts.
--- The state row and the attempts go with the job through the ON DELETE CASCADE foreign
--- keys. Only completed, dead and cancelled jobs qualify, whatever statuses the caller
--- passes: a pending or running job is never deleted. The state rows are locked with
--- SKIP LOCKED, so a job an operator is retrying at this moment is left for a later
--- run, and a row that changed status before the lock was taken is re-checked against
--- the WHERE clause and dropped. Each batch is one short statement in its own
--- transaction: no lock outlives it. Batches walk the primary key upwards from
--- after_id (the last job the previous batch deleted), so a whole prune reads the table
--- once; no index over every finished job is needed, which would weigh on the hot table.
+-- The state rows go with the jobs through queue_jobs' AFTER DELETE trigger (migration
+-- 0008), and the attempts with them through their ON DELETE CASCADE foreign key. Only
+-- completed, dead and cancelled jobs qualify, whatever statuses the caller passes: a
+-- pending or running job is never deleted. The state rows are locked with SKIP LOCKED,
+-- so a job an operator is retrying at this moment is left for a later run, and a row
+-- that changed status before the lock was taken is re-checked against the WHERE clause
+-- and dropped. Each batch is one short statement in its own transaction: no lock
+-- outlives it. Batches walk the primary key upwards from after_id (the last job the
+-- previous batch deleted), so a whole prune reads the table once; no index over every
+-- finished job is needed, which would weigh on the hot table.
 WITH doomed AS MATERIALIZED (
     SELECT job_id, status
     FROM queue_job_state

@@ -36,9 +36,61 @@ def test_job_state_invariants(job_id, assignment, message):
         sql(f"UPDATE queue_job_state SET {assignment} WHERE job_id = %s", [job_id])
 
 
-def test_state_and_job_cannot_disagree_on_the_queue(job_id):
-    with pytest.raises(IntegrityError, match="queue_job_state_job_fk"), transaction.atomic():
-        sql("UPDATE queue_job_state SET queue = 'elsewhere' WHERE job_id = %s", [job_id])
+@pytest.mark.parametrize(
+    "update",
+    [
+        "UPDATE queue_job_state SET queue = 'elsewhere' WHERE job_id = %s",
+        "UPDATE queue_job_state SET job_id = job_id + 1000 WHERE job_id = %s",
+        "UPDATE queue_jobs SET queue = 'elsewhere' WHERE id = %s",
+        "UPDATE queue_jobs SET id = id + 1000 WHERE id = %s",
+    ],
+)
+def test_state_and_job_cannot_disagree_on_the_queue(job_id, update):
+    with pytest.raises(IntegrityError, match="id and queue never change"), transaction.atomic():
+        sql(update, [job_id])
+
+
+def test_every_insert_path_writes_the_job_with_its_state_row():
+    """The state row's job is held by construction (migration 0008): no orphan either way."""
+    from django_pgqueue import JobSpec, enqueue_many
+
+    enqueue("qa.noop", queue="a")
+    enqueue("qa.noop", queue="b", idempotency_key="k")
+    enqueue("qa.noop", queue="b", idempotency_key="k")  # the holder: nothing written
+    enqueue("qa.noop", queue="c", concurrency_key="ck", delay=60)
+    enqueue_many([("qa.noop", i) for i in range(5)], queue="d")
+    enqueue_many(
+        [JobSpec("qa.noop", idempotency_key=f"k{i % 2}", concurrency_key="c") for i in range(4)],
+        queue="e",
+    )
+    assert sql("SELECT count(*) FROM queue_jobs")[0][0] == 1 + 1 + 1 + 5 + 2
+    orphans = sql(
+        "SELECT count(*) FROM queue_job_state s FULL JOIN queue_jobs j ON j.id = s.job_id "
+        "WHERE j.id IS NULL OR s.job_id IS NULL OR j.queue <> s.queue"
+    )[0][0]
+    assert orphans == 0
+
+
+def test_deleting_jobs_deletes_their_state_and_attempts(job_id):
+    other = enqueue("qa.noop", queue="c").id
+    sql(
+        "UPDATE queue_job_state SET status = 'running', attempts = 1, lease_version = 1, "
+        "locked_by = 'w', locked_until = now() WHERE job_id = %s",
+        [job_id],
+    )
+    sql(
+        "INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id) "
+        "VALUES (%s, 1, 1, 'w')",
+        [job_id],
+    )
+    sql("DELETE FROM queue_jobs WHERE id = %s", [job_id])
+    assert sql("SELECT job_id FROM queue_job_state") == [(other,)]
+    assert sql("SELECT count(*) FROM queue_attempts")[0][0] == 0
+
+
+def test_truncating_jobs_alone_is_refused(job_id):
+    with pytest.raises(IntegrityError, match="truncate queue_job_state"), transaction.atomic():
+        sql("TRUNCATE queue_jobs")
 
 
 @pytest.mark.parametrize(
