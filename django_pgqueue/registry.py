@@ -108,6 +108,8 @@ class Registry:
 
     def autodiscover(self) -> None:
         """Import the ``jobs`` module of every installed app, once per process."""
+        if self._discovered:  # the common case, without the lock (enqueue asks each time)
+            return
         with self._lock:
             if self._discovered:
                 return

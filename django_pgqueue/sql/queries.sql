@@ -64,10 +64,14 @@ WITH numbered AS MATERIALIZED (
     SELECT id, queue, 'pending', priority, coalesce(run_at, now() + make_interval(secs => delay)),
            0, max_attempts, 0, now()
     FROM numbered
-    RETURNING queue, run_at
 ), wake AS (
+    -- From the input rather than the inserted rows (RETURNING would keep them all);
+    -- every row is inserted, and the NOTIFY is delivered at commit either way.
     SELECT count(pg_notify('pgqueue', due.queue)::text) AS queues
-    FROM (SELECT DISTINCT queue FROM state WHERE run_at <= now()) AS due
+    FROM (
+        SELECT DISTINCT queue FROM numbered
+        WHERE coalesce(run_at, now() + make_interval(secs => delay)) <= now()
+    ) AS due
 )
 SELECT array_agg(numbered.id ORDER BY numbered.position)
 FROM numbered

@@ -11,10 +11,6 @@ from django.db import connections
 
 from ..sql import QUERIES
 
-# None before Django opened the connection: then the slow path opens it (and the next
-# call takes the fast one).
-_PSYCOPG = psycopg.Connection
-
 
 @contextmanager
 def django_cursor(alias: str) -> Iterator[Any]:
@@ -46,24 +42,36 @@ def fetch_one(alias: str, query: str, params: Any) -> tuple[Any, ...] | None:
     """Run `query` on Django's connection `alias` with the fewest client-side steps; one row.
 
     For the hottest statement (enqueue): a psycopg cursor straight on Django's
-    connection, binding on the server, with what Django's cursor wrapper would check
-    and translate kept (health check, thread sharing, a transaction broken by an
-    earlier error, database errors raised as Django's). When Django logs queries
-    (DEBUG, CaptureQueriesContext) or a project installed execute_wrappers, it goes
-    through `django_cursor` instead, so both see the statement.
+    connection, binding on the server, kept for the next call, with what Django's
+    cursor wrapper would check and translate kept (health check, thread sharing, a
+    transaction broken by an earlier error, database errors raised as Django's). When
+    Django logs queries (DEBUG, CaptureQueriesContext) or a project installed
+    execute_wrappers, it goes through `django_cursor` instead, so both see the
+    statement; so does the first statement of a connection (Django opens it).
     """
     db = connections[alias]
-    if db.queries_logged or db.execute_wrappers or not isinstance(db.connection, _PSYCOPG):
+    raw = db.connection
+    if db.queries_logged or db.execute_wrappers or not isinstance(raw, psycopg.Connection):
         with django_cursor(alias) as cursor:
             cursor.execute(query, params)
             return cursor.fetchone()
     db.close_if_health_check_failed()
-    db.ensure_connection()
     db.validate_thread_sharing()
     db.validate_no_broken_transaction()
-    with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
+    with db.wrap_database_errors:
+        cursor = _kept_cursor(db, raw)
         cursor.execute(query, params)
         return cursor.fetchone()
+
+
+def _kept_cursor(db: Any, raw: psycopg.Connection) -> psycopg.Cursor:
+    """A cursor on `raw` kept on Django's wrapper `db`: one per connection and thread."""
+    kept = db.__dict__.get("_pgqueue_cursor")
+    if kept is not None and kept.connection is raw and not db.allow_thread_sharing:
+        return kept
+    cursor = psycopg.Cursor(raw)
+    db.__dict__["_pgqueue_cursor"] = cursor
+    return cursor
 
 
 def fetch_all(alias: str, name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
