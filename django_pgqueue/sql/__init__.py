@@ -1,7 +1,10 @@
 """The statements in queries.sql, by name.
 
 A block starts with a line ``-- name: <name>``; the statement runs until the next
-block. Comment lines inside a block are kept (PostgreSQL ignores them).
+block. The name line is kept, so the statement names itself in pg_stat_activity and
+the server's logs; the comment lines after it, which explain the statement to readers
+of the file, are not sent (on a single enqueue they were most of the text to encode,
+send and scan). Comment lines inside the statement are kept.
 """
 
 from __future__ import annotations
@@ -32,7 +35,11 @@ def load(text: str) -> dict[str, str]:
             raise ValueError(f"queries.sql block {name!r} must end with ';' (then comments only)")
         if name in queries:
             raise ValueError(f"queries.sql defines {name!r} twice")
-        queries[name] = body.strip()
+        header, _, statement = body.strip().partition("\n")
+        lines = statement.splitlines()
+        while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
+            del lines[0]
+        queries[name] = "\n".join([header, *lines])
     return queries
 
 
