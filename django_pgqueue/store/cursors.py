@@ -56,6 +56,11 @@ def fetch_one(alias: str, query: str, params: Any) -> tuple[Any, ...] | None:
             cursor.execute(query, params)
             return cursor.fetchone()
     db.close_if_health_check_failed()
+    # Opens nothing (the connection is open), but keeps Django's guards: it is
+    # async_unsafe (SynchronousOnlyOperation from an event loop's thread) and it is
+    # where test runners block database access.
+    db.ensure_connection()
+    raw = db.connection  # reopened if the health check closed it
     db.validate_thread_sharing()
     db.validate_no_broken_transaction()
     with db.wrap_database_errors:

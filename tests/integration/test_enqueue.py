@@ -276,3 +276,24 @@ def test_enqueue_raises_database_errors_as_djangos():
             enqueue("qa.noop")
         transaction.set_rollback(True)
     assert type(caught.value).__module__ == "django.db.utils"
+
+
+def test_enqueue_from_an_event_loop_is_refused_as_django_refuses_it(monkeypatch):
+    """The fast path keeps Django's async guard, even on a connection already open."""
+    import asyncio
+
+    from django.core.exceptions import SynchronousOnlyOperation
+    from django.db import connections
+
+    async def view() -> None:
+        monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")
+        connections["default"].ensure_connection()  # this context's own connection
+        monkeypatch.delenv("DJANGO_ALLOW_ASYNC_UNSAFE")
+        try:
+            enqueue("qa.noop")
+        finally:
+            monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")
+            connections["default"].close()
+
+    with pytest.raises(SynchronousOnlyOperation):
+        asyncio.run(view())
