@@ -1,9 +1,10 @@
 """The dispatcher: the loop of the thread that calls `Worker.run`; it orchestrates.
 
 One cycle: collect the outcomes handlers returned, fail the handlers past their
-timeout, sweep expired leases now and then, then write outcomes and claim more in as
-few round trips as it can; sleep until there is a reason to act. The parts it calls
-report facts (outcomes, timeouts, retries due, queues requeued) and never call it back.
+timeout, write outcomes and claim more in as few round trips as it can, then sweep
+expired leases and fire recurring jobs when due; sleep until there is a reason to
+act. The parts it calls report facts (outcomes, timeouts, retries due, queues
+requeued) and never call it back.
 
 A claim's rows go to the intake (`intake.py`), which takes them to the handler pool
 or hands them back.
@@ -97,12 +98,17 @@ class Dispatcher:
                 if stopping.is_set():
                     break
                 now = time.monotonic()
+                # The claim first: a worker woken by a NOTIFY claims before the
+                # housekeeping that fell due meanwhile; then a look at what it found.
+                busy = self._cycle(now)
                 if now >= next_sweep:
                     swept = self._sweep()
                     next_sweep = now + (cfg.sweep_interval if swept else SWEEP_RETRY)
+                    busy = True
                 if now >= self.schedules.due_at:
                     self.schedules.run(now)
-                if self._cycle(now):
+                    busy = True
+                if busy:
                     continue
                 if cfg.burst and self._idle():
                     logger.info("worker %s: queues empty, burst done", cfg.worker_id)
@@ -141,8 +147,8 @@ class Dispatcher:
         if self.unknown_claims.find(self.store, self.config.worker_id):
             self._release_unknown_claims()
         # The leases this worker holds may have run out while it was cut off. Before
-        # its next sweep (the first thing the loop does) could requeue them, write
-        # what finished meanwhile and renew what still runs. Another worker's sweep
+        # the loop's next sweep could requeue them, write what finished meanwhile and
+        # renew what still runs. Another worker's sweep
         # may have been first: the fenced writes tell, and the job runs again.
         self.collect_outcomes()
         self.write_outcomes()

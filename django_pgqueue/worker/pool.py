@@ -1,9 +1,12 @@
-"""The handler pool: threads that run handlers, their timeouts, and the hygiene of the
-Django connections handlers use.
+"""The handler pool: threads that run handlers, and their timeouts (the hygiene of the
+Django connections handlers use is in `hygiene`).
 
-Handler threads take jobs from a queue and put (job, outcome) on another; none of them
-touches the queue's tables. The dispatcher is woken only when the count of finished
-jobs reaches a mark it set (see `wait`), not once per job.
+Handler threads take jobs from a shared list and put (job, outcome) on a queue; none of
+them touches the queue's tables. A batch handed over wakes one idle thread, and each
+thread that takes a job wakes the next while jobs wait (see `_take`): a thread switch
+per job started, not per job handed, so short jobs run back to back on the threads
+already awake. The dispatcher is woken only when the count of finished jobs reaches a
+mark it set (see `wait`), not once per job.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import logging
 import queue as queue_module
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -23,6 +27,11 @@ from django.db import connections
 from .. import executor
 from ..observability.hooks import Observer  # issue 15 hook
 from ..outcomes import Failure, Outcome
+from .hygiene import (
+    close_unusable_django_connections,
+    health_check_on_first_use,
+    reset_django_connections,
+)
 from .inflight import InFlight
 
 logger = logging.getLogger(__name__)
@@ -45,7 +54,12 @@ class HandlerPool:
         self.worker_id = worker_id
         self.observer = observer  # issue 15: spans, job_started, run times
         self._wake = wake
-        self._work: queue_module.SimpleQueue[InFlight | None] = queue_module.SimpleQueue()
+        # The jobs handed over and not taken yet, and the wake-ups of idle threads: True
+        # to look at the jobs (at most one sent and not yet taken: `_waking`), False to end.
+        self._work: deque[InFlight] = deque()
+        self._tokens: queue_module.SimpleQueue[bool] = queue_module.SimpleQueue()
+        self._take_lock = threading.Lock()
+        self._waking = 0
         self._outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]] = (
             queue_module.SimpleQueue()
         )
@@ -81,8 +95,16 @@ class HandlerPool:
                 self._timed[item.ctx.job_id] = item
         with self._count_lock:
             self._handed += len(items)
-        for item in items:
-            self._work.put(item)
+        self._work.extend(items)
+        self._kick()
+
+    def _kick(self) -> None:
+        """Wake an idle thread for the waiting jobs, unless a wake-up is on its way."""
+        with self._take_lock:
+            if self._waking or not self._work:
+                return
+            self._waking += 1
+        self._tokens.put(True)
 
     def finished(self) -> Iterator[tuple[InFlight, Outcome]]:
         """The outcomes handlers returned since the last call, each job's once."""
@@ -212,16 +234,11 @@ class HandlerPool:
         """Stop the handler threads once their current job ends; return the jobs that
         never started."""
         self._stopping = True
-        unstarted: list[InFlight] = []
-        while True:
-            try:
-                item = self._work.get_nowait()
-            except queue_module.Empty:
-                break
-            if item is not None:
-                unstarted.append(item)
+        with self._take_lock:
+            unstarted = list(self._work)
+            self._work.clear()
         for _ in self._threads:
-            self._work.put(None)
+            self._tokens.put(False)
         return unstarted
 
     # -- the handler threads --------------------------------------------------------
@@ -232,53 +249,77 @@ class HandlerPool:
         )
         self._threads.append(thread)
         thread.start()
+        self._kick()  # a replacement may be the thread the waiting jobs need
+
+    def _take(self) -> InFlight | None:
+        """The next waiting job, if any; wake another idle thread if more jobs wait.
+
+        Jobs wait only while every awake thread runs one: a thread that finishes takes
+        the next itself, without a thread switch.
+        """
+        with self._take_lock:
+            if not self._work:
+                return None
+            item = self._work.popleft()
+            wake = bool(self._work) and not self._waking
+            if wake:
+                self._waking += 1
+        if wake:
+            self._tokens.put(True)
+        return item
 
     def _run(self) -> None:
         epoch = self._db_epoch
         me = threading.current_thread()
         item: InFlight | None = None
         try:
-            while True:
-                item = self._work.get()
-                if item is None:
-                    return
-                self._current[me] = item
-                if epoch != self._db_epoch:
-                    # The dispatcher lost its connection since this thread's last job: a
-                    # Django connection that died with it would fail the next job for
-                    # nothing (and kill one with a single attempt). Replace it first.
-                    epoch = self._db_epoch
-                    _close_unusable_django_connections()
-                _health_check_on_first_use()
-                item.thread = me
-                item.started = time.monotonic()
-                outcome = _execute(item, self.observer)
-                with item.lock:
-                    item.returned = True  # from now on the dispatcher cannot time it out
-                    timed_out = item.timed_out
-                self.observer.executed(item, time.monotonic() - item.started)  # issue 15 hook
-                if timed_out:
-                    # Its failure is written; a JobTimeout injected but not delivered yet
-                    # must not land later, and a replacement runs the next jobs.
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me.ident), None)
-                # Reported before it is put: a thread that dies now leaves its outcome
-                # queued, and check_threads must not fail the job a second time.
-                item.reported = True
-                self._outcomes.put((item, outcome))
-                self._current.pop(me, None)
-                with self._count_lock:
-                    self._finished_n += 1
-                    finished = self._finished_n
-                if finished >= self._wake_at:
-                    self._wake.set()
-                if timed_out:
-                    return
+            while self._tokens.get():
+                with self._take_lock:
+                    self._waking -= 1
+                while (item := self._take()) is not None:
+                    self._current[me] = item
+                    if epoch != self._db_epoch:
+                        # The dispatcher lost its connection since this thread's last
+                        # job: a Django connection that died with it would fail the next
+                        # job for nothing (and kill one with a single attempt). Replace
+                        # it first.
+                        epoch = self._db_epoch
+                        close_unusable_django_connections()
+                    if not self._run_one(me, item):
+                        return  # timed out: a replacement runs the next jobs
+                item = None
         except BaseException:
             if not (item is not None and item.timed_out):
                 logger.exception("executor thread crashed")
                 self._wake.set()  # check_threads fails its job and replaces it
         finally:
             connections.close_all()
+
+    def _run_one(self, me: threading.Thread, item: InFlight) -> bool:
+        """Run one job and hand its outcome over; False if it timed out meanwhile."""
+        health_check_on_first_use()
+        item.thread = me
+        item.started = time.monotonic()
+        outcome = _execute(item, self.observer)
+        with item.lock:
+            item.returned = True  # from now on the dispatcher cannot time it out
+            timed_out = item.timed_out
+        self.observer.executed(item, time.monotonic() - item.started)  # issue 15 hook
+        if timed_out:
+            # Its failure is written; a JobTimeout injected but not delivered yet
+            # must not land later, and a replacement runs the next jobs.
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me.ident), None)
+        # Reported before it is put: a thread that dies now leaves its outcome
+        # queued, and check_threads must not fail the job a second time.
+        item.reported = True
+        self._outcomes.put((item, outcome))
+        self._current.pop(me, None)
+        with self._count_lock:
+            self._finished_n += 1
+            finished = self._finished_n
+        if finished >= self._wake_at:
+            self._wake.set()
+        return not timed_out
 
 
 def _execute(item: InFlight, observer: Observer) -> Outcome:
@@ -297,7 +338,7 @@ def _execute(item: InFlight, observer: Observer) -> Outcome:
         return outcome
     finally:
         try:
-            _reset_django_connections()
+            reset_django_connections()
         except Exception:
             logger.exception("job %d: resetting the Django connections failed", ctx.job_id)
 
@@ -310,44 +351,3 @@ def _thread_died() -> Failure:
         "",
         permanent=False,
     )
-
-
-def _health_check_on_first_use() -> None:
-    """Have Django check each kept connection of this thread before its first query of
-    the next job, and replace it if the server dropped it meanwhile.
-
-    Django's own health check (CONN_HEALTH_CHECKS), armed for every job: it costs one
-    round trip, and only for a job that uses the connection; a connection the server
-    dropped between jobs would otherwise fail that job and spend an attempt.
-    """
-    for conn in connections.all(initialized_only=True):
-        if conn.connection is not None:
-            conn.health_check_enabled = True
-            conn.health_check_done = False
-
-
-def _close_unusable_django_connections() -> None:
-    """Close this thread's Django connections that no longer answer a query."""
-    for conn in connections.all(initialized_only=True):
-        if conn.connection is not None and not conn.is_usable():
-            conn.close()
-
-
-def _reset_django_connections() -> None:
-    """Keep a handler thread's Django connections across jobs, unless one is broken.
-
-    Django closes connections per request according to CONN_MAX_AGE; a worker has no
-    requests, and reconnecting per job costs more than most jobs. A connection is
-    dropped only when it saw an error and no longer answers, or when the handler left a
-    transaction open.
-    """
-    for conn in connections.all(initialized_only=True):
-        if conn.connection is None:
-            continue
-        if conn.in_atomic_block or not conn.get_autocommit():
-            conn.close()  # a transaction left open by a handler: roll it back
-        elif conn.errors_occurred:
-            if conn.is_usable():
-                conn.errors_occurred = False
-            else:
-                conn.close()
