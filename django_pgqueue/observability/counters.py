@@ -57,7 +57,9 @@ class WorkerCounters:
         """Record how long one handler ran."""
         index = bisect.bisect_left(RUNTIME_BOUNDS, seconds)  # the first bound >= seconds
         with self._lock:
-            runtime = self._runtimes.setdefault((queue, type_), Runtime())
+            runtime = self._runtimes.get((queue, type_))
+            if runtime is None:
+                runtime = self._runtimes[(queue, type_)] = Runtime()
             runtime.buckets[index] += 1
             runtime.total += seconds
             runtime.count += 1
