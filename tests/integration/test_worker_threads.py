@@ -10,7 +10,7 @@ import time
 import pytest
 
 import django_pgqueue
-from django_pgqueue import enqueue
+from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.exceptions import JobTimeout
 from django_pgqueue.models import Attempt, JobState
 from tests.conftest import sql
@@ -54,6 +54,21 @@ def test_a_handler_thread_that_dies_has_its_job_failed_and_is_replaced(run_worke
     later = enqueue("qa.outcome", {"do": "return"}, queue="die")
     wait_until(lambda: status(later.id) == "completed", timeout=10)
     assert worker.worker.stats["threads_died"] == 1
+
+
+def test_a_batch_of_blocking_handlers_runs_on_all_its_threads_at_once(run_worker):
+    # A batch wakes one idle thread, and each thread that takes a job wakes the next
+    # while jobs wait: handlers that block still all run at the same time.
+    jobs = enqueue_many([("qa.sleep", {"seconds": 0.6})] * 4, queue="fan")
+    run_worker(["fan"], concurrency=4, batch_size=4, burst=True).join()
+    ids = [job.id for job in jobs]
+    runs, overlapping = sql(
+        "SELECT count(*), max(started_at) < min(finished_at) FROM qa_ledger "
+        "WHERE job_id = ANY(%s)",
+        [ids],
+    )[0]
+    assert runs == 4
+    assert overlapping, "the four handlers did not all run at once"
 
 
 # -- timeouts: the handoff between a handler thread and the dispatcher ---------------
