@@ -63,8 +63,7 @@ def test_a_batch_of_blocking_handlers_runs_on_all_its_threads_at_once(run_worker
     run_worker(["fan"], concurrency=4, batch_size=4, burst=True).join()
     ids = [job.id for job in jobs]
     runs, overlapping = sql(
-        "SELECT count(*), max(started_at) < min(finished_at) FROM qa_ledger "
-        "WHERE job_id = ANY(%s)",
+        "SELECT count(*), max(started_at) < min(finished_at) FROM qa_ledger WHERE job_id = ANY(%s)",
         [ids],
     )[0]
     assert runs == 4
