@@ -36,6 +36,10 @@ from .inflight import InFlight
 
 logger = logging.getLogger(__name__)
 
+# Seconds between two looks at whether every handler thread is alive, while none is
+# known to have crashed.
+THREAD_SCAN = 1.0
+
 
 class Timeouts(NamedTuple):
     """What a timeout check found."""
@@ -77,6 +81,10 @@ class HandlerPool:
         self._handed = 0
         self._finished_n = 0
         self._wake_at = 1
+        # Handler threads that crashed and were not replaced yet; the next look at all
+        # of them (see check_threads).
+        self._crashes = 0
+        self._next_scan = 0.0
         # Grows each time the dispatcher gets its connection back after losing it: the
         # database restarted or cut this process off, so the handler threads' own
         # Django connections are likely dead too (see _run).
@@ -215,11 +223,21 @@ class HandlerPool:
         return True
 
     def check_threads(self) -> list[tuple[InFlight, Failure]]:
-        """Replace handler threads that died; fail the job each left without an outcome."""
+        """Replace handler threads that died; fail the job each left without an outcome.
+
+        The threads are looked at while one that crashed is not replaced yet, else at
+        most every THREAD_SCAN seconds (not at every cycle: the pool may be large).
+        """
+        now = time.monotonic()
+        if not self._crashes and now < self._next_scan:
+            return []
+        self._next_scan = now + THREAD_SCAN
         failed = []
         for thread in [t for t in self._threads if not t.is_alive()]:
             if self._stopping:
                 break
+            with self._count_lock:
+                self._crashes = max(0, self._crashes - 1)
             self._threads.remove(thread)
             item = self._current.pop(thread, None)
             logger.error("handler thread %s died; starting a replacement", thread.name)
@@ -291,6 +309,8 @@ class HandlerPool:
         except BaseException:
             if not (item is not None and item.timed_out):
                 logger.exception("executor thread crashed")
+                with self._count_lock:
+                    self._crashes += 1
                 self._wake.set()  # check_threads fails its job and replaces it
         finally:
             connections.close_all()
@@ -316,8 +336,8 @@ class HandlerPool:
         self._current.pop(me, None)
         with self._count_lock:
             self._finished_n += 1
-            finished = self._finished_n
-        if finished >= self._wake_at:
+            at_mark = self._finished_n == self._wake_at  # crossed once (see wait)
+        if at_mark:
             self._wake.set()
         return not timed_out
 
