@@ -148,8 +148,8 @@ class Dispatcher:
             self._release_unknown_claims()
         # The leases this worker holds may have run out while it was cut off. Before
         # the loop's next sweep could requeue them, write what finished meanwhile and
-        # renew what still runs. Another worker's sweep
-        # may have been first: the fenced writes tell, and the job runs again.
+        # renew what still runs. Another worker's sweep may have been first: the
+        # fenced writes tell, and the job runs again.
         self.collect_outcomes()
         self.write_outcomes()
         held = self.leases.held()
