@@ -2,10 +2,11 @@
 Django connections handlers use is in `hygiene`).
 
 Handler threads take jobs from a shared list and put (job, outcome) on a queue; none of
-them touches the queue's tables. A batch handed over wakes one idle thread, and each
-thread that takes a job wakes the next while jobs wait (see `_take`): a thread switch
-per job started, not per job handed, so short jobs run back to back on the threads
-already awake. The dispatcher is woken only when the count of finished jobs reaches a
+them touches the queue's tables. A batch handed over wakes one idle thread (the one
+that went idle last, whose Django connection is the warmest), and each thread that
+takes a job wakes the next while jobs wait (see `_take`): a thread switch per job
+started, not per job handed, so short jobs run back to back on the threads already
+awake. The dispatcher is woken only when the count of finished jobs reaches a
 mark it set (see `wait`), not once per job.
 """
 
@@ -58,10 +59,11 @@ class HandlerPool:
         self.worker_id = worker_id
         self.observer = observer  # issue 15: spans, job_started, run times
         self._wake = wake
-        # The jobs handed over and not taken yet, and the wake-ups of idle threads: True
-        # to look at the jobs (at most one sent and not yet taken: `_waking`), False to end.
+        # The jobs handed over and not taken yet; the idle threads, each parked on a lock
+        # of its own, the latest to park last (it is woken first: its Django connection
+        # and its backend are the warmest); idle threads woken and not running yet.
         self._work: deque[InFlight] = deque()
-        self._tokens: queue_module.SimpleQueue[bool] = queue_module.SimpleQueue()
+        self._idle: list[threading.Lock] = []
         self._take_lock = threading.Lock()
         self._waking = 0
         self._outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]] = (
@@ -109,10 +111,11 @@ class HandlerPool:
     def _kick(self) -> None:
         """Wake an idle thread for the waiting jobs, unless a wake-up is on its way."""
         with self._take_lock:
-            if self._waking or not self._work:
+            if self._waking or not self._work or not self._idle:
                 return
             self._waking += 1
-        self._tokens.put(True)
+            parked = self._idle.pop()
+        parked.release()
 
     def finished(self) -> Iterator[tuple[InFlight, Outcome]]:
         """The outcomes handlers returned since the last call, each job's once."""
@@ -166,7 +169,8 @@ class HandlerPool:
         """
         now = time.monotonic()
         self._stuck_threads = [(t, since) for t, since in self._stuck_threads if t.is_alive()]
-        over_limit = int(self._too_many_stuck(now))
+        stuck = _too_many_stuck(self._stuck_threads, self.concurrency, self.worker_id, now)
+        over_limit = int(stuck)
         if not self._timed:
             return Timeouts([], over_limit)
         failed = []
@@ -209,19 +213,6 @@ class HandlerPool:
                 self._spawn()
         return Timeouts(failed, over_limit)
 
-    def _too_many_stuck(self, now: float) -> bool:
-        """More handlers stuck right now than the pool has threads: time to exit."""
-        stuck = sum(1 for _, since in self._stuck_threads if now >= since)
-        if stuck <= self.concurrency:
-            return False
-        logger.critical(
-            "worker %s: %d handlers are stuck past their timeout; exiting so a supervisor "
-            "can restart the process",
-            self.worker_id,
-            stuck,
-        )
-        return True
-
     def check_threads(self) -> list[tuple[InFlight, Failure]]:
         """Replace handler threads that died; fail the job each left without an outcome.
 
@@ -251,12 +242,14 @@ class HandlerPool:
     def stop(self) -> list[InFlight]:
         """Stop the handler threads once their current job ends; return the jobs that
         never started."""
-        self._stopping = True
         with self._take_lock:
+            self._stopping = True
             unstarted = list(self._work)
             self._work.clear()
-        for _ in self._threads:
-            self._tokens.put(False)
+            parked, self._idle = self._idle, []
+            self._waking += len(parked)
+        for lock in parked:
+            lock.release()
         return unstarted
 
     # -- the handler threads --------------------------------------------------------
@@ -267,44 +260,53 @@ class HandlerPool:
         )
         self._threads.append(thread)
         thread.start()
-        self._kick()  # a replacement may be the thread the waiting jobs need
 
-    def _take(self) -> InFlight | None:
-        """The next waiting job, if any; wake another idle thread if more jobs wait.
+    def _take(self, park: threading.Lock) -> InFlight | None:
+        """The next waiting job, and another idle thread woken if more jobs wait; None
+        if none waits (this thread is then parked on `park`, to be released by a wake-up).
 
         Jobs wait only while every awake thread runs one: a thread that finishes takes
         the next itself, without a thread switch.
         """
+        wake = None
         with self._take_lock:
             if not self._work:
+                if not self._stopping:
+                    self._idle.append(park)
                 return None
             item = self._work.popleft()
-            wake = bool(self._work) and not self._waking
-            if wake:
+            if self._work and not self._waking and self._idle:
                 self._waking += 1
-        if wake:
-            self._tokens.put(True)
+                wake = self._idle.pop()
+        if wake is not None:
+            wake.release()
         return item
 
     def _run(self) -> None:
         epoch = self._db_epoch
         me = threading.current_thread()
         item: InFlight | None = None
+        park = threading.Lock()
+        park.acquire()
         try:
-            while self._tokens.get():
-                with self._take_lock:
-                    self._waking -= 1
-                while (item := self._take()) is not None:
-                    self._current[me] = item
-                    if epoch != self._db_epoch:
-                        # The dispatcher lost its connection since this thread's last
-                        # job: a Django connection that died with it would fail the next
-                        # job for nothing (and kill one with a single attempt). Replace
-                        # it first.
-                        epoch = self._db_epoch
-                        close_unusable_django_connections()
-                    if not self._run_one(me, item):
-                        return  # timed out: a replacement runs the next jobs
+            while not self._stopping:
+                if (item := self._take(park)) is None:
+                    if self._stopping:
+                        return
+                    park.acquire()  # idle until a wake-up releases it
+                    with self._take_lock:
+                        self._waking -= 1
+                    continue
+                self._current[me] = item
+                if epoch != self._db_epoch:
+                    # The dispatcher lost its connection since this thread's last
+                    # job: a Django connection that died with it would fail the next
+                    # job for nothing (and kill one with a single attempt). Replace
+                    # it first.
+                    epoch = self._db_epoch
+                    close_unusable_django_connections()
+                if not self._run_one(me, item):
+                    return  # timed out: a replacement runs the next jobs
                 item = None
         except BaseException:
             if not (item is not None and item.timed_out):
@@ -340,6 +342,25 @@ class HandlerPool:
         if at_mark:
             self._wake.set()
         return not timed_out
+
+
+def _too_many_stuck(
+    stuck_threads: list[tuple[threading.Thread, float]],
+    concurrency: int,
+    worker_id: str,
+    now: float,
+) -> bool:
+    """More handlers stuck right now than the pool has threads: time to exit."""
+    stuck = sum(1 for _, since in stuck_threads if now >= since)
+    if stuck <= concurrency:
+        return False
+    logger.critical(
+        "worker %s: %d handlers are stuck past their timeout; exiting so a supervisor "
+        "can restart the process",
+        worker_id,
+        stuck,
+    )
+    return True
 
 
 def _execute(item: InFlight, observer: Observer) -> Outcome:
