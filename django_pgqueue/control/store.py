@@ -238,16 +238,23 @@ def update_control(
         "paused": paused,
         "set_limit": concurrency_limit is not UNSET,
         "concurrency_limit": None if concurrency_limit is UNSET else concurrency_limit,
+        **_limit_params(key_limit, rate),
+    }
+    with django_cursor(alias) as cursor:
+        cursor.execute(QUERIES["queue_control_update"], params)
+        names = [column.name for column in cursor.description]
+        return dict(zip(names, cursor.fetchone(), strict=True))
+
+
+def _limit_params(key_limit: Any, rate: Any) -> dict[str, Any]:
+    """The key-limit and rate parameters of an update: set_* says whether each changes."""
+    return {
         "set_key_limit": key_limit is not UNSET,
         "key_limit": None if key_limit is UNSET else key_limit,
         "set_rate": rate is not UNSET,
         "rate_count": None if rate is UNSET or rate is None else rate[0],
         "rate_period": None if rate is UNSET or rate is None else rate[1],
     }
-    with django_cursor(alias) as cursor:
-        cursor.execute(QUERIES["queue_control_update"], params)
-        names = [column.name for column in cursor.description]
-        return dict(zip(names, cursor.fetchone(), strict=True))
 
 
 def update_type_control(
@@ -266,11 +273,7 @@ def update_type_control(
     params = {
         "queue": queue,
         "type": type_,
-        "set_key_limit": key_limit is not UNSET,
-        "key_limit": None if key_limit is UNSET else key_limit,
-        "set_rate": rate is not UNSET,
-        "rate_count": None if rate is UNSET or rate is None else rate[0],
-        "rate_period": None if rate is UNSET or rate is None else rate[1],
+        **_limit_params(key_limit, rate),
     }
     with transaction.atomic(using=alias):
         update_control(alias, queue)
