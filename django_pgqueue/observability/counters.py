@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 # Upper bounds (seconds) of the run-time histogram's buckets (+Inf is implied).
@@ -53,16 +54,25 @@ class WorkerCounters:
         with self._lock:
             self._attempts[(queue, type_, outcome)] += 1
 
-    def runtime(self, queue: str, type_: str, seconds: float) -> None:
-        """Record how long one handler ran."""
-        index = bisect.bisect_left(RUNTIME_BOUNDS, seconds)  # the first bound >= seconds
+    def attempts_ended(self, ended: Iterable[tuple[str, str]], outcome: str) -> None:
+        """Count the (queue, type) attempts of `ended`, each with `outcome`: one lock."""
+        counts = Counter(ended)
         with self._lock:
-            runtime = self._runtimes.get((queue, type_))
-            if runtime is None:
-                runtime = self._runtimes[(queue, type_)] = Runtime()
-            runtime.buckets[index] += 1
-            runtime.total += seconds
-            runtime.count += 1
+            for (queue, type_), n in counts.items():
+                self._attempts[(queue, type_, outcome)] += n
+
+    def runtimes_ran(self, ran: Iterable[tuple[str, str, float]]) -> None:
+        """Record how long handlers ran, (queue, type, seconds) each: one lock."""
+        # The bucket of each: the first bound >= its seconds.
+        entries = [(q, t, bisect.bisect_left(RUNTIME_BOUNDS, s), s) for q, t, s in ran]
+        with self._lock:
+            for queue, type_, index, seconds in entries:
+                runtime = self._runtimes.get((queue, type_))
+                if runtime is None:
+                    runtime = self._runtimes[(queue, type_)] = Runtime()
+                runtime.buckets[index] += 1
+                runtime.total += seconds
+                runtime.count += 1
 
     def attempts(self) -> dict[tuple[str, str, str], int]:
         """A copy of the attempt counts by (queue, type, outcome)."""

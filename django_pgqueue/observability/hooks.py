@@ -9,17 +9,16 @@ already been sent).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import signals
-from ..outcomes import Failure, Success
+from ..outcomes import Failure, Outcome, Success
 from ..store.worker import Store
 from . import tracing, workers
 from .counters import WorkerCounters
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
     from django.dispatch import Signal
 
     from ..context import Lease
-    from ..store.worker import ClaimedRow
     from ..worker.config import WorkerConfig
     from ..worker.inflight import InFlight
 
@@ -39,7 +37,6 @@ logger = logging.getLogger(__name__)
 BEAT_EVERY = 5.0
 # Reports between two passes that mark silent workers gone and prune old rows.
 HOUSEKEEPING_EVERY = 6
-_NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()  # reusable, yields None
 
 
 def _version() -> str:
@@ -63,67 +60,64 @@ class Observer:
         )
         self.counters = WorkerCounters()
         self.rollup = RollupBuffer()
-        self._run_at: dict[int, Any] = {}  # attempt id -> run_at it was claimed at
-        self._traceparent: dict[int, str] = {}  # attempt id -> the enqueuer's trace
         # Job id -> the in-flight job holding its lease: a renewal knows leases only.
         self._items: dict[int, InFlight] = {}
         self._lost: set[int] = set()  # attempt ids announced as lost
         self._lock = threading.Lock()
+        self.tracing = False  # a tracer provider is set: attempts run in spans
         self._beats = 0
         self._next_beat = 0.0
 
     # -- dispatcher thread ------------------------------------------------------------
 
-    def claimed(self, rows: Sequence[ClaimedRow], items: Sequence[InFlight]) -> None:
-        """Remember the launched jobs: when each was due (for its wait), its trace, its lease."""
-        for row in rows:
-            self._run_at[row.attempt_id] = row.run_at
-            if row.traceparent:
-                self._traceparent[row.attempt_id] = row.traceparent
+    def claimed(self, items: Sequence[InFlight]) -> None:
+        """Remember the launched jobs' leases, for the renewals that may find them lost;
+        and whether their attempts run in spans (asked once per claim, not per job)."""
+        self.tracing = tracing.recording()
         with self._lock:
             for item in items:
                 self._items[item.ctx.job_id] = item
 
     def released(self, held: Sequence[tuple[int, int, int]]) -> None:
         """Forget claimed jobs handed back unstarted: (job_id, lease_version, attempt_id)."""
-        for job_id, lease_version, attempt_id in held:
-            self._run_at.pop(attempt_id, None)
-            self._traceparent.pop(attempt_id, None)
-            with self._lock:
+        with self._lock:
+            for job_id, lease_version, _ in held:
                 item = self._items.get(job_id)
                 if item is not None and item.ctx.lease_version == lease_version:
                     del self._items[job_id]
 
-    def completed(self, item: InFlight, result: str | None) -> None:
-        """The completion of `item` was written."""
-        self._written(item, "succeeded")
-        self._tell(signals.job_succeeded, item, result=result)
+    def completed(self, done: Sequence[tuple[InFlight, str | None]]) -> None:
+        """The completions of `done`, (item, result) each, were written."""
+        self._written([item for item, _ in done], "succeeded")
+        if signals.job_succeeded.receivers:
+            for item, result in done:
+                self._tell(signals.job_succeeded, item, result=result)
 
     def failed(self, item: InFlight, failure: Failure, status: str, run_at: Any) -> None:
         """The failure of `item` was written: the job is `status` (pending or dead) now."""
         error = failure.last_error
         if status == "dead":
-            self._written(item, "dead")
+            self._written([item], "dead")
             self._tell(signals.job_failed, item, error=error)
         else:
-            self._written(item, "retried")
+            self._written([item], "retried")
             self._tell(signals.job_retried, item, delay=failure.delay, run_at=run_at, error=error)
 
     def cancelled(self, item: InFlight) -> None:
         """`item` ended cancelled (an operator asked while it ran): its write landed."""
-        self._written(item, "cancelled")
+        self._written([item], "cancelled")
         self._tell(signals.job_cancelled, item)
 
     def snoozed(self, item: InFlight) -> None:
         """`item` snoozed: its write landed, the job is pending again."""
-        self._written(item, "snoozed")
+        self._written([item], "snoozed")
 
     def lease_lost(self, item: InFlight, detected_by: str) -> None:
         """`item`'s lease was found lost (by a renewal or a fenced write); announce it once.
 
         A fenced write ("write") is the attempt's last word: it is forgotten then.
         """
-        self._run_at.pop(item.attempt_id, None)
+        item.run_at = None  # no longer this worker's attempt to add to the rollup
         with self._lock:
             announced = item.attempt_id in self._lost
             if detected_by == "write":
@@ -136,15 +130,22 @@ class Observer:
         self.counters.attempt(item.ctx.queue, item.ctx.type, "lease_lost")
         self._tell(signals.job_lease_lost, item, detected_by=detected_by)
 
-    def _written(self, item: InFlight, outcome: str) -> None:
-        ctx = item.ctx
-        self.counters.attempt(ctx.queue, ctx.type, outcome)
-        run_at = self._run_at.pop(item.attempt_id, None)
-        if run_at is not None:
-            self.rollup.add(item.attempt_id, ctx.queue, run_at, outcome)
+    def _written(self, items: Sequence[InFlight], outcome: str) -> None:
+        """Count, and note for the rollup, the attempts of `items`, all ended `outcome`.
+
+        Per batch, not per job: each lock here is shared with other threads.
+        """
+        self.counters.attempts_ended([(item.ctx.queue, item.ctx.type) for item in items], outcome)
+        self.rollup.add(
+            [(item.attempt_id, item.ctx.queue, item.run_at) for item in items if item.run_at],
+            outcome,
+        )
         with self._lock:
-            self._lost.discard(item.attempt_id)
-            self._forget(item)
+            if self._lost:
+                self._lost.difference_update([item.attempt_id for item in items])
+            for item in items:
+                if self._items.get(item.ctx.job_id) is item:
+                    del self._items[item.ctx.job_id]
 
     def _forget(self, item: InFlight) -> None:
         """Drop `item` from the jobs whose leases renewals report (caller holds the lock)."""
@@ -170,19 +171,13 @@ class Observer:
 
     # -- executor threads -------------------------------------------------------------
 
-    def started(self, item: InFlight) -> None:
-        """`item`'s handler is about to run, on this thread."""
-        ctx = item.ctx
-        self._tell(signals.job_started, item, max_attempts=ctx.max_attempts, context=ctx)
-
-    def attempt_span(self, item: InFlight) -> contextlib.AbstractContextManager[Any]:
-        """Run an attempt in an OpenTelemetry span linked to its enqueuer's trace.
-
-        A context that yields None when no tracer provider is set (nothing would record).
-        """
-        traceparent = self._traceparent.pop(item.attempt_id, None)
-        if not tracing.recording():
-            return _NO_SPAN
+    def run_attempt(self, item: InFlight, run: Callable[[], Outcome]) -> Outcome:
+        """Run `item`'s attempt (`run`), job_started sent first; in an OpenTelemetry span
+        linked to its enqueuer's trace when a tracer provider is set."""
+        if not self.tracing:
+            if signals.job_started.receivers:
+                self._started(item)
+            return run()
         ctx = item.ctx
         attributes = {
             "pgqueue.job_id": ctx.job_id,
@@ -192,7 +187,15 @@ class Observer:
             "pgqueue.lease_version": ctx.lease_version,
             "pgqueue.worker_id": ctx.worker_id,
         }
-        return tracing.attempt_span(traceparent, attributes, ctx.type)
+        with tracing.attempt_span(item.traceparent, attributes, ctx.type) as span:
+            self._started(item)
+            outcome = run()
+            self.span_outcome(span, outcome)
+        return outcome
+
+    def _started(self, item: InFlight) -> None:
+        ctx = item.ctx
+        self._tell(signals.job_started, item, max_attempts=ctx.max_attempts, context=ctx)
 
     @staticmethod
     def span_outcome(span: Any, outcome: Success | Failure) -> None:
@@ -203,9 +206,16 @@ class Observer:
         else:
             tracing.set_outcome(span, "succeeded")
 
-    def executed(self, item: InFlight, seconds: float) -> None:
-        """`item`'s handler ran for `seconds` (whatever its outcome)."""
-        self.counters.runtime(item.ctx.queue, item.ctx.type, seconds)
+    def executed(self, items: Sequence[InFlight]) -> None:
+        """The handlers of `items` returned (whatever their outcome), after `runtime`
+        seconds each. On the dispatcher thread, per batch (see `_written`)."""
+        self.counters.runtimes_ran(
+            [
+                (item.ctx.queue, item.ctx.type, item.runtime)
+                for item in items
+                if item.runtime is not None
+            ]
+        )
 
     # -- heartbeat thread (and the dispatcher's renewal after a reconnect) --------------
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..sql import QUERIES
-from ..store.arrays import int_array, text_array
+from ..store.arrays import int_array, repeated_text_array
 from ..store.cursors import django_cursor
 from ..store.worker import Store
 
@@ -39,10 +39,12 @@ class RollupBuffer:
         self._lock = threading.Lock()
         self._items: list[tuple[int, str, Any, str]] = []
 
-    def add(self, attempt_id: int, queue: str, run_at: Any, outcome: str) -> None:
-        """Note one attempt whose outcome (succeeded, retried, dead) was written."""
+    def add(self, attempts: Iterable[tuple[int, str, Any]], outcome: str) -> None:
+        """Note (attempt id, queue, run_at) attempts whose outcome (succeeded, retried,
+        dead ...) was written."""
+        items = [(attempt_id, queue, run_at, outcome) for attempt_id, queue, run_at in attempts]
         with self._lock:
-            self._items.append((attempt_id, queue, run_at, outcome))
+            self._items.extend(items)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -63,13 +65,14 @@ class RollupBuffer:
 
 
 def _params(items: Sequence[tuple[int, str, Any, str]]) -> dict[str, Any]:
+    attempt_ids, queues, run_ats, outcomes = zip(*items, strict=True)
     return {
-        "attempt_ids": int_array(item[0] for item in items),
-        "queues": text_array(item[1] for item in items),
+        "attempt_ids": int_array(attempt_ids),
+        "queues": repeated_text_array(queues),
         # As text: psycopg's list dumper costs ~20 µs per datetime, on the heartbeat
-        # thread, holding the GIL the handlers need.
-        "run_ats": text_array(item[2].isoformat() for item in items),
-        "outcomes": text_array(item[3] for item in items),
+        # thread, holding the GIL the handlers need. ISO timestamps need no quotes.
+        "run_ats": "{" + ",".join(map(dt.datetime.isoformat, run_ats)) + "}",
+        "outcomes": repeated_text_array(outcomes),
         "bounds": [float(bound) for bound in WAIT_BOUNDS],
     }
 

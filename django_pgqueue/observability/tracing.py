@@ -6,7 +6,8 @@ not installed). `attempt_span` runs one attempt in a span of its own, linked to 
 trace rather than parented to it: a job may run long after, and several times.
 Without opentelemetry-api both cost one failed import, once; with the API but no SDK
 configured (no tracer provider set), `recording()` is false and the worker skips the
-span: a no-op span per job cost the drain about a tenth of its rate.
+span: a no-op span per job cost the drain about a tenth of its rate. The worker asks
+once per claim, so a provider set after it starts counts from its next claim.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def current_traceparent() -> str | None:
 
 
 def recording() -> bool:
-    """Whether a tracer provider is set (spans would be exported), checked per call.
+    """Whether a tracer provider is set (spans would be exported), as of this call.
 
     Until an SDK (or auto-instrumentation) calls set_tracer_provider, the API hands out
     a proxy whose spans record nothing.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..context import JobContext, Lease
 from ..registry import Handler
@@ -23,6 +24,9 @@ class InFlight:
     payload_text: str
     policy: RetryPolicy
     timeout: float | None
+    # When it was due, as claimed (the rollup's wait); None once its lease is lost.
+    run_at: Any = None
+    traceparent: str | None = None  # the enqueuer's W3C trace context, for its span
     # Set by its handler thread when the handler starts.
     started: float | None = field(default=None, init=False)
     thread: threading.Thread | None = field(default=None, init=False)
@@ -36,6 +40,7 @@ class InFlight:
     resolved: bool = field(default=False, init=False)
     # Set by its handler thread just before it hands the outcome over.
     reported: bool = field(default=False, init=False)
+    runtime: float | None = field(default=None, init=False)  # seconds the handler ran
 
     @classmethod
     def claimed(
@@ -68,7 +73,17 @@ class InFlight:
         else:
             policy = handler.retry or default_policy
             timeout = handler.timeout or job_timeout
-        return cls(ctx, lease, row.attempt_id, handler, row.payload, policy, timeout)
+        return cls(
+            ctx,
+            lease,
+            row.attempt_id,
+            handler,
+            row.payload,
+            policy,
+            timeout,
+            row.run_at,
+            row.traceparent,
+        )
 
 
 class InFlightJobs:

@@ -109,7 +109,7 @@ class Intake:
         for item in items:
             self.inflight.add(item)
         self.leases.hold(item.lease for item in items)
-        self.observer.claimed(rows, items)  # issue 15 hook: waits, traces, leases
+        self.observer.claimed(items)  # issue 15 hook: leases a renewal may find lost
         self.pool.submit(items)
 
     def release(self, held: list[tuple[int, int, int]]) -> None:

@@ -20,7 +20,6 @@ import queue as queue_module
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from typing import NamedTuple
 
 from django.db import connections
@@ -117,17 +116,17 @@ class HandlerPool:
             parked = self._idle.pop()
         parked.release()
 
-    def finished(self) -> Iterator[tuple[InFlight, Outcome]]:
-        """The outcomes handlers returned since the last call, each job's once."""
-        while True:
-            try:
-                item, outcome = self._outcomes.get_nowait()
-            except queue_module.Empty:
-                return
-            if item.resolved:
-                continue  # a timed-out handler came back after its failure was recorded
+    def finished(self) -> list[tuple[InFlight, Outcome]]:
+        """The outcomes handlers returned since the last call, each job's once (not a
+        timed-out handler's that came back after its failure was recorded)."""
+        returned = []
+        while not self._outcomes.empty():  # the dispatcher is the only taker
+            returned.append(self._outcomes.get_nowait())
+        self.observer.executed([item for item, _ in returned])  # issue 15: run times
+        fresh = [(item, outcome) for item, outcome in returned if not item.resolved]
+        for item, _ in fresh:
             item.resolved = True
-            yield item, outcome
+        return fresh
 
     def wait(self, timeout: float, *, until_last: bool) -> None:
         """Wait up to `timeout` for a reason to act (an outcome worth collecting, a NOTIFY,
@@ -288,6 +287,7 @@ class HandlerPool:
         item: InFlight | None = None
         park = threading.Lock()
         park.acquire()
+        idled = False
         try:
             while not self._stopping:
                 if (item := self._take(park)) is None:
@@ -296,8 +296,12 @@ class HandlerPool:
                     park.acquire()  # idle until a wake-up releases it
                     with self._take_lock:
                         self._waking -= 1
+                    idled = True
                     continue
                 self._current[me] = item
+                if idled:  # the server may have dropped a kept connection meanwhile
+                    health_check_on_first_use()
+                    idled = False
                 if epoch != self._db_epoch:
                     # The dispatcher lost its connection since this thread's last
                     # job: a Django connection that died with it would fail the next
@@ -319,14 +323,13 @@ class HandlerPool:
 
     def _run_one(self, me: threading.Thread, item: InFlight) -> bool:
         """Run one job and hand its outcome over; False if it timed out meanwhile."""
-        health_check_on_first_use()
         item.thread = me
         item.started = time.monotonic()
         outcome = _execute(item, self.observer)
         with item.lock:
             item.returned = True  # from now on the dispatcher cannot time it out
             timed_out = item.timed_out
-        self.observer.executed(item, time.monotonic() - item.started)  # issue 15 hook
+        item.runtime = time.monotonic() - item.started  # counted by `finished`
         if timed_out:
             # Its failure is written; a JobTimeout injected but not delivered yet
             # must not land later, and a replacement runs the next jobs.
@@ -371,12 +374,8 @@ def _execute(item: InFlight, observer: Observer) -> Outcome:
     except BaseException as exc:  # ValueError; RecursionError when nested deep
         return executor.decode_failure(exc)
     try:
-        # Issue 15 hook: an OpenTelemetry span per attempt, and job_started in it.
-        with observer.attempt_span(item) as span:
-            observer.started(item)
-            outcome = executor.run(ctx, item.handler, item.policy)
-            observer.span_outcome(span, outcome)
-        return outcome
+        # Issue 15 hook: job_started, and an OpenTelemetry span per attempt.
+        return observer.run_attempt(item, lambda: executor.run(ctx, item.handler, item.policy))
     finally:
         try:
             reset_django_connections()

@@ -182,17 +182,19 @@ class OutcomeWriter:
 
     def _account_completions(self, successes: list[Written], completed: set[int]) -> None:
         cancelled = self.store.take_cancelled()  # an operator asked while they ran
+        done: list[tuple[InFlight, str | None]] = []
         for item, outcome in successes:
             if item.ctx.job_id in cancelled:
                 self.stats["cancelled"] += 1
                 self.observer.cancelled(item)  # issue 14: job_cancelled
             elif item.ctx.job_id in completed:
-                self.stats["completed"] += 1
                 assert isinstance(outcome, Success)
-                self.observer.completed(item, outcome.result)  # issue 15 hook
+                done.append((item, outcome.result))
             elif item.ctx.job_id not in self._failed_instead:
                 self._stale(item, "complete")
             self.leases.forget(item.lease)
+        self.stats["completed"] += len(done)
+        self.observer.completed(done)  # issue 15 hook
 
     def _complete(self, successes: list[Written]) -> set[int]:
         """Complete the batch's successes; one by one if the batch is refused."""
