@@ -9,9 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [
-        ("django_pgqueue", "0001_initial"),
-    ]
+    dependencies = [("django_pgqueue", "0001_initial")]
 
     operations = [
         migrations.CreateModel(

@@ -1,24 +1,17 @@
 # Issue 15: the worker registry (queue_workers) and the per-minute rollup
 # (queue_stats_minutely). Both small tables, written by the workers' heartbeats.
 
-import django.db.models.functions.datetime
 from django.db import migrations, models
 
 import django_pgqueue.observability.models
+from django_pgqueue.migrations import _shapes
 
 
 class Migration(migrations.Migration):
-    dependencies = [
-        ("django_pgqueue", "0003_schedules"),
-    ]
+    dependencies = [("django_pgqueue", "0003_schedules")]
 
     operations = [
-        # Nullable, no default: adding it rewrites nothing, whatever the table size.
-        migrations.AddField(
-            model_name="job",
-            name="traceparent",
-            field=models.TextField(blank=True, null=True),
-        ),
+        _shapes.add_nullable("job", "traceparent", models.TextField),
         migrations.CreateModel(
             name="WorkerRecord",
             fields=[
@@ -30,21 +23,11 @@ class Migration(migrations.Migration):
                 ("lease_seconds", models.FloatField()),
                 ("version", models.CharField(max_length=64)),
                 ("running", models.IntegerField(db_default=0)),
-                (
-                    "started_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
-                (
-                    "last_seen_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
+                ("started_at", _shapes.db_now()),
+                ("last_seen_at", _shapes.db_now()),
                 ("gone_at", models.DateTimeField(blank=True, null=True)),
             ],
-            options={
-                "verbose_name": "worker",
-                "db_table": "queue_workers",
-                "ordering": ["-last_seen_at"],
-            },
+            options=_shapes.table("queue_workers", "worker", ordering=["-last_seen_at"]),
         ),
         migrations.CreateModel(
             name="MinuteStats",
@@ -58,15 +41,15 @@ class Migration(migrations.Migration):
                 ("wait_seconds_sum", models.FloatField(db_default=0.0)),
                 ("wait_buckets", django_pgqueue.observability.models.IntegerArrayField()),
             ],
-            options={
-                "verbose_name": "chart",
-                "verbose_name_plural": "charts",
-                "db_table": "queue_stats_minutely",
-                "constraints": [
+            options=_shapes.table(
+                "queue_stats_minutely",
+                "chart",
+                verbose_name_plural="charts",
+                constraints=[
                     models.UniqueConstraint(
                         fields=("minute", "queue"), name="queue_stats_minutely_key"
                     )
                 ],
-            },
+            ),
         ),
     ]

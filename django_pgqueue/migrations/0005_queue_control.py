@@ -4,12 +4,10 @@
 
 import importlib
 
-import django.db.models.functions.comparison
-import django.db.models.functions.datetime
 from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
-import django_pgqueue.models
+from django_pgqueue.migrations import _shapes
 
 # The attempt statuses and their CHECK function as in 0001_initial, from the same text,
 # with one more status. CREATE OR REPLACE keeps the CHECK constraint that calls it;
@@ -23,9 +21,7 @@ _SNOOZED = _BEFORE + ", 'snoozed'"
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [
-        ("django_pgqueue", "0004_workers"),
-    ]
+    dependencies = [("django_pgqueue", "0004_workers")]
 
     operations = [
         migrations.CreateModel(
@@ -35,40 +31,15 @@ class Migration(migrations.Migration):
                 ("paused", models.BooleanField(db_default=False)),
                 ("concurrency_limit", models.IntegerField(blank=True, null=True)),
                 ("key_limit", models.IntegerField(db_default=1)),
-                ("rate_count", models.IntegerField(blank=True, null=True)),
-                ("rate_period", models.FloatField(blank=True, null=True)),
-                (
-                    "rate_starts",
-                    django_pgqueue.models.TimestampArray(
-                        db_default=django.db.models.functions.comparison.Cast(
-                            models.Value("{}"), output_field=django_pgqueue.models.TimestampArray()
-                        ),
-                        editable=False,
-                    ),
-                ),
+                *_shapes.rate_window(),
                 ("keyed", models.BooleanField(db_default=False)),
                 ("configured", models.JSONField(blank=True, null=True)),
-                (
-                    "updated_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
+                ("updated_at", _shapes.db_now()),
             ],
-            options={
-                "verbose_name": "queue",
-                "verbose_name_plural": "queues",
-                "db_table": "queue_controls",
-            },
+            options=_shapes.table("queue_controls", "queue", verbose_name_plural="queues"),
         ),
-        migrations.AddField(
-            model_name="jobstate",
-            name="cancel_requested_at",
-            field=models.DateTimeField(blank=True, null=True),
-        ),
-        migrations.AddField(
-            model_name="jobstate",
-            name="concurrency_key",
-            field=models.CharField(blank=True, max_length=255, null=True),
-        ),
+        _shapes.add_nullable("jobstate", "cancel_requested_at", models.DateTimeField),
+        _shapes.add_nullable("jobstate", "concurrency_key", models.CharField, max_length=255),
         migrations.AlterField(
             model_name="attempt",
             name="status",
@@ -104,17 +75,7 @@ class Migration(migrations.Migration):
             ),
         ),
         migrations.AddConstraint(
-            model_name="queuecontrol",
-            constraint=models.CheckConstraint(
-                condition=models.Q(
-                    models.Q(("rate_count__isnull", True), ("rate_period__isnull", True)),
-                    models.Q(
-                        ("rate_count__gte", 1), ("rate_count__lte", 10000), ("rate_period__gt", 0)
-                    ),
-                    _connector="OR",
-                ),
-                name="queue_controls_rate_valid",
-            ),
+            model_name="queuecontrol", constraint=_shapes.rate_valid("queue_controls_rate_valid")
         ),
         migrations.RunSQL(
             sql=[_initial.ATTEMPTS_VALID.format(create="CREATE OR REPLACE", statuses=_SNOOZED)],

@@ -93,9 +93,7 @@ ENQUEUE_SIGNATURE = (
 
 
 class Migration(migrations.Migration):
-    dependencies = [
-        ("django_pgqueue", "0006_queue_type_controls"),
-    ]
+    dependencies = [("django_pgqueue", "0006_queue_type_controls")]
 
     operations = [
         migrations.RunSQL(

@@ -52,9 +52,7 @@ FOREIGN_KEY = (
 
 
 class Migration(migrations.Migration):
-    dependencies = [
-        ("django_pgqueue", "0007_enqueue_function"),
-    ]
+    dependencies = [("django_pgqueue", "0007_enqueue_function")]
 
     operations = [
         migrations.RunSQL(
