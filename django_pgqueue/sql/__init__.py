@@ -43,6 +43,22 @@ def load(text: str) -> dict[str, str]:
     return queries
 
 
+def _between(text: str, start: str, end: str, what: str) -> str:
+    """The text after `start` up to the first `end` that follows it."""
+    _, started, rest = text.partition(start)
+    part, ended, _ = rest.partition(end)
+    if not (started and ended):
+        raise ValueError(f"queries.sql: {what} is not found")
+    return part
+
+
+def _replace_once(text: str, old: str, new: str, what: str) -> str:
+    """`text` with `new` in place of `old`, which must stand in it exactly once."""
+    if text.count(old) != 1:
+        raise ValueError(f"queries.sql: {what} must stand in it exactly once")
+    return text.replace(old, new)
+
+
 # job_claim resumed after the key (priority, run_at, job_id) of a row claimed before:
 # the same priority, later in the claim index's order. The walk starts at that key
 # instead of the left end of the queue's entries, where the entries of claimed jobs
@@ -56,10 +72,9 @@ RESUME_CONDITION = (
 
 def resumed(claim: str) -> str:
     """The claim statement `claim` with the resume condition in place of its mark."""
-    if claim.count(RESUME_MARK) != 1:
-        raise ValueError("queries.sql: job_claim must hold the resume mark exactly once")
     header, newline, body = claim.partition("\n")
-    return f"{header}_after{newline}{body.replace(RESUME_MARK, RESUME_CONDITION)}"
+    body = _replace_once(body, RESUME_MARK, RESUME_CONDITION, "job_claim's resume mark")
+    return f"{header}_after{newline}{body}"
 
 
 # job_claim_controlled holds only the controlled queue's steps (its budget, walk and
@@ -76,17 +91,53 @@ BUDGET_CLOCK = "(SELECT at FROM budget)"
 
 def controlled(own: str, claim: str) -> str:
     """The controlled claim `own` with the steps and rows of `claim` at its marks."""
-    _, claimed, rest = claim.partition(CLAIMED)
-    steps, rows, after = rest.partition(ROWS)
-    if not (claimed and rows and steps.count(CLAIM_CLOCK) == 1):
-        raise ValueError("queries.sql: job_claim's claimed, opened and rows are not found")
-    if own.count(STEPS_MARK) != 1 or not own.endswith(ROWS_MARK):
-        raise ValueError("queries.sql: job_claim_controlled must hold each mark once")
-    steps = CLAIMED + steps.replace(CLAIM_CLOCK, BUDGET_CLOCK)
-    rows = ROWS.removeprefix(")\n") + after
-    return own.replace(STEPS_MARK, steps).removesuffix(ROWS_MARK) + rows
+    steps = _between(claim, CLAIMED, ROWS, "job_claim's claimed, opened and rows")
+    steps = _replace_once(steps, CLAIM_CLOCK, BUDGET_CLOCK, "job_claim's opened step's clock")
+    rows = ROWS.removeprefix(")\n") + claim.partition(ROWS)[2]
+    if not own.endswith(ROWS_MARK):
+        raise ValueError("queries.sql: job_claim_controlled must end with its rows mark")
+    own = _replace_once(own, STEPS_MARK, CLAIMED + steps, "job_claim_controlled's steps mark")
+    return own.removesuffix(ROWS_MARK) + rows
+
+
+# job_enqueue_many_keyed numbers its rows as job_enqueue_many does, with the two key
+# arrays zipped in before the payloads: its numbered step is job_enqueue_many's, with
+# the keys added, in place of its mark.
+NUMBERED_MARK = "    -- job_enqueue_many_keyed: job_enqueue_many's numbered rows, with the keys\n"
+NUMBERED = ("WITH numbered AS MATERIALIZED (\n", "\n), job AS (")
+PAYLOADS = "        jsonb_array_elements(%(payloads)s::jsonb)\n"
+KEY_ARRAYS = "        unnest(%(idempotency_keys)s::text[]), unnest(%(concurrency_keys)s::text[]),\n"
+COLUMNS = "max_attempts, payload, position)"
+KEY_COLUMNS = "max_attempts, idempotency_key,\n             concurrency_key, payload, position)"
+
+
+def keyed(own: str, many: str) -> str:
+    """The keyed bulk insert `own` with the numbered rows of `many`, plus the keys, at its mark."""
+    rows = _between(many, *NUMBERED, "job_enqueue_many's numbered rows")
+    rows = _replace_once(rows, PAYLOADS, KEY_ARRAYS + PAYLOADS, "job_enqueue_many's payloads")
+    rows = _replace_once(rows, COLUMNS, KEY_COLUMNS, "job_enqueue_many's row columns")
+    return _replace_once(own, NUMBERED_MARK, rows + "\n", "job_enqueue_many_keyed's rows mark")
+
+
+# queue_type_control_update writes a type's key limit and rate as queue_control_update
+# writes a queue's: each when its set_* flag says so, else kept. Both statements name
+# the row they update c, so the one text serves both.
+LIMITS_MARK = "    -- queue_type_control_update: queue_control_update's key limit and rate\n"
+LIMITS = ("ELSE c.concurrency_limit END,\n", "RETURNING ")
+
+
+def type_limits(own: str, queue_update: str) -> str:
+    """The type's update `own` with the key limit and rate writes of `queue_update`."""
+    writes = _between(queue_update, *LIMITS, "queue_control_update's key limit and rate")
+    return _replace_once(own, LIMITS_MARK, writes, "queue_type_control_update's limits mark")
 
 
 QUERIES: dict[str, str] = load((Path(__file__).parent / "queries.sql").read_text("utf-8"))
 QUERIES["job_claim_after"] = resumed(QUERIES["job_claim"])
 QUERIES["job_claim_controlled"] = controlled(QUERIES["job_claim_controlled"], QUERIES["job_claim"])
+QUERIES["job_enqueue_many_keyed"] = keyed(
+    QUERIES["job_enqueue_many_keyed"], QUERIES["job_enqueue_many"]
+)
+QUERIES["queue_type_control_update"] = type_limits(
+    QUERIES["queue_type_control_update"], QUERIES["queue_control_update"]
+)

@@ -43,7 +43,8 @@ FROM pgqueue_enqueue(
 -- ROWS FROM (no join). Ids are drawn from the jobs' sequence first so both tables can
 -- be filled from the same rows (the sequence is looked up once, not per row). Kept
 -- simple on purpose: its estimated cost must stay far below jit_above_cost, or
--- PostgreSQL spends longer compiling it than running it.
+-- PostgreSQL spends longer compiling it than running it. job_enqueue_many_keyed
+-- numbers its rows with this same text, plus the keys.
 WITH numbered AS MATERIALIZED (
     SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*
     FROM ROWS FROM (
@@ -115,17 +116,10 @@ FROM numbered;
 -- repeated within the call. The state row goes first so ON CONFLICT can skip the
 -- whole job (see pgqueue_enqueue). A queue that receives a job with a concurrency key
 -- is marked keyed in queue_controls (the first time only), as job_enqueue does.
+-- Its rows are job_enqueue_many's, with the two key arrays zipped in before the
+-- payloads (sql/__init__.py puts them at the mark).
 WITH numbered AS MATERIALIZED (
-    SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*
-    FROM ROWS FROM (
-        unnest(%(queues)s::text[]), unnest(%(types)s::text[]),
-        unnest(%(priorities)s::smallint[]), unnest(%(run_ats)s::timestamptz[]),
-        unnest(%(delays)s::float8[]), unnest(%(max_attempts)s::integer[]),
-        unnest(%(idempotency_keys)s::text[]), unnest(%(concurrency_keys)s::text[]),
-        jsonb_array_elements(%(payloads)s::jsonb)
-    ) WITH ORDINALITY
-        AS i(queue, type, priority, run_at, delay, max_attempts, idempotency_key,
-             concurrency_key, payload, position)
+    -- job_enqueue_many_keyed: job_enqueue_many's numbered rows, with the keys
 ), state AS (
     INSERT INTO queue_job_state AS s (
         job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
@@ -1158,7 +1152,8 @@ RETURNING queue;
 -- name: queue_control_update
 -- Change a queue's controls at run time, creating its row if needed.
 -- Each set_* flag says whether its value is written (a NULL value removes that limit);
--- paused is written unless NULL. Returns the row as it now is.
+-- paused is written unless NULL. Returns the row as it now is. queue_type_control_update
+-- writes a type's key limit and rate with this statement's text for them.
 INSERT INTO queue_controls AS c (
     queue, paused, concurrency_limit, key_limit, rate_count, rate_period, rate_starts,
     keyed, updated_at
@@ -1232,7 +1227,9 @@ SET key_limit = excluded.key_limit,
 -- Change one type's limits within a queue at run time, creating its row if needed.
 -- Like queue_control_update: each set_* flag says whether its value is written (NULL
 -- removes that limit). Returns the row as it now is.
-INSERT INTO queue_type_controls AS t (
+-- The key limit and rate are written as queue_control_update writes them (sql/__init__.py
+-- puts its text at the mark); the row is c there too.
+INSERT INTO queue_type_controls AS c (
     queue, type, key_limit, rate_count, rate_period, rate_starts, updated_at
 )
 VALUES (
@@ -1243,14 +1240,9 @@ VALUES (
     '{}', now()
 )
 ON CONFLICT (queue, type) DO UPDATE
-SET key_limit = CASE WHEN %(set_key_limit)s::boolean THEN %(key_limit)s::integer
-                     ELSE t.key_limit END,
-    rate_count = CASE WHEN %(set_rate)s::boolean THEN %(rate_count)s::integer
-                      ELSE t.rate_count END,
-    rate_period = CASE WHEN %(set_rate)s::boolean THEN %(rate_period)s::float8
-                       ELSE t.rate_period END,
-    updated_at = now()
-RETURNING t.queue, t.type, t.key_limit, t.rate_count, t.rate_period;
+SET
+    -- queue_type_control_update: queue_control_update's key limit and rate
+RETURNING c.queue, c.type, c.key_limit, c.rate_count, c.rate_period;
 
 
 -- name: queue_type_control_prune
