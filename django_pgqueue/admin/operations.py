@@ -40,53 +40,50 @@ FORM_ACTION_FIELD = f"{ActionLocation.CHANGE_FORM.value}-action" if ActionLocati
 IDS_FIELD = "pgqueue_ids"
 
 
-def operator_action(description: str) -> Any:
-    """Declare retry or cancel: guarded by the permission, on the list and the job's page."""
-    options: dict[str, Any] = {"permissions": ["operate"], "description": description}
-    if ActionLocation is not None:
-        options["location"] = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
-    return admin.action(**options)
-
-
 @dataclass(frozen=True)
 class OperatorAction:
-    """What the confirmation page and the message say about one action, and what it runs."""
+    """What the confirmation page and the message say about one action, and what it runs.
 
-    name: str
+    Its name is that of the function it runs, which names the admin action too
+    (retry_now, cancel). The confirmation page explains it with the template
+    ``admin/django_pgqueue/explain_<name>.html`` (a project may override it).
+    """
+
     title: str
     button: str
     allowed: frozenset[str]
-    explanation: str
     run: Callable[[list[int]], actions.ActionReport]
+
+    @property
+    def name(self) -> str:
+        return self.run.__name__
+
+    @property
+    def explanation_template(self) -> str:
+        return f"admin/django_pgqueue/explain_{self.name}.html"
 
 
 RETRY = OperatorAction(
-    name="retry_now",
     title="Retry now",
     button="Yes, retry now",
     allowed=actions.RETRYABLE,
-    explanation=(
-        "Dead, cancelled and pending jobs become pending and due now, with a fresh attempt "
-        "budget (attempts back to 0). Their attempts so far stay in the history. Running "
-        "jobs are never touched; they and completed jobs are skipped, as is a job whose "
-        "idempotency key another pending or running job holds."
-    ),
     run=actions.retry_now,
 )
 CANCEL = OperatorAction(
-    name="cancel",
     title="Cancel",
     button="Yes, cancel them",
     allowed=actions.CANCELLABLE,
-    explanation=(
-        "Pending jobs become cancelled and will not run (Retry now can bring them back). "
-        "Running jobs are asked to stop: their handler sees ctx.cancel_requested() at the "
-        "next lease renewal, and the job ends cancelled when its attempt ends, whatever the "
-        "handler does (its result is kept). Finished jobs are skipped."
-    ),
     run=actions.cancel,
 )
 OPERATOR_ACTIONS = frozenset({RETRY.name, CANCEL.name})
+
+
+def operator_action(spec: OperatorAction) -> Any:
+    """Declare retry or cancel: guarded by the permission, on the list and the job's page."""
+    options: dict[str, Any] = {"permissions": ["operate"], "description": spec.title}
+    if ActionLocation is not None:
+        options["location"] = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
+    return admin.action(**options)
 
 
 def parse_ids(raw: str) -> list[int]:
@@ -128,11 +125,11 @@ class OperatorActionsMixin:
             post.setlist(helpers.ACTION_CHECKBOX_NAME, [str(job_id) for job_id in ids])
             request.POST = post  # type: ignore[misc]
 
-    @operator_action("Retry now")
+    @operator_action(RETRY)
     def retry_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         return self._operate(request, queryset, RETRY)
 
-    @operator_action("Cancel")
+    @operator_action(CANCEL)
     def cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         return self._operate(request, queryset, CANCEL)
 

@@ -292,6 +292,7 @@ def test_operator_retries_from_the_list_after_a_confirmation(operator_client):
     assert confirm.status_code == 200
     html = confirm.content.decode()
     assert "Retry now: are you sure?" in html
+    assert "with a fresh attempt budget\n(attempts back to 0)" in html  # explain_retry_now.html
     assert "1 will change, 2 will be skipped" in html
     assert "a running job is never touched" in html
     assert state(dead)["status"] == "dead"  # nothing happens before the confirmation
