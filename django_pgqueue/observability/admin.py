@@ -81,6 +81,8 @@ class ChartsAdmin(ReadOnlyPage):
             rows.append(
                 {
                     "series": series,
+                    "completed": sum(series.completed),
+                    "failed": sum(series.failed),
                     "throughput": charts.line_chart(
                         f"{series.queue}: jobs per minute"
                         if window.step == 1

@@ -105,14 +105,6 @@ class QueueSeries:
     wait_p50: list[float | None] = field(default_factory=list)
     wait_p95: list[float | None] = field(default_factory=list)
 
-    @property
-    def total_completed(self) -> int:
-        return sum(self.completed)
-
-    @property
-    def total_failed(self) -> int:
-        return sum(self.failed)
-
 
 @dataclass
 class Window:
