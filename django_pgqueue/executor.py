@@ -18,6 +18,7 @@ from .exceptions import JobTimeout, PermanentFailure, RetryLater, Snooze, Unknow
 from .outcomes import (
     ERROR_CLASS_LIMIT,
     MESSAGE_LIMIT,
+    NO_RESULT,
     TRACEBACK_LIMIT,
     Failure,
     Outcome,
@@ -52,7 +53,20 @@ def describe(exc: BaseException) -> tuple[str, str, str]:
 def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcome:
     """Call the handler for ctx and classify the result; never raises for the job."""
     try:
-        return _run(ctx, handler, policy)
+        try:
+            if handler is None:
+                raise UnknownJobType(f"No handler is registered for job type {ctx.type!r}.")
+            value = handler.func(ctx)
+        except Snooze as exc:  # issue 14
+            return snoozed(exc)
+        except RetryLater as exc:
+            cls, message, trace = describe(exc)
+            return Failure(cls, message, trace, permanent=False, delay=exc.delay)
+        except (PermanentFailure, UnknownJobType) as exc:
+            return Failure(*describe(exc), permanent=True)
+        except BaseException as exc:
+            return retryable(exc, ctx, policy)
+        return success(value)
     except BaseException as exc:  # classifying itself failed: still an outcome
         return fallback_failure(exc)
 
@@ -76,23 +90,6 @@ def fallback_failure(exc: BaseException, *, permanent: bool = False) -> Failure:
     )
 
 
-def _run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcome:
-    try:
-        if handler is None:
-            raise UnknownJobType(f"No handler is registered for job type {ctx.type!r}.")
-        value = handler.func(ctx)
-    except Snooze as exc:  # issue 14
-        return snoozed(exc)
-    except RetryLater as exc:
-        cls, message, trace = describe(exc)
-        return Failure(cls, message, trace, permanent=False, delay=exc.delay)
-    except (PermanentFailure, UnknownJobType) as exc:
-        return Failure(*describe(exc), permanent=True)
-    except BaseException as exc:
-        return retryable(exc, ctx, policy)
-    return success(value)
-
-
 def snoozed(snooze: Snooze) -> Failure:
     """The outcome of a handler that raised or returned Snooze."""
     return Failure(
@@ -111,10 +108,10 @@ def success(value: Any) -> Outcome:
     Anything raised while encoding (a `__str__` or `default` of the value's own, a
     recursion) makes the value unstorable: the job ran, so it is not re-run.
     """
+    if value is None:
+        return NO_RESULT
     if isinstance(value, Snooze):  # issue 14: returned rather than raised
         return snoozed(value)
-    if value is None:
-        return Success()
     try:
         text = _dumps(value)
         # jsonb refuses NUL and the UTF-8 encoding refuses lone surrogates. The test is

@@ -16,9 +16,12 @@ LAST_ERROR_LIMIT = 1_000
 ERROR_CLASS_LIMIT = 255
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Success:
     result: str | None = None
+
+
+NO_RESULT = Success()  # a handler that returned None
 
 
 @dataclass(slots=True)

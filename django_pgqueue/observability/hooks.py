@@ -27,9 +27,14 @@ from .rollup import RollupBuffer
 if TYPE_CHECKING:
     from django.dispatch import Signal
 
-    from ..context import Lease
+    from ..context import JobContext, Lease
+    from ..registry import Handler
+    from ..retry import RetryPolicy
     from ..worker.config import WorkerConfig
     from ..worker.inflight import InFlight
+
+# What runs an attempt: the executor's `run(ctx, handler, policy)`.
+Runner = Callable[["JobContext", "Handler | None", "RetryPolicy"], Outcome]
 
 logger = logging.getLogger(__name__)
 
@@ -171,13 +176,13 @@ class Observer:
 
     # -- executor threads -------------------------------------------------------------
 
-    def run_attempt(self, item: InFlight, run: Callable[[], Outcome]) -> Outcome:
-        """Run `item`'s attempt (`run`), job_started sent first; in an OpenTelemetry span
-        linked to its enqueuer's trace when a tracer provider is set."""
+    def run_attempt(self, item: InFlight, run: Runner) -> Outcome:
+        """Run `item`'s attempt with `run` (the executor), job_started sent first; in an
+        OpenTelemetry span linked to its enqueuer's trace when a tracer provider is set."""
         if not self.tracing:
             if signals.job_started.receivers:
                 self._started(item)
-            return run()
+            return run(item.ctx, item.handler, item.policy)
         ctx = item.ctx
         attributes = {
             "pgqueue.job_id": ctx.job_id,
@@ -189,7 +194,7 @@ class Observer:
         }
         with tracing.attempt_span(item.traceparent, attributes, ctx.type) as span:
             self._started(item)
-            outcome = run()
+            outcome = run(item.ctx, item.handler, item.policy)
             self.span_outcome(span, outcome)
         return outcome
 

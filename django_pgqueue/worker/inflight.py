@@ -30,10 +30,7 @@ class InFlight:
     # Set by its handler thread when the handler starts.
     started: float | None = field(default=None, init=False)
     thread: threading.Thread | None = field(default=None, init=False)
-    # The handoff between the handler thread and the dispatcher's timeout: under
-    # `lock`, the thread sets `returned` and the dispatcher sets `timed_out` only if
-    # the handler has not returned; so exactly one of them decides the outcome.
-    lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    # Set by its handler thread when the handler returns (see HandlerPool._handoff).
     returned: bool = field(default=False, init=False)
     # Set by the dispatcher: the handler ran past its timeout; the outcome is known.
     timed_out: bool = field(default=False, init=False)

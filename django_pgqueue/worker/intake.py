@@ -108,7 +108,7 @@ class Intake:
         ]
         for item in items:
             self.inflight.add(item)
-        self.leases.hold(item.lease for item in items)
+        self.leases.hold([item.lease for item in items])
         self.observer.claimed(items)  # issue 15 hook: leases a renewal may find lost
         self.pool.submit(items)
 

@@ -12,6 +12,7 @@ mark it set (see `wait`), not once per job.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import json
@@ -73,6 +74,9 @@ class HandlerPool:
         self._stopping = False
         self._names = itertools.count()
         self._timed: dict[int, InFlight] = {}  # handed out with a timeout, by job id
+        # Under it, a handler thread sets `returned` (if its job has a timeout) and
+        # `_time_out` sets `timed_out` only if not returned: exactly one decides.
+        self._handoff = threading.Lock()
         # Threads whose job timed out and whose handler still runs, and when each
         # counts as stuck (see _too_many_stuck).
         self._stuck_threads: list[tuple[threading.Thread, float]] = []
@@ -120,8 +124,9 @@ class HandlerPool:
         """The outcomes handlers returned since the last call, each job's once (not a
         timed-out handler's that came back after its failure was recorded)."""
         returned = []
-        while not self._outcomes.empty():  # the dispatcher is the only taker
-            returned.append(self._outcomes.get_nowait())
+        with contextlib.suppress(queue_module.Empty):
+            while True:
+                returned.append(self._outcomes.get_nowait())
         self.observer.executed([item for item, _ in returned])  # issue 15: run times
         fresh = [(item, outcome) for item, outcome in returned if not item.resolved]
         for item, _ in fresh:
@@ -162,7 +167,7 @@ class HandlerPool:
     def check_timeouts(self) -> Timeouts:
         """Fail the handlers past their timeout and replace their threads.
 
-        The handoff is decided under the job's lock: a handler that has returned is
+        The handoff is decided under `_handoff`: a handler that has returned is
         never timed out (its outcome is on its way), and a job timed out here is never
         reported by its thread, which then ends (see `_run`).
         """
@@ -180,19 +185,8 @@ class HandlerPool:
             if item.started is None or item.timed_out or now - item.started < item.timeout:
                 continue
             thread = item.thread
-            with item.lock:
-                if item.returned:
-                    continue
-                item.timed_out = True
-                # The failure is about to be written and the job may run elsewhere
-                # soon: a handler that keeps running must see its lease as lost.
-                item.lease.lost = True
-                if thread is not None and thread.ident is not None:
-                    # Raises JobTimeout in the handler at its next bytecode. A handler
-                    # blocked in C code only notices when that call returns.
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                        ctypes.c_ulong(thread.ident), ctypes.py_object(executor.JobTimeout)
-                    )
+            if not _time_out(item, self._handoff):
+                continue
             item.resolved = True
             del self._timed[item.ctx.job_id]
             logger.error(
@@ -326,9 +320,13 @@ class HandlerPool:
         item.thread = me
         item.started = time.monotonic()
         outcome = _execute(item, self.observer)
-        with item.lock:
-            item.returned = True  # from now on the dispatcher cannot time it out
-            timed_out = item.timed_out
+        timed_out = False
+        if item.timeout is None:
+            item.returned = True  # no timeout: the dispatcher never decides for it
+        else:
+            with self._handoff:
+                item.returned = True  # from now on the dispatcher cannot time it out
+                timed_out = item.timed_out
         item.runtime = time.monotonic() - item.started  # counted by `finished`
         if timed_out:
             # Its failure is written; a JobTimeout injected but not delivered yet
@@ -345,6 +343,25 @@ class HandlerPool:
         if at_mark:
             self._wake.set()
         return not timed_out
+
+
+def _time_out(item: InFlight, handoff: threading.Lock) -> bool:
+    """Time out `item`'s handler unless it returned first; True if it was timed out."""
+    thread = item.thread
+    with handoff:
+        if item.returned:
+            return False
+        item.timed_out = True
+        # The failure is about to be written and the job may run elsewhere soon: a
+        # handler that keeps running must see its lease as lost.
+        item.lease.lost = True
+        if thread is not None and thread.ident is not None:
+            # Raises JobTimeout in the handler at its next bytecode. A handler blocked
+            # in C code only notices when that call returns.
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(thread.ident), ctypes.py_object(executor.JobTimeout)
+            )
+    return True
 
 
 def _too_many_stuck(
@@ -375,7 +392,7 @@ def _execute(item: InFlight, observer: Observer) -> Outcome:
         return executor.decode_failure(exc)
     try:
         # Issue 15 hook: job_started, and an OpenTelemetry span per attempt.
-        return observer.run_attempt(item, lambda: executor.run(ctx, item.handler, item.policy))
+        return observer.run_attempt(item, executor.run)
     finally:
         try:
             reset_django_connections()

