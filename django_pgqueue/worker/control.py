@@ -55,7 +55,7 @@ class ControlledClaims(ClaimScheduler):
         """`ClaimScheduler.claimed`; a short controlled claim is retried when it could succeed."""
         super().claimed(queue, limit, after, rows, sent)
         if len(rows) < limit and after is None and self.store.frees_slots(queue):
-            self._empty_until[queue] = sent + self.store.recheck_after(queue, self.poll_interval)
+            self.mark_empty(queue, sent, sent + self.store.recheck_after(queue, self.poll_interval))
 
 
 class ControlledWriter(OutcomeWriter):

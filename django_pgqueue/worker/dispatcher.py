@@ -110,7 +110,7 @@ class Dispatcher:
                     busy = True
                 if busy:
                     continue
-                if cfg.burst and self._idle():
+                if cfg.burst and self._idle(now):
                     logger.info("worker %s: queues empty, burst done", cfg.worker_id)
                     return
                 if not self.inflight and not self.writer.pending and not self.writer.in_doubt:
@@ -170,14 +170,15 @@ class Dispatcher:
             for queue in self.config.queues:
                 self.claims.requeued(queue)
 
-    def _idle(self) -> bool:
-        """Burst mode's exit test: nothing running, nothing due, no retry about to be."""
+    def _idle(self, now: float) -> bool:
+        """Burst mode's exit test after the cycle run at `now`: nothing running, nothing
+        due, no retry about to be."""
         return (
             not self.inflight
             and not self.unknown_claims
             and not self.writer.pending
             and not self.writer.in_doubt
-            and self.claims.idle(time.monotonic())
+            and self.claims.idle(now)
         )
 
     def _idle_timeout(self, next_sweep: float) -> float:

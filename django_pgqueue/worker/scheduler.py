@@ -59,6 +59,7 @@ class ClaimScheduler:
         self._resume: dict[str, tuple[ClaimKey, float]] = {}
         self._notified: set[str] = set()
         self._retry_due = 0.0  # when the latest imminent retry written by this worker is due
+        self._retries: dict[str, list[float]] = {}  # per queue: when those retries are due
         # Queues whose empty mark was lengthened while idle (see sleep_until).
         self._sleeping: set[str] = set()
         # Set by the listener thread while it is LISTENing: NOTIFYs arrive.
@@ -97,8 +98,7 @@ class ClaimScheduler:
         and note where the next claim from it may resume (see RESUME_TTL)."""
         if len(rows) < limit:
             if after is None:
-                self._empty_until[queue] = sent + self.poll_interval
-                self._sleeping.discard(queue)
+                self.mark_empty(queue, sent, sent + self.poll_interval)
                 self._resume.pop(queue, None)  # a full walk found the queue drained
             return  # a short resumed claim: the walk from the start that follows decides
         last = max(rows, key=ClaimedRow.order)
@@ -106,12 +106,25 @@ class ClaimScheduler:
         until = sent + RESUME_TTL if after is None or fresh is None else fresh[1]
         self._resume[queue] = ((last.priority, last.run_at, last.job_id), until)
 
+    def mark_empty(self, queue: str, sent: float, until: float) -> None:
+        """A full walk of `queue` sent at `sent` came back short: skip it until `until`,
+        or until the first retry this worker wrote to it after `sent` is due."""
+        dues = [due for due in self._retries.get(queue, ()) if due > sent]
+        if dues:
+            self._retries[queue] = dues
+            until = min(until, *dues)
+        else:
+            self._retries.pop(queue, None)
+        self._empty_until[queue] = until
+        self._sleeping.discard(queue)
+
     def retry_scheduled(self, queue: str, due: float) -> None:
         """A retry this worker wrote is due at `due`: look at its queue again then.
 
         No NOTIFY announces a retry; and a burst worker waits for it rather than exit.
         """
         self._empty_until[queue] = min(self._empty_until.get(queue, due), due)
+        self._retries.setdefault(queue, []).append(due)
         self._retry_due = max(self._retry_due, due)
         self._sleeping.discard(queue)
 
@@ -144,8 +157,11 @@ class ClaimScheduler:
             self._sleeping.add(queue)
 
     def idle(self, now: float) -> bool:
-        """Every queue found empty, and no retry this worker wrote is about to be due."""
-        return now >= self._retry_due and all(name in self._empty_until for name in self.queues)
+        """Every queue found empty by a claim whose mark still holds, and no retry this
+        worker wrote is about to be due (one that is due waits for the next claim)."""
+        return now >= self._retry_due and all(
+            self._empty_until.get(name, now) > now for name in self.queues
+        )
 
     def next_look(self) -> float | None:
         """When the earliest empty mark runs out, if any queue has one."""

@@ -91,3 +91,21 @@ def test_the_keyed_bulk_insert_and_the_type_update_take_their_shared_text():
 def test_loader_refuses_duplicates():
     with pytest.raises(ValueError, match="twice"):
         load("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;")
+
+
+def test_a_retry_due_before_the_poll_is_looked_for_and_keeps_a_burst_worker():
+    """A claim that finds nothing just after a retry was written must not hide the queue
+    past the retry's due time, and the worker is not idle until a claim at or after it
+    (a burst worker used to exit with the retry pending: a full-jitter delay near 0)."""
+    from django_pgqueue.worker.scheduler import ClaimScheduler
+
+    claims = ClaimScheduler(("soon",), {}, poll_interval=0.5)
+    claims.retry_scheduled("soon", due=10.05)
+    claims.claimed("soon", 10, None, [], sent=10.01)  # the retry is not due yet
+    assert not claims.idle(10.02)  # the retry is about to be due
+    assert claims.next_look() == 10.05  # not 10.51, a poll later
+    assert not claims.idle(10.06)  # due: not idle before a claim has looked
+    assert claims.refresh(10.06)  # the queue is offered to the next claim
+    claims.claimed("soon", 10, None, [], sent=10.06)  # it ran elsewhere, say
+    assert claims.idle(10.07)
+    assert claims.next_look() == 10.56
