@@ -192,8 +192,9 @@ class OutcomeWriter:
             elif item.ctx.job_id not in self._failed_instead:
                 self._stale(item, "complete")
             self.leases.forget(item.lease)
-        self.stats["completed"] += len(done)
-        self.observer.completed(done)  # issue 15 hook
+        if done:
+            self.stats["completed"] += len(done)
+            self.observer.completed(done)  # issue 15 hook
 
     def _complete(self, successes: list[Written]) -> set[int]:
         """Complete the batch's successes; one by one if the batch is refused."""
