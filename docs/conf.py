@@ -46,7 +46,7 @@ autodoc_default_options = {"members": True, "undoc-members": False}
 # Offline build: no intersphinx, so names from Python, Django and other libraries in
 # signatures are left unlinked instead of reported.
 nitpick_ignore_regex = [
-    (r"py:.*", r"(datetime|dt|typing|collections|abc|types|random|threading|re)\..*"),
+    (r"py:.*", r"(datetime|dt|typing|collections|abc|types|random|threading|re|dataclasses)\..*"),
     (r"py:.*", r"(django|asgiref|psycopg)\..*"),
     (r"py:.*", r"(Any|Callable|Iterable|Iterator|Mapping|Sequence|F|T|P|Task|TaskResult)"),
     (r"py:.*", r"(TaskContext|BaseTaskBackend|Resolver|Outcome|FrameType)"),
