@@ -200,9 +200,11 @@ WITH candidates AS MATERIALIZED (
         locked_by = %(worker_id)s::text,
         locked_until = now() + make_interval(secs => %(lease)s::float8),
         updated_at = now()
-    -- An array of ids, not a join: the rows are fetched by primary key whatever the
-    -- statistics say (a join can turn into a sequential scan of the whole table
-    -- when they are stale, and autovacuum may be off).
+    -- An array of ids, not a join: a join can turn into a sequential scan of the whole
+    -- table when the statistics are stale (and autovacuum may be off). The rows are
+    -- fetched by primary key, except from a table of a few dozen pages, which the
+    -- planner reads whole as cheaper than the probes (the soak at 1,000 rows: 30
+    -- pages, 0.2 ms).
     WHERE state.job_id = ANY (ARRAY(SELECT job_id FROM candidates))
     RETURNING state.job_id, state.queue, state.priority, state.run_at, state.attempts,
               state.max_attempts, state.lease_version
