@@ -1,8 +1,8 @@
 """Pause, resume and limit queues at run time, from Python.
 
 Each call writes the queue's queue_controls row (creating it) and takes effect within
-one poll interval on every worker: workers refresh their view of queue_controls at
-most once per POLL_INTERVAL. Run-time changes stand until the queue's entry in
+one poll interval on every worker: workers refresh their view of queue_controls every
+half POLL_INTERVAL. Run-time changes stand until the queue's entry in
 PGQUEUE["QUEUES"] itself changes (see `control.store.sync_settings`).
 """
 

@@ -3,7 +3,7 @@
 `ControlledStore` is the worker's `Store` with three additions: a claim from a queue
 that has a queue_controls row goes through ``queue_control_lock`` +
 ``job_claim_controlled`` + ``queue_control_state`` (one pipeline, one transaction,
-one round trip), chosen from a view of queue_controls refreshed at most once per poll
+one round trip), chosen from a view of queue_controls refreshed every half poll
 interval; a `Failure` that is a snooze is written with ``job_snooze``; and a renewal
 reports the jobs an operator asked to cancel. Queues without a row claim exactly as
 before. The rest runs on the caller's Django connection.
@@ -78,8 +78,10 @@ class ControlledStore(Store):
         self, alias: str, application_name: str, poll_interval: float | None = None
     ) -> None:
         super().__init__(alias, application_name)
-        # How often the view of queue_controls is refreshed: a pause or a new limit
-        # on a queue this worker claims without controls holds one interval later.
+        # The view of queue_controls is refreshed every half poll interval: a pause
+        # or a new limit on a queue this worker claims without controls then holds
+        # within one interval, the claim sent just before a refresh included (a full
+        # interval left that claim's start up to a round trip past it).
         self.poll_interval = poll_interval
         self._controlled: frozenset[str] = frozenset()
         self._controls_due = 0.0
@@ -98,7 +100,7 @@ class ControlledStore(Store):
         if now >= self._controls_due:
             rows = self._run("queue_control_list", {})
             self._controlled = frozenset(row[0] for row in rows)
-            self._controls_due = now + (self.poll_interval or get_settings().POLL_INTERVAL)
+            self._controls_due = now + (self.poll_interval or get_settings().POLL_INTERVAL) / 2
         return queue in self._controlled
 
     def recheck_after(self, queue: str, poll_interval: float) -> float:
