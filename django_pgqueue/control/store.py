@@ -116,6 +116,10 @@ class ControlledStore(Store):
         """Whether finishing a job of `queue` frees a slot worth claiming again at once."""
         return queue in self._controlled
 
+    def controls_any(self) -> bool:
+        """Whether any queue is controlled (as of the last view)."""
+        return bool(self._controlled)
+
     def slot_freed(self, queue: str) -> None:
         """Note that a job of `queue` finished here (a controlled queue's slot frees)."""
         if queue in self._controlled:

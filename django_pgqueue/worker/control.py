@@ -15,12 +15,12 @@ import logging
 from typing import Any
 
 from ..control.store import ControlledStore
-from ..outcomes import Failure, Outcome
+from ..outcomes import Failure
 from ..store.worker import ClaimedRow, ClaimKey
 from .config import WorkerConfig
 from .inflight import InFlight
 from .scheduler import ClaimScheduler
-from .writer import ABANDONED, Abandoned, OutcomeWriter
+from .writer import ABANDONED, Abandoned, OutcomeWriter, Written
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +63,12 @@ class ControlledWriter(OutcomeWriter):
 
     store: ControlledStore
 
-    def add(self, item: InFlight, outcome: Outcome) -> None:
-        """Hold an outcome; one of a controlled queue frees a slot, so it is written now."""
-        super().add(item, outcome)
-        self.store.slot_freed(item.ctx.queue)
+    def add(self, written: list[Written]) -> None:
+        """Hold outcomes; one of a controlled queue frees a slot, so it is written now."""
+        super().add(written)
+        if self.store.controls_any():
+            for item, _ in written:
+                self.store.slot_freed(item.ctx.queue)
 
     def flush_due(self, now: float, running: bool) -> bool:
         """`OutcomeWriter.flush_due`, and at once when an outcome holds a controlled slot."""

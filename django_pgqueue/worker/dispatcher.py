@@ -242,9 +242,10 @@ class Dispatcher:
 
     def collect_outcomes(self) -> None:
         """Move the outcomes handlers returned from the pool to the writer's batch."""
-        for item, outcome in self.pool.finished():
-            self.inflight.drop(item)
-            self.writer.add(item, outcome)
+        finished = self.pool.finished()
+        if finished:
+            self.inflight.drop_all([item for item, _ in finished])
+            self.writer.add(finished)
 
     def check_timeouts(self) -> None:
         """Record the failures of handlers past their timeout or whose thread died; stop if
@@ -253,11 +254,11 @@ class Dispatcher:
         for item, failure in timeouts.failed:
             self.inflight.drop(item)
             self.stats["timed_out"] += 1
-            self.writer.add(item, failure)
+            self.writer.add([(item, failure)])
         for item, failure in self.pool.check_threads():
             self.inflight.drop(item)
             self.stats["threads_died"] += 1
-            self.writer.add(item, failure)
+            self.writer.add([(item, failure)])
         for _ in range(timeouts.over_limit):
             self.exit_code = 1
             self._switch.request()

@@ -95,8 +95,9 @@ class InFlightJobs:
     def __iter__(self) -> Iterator[InFlight]:
         return iter(self._items.values())
 
-    def add(self, item: InFlight) -> None:
-        self._items[item.ctx.job_id] = item
+    def add_all(self, items: list[InFlight]) -> None:
+        for item in items:
+            self._items[item.ctx.job_id] = item
 
     def drop(self, item: InFlight) -> None:
         """Forget `item`, and only it.
@@ -106,6 +107,13 @@ class InFlightJobs:
         """
         if self._items.get(item.ctx.job_id) is item:
             del self._items[item.ctx.job_id]
+
+    def drop_all(self, items: list[InFlight]) -> None:
+        """`drop` each of `items`."""
+        entries = self._items
+        for item in items:
+            if entries.get(item.ctx.job_id) is item:
+                del entries[item.ctx.job_id]
 
     def clear(self) -> None:
         self._items.clear()

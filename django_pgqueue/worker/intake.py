@@ -106,8 +106,7 @@ class Intake:
             )
             for row in rows
         ]
-        for item in items:
-            self.inflight.add(item)
+        self.inflight.add_all(items)
         self.leases.hold([item.lease for item in items])
         self.observer.claimed(items)  # issue 15 hook: leases a renewal may find lost
         self.pool.submit(items)

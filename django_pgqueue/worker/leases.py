@@ -45,11 +45,18 @@ class LeaseBook:
 
     def forget(self, lease: Lease) -> None:
         """Stop renewing `lease`, once its job's outcome is written (or known)."""
+        self.forget_all([lease])
+
+    def forget_all(self, leases: list[Lease]) -> None:
+        """`forget` each of `leases`."""
         with self._lock:
-            # Only this claim's lease: dropping a newer claim's lease of the same job
-            # would stop its renewals, and the sweep would take the job from under it.
-            if self._leases.get(lease.job_id) is lease:
-                del self._leases[lease.job_id]
+            book = self._leases
+            for lease in leases:
+                # Only this claim's lease: dropping a newer claim's lease of the same
+                # job would stop its renewals, and the sweep would take the job from
+                # under it.
+                if book.get(lease.job_id) is lease:
+                    del book[lease.job_id]
 
     def known(self) -> set[tuple[int, int]]:
         """(job_id, lease_version) of every lease in the book, lost ones included."""

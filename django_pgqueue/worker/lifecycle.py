@@ -164,7 +164,7 @@ class Worker:
         interrupted = [item for item in self._inflight if not item.resolved]
         for item in interrupted:
             item.resolved = True
-            self._writer.add(item, _interrupted(cfg.worker_id))
+            self._writer.add([(item, _interrupted(cfg.worker_id))])
         self._inflight.clear()
         if interrupted:
             logger.warning(

@@ -102,10 +102,11 @@ class OutcomeWriter:
     def backlog(self) -> int:
         return len(self._unwritten) + len(self._uncertain)
 
-    def add(self, item: InFlight, outcome: Outcome) -> None:
+    def add(self, written: list[Written]) -> None:
+        """Hold outcomes until the batch is written (see `flush_due`)."""
         if not self._unwritten:
             self._unwritten_since = time.monotonic()
-        self._unwritten.append((item, outcome))
+        self._unwritten.extend(written)
 
     def take(self) -> list[Written]:
         batch, self._unwritten = self._unwritten, []
@@ -191,7 +192,7 @@ class OutcomeWriter:
                 done.append((item, outcome.result))  # type: ignore[union-attr]
             elif item.ctx.job_id not in self._failed_instead:
                 self._stale(item, "complete")
-            self.leases.forget(item.lease)
+        self.leases.forget_all([item.lease for item, _ in successes])
         if done:
             self.stats["completed"] += len(done)
             self.observer.completed(done)  # issue 15 hook
@@ -342,7 +343,7 @@ class OutcomeWriter:
             # Warnings, like the lost connection that put the write in doubt.
             if status == "running":
                 item.lease.finishing = False  # it did not land: renew it and write again
-                self.add(item, outcome)
+                self.add([(item, outcome)])
                 logger.warning(
                     "job %d: the write in doubt had not landed; writing it again",
                     item.ctx.job_id,
