@@ -101,18 +101,19 @@ def _claim_statement(request: ClaimRequest) -> tuple[str, dict[str, Any]]:
 
 def _owned(held: Iterable[tuple[int, int]]) -> dict[str, str]:
     """Parameters naming the (job_id, lease_version) pairs a worker holds."""
+    # List comprehensions, not generators: a batch's worth per write, on the hot path.
     held = list(held)
     return {
-        "job_ids": int_array(job_id for job_id, _ in held),
-        "owned": "{" + ",".join(f'"{job_id}":{version}' for job_id, version in held) + "}",
+        "job_ids": int_array([job_id for job_id, _ in held]),
+        "owned": "{" + ",".join([f'"{job_id}":{version}' for job_id, version in held]) + "}",
     }
 
 
 def _complete_params(done: Sequence[tuple[int, int, int, str | None]]) -> dict[str, str]:
-    results = ",".join(f'"{attempt}":{result}' for _, _, attempt, result in done if result)
+    results = ",".join([f'"{attempt}":{result}' for _, _, attempt, result in done if result])
     return {
-        **_owned((job_id, version) for job_id, version, _, _ in done),
-        "attempt_ids": int_array(attempt for _, _, attempt, _ in done),
+        **_owned([(job_id, version) for job_id, version, _, _ in done]),
+        "attempt_ids": int_array([attempt for _, _, attempt, _ in done]),
         "results": "{" + results + "}",
     }
 
