@@ -100,8 +100,12 @@ def test_a_timed_out_handler_sees_its_lease_lost(run_worker):
 
 def test_stuck_handlers_that_finally_return_no_longer_count_as_stuck(run_worker):
     """More timeouts over a worker's life than threads, never more stuck at once."""
-    jobs = [enqueue("test.outlives_timeout", {"seconds": 0.4}, queue="to") for _ in range(4)]
-    worker = run_worker(["to"], concurrency=1, job_timeout=0.3, poll_interval=0.1)
+    # Each handler outlives its timeout (0.5 s) by 0.5 s: the dispatcher has that long
+    # to time it out before it returns (0.1 s before). The next job starts on a new
+    # thread at 0.5 s, times out at 1.0 s and counts as stuck from 1.5 s, 0.5 s after
+    # the retired thread ended: two stuck at once only after a 0.5 s stall.
+    jobs = [enqueue("test.outlives_timeout", {"seconds": 1.0}, queue="to") for _ in range(4)]
+    worker = run_worker(["to"], concurrency=1, job_timeout=0.5, poll_interval=0.1)
     wait_until(lambda: all("thread_after" in SEEN.get(j.id, {}) for j in jobs), timeout=20)
     last = enqueue("qa.outcome", {"do": "return"}, queue="to")
     wait_until(lambda: status(last.id) == "completed", timeout=10)
