@@ -150,8 +150,8 @@ def test_jobs_claimed_by_a_claim_whose_answer_was_lost_are_handed_back(run_worke
 
 
 def test_the_heartbeat_renews_again_at_once_after_losing_its_connection(run_worker):
-    job = enqueue("qa.sleep", {"seconds": 4.0}, queue="beat")
-    worker = run_worker(["beat"], lease=3.0, heartbeat_interval=1.0)
+    job = enqueue("qa.sleep", {"seconds": 5.0}, queue="beat")
+    worker = run_worker(["beat"], lease=4.5, heartbeat_interval=1.5)
     wait_until(lambda: status(job.id) == "running")
     wait_until(lambda: len(worker.worker.heartbeat_gaps) >= 1, timeout=5)
     sql(
@@ -161,8 +161,9 @@ def test_the_heartbeat_renews_again_at_once_after_losing_its_connection(run_work
     wait_until(lambda: status(job.id) == "completed", timeout=10)
     gaps = list(worker.worker.heartbeat_gaps)
     assert len(gaps) >= 2
-    # One interval (1 s) and a reconnect, not two intervals.
-    assert max(gaps) < 1.6, gaps
+    # One interval (1.5 s) and a reconnect, not two intervals (3 s and a reconnect):
+    # 1 s is left for the reconnect and a stall of the loaded machine.
+    assert max(gaps) < 2.5, gaps
     assert worker.worker.heartbeat_gaps.maxlen is not None
 
 
