@@ -46,6 +46,16 @@ def wait_until(query: str, predicate: Any, timeout: float = 60.0, params: Any = 
     raise AssertionError(f"timed out after {timeout}s waiting on {query!r}; last value {value!r}")
 
 
+def wait_ready(worker_id: str) -> None:
+    """Until the worker's listener is connected: it is up and will hear the next NOTIFY."""
+    wait_until(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = %s",
+        lambda n: n == 1,
+        params=[f"pgqueue listener {worker_id}"],
+    )
+
+
 def ledger_counts(
     job_ids_query: str = "SELECT id FROM queue_jobs",
     *,

@@ -7,11 +7,19 @@ import time
 
 import psycopg
 import pytest
+from django.db import transaction
 
 from django_pgqueue import JobSpec, enqueue_many
 from django_pgqueue.store.worker import Store, connection_params
 from tests.conftest import sql
-from tests.reliability.conftest import outcome, overlapping_runs, size, stop_and_count, wait_until
+from tests.reliability.conftest import (
+    outcome,
+    overlapping_runs,
+    size,
+    stop_and_count,
+    wait_ready,
+    wait_until,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,17 +32,23 @@ def test_every_job_completed_exactly_once(worker_process, report):
     """1. Concurrency"""
     jobs = size(3_000, 100_000)
     specs = [JobSpec("qa.ledger", {"seconds": 0}, queue=QUEUES[i % 3]) for i in range(jobs)]
-    for start in range(0, jobs, CHUNK):
-        enqueue_many(specs[start : start + CHUNK])
-    assert sql("SELECT count(*) FROM queue_job_state WHERE status = 'pending'")[0][0] == jobs
-
-    started = time.monotonic()
     options = ["--concurrency", "4", "--batch-size", "10", "--lease", "2"]
     options += ["--heartbeat-interval", "0.6", "--sweep-interval", "1", "--poll-interval", "0.5"]
     workers = [
         worker_process(*QUEUES, "--worker-id", f"conc-{index}", *options, "-v", "0")
         for index in range(WORKERS)
     ]
+    # Every worker is up before the jobs appear, all at once at the commit: the drain is
+    # shared by four processes from its start, not begun by the first while Django still
+    # starts in the others (on a 2-core CI box, the reduced drain could end before the
+    # last one claimed anything).
+    for index in range(WORKERS):
+        wait_ready(f"conc-{index}")
+    with transaction.atomic():
+        for start in range(0, jobs, CHUNK):
+            enqueue_many(specs[start : start + CHUNK])
+        assert sql("SELECT count(*) FROM queue_job_state WHERE status = 'pending'")[0][0] == jobs
+    started = time.monotonic()
     first_claim = wait_until("SELECT count(*) FROM queue_attempts", lambda n: n > 0, timeout=60)
     assert first_claim > 0
     wait_until(

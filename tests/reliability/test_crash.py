@@ -13,7 +13,7 @@ import pytest
 
 from django_pgqueue import enqueue, enqueue_many
 from tests.conftest import sql
-from tests.reliability.conftest import ledger_counts, outcome, size, wait_until
+from tests.reliability.conftest import ledger_counts, outcome, size, wait_ready, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,16 +25,6 @@ WORKER_ARGS = ("--lease", "2", "--heartbeat-interval", "0.5", "--sweep-interval"
 def percentile(values: list[float], pct: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
-
-
-def wait_ready(worker_id: str) -> None:
-    """Until the worker's listener is connected: it is up and will hear the next NOTIFY."""
-    wait_until(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND application_name = %s",
-        lambda n: n == 1,
-        params=[f"pgqueue listener {worker_id}"],
-    )
 
 
 class Supervisor:

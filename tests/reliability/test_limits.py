@@ -17,7 +17,7 @@ from django.db import transaction
 
 from django_pgqueue import enqueue, enqueue_many, pause_queue, set_queue_limit, set_queue_rate
 from tests.conftest import database_url, sql
-from tests.reliability.conftest import FULL, size, wait_until
+from tests.reliability.conftest import FULL, size, wait_ready, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,6 +84,14 @@ def stop_all(workers: list) -> None:
         if worker.proc.returncode is None:
             code, output = worker.wait(60)
             assert code == 0, output
+
+
+def all_ready(workers: list) -> None:
+    """Until every worker is up and listening. The scenarios that measure a drain enqueue
+    after this, so the drain starts with every worker in it, not with the first one
+    while Django still starts in the others (on a 2-core CI box, for seconds)."""
+    for worker in workers:
+        wait_ready(worker.args[worker.args.index("--worker-id") + 1])
 
 
 def drained(queue: str, jobs: int, timeout: float) -> None:
@@ -175,11 +183,12 @@ def test_global_limit_with_four_workers(worker_process, report):
     """13a. Queue control: Global limit 3, 4 workers x 10"""
     jobs = size(300, 2_000)
     set_queue_limit("limited", LIMIT)
-    enqueue_many([("qa.nap", {"seconds": JOB_S}) for _ in range(jobs)], queue="limited")
     with Sampler("limited") as sampler:
         workers = [
             worker_process("limited", "--worker-id", f"limit-{i}", *OPTIONS) for i in range(4)
         ]
+        all_ready(workers)
+        enqueue_many([("qa.nap", {"seconds": JOB_S}) for _ in range(jobs)], queue="limited")
         drained("limited", jobs, timeout=size(120, 300))
     stop_all(workers)
     exactly_once("limited")
@@ -279,12 +288,19 @@ def test_global_limit_with_a_worker_sigkilled_every_period(worker_process, repor
 def test_key_limit_one_with_fifty_keys(worker_process, report):
     """13c. Queue control: Key limit 1, 50 keys"""
     jobs = size(400, 2_000)
-    with transaction.atomic():
-        for n in range(jobs):
-            enqueue(
-                "qa.nap", {"seconds": 0.02}, queue="keyed", concurrency_key=f"customer:{n % 50}"
-            )
+
+    def keyed(n: int) -> None:
+        enqueue("qa.nap", {"seconds": 0.02}, queue="keyed", concurrency_key=f"customer:{n % 50}")
+
+    # The first keyed job makes the queue keyed, which a running worker sees only at its
+    # next look at the controls (POLL later): the workers start after it, the others
+    # come once they all listen.
+    keyed(0)
     workers = [worker_process("keyed", "--worker-id", f"key-{i}", *OPTIONS) for i in range(4)]
+    all_ready(workers)
+    with transaction.atomic():
+        for n in range(1, jobs):
+            keyed(n)
     drained("keyed", jobs, timeout=size(120, 300))
     stop_all(workers)
     exactly_once("keyed")
@@ -320,8 +336,9 @@ def test_rate_limit_over_a_window(worker_process, report):
     seconds = size(6, 30)
     jobs = 100 * seconds + 200
     set_queue_rate("rated", "100/s")
-    enqueue_many([("qa.noop", {}) for _ in range(jobs)], queue="rated")
     workers = [worker_process("rated", "--worker-id", f"rate-{i}", *OPTIONS) for i in range(4)]
+    all_ready(workers)
+    enqueue_many([("qa.noop", {}) for _ in range(jobs)], queue="rated")
     wait_until(
         "SELECT count(*) FROM queue_attempts",
         lambda n: n >= 100 * (seconds + 1),
