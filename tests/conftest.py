@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,6 +112,7 @@ class WorkerProcess:
         self.args = [sys.executable, str(MANAGE), "run_queue_worker", *args]
         self.env = {**os.environ, "DATABASE_URL": database_url(), **(env or {})}
         self.proc: subprocess.Popen[str] | None = None
+        self._read = b""  # output read_until took from the pipe; wait() puts it first
 
     def start(self) -> WorkerProcess:
         self.proc = subprocess.Popen(
@@ -130,10 +133,25 @@ class WorkerProcess:
         assert self.proc is not None
         self.proc.send_signal(sig)
 
+    def read_until(self, text: str, timeout: float = 30) -> str:
+        """Read the output until `text` shows (the timeout is a hang guard); all of it
+        so far. Straight from the pipe, so `wait()` still returns the whole output."""
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while text not in (seen := self._read.decode(errors="replace")):
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"no {text!r} in the output after {timeout}s:\n{seen[-3000:]}"
+            chunk = os.read(fd, 65536)
+            assert chunk, f"the process exited before writing {text!r}:\n{seen[-3000:]}"
+            self._read += chunk
+        return seen
+
     def wait(self, timeout: float = 60) -> tuple[int, str]:
         assert self.proc is not None
         output, _ = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, output
+        return self.proc.returncode, self._read.decode(errors="replace") + output
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

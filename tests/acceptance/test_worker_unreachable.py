@@ -25,7 +25,9 @@ def test_first_sigterm_ends_a_worker_that_cannot_reach_the_database(worker_proce
     url = f"postgres://postgres@127.0.0.1:{closed_port()}/pgqueue_nowhere"
     args = ["nowhere", "--shutdown-grace", "30", *(["--burst"] if burst else [])]
     worker = worker_process(*args, env={"DATABASE_URL": url})
-    time.sleep(3)  # it starts, fails to connect, and backs off
+    # It starts (its SIGTERM handler is installed before it connects), fails to
+    # connect, and backs off.
+    worker.read_until("database unavailable")
     assert worker.proc.poll() is None
     worker.signal(signal.SIGTERM)
     started = time.monotonic()
