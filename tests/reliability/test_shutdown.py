@@ -59,7 +59,9 @@ def test_sigterm_with_jobs_in_flight_and_a_claim_on_the_wire(worker_process, rep
         [(signalled_at,)] = sql("SELECT clock_timestamp()")
         signalled = time.monotonic()
         worker.signal(signal.SIGTERM)
-        time.sleep(0.3)
+        # The claim returns once the worker has stopped claiming, not a guessed moment
+        # later (0.3 s were not always enough on a loaded machine).
+        worker.read_until("SIGTERM: no more claims")
         lock.rollback()
     code, output = worker.wait(GRACE + 10)
     exited_s = time.monotonic() - signalled
@@ -137,7 +139,9 @@ def test_second_sigterm_exits_promptly(worker_process, report):
     code, output = worker.wait(30)
     exited_s = time.monotonic() - signalled
     assert code == 0, output
-    assert exited_s < 3.0
+    # At once rather than after the handlers' 60 s: about 1.2 s (the listener notices
+    # the stop within a second); the rest is for a loaded machine.
+    assert exited_s < 5.0, exited_s
     assert "second SIGTERM: stopping now" in output
     # The interrupted jobs are due again at once, each attempt closed as failed.
     assert sql(
