@@ -17,6 +17,7 @@ from django_pgqueue.store.operator import retry_jobs
 from django_pgqueue.store.worker import Store
 from tests.conftest import sql
 from tests.reliability.conftest import ledger_counts, outcome, size, wait_until
+from tests.reliability.test_limits_stale import _quiesced
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -152,8 +153,12 @@ def test_frozen_worker_resumed_past_its_lease_is_fenced(worker_process, run_work
             lambda n, want=per_round: n == want,
             params=[ids, a.pid],
         )
+        [(a_id,)] = sql("SELECT DISTINCT worker_id FROM qa_ledger WHERE pid = %s", [a.pid])
         a.signal(signal.SIGSTOP)
-        time.sleep(0.05)  # a renewal already on the wire lands
+        # A renewal already on the wire lands before the lease's end is read: it reaches
+        # the server, then runs to its end (A's sessions are autocommit: each goes idle).
+        time.sleep(0.05)
+        assert _quiesced(a_id), "a statement of the frozen worker did not end"
         [(remaining,)] = sql(
             "SELECT extract(epoch FROM max(locked_until) - clock_timestamp())::float8 "
             "FROM queue_job_state WHERE job_id = ANY(%s)",
