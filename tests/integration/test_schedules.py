@@ -44,16 +44,17 @@ def jobs_of(queue: str) -> int:
 
 def test_eight_racing_threads_fire_each_tick_exactly_once(stores):
     every = Ticks(every=dt.timedelta(seconds=1))
-    start = every.at_or_before(db_now()) - dt.timedelta(seconds=BURST_LIMIT - 2)
-    make_schedule("race", next_tick=start)
-    barrier = threading.Barrier(8)
+    # The racers connect, then the schedule is made BURST_LIMIT - 2 ticks behind, then
+    # they race: opening eight connections on a loaded machine took the 2 s of margin.
+    connected, go = threading.Barrier(9), threading.Barrier(9)
     errors: list[BaseException] = []
 
     def racer(n: int) -> None:
         store = stores(f"racer-{n}")
         try:
             store.connect()
-            barrier.wait()
+            connected.wait(30)
+            go.wait(30)
             deadline = time.monotonic() + 3.0
             while time.monotonic() < deadline:
                 fire_due(store, ["sched"])
@@ -63,6 +64,10 @@ def test_eight_racing_threads_fire_each_tick_exactly_once(stores):
     threads = [threading.Thread(target=racer, args=(n,)) for n in range(8)]
     for thread in threads:
         thread.start()
+    connected.wait(30)
+    start = every.at_or_before(db_now()) - dt.timedelta(seconds=BURST_LIMIT - 2)
+    make_schedule("race", next_tick=start)
+    go.wait(30)
     for thread in threads:
         thread.join(30)
     assert not errors
