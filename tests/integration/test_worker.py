@@ -225,7 +225,8 @@ def test_weighted_worker_drains_both_queues(run_worker):
 
 def test_notify_wakes_an_idle_worker_quickly(run_worker):
     worker = run_worker(["wake"], poll_interval=30)
-    time.sleep(0.5)  # idle, listening
+    # Idle and listening (not a guessed 0.5 s: a slow start counted in the latency).
+    wait_until(lambda: worker.worker._dispatcher.claims.listening)
     job = enqueue("qa.noop", queue="wake")
     wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed", timeout=5)
     (latency,) = sql(
@@ -337,7 +338,8 @@ def test_handler_connections_survive_conn_max_age_zero_and_recover_when_killed(r
 
 def test_worker_reconnects_after_its_connections_are_terminated(run_worker):
     worker = run_worker(["reconnect"], poll_interval=0.1)
-    time.sleep(0.5)
+    dispatcher = worker.worker._dispatcher
+    wait_until(lambda: dispatcher.store.connected and dispatcher.claims.listening)
     # Only this test database's connections: the server may be shared with other runs.
     killed = sql(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
