@@ -188,6 +188,10 @@ WITH candidates AS MATERIALIZED (
     WHERE queue = %(queue)s::text
       AND status = 'pending'
       AND run_at <= now()
+      -- A job with a concurrency key is left to job_claim_controlled: its enqueue
+      -- marked the queue keyed, but a worker learns that only at its next view of the
+      -- queue's controls, and meanwhile must not run two jobs of one key.
+      AND concurrency_key IS NULL
       -- job_claim_after: resume after a key
     ORDER BY priority DESC, run_at, job_id
     LIMIT %(limit)s::integer

@@ -6,6 +6,7 @@ import itertools
 import time
 
 import pytest
+from django.db import transaction
 
 from django_pgqueue import (
     actions,
@@ -150,3 +151,19 @@ def test_a_running_job_that_ends_cancelled_sends_job_cancelled(run_worker):
     assert worker.worker.stats["completed"] == 0
     counts = worker.worker.observer.counters.attempts()
     assert counts == {("long", "qa.cancellable", "cancelled"): 1}
+
+
+def test_a_queue_claimed_without_controls_keeps_its_first_keyed_jobs_apart(run_worker):
+    """The first keyed enqueue marks a queue keyed, but a running worker learns that only
+    at its next view of queue_controls (half a poll interval): meanwhile its plain claim
+    must leave keyed jobs alone, or it runs two jobs of one key at once."""
+    warm_up = enqueue("qa.noop", queue="fresh")
+    run_worker(["fresh"], poll_interval=6.0)  # the view is refreshed every 3 s
+    wait_until(lambda: status(warm_up.id) == "completed")  # `fresh` is claimed uncontrolled
+    with transaction.atomic():
+        keyed = [
+            enqueue("qa.nap", {"seconds": 0.3}, queue="fresh", concurrency_key="customer:42")
+            for _ in range(2)
+        ]
+    wait_until(lambda: all(status(job.id) == "completed" for job in keyed), timeout=20)
+    assert most_at_once("fresh") == 1

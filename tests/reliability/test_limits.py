@@ -292,14 +292,13 @@ def test_key_limit_one_with_fifty_keys(worker_process, report):
     def keyed(n: int) -> None:
         enqueue("qa.nap", {"seconds": 0.02}, queue="keyed", concurrency_key=f"customer:{n % 50}")
 
-    # The first keyed job makes the queue keyed, which a running worker sees only at its
-    # next look at the controls (POLL later): the workers start after it, the others
-    # come once they all listen.
-    keyed(0)
+    # Enqueued once every worker claims the queue without controls: the first keyed job
+    # makes it keyed, which a running worker learns only at its next view of the
+    # controls; its plain claim must leave keyed jobs alone meanwhile.
     workers = [worker_process("keyed", "--worker-id", f"key-{i}", *OPTIONS) for i in range(4)]
     all_ready(workers)
     with transaction.atomic():
-        for n in range(1, jobs):
+        for n in range(jobs):
             keyed(n)
     drained("keyed", jobs, timeout=size(120, 300))
     stop_all(workers)
