@@ -5,8 +5,9 @@ that has a queue_controls row goes through ``queue_control_lock`` +
 ``job_claim_controlled`` + ``queue_control_state`` (one pipeline, one transaction,
 one round trip), chosen from a view of queue_controls refreshed every half poll
 interval; a `Failure` that is a snooze is written with ``job_snooze``; and a renewal
-reports the jobs an operator asked to cancel. Queues without a row claim exactly as
-before. The rest runs on the caller's Django connection.
+reports the jobs an operator asked to cancel. Queues without a row claim with the
+plain claim, which leaves keyed jobs to the controlled one. The rest runs on the
+caller's Django connection.
 """
 
 from __future__ import annotations
@@ -98,10 +99,23 @@ class ControlledStore(Store):
         """Whether claims of `queue` go through the controlled claim (view per poll)."""
         now = time.monotonic()
         if now >= self._controls_due:
-            rows = self._run("queue_control_list", {})
-            self._controlled = frozenset(row[0] for row in rows)
-            self._controls_due = now + (self.poll_interval or get_settings().POLL_INTERVAL) / 2
+            self.refresh_view(now)
         return queue in self._controlled
+
+    def refresh_view(self, now: float) -> frozenset[str]:
+        """Read which queues are controlled now; return those that were not before.
+
+        A queue that became controlled counts as one where a slot freed (see
+        `take_freed`): the plain claim took nothing from it if it became keyed, so the
+        scheduler tries it again at once, with the controlled claim.
+        """
+        rows = self._run("queue_control_list", {})
+        fresh = frozenset(row[0] for row in rows)
+        became = fresh - self._controlled
+        self._controlled = fresh
+        self._controls_due = now + (self.poll_interval or get_settings().POLL_INTERVAL) / 2
+        self._freed |= became
+        return became
 
     def recheck_after(self, queue: str, poll_interval: float) -> float:
         """Seconds before a short claim of `queue` is worth retrying (poll_interval if unknown)."""

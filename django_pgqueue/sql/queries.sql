@@ -190,7 +190,8 @@ WITH candidates AS MATERIALIZED (
       AND run_at <= now()
       -- A job with a concurrency key is left to job_claim_controlled: its enqueue
       -- marked the queue keyed, but a worker learns that only at its next view of the
-      -- queue's controls, and meanwhile must not run two jobs of one key.
+      -- queue's controls, and meanwhile must not run two jobs of one key. The walk
+      -- stays ordered when most rows have a key (see test_claim_plan).
       AND concurrency_key IS NULL
       -- job_claim_after: resume after a key
     ORDER BY priority DESC, run_at, job_id
@@ -936,7 +937,8 @@ WHERE queue = %(queue)s::text AND status = 'pending';
 
 -- Queue control (issue 14): pause, concurrency limits, concurrency keys, rate limits,
 -- snooze and cancelling a running job. A queue without a queue_controls row never
--- runs any of these on its claim path: it claims with job_claim above, unchanged.
+-- runs any of these on its claim path: it claims with job_claim above, which only
+-- leaves jobs with a concurrency key alone.
 
 
 -- name: queue_control_lock

@@ -12,6 +12,7 @@ operator cancellations as what they are. The SQL is in `control.store`.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from ..control.store import ControlledStore
@@ -48,6 +49,14 @@ class ControlledClaims(ClaimScheduler):
         if self.store.frees_slots(queue):
             return None
         return super().resume_after(queue, now)
+
+    def idle(self, now: float) -> bool:
+        """`ClaimScheduler.idle`, after one more look at which queues are controlled: a
+        queue that just became keyed held jobs the plain claim had to leave."""
+        if not super().idle(now):
+            return False
+        became = self.store.refresh_view(time.monotonic())
+        return not any(queue in became for queue in self.queues)
 
     def claimed(
         self, queue: str, limit: int, after: ClaimKey | None, rows: list[ClaimedRow], sent: float

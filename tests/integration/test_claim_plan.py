@@ -63,10 +63,15 @@ def nodes(plan: dict) -> list[dict]:
 
 
 def candidate_scan(plan: dict) -> dict:
-    """The scan node under the candidates CTE (the LockRows -> Limit subtree)."""
+    """The scan of queue_job_state under the candidates CTE (the LockRows -> Limit
+    subtree)."""
     for node in nodes(plan):
         if node.get("Subplan Name") == "CTE candidates":
-            scans = [n for n in nodes(node) if "Scan" in n["Node Type"]]
+            scans = [
+                n
+                for n in nodes(node)
+                if "Scan" in n["Node Type"] and n.get("Relation Name") == "queue_job_state"
+            ]
             assert scans, node
             return scans[0]
     raise AssertionError("no candidates CTE in the plan")
@@ -133,9 +138,7 @@ def test_claim_plan_holds_with_finished_rows_and_stale_statistics():
 def test_the_any_predicate_of_the_article_loses_the_ordered_walk():
     """Why the claim takes one queue: with = ANY the plan must sort (the article's finding)."""
     load_jobs(pending=50_000)
-    any_claim = QUERIES["job_claim"].replace(
-        "WHERE queue = %(queue)s::text", "WHERE queue = ANY(%(queues)s::text[])"
-    )
+    any_claim = QUERIES["job_claim"].replace("= %(queue)s::text", "= ANY(%(queues)s::text[])")
     assert any_claim != QUERIES["job_claim"]
     with connection.cursor() as cursor:
         cursor.execute(
@@ -145,3 +148,35 @@ def test_the_any_predicate_of_the_article_loses_the_ordered_walk():
         plan = cursor.fetchone()[0]
     plan = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
     assert "Sort" in {node["Node Type"] for node in nodes(plan)}
+
+
+def test_claim_plan_holds_when_most_rows_have_a_concurrency_key():
+    """job_claim leaves keyed jobs (concurrency_key IS NULL): with 99% of the rows keyed
+    jobs of another queue (a null fraction of 0.01), the planner expects 1% of the
+    unkeyed queue's rows to pass, and must still walk the claim index in order rather
+    than read them all and sort."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH ids AS (
+                SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id, n,
+                       CASE WHEN n %% 100 = 0 THEN 'payments' ELSE 'email' END AS queue
+                FROM generate_series(1, %(rows)s) AS n
+            ), jobs AS (
+                INSERT INTO queue_jobs (id, queue, type, payload, created_at)
+                SELECT id, queue, 'qa.noop', '{}', now() FROM ids
+            )
+            INSERT INTO queue_job_state (job_id, queue, status, priority, run_at, attempts,
+                                         max_attempts, lease_version, updated_at,
+                                         concurrency_key)
+            SELECT id, queue, 'pending', 0, now() - make_interval(secs => n %% 1000), 0, 5,
+                   0, now(), CASE WHEN queue = 'email' THEN 'k' || n %% 50 END
+            FROM ids
+            """,
+            {"rows": 100_000},
+        )
+        cursor.execute("ANALYZE queue_job_state")
+    plan = claim_plan("payments")
+    scan = candidate_scan(plan)
+    assert (scan["Node Type"], scan["Index Name"]) == ("Index Scan", "queue_job_state_claim_idx")
+    assert "Sort" not in {node["Node Type"] for node in nodes(plan)}

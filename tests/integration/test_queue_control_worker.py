@@ -17,6 +17,8 @@ from django_pgqueue import (
     set_queue_limit,
     signals,
 )
+from django_pgqueue.worker.config import WorkerConfig
+from django_pgqueue.worker.control import ControlledClaims, worker_store
 from tests.conftest import sql
 from tests.integration.test_queue_control import most_at_once
 
@@ -167,3 +169,23 @@ def test_a_queue_claimed_without_controls_keeps_its_first_keyed_jobs_apart(run_w
         ]
     wait_until(lambda: all(status(job.id) == "completed" for job in keyed), timeout=20)
     assert most_at_once("fresh") == 1
+
+
+def test_a_burst_worker_looks_at_the_controls_before_calling_a_queue_empty():
+    """A queue that became keyed since the worker's last view held keyed jobs its plain
+    claim had to leave: the burst exit test must not count it as empty."""
+    config = WorkerConfig.build(["late"], poll_interval=10.0, burst=True)
+    store = worker_store(config)
+    store.connect()
+    try:
+        claims = ControlledClaims(config, store)
+        assert not store.controlled("late")  # the view, taken before the keyed enqueue
+        now = time.monotonic()
+        claims.mark_empty("late", now, now + 10.0)  # what the short plain claim left
+        enqueue("qa.noop", queue="late", concurrency_key="customer:1")
+        assert not claims.idle(time.monotonic())
+        assert store.controlled("late")
+        assert claims.refresh(time.monotonic())  # tried again at once
+        assert claims.order() == ["late"]
+    finally:
+        store.close()
