@@ -105,8 +105,7 @@ class InFlightJobs:
         After losing its lease, this worker may have claimed the same job again while
         the old handler still ran: that newer claim's entry stays.
         """
-        if self._items.get(item.ctx.job_id) is item:
-            del self._items[item.ctx.job_id]
+        self.drop_all([item])
 
     def drop_all(self, items: list[InFlight]) -> None:
         """`drop` each of `items`."""
