@@ -115,12 +115,12 @@ def enqueue(
 def enqueue_many(
     jobs: Iterable[JobSpec | tuple[str, Any]],
     *,
+    using: str | None = None,
     queue: str | None = None,
     priority: int | None = None,
     run_at: dt.datetime | None = None,
     delay: float | dt.timedelta | None = None,
     max_attempts: int | None = None,
-    using: str | None = None,
 ) -> list[EnqueuedJob]:
     """Add many jobs in one statement, in the caller's transaction.
 

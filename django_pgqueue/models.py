@@ -200,7 +200,6 @@ class Attempt(models.Model):
 
     class Meta:
         db_table = "queue_attempts"
-        verbose_name = "attempt"
         constraints = [
             models.UniqueConstraint(
                 fields=["job", "lease_version"], name="queue_attempts_job_lease_unique"
@@ -209,6 +208,7 @@ class Attempt(models.Model):
             # attempt_index >= 1, finished_at set exactly when the attempt is over
             # (created by the migration).
         ]
+        verbose_name = "attempt"
 
     def __str__(self) -> str:
         return f"attempt {self.attempt_index} of job #{self.job_id} ({self.status})"

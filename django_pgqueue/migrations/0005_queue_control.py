@@ -24,6 +24,8 @@ class Migration(migrations.Migration):
     dependencies = [("django_pgqueue", "0004_workers")]
 
     operations = [
+        _shapes.add_nullable("jobstate", "cancel_requested_at", models.DateTimeField),
+        _shapes.add_nullable("jobstate", "concurrency_key", models.CharField, max_length=255),
         migrations.CreateModel(
             name="QueueControl",
             fields=[
@@ -38,8 +40,6 @@ class Migration(migrations.Migration):
             ],
             options=_shapes.table("queue_controls", "queue", verbose_name_plural="queues"),
         ),
-        _shapes.add_nullable("jobstate", "cancel_requested_at", models.DateTimeField),
-        _shapes.add_nullable("jobstate", "concurrency_key", models.CharField, max_length=255),
         migrations.AlterField(
             model_name="attempt",
             name="status",
