@@ -66,13 +66,14 @@ class Intake:
         with a walk from the start, which may find jobs that sort before its key."""
         if after is not None:
             self.stats["claims_resumed"] += 1
+        _in_claim_order(rows)
         self.claims.claimed(queue, limit, after, rows, sent)
         self._admit(queue, rows, sent)
         if after is None or len(rows) >= limit or self.stopping.is_set():
             return
         rest = limit - len(rows)
         sent = time.monotonic()
-        more = self.claim(queue, rest)
+        more = _in_claim_order(self.claim(queue, rest))
         self.claims.claimed(queue, rest, None, more, sent)
         self._admit(queue, more, sent)
 
@@ -90,11 +91,9 @@ class Intake:
         self._launch(rows, sent + self.config.lease)
 
     def _launch(self, rows: list[ClaimedRow], expires: float) -> None:
-        """Start claimed jobs: in flight, their leases held, handed to the handler pool."""
+        """Start claimed jobs, in claim order: in flight, leases held, handed to the pool."""
         cfg = self.config
         self.stats["claimed"] += len(rows)
-        if len(rows) > 1:
-            rows.sort(key=ClaimedRow.order)
         items = [
             InFlight.claimed(
                 row,
@@ -117,3 +116,11 @@ class Intake:
         released = self.leases.hand_back(self.store, held)
         if released is not None:
             self.stats["released"] += len(released)
+
+
+def _in_claim_order(rows: list[ClaimedRow]) -> list[ClaimedRow]:
+    """Sort a claim's rows in place into claim order (the statement returns them in
+    any order): handlers start in it, and the scheduler resumes after the last."""
+    if len(rows) > 1:
+        rows.sort(key=ClaimedRow.order)
+    return rows

@@ -94,14 +94,15 @@ class ClaimScheduler:
     def claimed(
         self, queue: str, limit: int, after: ClaimKey | None, rows: list[ClaimedRow], sent: float
     ) -> None:
-        """Learn from a claim sent at `sent`: mark the queue empty after a short full walk,
-        and note where the next claim from it may resume (see RESUME_TTL)."""
+        """Learn from a claim sent at `sent`, its `rows` in claim order: mark the queue
+        empty after a short full walk, and note where the next claim from it may resume
+        (after the last row; see RESUME_TTL)."""
         if len(rows) < limit:
             if after is None:
                 self.mark_empty(queue, sent, sent + self.poll_interval)
                 self._resume.pop(queue, None)  # a full walk found the queue drained
             return  # a short resumed claim: the walk from the start that follows decides
-        last = max(rows, key=ClaimedRow.order)
+        last = rows[-1]
         fresh = self._resume.get(queue)
         until = sent + RESUME_TTL if after is None or fresh is None else fresh[1]
         self._resume[queue] = ((last.priority, last.run_at, last.job_id), until)
