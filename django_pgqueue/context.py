@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 
@@ -24,6 +25,7 @@ class Lease:
         return not self.lost and time.monotonic() < self.expires
 
 
+@dataclass(slots=True, kw_only=True, eq=False, repr=False)
 class JobContext:
     """One claimed job, as a handler sees it.
 
@@ -33,52 +35,23 @@ class JobContext:
     own the job: a long handler should check it and stop early.
     """
 
-    __slots__ = (
-        "_lease",
-        "attempt",
-        "created_at",
-        "job_id",
-        "lease_version",
-        "max_attempts",
-        "payload",
-        "priority",
-        "queue",
-        "type",
-        "user_key",
-        "worker_id",
-    )
+    job_id: int
+    queue: str
+    type: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    lease_version: int
+    priority: int = 0
+    worker_id: str = ""
+    created_at: dt.datetime | None = None
+    user_key: str | None = None
+    # The worker's lease on the job (None outside a worker): private, read through
+    # lease_lost() and cancel_requested().
+    lease: InitVar[Lease | None] = None
+    _lease: Lease | None = field(init=False, default=None)
 
-    # A plain __init__ rather than a dataclass's: one call per job, not two (the
-    # dataclass needed __post_init__ to keep `lease` private), on the worker's hot path.
-    def __init__(
-        self,
-        *,
-        job_id: int,
-        queue: str,
-        type: str,
-        payload: Any,
-        attempt: int,
-        max_attempts: int,
-        lease_version: int,
-        priority: int = 0,
-        worker_id: str = "",
-        created_at: dt.datetime | None = None,
-        user_key: str | None = None,
-        lease: Lease | None = None,
-    ) -> None:
-        self.job_id = job_id
-        self.queue = queue
-        self.type = type
-        self.payload = payload
-        self.attempt = attempt
-        self.max_attempts = max_attempts
-        self.lease_version = lease_version
-        self.priority = priority
-        self.worker_id = worker_id
-        self.created_at = created_at
-        self.user_key = user_key
-        # The worker's lease on the job (None outside a worker): private, read through
-        # lease_lost() and cancel_requested().
+    def __post_init__(self, lease: Lease | None) -> None:
         self._lease = lease
 
     @property
