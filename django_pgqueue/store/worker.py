@@ -297,16 +297,42 @@ class Store:
     def _claim(
         self, done: Sequence[tuple[int, int, int, str | None]] | None, request: ClaimRequest
     ) -> tuple[set[int], list[ClaimedRow]]:
-        """Complete `done` (None: the claim alone) and claim: what a subclass may change."""
+        """Complete `done` (None: the claim alone) and claim: what a subclass may change.
+
+        One pipeline: one round trip, one transaction. With prepared statements the
+        claim runs on its generic plan (`claim_plan_generic` before it), planned once
+        per session instead of at every claim.
+        """
         claim_name, claim = _claim_statement(request)
-        if done is None:
-            return set(), [ClaimedRow._make(row) for row in self._run(claim_name, claim)]
-        what = "job_complete + job_claim"
-        with self._holding(what) as conn, conn.cursor() as done_cur, conn.cursor() as claim_cur:
+        what = claim_name if done is None else f"job_complete + {claim_name}"
+        with self._holding(what) as conn:
+            prepared = conn.prepare_threshold is not None
+            try:
+                return self._claim_pipeline(conn, done, (claim_name, claim), what, prepared)
+            except psycopg.Error:
+                if done is not None or not prepared or conn.prepare_threshold is not None:
+                    raise  # with completions: the caller writes them apart
+        # The server did not know a statement this worker prepared (a transaction-mode
+        # pooler; preparation is off from now on): the claim alone once more.
+        return set(), [ClaimedRow._make(row) for row in self._run(claim_name, claim)]
+
+    def _claim_pipeline(
+        self,
+        conn: psycopg.Connection[Any],
+        done: Sequence[tuple[int, int, int, str | None]] | None,
+        statement: tuple[str, dict[str, Any]],
+        what: str,
+        generic: bool,
+    ) -> tuple[set[int], list[ClaimedRow]]:
+        claim_name, claim = statement
+        with conn.cursor() as done_cur, conn.cursor() as plan_cur, conn.cursor() as claim_cur:
             with self._pipelined(conn, what):
-                done_cur.execute(QUERIES["job_complete"], _complete_params(done))
+                if done is not None:
+                    done_cur.execute(QUERIES["job_complete"], _complete_params(done))
+                if generic:
+                    plan_cur.execute(QUERIES["claim_plan_generic"])
                 claim_cur.execute(QUERIES[claim_name], claim)
-            completed = self._completed(done_cur.fetchall())
+            completed = self._completed(done_cur.fetchall()) if done is not None else set()
             return completed, [ClaimedRow._make(row) for row in claim_cur.fetchall()]
 
     def fail(
@@ -378,6 +404,10 @@ class Store:
     def listen(self) -> None:
         with self._holding("LISTEN") as conn:
             conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+
+    def wake_listeners(self) -> None:
+        """NOTIFY an empty payload: a listener waiting for a NOTIFY returns at once."""
+        self._run("listener_wake", {})
 
     def notifications(self, timeout: float) -> Iterator[str]:
         """Yield queue names notified within `timeout` seconds (stops early after one burst)."""

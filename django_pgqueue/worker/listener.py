@@ -21,7 +21,8 @@ from .scheduler import ClaimScheduler
 
 logger = logging.getLogger(__name__)
 
-# How long the listener blocks waiting for a NOTIFY before it checks for shutdown.
+# How long the listener blocks waiting for a NOTIFY before it checks for shutdown; a
+# stopping worker wakes it sooner (Store.wake_listeners).
 LISTEN_TIMEOUT = 1.0
 
 
@@ -64,6 +65,9 @@ class Listener:
                     self.claims.notify(wanted)
                     self.claims.listening = True
                     self.wake.set()
+                    # A stop that came meanwhile: its wake-up NOTIFY may have gone
+                    # before the LISTEN; one that comes later arrives after it.
+                    continue
                 try:
                     for name in store.notifications(timeout=LISTEN_TIMEOUT):
                         if name in wanted:

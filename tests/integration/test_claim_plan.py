@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.db import connection
@@ -42,16 +43,37 @@ def load_jobs(pending: int, finished: int = 0, analyze: bool = True) -> None:
 
 
 def claim_plan(
-    queue: str = "payments", limit: int = 20, analyze: bool = False, **after: object
+    queue: str = "payments",
+    limit: int = 20,
+    analyze: bool = False,
+    generic: bool = False,
+    **after: object,
 ) -> dict:
+    """The claim's plan for these values; with `generic`, the plan the worker runs on:
+    its prepared statement's generic plan (claim_plan_generic), built without them."""
     name = "job_claim_after" if after else "job_claim"
     options = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
+    params = {"queue": queue, "limit": limit, "worker_id": "explain", "lease": 30.0, **after}
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"EXPLAIN ({options}) " + QUERIES[name],
-            {"queue": queue, "limit": limit, "worker_id": "explain", "lease": 30.0, **after},
-        )
-        plan = cursor.fetchone()[0]
+        if not generic:
+            cursor.execute(f"EXPLAIN ({options}) " + QUERIES[name], params)
+            plan = cursor.fetchone()[0]
+        else:
+            names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", QUERIES[name])))
+            statement = re.sub(
+                r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", QUERIES[name]
+            )
+            cursor.execute(f"PREPARE generic_claim AS {statement}")
+            try:
+                cursor.execute(QUERIES["claim_plan_generic"])
+                values = ", ".join(["%s"] * len(names))
+                cursor.execute(
+                    f"EXPLAIN ({options}) EXECUTE generic_claim({values})",
+                    [params[n] for n in names],
+                )
+                plan = cursor.fetchone()[0]
+            finally:
+                cursor.execute("DEALLOCATE generic_claim")
     return (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
 
 
@@ -77,9 +99,10 @@ def candidate_scan(plan: dict) -> dict:
     raise AssertionError("no candidates CTE in the plan")
 
 
-def test_claim_on_50k_pending_jobs_walks_the_claim_index_without_sorting():
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_claim_on_50k_pending_jobs_walks_the_claim_index_without_sorting(generic):
     load_jobs(pending=50_000)
-    plan = claim_plan()
+    plan = claim_plan(generic=generic)
     scan = candidate_scan(plan)
     assert scan["Node Type"] == "Index Scan"
     assert scan["Index Name"] == "queue_job_state_claim_idx"
@@ -87,7 +110,8 @@ def test_claim_on_50k_pending_jobs_walks_the_claim_index_without_sorting():
     assert "Bitmap Heap Scan" not in {node["Node Type"] for node in nodes(plan)}
 
 
-def test_a_resumed_claim_starts_its_walk_at_the_key_it_is_given():
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_a_resumed_claim_starts_its_walk_at_the_key_it_is_given(generic):
     load_jobs(pending=30_000)
     with connection.cursor() as cursor:
         # The middle of priority 0 in the payments queue, in claim order.
@@ -98,7 +122,7 @@ def test_a_resumed_claim_starts_its_walk_at_the_key_it_is_given():
         )
         priority, run_at, job_id = cursor.fetchone()
     after = {"after_priority": priority, "after_run_at": run_at, "after_job_id": job_id}
-    plan = claim_plan(**after)
+    plan = claim_plan(generic=generic, **after)
     scan = candidate_scan(plan)
     assert (scan["Node Type"], scan["Index Name"]) == ("Index Scan", "queue_job_state_claim_idx")
     assert "Sort" not in {node["Node Type"] for node in nodes(plan)}
@@ -123,12 +147,13 @@ def test_a_resumed_claim_starts_its_walk_at_the_key_it_is_given():
     assert claimed == sorted(expected)
 
 
-def test_claim_plan_holds_with_finished_rows_and_stale_statistics():
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_claim_plan_holds_with_finished_rows_and_stale_statistics(generic):
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE queue_job_state")  # statistics of an empty table
     load_jobs(pending=20_000, finished=40_000, analyze=False)
     for queue in ("payments", "email", "reports"):
-        scan = candidate_scan(claim_plan(queue))
+        scan = candidate_scan(claim_plan(queue, generic=generic))
         assert (scan["Node Type"], scan["Index Name"]) == (
             "Index Scan",
             "queue_job_state_claim_idx",
@@ -150,7 +175,8 @@ def test_the_any_predicate_of_the_article_loses_the_ordered_walk():
     assert "Sort" in {node["Node Type"] for node in nodes(plan)}
 
 
-def test_claim_plan_holds_when_most_rows_have_a_concurrency_key():
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_claim_plan_holds_when_most_rows_have_a_concurrency_key(generic):
     """job_claim leaves keyed jobs (concurrency_key IS NULL): with 99% of the rows keyed
     jobs of another queue (a null fraction of 0.01), the planner expects 1% of the
     unkeyed queue's rows to pass, and must still walk the claim index in order rather
@@ -176,7 +202,7 @@ def test_claim_plan_holds_when_most_rows_have_a_concurrency_key():
             {"rows": 100_000},
         )
         cursor.execute("ANALYZE queue_job_state")
-    plan = claim_plan("payments")
+    plan = claim_plan("payments", generic=generic)
     scan = candidate_scan(plan)
     assert (scan["Node Type"], scan["Index Name"]) == ("Index Scan", "queue_job_state_claim_idx")
     assert "Sort" not in {node["Node Type"] for node in nodes(plan)}

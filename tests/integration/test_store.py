@@ -416,3 +416,30 @@ def test_worker_statements_are_prepared_unless_turned_off(stores, settings, prep
         assert any("queue_attempts" in text and "completed" in text for text in statements)
     else:
         assert statements == []
+
+
+def test_the_worker_claims_on_a_generic_plan_planned_once(stores):
+    """Left to plan_cache_mode = auto, PostgreSQL planned the prepared claim again at
+    every execution (about 0.25 ms of server time per claim): each of the worker's
+    claims, alone or after completions, runs on the session's generic plan, and the
+    setting ends with the claim's transaction."""
+    enqueue_many([("qa.noop", None)] * 24, queue="plan")
+    store = stores()
+    held = [row for _ in range(8) for row in store.claim("plan", 1, "w", 30)]
+    for _ in range(8):
+        last = max(held, key=lambda row: row.order())
+        done = [(last.job_id, last.lease_version, last.attempt_id, None)]
+        after = (last.priority, last.run_at, last.job_id)
+        _, claimed = store.complete_and_claim(done, "plan", 2, "w", 30, after=after)
+        held += claimed
+    assert len({row.job_id for row in held}) == 24
+    with store.raw.cursor() as cursor:
+        cursor.execute(
+            "SELECT split_part(statement, E'\\n', 1), generic_plans, custom_plans "
+            "FROM pg_prepared_statements"
+        )
+        plans = {name: (generic, custom) for name, generic, custom in cursor.fetchall()}
+        cursor.execute("SELECT current_setting('plan_cache_mode')")
+        assert cursor.fetchone() == ("auto",)
+    assert plans["-- name: job_claim"] == (8, 0)
+    assert plans["-- name: job_claim_after"] == (8, 0)

@@ -131,6 +131,25 @@ def test_handlers_raising_system_exit_or_keyboard_interrupt_do_not_stop_the_work
     assert JobState.objects.filter(pk__in=[j.id for j in good], status="completed").count() == 5
 
 
+@pytest.mark.parametrize("jobs", [0, 3])
+def test_a_stopping_worker_does_not_wait_out_its_listeners_timeout(run_worker, monkeypatch, jobs):
+    """The listener waits up to LISTEN_TIMEOUT for a NOTIFY before it looks at its stop
+    flag; a stopping worker wakes it, so a burst run ends when its queue is empty, not
+    a wait later (before: 1 s, which doubled an empty burst run's wall time). With a
+    30 s timeout here, a missed wake-up shows as the 5 s the listener's join allows."""
+    from django_pgqueue.worker import listener
+
+    monkeypatch.setattr(listener, "LISTEN_TIMEOUT", 30.0)
+    enqueue_many([("qa.noop", None)] * jobs, queue="wake")
+    for _ in range(3):  # stops before, while and after the listener starts listening
+        started = time.monotonic()
+        worker = run_worker(["wake"], burst=True)
+        worker.join()
+        assert time.monotonic() - started < 4.0
+        assert not [t for t in worker.worker._threads if t.is_alive()]
+    assert JobState.objects.filter(queue="wake", status="completed").count() == jobs
+
+
 def test_unstorable_error_text_and_result_are_recorded(run_worker):
     nul = enqueue("qa.nul_error", queue="n", max_attempts=1)
     bad = enqueue("qa.bad_result", queue="n")
