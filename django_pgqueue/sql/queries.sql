@@ -170,12 +170,6 @@ LEFT JOIN queue_job_state AS live
    AND live.status IN ('pending', 'running');
 
 
--- name: listener_wake
--- A worker that stops wakes its own listener, which waits up to LISTEN_TIMEOUT for a
--- NOTIFY before it looks at its stop flag (worker/listener.py). The payload is empty,
--- never a queue name, so every listener that receives it ignores it.
-SELECT pg_notify('pgqueue', '');
-
 -- name: claim_plan_generic
 -- Sent just before job_claim (or job_claim_after) in the same transaction, when the
 -- worker prepares its statements: the claim then runs on the generic plan PostgreSQL

@@ -4,14 +4,17 @@
 database settings but outside Django's connection handling, so CONN_MAX_AGE never
 closes it between jobs; its statements are prepared unless
 PGQUEUE["WORKER_PREPARED_STATEMENTS"] is False. Each method runs one statement from
-`sql/queries.sql`; a lost connection surfaces as `DatabaseUnavailable` and the next
-call reconnects (`store.connection.wait_for`, with jittered backoff).
+`sql/queries.sql`, or a claim's pipeline of them; a lost connection surfaces as
+`DatabaseUnavailable` and the next call reconnects (`store.connection.wait_for`, with
+jittered backoff).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import select
+import socket
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -299,9 +302,8 @@ class Store:
     ) -> tuple[set[int], list[ClaimedRow]]:
         """Complete `done` (None: the claim alone) and claim: what a subclass may change.
 
-        One pipeline: one round trip, one transaction. With prepared statements the
-        claim runs on its generic plan (`claim_plan_generic` before it), planned once
-        per session instead of at every claim.
+        One pipeline: one round trip, one transaction. Prepared, the claim runs on its
+        generic plan (`claim_plan_generic`), planned once, not again at every claim.
         """
         claim_name, claim = _claim_statement(request)
         what = claim_name if done is None else f"job_complete + {claim_name}"
@@ -325,12 +327,12 @@ class Store:
         generic: bool,
     ) -> tuple[set[int], list[ClaimedRow]]:
         claim_name, claim = statement
-        with conn.cursor() as done_cur, conn.cursor() as plan_cur, conn.cursor() as claim_cur:
+        with conn.cursor() as done_cur, conn.cursor() as claim_cur:
             with self._pipelined(conn, what):
                 if done is not None:
                     done_cur.execute(QUERIES["job_complete"], _complete_params(done))
                 if generic:
-                    plan_cur.execute(QUERIES["claim_plan_generic"])
+                    conn.execute(QUERIES["claim_plan_generic"])
                 claim_cur.execute(QUERIES[claim_name], claim)
             completed = self._completed(done_cur.fetchall()) if done is not None else set()
             return completed, [ClaimedRow._make(row) for row in claim_cur.fetchall()]
@@ -405,16 +407,17 @@ class Store:
         with self._holding("LISTEN") as conn:
             conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
 
-    def wake_listeners(self) -> None:
-        """NOTIFY an empty payload: a listener waiting for a NOTIFY returns at once."""
-        self._run("listener_wake", {})
-
-    def notifications(self, timeout: float) -> Iterator[str]:
-        """Yield queue names notified within `timeout` seconds (stops early after one burst)."""
+    def notifications(self, timeout: float, interrupt: socket.socket) -> Iterator[str]:
+        """Yield queue names notified within `timeout` seconds; stop early after one
+        burst, or as soon as `interrupt` is readable (the caller has news of its own)."""
         conn = self.raw
         with self._unavailable("listening", LOST):
-            for notify in conn.notifies(timeout=timeout, stop_after=1):
-                yield notify.payload
-            # Collect what else already arrived without waiting again.
-            for notify in conn.notifies(timeout=0.0):
-                yield notify.payload
+            # What already arrived (psycopg's backlog too), without waiting.
+            names = [notify.payload for notify in conn.notifies(timeout=0.0)]
+            if not names:
+                # Wait on the server's socket and the interrupt together: a NOTIFY
+                # makes the socket readable.
+                ready, _, _ = select.select([conn.pgconn.socket, interrupt], [], [], timeout)
+                if conn.pgconn.socket in ready:
+                    names = [notify.payload for notify in conn.notifies(timeout=0.0)]
+            yield from names

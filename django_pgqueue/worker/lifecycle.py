@@ -25,7 +25,7 @@ from ..registry import registry as default_registry
 from .config import WorkerConfig
 from .dispatcher import Dispatcher
 from .leases import Heartbeat
-from .listener import LISTEN_TIMEOUT, Listener
+from .listener import Listener
 from .signals import SignalRelay, StopSwitch
 
 logger = logging.getLogger(__name__)
@@ -191,21 +191,11 @@ class Worker:
                 exc,
             )
         self._service_stop.set()
-        self._wake_listener()
+        self._listener.interrupt()
         self._signals.close()
         for thread in self._threads:
             thread.join(timeout=5)
         self._store.close()
-
-    def _wake_listener(self) -> None:
-        """End the listener's wait for a NOTIFY now rather than after LISTEN_TIMEOUT (a
-        burst worker's exit, a deploy's restart). Without the database it ends then."""
-        if not self._store.connected:
-            return
-        try:
-            self._store.wake_listeners()
-        except (DatabaseUnavailable, psycopg.Error) as exc:
-            logger.info("shutdown: the listener stops within %gs (%s)", LISTEN_TIMEOUT, exc)
 
 
 def _interrupted(worker_id: str) -> Failure:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 from django.db import connection
 
 from django_pgqueue.sql import QUERIES
+from tests.plans import execute_args, prepare
 
 pytestmark = pytest.mark.django_db
 
@@ -59,22 +59,20 @@ def claim_plan(
             cursor.execute(f"EXPLAIN ({options}) " + QUERIES[name], params)
             plan = cursor.fetchone()[0]
         else:
-            names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", QUERIES[name])))
-            statement = re.sub(
-                r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", QUERIES[name]
-            )
-            cursor.execute(f"PREPARE generic_claim AS {statement}")
+            names = prepare(cursor, "generic_claim", QUERIES[name])
             try:
                 cursor.execute(QUERIES["claim_plan_generic"])
-                values = ", ".join(["%s"] * len(names))
                 cursor.execute(
-                    f"EXPLAIN ({options}) EXECUTE generic_claim({values})",
+                    f"EXPLAIN ({options}) EXECUTE generic_claim({execute_args(names)})",
                     [params[n] for n in names],
                 )
                 plan = cursor.fetchone()[0]
             finally:
                 cursor.execute("DEALLOCATE generic_claim")
-    return (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    plan = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    if generic:  # built without the values: the walk's bounds are parameters
+        assert "$1" in candidate_scan(plan)["Index Cond"], plan
+    return plan
 
 
 def nodes(plan: dict) -> list[dict]:

@@ -7,7 +7,8 @@ keeps the tables in shape; the shared test server runs with autovacuum off, whic
 production server should. An enqueuer process paces enqueue_many() calls, two
 run_queue_worker processes (heartbeats on, short lease) run jobs that sleep 20-50 ms,
 and the prune_queue_jobs command runs periodically. A probe times the production claim
-statement (EXPLAIN ANALYZE in a rolled-back transaction) every 100 ms.
+statement on the generic plan the workers run it on (EXPLAIN ANALYZE EXECUTE in a
+rolled-back transaction) every 100 ms.
 
 Pass: claim p99 in the last window within 2x the first window's (at the reduced size the
 p95, plus 1.5 ms of scheduling noise: see TAIL); total size (heap, indexes, TOAST) of
@@ -32,6 +33,7 @@ import psycopg
 
 from django_pgqueue.sql import QUERIES
 from tests.conftest import MANAGE
+from tests.plans import execute_args, prepare
 from tests.reliability.conftest import FULL, size
 from tests.reliability.pgserver import running_server
 
@@ -111,7 +113,8 @@ print(sent, round(time.monotonic() - start, 2))
 
 
 class ClaimProbe(threading.Thread):
-    """Times the production claim every PROBE_EVERY s; each sample is rolled back."""
+    """Times the production claim on its generic plan every PROBE_EVERY s; each sample is
+    rolled back."""
 
     def __init__(self, url: str, started: float) -> None:
         super().__init__(daemon=True)
@@ -122,12 +125,18 @@ class ClaimProbe(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        query = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["job_claim"]
+        # The plan the workers run: the prepared claim's generic plan (claim_plan_generic).
         params = {"queue": "soak", "limit": 10, "worker_id": "soak-probe", "lease": 6.0}
         try:
-            with psycopg.connect(self.url) as conn:
+            with psycopg.connect(self.url, cursor_factory=psycopg.ClientCursor) as conn:
+                names = prepare(conn.cursor(), "probe_claim", QUERIES["job_claim"])
+                query = (
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                    f"EXECUTE probe_claim({execute_args(names)})"
+                )
                 while not self.stop.wait(PROBE_EVERY):
-                    (plan,) = conn.execute(query, params).fetchone()
+                    conn.execute(QUERIES["claim_plan_generic"])
+                    (plan,) = conn.execute(query, [params[n] for n in names]).fetchone()
                     conn.rollback()
                     top = plan[0]
                     buffers = top["Plan"]["Shared Hit Blocks"] + top["Plan"]["Shared Read Blocks"]
