@@ -176,11 +176,19 @@ LEFT JOIN queue_job_state AS live
 -- built once for the session instead of planning it again at every claim. Left to
 -- plan_cache_mode = auto, the server plans the claim anew each time (a generic plan
 -- must guess LIMIT $n as a tenth of the candidates, which it costs above the custom
--- plans), about 0.25 ms of server time per claim, a quarter of a claim of 10. The
--- generic plan is the same ordered walk of queue_job_state_claim_idx with no Sort
--- (test_claim_plan checks it at the sizes the custom plan is checked at). Local to the
--- transaction, so nothing outlives it on a pooled connection.
-SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
+-- plans), about 0.25 ms of server time per claim, a quarter of a claim of 10.
+-- A generic plan is built once and kept until the table's statistics change (ANALYZE,
+-- VACUUM), so it must not depend on the table's size when it is built: on an empty
+-- table PostgreSQL's cheapest generic plan is a Seq Scan and a Sort, which a worker
+-- would keep while the table grew (with autovacuum off, for ever). With sequential
+-- scans and sorts off for the transaction, the only plan left is the one the contract
+-- asks for at every size: the ordered walk of queue_job_state_claim_idx and
+-- primary-key probes (test_claim_plan builds it on an empty table and at 50,000 rows).
+-- Local to the transaction, so nothing outlives it on a pooled connection.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('enable_seqscan', 'off', true),
+       set_config('enable_sort', 'off', true);
+
 
 -- name: job_claim
 -- Claim up to `limit` due jobs of one queue for a worker and open an attempt for each.

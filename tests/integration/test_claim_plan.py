@@ -108,6 +108,38 @@ def test_claim_on_50k_pending_jobs_walks_the_claim_index_without_sorting(generic
     assert "Bitmap Heap Scan" not in {node["Node Type"] for node in nodes(plan)}
 
 
+@pytest.mark.parametrize("after", [False, True], ids=["job_claim", "job_claim_after"])
+def test_a_generic_plan_built_on_an_empty_table_still_walks_the_claim_index(after):
+    """A worker builds the claim's generic plan at its first claim and keeps it while the
+    table grows (until ANALYZE or VACUUM). Built on an empty table, PostgreSQL's own
+    choice is a Seq Scan and a Sort; claim_plan_generic leaves it only the ordered walk."""
+    with connection.cursor() as cursor:  # empty, here too (undone with the test)
+        cursor.execute("TRUNCATE queue_attempts, queue_job_state, queue_jobs CASCADE")
+        cursor.execute("ANALYZE queue_job_state")
+    keys = {"after_priority": 0, "after_run_at": "2026-01-01", "after_job_id": 0} if after else {}
+    plan = claim_plan(generic=True, **keys)
+    scan = candidate_scan(plan)
+    assert (scan["Node Type"], scan["Index Name"]) == ("Index Scan", "queue_job_state_claim_idx")
+    types = {node["Node Type"] for node in nodes(plan)}
+    assert not {"Sort", "Seq Scan"} & types, types
+    # What the settings rule out: the plan PostgreSQL builds without them.
+    name = "job_claim_after" if after else "job_claim"
+    with connection.cursor() as cursor:
+        names = prepare(cursor, "plain_generic", QUERIES[name])
+        # claim_plan_generic's settings last to the end of the test's transaction.
+        cursor.execute("SET LOCAL enable_seqscan = on")
+        cursor.execute("SET LOCAL enable_sort = on")
+        params = {"queue": "payments", "limit": 20, "worker_id": "w", "lease": 30.0, **keys}
+        cursor.execute(
+            f"EXPLAIN (FORMAT JSON) EXECUTE plain_generic({execute_args(names)})",
+            [params[n] for n in names],
+        )
+        (raw,) = cursor.fetchone()
+        cursor.execute("DEALLOCATE plain_generic")
+    plain = (json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"]
+    assert {"Sort", "Seq Scan"} <= {node["Node Type"] for node in nodes(plain)}
+
+
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
 def test_a_resumed_claim_starts_its_walk_at_the_key_it_is_given(generic):
     load_jobs(pending=30_000)
