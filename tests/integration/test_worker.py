@@ -141,7 +141,7 @@ def test_a_stopping_worker_does_not_wait_out_its_listeners_timeout(run_worker, m
 
     monkeypatch.setattr(listener, "LISTEN_TIMEOUT", 30.0)
     enqueue_many([("qa.noop", None)] * jobs, queue="wake")
-    for _ in range(3):  # stops before, while and after the listener starts listening
+    for _ in range(3):  # the stop lands wherever the listener is: before, at or after its LISTEN
         started = time.monotonic()
         worker = run_worker(["wake"], burst=True)
         worker.join()
