@@ -133,7 +133,7 @@ def bare_worker(batch: int) -> None:
     import psycopg
 
     from django_pgqueue.sql import QUERIES
-    from django_pgqueue.store.worker import _complete_params
+    from django_pgqueue.store.worker import complete_params
 
     worker_id = f"bare-{os.getpid()}"
     claim = {"queue": "bench", "limit": batch, "worker_id": worker_id, "lease": 30.0}
@@ -141,7 +141,7 @@ def bare_worker(batch: int) -> None:
         while rows := conn.execute(QUERIES["job_claim"], claim).fetchall():
             # Columns: job_id, ..., lease_version (7), attempt id (8); a no-op "handler".
             done = [(row[0], row[7], row[8], None) for row in rows]
-            completed = conn.execute(QUERIES["job_complete"], _complete_params(done)).fetchall()
+            completed = conn.execute(QUERIES["job_complete"], complete_params(done)).fetchall()
             if len(completed) != len(rows):
                 raise SystemExit(f"bare loop: {len(rows) - len(completed)} completions refused")
 

@@ -31,8 +31,7 @@ from .exceptions import (
 )
 from .registry import handler
 from .retry import ExponentialBackoff, FixedDelay, RetryPolicy
-
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 __all__ = [
     "ConfigurationError",

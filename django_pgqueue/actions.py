@@ -21,7 +21,6 @@ from django.db import IntegrityError, transaction
 
 from . import signals
 from .conf import get_settings
-from .control import store as control_store
 from .models import Job, JobState, Status
 from .store import operator as store
 
@@ -140,12 +139,12 @@ def cancel(job_ids: Iterable[int], *, alias: str | None = None) -> ActionReport:
     with transaction.atomic(using=alias):
         changed = store.cancel_jobs(alias, ids) if ids else set()
         rest = [job_id for job_id in ids if job_id not in changed]
-        requested = control_store.request_cancel(alias, rest) if rest else set()
+        requested = store.request_cancel(alias, rest) if rest else set()
         changed |= requested
         report.changed = sorted(changed)
         report.requested = sorted(requested)
         # Running jobs only asked to stop are announced by the worker that ends them.
-        _announce_cancelled(alias, sorted(changed - requested))  # issue 15 hook
+        _announce_cancelled(alias, sorted(changed - requested))
         _explain(report, alias, [i for i in ids if i not in changed], CANCELLABLE, {})
     return report
 

@@ -15,8 +15,8 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
 from . import validators
-from .control.limits import QueueLimits, parse_queues
 from .exceptions import ConfigurationError
+from .limits import QueueLimits, parse_queues
 from .validators import (
     MAX_ATTEMPTS,
     MAX_BATCH_SIZE,
@@ -61,12 +61,20 @@ SETTINGS: dict[str, Setting] = {
     "SCHEDULES": Setting(
         {}, "Recurring jobs: {name: {type, cron or every, queue, payload, timezone, ...}}."
     ),
-    # Queue control (issue 14).
     "QUEUES": Setting(
         {},
         "Per-queue limits, e.g. {'reports': {'limit': 3, 'key_limit': 1, 'rate': '100/s', "
         "'types': {'reports.big': {'key_limit': 2, 'rate': '1/s'}}}}; written to "
         "queue_controls at worker start.",
+    ),
+    "EXTENSIONS": Setting(
+        (
+            "django_pgqueue.control.extension.QueueControl",
+            "django_pgqueue.schedules.extension.Schedules",
+            "django_pgqueue.observability.extension.Observability",
+        ),
+        "Dotted paths of the features enqueue and the workers load "
+        "(django_pgqueue.extensions.Extension); leave one out to turn it off.",
     ),
 }
 
@@ -92,6 +100,7 @@ class QueueSettings:
     WORKER_PREPARED_STATEMENTS: bool
     SCHEDULES: dict[str, Any]  # each entry is checked by django_pgqueue.schedules.checks
     QUEUES: dict[str, QueueLimits] = field(default_factory=dict)
+    EXTENSIONS: tuple[str, ...] = ()
 
 
 def _name(key: str) -> str:
@@ -166,7 +175,16 @@ def validate(raw: Any) -> QueueSettings:
         WORKER_PREPARED_STATEMENTS=prepared,
         SCHEDULES=_schedules(values["SCHEDULES"]),
         QUEUES=parse_queues(values["QUEUES"], validators.QUEUE_NAME_RE),
+        EXTENSIONS=_extensions(values["EXTENSIONS"]),
     )
+
+
+def _extensions(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(path, str) and path for path in value
+    ):
+        raise _fail("EXTENSIONS", value, "a list of dotted paths to Extension classes")
+    return tuple(value)
 
 
 def _schedules(value: Any) -> dict[str, Any]:

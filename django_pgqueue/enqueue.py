@@ -12,11 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import signals, validation
+from . import extensions, limits, signals, validation
 from .conf import get_settings
-from .control import limits
 from .exceptions import EnqueueError
-from .observability import tracing
 from .registry import registry
 from .store import enqueue as store
 
@@ -99,13 +97,15 @@ def enqueue(
         "delay": seconds,
         "max_attempts": attempts,
         "idempotency_key": key_value,
-        "traceparent": tracing.current_traceparent(),  # issue 15 hook: OpenTelemetry
-        # Issue 14: written with the state row, by the same statement.
+        # Written with the state row, by the same statement.
         "concurrency_key": limits.concurrency_key(concurrency_key),
+        "traceparent": None,
     }
+    # Columns the installed features fill from the caller's context (the trace).
+    params.update(extensions.enqueue_columns())
     alias = using or conf.DATABASE
     job_id, created, created_at = store.insert_job(alias, params)
-    if created:  # issue 15 hook: job_enqueued, on commit
+    if created:  # job_enqueued, when the caller's transaction commits
         event = {"job_id": job_id, "queue": params["queue"], "type": params["type"]}
         event.update(payload=payload, priority=params["priority"])
         signals.send_on_commit(signals.job_enqueued, alias, [event])
@@ -187,9 +187,10 @@ def enqueue_many(
         )
         for start in range(0, len(payloads), store.BULK_CHUNK)
     ]
-    results = store.insert_jobs(alias, batch, texts, tracing.current_traceparent())
+    columns = extensions.enqueue_columns()
+    results = store.insert_jobs(alias, batch, texts, columns.get("traceparent"))
     rows = [batch.options[group] for group in batch.groups]
-    if signals.job_enqueued.receivers:  # issue 15 hook: job_enqueued, on commit
+    if signals.job_enqueued.receivers:  # job_enqueued, when the transaction commits
         events = [
             {"job_id": job_id, "queue": row[1], "type": row[0], "payload": p, "priority": row[2]}
             for (job_id, created), row, p in zip(results, rows, payloads, strict=True)

@@ -79,8 +79,8 @@ def stores(store_class: type) -> Iterator[Any]:
     """Open worker Stores on the test database (each closed after the test)."""
     opened: list[Any] = []
 
-    def make(name: str = "test") -> Any:
-        store = store_class("default", name)
+    def make(name: str = "test", **options: Any) -> Any:
+        store = store_class("default", name, **options)
         opened.append(store)
         return store
 

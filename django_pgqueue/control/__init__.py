@@ -1,6 +1,7 @@
-"""Queue control: pause, concurrency limits, concurrency keys, rate limits (issue 14).
+"""Queue control: pause, concurrency limits, concurrency keys, rate limits.
 
-`limits` parses settings and arguments, `store` runs the statements (the worker's
-controlled claim and the operator's writes), `api` is the Python surface re-exported
-by ``django_pgqueue``, `admin` the Queues page.
+The limits themselves are parsed in ``django_pgqueue.limits`` (settings and arguments);
+here, `claims` is the worker's side (the controlled claim, when to try a queue again),
+`store` the operator's writes, `api` the Python surface re-exported by
+``django_pgqueue``, and `extension` plugs it into the worker.
 """

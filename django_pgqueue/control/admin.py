@@ -19,9 +19,9 @@ from django.http import HttpRequest
 
 from ..conf import get_settings
 from ..exceptions import ConfigurationError
+from ..limits import check_limit, describe_type, parse_rate
 from ..models import Job, JobState, QueueControl, QueueTypeControl, Status
 from . import store
-from .limits import check_limit, describe_type, parse_rate
 
 OPERATE_PERMISSION = "django_pgqueue.operate_job"
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from ..conf import get_settings
 from ..exceptions import ConfigurationError
+from ..limits import check_limit, parse_rate, type_name
 from ..validators import QUEUE_NAME_RE
 from . import store
-from .limits import check_limit, parse_rate, type_name
 
 
 def _queue(queue: Any) -> str:

@@ -6,13 +6,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from ..observability.hooks import Observer
 from .collector import QueueCollector, WorkerCollector
 
 
 def serve(worker: Any, port: int, addr: str = "0.0.0.0") -> Any:
     """Serve `worker`'s counters and the queues' figures on http://addr:port/metrics."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(WorkerCollector(worker.observer.counters, worker.worker_id))
+    observer = worker.hooks.find(Observer)  # None when observability is not installed
+    if observer is not None:
+        registry.register(WorkerCollector(observer.counters, worker.worker_id))
     # The server answers on its own threads: each scrape closes the Django connection
     # it opened, so no connection is left behind per request thread.
     registry.register(QueueCollector(worker.config.database, close=True))

@@ -1,7 +1,7 @@
 """What a worker tells the outside world: signals, its counters, the registry, the rollup.
 
-`Observer` is the one object the worker calls at each point of a job's life; each
-method says which worker thread calls it. Nothing here can fail a job: signal
+`Observer` is observability's `WorkerHooks`: the worker calls it at each point of a
+job's life; each method says which worker thread calls it. Nothing here can fail a job: signal
 receivers are guarded (`signals.send`), and the heartbeat's registry and rollup
 writes log their errors and go on (the lease renewal that shares the cycle has
 already been sent).
@@ -14,27 +14,23 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import signals
+from ..claimed import InFlight
+from ..context import Lease
+from ..extensions import Runner, WorkerHooks
 from ..outcomes import Failure, Outcome, Success
 from ..store.worker import Store
+from ..version import __version__
+from ..worker_config import WorkerConfig
 from . import tracing, workers
 from .counters import WorkerCounters
 from .rollup import RollupBuffer
 
 if TYPE_CHECKING:
     from django.dispatch import Signal
-
-    from ..context import JobContext, Lease
-    from ..registry import Handler
-    from ..retry import RetryPolicy
-    from ..worker.config import WorkerConfig
-    from ..worker.inflight import InFlight
-
-# What runs an attempt: the executor's `run(ctx, handler, policy)`.
-Runner = Callable[["JobContext", "Handler | None", "RetryPolicy"], Outcome]
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +40,7 @@ BEAT_EVERY = 5.0
 HOUSEKEEPING_EVERY = 6
 
 
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
-
-
-class Observer:
+class Observer(WorkerHooks):
     """Signals, counters, registry and rollup of one worker process."""
 
     def __init__(self, config: WorkerConfig) -> None:
@@ -61,7 +51,7 @@ class Observer:
             queues=tuple(config.queues),
             concurrency=config.concurrency,
             lease=config.lease,
-            version=_version(),
+            version=__version__,
         )
         self.counters = WorkerCounters()
         self.rollup = RollupBuffer()

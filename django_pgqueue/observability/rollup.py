@@ -56,7 +56,7 @@ class RollupBuffer:
         if not items:
             return 0
         try:
-            store._run("stats_minute_add", _params(items))
+            store.run("stats_minute_add", _params(items))
         except BaseException:
             with self._lock:
                 self._items = (items + self._items)[-BUFFER_LIMIT:]

@@ -91,7 +91,7 @@ class WorkerInfo:
 
 def record_beat(store: Store, me: Identity, running: int) -> None:
     """Upsert this worker's row: alive now, running `running` jobs (one statement)."""
-    store._run(
+    store.run(
         "worker_upsert",
         {
             "id": me.id,
@@ -108,19 +108,19 @@ def record_beat(store: Store, me: Identity, running: int) -> None:
 
 def record_stop(store: Store, worker_id: str) -> None:
     """Mark this worker gone as it stops."""
-    store._run("worker_stopped", {"id": worker_id})
+    store.run("worker_stopped", {"id": worker_id})
 
 
 def mark_gone(store: Store) -> list[str]:
     """Mark gone the workers not seen for two of their leases; return their ids."""
-    return [row[0] for row in store._run("worker_mark_gone", {})]
+    return [row[0] for row in store.run("worker_mark_gone", {})]
 
 
 def prune(
     store: Store, keep_seconds: float = KEEP_GONE, keep_minutes: int = KEEP_MINUTES
 ) -> tuple[int, int]:
     """Delete long-gone workers and old rollup minutes; return how many of each."""
-    rows = store._run("worker_prune", {"keep_seconds": keep_seconds, "keep_minutes": keep_minutes})
+    rows = store.run("worker_prune", {"keep_seconds": keep_seconds, "keep_minutes": keep_minutes})
     return int(rows[0][0]), int(rows[0][1])
 
 

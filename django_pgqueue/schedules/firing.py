@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +38,6 @@ BURST_LIMIT = 10
 # A catch-up counts the ticks it stands for up to this many (the count is informative).
 MISSED_COUNT_CAP = 100_000
 RUN_NOW = "run-now"
-# Seconds a worker waits before trying schedules again after a statement error.
-ERROR_PAUSE = 10.0
 
 
 def tick_key(name: str, tick: dt.datetime) -> str:
@@ -104,7 +102,7 @@ def fire_due(store: Store, queues: Sequence[str]) -> float | None:
     schedule is logged and leaves the others firing; a lost connection propagates
     (DatabaseUnavailable), like any other worker statement.
     """
-    rows = [DueRow(*row) for row in store._run("schedule_list_for_queues", {"queues": queues})]
+    rows = [DueRow(*row) for row in store.run("schedule_list_for_queues", {"queues": queues})]
     wait: float | None = None
     for row in rows:
         try:
@@ -124,7 +122,7 @@ def _fire_schedule(store: Store, row: DueRow) -> dt.datetime | None:
     """Carry out the plan of one schedule; its next tick, or None if another worker moved it."""
     decided = plan(row.ticks(), row.next_tick, row.db_now, row.catch_up)
     if decided.advance is not None and not decided.fires:
-        moved = store._run(
+        moved = store.run(
             "schedule_advance",
             {"name": row.name, "next_tick": decided.advance, "expected": row.next_tick},
         )
@@ -132,7 +130,7 @@ def _fire_schedule(store: Store, row: DueRow) -> dt.datetime | None:
     expected = row.next_tick
     max_attempts = get_settings().MAX_ATTEMPTS
     for tick, following, missed in decided.fires:
-        fired = store._run(
+        fired = store.run(
             "schedule_fire",
             {
                 "name": row.name,
@@ -182,7 +180,7 @@ def sync_code_schedules(store: Store) -> list[str]:
             continue
         handler = registry.find(spec.type)
         try:
-            row = store._run("schedule_sync", _sync_params(spec, conf.DEFAULT_QUEUE, handler))
+            row = store.run("schedule_sync", _sync_params(spec, conf.DEFAULT_QUEUE, handler))
         except psycopg.Error as exc:
             logger.error("schedule %s not synced: %s", spec.name, exc)
             continue
@@ -196,7 +194,7 @@ def sync_code_schedules(store: Store) -> list[str]:
             )
     if not declared.errors:
         names = [spec.name for spec in declared.specs]
-        for (name,) in store._run("schedule_disable_removed", {"names": names}):
+        for (name,) in store.run("schedule_disable_removed", {"names": names}):
             logger.warning("schedule %s is no longer declared in code: disabled", name)
     return synced
 
@@ -217,32 +215,3 @@ def _sync_params(spec: Any, default_queue: str, handler: Any) -> dict[str, Any]:
         "priority": spec.priority,
         "max_attempts": max_attempts,
     }
-
-
-class ScheduleHook:
-    """The worker's side: sync code schedules once, then fire due ticks when they are due."""
-
-    def __init__(self, store: Store, queues: Iterable[str], poll_interval: float) -> None:
-        self._store = store
-        self._queues = list(queues)
-        self._poll_interval = poll_interval
-        self._synced = False
-        self.due_at = 0.0  # time.monotonic() of the next call
-
-    def run(self, now: float) -> None:
-        """Fire what is due (syncing first, once); set `due_at` to the next tick or poll.
-
-        A statement error (the schedule tables not migrated yet, say) is logged and
-        tried again later: it must never keep the worker from claiming jobs. A lost
-        connection propagates, as from any other worker statement.
-        """
-        try:
-            if not self._synced:
-                sync_code_schedules(self._store)
-                self._synced = True
-            wait = fire_due(self._store, self._queues)
-        except psycopg.Error as exc:
-            logger.error("schedules: %s; trying again in %gs", exc, ERROR_PAUSE)
-            self.due_at = now + ERROR_PAUSE
-            return
-        self.due_at = now + min(self._poll_interval, self._poll_interval if wait is None else wait)

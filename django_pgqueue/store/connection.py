@@ -11,7 +11,7 @@ import logging
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psycopg
 from django.db import connections
@@ -19,8 +19,15 @@ from psycopg import sql
 
 from ..exceptions import DatabaseUnavailable
 
-if TYPE_CHECKING:
-    from .worker import Store
+
+class Connectable(Protocol):
+    """What `wait_for` needs of a store: whether it is connected, and a way to connect."""
+
+    @property
+    def connected(self) -> bool: ...
+
+    def connect(self) -> None: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +98,7 @@ class Backoff:
 
 
 def wait_for(
-    store: Store,
+    store: Connectable,
     stop: threading.Event,
     backoff: Backoff,
     what: str,

@@ -18,9 +18,17 @@ def retry_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
 
 
 def cancel_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
-    """Cancel pending jobs; return those changed. Running jobs are never touched."""
+    """Cancel pending jobs; return those changed. Running jobs are left to `request_cancel`."""
     with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["job_cancel"], {"job_ids": list(job_ids)})
+        return {row[0] for row in cursor.fetchall()}
+
+
+def request_cancel(alias: str, job_ids: Sequence[int]) -> set[int]:
+    """Mark running jobs as cancel-requested; return those marked. The worker running
+    one sees it at its next renewal, and its handler through ``ctx.cancel_requested()``."""
+    with django_cursor(alias) as cursor:
+        cursor.execute(QUERIES["job_cancel_request"], {"job_ids": list(job_ids)})
         return {row[0] for row in cursor.fetchall()}
 
 

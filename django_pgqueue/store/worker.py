@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import select
-import socket
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import psycopg
 from django.db import connections
 
-from ..conf import get_settings
 from ..exceptions import DatabaseUnavailable
 from ..outcomes import Failure
 from ..sql import QUERIES
@@ -36,6 +33,7 @@ __all__ = [
     "ClaimKey",
     "ClaimRequest",
     "ClaimedRow",
+    "Completion",
     "Store",
     "connection_params",
     "wait_for",
@@ -63,7 +61,7 @@ class ClaimedRow(NamedTuple):
     idempotency_key: str | None
     created_at: Any
     run_at: Any
-    traceparent: str | None = None  # issue 15: the enqueuer's W3C trace context
+    traceparent: str | None = None  # the enqueuer's W3C trace context
 
     def order(self) -> tuple[int, Any, int]:
         """A sort key for claim order: ORDER BY priority DESC, run_at, job_id."""
@@ -72,6 +70,8 @@ class ClaimedRow(NamedTuple):
 
 # Where a claim resumes: the (priority, run_at, job_id) of a row claimed before.
 ClaimKey = tuple[int, Any, int]
+# One completion to write: (job_id, lease_version, attempt_id, result JSON or None).
+Completion = tuple[int, int, int, str | None]
 
 
 class ClaimRequest(NamedTuple):
@@ -112,7 +112,8 @@ def _owned(held: Iterable[tuple[int, int]]) -> dict[str, str]:
     }
 
 
-def _complete_params(done: Sequence[tuple[int, int, int, str | None]]) -> dict[str, str]:
+def complete_params(done: Sequence[Completion]) -> dict[str, str]:
+    """job_complete's parameters for `done`."""
     results = ",".join([f'"{attempt}":{result}' for _, _, attempt, result in done if result])
     return {
         **_owned([(job_id, version) for job_id, version, _, _ in done]),
@@ -121,17 +122,30 @@ def _complete_params(done: Sequence[tuple[int, int, int, str | None]]) -> dict[s
     }
 
 
-class Store:
-    """Runs the worker's statements on one dedicated connection."""
+# A claim a feature runs instead of the plain one (extensions.WorkerHooks.claim):
+# (store, completions or None, request) -> (job ids completed, rows) or None.
+Claimer = Callable[["Store", "Sequence[Completion] | None", "ClaimRequest"], Any]
 
-    def __init__(self, alias: str, application_name: str) -> None:
+
+class Store:
+    """Runs the worker's statements on one dedicated connection.
+
+    `prepared`: prepare each statement on first use (WORKER_PREPARED_STATEMENTS).
+    `claimer`: set by the worker when a feature takes over some queues' claims.
+    """
+
+    def __init__(self, alias: str, application_name: str, *, prepared: bool = True) -> None:
         self.alias = alias
         self.application_name = application_name
+        self.prepared = prepared
+        self.claimer: Claimer | None = None
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
         # Jobs a completion ended cancelled (an operator asked while they ran), since
         # the last `take_cancelled`.
         self._cancelled: set[int] = set()
+        # Job ids the last renewal reported as cancel-requested by an operator.
+        self.cancel_requested: set[int] = set()
 
     # -- connection ---------------------------------------------------------------
 
@@ -146,7 +160,7 @@ class Store:
         params = connection_params(self.alias, self.application_name)
         # The worker runs the same few statements thousands of times on a connection it
         # owns: prepared on first use, each is parsed and planned once per session.
-        params["prepare_threshold"] = 0 if get_settings().WORKER_PREPARED_STATEMENTS else None
+        params["prepare_threshold"] = 0 if self.prepared else None
         try:
             conn = psycopg.connect(**params, autocommit=True)
         except psycopg.Error as exc:  # refused, unreachable, starting up: try again later
@@ -189,7 +203,7 @@ class Store:
         return self._conn
 
     @contextmanager
-    def _holding(self, what: str) -> Iterator[psycopg.Connection[Any]]:
+    def holding(self, what: str) -> Iterator[psycopg.Connection[Any]]:
         """The connection, for this thread alone; losing it raises DatabaseUnavailable."""
         with self._lock:
             conn = self.raw
@@ -197,7 +211,7 @@ class Store:
                 yield conn
 
     @contextmanager
-    def _pipelined(self, conn: psycopg.Connection[Any], what: str) -> Iterator[None]:
+    def pipelined(self, conn: psycopg.Connection[Any], what: str) -> Iterator[None]:
         """Send the block's statements in one pipeline: one round trip, one transaction.
 
         An error undoes them all and is raised. A failure that is not an answer from
@@ -215,7 +229,7 @@ class Store:
             self.close()
             raise DatabaseUnavailable(f"{what}: the pipeline failed ({exc!r})") from exc
 
-    def _run(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def run(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         try:
             return self._run_once(name, params)
         except psycopg.Error as exc:
@@ -224,7 +238,7 @@ class Store:
             return self._run_once(name, params)
 
     def _run_once(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        with self._holding(name) as conn, conn.cursor() as cursor:
+        with self.holding(name) as conn, conn.cursor() as cursor:
             cursor.execute(QUERIES[name], params)
             return cursor.fetchall() if cursor.description else []
 
@@ -265,13 +279,13 @@ class Store:
         """
         return self._claim(None, ClaimRequest(queue, limit, worker_id, lease, after))[1]
 
-    def complete(self, done: Sequence[tuple[int, int, int, str | None]]) -> set[int]:
+    def complete(self, done: Sequence[Completion]) -> set[int]:
         """Complete (job_id, lease_version, attempt_id, result_json); return the job ids done."""
         if not done:
             return set()
-        return self._completed(self._run("job_complete", _complete_params(done)))
+        return self.completed(self.run("job_complete", complete_params(done)))
 
-    def _completed(self, rows: Sequence[tuple[Any, ...]]) -> set[int]:
+    def completed(self, rows: Sequence[tuple[Any, ...]]) -> set[int]:
         """The job ids job_complete returned; those it ended cancelled are noted."""
         self._cancelled.update(row[0] for row in rows if row[1])
         return {row[0] for row in rows}
@@ -283,7 +297,7 @@ class Store:
 
     def complete_and_claim(
         self,
-        done: Sequence[tuple[int, int, int, str | None]],
+        done: Sequence[Completion],
         queue: str,
         limit: int,
         worker_id: str,
@@ -298,16 +312,20 @@ class Store:
         return self._claim(done, ClaimRequest(queue, limit, worker_id, lease, after))
 
     def _claim(
-        self, done: Sequence[tuple[int, int, int, str | None]] | None, request: ClaimRequest
+        self, done: Sequence[Completion] | None, request: ClaimRequest
     ) -> tuple[set[int], list[ClaimedRow]]:
-        """Complete `done` (None: the claim alone) and claim: what a subclass may change.
+        """Complete `done` (None: the claim alone) and claim, or let `claimer` do it.
 
         One pipeline: one round trip, one transaction. Prepared, the claim runs on its
         generic plan (`claim_plan_generic`), planned once, not again at every claim.
         """
+        if self.claimer is not None:
+            taken = self.claimer(self, done, request)
+            if taken is not None:
+                return taken  # type: ignore[no-any-return]
         claim_name, claim = _claim_statement(request)
         what = claim_name if done is None else f"job_complete + {claim_name}"
-        with self._holding(what) as conn:
+        with self.holding(what) as conn:
             prepared = conn.prepare_threshold is not None
             try:
                 return self._claim_pipeline(conn, done, (claim_name, claim), what, prepared)
@@ -316,25 +334,25 @@ class Store:
                     raise  # with completions: the caller writes them apart
         # The server did not know a statement this worker prepared (a transaction-mode
         # pooler; preparation is off from now on): the claim alone once more.
-        return set(), [ClaimedRow._make(row) for row in self._run(claim_name, claim)]
+        return set(), [ClaimedRow._make(row) for row in self.run(claim_name, claim)]
 
     def _claim_pipeline(
         self,
         conn: psycopg.Connection[Any],
-        done: Sequence[tuple[int, int, int, str | None]] | None,
+        done: Sequence[Completion] | None,
         statement: tuple[str, dict[str, Any]],
         what: str,
         generic: bool,
     ) -> tuple[set[int], list[ClaimedRow]]:
         claim_name, claim = statement
         with conn.cursor() as done_cur, conn.cursor() as claim_cur:
-            with self._pipelined(conn, what):
+            with self.pipelined(conn, what):
                 if done is not None:
-                    done_cur.execute(QUERIES["job_complete"], _complete_params(done))
+                    done_cur.execute(QUERIES["job_complete"], complete_params(done))
                 if generic:
                     conn.execute(QUERIES["claim_plan_generic"])
                 claim_cur.execute(QUERIES[claim_name], claim)
-            completed = self._completed(done_cur.fetchall()) if done is not None else set()
+            completed = self.completed(done_cur.fetchall()) if done is not None else set()
             return completed, [ClaimedRow._make(row) for row in claim_cur.fetchall()]
 
     def fail(
@@ -343,11 +361,14 @@ class Store:
         """Record a failed attempt; return (new status, run_at), or None if the lease was lost."""
         name, params = self._failure(failure)
         attempt = {"job_id": job_id, "lease_version": lease_version, "attempt_id": attempt_id}
-        rows = self._run(name, {**attempt, **params})
+        rows = self.run(name, {**attempt, **params})
         return (rows[0][0], rows[0][1]) if rows else None
 
     def _failure(self, failure: Failure) -> tuple[str, dict[str, Any]]:
-        """The statement that records `failure`, with its own parameters."""
+        """The statement that records `failure` (``job_snooze`` for a snooze), with its
+        own parameters."""
+        if failure.snoozed:
+            return "job_snooze", {"delay": failure.delay, "reason": failure.message}
         return "job_fail", {
             "permanent": failure.permanent,
             "delay": failure.delay,
@@ -358,20 +379,19 @@ class Store:
         }
 
     def renew(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
-        """Extend the leases of (job_id, lease_version) pairs; return the job ids still held."""
-        return {row[0] for row in self._renewed(held, lease)}
+        """Extend the leases of (job_id, lease_version) pairs; return the job ids still held.
 
-    def _renewed(self, held: Sequence[tuple[int, int]], lease: float) -> list[tuple[Any, ...]]:
-        """lease_renew's rows: (job_id, cancel requested) of the jobs still held."""
-        if not held:
-            return []
-        return self._run("lease_renew", {**_owned(held), "lease": lease})
+        The jobs among them an operator asked to cancel are left in `cancel_requested`.
+        """
+        rows = self.run("lease_renew", {**_owned(held), "lease": lease}) if held else []
+        self.cancel_requested = {row[0] for row in rows if row[1]}
+        return {row[0] for row in rows}
 
     def release(self, held: Sequence[tuple[int, int, int]]) -> set[int]:
         """Hand back claimed, never-started (job_id, lease_version, attempt_id); return job ids."""
         if not held:
             return set()
-        rows = self._run(
+        rows = self.run(
             "job_release",
             {
                 **_owned((job_id, version) for job_id, version, _ in held),
@@ -382,42 +402,21 @@ class Store:
 
     def locked_by(self, worker_id: str) -> list[tuple[int, int, int]]:
         """The (job_id, lease_version, attempt_id) of running jobs locked by `worker_id`."""
-        rows = self._run("job_locked_by", {"worker_id": worker_id})
+        rows = self.run("job_locked_by", {"worker_id": worker_id})
         return [(row[0], row[1], row[2]) for row in rows]
 
     def next_due(self, queue: str) -> float | None:
         """Seconds until the next pending job of `queue` is due (<= 0: due), None if none."""
-        rows = self._run("queue_next_due", {"queue": queue})
+        rows = self.run("queue_next_due", {"queue": queue})
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     def sweep(self, limit: int = 1000) -> list[tuple[int, str, int, str]]:
         """Requeue (or kill) jobs whose lease ran out: [(job_id, queue, lost_version, status)]."""
-        return [tuple(row) for row in self._run("lease_sweep", {"limit": limit})]  # type: ignore[misc]
+        return [tuple(row) for row in self.run("lease_sweep", {"limit": limit})]  # type: ignore[misc]
 
     def attempt_statuses(self, attempt_ids: Sequence[int]) -> dict[int, str]:
         """Status of attempts, by attempt id."""
         if not attempt_ids:
             return {}
-        rows = self._run("attempt_outcome", {"attempt_ids": int_array(attempt_ids)})
+        rows = self.run("attempt_outcome", {"attempt_ids": int_array(attempt_ids)})
         return {row[0]: row[1] for row in rows}
-
-    # -- LISTEN / NOTIFY ------------------------------------------------------------
-
-    def listen(self) -> None:
-        with self._holding("LISTEN") as conn:
-            conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-
-    def notifications(self, timeout: float, interrupt: socket.socket) -> Iterator[str]:
-        """Yield queue names notified within `timeout` seconds; stop early after one
-        burst, or as soon as `interrupt` is readable (the caller has news of its own)."""
-        conn = self.raw
-        with self._unavailable("listening", LOST):
-            # What already arrived (psycopg's backlog too), without waiting.
-            names = [notify.payload for notify in conn.notifies(timeout=0.0)]
-            if not names:
-                # Wait on the server's socket and the interrupt together: a NOTIFY
-                # makes the socket readable.
-                ready, _, _ = select.select([conn.pgconn.socket, interrupt], [], [], timeout)
-                if conn.pgconn.socket in ready:
-                    names = [notify.payload for notify in conn.notifies(timeout=0.0)]
-            yield from names

@@ -25,8 +25,8 @@ Every write about a claimed job is fenced by its lease version, so whatever this
 process believes, it can never overwrite the state of a newer owner.
 """
 
-from .config import WorkerConfig
-from .inflight import InFlight
+from ..claimed import InFlight
+from ..worker_config import WorkerConfig
 from .lifecycle import Worker
 from .scheduler import RESUME_TTL, QueueScheduler
 

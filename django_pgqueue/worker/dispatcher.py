@@ -18,22 +18,20 @@ from collections import Counter
 
 import psycopg
 
+from .. import extensions
 from ..exceptions import DatabaseUnavailable
-from ..observability.hooks import Observer  # issue 15 hook
 from ..registry import Registry
-from ..schedules.firing import ScheduleHook
 from ..store import errors
 from ..store.connection import Backoff, wait_for
 from ..store.worker import ClaimedRow, Store
-from .config import WorkerConfig
-from .control import ControlledClaims, ControlledWriter, worker_store
+from ..worker_config import WorkerConfig
 from .inflight import InFlightJobs
 from .intake import Intake
 from .leases import LeaseBook, UnknownClaims, sweep_expired
 from .pool import HandlerPool
 from .scheduler import ClaimScheduler
 from .signals import StopSwitch
-from .writer import Claim, Written
+from .writer import Claim, OutcomeWriter, Written
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +45,11 @@ SWEEP_RETRY = 0.2
 
 
 class Dispatcher:
-    """Claims, hands out, collects and writes, on the worker's own connection."""
+    """Claims, hands out, collects and writes, on the worker's own connection.
+
+    The features plug in through `hooks` (see `django_pgqueue.extensions`), built from
+    the installed extensions: the dispatcher names none of them.
+    """
 
     def __init__(
         self,
@@ -55,24 +57,22 @@ class Dispatcher:
         registry: Registry,
         switch: StopSwitch,
         stats: Counter[str],
-        observer: Observer,
     ) -> None:
         self.config = config
-        self.observer = observer  # issue 15: told of renewals after a reconnect
         self.stats = stats
         self.exit_code = 0  # 1 once too many handlers are stuck past their timeout
         # The parts; the Worker starts the heartbeat on `leases` and the listener on
         # `claims`, and shuts the others down.
-        self.store = worker_store(config)  # issue 14: claims respect queue controls
-        self.claims = ControlledClaims(config, self.store)
+        name = f"pgqueue worker {config.worker_id}"
+        self.store = Store(config.database, name, prepared=config.prepared_statements)
+        self.hooks = hooks = extensions.worker_hooks(config, self.store)
+        self.claims = ClaimScheduler(config.queues, config.weights, config.poll_interval, hooks)
         self.inflight = InFlightJobs()
         self.leases = LeaseBook(config.lease)
-        self.writer = ControlledWriter(self.store, self.leases, stats, config, observer)
-        self.pool = HandlerPool(config.concurrency, switch.wake, config.worker_id, observer)
-        # Recurring jobs: fires the due ticks of this worker's queues' schedules.
-        self.schedules = ScheduleHook(self.store, config.queues, config.poll_interval)
+        self.writer = OutcomeWriter(self.store, self.leases, stats, config, hooks)
+        self.pool = HandlerPool(config.concurrency, switch.wake, config.worker_id, hooks)
         parts = (self.store, self.claims, self.inflight, self.leases, self.pool)
-        self.intake = Intake(config, registry, *parts, stats, switch.stopping, observer)
+        self.intake = Intake(config, registry, *parts, stats, switch.stopping, hooks)
         self._switch = switch
         self._wake = switch.wake
         self._backoff = Backoff(config.reconnect_max_delay)
@@ -105,8 +105,8 @@ class Dispatcher:
                     swept = self._sweep()
                     next_sweep = now + (cfg.sweep_interval if swept else SWEEP_RETRY)
                     busy = True
-                if now >= self.schedules.due_at:
-                    self.schedules.run(now)
+                if now >= self.hooks.next_pass():  # the features' periodic work
+                    self.hooks.periodic(now)
                     busy = True
                 if busy:
                     continue
@@ -161,7 +161,7 @@ class Dispatcher:
             else:
                 if lost:
                     self.stats["leases_lost"] += lost
-                    self.observer.renewed(held)  # issue 15 hook: job_lease_lost
+                    self.hooks.renewed(held)  # job_lease_lost
 
     def _release_unknown_claims(self) -> None:
         released = self.unknown_claims.release(self.store)
@@ -188,7 +188,7 @@ class Dispatcher:
         # timeout deadline known yet).
         idle = not self.inflight and not self.writer.pending
         cap = max(self.config.poll_interval, IDLE_POLL) if idle else self.config.poll_interval
-        deadline = min(next_sweep, now + cap, self.schedules.due_at)
+        deadline = min(next_sweep, now + cap, self.hooks.next_pass())
         for due in (
             self.writer.flush_deadline(),
             self.claims.next_look(),

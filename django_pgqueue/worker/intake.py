@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from ..observability.hooks import Observer  # issue 15 hook
+from ..claimed import InFlight
+from ..extensions import Hooks
 from ..registry import Registry
 from ..retry import RetryPolicy, default_policy
 from ..store import errors
 from ..store.worker import ClaimedRow, ClaimKey, Store
-from .config import WorkerConfig
-from .inflight import InFlight, InFlightJobs
+from ..worker_config import WorkerConfig
+from .inflight import InFlightJobs
 from .leases import LeaseBook
 from .pool import HandlerPool
 from .scheduler import ClaimScheduler
@@ -45,7 +46,7 @@ class Intake:
     pool: HandlerPool
     stats: Counter[str]
     stopping: threading.Event
-    observer: Observer  # issue 15: told of claims and releases
+    hooks: Hooks  # told of claims and releases
     policy: RetryPolicy = field(default_factory=default_policy)
 
     def claim(self, queue: str, limit: int, after: ClaimKey | None = None) -> list[ClaimedRow]:
@@ -107,12 +108,12 @@ class Intake:
         ]
         self.inflight.add_all(items)
         self.leases.hold([item.lease for item in items])
-        self.observer.claimed(items)  # issue 15 hook: leases a renewal may find lost
+        self.hooks.claimed(items)  # leases a renewal may find lost
         self.pool.submit(items)
 
     def release(self, held: list[tuple[int, int, int]]) -> None:
         """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""
-        self.observer.released(held)  # issue 15 hook
+        self.hooks.released(held)
         released = self.leases.hand_back(self.store, held)
         if released is not None:
             self.stats["released"] += len(released)

@@ -13,13 +13,12 @@ from dataclasses import dataclass, field
 import psycopg
 
 from ..context import Lease
-from ..control.store import ControlledStore
 from ..exceptions import DatabaseUnavailable
-from ..observability.hooks import Observer  # issue 15 hook
+from ..extensions import Hooks
 from ..store import errors
 from ..store.connection import Backoff, wait_for
 from ..store.worker import Store
-from .config import WorkerConfig
+from ..worker_config import WorkerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +73,7 @@ class LeaseBook:
         Returns how many leases this renewal found lost.
         """
         kept = store.renew([(lease.job_id, lease.lease_version) for lease in held], self.seconds)
-        cancelled = getattr(store, "cancel_requested", ())  # issue 14: ControlledStore's
+        cancelled = store.cancel_requested
         lost = 0
         for lease in held:
             if lease.job_id in kept:
@@ -193,24 +192,26 @@ class Heartbeat:
     """The heartbeat thread: renews every held lease in one statement per interval.
 
     It has its own connection, so a busy dispatcher or handler cannot starve it.
-    After each renewal it tells the observer (issue 15: the worker registry and the
-    rollup), and once more as it stops.
+    After each renewal it tells the features' heartbeat hooks (the worker registry and
+    the rollup), and once more as it stops.
     """
 
     config: WorkerConfig
     leases: LeaseBook
     stop: threading.Event
     stats: Counter[str]
-    observer: Observer
+    hooks: Hooks
     # Seconds between renewals that worked: the latest GAPS_KEPT of them.
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAPS_KEPT), init=False)
 
     def run(self) -> None:
         cfg = self.config
-        store = ControlledStore(cfg.database, f"pgqueue heartbeat {cfg.worker_id}")  # issue 14
+        store = Store(
+            cfg.database, f"pgqueue heartbeat {cfg.worker_id}", prepared=cfg.prepared_statements
+        )
         backoff = Backoff(cfg.reconnect_max_delay)
         last = time.monotonic()
-        # Issue 15: the first cycle runs at once (the worker registry hears of this worker
+        # The first cycle runs at once (the worker registry hears of this worker
         # at start), and cycles start every heartbeat_interval whatever the registry's
         # writes after a renewal cost: they never push the next renewal back.
         wait = 0.0
@@ -246,11 +247,11 @@ class Heartbeat:
                     failures = 0
                     if lost:
                         self.stats["leases_lost"] += lost
-                        self.observer.renewed(held)  # issue 15 hook: job_lease_lost
+                        self.hooks.renewed(held)  # job_lease_lost
                     self.gaps.append(sent - last)
                     last = sent
-                self.observer.beat(store, len(held))  # issue 15 hook: registry and rollup
+                self.hooks.beat(store, len(held))  # the worker registry, the rollup
                 wait = max(0.0, started + cfg.heartbeat_interval - time.monotonic())
         finally:
-            self.observer.stopped(store)  # issue 15 hook: flush the rollup, mark gone
+            self.hooks.stopped(store)  # flush the rollup, mark this worker gone
             store.close()

@@ -16,13 +16,11 @@ from typing import Any
 
 import psycopg
 
-from ..control.store import sync_queue_controls
 from ..exceptions import DatabaseUnavailable
-from ..observability.hooks import Observer  # issue 15 hook
 from ..outcomes import Failure
 from ..registry import Registry
 from ..registry import registry as default_registry
-from .config import WorkerConfig
+from ..worker_config import WorkerConfig
 from .dispatcher import Dispatcher
 from .leases import Heartbeat
 from .listener import Listener
@@ -47,8 +45,6 @@ class Worker:
         **options: Any,
     ) -> None:
         self.config = cfg = WorkerConfig.build(queues, **options)
-        # Issue 15 hook: signals, counters, worker registry and rollup (observability/hooks.py).
-        self.observer = observer = Observer(cfg)
         self.registry = registry or default_registry
         self.install_signal_handlers = install_signal_handlers
         self.stats: Counter[str] = Counter()
@@ -57,15 +53,15 @@ class Worker:
         self._unreachable = False  # it stopped without reaching the database
         self._service_stop = threading.Event()  # ends the heartbeat and the listener
         self._threads: list[threading.Thread] = []  # signals, heartbeat, listener
-        self._dispatcher = dispatcher = Dispatcher(
-            cfg, self.registry, self._switch, self.stats, observer
-        )
+        self._dispatcher = dispatcher = Dispatcher(cfg, self.registry, self._switch, self.stats)
+        # The installed features' hooks (django_pgqueue.extensions), built by the dispatcher.
+        self.hooks = dispatcher.hooks
         self._store = dispatcher.store
         self._inflight = dispatcher.inflight
         self._writer = dispatcher.writer
         self._pool = dispatcher.pool
         self._heartbeat = Heartbeat(
-            cfg, dispatcher.leases, self._service_stop, self.stats, observer
+            cfg, dispatcher.leases, self._service_stop, self.stats, dispatcher.hooks
         )
         self.heartbeat_gaps = self._heartbeat.gaps
         self._listener = Listener(cfg, dispatcher.claims, self._wake, self._service_stop)
@@ -103,7 +99,7 @@ class Worker:
             cfg.lease,
             cfg.heartbeat_interval,
         )
-        sync_queue_controls(cfg.database)  # issue 14: PGQUEUE["QUEUES"] into queue_controls
+        self.hooks.starting()  # e.g. PGQUEUE["QUEUES"] into queue_controls
         self._pool.start()
         self._start_service(self._heartbeat.run, "heartbeat")
         self._start_service(self._listener.run, "listener")

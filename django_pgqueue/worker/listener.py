@@ -17,8 +17,8 @@ import psycopg
 from ..exceptions import DatabaseUnavailable
 from ..store import errors
 from ..store.connection import Backoff, wait_for
-from ..store.worker import Store
-from .config import WorkerConfig
+from ..store.listening import ListeningStore
+from ..worker_config import WorkerConfig
 from .scheduler import ClaimScheduler
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,9 @@ class Listener:
 
     def run(self) -> None:
         cfg = self.config
-        store = Store(cfg.database, f"pgqueue listener {cfg.worker_id}")
+        store = ListeningStore(
+            cfg.database, f"pgqueue listener {cfg.worker_id}", prepared=cfg.prepared_statements
+        )
         backoff = Backoff(cfg.reconnect_max_delay)
         wanted = set(cfg.queues)
         try:

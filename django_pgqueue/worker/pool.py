@@ -26,14 +26,14 @@ from typing import NamedTuple
 from django.db import connections
 
 from .. import executor
-from ..observability.hooks import Observer  # issue 15 hook
+from ..claimed import InFlight
+from ..extensions import Hooks, WorkerHooks
 from ..outcomes import Failure, Outcome
 from .hygiene import (
     close_unusable_django_connections,
     health_check_on_first_use,
     reset_django_connections,
 )
-from .inflight import InFlight
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +53,15 @@ class HandlerPool:
     """`concurrency` handler threads, replaced when a handler hangs past its timeout."""
 
     def __init__(
-        self, concurrency: int, wake: threading.Event, worker_id: str, observer: Observer
+        self,
+        concurrency: int,
+        wake: threading.Event,
+        worker_id: str,
+        hooks: Hooks | WorkerHooks,
     ) -> None:
         self.concurrency = concurrency
         self.worker_id = worker_id
-        self.observer = observer  # issue 15: spans, job_started, run times
+        self.hooks = hooks  # an attempt runs inside run_attempt; run times to executed
         self._wake = wake
         # The jobs handed over and not taken yet; the idle threads, each parked on a lock
         # of its own, the latest to park last (it is woken first: its Django connection
@@ -127,7 +131,7 @@ class HandlerPool:
         with contextlib.suppress(queue_module.Empty):
             while True:
                 returned.append(self._outcomes.get_nowait())
-        self.observer.executed([item for item, _ in returned])  # issue 15: run times
+        self.hooks.executed([item for item, _ in returned])
         fresh = [(item, outcome) for item, outcome in returned if not item.resolved]
         for item, _ in fresh:
             item.resolved = True
@@ -319,7 +323,7 @@ class HandlerPool:
         """Run one job and hand its outcome over; False if it timed out meanwhile."""
         item.thread = me
         item.started = time.monotonic()
-        outcome = _execute(item, self.observer)
+        outcome = _execute(item, self.hooks)
         timed_out = False
         if item.timeout is None:
             item.returned = True  # no timeout: the dispatcher never decides for it
@@ -383,7 +387,7 @@ def _too_many_stuck(
     return True
 
 
-def _execute(item: InFlight, observer: Observer) -> Outcome:
+def _execute(item: InFlight, hooks: Hooks | WorkerHooks) -> Outcome:
     """Run one job; whatever happens, return its outcome (never raise for the job)."""
     ctx = item.ctx
     try:
@@ -391,8 +395,8 @@ def _execute(item: InFlight, observer: Observer) -> Outcome:
     except BaseException as exc:  # ValueError; RecursionError when nested deep
         return executor.decode_failure(exc)
     try:
-        # Issue 15 hook: job_started, and an OpenTelemetry span per attempt.
-        return observer.run_attempt(item, executor.run)
+        # The features' wrappers (job_started, an OpenTelemetry span) around the run.
+        return hooks.run_attempt(item, executor.run)
     finally:
         try:
             reset_django_connections()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from ..extensions import Hooks
 from ..store.worker import ClaimedRow, ClaimKey
 
 # How long a claim may resume after the last key this worker claimed from a queue
@@ -44,14 +45,22 @@ class QueueScheduler:
 class ClaimScheduler:
     """The dispatcher's claim plan: queue turns, empty marks and resume keys.
 
-    Only the dispatcher thread calls it, except `notify` (the listener thread).
+    Only the dispatcher thread calls it, except `notify` (the listener thread). The
+    features' claim hooks (`hooks`) may say a queue is worth claiming at once, that its
+    walk must not resume, when a short claim of it is worth trying again, and whether a
+    burst worker's queues are really empty.
     """
 
     def __init__(
-        self, queues: tuple[str, ...], weights: Mapping[str, int], poll_interval: float
+        self,
+        queues: tuple[str, ...],
+        weights: Mapping[str, int],
+        poll_interval: float,
+        hooks: Hooks | None = None,
     ) -> None:
         self.queues = queues
         self.poll_interval = poll_interval
+        self.hooks = hooks or Hooks(())
         self._rotation = QueueScheduler(queues, weights)
         # Per queue: until when it counts as empty (skipped by claims).
         self._empty_until: dict[str, float] = {}
@@ -70,7 +79,9 @@ class ClaimScheduler:
         self._notified.update(names)
 
     def refresh(self, now: float) -> bool:
-        """Forget 'empty' marks that expired or were contradicted by a NOTIFY; any left to try?"""
+        """Forget 'empty' marks that expired or were contradicted by a NOTIFY (or by a
+        feature: a slot freed); any left to try?"""
+        self.notify(self.hooks.ready())
         if self._notified:
             notified, self._notified = self._notified, set()
             for name in notified:
@@ -87,7 +98,10 @@ class ClaimScheduler:
         return [name for name in self._rotation.order() if name not in self._empty_until]
 
     def resume_after(self, queue: str, now: float) -> ClaimKey | None:
-        """The key a claim from `queue` may resume after, if one is still fresh."""
+        """The key a claim from `queue` may resume after, if one is still fresh (and a
+        feature lets it resume)."""
+        if not self.hooks.resumable(queue):
+            return None
         resume = self._resume.get(queue)
         return resume[0] if resume is not None and now < resume[1] else None
 
@@ -101,6 +115,9 @@ class ClaimScheduler:
             if after is None:
                 self.mark_empty(queue, sent, sent + self.poll_interval)
                 self._resume.pop(queue, None)  # a full walk found the queue drained
+                wait = self.hooks.short_claim(queue, self.poll_interval)
+                if wait is not None:  # a feature knows when it could succeed
+                    self.mark_empty(queue, sent, sent + wait)
             return  # a short resumed claim: the walk from the start that follows decides
         last = rows[-1]
         fresh = self._resume.get(queue)
@@ -159,9 +176,12 @@ class ClaimScheduler:
 
     def idle(self, now: float) -> bool:
         """Every queue found empty by a claim whose mark still holds, and no retry this
-        worker wrote is about to be due (one that is due waits for the next claim)."""
-        return now >= self._retry_due and all(
-            self._empty_until.get(name, now) > now for name in self.queues
+        worker wrote is about to be due (one that is due waits for the next claim), and
+        the features agree (see `WorkerHooks.settled`)."""
+        return (
+            now >= self._retry_due
+            and all(self._empty_until.get(name, now) > now for name in self.queues)
+            and self.hooks.settled()
         )
 
     def next_look(self) -> float | None:

@@ -15,8 +15,9 @@ from typing import Any, Literal, TypeVar
 
 import psycopg
 
+from ..claimed import InFlight
 from ..exceptions import DatabaseUnavailable
-from ..observability.hooks import Observer  # issue 15 hook
+from ..extensions import Hooks
 from ..outcomes import (
     ERROR_CLASS_LIMIT,
     Failure,
@@ -28,8 +29,7 @@ from ..outcomes import (
 )
 from ..store import errors
 from ..store.worker import ClaimedRow, ClaimKey, Store
-from .config import WorkerConfig
-from .inflight import InFlight
+from ..worker_config import WorkerConfig
 from .leases import LeaseBook
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,8 @@ class OutcomeWriter:
     """Holds finished jobs' outcomes until they are written; writes them fenced.
 
     Used by the dispatcher thread only. Facts for the claim scheduler (retries due
-    soon) wait in `take_retries`.
+    soon) wait in `take_retries`. The features' hooks are told of every outcome added
+    and written (or stale), and may have one written at once (`WorkerHooks.write_now`).
     """
 
     def __init__(
@@ -72,13 +73,13 @@ class OutcomeWriter:
         leases: LeaseBook,
         stats: Counter[str],
         config: WorkerConfig,
-        observer: Observer,
+        hooks: Hooks,
     ) -> None:
         self.store = store
         self.leases = leases
         self.stats = stats
         self.config = config
-        self.observer = observer  # issue 15: told of every outcome written (or stale)
+        self.hooks = hooks
         self._unwritten: list[Written] = []
         self._unwritten_since = 0.0
         # Written when the connection died: did the COMMIT happen? (resolve_uncertain)
@@ -107,18 +108,25 @@ class OutcomeWriter:
         if not self._unwritten:
             self._unwritten_since = time.monotonic()
         self._unwritten.extend(written)
+        self.hooks.outcomes_added(written)
 
     def take(self) -> list[Written]:
         batch, self._unwritten = self._unwritten, []
         return batch
 
     def flush_due(self, now: float, running: bool) -> bool:
-        """Write now: nothing else runs, the batch is full, or its first waited FLUSH_DELAY."""
-        return bool(self._unwritten) and (
+        """Write now: nothing else runs, the batch is full, its first waited FLUSH_DELAY,
+        or a feature has an outcome in it written at once."""
+        if not self._unwritten:
+            return False
+        if (
             not running
             or len(self._unwritten) >= self.config.batch_size
             or now - self._unwritten_since >= FLUSH_DELAY
-        )
+        ):
+            return True
+        write_now = self.hooks.write_now
+        return write_now is not None and any(write_now(i.ctx.queue) for i, _ in self._unwritten)
 
     def flush_deadline(self) -> float | None:
         """When the waiting batch is due to be written, if one waits."""
@@ -187,7 +195,7 @@ class OutcomeWriter:
         for item, outcome in successes:
             if item.ctx.job_id in cancelled:
                 self.stats["cancelled"] += 1
-                self.observer.cancelled(item)  # issue 14: job_cancelled
+                self.hooks.cancelled(item)
             elif item.ctx.job_id in completed:
                 done.append((item, outcome.result))  # type: ignore[union-attr]
             elif item.ctx.job_id not in self._failed_instead:
@@ -195,7 +203,7 @@ class OutcomeWriter:
         self.leases.forget_all([item.lease for item, _ in successes])
         if done:
             self.stats["completed"] += len(done)
-            self.observer.completed(done)  # issue 15 hook
+            self.hooks.completed(done)
 
     def _complete(self, successes: list[Written]) -> set[int]:
         """Complete the batch's successes; one by one if the batch is refused."""
@@ -286,34 +294,24 @@ class OutcomeWriter:
             self._stale(item, "fail")
             return
         status, run_at = result
-        self.observer.failed(item, outcome, status, run_at)  # issue 15 hook
-        if status == "dead":
-            self.stats["dead"] += 1
-            logger.error(
-                "job %d (%s) dead after attempt %d/%d: %s",
-                ctx.job_id,
-                ctx.type,
-                ctx.attempt,
-                ctx.max_attempts,
-                outcome.last_error,
-            )
+        # A snooze is pending again, its attempt given back; "cancelled" ends a job an
+        # operator asked to cancel while it ran; else a failure, retried or dead.
+        kind = "snoozed" if outcome.snoozed and status == "pending" else status
+        if kind == "snoozed":
+            self.hooks.snoozed(item)
+        elif kind == "cancelled":
+            self.hooks.cancelled(item)
         else:
-            self.stats["retried"] += 1
-            logger.warning(
-                "job %d (%s) failed attempt %d/%d, retry in %.2fs: %s",
-                ctx.job_id,
-                ctx.type,
-                ctx.attempt,
-                ctx.max_attempts,
-                outcome.delay,
-                outcome.last_error,
-            )
-            if outcome.delay <= self.config.poll_interval:
+            kind = "dead" if status == "dead" else "retried"
+            self.hooks.failed(item, outcome, status, run_at)
+            if kind == "retried" and outcome.delay <= self.config.poll_interval:
                 self._retries.append((ctx.queue, time.monotonic() + outcome.delay))
+        self.stats[kind] += 1
+        _log_written(kind, ctx, outcome)
 
     def _stale(self, item: InFlight, what: str) -> None:
         self.stats["stale_writes"] += 1
-        self.observer.lease_lost(item, "write")  # issue 15 hook
+        self.hooks.lease_lost(item, "write")
         logger.warning(
             "stale write rejected: %s of job %d with lease_version %d changed nothing; "
             "another worker owns it now",
@@ -392,3 +390,28 @@ def _again(what: str, write: Callable[[], T], *, other: bool = True) -> T:
             )
             time.sleep(pause)
     raise AssertionError("unreachable")
+
+
+def _log_written(kind: str, ctx: Any, outcome: Failure) -> None:
+    """The log line of a failure written as `kind` (dead, retried, snoozed, cancelled)."""
+    if kind == "dead":
+        logger.error(
+            "job %d (%s) dead after attempt %d/%d: %s",
+            ctx.job_id,
+            ctx.type,
+            ctx.attempt,
+            ctx.max_attempts,
+            outcome.last_error,
+        )
+    elif kind == "retried":
+        logger.warning(
+            "job %d (%s) failed attempt %d/%d, retry in %.2fs: %s",
+            ctx.job_id,
+            ctx.type,
+            ctx.attempt,
+            ctx.max_attempts,
+            outcome.delay,
+            outcome.last_error,
+        )
+    else:
+        logger.info("job %d (%s) %s: %s", ctx.job_id, ctx.type, kind, outcome.message)

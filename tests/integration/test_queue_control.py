@@ -21,18 +21,29 @@ from django_pgqueue import (
     resume_queue,
     set_queue_limit,
 )
+from django_pgqueue.conf import get_settings
 from django_pgqueue.control import api
-from django_pgqueue.control.limits import QueueLimits
-from django_pgqueue.control.store import ControlledStore, sync_settings, update_control
+from django_pgqueue.control.claims import ControlledClaims
+from django_pgqueue.control.store import sync_settings, update_control
+from django_pgqueue.limits import QueueLimits
 from django_pgqueue.sql import QUERIES
+from django_pgqueue.store.worker import Store
 from tests.conftest import sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def controlled_store(alias: str, name: str) -> Store:
+    """A worker Store whose claims go under queue control; its view is `store.control`."""
+    store = Store(alias, name)
+    store.control = ControlledClaims(store, get_settings().POLL_INTERVAL)  # type: ignore[attr-defined]
+    store.claimer = store.control.claim  # type: ignore[attr-defined]
+    return store
+
+
 @pytest.fixture
-def store_class() -> type:
-    return ControlledStore
+def store_class() -> object:
+    return controlled_store
 
 
 def running(queue: str) -> int:
@@ -41,7 +52,7 @@ def running(queue: str) -> int:
     )[0][0]
 
 
-def expire_and_sweep(store: ControlledStore, job_ids: list[int]) -> None:
+def expire_and_sweep(store: Store, job_ids: list[int]) -> None:
     sql(
         "UPDATE queue_job_state SET locked_until = now() - interval '1 second' "
         "WHERE job_id = ANY(%s)",
@@ -57,7 +68,7 @@ class Sampler:
         self.query, self.params = query, params
         self.values: list[int] = []
         self.stop = threading.Event()
-        self.store = ControlledStore("default", "sampler")
+        self.store = Store("default", "sampler")
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -151,7 +162,7 @@ def test_global_limit_is_never_exceeded_by_racing_claimers(stores):
 def test_an_unlimited_queue_claims_with_the_plain_statement(stores):
     enqueue_many([("qa.noop", {}) for _ in range(5)], queue="free")
     store = stores()
-    assert not store.controlled("free")
+    assert not store.control.controlled("free")
     assert len(store.claim("free", 10, "w", 30)) == 5
     assert sql("SELECT count(*) FROM queue_controls")[0][0] == 0
 
@@ -209,7 +220,7 @@ def test_rate_window_is_exact(stores):
         store.complete([(r.job_id, r.lease_version, r.attempt_id, None) for r in rows])
         claimed += len(rows)
         if not rows:
-            wait = store.recheck_after("rated", 1.0)
+            wait = store.control.recheck_after("rated", 1.0)
             assert 0 <= wait <= 1.0
             time.sleep(max(wait, 0.001))
     starts = [
@@ -237,7 +248,7 @@ def test_pause_claims_nothing_and_resume_claims_again(stores):
     pause_queue("mail")
     store = stores()
     assert store.claim("mail", 10, "w", 30) == []
-    assert store.recheck_after("mail", 1.0) == 1.0
+    assert store.control.recheck_after("mail", 1.0) == 1.0
     enqueue("qa.noop", queue="mail")  # enqueue still works
     resume_queue("mail")
     assert len(store.claim("mail", 10, "w", 30)) == 4
@@ -268,7 +279,7 @@ def test_the_sweep_frees_the_slots_of_an_expired_lease(stores):
     rows = crashed.claim("two", 10, "crashed", 30)
     assert len(rows) == 2
     assert alive.claim("two", 10, "alive", 30) == []
-    assert alive.recheck_after("two", 1.0) < 0.1  # full: try again soon
+    assert alive.control.recheck_after("two", 1.0) < 0.1  # full: try again soon
     expire_and_sweep(alive, [r.job_id for r in rows])
     assert len(alive.claim("two", 10, "alive", 30)) == 2
 

@@ -10,7 +10,7 @@ from django_pgqueue.executor import Failure, snoozed
 from django_pgqueue.validators import MAX_SECONDS
 from tests.conftest import sql
 from tests.integration.test_queue_control import expire_and_sweep
-from tests.integration.test_queue_control import store_class as store_class  # ControlledStore
+from tests.integration.test_queue_control import store_class as store_class  # a controlled Store
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

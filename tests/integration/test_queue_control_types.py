@@ -14,18 +14,19 @@ from django.core.management import CommandError, call_command
 
 from django_pgqueue import enqueue, enqueue_many, set_key_limit, set_queue_rate
 from django_pgqueue.control import api
-from django_pgqueue.control.limits import QueueLimits, TypeLimits, parse_queues
-from django_pgqueue.control.store import ControlledStore, sync_settings
+from django_pgqueue.control.store import sync_settings
 from django_pgqueue.exceptions import ConfigurationError
+from django_pgqueue.limits import QueueLimits, TypeLimits, parse_queues
 from django_pgqueue.validators import QUEUE_NAME_RE
 from tests.conftest import sql
+from tests.integration.test_queue_control import controlled_store
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def store_class() -> type:
-    return ControlledStore
+def store_class() -> object:
+    return controlled_store
 
 
 def types_of(rows) -> list[str]:
@@ -56,12 +57,12 @@ def test_a_type_rate_window_is_exact_and_other_types_run_past_it(stores):
     assert sorted(types_of(first)).count("qa.echo") == 5
     assert sorted(types_of(first)).count("qa.noop") == 20
     assert store.claim("rt", 30, "w", 30) == []  # the type's window is full
-    wait = store.recheck_after("rt", 10.0)
+    wait = store.control.recheck_after("rt", 10.0)
     assert 0 < wait <= 0.5  # retried when the window admits the next start
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
         if not store.claim("rt", 30, "w", 30):
-            time.sleep(max(store.recheck_after("rt", 10.0), 0.001))
+            time.sleep(max(store.control.recheck_after("rt", 10.0), 0.001))
     starts = [
         row[0]
         for row in sql(
@@ -83,7 +84,7 @@ def test_a_drained_rate_limited_queue_is_not_claimed_in_a_loop(stores):
     assert len(store.claim("calm", 10, "w", 30)) == 2
     time.sleep(0.3)
     assert store.claim("calm", 10, "w", 30) == []  # drained, windows empty again
-    assert store.recheck_after("calm", 1.0) == 1.0
+    assert store.control.recheck_after("calm", 1.0) == 1.0
 
 
 def test_a_window_full_at_the_claim_is_retried_at_once_when_it_has_room(stores):
@@ -95,7 +96,7 @@ def test_a_window_full_at_the_claim_is_retried_at_once_when_it_has_room(stores):
     store = stores()
     assert len(store.claim("edge", 10, "w", 30)) == 2
     time.sleep(0.25)
-    [(_, _, rate_wait)] = store._run("queue_control_state", {"queue": "edge"})
+    [(_, _, rate_wait)] = store.run("queue_control_state", {"queue": "edge"})
     assert rate_wait == 0.0
     assert len(store.claim("edge", 10, "w", 30)) == 2
 

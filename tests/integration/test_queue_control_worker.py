@@ -17,8 +17,12 @@ from django_pgqueue import (
     set_queue_limit,
     signals,
 )
-from django_pgqueue.worker.config import WorkerConfig
-from django_pgqueue.worker.control import ControlledClaims, worker_store
+from django_pgqueue.control.claims import ControlledClaims
+from django_pgqueue.extensions import Hooks
+from django_pgqueue.observability.hooks import Observer
+from django_pgqueue.store.worker import Store
+from django_pgqueue.worker.scheduler import ClaimScheduler
+from django_pgqueue.worker_config import WorkerConfig
 from tests.conftest import sql
 from tests.integration.test_queue_control import most_at_once
 
@@ -151,7 +155,7 @@ def test_a_running_job_that_ends_cancelled_sends_job_cancelled(run_worker):
     ]
     assert worker.worker.stats["cancelled"] == 1
     assert worker.worker.stats["completed"] == 0
-    counts = worker.worker.observer.counters.attempts()
+    counts = worker.worker.hooks.find(Observer).counters.attempts()
     assert counts == {("long", "qa.cancellable", "cancelled"): 1}
 
 
@@ -175,16 +179,19 @@ def test_a_burst_worker_looks_at_the_controls_before_calling_a_queue_empty():
     """A queue that became keyed since the worker's last view held keyed jobs its plain
     claim had to leave: the burst exit test must not count it as empty."""
     config = WorkerConfig.build(["late"], poll_interval=10.0, burst=True)
-    store = worker_store(config)
+    store = Store("default", "burst check")
     store.connect()
     try:
-        claims = ControlledClaims(config, store)
-        assert not store.controlled("late")  # the view, taken before the keyed enqueue
+        control = ControlledClaims.for_worker(config, store)
+        claims = ClaimScheduler(
+            config.queues, config.weights, config.poll_interval, Hooks([control])
+        )
+        assert not control.controlled("late")  # the view, taken before the keyed enqueue
         now = time.monotonic()
         claims.mark_empty("late", now, now + 10.0)  # what the short plain claim left
         enqueue("qa.noop", queue="late", concurrency_key="customer:1")
         assert not claims.idle(time.monotonic())
-        assert store.controlled("late")
+        assert control.controlled("late")
         assert claims.refresh(time.monotonic())  # tried again at once
         assert claims.order() == ["late"]
     finally:

@@ -14,6 +14,7 @@ from django.db import transaction
 
 from django_pgqueue import actions, enqueue, enqueue_many, signals
 from django_pgqueue.models import Job, JobState
+from django_pgqueue.observability.hooks import Observer
 from tests.conftest import sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -193,7 +194,7 @@ def test_a_renewal_finds_the_lease_lost_while_the_handler_runs(
     assert lost["detected_by"] == "renewal"
     assert lost["attempt"] == 1
     assert lost["worker_id"] == worker.worker.worker_id
-    counts = worker.worker.observer.counters.attempts()
+    counts = worker.worker.hooks.find(Observer).counters.attempts()
     assert counts == {("sig", "qa.sleep", "lease_lost"): 1}
 
 

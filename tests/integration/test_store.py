@@ -13,6 +13,7 @@ from django.db import connection
 from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.outcomes import Failure
 from django_pgqueue.store.operator import retry_jobs
+from django_pgqueue.worker_config import WorkerConfig
 from tests.conftest import sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -403,7 +404,8 @@ def test_loader_refuses_text_after_a_statement():
 def test_worker_statements_are_prepared_unless_turned_off(stores, settings, prepared):
     settings.PGQUEUE = {"WORKER_PREPARED_STATEMENTS": prepared}
     enqueue_many([("qa.noop", None)] * 4, queue="prep")
-    store = stores()
+    # The setting reaches a worker's stores through its config.
+    store = stores(prepared=WorkerConfig.build(["prep"]).prepared_statements)
     claimed = store.claim("prep", 2, "w", 30) + store.claim("prep", 2, "w", 30)
     done = store.complete([(r.job_id, r.lease_version, r.attempt_id, None) for r in claimed])
     assert len(done) == 4

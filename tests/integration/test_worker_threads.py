@@ -117,17 +117,17 @@ def test_stuck_handlers_that_finally_return_no_longer_count_as_stuck(run_worker)
 
 
 def test_a_handler_that_returned_is_never_timed_out():
+    from django_pgqueue.claimed import InFlight
     from django_pgqueue.context import Lease
     from django_pgqueue.retry import FixedDelay
     from django_pgqueue.store.worker import ClaimedRow
-    from django_pgqueue.worker.inflight import InFlight
     from django_pgqueue.worker.pool import HandlerPool
 
     row = ClaimedRow(1, "q", "t", "{}", 0, 1, 1, 1, 1, None, None, None)
     item = InFlight.claimed(row, None, FixedDelay(1), 0.1, "w", time.monotonic() + 30)
     assert isinstance(item.lease, Lease)
     from django_pgqueue.observability.hooks import Observer
-    from django_pgqueue.worker.config import WorkerConfig
+    from django_pgqueue.worker_config import WorkerConfig
 
     pool = HandlerPool(1, threading.Event(), "w", Observer(WorkerConfig.build(["q"])))
     pool.submit([item])

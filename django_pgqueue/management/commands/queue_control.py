@@ -7,8 +7,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_pgqueue.control import api
-from django_pgqueue.control.limits import describe_type
 from django_pgqueue.exceptions import ConfigurationError
+from django_pgqueue.limits import describe_type
 
 ACTIONS = ("pause", "resume", "limit", "key-limit", "rate", "show")
 NONE = ("none", "off", "-")

@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import validators
-from ..exceptions import ConfigurationError, EnqueueError
+from . import validators
+from .exceptions import ConfigurationError, EnqueueError
 
 QUEUE_KEYS = ("limit", "key_limit", "rate", "types")
 TYPE_KEYS = ("key_limit", "rate")

@@ -8,9 +8,9 @@ import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .. import validation, validators
-from ..conf import get_settings
-from ..exceptions import ConfigurationError, EnqueueError
+from . import validation, validators
+from .conf import get_settings
+from .exceptions import ConfigurationError, EnqueueError
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,8 @@ class WorkerConfig:
     worker_id: str
     burst: bool = False
     weights: Mapping[str, int] = field(default_factory=dict)
+    # Prepare the statements on the worker's own connections (WORKER_PREPARED_STATEMENTS).
+    prepared_statements: bool = True
 
     @classmethod
     def build(
@@ -121,4 +123,5 @@ class WorkerConfig:
             worker_id=ident,
             burst=burst,
             weights=weights,
+            prepared_statements=conf.WORKER_PREPARED_STATEMENTS,
         )

@@ -1,0 +1,367 @@
+"""The seam features plug into: enqueue and the worker call hooks, never a feature.
+
+A feature is an `Extension`, named by its dotted path in ``PGQUEUE["EXTENSIONS"]``
+(queue control, schedules and observability by default). It may
+
+- fill columns of a job at enqueue, from the caller's context (`enqueue_columns`);
+- give each worker process a `WorkerHooks` object (`worker_hooks`), whose methods the
+  worker calls at fixed points: the claim of a queue, an outcome written, a heartbeat,
+  a periodic pass, the worker's start.
+
+The worker sorts the hooks by point once, at start (`Hooks`): a point nobody hooks
+costs nothing, one hooked once costs one call.
+
+What a hook may do: observe, and add work of its own (its own statements on the store
+it is given, jobs of its own). What it may not:
+
+- decide who owns a job. Leases do: every write about a claimed job stays one of the
+  core's fenced statements, and a hook that takes over a claim (`WorkerHooks.claim`)
+  runs the same claim rules (one queue, SKIP LOCKED, a new lease version);
+- raise into the worker: a hook guards its own failures (logs them and goes on);
+- block the dispatcher on slow work: the claim path and the periodic pass run on the
+  dispatcher thread, between two claims. Slow work belongs in a job of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from django.utils.module_loading import import_string
+
+from .claimed import InFlight
+from .conf import get_settings
+from .context import Lease
+from .exceptions import ConfigurationError
+from .outcomes import Failure, Outcome
+from .store.worker import ClaimedRow, ClaimRequest, Completion, Store
+from .worker_config import WorkerConfig
+
+# What runs an attempt: the executor's ``run(ctx, handler, policy)``.
+Runner = Callable[..., Outcome]
+Claimed = tuple[set[int], list[ClaimedRow]]
+H = TypeVar("H", bound="WorkerHooks")
+
+
+class WorkerHooks:
+    """A feature's part in one worker process: override the points it needs.
+
+    Each method says which thread calls it. Every default does nothing.
+    """
+
+    # -- the worker's start (the thread that calls Worker.run) -------------------------
+
+    def starting(self) -> None:
+        """Before the first claim. A database error is the hook's to log: the worker
+        starts anyway and reconnects."""
+
+    # -- the claim of a queue (dispatcher thread) ---------------------------------------
+
+    def claim(
+        self, store: Store, done: Sequence[Completion] | None, request: ClaimRequest
+    ) -> Claimed | None:
+        """Claim for `request` instead of the plain claim (with `done`'s completions in
+        the same transaction), or None to leave it to the plain claim. At most one
+        feature hooks this point."""
+        return None
+
+    def resumable(self, queue: str) -> bool:
+        """Whether the next claim of `queue` may resume after the last row claimed."""
+        return True
+
+    def ready(self) -> set[str]:
+        """Queues worth claiming at once (no NOTIFY announces what freed them)."""
+        return set()
+
+    def short_claim(self, queue: str, poll_interval: float) -> float | None:
+        """Seconds before a claim of `queue` that came back short is worth trying again
+        (None: when the core would)."""
+        return None
+
+    def settled(self) -> bool:
+        """Burst mode: whether the worker may call its queues empty."""
+        return True
+
+    # -- outcomes (dispatcher thread) ---------------------------------------------------
+
+    def outcomes_added(self, written: Sequence[tuple[InFlight, Outcome]]) -> None:
+        """Handlers finished: their (item, outcome) pairs wait to be written."""
+
+    def write_now(self, queue: str) -> bool:
+        """Whether an outcome of `queue` is written at once, not batched."""
+        return False
+
+    def claimed(self, items: Sequence[InFlight]) -> None:
+        """`items` were claimed and handed to handlers."""
+
+    def released(self, held: Sequence[tuple[int, int, int]]) -> None:
+        """Claimed jobs were handed back unstarted: (job_id, lease_version, attempt_id)."""
+
+    def completed(self, done: Sequence[tuple[InFlight, str | None]]) -> None:
+        """The completions of `done`, (item, result JSON) each, were written."""
+
+    def failed(self, item: InFlight, failure: Failure, status: str, run_at: Any) -> None:
+        """The failure of `item` was written: the job is `status` (pending or dead)."""
+
+    def cancelled(self, item: InFlight) -> None:
+        """`item` ended cancelled (an operator asked while it ran)."""
+
+    def snoozed(self, item: InFlight) -> None:
+        """`item` snoozed: the job is pending again, its attempt given back."""
+
+    def lease_lost(self, item: InFlight, detected_by: str) -> None:
+        """`item`'s lease was found lost, by a "renewal" or a fenced "write"."""
+
+    def executed(self, items: Sequence[InFlight]) -> None:
+        """The handlers of `items` returned (their run times are set)."""
+
+    # -- an attempt (handler threads) ---------------------------------------------------
+
+    def run_attempt(self, item: InFlight, run: Runner) -> Outcome:
+        """Run `item`'s attempt: call ``run(item.ctx, item.handler, item.policy)``, once,
+        and return its outcome (a span around it, say)."""
+        return run(item.ctx, item.handler, item.policy)
+
+    # -- the heartbeat (its thread; `renewed` also on the dispatcher's reconnect) -------
+
+    def renewed(self, held: Sequence[Lease]) -> None:
+        """A renewal of `held` found some lost (their `lost` is set)."""
+
+    def beat(self, store: Store, running: int) -> None:
+        """After each renewal, on the heartbeat's own connection."""
+
+    def stopped(self, store: Store) -> None:
+        """The heartbeat stops: the worker is shutting down."""
+
+    # -- a periodic pass (dispatcher thread) --------------------------------------------
+
+    def next_pass(self) -> float:
+        """time.monotonic() at which `periodic` is due next."""
+        return math.inf
+
+    def periodic(self, now: float) -> None:
+        """Do the periodic work that is due (its own statements on the dispatcher's store)."""
+
+
+class Extension:
+    """A feature: what it adds to enqueue and to each worker."""
+
+    def enqueue_columns(self) -> Mapping[str, Any]:
+        """Columns of ``queue_jobs`` this feature fills at enqueue (the caller's thread)."""
+        return {}
+
+    def worker_hooks(self, config: WorkerConfig, store: Store) -> WorkerHooks | None:
+        """This feature's part in a worker; `store` is the dispatcher's connection."""
+        return None
+
+
+def _overrides(obj: object, name: str, base: type) -> bool:
+    return getattr(type(obj), name) is not getattr(base, name)
+
+
+class Hooks:
+    """The hooks of a worker's features, sorted by point once, called by the worker."""
+
+    def __init__(self, parts: Sequence[WorkerHooks]) -> None:
+        self.parts = tuple(parts)
+
+        def by(name: str) -> list[Any]:
+            return [getattr(p, name) for p in self.parts if _overrides(p, name, WorkerHooks)]
+
+        claims = by("claim")
+        if len(claims) > 1:
+            raise ConfigurationError(
+                "Two extensions take over the claim: "
+                + ", ".join(type(fn.__self__).__name__ for fn in claims)
+            )
+        self.claimer = claims[0] if claims else None
+        self._starting = by("starting")
+        self._resumable = by("resumable")
+        self._ready = by("ready")
+        self._short_claim = by("short_claim")
+        self._settled = by("settled")
+        self._outcomes_added = by("outcomes_added")
+        writes = by("write_now")
+        # None when no feature writes any outcome at once: the writer skips the check.
+        self.write_now = (lambda queue: any(fn(queue) for fn in writes)) if writes else None
+        self._claimed = by("claimed")
+        self._released = by("released")
+        self._completed = by("completed")
+        self._failed = by("failed")
+        self._cancelled = by("cancelled")
+        self._snoozed = by("snoozed")
+        self._lease_lost = by("lease_lost")
+        self._executed = by("executed")
+        self._renewed = by("renewed")
+        self._beat = by("beat")
+        self._stopped = by("stopped")
+        self._next_pass = by("next_pass")
+        self._periodic = [p for p in self.parts if _overrides(p, "periodic", WorkerHooks)]
+        self.run_attempt = _nest(by("run_attempt"))
+
+    def find(self, kind: type[H]) -> H | None:
+        """The first part that is a `kind` (the Observer, say), or None."""
+        return next((part for part in self.parts if isinstance(part, kind)), None)
+
+    def starting(self) -> None:
+        for fn in self._starting:
+            fn()
+
+    def resumable(self, queue: str) -> bool:
+        return all(fn(queue) for fn in self._resumable)
+
+    def ready(self) -> set[str]:
+        queues: set[str] = set()
+        for fn in self._ready:
+            queues |= fn()
+        return queues
+
+    def short_claim(self, queue: str, poll_interval: float) -> float | None:
+        waits = [w for fn in self._short_claim if (w := fn(queue, poll_interval)) is not None]
+        return min(waits) if waits else None
+
+    def settled(self) -> bool:
+        return all(fn() for fn in self._settled)
+
+    def outcomes_added(self, written: Sequence[tuple[InFlight, Outcome]]) -> None:
+        for fn in self._outcomes_added:
+            fn(written)
+
+    def claimed(self, items: Sequence[InFlight]) -> None:
+        for fn in self._claimed:
+            fn(items)
+
+    def released(self, held: Sequence[tuple[int, int, int]]) -> None:
+        for fn in self._released:
+            fn(held)
+
+    def completed(self, done: Sequence[tuple[InFlight, str | None]]) -> None:
+        for fn in self._completed:
+            fn(done)
+
+    def failed(self, item: InFlight, failure: Failure, status: str, run_at: Any) -> None:
+        for fn in self._failed:
+            fn(item, failure, status, run_at)
+
+    def cancelled(self, item: InFlight) -> None:
+        for fn in self._cancelled:
+            fn(item)
+
+    def snoozed(self, item: InFlight) -> None:
+        for fn in self._snoozed:
+            fn(item)
+
+    def lease_lost(self, item: InFlight, detected_by: str) -> None:
+        for fn in self._lease_lost:
+            fn(item, detected_by)
+
+    def executed(self, items: Sequence[InFlight]) -> None:
+        for fn in self._executed:
+            fn(items)
+
+    def renewed(self, held: Sequence[Lease]) -> None:
+        for fn in self._renewed:
+            fn(held)
+
+    def beat(self, store: Store, running: int) -> None:
+        for fn in self._beat:
+            fn(store, running)
+
+    def stopped(self, store: Store) -> None:
+        for fn in self._stopped:
+            fn(store)
+
+    def next_pass(self) -> float:
+        return min((fn() for fn in self._next_pass), default=math.inf)
+
+    def periodic(self, now: float) -> None:
+        """Run the periodic passes that are due at `now`."""
+        for part in self._periodic:
+            if now >= part.next_pass():
+                part.periodic(now)
+
+
+def _run(item: InFlight, run: Runner) -> Outcome:
+    return run(item.ctx, item.handler, item.policy)
+
+
+def _nest(wrappers: list[Callable[[InFlight, Runner], Outcome]]) -> Callable[..., Outcome]:
+    """One `run_attempt` out of several: the first listed runs outermost."""
+    if not wrappers:
+        return _run
+    if len(wrappers) == 1:
+        return wrappers[0]
+
+    def nested(item: InFlight, run: Runner) -> Outcome:
+        for wrapper in reversed(wrappers[1:]):
+            run = _bind(wrapper, item, run)
+        return wrappers[0](item, run)
+
+    return nested
+
+
+def _bind(wrapper: Callable[[InFlight, Runner], Outcome], item: InFlight, run: Runner) -> Runner:
+    return lambda ctx, handler, policy: wrapper(item, run)
+
+
+class _Loaded:
+    """The extensions of one value of the setting, and those that fill enqueue columns."""
+
+    def __init__(self, paths: tuple[str, ...]) -> None:
+        self.paths = paths
+        self.extensions = tuple(_load(path) for path in paths)
+        self.enqueue = [
+            e.enqueue_columns
+            for e in self.extensions
+            if _overrides(e, "enqueue_columns", Extension)
+        ]
+
+
+_loaded: _Loaded | None = None
+
+
+def _current() -> _Loaded:
+    global _loaded
+    paths = get_settings().EXTENSIONS
+    if _loaded is None or _loaded.paths is not paths:
+        _loaded = _Loaded(paths)
+    return _loaded
+
+
+def installed() -> tuple[Extension, ...]:
+    """The extensions PGQUEUE["EXTENSIONS"] names, loaded once per value of the setting."""
+    return _current().extensions
+
+
+def _load(path: str) -> Extension:
+    try:
+        found = import_string(path)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"PGQUEUE['EXTENSIONS'] names {path!r}, which cannot be imported: {exc}"
+        ) from exc
+    extension = found() if isinstance(found, type) else found
+    if not isinstance(extension, Extension):
+        raise ConfigurationError(
+            f"PGQUEUE['EXTENSIONS'] names {path!r}, which is not an Extension "
+            "(django_pgqueue.extensions.Extension)."
+        )
+    return extension
+
+
+def enqueue_columns() -> dict[str, Any]:
+    """The job columns the extensions fill for an enqueue made now."""
+    columns: dict[str, Any] = {}
+    for fill in _current().enqueue:
+        columns.update(fill())
+    return columns
+
+
+def worker_hooks(config: WorkerConfig, store: Store) -> Hooks:
+    """The hooks of every installed extension for one worker; a feature that takes over
+    claims does so on `store` (the dispatcher's connection)."""
+    parts = [extension.worker_hooks(config, store) for extension in installed()]
+    hooks = Hooks([part for part in parts if part is not None])
+    store.claimer = hooks.claimer
+    return hooks
