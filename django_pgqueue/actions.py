@@ -5,7 +5,7 @@ Both run the statements every other path uses (`store.retry_jobs` runs
 state row itself. Those statements decide, row by row and under the row lock, what
 changes; this module only reads back why the other rows did not, so an operator is
 told "3 changed, 2 skipped: 1 running, 1 not in an allowed state (completed)".
-Cancel also accepts running jobs (issue 14): it marks them cancel-requested
+Cancel also accepts running jobs: it marks them cancel-requested
 (``job_cancel_request``) without changing their status; the worker hears of it at its
 next lease renewal and the fenced write that ends the attempt ends the job cancelled.
 Retry never touches a running job.

@@ -57,7 +57,7 @@ def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcom
             if handler is None:
                 raise UnknownJobType(f"No handler is registered for job type {ctx.type!r}.")
             value = handler.func(ctx)
-        except Snooze as exc:  # issue 14
+        except Snooze as exc:  # pending again later, its attempt given back
             return snoozed(exc)
         except RetryLater as exc:
             cls, message, trace = describe(exc)
@@ -110,7 +110,7 @@ def success(value: Any) -> Outcome:
     """
     if value is None:
         return NO_RESULT
-    if isinstance(value, Snooze):  # issue 14: returned rather than raised
+    if isinstance(value, Snooze):  # returned rather than raised
         return snoozed(value)
     try:
         text = _dumps(value)

@@ -31,7 +31,7 @@ class Failure:
     traceback: str
     permanent: bool
     delay: float = 0.0
-    # issue 14: a Snooze, written with job_snooze (no attempt spent), not job_fail.
+    # A Snooze, written with job_snooze (no attempt spent), not job_fail.
     snoozed: bool = False
 
     @property

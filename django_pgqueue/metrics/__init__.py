@@ -1,4 +1,4 @@
-"""Prometheus metrics (the ``prometheus`` extra: ``pip install django-pgqueue[prometheus]``).
+"""Prometheus metrics (the ``prometheus`` extra: ``pip install django-pgqueue-jobs[prometheus]``).
 
 - `collector.QueueCollector`: the queues' figures from the database (pending, due,
   oldest due age, running, expired leases, dead, cancelled, workers), read with index

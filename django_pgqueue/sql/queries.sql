@@ -955,7 +955,7 @@ FROM queue_job_state
 WHERE queue = %(queue)s::text AND status = 'pending';
 
 
--- Queue control (issue 14): pause, concurrency limits, concurrency keys, rate limits,
+-- Queue control: pause, concurrency limits, concurrency keys, rate limits,
 -- snooze and cancelling a running job. A queue without a queue_controls row never
 -- runs any of these on its claim path: it claims with job_claim above, which only
 -- leaves jobs with a concurrency key alone.

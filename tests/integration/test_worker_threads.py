@@ -185,9 +185,9 @@ def test_an_idle_listening_worker_polls_rarely_yet_runs_a_scheduled_job_when_due
 def test_a_refused_listen_does_not_end_the_listener(run_worker, monkeypatch):
     from psycopg import errors as pg
 
-    from django_pgqueue.store.worker import Store
+    from django_pgqueue.store.listening import ListeningStore
 
-    listen = Store.listen
+    listen = ListeningStore.listen
     calls = []
 
     def refused_once(store):
@@ -196,7 +196,7 @@ def test_a_refused_listen_does_not_end_the_listener(run_worker, monkeypatch):
             raise pg.QueryCanceled("canceling statement due to statement timeout")
         listen(store)
 
-    monkeypatch.setattr(Store, "listen", refused_once)
+    monkeypatch.setattr(ListeningStore, "listen", refused_once)
     worker = run_worker(["lq"], poll_interval=0.1)
     wait_until(lambda: worker.worker._dispatcher.claims.listening, timeout=10)
     assert len(calls) == 2

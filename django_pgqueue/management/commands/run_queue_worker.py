@@ -156,7 +156,7 @@ class Command(BaseCommand):
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
         _warn_without_autovacuum(worker.config.database)
-        if options["metrics_port"] is not None:  # issue 15 hook
+        if options["metrics_port"] is not None:
             _serve_metrics(worker, options["metrics_port"], options["metrics_addr"])
         code = worker.run()
         if code:
@@ -166,10 +166,11 @@ class Command(BaseCommand):
 def _serve_metrics(worker: Worker, port: int, addr: str) -> None:
     """Start the /metrics server in this process, or refuse clearly."""
     try:
+        # Local: prometheus-client is an optional extra, imported only when asked for.
         from django_pgqueue.metrics.server import serve
     except ImportError:
         raise CommandError(
-            "--metrics-port needs prometheus-client: pip install 'django-pgqueue[prometheus]'."
+            "--metrics-port needs prometheus-client: pip install 'django-pgqueue-jobs[prometheus]'."
         ) from None
     try:
         server = serve(worker, port, addr)

@@ -1,0 +1,189 @@
+"""The package's floors: each room imports only rooms on its own floor or below, and no
+two rooms import each other, directly or round a loop.
+
+A room is a top-level module or subpackage of django_pgqueue/. Every import counts:
+module level, inside a function, and under TYPE_CHECKING. docs/architecture.md draws
+the floors; a new room must be given one here.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import tomllib
+
+import django_pgqueue
+
+PACKAGE = Path(django_pgqueue.__file__).parent
+ROOT = PACKAGE.parent
+
+FOUNDATIONS, DATA, CORE, FEATURES, WORKER, INTEGRATIONS = range(6)
+FLOORS = {
+    # Foundations: no database connection, no settings.
+    "validators": FOUNDATIONS,
+    "durations": FOUNDATIONS,
+    "exceptions": FOUNDATIONS,
+    "encoding": FOUNDATIONS,
+    "validation": FOUNDATIONS,
+    "sql": FOUNDATIONS,
+    "models": FOUNDATIONS,
+    "outcomes": FOUNDATIONS,
+    "context": FOUNDATIONS,
+    "signals": FOUNDATIONS,
+    "version": FOUNDATIONS,
+    # The data layer: the only code that runs the SQL.
+    "store": DATA,
+    # Core services, and the seam the features plug into.
+    "conf": CORE,
+    "limits": CORE,
+    "worker_config": CORE,
+    "registry": CORE,
+    "retry": CORE,
+    "executor": CORE,
+    "claimed": CORE,
+    "extensions": CORE,
+    "enqueue": CORE,
+    "actions": CORE,
+    "maintenance": CORE,
+    # Features: they import the core, and nothing below the worker imports them.
+    "control": FEATURES,
+    "schedules": FEATURES,
+    "observability": FEATURES,
+    "worker": WORKER,
+    # Integrations: Django's admin, the Tasks backend, commands, metrics, app loading.
+    "admin": INTEGRATIONS,
+    "tasks": INTEGRATIONS,
+    "backends": INTEGRATIONS,
+    "management": INTEGRATIONS,
+    "metrics": INTEGRATIONS,
+    "checks": INTEGRATIONS,
+    "stats": INTEGRATIONS,
+    "testing": INTEGRATIONS,
+    "startup": INTEGRATIONS,
+    "apps": INTEGRATIONS,
+    "__init__": INTEGRATIONS,
+}
+MAX_LOCAL_IMPORTS = 5
+ISSUE_REFERENCE = re.compile(r"#.*\bissue \d+|\(issue \d+\)", re.IGNORECASE)
+
+
+def _sources() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "migrations" not in p.parts)
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(path: Path) -> list[tuple[str, ast.stmt, bool]]:
+    """(target module, statement, inside a function) for each own-package import."""
+    module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    package = module.split(".")[:-1]
+    tree = ast.parse(path.read_text("utf-8"))
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    local = {id(node) for f in functions for node in ast.walk(f)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            targets = [f"{target}.{a.name}" for a in node.names] if not node.module else [target]
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            continue
+        found += [(t, node, id(node) in local) for t in targets if t.startswith("django_pgqueue.")]
+    return found
+
+
+def _edges() -> dict[str, dict[str, str]]:
+    """room -> {room it imports: where (path:line)}."""
+    edges: dict[str, dict[str, str]] = defaultdict(dict)
+    for path in _sources():
+        room = _room(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        for target, node, _ in _imports(path):
+            other = _room(target)
+            if other not in (room, "__init__"):
+                edges[room].setdefault(other, f"{path.relative_to(ROOT)}:{node.lineno}")
+    return edges
+
+
+def _cycle(edges: dict[str, dict[str, str]]) -> list[str] | None:
+    """One loop of imports between rooms, as the rooms in order, or None."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(room: str) -> list[str] | None:
+        state[room] = 1
+        path.append(room)
+        for other in sorted(edges.get(room, {})):
+            if state.get(other) == 1:
+                return [*path[path.index(other) :], other]
+            if other not in state and (loop := visit(other)):
+                return loop
+        path.pop()
+        state[room] = 2
+        return None
+
+    for room in sorted(edges):
+        if room not in state and (loop := visit(room)):
+            return loop
+    return None
+
+
+def test_every_room_has_a_floor():
+    rooms = {_room(".".join(p.relative_to(ROOT).with_suffix("").parts)) for p in _sources()}
+    assert rooms - set(FLOORS) == set(), "give each new room a floor in FLOORS"
+
+
+def test_no_room_imports_a_room_above_its_floor():
+    upward = [
+        f"{room} -> {other} ({where})"
+        for room, targets in _edges().items()
+        for other, where in targets.items()
+        if FLOORS[other] > FLOORS[room]
+    ]
+    assert upward == []
+
+
+def test_no_import_cycle_between_rooms():
+    loop = _cycle(_edges())
+    assert loop is None, " -> ".join(loop or [])
+
+
+def test_the_cycle_check_finds_a_loop():
+    assert _cycle({"a": {"b": ""}, "b": {"c": ""}, "c": {"a": ""}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b": ""}, "b": {}, "c": {"a": ""}}) is None
+
+
+def test_local_imports_are_few_and_say_why():
+    local = []
+    for path in _sources():
+        lines = path.read_text("utf-8").splitlines()
+        for _, node, inside in _imports(path):
+            if not inside:
+                continue
+            above = " ".join(lines[max(0, node.lineno - 4) : node.lineno])
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            assert "# Local:" in above, f"{where}: say why this import must be local"
+            local.append(where)
+    assert len(set(local)) <= MAX_LOCAL_IMPORTS, local
+
+
+def test_no_comment_names_an_issue():
+    named = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in _sources()
+        for number, line in enumerate(path.read_text("utf-8").splitlines(), 1)
+        if ISSUE_REFERENCE.search(line)
+    ]
+    assert named == []
+
+
+def test_the_version_is_the_distributions():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    assert django_pgqueue.__version__ == project["version"]
