@@ -15,9 +15,8 @@ from django.template.response import TemplateResponse
 
 from ..admin.attempts import NoEditing, can
 from ..conf import get_settings
-from ..models import Job
+from ..models import Job, MinuteStats, WorkerRecord
 from . import charts, rollup, workers
-from .models import MinuteStats, WorkerRecord
 
 # The chart windows a page offers, in hours, and the minutes each point sums.
 WINDOWS = (1, 6, 24)

@@ -25,8 +25,8 @@ from django.utils.html import format_html, format_html_join
 
 from ..conf import get_settings
 from ..durations import format_seconds
+from ..models import Schedule, ScheduleTick, Source
 from ..registry import registry
-from .models import Schedule, ScheduleTick, Source
 from .operations import LATE_POLL_INTERVALS, run_now
 from .spec import ScheduleSpec
 
