@@ -32,6 +32,7 @@ from .. import validation
 from ..conf import get_settings
 from ..enqueue import enqueue
 from ..exceptions import ConfigurationError, EnqueueError
+from ..task_paths import import_task
 from .api import (
     BaseTaskBackend,
     InvalidTask,
@@ -42,7 +43,7 @@ from .api import (
     task_enqueued,
 )
 from .options import TaskOptions, parse_options
-from .results import TaskCall, as_enqueued, build_result, import_task
+from .results import TaskCall, as_enqueued, build_result
 
 
 class PgQueueBackend(BaseTaskBackend):

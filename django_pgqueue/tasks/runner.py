@@ -29,6 +29,7 @@ from ..context import JobContext
 from ..exceptions import PermanentFailure, UnknownJobType
 from ..executor import Failure, describe, success
 from ..registry import Handler, registry
+from ..task_paths import import_task
 from .api import (
     SOURCE,
     Task,
@@ -42,7 +43,7 @@ from .api import (
 )
 from .backend import PgQueueBackend
 from .options import TaskOptions
-from .results import TaskCall, as_enqueued, build_result, error_class_path, import_task
+from .results import TaskCall, as_enqueued, build_result, error_class_path
 
 logger = logging.getLogger(__name__)
 
