@@ -161,6 +161,9 @@ class PgQueueBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         """Read a task's result from the queue tables; TaskResultDoesNotExist if none."""
+        # local: Django's app loading. A @task defined in a module that is imported
+        # before the app registry is ready creates this backend, and the models
+        # cannot be imported then (AppRegistryNotReady).
         from ..models import Attempt, JobState
 
         job_id = _job_id(result_id)
