@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from . import validators
+from .conf import get_settings
 
 
 @runtime_checkable
@@ -90,7 +91,5 @@ def bounded(policy: RetryPolicy) -> RetryPolicy:
 
 def default_policy() -> RetryPolicy:
     """The full-jitter policy configured by PGQUEUE's RETRY_BACKOFF_BASE and _CAP."""
-    from .conf import get_settings
-
     conf = get_settings()
     return ExponentialBackoff(base=conf.RETRY_BACKOFF_BASE, cap=conf.RETRY_BACKOFF_CAP)

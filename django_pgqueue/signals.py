@@ -37,10 +37,15 @@ to a job of its own.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.db import transaction
 from django.dispatch import Signal
+
+if TYPE_CHECKING:
+    from django.db.models import Model
 
 job_enqueued = Signal()
 job_started = Signal()
@@ -54,11 +59,20 @@ job_cancelled = Signal()
 def send(signal: Signal, **kwargs: Any) -> None:
     """Send `signal` for one job; a receiver that raises is logged, never propagated."""
     if signal.receivers:
-        from .models import Job
-
         # send_robust catches each receiver's Exception and logs it, with its
         # traceback, on the django.dispatch logger.
-        signal.send_robust(sender=Job, **kwargs)
+        signal.send_robust(sender=_job_model(), **kwargs)
+
+
+@functools.cache
+def _job_model() -> type[Model]:
+    """`django_pgqueue.models.Job`, the sender of every signal, from the app registry.
+
+    Not imported: ``import django_pgqueue`` imports this module (through enqueue), and
+    Django imports that package before its app registry is ready, when no model can
+    be defined yet. Looked up at the first signal sent, then kept.
+    """
+    return apps.get_model("django_pgqueue", "Job")
 
 
 def send_on_commit(signal: Signal, alias: str, events: list[dict[str, Any]]) -> None:

@@ -8,14 +8,15 @@ ever saved by a form.
 The rooms: `lists` keeps the list pages fast (the estimated count, the filters),
 `columns` makes the read-only display columns, `operations` holds the two actions and
 their confirmation page, `attempts` the inline of a job's attempts, and `jobs` the two
-model admins, registered on import.
+model admins. The features' pages: `controls` the Queues page (queue control),
+`schedules` the Schedules page, `observability` the Workers and Charts pages. Each
+module registers its admins on import; this package is an integration, so it may
+import the features, and no feature imports it.
 """
 
 from __future__ import annotations
 
-from ..control import admin as control_admin  # noqa: F401  (issue 14: the Queues page)
-from ..observability import admin as observability_admin  # noqa: F401  (Workers, Charts)
-from ..schedules import admin as schedules_admin  # noqa: F401  (registers the Schedules page)
+from . import controls, observability, schedules  # noqa: F401  (register their pages)
 from .jobs import DeadJobAdmin, JobAdmin
 
 __all__ = ["DeadJobAdmin", "JobAdmin"]

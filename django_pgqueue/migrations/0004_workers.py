@@ -1,9 +1,9 @@
-# Issue 15: the worker registry (queue_workers) and the per-minute rollup
+# The worker registry (queue_workers) and the per-minute rollup
 # (queue_stats_minutely). Both small tables, written by the workers' heartbeats.
 
 from django.db import migrations, models
 
-import django_pgqueue.observability.models
+import django_pgqueue.models
 from django_pgqueue.migrations import _shapes
 
 
@@ -39,7 +39,7 @@ class Migration(migrations.Migration):
                 ("retried", models.IntegerField(db_default=0)),
                 ("dead", models.IntegerField(db_default=0)),
                 ("wait_seconds_sum", models.FloatField(db_default=0.0)),
-                ("wait_buckets", django_pgqueue.observability.models.IntegerArrayField()),
+                ("wait_buckets", django_pgqueue.models.IntegerArrayField()),
             ],
             options=_shapes.table(
                 "queue_stats_minutely",

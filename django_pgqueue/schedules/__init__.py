@@ -6,5 +6,8 @@
   cycle (one statement per tick: exactly one job per tick), and the sync of code
   schedules into ``queue_schedules`` at worker start.
 - `operations`: run now and late schedules, for the admin and ``queue_stats``.
-- `models`, `checks`, `admin`: the tables, the system checks, the admin pages.
+- `checks`: the system checks.
+
+The tables are `django_pgqueue.models.schedules`; the Schedules page is
+`django_pgqueue.admin.schedules`.
 """

@@ -12,13 +12,12 @@ from typing import Any
 
 from django.core import checks
 
+from ..registry import registry
 from .spec import ScheduleSpec, code_schedules
 
 
 def schedule_problems(spec: ScheduleSpec) -> list[str]:
     """What is wrong with `spec`, its job type included (empty when nothing is)."""
-    from ..registry import registry
-
     problems = spec.problems()
     if not problems and registry.find(spec.type) is None:
         problems.append(f"no handler serves the job type {spec.type!r}")
@@ -28,8 +27,6 @@ def schedule_problems(spec: ScheduleSpec) -> list[str]:
 @checks.register()
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """pgqueue.E030-E033: every schedule declared in code must be valid and served."""
-    from ..registry import registry
-
     declared = code_schedules()
     errors: list[checks.CheckMessage] = [
         checks.Error(f"Schedule declaration {error}.", id="pgqueue.E030")

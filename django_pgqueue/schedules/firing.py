@@ -28,7 +28,10 @@ from typing import Any
 import psycopg
 
 from ..conf import get_settings
+from ..registry import registry
 from ..store.worker import Store
+from .checks import schedule_problems
+from .spec import code_schedules
 from .ticks import Ticks
 
 logger = logging.getLogger(__name__)
@@ -164,10 +167,6 @@ def sync_code_schedules(store: Store) -> list[str]:
     Declarations the system checks reject (bad timing, duplicates, unknown types) are
     skipped here, and nothing is disabled while any declaration could not be read.
     """
-    from ..registry import registry
-    from .checks import schedule_problems
-    from .spec import code_schedules
-
     declared = code_schedules()
     duplicates = declared.duplicates()
     conf = get_settings()

@@ -13,7 +13,7 @@ from ..store.cursors import fetch_all
 from .firing import RUN_NOW
 
 if TYPE_CHECKING:
-    from .models import Schedule
+    from ..models import Schedule
 
 # A due tick not fired within this many poll intervals makes its schedule late.
 LATE_POLL_INTERVALS = 2

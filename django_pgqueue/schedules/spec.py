@@ -20,7 +20,11 @@ from typing import Any
 
 from django.conf import settings
 
+from .. import validation
 from ..durations import parse_duration
+from ..registry import registry
+from ..task_paths import import_task
+from ..validators import MAX_PRIORITY, MIN_PRIORITY, QUEUE_NAME_RE
 from .ticks import Ticks
 
 CATCH_UP_MODES = ("once", "skip")
@@ -57,9 +61,6 @@ class ScheduleSpec:
 
     def problems(self) -> list[str]:
         """What is wrong with this declaration (empty when nothing is)."""
-        from .. import validation
-        from ..validators import MAX_PRIORITY, MIN_PRIORITY, QUEUE_NAME_RE
-
         found = []
         if not isinstance(self.name, str) or not NAME_RE.match(self.name):
             found.append(f"the name must match {NAME_RE.pattern}")
@@ -155,8 +156,6 @@ def from_task_option(name: str, raw: Any, backend: str, origin: str) -> Schedule
         raise ValueError("args must be a list and kwargs a dict")
     rest = {k: v for k, v in raw.items() if k not in ("task", "args", "kwargs")}
     if "queue" not in rest:  # the task's own queue_name, as task.enqueue() would use
-        from ..tasks.results import import_task
-
         task = import_task(raw["task"]) if isinstance(raw["task"], str) else None
         if task is not None:
             rest["queue"] = task.queue_name
@@ -183,8 +182,6 @@ class Declarations:
 
 def code_schedules() -> Declarations:
     """Collect the schedules declared by handlers, PGQUEUE["SCHEDULES"] and Tasks backends."""
-    from ..registry import registry
-
     found = Declarations()
 
     def add(origin: str, make: Any) -> None:

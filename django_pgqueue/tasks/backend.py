@@ -32,6 +32,7 @@ from .. import validation
 from ..conf import get_settings
 from ..enqueue import enqueue
 from ..exceptions import ConfigurationError, EnqueueError
+from ..task_paths import import_task
 from .api import (
     BaseTaskBackend,
     InvalidTask,
@@ -42,7 +43,7 @@ from .api import (
     task_enqueued,
 )
 from .options import TaskOptions, parse_options
-from .results import TaskCall, as_enqueued, build_result, import_task
+from .results import TaskCall, as_enqueued, build_result
 
 
 class PgQueueBackend(BaseTaskBackend):
@@ -160,6 +161,9 @@ class PgQueueBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         """Read a task's result from the queue tables; TaskResultDoesNotExist if none."""
+        # Local: Django's app loading. A @task defined in a module that is imported
+        # before the app registry is ready creates this backend, and the models
+        # cannot be imported then (AppRegistryNotReady).
         from ..models import Attempt, JobState
 
         job_id = _job_id(result_id)

@@ -12,6 +12,7 @@ from typing import Any
 from .. import validation, validators
 from ..exceptions import ConfigurationError, EnqueueError
 from ..retry import ExponentialBackoff, FixedDelay, RetryPolicy
+from ..task_paths import TASK_PATH_RE
 
 # Keys of a PgQueueBackend's OPTIONS, and of each entry of OPTIONS["TASKS"]. The
 # reference documentation is checked against these.
@@ -23,11 +24,6 @@ OPTIONS: dict[str, str] = {
     "SCHEDULES": "Recurring @task calls: {name: {task, cron or every, args, kwargs, ...}}.",
 }
 TASK_OPTIONS = ("max_attempts", "retry", "timeout", "concurrency_key")
-
-# A task's module path, as Task.module_path spells it for a module-level function.
-# \A and \Z: `$` would also match before a trailing newline.
-TASK_PATH_RE = re.compile(r"\A[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\Z", re.ASCII)
-
 
 # A task's concurrency key: a template formatted with the call's arguments
 # ("customer:{customer_id}", "report:{0}"), or a callable taking them like the task.

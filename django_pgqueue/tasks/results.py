@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import builtins
 import datetime as dt
-import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +21,6 @@ from .api import (
     TaskResult,
     TaskResultStatus,
 )
-from .options import TASK_PATH_RE
 
 # queue_job_state.status -> TaskResultStatus. A job waiting for a retry is READY again
 # (its failed attempts are in `errors`); dead and cancelled jobs are FAILED. Plain
@@ -70,28 +68,6 @@ class TaskCall:
             backend if isinstance(backend, str) else None,
             parse_datetime(run_after) if isinstance(run_after, str) else None,
         )
-
-
-def import_task(path: str) -> Task | None:
-    """The Task defined at module path `path`, or None if there is none.
-
-    A module that is missing is None; an error raised while importing a module that
-    exists (a bug in it) propagates.
-    """
-    if not TASK_PATH_RE.match(path):
-        return None
-    module_name, _, attribute = path.rpartition(".")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or ""
-        if module_name == missing or module_name.startswith(missing + "."):
-            return None
-        raise
-    found = getattr(module, attribute, None)
-    if isinstance(found, Task) and found.module_path == path:
-        return found
-    return None
 
 
 def as_enqueued(

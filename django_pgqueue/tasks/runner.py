@@ -11,6 +11,9 @@ a ``TaskContext`` when the task takes one); coroutine functions run under
 ``async_to_sync``; ``task_started`` is sent before and ``task_finished`` after the
 attempt that ends the task (success, permanent failure, or the last attempt failing).
 A failure that will be retried sends no ``task_finished``: the task is READY again.
+
+The app's ``ready()`` imports this module, once the models are loaded; unlike
+`backend`, which a ``@task`` definition may import earlier, it imports them at the top.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from ..conf import get_settings
 from ..context import JobContext
 from ..exceptions import PermanentFailure, UnknownJobType
 from ..executor import Failure, describe, success
+from ..models import Attempt
 from ..registry import Handler, registry
+from ..task_paths import import_task
 from .api import (
     SOURCE,
     Task,
@@ -42,7 +47,7 @@ from .api import (
 )
 from .backend import PgQueueBackend
 from .options import TaskOptions
-from .results import TaskCall, as_enqueued, build_result, error_class_path, import_task
+from .results import TaskCall, as_enqueued, build_result, error_class_path
 
 logger = logging.getLogger(__name__)
 
@@ -183,8 +188,6 @@ class TaskRunner:
 
     def _running_result(self, ctx: JobContext, call: TaskCall, alias: str) -> TaskResult:
         """The TaskResult the task and the signals see while this attempt runs."""
-        from ..models import Attempt
-
         if ctx.lease_version == 1:
             # The job's first claim (every claim, sweep and retry adds one to the lease
             # version): this attempt is its whole history, no need to read it.

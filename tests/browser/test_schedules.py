@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from django_pgqueue.schedules.models import Schedule
+from django_pgqueue.models import Schedule
 from tests.browser.test_admin import (  # noqa: F401 - fixtures
     PASSWORD,
     _fast_password_hashing,

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from django_pgqueue.models import Schedule
 from django_pgqueue.schedules.firing import BURST_LIMIT, fire_due, sync_code_schedules, tick_key
-from django_pgqueue.schedules.models import Schedule
 from django_pgqueue.schedules.ticks import Ticks
 from tests.conftest import sql
 

@@ -14,8 +14,8 @@ from collections import Counter
 
 import pytest
 
+from django_pgqueue.models import Schedule
 from django_pgqueue.schedules.firing import tick_key
-from django_pgqueue.schedules.models import Schedule
 from django_pgqueue.schedules.ticks import Ticks
 from tests.conftest import sql
 from tests.reliability.conftest import ledger_counts, outcome, size, wait_until

@@ -21,7 +21,7 @@ from django_pgqueue.exceptions import (
 )
 from django_pgqueue.registry import Handler, handler
 from django_pgqueue.retry import Bounded, ExponentialBackoff, FixedDelay, bounded
-from django_pgqueue.tasks.results import import_task
+from django_pgqueue.task_paths import import_task
 from django_pgqueue.validators import MAX_SECONDS
 from django_pgqueue.worker import WorkerConfig
 

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
-from django_pgqueue.schedules.models import Schedule
+from django_pgqueue.models import Schedule
 from tests.conftest import sql
 from tests.factories import make_user
 

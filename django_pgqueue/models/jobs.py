@@ -25,8 +25,8 @@ message names the invariant that was broken.
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q, Value
-from django.db.models.functions import Cast, Now
+from django.db.models import Q
+from django.db.models.functions import Now
 
 
 class Status(models.TextChoices):
@@ -109,7 +109,7 @@ class JobState(models.Model):
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     updated_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
-    # Queue control (issue 14). At most the queue's key_limit running jobs share a
+    # Queue control: at most the queue's key_limit running jobs share a
     # concurrency key. cancel_requested_at marks a running job an operator cancelled:
     # its status stays running until the fenced write that ends the attempt.
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)
@@ -214,97 +214,6 @@ class Attempt(models.Model):
         return f"attempt {self.attempt_index} of job #{self.job_id} ({self.status})"
 
 
-class TimestampArray(models.Field):
-    """A timestamptz[] column, without requiring django.contrib.postgres."""
-
-    def db_type(self, connection: object) -> str:
-        return "timestamptz[]"
-
-
-class QueueControl(models.Model):
-    """A queue's run-time controls: pause, concurrency limits and a rate limit.
-
-    A queue without a row claims with the plain job_claim. The controlled claim locks
-    this row for its transaction (one claimer per queue at a time) and counts running
-    rows instead of keeping a counter, so a slot cannot leak or be freed twice.
-    `configured` is the PGQUEUE["QUEUES"] entry last written here by a worker start:
-    settings overwrite the limits only when they change (see control/settings.py).
-    """
-
-    queue = models.CharField(max_length=63, primary_key=True)
-    paused = models.BooleanField(db_default=False)
-    concurrency_limit = models.IntegerField(null=True, blank=True)
-    key_limit = models.IntegerField(db_default=1)
-    rate_count = models.IntegerField(null=True, blank=True)
-    rate_period = models.FloatField(null=True, blank=True)
-    # The last rate_count start times, oldest first: the exact sliding window.
-    rate_starts = TimestampArray(
-        db_default=Cast(Value("{}"), output_field=TimestampArray()), editable=False
-    )
-    # The queue has (had) jobs with a concurrency key: its claims must apply key_limit.
-    keyed = models.BooleanField(db_default=False)
-    configured = models.JSONField(null=True, blank=True)
-    updated_at = models.DateTimeField(db_default=Now())
-
-    class Meta:
-        db_table = "queue_controls"
-        verbose_name = "queue"
-        verbose_name_plural = "queues"
-        constraints = [
-            models.CheckConstraint(
-                condition=Q(concurrency_limit__isnull=True) | Q(concurrency_limit__gte=0),
-                name="queue_controls_limit_valid",
-            ),
-            models.CheckConstraint(condition=Q(key_limit__gte=1), name="queue_controls_key_valid"),
-            models.CheckConstraint(
-                condition=Q(rate_count__isnull=True, rate_period__isnull=True)
-                | Q(rate_count__gte=1, rate_count__lte=10_000, rate_period__gt=0),
-                name="queue_controls_rate_valid",
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return self.queue
-
-
-class QueueTypeControl(models.Model):
-    """One job type's limits within a controlled queue: a key limit and a rate window.
-
-    Read and written by the queue's controlled claim under the queue's lock (the
-    `queue_controls` row), so the type's rate window is exact like the queue's. A NULL
-    key_limit means the queue's; NULL rate_count means no rate of its own.
-    """
-
-    queue = models.CharField(max_length=63)
-    type = models.CharField(max_length=255)
-    key_limit = models.IntegerField(null=True, blank=True)
-    rate_count = models.IntegerField(null=True, blank=True)
-    rate_period = models.FloatField(null=True, blank=True)
-    rate_starts = TimestampArray(
-        db_default=Cast(Value("{}"), output_field=TimestampArray()), editable=False
-    )
-    updated_at = models.DateTimeField(db_default=Now())
-
-    class Meta:
-        db_table = "queue_type_controls"
-        verbose_name = "job type limit"
-        constraints = [
-            models.UniqueConstraint(fields=["queue", "type"], name="queue_type_controls_key"),
-            models.CheckConstraint(
-                condition=Q(key_limit__isnull=True) | Q(key_limit__gte=1),
-                name="queue_type_controls_key_valid",
-            ),
-            models.CheckConstraint(
-                condition=Q(rate_count__isnull=True, rate_period__isnull=True)
-                | Q(rate_count__gte=1, rate_count__lte=10_000, rate_period__gt=0),
-                name="queue_type_controls_rate_valid",
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.queue}: {self.type}"
-
-
 class DeadJobManager(models.Manager["DeadJob"]):
     def get_queryset(self) -> models.QuerySet[DeadJob]:
         # Served by the partial queue_job_state_failed_age_idx: dead jobs newest
@@ -321,8 +230,3 @@ class DeadJob(Job):
         proxy = True
         verbose_name = "dead job"
         ordering = ["-state__finished_at"]
-
-
-# Issue 15 hook: the worker registry and the per-minute rollup live in their own module.
-from .observability.models import MinuteStats, WorkerRecord  # noqa: E402, F401
-from .schedules.models import Schedule, ScheduleTick  # noqa: E402, F401  (recurring jobs)

@@ -1,6 +1,7 @@
 """The admin's Queues page: pause, resume and limit queues at run time.
 
-Registered by one import in ``django_pgqueue/admin/__init__.py``. Viewing needs the
+Registered by one import in ``django_pgqueue/admin/__init__.py``; the controls
+themselves are the `django_pgqueue.control` feature's. Viewing needs the
 view permission on jobs; every change (the pause and resume actions, the form) needs
 ``django_pgqueue.operate_job``, like retrying and cancelling jobs. A form never saves
 the row through the ORM: `save_model` runs ``queue_control_update``, which leaves the
@@ -18,10 +19,10 @@ from django.db.models.functions import Coalesce
 from django.http import HttpRequest
 
 from ..conf import get_settings
+from ..control import store
 from ..exceptions import ConfigurationError
 from ..limits import check_limit, describe_type, parse_rate
 from ..models import Job, JobState, QueueControl, QueueTypeControl, Status
-from . import store
 
 OPERATE_PERMISSION = "django_pgqueue.operate_job"
 

@@ -32,7 +32,7 @@ class Schedule(models.Model):
     type = models.CharField(max_length=255, help_text="The job type each tick enqueues.")
     queue = models.CharField(max_length=63, default="default")
     # NULL, not '': the CHECK says a schedule has exactly one of cron and every.
-    cron = models.CharField(  # noqa: DJ001
+    cron = models.CharField(
         max_length=255,
         null=True,
         blank=True,

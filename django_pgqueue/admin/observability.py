@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from ..admin.attempts import NoEditing, can
 from ..conf import get_settings
-from ..models import Job
-from . import charts, rollup, workers
-from .models import MinuteStats, WorkerRecord
+from ..models import Job, MinuteStats, WorkerRecord
+from ..observability import charts, rollup, workers
+from .attempts import NoEditing, can
 
 # The chart windows a page offers, in hours, and the minutes each point sums.
 WINDOWS = (1, 6, 24)
@@ -35,8 +35,6 @@ class ReadOnlyPage(NoEditing, admin.ModelAdmin):  # type: ignore[type-arg]
 
     def page(self, request: HttpRequest, template: str, **context: Any) -> HttpResponse:
         if not self.has_view_permission(request):
-            from django.core.exceptions import PermissionDenied
-
             raise PermissionDenied
         return TemplateResponse(
             request,

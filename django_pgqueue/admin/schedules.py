@@ -25,10 +25,11 @@ from django.utils.html import format_html, format_html_join
 
 from ..conf import get_settings
 from ..durations import format_seconds
+from ..models import Schedule, ScheduleTick, Source
 from ..registry import registry
-from .models import Schedule, ScheduleTick, Source
-from .operations import LATE_POLL_INTERVALS, run_now
-from .spec import ScheduleSpec
+from ..schedules.operations import LATE_POLL_INTERVALS, run_now
+from ..schedules.spec import ScheduleSpec
+from .columns import when
 
 TIMING_FIELDS = ("cron", "every", "timezone")
 RECENT_TICKS = 10
@@ -151,16 +152,12 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.display(description="next run", ordering="next_tick")
     def next_run(self, obj: Schedule) -> str:
-        from ..admin.columns import when
-
         if not obj.enabled:
             return "— (disabled)"
         return when(obj.next_tick, zone=False) if obj.next_tick else "at its next tick"
 
     @admin.display(description="last run", ordering="last_tick")
     def last_run(self, obj: Schedule) -> str:
-        from ..admin.columns import when
-
         return when(obj.last_tick, zone=False)
 
     @admin.display(description="late")
@@ -172,8 +169,6 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.display(description="recent runs")
     def recent_runs(self, obj: Schedule) -> str:
-        from ..admin.columns import when
-
         ticks = ScheduleTick.objects.filter(schedule=obj).order_by("-tick_at")[:RECENT_TICKS]
         rows = [
             (

@@ -2,8 +2,8 @@
 
 Both are written only by workers, through the statements in ``sql/queries.sql``
 (``worker_upsert``, ``worker_mark_gone``, ``worker_prune``, ``stats_minute_add``);
-the ORM only reads them. django_pgqueue.models imports this module so Django sees
-the models as part of the app.
+the ORM only reads them. The observability feature (`django_pgqueue.observability`)
+writes them; the admin's Workers and Charts pages read them.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ class MinuteStats(models.Model):
     """What the workers of one queue finished in one minute, and how long those jobs waited.
 
     wait_buckets counts attempts by wait (claim time minus due time) in the buckets of
-    `rollup.WAIT_BOUNDS`: bucket 0 is below the first bound, bucket i from bound i on.
+    `django_pgqueue.observability.rollup.WAIT_BOUNDS`: bucket 0 is below the first
+    bound, bucket i from bound i on.
     """
 
     id = models.BigAutoField(primary_key=True)

@@ -1,0 +1,49 @@
+"""The app's tables, one module per group; every model and field is importable from here.
+
+- `jobs`: the three queue tables (``queue_jobs``, ``queue_job_state``,
+  ``queue_attempts``), their statuses, and the `DeadJob` proxy.
+- `controls`: queue control (``queue_controls``, ``queue_type_controls``).
+- `schedules`: recurring jobs (``queue_schedules``, ``queue_schedule_ticks``).
+- `observability`: the worker registry (``queue_workers``) and the per-minute rollup
+  (``queue_stats_minutely``).
+
+These modules are the foundation: they import Django only, never a feature of the
+queue, so any room may import them.
+"""
+
+from __future__ import annotations
+
+from .controls import QueueControl, QueueTypeControl, TimestampArray
+from .jobs import (
+    FINISHED_STATUSES,
+    Attempt,
+    AttemptStatus,
+    DeadJob,
+    DeadJobManager,
+    Job,
+    JobState,
+    Status,
+)
+from .observability import IntegerArrayField, MinuteStats, WorkerRecord
+from .schedules import CatchUp, Schedule, ScheduleTick, Source
+
+__all__ = [
+    "FINISHED_STATUSES",
+    "Attempt",
+    "AttemptStatus",
+    "CatchUp",
+    "DeadJob",
+    "DeadJobManager",
+    "IntegerArrayField",
+    "Job",
+    "JobState",
+    "MinuteStats",
+    "QueueControl",
+    "QueueTypeControl",
+    "Schedule",
+    "ScheduleTick",
+    "Source",
+    "Status",
+    "TimestampArray",
+    "WorkerRecord",
+]
