@@ -160,53 +160,75 @@ def _overrides(obj: object, name: str, base: type) -> bool:
     return getattr(type(obj), name) is not getattr(base, name)
 
 
+# The points where every feature that hooks them is told, in order, and nothing is
+# returned: `Hooks` calls them through one fan-out each.
+NOTICES = (
+    "starting",
+    "outcomes_added",
+    "claimed",
+    "released",
+    "completed",
+    "failed",
+    "cancelled",
+    "snoozed",
+    "lease_lost",
+    "executed",
+    "renewed",
+    "beat",
+    "stopped",
+)
+
+
 class Hooks:
-    """The hooks of a worker's features, sorted by point once, called by the worker."""
+    """The hooks of a worker's features, sorted by point once, called by the worker.
+
+    Each notice point (`NOTICES`) is an attribute: a no-op when no feature hooks it,
+    the one feature's method when one does, a fan-out when several do.
+    """
+
+    starting: Callable[[], None]
+    outcomes_added: Callable[[Sequence[tuple[InFlight, Outcome]]], None]
+    claimed: Callable[[Sequence[InFlight]], None]
+    released: Callable[[Sequence[tuple[int, int, int]]], None]
+    completed: Callable[[Sequence[tuple[InFlight, str | None]]], None]
+    failed: Callable[[InFlight, Failure, str, Any], None]
+    cancelled: Callable[[InFlight], None]
+    snoozed: Callable[[InFlight], None]
+    lease_lost: Callable[[InFlight, str], None]
+    executed: Callable[[Sequence[InFlight]], None]
+    renewed: Callable[[Sequence[Lease]], None]
+    beat: Callable[[Store, int], None]
+    stopped: Callable[[Store], None]
 
     def __init__(self, parts: Sequence[WorkerHooks]) -> None:
         self.parts = tuple(parts)
-
-        def by(name: str) -> list[Any]:
-            return [getattr(p, name) for p in self.parts if _overrides(p, name, WorkerHooks)]
-
-        claims = by("claim")
+        claims = self._by("claim")
         if len(claims) > 1:
             raise ConfigurationError(
                 "Two extensions take over the claim: "
                 + ", ".join(type(fn.__self__).__name__ for fn in claims)
             )
         self.claimer = claims[0] if claims else None
-        self._starting = by("starting")
-        self._resumable = by("resumable")
-        self._ready = by("ready")
-        self._short_claim = by("short_claim")
-        self._settled = by("settled")
-        self._outcomes_added = by("outcomes_added")
-        writes = by("write_now")
+        for name in NOTICES:
+            setattr(self, name, _fan_out(self._by(name)))
+        self._resumable = self._by("resumable")
+        self._ready = self._by("ready")
+        self._short_claim = self._by("short_claim")
+        self._settled = self._by("settled")
+        writes = self._by("write_now")
         # None when no feature writes any outcome at once: the writer skips the check.
         self.write_now = (lambda queue: any(fn(queue) for fn in writes)) if writes else None
-        self._claimed = by("claimed")
-        self._released = by("released")
-        self._completed = by("completed")
-        self._failed = by("failed")
-        self._cancelled = by("cancelled")
-        self._snoozed = by("snoozed")
-        self._lease_lost = by("lease_lost")
-        self._executed = by("executed")
-        self._renewed = by("renewed")
-        self._beat = by("beat")
-        self._stopped = by("stopped")
-        self._next_pass = by("next_pass")
+        self._next_pass = self._by("next_pass")
         self._periodic = [p for p in self.parts if _overrides(p, "periodic", WorkerHooks)]
-        self.run_attempt = _nest(by("run_attempt"))
+        self.run_attempt = _nest(self._by("run_attempt"))
+
+    def _by(self, name: str) -> list[Any]:
+        """The parts' methods for the point `name`, of those that override it."""
+        return [getattr(p, name) for p in self.parts if _overrides(p, name, WorkerHooks)]
 
     def find(self, kind: type[H]) -> H | None:
         """The first part that is a `kind` (the Observer, say), or None."""
         return next((part for part in self.parts if isinstance(part, kind)), None)
-
-    def starting(self) -> None:
-        for fn in self._starting:
-            fn()
 
     def resumable(self, queue: str) -> bool:
         return all(fn(queue) for fn in self._resumable)
@@ -224,54 +246,6 @@ class Hooks:
     def settled(self) -> bool:
         return all(fn() for fn in self._settled)
 
-    def outcomes_added(self, written: Sequence[tuple[InFlight, Outcome]]) -> None:
-        for fn in self._outcomes_added:
-            fn(written)
-
-    def claimed(self, items: Sequence[InFlight]) -> None:
-        for fn in self._claimed:
-            fn(items)
-
-    def released(self, held: Sequence[tuple[int, int, int]]) -> None:
-        for fn in self._released:
-            fn(held)
-
-    def completed(self, done: Sequence[tuple[InFlight, str | None]]) -> None:
-        for fn in self._completed:
-            fn(done)
-
-    def failed(self, item: InFlight, failure: Failure, status: str, run_at: Any) -> None:
-        for fn in self._failed:
-            fn(item, failure, status, run_at)
-
-    def cancelled(self, item: InFlight) -> None:
-        for fn in self._cancelled:
-            fn(item)
-
-    def snoozed(self, item: InFlight) -> None:
-        for fn in self._snoozed:
-            fn(item)
-
-    def lease_lost(self, item: InFlight, detected_by: str) -> None:
-        for fn in self._lease_lost:
-            fn(item, detected_by)
-
-    def executed(self, items: Sequence[InFlight]) -> None:
-        for fn in self._executed:
-            fn(items)
-
-    def renewed(self, held: Sequence[Lease]) -> None:
-        for fn in self._renewed:
-            fn(held)
-
-    def beat(self, store: Store, running: int) -> None:
-        for fn in self._beat:
-            fn(store, running)
-
-    def stopped(self, store: Store) -> None:
-        for fn in self._stopped:
-            fn(store)
-
     def next_pass(self) -> float:
         return min((fn() for fn in self._next_pass), default=math.inf)
 
@@ -280,6 +254,24 @@ class Hooks:
         for part in self._periodic:
             if now >= part.next_pass():
                 part.periodic(now)
+
+
+def _nothing(*args: Any) -> None:
+    """A notice no feature hooks."""
+
+
+def _fan_out(fns: list[Callable[..., None]]) -> Callable[..., None]:
+    """One callable for a notice point: a no-op, the one method, or each in turn."""
+    if not fns:
+        return _nothing
+    if len(fns) == 1:
+        return fns[0]
+
+    def each(*args: Any) -> None:
+        for fn in fns:
+            fn(*args)
+
+    return each
 
 
 def _run(item: InFlight, run: Runner) -> Outcome:
