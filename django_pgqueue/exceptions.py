@@ -81,7 +81,8 @@ class ResultNotStorable(PgQueueError):
 
 
 class WorkerShutdown(PgQueueError):
-    """Recorded when a worker stopped before the handler finished: the job is retried."""
+    """Recorded when a worker stopped before the handler finished: the job is due again at
+    once, its attempt given back."""
 
 
 class LeaseExpired(PgQueueError):

@@ -31,8 +31,11 @@ class Failure:
     traceback: str
     permanent: bool
     delay: float = 0.0
-    # A Snooze, written with job_snooze (no attempt spent), not job_fail.
+    # A Snooze, written with job_give_back (no attempt spent), not job_fail.
     snoozed: bool = False
+    # The worker's own shutdown stopped the handler: its attempt is given back too, and
+    # the job is due again at once (never dead for it).
+    interrupted: bool = False
 
     @property
     def last_error(self) -> str:

@@ -47,6 +47,7 @@ class AttemptStatus(models.TextChoices):
     LOST = "lost", "lost (lease expired)"
     RELEASED = "released", "released (never started)"
     SNOOZED = "snoozed", "snoozed (attempt given back)"
+    INTERRUPTED = "interrupted", "interrupted (the worker stopped; attempt given back)"
 
 
 class Job(models.Model):

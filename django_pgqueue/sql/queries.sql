@@ -1280,11 +1280,12 @@ WHERE queue = %(queue)s::text AND type = %(type)s::text
   AND key_limit IS NULL AND rate_count IS NULL;
 
 
--- name: job_snooze
--- Put a job a worker still owns back to pending at now() + delay, giving its attempt back.
--- The attempt row is closed as snoozed; lease_version grows at the next claim as
--- always. A job an operator asked to cancel ends cancelled instead. Fenced; returns
--- the new status and run_at, or no row when the lease was lost.
+-- name: job_give_back
+-- Put a job a worker still owns back to pending at now() + delay, giving its attempt
+-- back: a snooze, or an attempt the worker's own shutdown interrupted. The attempt row
+-- is closed with %(attempt_status)s ('snoozed' or 'interrupted'); lease_version grows
+-- at the next claim as always. A job an operator asked to cancel ends cancelled
+-- instead. Fenced; returns the new status and run_at, or no row when the lease was lost.
 WITH snoozed AS (
     UPDATE queue_job_state AS state
     SET status = CASE WHEN state.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
@@ -1306,9 +1307,9 @@ WITH snoozed AS (
     RETURNING state.status, state.run_at
 ), closed AS (
     UPDATE queue_attempts AS attempt
-    SET status = 'snoozed',
+    SET status = %(attempt_status)s::text,
         finished_at = now(),
-        error_class = 'django_pgqueue.Snooze',
+        error_class = %(error_class)s::text,
         error_message = %(reason)s::text
     WHERE attempt.id = %(attempt_id)s::bigint
       AND EXISTS (SELECT FROM snoozed)

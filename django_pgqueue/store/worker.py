@@ -365,10 +365,15 @@ class Store:
         return (rows[0][0], rows[0][1]) if rows else None
 
     def _failure(self, failure: Failure) -> tuple[str, dict[str, Any]]:
-        """The statement that records `failure` (``job_snooze`` for a snooze), with its
-        own parameters."""
-        if failure.snoozed:
-            return "job_snooze", {"delay": failure.delay, "reason": failure.message}
+        """The statement that records `failure` (``job_give_back`` for a snooze or an
+        interruption by the worker's shutdown), with its own parameters."""
+        if failure.snoozed or failure.interrupted:
+            return "job_give_back", {
+                "delay": failure.delay,
+                "reason": failure.message,
+                "attempt_status": "snoozed" if failure.snoozed else "interrupted",
+                "error_class": failure.error_class,
+            }
         return "job_fail", {
             "permanent": failure.permanent,
             "delay": failure.delay,

@@ -164,7 +164,9 @@ class Worker:
         self._inflight.clear()
         if interrupted:
             logger.warning(
-                "shutdown: %d handler(s) still running; their jobs are retried", len(interrupted)
+                "shutdown: %d handler(s) still running; their jobs are due again now, "
+                "their attempts given back",
+                len(interrupted),
             )
         try:
             if not self._store.connected:
@@ -202,4 +204,5 @@ def _interrupted(worker_id: str) -> Failure:
         "",
         permanent=False,
         delay=0.0,
+        interrupted=True,
     )

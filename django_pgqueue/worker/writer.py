@@ -294,13 +294,18 @@ class OutcomeWriter:
             self._stale(item, "fail")
             return
         status, run_at = result
-        # A snooze is pending again, its attempt given back; "cancelled" ends a job an
-        # operator asked to cancel while it ran; else a failure, retried or dead.
-        kind = "snoozed" if outcome.snoozed and status == "pending" else status
+        # A snooze is pending again, its attempt given back; an interruption by this
+        # worker's shutdown too, and due at once (told as a retry); "cancelled" ends a
+        # job an operator asked to cancel while it ran; else a failure, retried or dead.
+        kind = status
+        if status == "pending" and (outcome.snoozed or outcome.interrupted):
+            kind = "snoozed" if outcome.snoozed else "interrupted"
         if kind == "snoozed":
             self.hooks.snoozed(item)
         elif kind == "cancelled":
             self.hooks.cancelled(item)
+        elif kind == "interrupted":
+            self.hooks.failed(item, outcome, status, run_at)
         else:
             kind = "dead" if status == "dead" else "retried"
             self.hooks.failed(item, outcome, status, run_at)
@@ -412,6 +417,15 @@ def _log_written(kind: str, ctx: Any, outcome: Failure) -> None:
             ctx.max_attempts,
             outcome.delay,
             outcome.last_error,
+        )
+    elif kind == "interrupted":
+        logger.warning(
+            "job %d (%s) interrupted at attempt %d/%d, the attempt given back: %s",
+            ctx.job_id,
+            ctx.type,
+            ctx.attempt,
+            ctx.max_attempts,
+            outcome.message,
         )
     else:
         logger.info("job %d (%s) %s: %s", ctx.job_id, ctx.type, kind, outcome.message)

@@ -462,3 +462,22 @@ def test_claims_resume_after_their_last_key_and_a_later_urgent_job_waits_little(
     ]
     assert order == sorted(order)
     assert len(order) == 300
+
+
+@pytest.mark.parametrize("attempts_before", [0, 2])
+def test_a_shutdown_past_the_grace_gives_the_attempt_back(run_worker, attempts_before):
+    """A deploy is not the handler's failure: a job on its last attempt whose handler
+    still runs when the grace ends is pending again at once, never dead, its attempt
+    given back (the attempt row says interrupted)."""
+    job = enqueue("qa.sleep", {"seconds": 3}, queue="deploy", max_attempts=attempts_before + 1)
+    sql("UPDATE queue_job_state SET attempts = %s WHERE job_id = %s", [attempts_before, job.id])
+    worker = run_worker(["deploy"], shutdown_grace=0.2)
+    # The handler started: its ledger row is written first thing.
+    wait_until(lambda: sql("SELECT count(*) FROM qa_ledger WHERE job_id = %s", [job.id])[0][0])
+    worker.stop()
+    state = JobState.objects.get(pk=job.id)
+    assert (state.status, state.attempts) == ("pending", attempts_before)
+    assert state.run_at <= sql("SELECT now()")[0][0]  # due again at once
+    [attempt] = Attempt.objects.filter(job_id=job.id)
+    assert (attempt.status, attempt.error_class) == ("interrupted", "django_pgqueue.WorkerShutdown")
+    assert worker.worker.stats["interrupted"] == 1

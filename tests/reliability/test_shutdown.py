@@ -143,17 +143,18 @@ def test_second_sigterm_exits_promptly(worker_process, report):
     # the stop within a second); the rest is for a loaded machine.
     assert exited_s < 5.0, exited_s
     assert "second SIGTERM: stopping now" in output
-    # The interrupted jobs are due again at once, each attempt closed as failed.
+    # The interrupted jobs are due again at once, each attempt closed as interrupted and
+    # given back: none spent by the shutdown.
     assert sql(
-        "SELECT status, count(*) FROM queue_job_state WHERE job_id = ANY(%s) "
-        "AND run_at <= now() GROUP BY 1",
+        "SELECT status, attempts, count(*) FROM queue_job_state WHERE job_id = ANY(%s) "
+        "AND run_at <= now() GROUP BY 1, 2",
         [jobs],
-    ) == [("pending", running)]
+    ) == [("pending", 0, running)]
     assert sql(
         "SELECT status, error_class, count(*) FROM queue_attempts WHERE job_id = ANY(%s) "
         "AND finished_at >= %s GROUP BY 1, 2",
         [jobs, signalled_at],
-    ) == [("failed", "django_pgqueue.WorkerShutdown", running)]
+    ) == [("interrupted", "django_pgqueue.WorkerShutdown", running)]
     report(
         size=running,
         lost=0,
@@ -161,5 +162,5 @@ def test_second_sigterm_exits_promptly(worker_process, report):
         re_executions=0,
         exit_after_second_signal_s=round(exited_s, 2),
         notes="A second SIGTERM during the grace period: exit 0 at once; the interrupted "
-        "jobs were written back as failed attempts, due again immediately.",
+        "jobs were written back as interrupted attempts, given back, due again immediately.",
     )
