@@ -9,6 +9,7 @@ never a dead worker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import traceback as tb
 from typing import Any
@@ -50,6 +51,21 @@ def describe(exc: BaseException) -> tuple[str, str, str]:
     )
 
 
+# The attribute a handler's runner sets on an exception it has logged already.
+LOGGED = "_pgqueue_logged"
+
+
+def mark_logged(exc: BaseException) -> None:
+    """Note that `exc` was logged with its traceback where the handler ran."""
+    with contextlib.suppress(AttributeError, TypeError):  # one that takes no attributes
+        setattr(exc, LOGGED, True)
+
+
+def _logged(failure: Failure, exc: BaseException) -> Failure:
+    failure.logged = getattr(exc, LOGGED, False) is True
+    return failure
+
+
 def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcome:
     """Call the handler for ctx and classify the result; never raises for the job."""
     try:
@@ -63,9 +79,9 @@ def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcom
             cls, message, trace = describe(exc)
             return Failure(cls, message, trace, permanent=False, delay=exc.delay)
         except (PermanentFailure, UnknownJobType) as exc:
-            return Failure(*describe(exc), permanent=True)
+            return _logged(Failure(*describe(exc), permanent=True), exc)
         except BaseException as exc:
-            return retryable(exc, ctx, policy)
+            return _logged(retryable(exc, ctx, policy), exc)
         return success(value)
     except BaseException as exc:  # classifying itself failed: still an outcome
         return fallback_failure(exc)

@@ -6,6 +6,7 @@ writes it) use these types; neither imports the other for them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +37,9 @@ class Failure:
     # The worker's own shutdown stopped the handler: its attempt is given back too, and
     # the job is due again at once (never dead for it).
     interrupted: bool = False
+    # The framework the handler runs in logged this failure already, with its traceback
+    # (Django's Tasks framework logs a failed task): the worker's own line is INFO.
+    logged: bool = False
 
     @property
     def last_error(self) -> str:
@@ -61,11 +65,11 @@ def storable(text: str, limit: int) -> str:
 def plainer(failure: Failure) -> Failure:
     """The same failure as plain text with a delay PostgreSQL can add to now(), for
     when PostgreSQL refused the original (its text, or a delay out of range)."""
-    return Failure(
-        storable(failure.error_class, ERROR_CLASS_LIMIT),
-        storable(repr(failure.message), MESSAGE_LIMIT),
-        "",
-        permanent=failure.permanent,
+    return dataclasses.replace(
+        failure,
+        error_class=storable(failure.error_class, ERROR_CLASS_LIMIT),
+        message=storable(repr(failure.message), MESSAGE_LIMIT),
+        traceback="",
         delay=bounded_delay(failure.delay),
     )
 

@@ -30,12 +30,11 @@ from django.utils import timezone
 from ..conf import get_settings
 from ..context import JobContext
 from ..exceptions import PermanentFailure, UnknownJobType
-from ..executor import Failure, describe, success
+from ..executor import Failure, describe, mark_logged, success
 from ..models import Attempt
 from ..registry import Handler, registry
 from ..task_paths import import_task
 from .api import (
-    SOURCE,
     Task,
     TaskContext,
     TaskError,
@@ -50,30 +49,6 @@ from .options import TaskOptions
 from .results import TaskCall, as_enqueued, build_result, error_class_path
 
 logger = logging.getLogger(__name__)
-
-
-class _Sending(threading.local):
-    failure = False
-
-
-_sending = _Sending()
-
-
-class _WorkerLoggedFailure(logging.Filter):
-    """Drop the Tasks framework's record of a task failure the worker logs itself.
-
-    Django's task_finished receiver logs every FAILED task with its traceback; the
-    worker already logs the job's failure (with the job id), so that record would
-    say it twice. Records of other backends, and of started or successful tasks, pass.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (_sending.failure and record.levelno >= logging.ERROR)
-
-
-_DUPLICATE_FILTER = _WorkerLoggedFailure()
-# Django logs on "django.tasks"; the backport of Django 5.2 on "django_tasks".
-logging.getLogger(SOURCE).addFilter(_DUPLICATE_FILTER)
 
 
 def resolve_task(type_: str) -> Handler | None:
@@ -151,6 +126,9 @@ class TaskRunner:
                 object.__setattr__(result, "status", TaskResultStatus.FAILED)
                 object.__setattr__(result, "finished_at", timezone.now())
                 _send(task_finished, result)
+                # Django's task_finished receiver logs a failed task with its traceback:
+                # the worker's own line for the dead job need not say it again.
+                mark_logged(exc)
             raise
         outcome = success(value)
         if isinstance(outcome, Failure):
@@ -214,11 +192,7 @@ class TaskRunner:
 
 def _send(signal: Signal, result: TaskResult) -> None:
     """Send a task signal; a failing receiver is logged and never changes the outcome."""
-    _sending.failure = result.status == TaskResultStatus.FAILED
-    try:
-        responses = signal.send_robust(sender=PgQueueBackend, task_result=result)
-    finally:
-        _sending.failure = False
+    responses = signal.send_robust(sender=PgQueueBackend, task_result=result)
     for receiver, response in responses:
         if isinstance(response, Exception):
             logger.error(

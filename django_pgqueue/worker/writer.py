@@ -400,7 +400,9 @@ def _again(what: str, write: Callable[[], T], *, other: bool = True) -> T:
 def _log_written(kind: str, ctx: Any, outcome: Failure) -> None:
     """The log line of a failure written as `kind` (dead, retried, snoozed, cancelled)."""
     if kind == "dead":
-        logger.error(
+        logger.log(
+            # Logged already with its traceback where it ran (a failed @task): not twice.
+            logging.INFO if outcome.logged else logging.ERROR,
             "job %d (%s) dead after attempt %d/%d: %s",
             ctx.job_id,
             ctx.type,

@@ -106,3 +106,14 @@ def test_a_backslash_before_u0000_is_storable_and_a_real_nul_is_not():
         assert isinstance(outcome, executor.Failure), value
         assert outcome.permanent
         assert "NUL" in outcome.message
+
+
+def test_the_plainer_rewrite_of_a_refused_failure_keeps_what_kind_it_is():
+    """A failure PostgreSQL refused is written again as plain text: still a snooze or an
+    interruption (its attempt given back), still logged where it ran."""
+    for flags in ({"snoozed": True}, {"interrupted": True}, {"logged": True}):
+        again = outcomes.plainer(
+            outcomes.Failure("E\x00", "bad\x00", "trace", permanent=False, delay=1.0, **flags)
+        )
+        assert {name: getattr(again, name) for name in flags} == flags
+        assert again.traceback == ""

@@ -79,11 +79,12 @@ def test_an_unstorable_return_value_finishes_failed_in_the_signal_as_in_the_resu
     assert finished == [("FAILED", [django_pgqueue.ResultNotStorable])]
 
 
-def test_a_failed_task_is_logged_once_by_the_worker(run_worker, caplog):
+def test_a_failed_task_is_logged_once_with_djangos_own_line_kept(run_worker, caplog):
     # Django's own task_finished receiver logs a FAILED task on "django.tasks" (the
-    # backport: "django_tasks"), with no timestamp under Django's default console
-    # handler: the worker logs it already.
+    # backport: "django_tasks") with its traceback, and anyone watching that logger
+    # must see it: the worker's own line for the dead job is INFO, not a second ERROR.
     caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="django_pgqueue")
     result = explode.enqueue("boom, logged once")
     run_worker([QUEUE], burst=True).join()
     result.refresh()
@@ -96,10 +97,8 @@ def test_a_failed_task_is_logged_once_by_the_worker(run_worker, caplog):
     ]
     assert failures == [
         ("django_pgqueue.worker.writer", "WARNING"),  # attempt 1 of 2, retried
-        ("django_pgqueue.worker.writer", "ERROR"),  # dead
+        (SOURCE, "ERROR"),  # Django's: the task failed, with its traceback
+        ("django_pgqueue.worker.writer", "INFO"),  # dead, said once at ERROR already
     ]
-    # Django's line for a task that started is still there: only the duplicate goes.
-    assert any(
-        record.name == SOURCE and f"id={result.id} " in record.getMessage()
-        for record in caplog.records
-    )
+    [django_line] = [r for r in caplog.records if r.name == SOURCE and r.levelno >= logging.ERROR]
+    assert django_line.exc_info is not None
