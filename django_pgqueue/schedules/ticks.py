@@ -94,6 +94,14 @@ class Ticks:
             return tick
         raise ValueError(f"cron expression {self.cron!r} has not ticked in 8 years")
 
+    def count(self, start: dt.datetime, end: dt.datetime, limit: int) -> int:
+        """How many ticks t have start <= t <= end, up to `limit`: by arithmetic for an
+        interval (any gap, at once), by walking at most `limit` ticks for a cron."""
+        if self.every is None:
+            return len(self.between(start, end, limit))
+        first = self.after(start - _MICROSECOND)
+        return 0 if first > end else min(limit, (end - first) // self.every + 1)
+
     def between(self, start: dt.datetime, end: dt.datetime, limit: int) -> list[dt.datetime]:
         """Ticks t with start <= t <= end, at most `limit` of them (the earliest)."""
         found: list[dt.datetime] = []

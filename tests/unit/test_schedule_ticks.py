@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from django_pgqueue.context import JobContext
-from django_pgqueue.schedules.firing import BURST_LIMIT, plan, tick_key
+from django_pgqueue.schedules.firing import BURST_LIMIT, MISSED_COUNT_CAP, plan, tick_key
 from django_pgqueue.schedules.spec import ScheduleSpec, from_handler, from_mapping
 from django_pgqueue.schedules.ticks import Ticks
 
@@ -206,3 +206,39 @@ def test_a_declaration_with_unknown_keys_or_bad_fields_says_which():
     problems = " | ".join(bad.problems())
     for expected in ("name must match", "catch_up must be", "priority must be", "queue"):
         assert expected in problems
+
+
+class CountedTicks(Ticks):
+    """Ticks that count how often the dispatcher would have walked a tick."""
+
+    __slots__ = ("walked",)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.walked = 0
+
+    def after(self, instant):
+        self.walked += 1
+        return super().after(instant)
+
+
+def test_a_catch_up_counts_an_intervals_gap_by_arithmetic():
+    """A per-second schedule down for 30 days: the gap's 2,592,000 ticks are counted
+    exactly, without walking them (the dispatcher thread neither claims nor writes while
+    it counts)."""
+    ticks = CountedTicks(every=dt.timedelta(seconds=1))
+    first = TICK - dt.timedelta(days=30)
+    once = plan(ticks, first, NOW, "once")
+    assert once.fires == [(TICK, TICK + dt.timedelta(seconds=1), 30 * 86_400)]
+    assert ticks.walked < BURST_LIMIT + 10
+
+
+def test_a_cron_catch_up_walks_a_bounded_number_of_ticks():
+    """A per-minute cron down for 70 days (100,800 ticks): the count stops at
+    MISSED_COUNT_CAP (1,000), so the walk is bounded whatever the gap."""
+    ticks = CountedTicks(cron="* * * * *", timezone="UTC")
+    minute = dt.datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+    once = plan(ticks, minute - dt.timedelta(days=70), minute + dt.timedelta(seconds=5), "once")
+    [(tick, _, missed)] = once.fires
+    assert (tick, missed) == (minute, MISSED_COUNT_CAP - 1)
+    assert ticks.walked < 1_100
