@@ -67,6 +67,14 @@ SETTINGS: dict[str, Setting] = {
         "'types': {'reports.big': {'key_limit': 2, 'rate': '1/s'}}}}; written to "
         "queue_controls at worker start.",
     ),
+    "METRICS_TOKEN": Setting(
+        None,
+        "A secret the metrics view accepts as 'Authorization: Bearer <token>'; None: only "
+        "users with the view_job permission.",
+    ),
+    "METRICS_CACHE_SECONDS": Setting(
+        5.0, "Seconds scrapes of one process share a reading of the queues' figures; 0: none."
+    ),
     "EXTENSIONS": Setting(
         (
             "django_pgqueue.control.extension.QueueControl",
@@ -101,6 +109,8 @@ class QueueSettings:
     SCHEDULES: dict[str, Any]  # each entry is checked by django_pgqueue.schedules.checks
     QUEUES: dict[str, QueueLimits] = field(default_factory=dict)
     EXTENSIONS: tuple[str, ...] = ()
+    METRICS_TOKEN: str | None = None
+    METRICS_CACHE_SECONDS: float = 5.0
 
 
 def _name(key: str) -> str:
@@ -176,7 +186,17 @@ def validate(raw: Any) -> QueueSettings:
         SCHEDULES=_schedules(values["SCHEDULES"]),
         QUEUES=parse_queues(values["QUEUES"], validators.QUEUE_NAME_RE),
         EXTENSIONS=_extensions(values["EXTENSIONS"]),
+        METRICS_TOKEN=_token(values["METRICS_TOKEN"]),
+        METRICS_CACHE_SECONDS=_seconds(
+            "METRICS_CACHE_SECONDS", values["METRICS_CACHE_SECONDS"], positive=False
+        ),
     )
+
+
+def _token(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or len(value) < 16):
+        raise _fail("METRICS_TOKEN", "<hidden>", "None or a secret string of 16 characters or more")
+    return value
 
 
 def _extensions(value: Any) -> tuple[str, ...]:

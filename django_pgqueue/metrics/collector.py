@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import DatabaseError, connections
 from prometheus_client.core import (
@@ -22,13 +24,50 @@ from ..observability.counters import RUNTIME_BOUNDS, WorkerCounters
 logger = logging.getLogger(__name__)
 
 
+class Reading(NamedTuple):
+    """The queues' figures and the registry's counts, as read at `at` (monotonic)."""
+
+    at: float
+    snapshot: stats.Snapshot
+    alive: int
+    gone: int
+
+
+# The latest reading per database alias, shared by every scrape of this process within
+# METRICS_CACHE_SECONDS; one scrape at a time reads the database (the others wait for
+# its reading): concurrent scrapes cost one reading and one connection, not one each.
+_readings: dict[str, Reading] = {}
+_reading = threading.Lock()
+
+
+def read(alias: str, *, close: bool = False) -> Reading:
+    """The figures of `alias`, read now or shared from a reading fresh enough."""
+    ttl = get_settings().METRICS_CACHE_SECONDS
+    cached = _readings.get(alias)
+    if cached is not None and time.monotonic() - cached.at < ttl:
+        return cached
+    with _reading:
+        cached = _readings.get(alias)
+        if cached is not None and time.monotonic() - cached.at < ttl:
+            return cached  # another scrape read it while this one waited
+        try:
+            snapshot = stats.collect(alias)
+            alive, gone = workers.count_workers(alias)
+        finally:
+            if close:
+                connections[alias].close()
+        reading = _readings[alias] = Reading(time.monotonic(), snapshot, alive, gone)
+        return reading
+
+
 class QueueCollector(Collector):
     """Per queue: jobs by status, due jobs, the oldest due job's age; workers alive and gone.
 
-    Reads `stats.collect` (small partial indexes only) and the worker registry on
-    every scrape. Values are the same whichever process reports them: aggregate them
-    across scrape targets with max, not sum. `close` closes the Django connection
-    after each scrape (for a server thread outside Django's request cycle).
+    Reads `stats.collect` (small partial indexes only) and the worker registry, at most
+    once per METRICS_CACHE_SECONDS per process (see `read`). Values are the same
+    whichever process reports them: aggregate them across scrape targets with max, not
+    sum. `close` closes the Django connection after each reading (for a server thread
+    outside Django's request cycle).
     """
 
     def __init__(self, alias: str | None = None, *, close: bool = False) -> None:
@@ -41,16 +80,12 @@ class QueueCollector(Collector):
             "pgqueue_database_up", "1 if the queue figures could be read from the database."
         )
         try:
-            snapshot = stats.collect(alias)
-            alive, gone = workers.count_workers(alias)
+            _, snapshot, alive, gone = read(alias, close=self.close)
         except DatabaseError as exc:
             logger.warning("metrics: reading the queue figures failed: %s", exc)
             up.add_metric([], 0)
             yield up
             return
-        finally:
-            if self.close:
-                connections[alias].close()
         up.add_metric([], 1)
         yield up
         jobs = GaugeMetricFamily(

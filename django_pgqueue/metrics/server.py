@@ -10,7 +10,7 @@ from ..observability.hooks import Observer
 from .collector import QueueCollector, WorkerCollector
 
 
-def serve(worker: Any, port: int, addr: str = "0.0.0.0") -> Any:
+def serve(worker: Any, port: int, addr: str = "127.0.0.1") -> Any:
     """Serve `worker`'s counters and the queues' figures on http://addr:port/metrics."""
     registry = CollectorRegistry(auto_describe=False)
     observer = worker.hooks.find(Observer)  # None when observability is not installed

@@ -141,14 +141,14 @@ def test_scrape_a_draining_worker_and_match_the_tables(worker_process: Any) -> N
 
 
 @pytest.mark.urls("tests.integration.metrics_urls")
-def test_the_metrics_view_reports_the_queue_figures(client: Any) -> None:
+def test_the_metrics_view_reports_the_queue_figures(admin_client: Any) -> None:
     enqueue_many([("qa.noop", n) for n in range(3)], queue="web")
     enqueue("qa.noop", queue="web", delay=3600)
     sql(
         "UPDATE queue_job_state SET run_at = now() - interval '90 seconds' "
         "WHERE job_id = (SELECT min(job_id) FROM queue_job_state)"
     )
-    response = client.get("/metrics")
+    response = admin_client.get("/metrics")
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
     samples = {
@@ -162,11 +162,11 @@ def test_the_metrics_view_reports_the_queue_figures(client: Any) -> None:
 
 
 @pytest.mark.urls("tests.integration.metrics_urls")
-def test_the_metrics_view_reports_late_schedules(client: Any) -> None:
+def test_the_metrics_view_reports_late_schedules(admin_client: Any) -> None:
     from django_pgqueue.models import Schedule
 
     def samples() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        text = client.get("/metrics").content.decode()
+        text = admin_client.get("/metrics").content.decode()
         return {
             (sample.name, tuple(sorted(sample.labels.items()))): sample.value
             for family in text_string_to_metric_families(text)

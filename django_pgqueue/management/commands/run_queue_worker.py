@@ -123,8 +123,9 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--metrics-addr",
-            default="0.0.0.0",
-            help="Address --metrics-port listens on (default: 0.0.0.0).",
+            default="127.0.0.1",
+            help="Address --metrics-port listens on (default: 127.0.0.1, this machine "
+            "only; 0.0.0.0 for every interface, e.g. in a container).",
         )
         parser.add_argument(
             "--shutdown-grace",
