@@ -3,7 +3,7 @@
 ``PGQUEUE["QUEUES"] = {"reports": {"limit": 3, "key_limit": 1, "rate": "100/s"}}``:
 `limit` is the most running jobs of the queue across every worker (None: no limit),
 `key_limit` the most running jobs sharing one concurrency key (default 1), `rate` the
-most job starts in any window of the given length ("N/s", "N/m", "N/h", or "N/<x>s"
+most jobs claimed in any window of the given length ("N/s", "N/m", "N/h", or "N/<x>s"
 for a window of x seconds; None: no rate limit). `types` sets a key limit and a rate
 per job type within the queue: ``{"types": {"sms.bulk": {"key_limit": 2, "rate":
 "10/s"}}}`` (a type's key_limit replaces the queue's for its jobs; its rate holds
