@@ -294,20 +294,12 @@ class OutcomeWriter:
             self._stale(item, "fail")
             return
         status, run_at = result
-        # A snooze is pending again, its attempt given back; an interruption by this
-        # worker's shutdown too, and due at once (told as a retry); "cancelled" ends a
-        # job an operator asked to cancel while it ran; else a failure, retried or dead.
-        kind = status
-        if status == "pending" and (outcome.snoozed or outcome.interrupted):
-            kind = "snoozed" if outcome.snoozed else "interrupted"
+        kind = _kind(outcome, status)
         if kind == "snoozed":
             self.hooks.snoozed(item)
         elif kind == "cancelled":
             self.hooks.cancelled(item)
-        elif kind == "interrupted":
-            self.hooks.failed(item, outcome, status, run_at)
-        else:
-            kind = "dead" if status == "dead" else "retried"
+        else:  # told as a failure, retried or dead (an interruption is due again now)
             self.hooks.failed(item, outcome, status, run_at)
             if kind == "retried" and outcome.delay <= self.config.poll_interval:
                 self._retries.append((ctx.queue, time.monotonic() + outcome.delay))
@@ -395,6 +387,17 @@ def _again(what: str, write: Callable[[], T], *, other: bool = True) -> T:
             )
             time.sleep(pause)
     raise AssertionError("unreachable")
+
+
+def _kind(outcome: Failure, status: str) -> str:
+    """What a written failure ended as. A snooze is pending again, its attempt given back;
+    an interruption by the worker's shutdown too, due at once; "cancelled" ends a job an
+    operator asked to cancel while it ran; else it is retried or dead."""
+    if status in ("dead", "cancelled"):
+        return status
+    if outcome.snoozed:
+        return "snoozed"
+    return "interrupted" if outcome.interrupted else "retried"
 
 
 def _log_written(kind: str, ctx: Any, outcome: Failure) -> None:
