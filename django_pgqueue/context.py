@@ -11,7 +11,15 @@ from typing import Any
 class Lease:
     """The worker's view of one claimed job's lease, shared with the heartbeat thread."""
 
-    __slots__ = ("cancel_requested", "expires", "finishing", "job_id", "lease_version", "lost")
+    __slots__ = (
+        "cancel_requested",
+        "expires",
+        "finishing",
+        "job_id",
+        "lease_version",
+        "lost",
+        "timed_out",
+    )
 
     def __init__(self, job_id: int, lease_version: int, expires: float) -> None:
         self.job_id = job_id
@@ -20,9 +28,13 @@ class Lease:
         self.lost = False
         self.finishing = False  # its outcome is being written: a failed renewal means nothing
         self.cancel_requested = False  # an operator cancelled the job (seen at a renewal)
+        # The handler ran past its timeout: lost to the handler, still renewed for the
+        # worker until the job's failure is written.
+        self.timed_out = False
 
     def held(self) -> bool:
-        return not self.lost and time.monotonic() < self.expires
+        """Whether the handler still owns the job (not lost, not timed out, not overdue)."""
+        return not self.lost and not self.timed_out and time.monotonic() < self.expires
 
 
 @dataclass(slots=True, kw_only=True, eq=False, repr=False)

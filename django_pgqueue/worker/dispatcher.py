@@ -70,7 +70,9 @@ class Dispatcher:
         self.inflight = InFlightJobs()
         self.leases = LeaseBook(config.lease)
         self.writer = OutcomeWriter(self.store, self.leases, stats, config, hooks)
-        self.pool = HandlerPool(config.concurrency, switch.wake, config.worker_id, hooks)
+        self.pool = HandlerPool(
+            config.concurrency, switch.wake, config.worker_id, hooks, hold=config.lease
+        )
         parts = (self.store, self.claims, self.inflight, self.leases, self.pool)
         self.intake = Intake(config, registry, *parts, stats, switch.stopping, hooks)
         self._switch = switch
@@ -251,10 +253,7 @@ class Dispatcher:
         """Record the failures of handlers past their timeout or whose thread died; stop if
         too many are stuck."""
         timeouts = self.pool.check_timeouts()
-        for item, failure in timeouts.failed:
-            self.inflight.drop(item)
-            self.stats["timed_out"] += 1
-            self.writer.add([(item, failure)])
+        self.fail_timed_out(timeouts.failed)
         for item, failure in self.pool.check_threads():
             self.inflight.drop(item)
             self.stats["threads_died"] += 1
@@ -262,6 +261,13 @@ class Dispatcher:
         for _ in range(timeouts.over_limit):
             self.exit_code = 1
             self._switch.request()
+
+    def fail_timed_out(self, failed: list[Written]) -> None:
+        """Record the failures of jobs whose handlers ran past their timeout."""
+        for item, failure in failed:
+            self.inflight.drop(item)
+            self.stats["timed_out"] += 1
+            self.writer.add([(item, failure)])
 
     def _write(self, batch: list[Written], claim: Claim | None) -> list[ClaimedRow] | None:
         """Write outcomes (see OutcomeWriter.write); then tell the scheduler of retries."""

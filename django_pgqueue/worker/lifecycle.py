@@ -157,6 +157,8 @@ class Worker:
                 logger.warning("shutdown: %s", exc)
                 self._switch.force.wait(min(0.5, max(0.0, deadline - time.monotonic())))
 
+        # Jobs held past their timeout are failed now, whether their handlers returned.
+        dispatcher.fail_timed_out(self._pool.release_held())
         interrupted = [item for item in self._inflight if not item.resolved]
         for item in interrupted:
             item.resolved = True

@@ -58,8 +58,15 @@ class HandlerPool:
         wake: threading.Event,
         worker_id: str,
         hooks: Hooks | WorkerHooks,
+        *,
+        hold: float = 0.0,
     ) -> None:
         self.concurrency = concurrency
+        # A job whose handler ran past its timeout stays claimed (its lease renewed, its
+        # slot in the queue's limits held) until the handler returns, at most `hold`
+        # seconds: (item, its failure, release at), written once released.
+        self.hold = hold
+        self._held: list[tuple[InFlight, Failure, float]] = []
         self.worker_id = worker_id
         self.hooks = hooks  # an attempt runs inside run_attempt; run times to executed
         self._wake = wake
@@ -160,13 +167,23 @@ class HandlerPool:
         self._db_epoch += 1
 
     def next_timeout(self) -> float | None:
-        """When the first running handler reaches its timeout, if any has one."""
-        deadline = None
+        """When the first running handler reaches its timeout, or a held one is let go."""
+        deadline = min((until for _, _, until in self._held), default=None)
         for item in self._timed.values():
             if item.timeout is not None and item.started is not None and not item.timed_out:
                 end = item.started + item.timeout
                 deadline = end if deadline is None else min(deadline, end)
         return deadline
+
+    def release_held(self, now: float | None = None) -> list[tuple[InFlight, Failure]]:
+        """The timed-out jobs to fail now: their handler returned, or they were held
+        `hold` seconds (all of them when `now` is None: the worker is stopping)."""
+        out, keep = [], []
+        for item, failure, until in self._held:
+            done = now is None or item.returned or now >= until
+            (out if done else keep).append((item, failure, until))
+        self._held = keep
+        return [(item, failure) for item, failure, _ in out]
 
     def check_timeouts(self) -> Timeouts:
         """Fail the handlers past their timeout and replace their threads.
@@ -179,9 +196,9 @@ class HandlerPool:
         self._stuck_threads = [(t, since) for t, since in self._stuck_threads if t.is_alive()]
         stuck = _too_many_stuck(self._stuck_threads, self.concurrency, self.worker_id, now)
         over_limit = int(stuck)
+        failed = self.release_held(now) if self._held else []
         if not self._timed:
-            return Timeouts([], over_limit)
-        failed = []
+            return Timeouts(failed, over_limit)
         for item in list(self._timed.values()):
             if item.resolved:
                 del self._timed[item.ctx.job_id]
@@ -194,12 +211,18 @@ class HandlerPool:
             item.resolved = True
             del self._timed[item.ctx.job_id]
             logger.error(
-                "job %d (%s) exceeded its timeout of %gs; failing it and replacing its thread",
+                "job %d (%s) exceeded its timeout of %gs; replacing its thread, and failing "
+                "it once the handler returns (its slot held meanwhile, at most %gs)",
                 item.ctx.job_id,
                 item.ctx.type,
                 item.timeout,
+                self.hold,
             )
-            failed.append((item, executor.timed_out(item.ctx, item.timeout, item.policy)))
+            failure = executor.timed_out(item.ctx, item.timeout, item.policy)
+            if self.hold > 0:
+                self._held.append((item, failure, now + self.hold))
+            else:
+                failed.append((item, failure))
             if thread in self._threads:  # retired: it ends once the handler returns
                 self._threads.remove(thread)
             if thread is not None:
@@ -340,6 +363,8 @@ class HandlerPool:
         # queued, and check_threads must not fail the job a second time.
         item.reported = True
         self._outcomes.put((item, outcome))
+        if timed_out:
+            self._wake.set()  # its job is held until now: the dispatcher fails it
         self._current.pop(me, None)
         with self._count_lock:
             self._finished_n += 1
@@ -356,9 +381,10 @@ def _time_out(item: InFlight, handoff: threading.Lock) -> bool:
         if item.returned:
             return False
         item.timed_out = True
-        # The failure is about to be written and the job may run elsewhere soon: a
-        # handler that keeps running must see its lease as lost.
-        item.lease.lost = True
+        # Its failure is written once it returns (or is held too long), and the job may
+        # then run elsewhere: a handler that keeps running must see its lease as lost.
+        # The heartbeat renews it meanwhile, so the job stays this worker's.
+        item.lease.timed_out = True
         if thread is not None and thread.ident is not None:
             # Raises JobTimeout in the handler at its next bytecode. A handler blocked
             # in C code only notices when that call returns.

@@ -8,12 +8,14 @@ import time
 import pytest
 from django.db import transaction
 
+import django_pgqueue
 from django_pgqueue import (
     actions,
     enqueue,
     enqueue_many,
     pause_queue,
     resume_queue,
+    set_key_limit,
     set_queue_limit,
     signals,
 )
@@ -196,3 +198,46 @@ def test_a_burst_worker_looks_at_the_controls_before_calling_a_queue_empty():
         assert claims.order() == ["late"]
     finally:
         store.close()
+
+
+RUNS: dict[int, tuple[float, float]] = {}
+
+
+@django_pgqueue.handler("test.blocked_in_c", max_attempts=1)
+def blocked_in_c(ctx):
+    """One C call (time.sleep) longer than the job timeout: the timeout's exception only
+    lands when it returns."""
+    start = time.monotonic()
+    try:
+        time.sleep(float(ctx.payload["seconds"]))
+    finally:  # the timeout's exception lands right after the call returns
+        RUNS[ctx.job_id] = (start, time.monotonic())
+
+
+@pytest.mark.parametrize("limit", ["queue", "key"])
+def test_a_timed_out_handler_still_running_holds_its_slot(run_worker, limit):
+    """A limit of 1 (of the queue, or of a concurrency key) with handlers stuck in one C
+    call past their timeout: the next job starts only once the previous handler really
+    returned, so never two at once (each still fails by its timeout)."""
+    RUNS.clear()
+    if limit == "queue":
+        set_queue_limit("held", 1)
+        jobs = enqueue_many([("test.blocked_in_c", {"seconds": 1.0})] * 3, queue="held")
+    else:
+        set_key_limit("held", 1)
+        jobs = [
+            enqueue("test.blocked_in_c", {"seconds": 1.0}, queue="held", concurrency_key="c:1")
+            for _ in range(3)
+        ]
+    worker = run_worker(["held"], concurrency=4, job_timeout=0.2, lease=3.0)
+    wait_until(lambda: all(status(job.id) == "dead" for job in jobs), timeout=30)
+    worker.stop()
+    runs = sorted(RUNS[job.id] for job in jobs)
+    assert len(runs) == 3
+    for (_, end), (start, _) in itertools.pairwise(runs):
+        assert start >= end, f"a handler started {end - start:.2f}s before the last returned"
+    errors = sql(
+        "SELECT DISTINCT error_class FROM queue_attempts WHERE job_id = ANY(%s)",
+        [[job.id for job in jobs]],
+    )
+    assert errors == [("django_pgqueue.exceptions.JobTimeout",)]

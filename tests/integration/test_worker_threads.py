@@ -141,7 +141,9 @@ def test_a_handler_that_returned_is_never_timed_out():
 def test_more_handlers_stuck_at_once_than_threads_ends_the_worker(run_worker):
     for _ in range(2):
         enqueue("qa.hang", queue="wedged", max_attempts=1)  # blocked in C for good
-    worker = run_worker(["wedged"], concurrency=1, job_timeout=0.2, poll_interval=0.1)
+    # A job timed out is held (its slot taken) until its handler returns or a lease has
+    # passed: the short lease lets the second job start on the replacement thread.
+    worker = run_worker(["wedged"], concurrency=1, job_timeout=0.2, poll_interval=0.1, lease=1.0)
     worker.thread.join(15)
     assert not worker.thread.is_alive()
     assert worker.worker.exit_code == 1
