@@ -380,6 +380,20 @@ WITH released AS (
 SELECT released.job_id FROM released, wake;
 
 
+-- name: plan_size_probe
+-- The size in bytes of the tables the worker's prepared statements read. PostgreSQL keeps
+-- a prepared statement's generic plan until ANALYZE or VACUUM of its tables; one made
+-- while they were nearly empty is a sequential scan that stays as they grow (for ever
+-- with autovacuum off). The worker discards its plans (DISCARD PLANS) when this has
+-- doubled or halved since they were made; the next executions plan again.
+SELECT pg_relation_size('queue_job_state') + pg_relation_size('queue_attempts');
+
+
+-- name: plan_discard
+-- Drop the cached plans of this session's prepared statements (they stay prepared).
+DISCARD PLANS;
+
+
 -- name: lease_sweep
 -- Requeue running jobs whose lease ran out, or mark them dead when their attempts are spent.
 -- Any worker may run it, several at once: expired rows are locked with SKIP LOCKED,

@@ -44,6 +44,10 @@ logger = logging.getLogger(__name__)
 NOTIFY_CHANNEL = "pgqueue"
 
 LOST = "lost the database connection"
+# How often a store looks at the size of the tables its prepared statements read, and
+# by what factor they must have grown (or shrunk) for it to discard the plans.
+PLAN_CHECK = 10.0
+PLAN_GROWTH = 2.0
 
 
 class ClaimedRow(NamedTuple):
@@ -146,6 +150,9 @@ class Store:
         self._cancelled: set[int] = set()
         # Job ids the last renewal reported as cancel-requested by an operator.
         self.cancel_requested: set[int] = set()
+        # The tables' size when this connection's plans were made (see refresh_plans).
+        self._planned_size: int | None = None
+        self._plan_check_due = 0.0
 
     # -- connection ---------------------------------------------------------------
 
@@ -173,8 +180,28 @@ class Store:
             raise DatabaseUnavailable(f"cannot set up the worker's session: {exc}") from exc
         self._conn = conn
 
+    def refresh_plans(self, now: float) -> bool:
+        """Discard this connection's cached plans if the job tables doubled or halved
+        since they were made (at most every PLAN_CHECK seconds); True if it did.
+
+        A generic plan built on nearly empty tables reads them whole for ever (until
+        ANALYZE); after DISCARD PLANS the statements stay prepared and plan again.
+        """
+        if now < self._plan_check_due or not self.prepared:
+            return False
+        self._plan_check_due = now + PLAN_CHECK
+        size = int(self.run("plan_size_probe", {})[0][0])
+        known = self._planned_size
+        self._planned_size = size if known is None else known
+        if known is None or known / PLAN_GROWTH < size < known * PLAN_GROWTH:
+            return False
+        self.run("plan_discard", {})
+        self._planned_size = size
+        return True
+
     def close(self) -> None:
         conn, self._conn = self._conn, None
+        self._planned_size = None  # a new connection plans afresh
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()

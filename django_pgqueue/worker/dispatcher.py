@@ -288,6 +288,8 @@ class Dispatcher:
         """Sweep expired leases; False if PostgreSQL refused the sweep (try again soon)."""
         try:
             queues = sweep_expired(self.store)
+            # Plans made while the tables were small are made again as they grow.
+            self.store.refresh_plans(time.monotonic())
         except psycopg.Error as exc:
             logger.warning("sweep refused (%s); again shortly", errors.describe(exc))
             return False

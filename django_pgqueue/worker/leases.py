@@ -250,8 +250,17 @@ class Heartbeat:
                         self.hooks.renewed(held)  # job_lease_lost
                     self.gaps.append(sent - last)
                     last = sent
+                _refresh_plans(store)
                 self.hooks.beat(store, len(held))  # the worker registry, the rollup
                 wait = max(0.0, started + cfg.heartbeat_interval - time.monotonic())
         finally:
             self.hooks.stopped(store)  # flush the rollup, mark this worker gone
             store.close()
+
+
+def _refresh_plans(store: Store) -> None:
+    """The heartbeat's plans (the renewal's) are made again as the tables grow."""
+    try:
+        store.refresh_plans(time.monotonic())
+    except psycopg.Error as exc:  # a refused probe: the plans stay; the renewals go on
+        logger.warning("heartbeat: looking at the tables' size failed: %s", errors.describe(exc))

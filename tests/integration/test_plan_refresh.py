@@ -1,0 +1,79 @@
+"""A worker's prepared statements plan again as the tables grow.
+
+PostgreSQL keeps a prepared statement's generic plan until ANALYZE or VACUUM; one made
+on nearly empty tables is a sequential scan, kept for ever with autovacuum off. A
+worker's store discards its plans when the tables doubled since they were made.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from django_pgqueue import enqueue_many
+from django_pgqueue.store.worker import Store
+from tests.conftest import sql
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def sweep_plan(store: Store) -> set[str]:
+    """The scans of the job tables in the plan the store's prepared sweep runs now."""
+    conn = store.raw
+    [(name,)] = conn.execute(
+        "SELECT name FROM pg_prepared_statements WHERE statement LIKE '-- name: lease_sweep%%'",
+        prepare=False,
+    ).fetchall()
+    query = f'EXPLAIN (FORMAT JSON) EXECUTE "{name}"(1000)'
+    [(plan,)] = conn.execute(query, prepare=False).fetchall()
+    found: set[str] = set()
+
+    def walk(node: dict) -> None:
+        if node.get("Relation Name") in ("queue_job_state", "queue_attempts"):
+            found.add(f"{node['Node Type']} on {node['Relation Name']}")
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+    return found
+
+
+def grow(jobs: int) -> None:
+    """`jobs` jobs, three in four finished with an attempt each, as after a drain."""
+    for start in range(0, jobs, 20_000):
+        enqueue_many([("qa.noop", None)] * min(20_000, jobs - start), queue="grown")
+    sql(
+        "UPDATE queue_job_state SET status = 'completed', finished_at = now(), attempts = 1, "
+        "lease_version = 1 WHERE job_id % 4 <> 0"
+    )
+    sql(
+        "INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id, status, "
+        "finished_at) SELECT job_id, 1, 1, 'w', 'succeeded', now() FROM queue_job_state "
+        "WHERE status = 'completed'"
+    )
+
+
+def test_plans_made_on_empty_tables_are_made_again_once_they_grew():
+    old, fresh = Store("default", "planned small"), Store("default", "planned big")
+    try:
+        assert old.refresh_plans(0.0) is False  # the size its plans are made at
+        for _ in range(8):  # past the five custom plans: the generic plan is kept
+            old.sweep()
+        small = sweep_plan(old)
+        grow(60_000)
+        for _ in range(8):
+            fresh.sweep()
+        wanted = sweep_plan(fresh)
+        # A fresh session finds the swept jobs' attempts by their index.
+        assert "Seq Scan on queue_attempts" not in wanted
+        autovacuum = sql("SELECT current_setting('autovacuum')")[0][0] == "on"
+        if not autovacuum:  # nothing replaced the old plan meanwhile
+            assert sweep_plan(old) == small != wanted
+        assert old.refresh_plans(old._plan_check_due) is True  # grew: plans discarded
+        old.sweep()
+        assert sweep_plan(old) == wanted
+        assert old.refresh_plans(old._plan_check_due) is False  # no growth since
+    finally:
+        old.close()
+        fresh.close()
