@@ -42,6 +42,9 @@ FULL_BACKOFF_STEPS = 8
 # for keys under their limit.
 SCAN_FACTOR = 8
 MAX_SCAN = 1000
+# How many pending jobs a controlled claim may read in all, passing over those of keys
+# at their limit: beyond this many jobs of saturated keys, the others wait their turn.
+MAX_READ = 10_000
 # How long a controlled claim's transaction may wait on its own client (see
 # transaction_guard): the longest a frozen worker can stall a queue's claims.
 LOCK_IDLE_MS = 1000
@@ -54,6 +57,9 @@ class ControlState:
     paused: bool
     full: bool
     rate_wait: float | None
+    # The queue has keyed jobs: a short claim may have passed over keys at their limit,
+    # whose slots free when another worker's job of that key ends (no NOTIFY says so).
+    keyed: bool = False
 
     def recheck_after(self, poll_interval: float, full_streak: int = 0) -> float:
         """Seconds until a claim of this queue could take a job again."""
@@ -62,7 +68,7 @@ class ControlState:
         waits = [poll_interval]
         if self.rate_wait is not None:
             waits.append(self.rate_wait)
-        if self.full:
+        if self.full or self.keyed:
             waits.append(FULL_RECHECK * 2 ** min(full_streak, FULL_BACKOFF_STEPS))
         return max(0.0, min(waits))
 
@@ -120,7 +126,7 @@ class ControlledClaims(WorkerHooks):
         if state is None:
             return poll_interval
         streak = self._full_streak.get(queue, 0)
-        self._full_streak[queue] = streak + 1 if state.full else 0
+        self._full_streak[queue] = streak + 1 if state.full or state.keyed else 0
         return state.recheck_after(poll_interval, streak)
 
     def frees_slots(self, queue: str) -> bool:
@@ -146,13 +152,16 @@ class ControlledClaims(WorkerHooks):
             "queue": queue,
             "limit": limit,
             "scan": scan_size(limit),
+            "read": MAX_READ,
             "worker_id": worker_id,
             "lease": lease,
         }
         with store.holding("job_claim_controlled") as conn:
             done_rows, rows, state = _pipeline(store, conn, done, queue, claim)
         if state is not None:
-            self.states[queue] = ControlState(bool(state[0]), bool(state[1]), state[2])
+            self.states[queue] = ControlState(
+                bool(state[0]), bool(state[1]), state[2], bool(state[3])
+            )
         return store.completed(done_rows), rows
 
     def resumable(self, queue: str) -> bool:

@@ -1009,10 +1009,11 @@ SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true
 -- worker's rejected write frees nothing. Budget = least(limit, concurrency_limit -
 -- running, rate_count - starts in the last rate_period); 0 while paused. Per key:
 -- a walked job is eligible while its key's running jobs plus the earlier walked
--- jobs of that key stay under key_limit (a correlated count, not a window function:
--- PARTITION BY would add a Sort). The walk is the ordered scan of the claim index
--- of job_claim, bounded by `scan` (>= limit) so that jobs of saturated keys do not
--- hide the ones behind them; with no keyed jobs it stops after the budget. The rate
+-- jobs of that key stay under key_limit, counted once per key (running_keys) and by
+-- rank (a window over the walked jobs: a sort of at most `scan` rows), so the check is
+-- linear in the walk, not quadratic. The walk is the ordered scan of the claim index
+-- of job_claim: it passes over the jobs of keys already at their limit (reading at
+-- most `read` jobs) and keeps at most `scan` (>= limit) others. The rate
 -- window keeps the last start times in queue_controls.rate_starts, oldest first: a
 -- start at t is allowed only while fewer than rate_count starts are later than
 -- t - rate_period, which is exact for every window of that length because t comes
@@ -1047,46 +1048,80 @@ WITH budget AS MATERIALIZED (
            ) AS room
     FROM queue_type_controls AS t, budget
     WHERE t.queue = %(queue)s::text
+), saturated AS MATERIALIZED (
+    -- The keys already at the queue's key limit (from the running jobs' key index):
+    -- the walk passes over their jobs without counting them against its bound, so a
+    -- key with a long backlog does not hide the other keys behind it. Not when the
+    -- queue has per-type limits, whose key limits may differ by type.
+    SELECT r.concurrency_key
+    FROM queue_job_state AS r
+    WHERE r.queue = %(queue)s::text
+      AND r.status = 'running'
+      AND r.concurrency_key IS NOT NULL
+      AND NOT EXISTS (SELECT FROM typed)
+    GROUP BY r.concurrency_key
+    HAVING count(*) >= (SELECT key_limit FROM budget)
 ), walk AS MATERIALIZED (
     -- row_number() OVER () numbers the rows in the order the ordered scan yields them.
-    -- A walked job's type is read (one primary-key probe) only when the queue has
-    -- per-type limits.
+    -- The scan reads at most `read` jobs and keeps at most `scan` of them (those of keys
+    -- not at their limit). A walked job's type is read (one primary-key probe) only
+    -- when the queue has per-type limits.
     SELECT ordered.job_id, ordered.concurrency_key, ordered.type, row_number() OVER () AS pos
     FROM (
         SELECT s.job_id, s.concurrency_key,
                CASE WHEN EXISTS (SELECT FROM typed)
                     THEN (SELECT j.type FROM queue_jobs AS j WHERE j.id = s.job_id) END AS type
-        FROM queue_job_state AS s
-        WHERE s.queue = %(queue)s::text
-          AND s.status = 'pending'
-          AND s.run_at <= now()
-        ORDER BY s.priority DESC, s.run_at, s.job_id
-        LIMIT (SELECT CASE WHEN n > 0 THEN %(scan)s::integer ELSE 0 END FROM budget)
+        FROM (
+            SELECT s.job_id, s.concurrency_key
+            FROM queue_job_state AS s
+            WHERE s.queue = %(queue)s::text
+              AND s.status = 'pending'
+              AND s.run_at <= now()
+            ORDER BY s.priority DESC, s.run_at, s.job_id
+            LIMIT (SELECT CASE WHEN n > 0 THEN %(read)s::integer ELSE 0 END FROM budget)
+        ) AS s
+        -- NOT IN a subquery: one hashed lookup per job, however many keys are saturated
+        -- (the keys are never NULL).
+        WHERE s.concurrency_key IS NULL
+           OR s.concurrency_key NOT IN (SELECT concurrency_key FROM saturated)
+        LIMIT %(scan)s::integer
     ) AS ordered
-), eligible AS (
-    -- Within its key's limit (its type's, else the queue's), and within its type's
-    -- rate window counting the jobs of that type walked before it.
-    SELECT walk.job_id
+), running_keys AS MATERIALIZED (
+    -- The running jobs of each key the walk met, counted once per key.
+    SELECT r.concurrency_key, count(*) AS n
+    FROM queue_job_state AS r
+    WHERE r.queue = %(queue)s::text
+      AND r.status = 'running'
+      AND r.concurrency_key = ANY (ARRAY(
+          SELECT DISTINCT w.concurrency_key FROM walk AS w WHERE w.concurrency_key IS NOT NULL
+      ))
+    GROUP BY r.concurrency_key
+), ranked AS (
+    -- Each walked job's place among the walked jobs of its key, and of its type.
+    SELECT walk.job_id, walk.pos, walk.concurrency_key, walk.type,
+           row_number() OVER (PARTITION BY walk.concurrency_key ORDER BY walk.pos) AS key_rank,
+           row_number() OVER (PARTITION BY walk.type ORDER BY walk.pos) AS type_rank
     FROM walk
-    WHERE (walk.concurrency_key IS NULL
-           OR (SELECT count(*) FROM queue_job_state AS r
-               WHERE r.queue = %(queue)s::text
-                 AND r.status = 'running'
-                 AND r.concurrency_key = walk.concurrency_key)
-            + (SELECT count(*) FROM walk AS earlier
-               WHERE earlier.concurrency_key = walk.concurrency_key AND earlier.pos < walk.pos)
-            < coalesce((SELECT typed.key_limit FROM typed WHERE typed.type = walk.type),
-                       (SELECT key_limit FROM budget)))
-      AND (walk.type IS NULL
-           OR coalesce((SELECT count(*) FROM walk AS earlier
-                        WHERE earlier.type = walk.type AND earlier.pos < walk.pos)
-                       < (SELECT typed.room FROM typed WHERE typed.type = walk.type), true))
+), eligible AS (
+    -- Within its key's limit (its type's, else the queue's), counting the key's running
+    -- jobs and the jobs of that key walked before it; and within its type's rate window,
+    -- counting the jobs of that type walked before it.
+    SELECT ranked.job_id, ranked.pos
+    FROM ranked
+    LEFT JOIN running_keys AS rk ON rk.concurrency_key = ranked.concurrency_key
+    LEFT JOIN typed ON typed.type = ranked.type
+    WHERE (ranked.concurrency_key IS NULL
+           OR coalesce(rk.n, 0) + ranked.key_rank
+              <= coalesce(typed.key_limit, (SELECT key_limit FROM budget)))
+      AND (ranked.type IS NULL OR coalesce(ranked.type_rank <= typed.room, true))
 ), candidates AS MATERIALIZED (
     -- The eligible jobs in walk order, up to the budget; each is locked and re-checked
     -- (an operator may have cancelled it since the walk's snapshot).
     SELECT job_id
     FROM queue_job_state
-    WHERE job_id = ANY (ARRAY(SELECT job_id FROM eligible LIMIT (SELECT n FROM budget)))
+    WHERE job_id = ANY (ARRAY(
+        SELECT job_id FROM eligible ORDER BY pos LIMIT (SELECT n FROM budget)
+    ))
       AND status = 'pending'
     FOR UPDATE SKIP LOCKED
 -- job_claim_controlled: job_claim's claimed and opened steps
@@ -1129,7 +1164,8 @@ WITH budget AS MATERIALIZED (
 -- Runs last in the claim's transaction (it sees that claim's writes). Returns
 -- (paused, full: running >= concurrency_limit, rate_wait: seconds until a full rate
 -- window (the queue's, or the soonest of its types') admits the next start, 0 when one
--- filled at the claim has room again already, or NULL when none was full). The claim
+-- filled at the claim has room again already, or NULL when none was full; keyed: the
+-- queue has keyed jobs, whose keys' slots free when any worker's job ends). The claim
 -- trims every window whose oldest start has left it, so a full array is a window that
 -- was full at the claim: an expired one would read as "0 s" for ever, and the worker
 -- would claim an empty queue in a loop.
@@ -1152,7 +1188,8 @@ SELECT c.paused,
             WHERE t.queue = c.queue
               AND t.rate_count IS NOT NULL
               AND cardinality(t.rate_starts) >= t.rate_count)
-       ) AS rate_wait
+       ) AS rate_wait,
+       c.keyed
 FROM queue_controls AS c
 WHERE c.queue = %(queue)s::text;
 

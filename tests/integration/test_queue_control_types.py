@@ -96,7 +96,7 @@ def test_a_window_full_at_the_claim_is_retried_at_once_when_it_has_room(stores):
     store = stores()
     assert len(store.claim("edge", 10, "w", 30)) == 2
     time.sleep(0.25)
-    [(_, _, rate_wait)] = store.run("queue_control_state", {"queue": "edge"})
+    [(_, _, rate_wait, _)] = store.run("queue_control_state", {"queue": "edge"})
     assert rate_wait == 0.0
     assert len(store.claim("edge", 10, "w", 30)) == 2
 

@@ -10,6 +10,7 @@ from django.db import transaction
 
 import django_pgqueue
 from django_pgqueue import (
+    JobSpec,
     actions,
     enqueue,
     enqueue_many,
@@ -241,3 +242,28 @@ def test_a_timed_out_handler_still_running_holds_its_slot(run_worker, limit):
         [[job.id for job in jobs]],
     )
     assert errors == [("django_pgqueue.exceptions.JobTimeout",)]
+
+
+def test_a_key_at_its_limit_does_not_hold_up_the_other_keys(run_worker):
+    """200 jobs of key A (key limit 1) ahead of one job each of keys B0-B2, a worker of 4
+    threads: the B jobs run beside the first A jobs, not after the 200 (the walk passes
+    over a saturated key's jobs)."""
+    set_key_limit("keys", 1)
+    ahead = enqueue_many(
+        [JobSpec("qa.nap", {"seconds": 0.05}, concurrency_key="A") for _ in range(200)],
+        queue="keys",
+    )
+    behind = [
+        enqueue("qa.nap", {"seconds": 0.05}, queue="keys", concurrency_key=f"B{n}")
+        for n in range(3)
+    ]
+    worker = run_worker(["keys"], concurrency=4)
+    wait_until(lambda: all(status(job.id) == "completed" for job in behind), timeout=30)
+    worker.stop()
+    started = dict(sql("SELECT job_id, min(started_at) FROM queue_attempts GROUP BY 1"))
+    a_starts = sorted(started[job.id] for job in ahead if job.id in started)
+    assert len(a_starts) >= 1
+    tenth = a_starts[9] if len(a_starts) >= 10 else None
+    for job in behind:  # every B began before the tenth A did (or the tenth never did)
+        assert tenth is None or started[job.id] < tenth
+    assert most_at_once("keys") <= 4
