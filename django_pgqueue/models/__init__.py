@@ -25,7 +25,7 @@ from .jobs import (
     Status,
 )
 from .observability import IntegerArrayField, MinuteStats, WorkerRecord
-from .schedules import CatchUp, Schedule, ScheduleTick, Source
+from .schedules import CatchUp, Schedule, ScheduleCode, ScheduleTick, Source
 
 __all__ = [
     "FINISHED_STATUSES",
@@ -41,6 +41,7 @@ __all__ = [
     "QueueControl",
     "QueueTypeControl",
     "Schedule",
+    "ScheduleCode",
     "ScheduleTick",
     "Source",
     "Status",

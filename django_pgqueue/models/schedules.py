@@ -7,6 +7,10 @@
   workers never act on one tick twice.
 - `ScheduleTick` (``queue_schedule_ticks``): one row per fired tick, keyed by
   (schedule, tick_at), with the job it made. The key is what makes a tick fire once.
+- `ScheduleCode` (``queue_schedule_code``): each set of schedules declared in code
+  that a worker synced, by fingerprint, with when it was first seen. Only workers
+  running the newest set write the code schedules, so during a rolling deploy a worker
+  of the old code that starts after one of the new does not put the old ones back.
 """
 
 from __future__ import annotations
@@ -115,3 +119,17 @@ class ScheduleTick(models.Model):
 
     def __str__(self) -> str:
         return f"{self.schedule_id} at {self.tick_at:%Y-%m-%d %H:%M:%S%z}"
+
+
+class ScheduleCode(models.Model):
+    """A set of code schedules (its fingerprint) and when a worker first synced it."""
+
+    fingerprint = models.CharField(max_length=64, primary_key=True)
+    first_seen = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "queue_schedule_code"
+        verbose_name = "schedule code version"
+
+    def __str__(self) -> str:
+        return self.fingerprint[:12]

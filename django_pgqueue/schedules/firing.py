@@ -19,6 +19,7 @@ schedule then runs on time again; never a burst.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import logging
 from collections.abc import Sequence
@@ -175,16 +176,27 @@ def sync_code_schedules(store: Store) -> list[str]:
     declared = code_schedules()
     duplicates = declared.duplicates()
     conf = get_settings()
-    synced = []
+    writes = []
     for spec in declared.specs:
         problems = schedule_problems(spec)
         if spec.name in duplicates or problems:
             why = "; ".join(problems) or "declared twice"
             logger.error("schedule %s not synced: %s", spec.name, why)
             continue
-        handler = registry.find(spec.type)
+        writes.append((spec, _sync_params(spec, conf.DEFAULT_QUEUE, registry.find(spec.type))))
+    names = [spec.name for spec in declared.specs]
+    fingerprint = _fingerprint([params for _, params in writes], names, bool(declared.errors))
+    if not store.run("schedule_code_newest", {"fingerprint": fingerprint})[0][0]:
+        logger.info(
+            "schedules: newer code declared them since this code was deployed; this "
+            "worker's declarations (%s) are not written",
+            fingerprint[:12],
+        )
+        return []
+    synced = []
+    for spec, params in writes:
         try:
-            row = store.run("schedule_sync", _sync_params(spec, conf.DEFAULT_QUEUE, handler))
+            row = store.run("schedule_sync", params)
         except psycopg.Error as exc:
             logger.error("schedule %s not synced: %s", spec.name, exc)
             continue
@@ -197,10 +209,16 @@ def sync_code_schedules(store: Store) -> list[str]:
                 spec.origin,
             )
     if not declared.errors:
-        names = [spec.name for spec in declared.specs]
         for (name,) in store.run("schedule_disable_removed", {"names": names}):
             logger.warning("schedule %s is no longer declared in code: disabled", name)
     return synced
+
+
+def _fingerprint(writes: list[dict[str, Any]], names: list[str], errors: bool) -> str:
+    """What identifies one set of code schedules: every declaration as it is written,
+    the names declared, and whether some could not be read."""
+    text = json.dumps([sorted(names), errors, writes], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _sync_params(spec: Any, default_queue: str, handler: Any) -> dict[str, Any]:

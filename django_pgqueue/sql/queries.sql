@@ -716,6 +716,23 @@ SELECT job.id, (SELECT pg_notify('pgqueue', job.queue)) IS NULL
 FROM job;
 
 
+-- name: schedule_code_newest
+-- Note a worker's set of code schedules (its fingerprint) as seen, and say whether it is
+-- the newest set: one never seen before, or the one first seen last. Only the newest
+-- set's workers write the code schedules, so they converge to the newest code whatever
+-- order a rolling deploy starts the workers in. (The statement's snapshot does not see
+-- its own insert: a set inserted now is the newest.)
+WITH seen AS (
+    INSERT INTO queue_schedule_code (fingerprint, first_seen)
+    VALUES (%(fingerprint)s::text, clock_timestamp())
+    ON CONFLICT (fingerprint) DO NOTHING
+    RETURNING first_seen
+)
+SELECT EXISTS (SELECT FROM seen)
+    OR (SELECT first_seen FROM queue_schedule_code WHERE fingerprint = %(fingerprint)s::text)
+       >= (SELECT max(first_seen) FROM queue_schedule_code);
+
+
 -- name: schedule_sync
 -- Upsert one schedule declared in code, by name. A schedule created in the admin
 -- (source 'db') keeps its definition: code does not take it over (no row back).

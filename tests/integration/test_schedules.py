@@ -305,3 +305,33 @@ def test_workers_back_after_a_gap_of_20_ticks_catch_up_once_then_run_on_schedule
         assert on_time[0] == catch_ups[0][0] + dt.timedelta(seconds=2)
     else:  # nothing of the gap ran
         assert on_time[0] > restarted_at
+
+
+def test_code_schedules_converge_to_the_newest_code_whatever_order_workers_start(settings, stores):
+    """A rolling deploy: workers of the old code restart after workers of the new one.
+    The new timing stays, a schedule the new code removed stays disabled, and the old
+    code's restart leaves next_tick alone (no due tick dropped)."""
+    old = {
+        "report": {"type": "qa.echo", "every": "60s"},
+        "legacy": {"type": "qa.echo", "every": "5m"},
+    }
+    new = {"report": {"type": "qa.echo", "every": "30s"}}
+    store = stores()
+
+    def start(code: dict) -> list[str]:
+        settings.PGQUEUE = {**settings.PGQUEUE, "SCHEDULES": code}
+        return sync_code_schedules(store)
+
+    assert sorted(start(old)) == ["legacy", "report"]
+    assert start(new) == ["report"]  # the deploy's first new worker
+    Schedule.objects.filter(name="report").update(next_tick=db_now())  # a tick due now
+    due = Schedule.objects.get(name="report").next_tick
+    assert start(old) == []  # an old worker restarting: it writes nothing
+    report, legacy = Schedule.objects.get(name="report"), Schedule.objects.get(name="legacy")
+    assert report.every == dt.timedelta(seconds=30)
+    assert report.next_tick == due
+    assert (legacy.enabled, legacy.source) == (False, "removed")
+    assert start(new) == ["report"]  # the new code's workers still sync
+    newer = {"report": {"type": "qa.echo", "every": "10s"}}
+    assert start(newer) == ["report"]  # and a later deploy takes over
+    assert Schedule.objects.get(name="report").every == dt.timedelta(seconds=10)
