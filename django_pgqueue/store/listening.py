@@ -6,7 +6,8 @@ import select
 import socket
 from collections.abc import Iterator
 
-from .worker import LOST, NOTIFY_CHANNEL, Store
+from .session import LOST
+from .worker import NOTIFY_CHANNEL, Store
 
 
 class ListeningStore(Store):

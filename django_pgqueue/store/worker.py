@@ -11,24 +11,20 @@ jittered backoff).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import psycopg
-from django.db import connections
 
-from ..exceptions import DatabaseUnavailable
 from ..outcomes import Failure
 from ..sql import QUERIES
-from . import errors
 from .arrays import int_array
-from .connection import Backoff, configure_session, connection_params, wait_for
+from .connection import Backoff, connection_params, wait_for
+from .session import LOST, Session
 
 __all__ = [
+    "LOST",
     "Backoff",
     "ClaimKey",
     "ClaimRequest",
@@ -42,12 +38,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "pgqueue"
-
-LOST = "lost the database connection"
-# How often a store looks at the size of the tables its prepared statements read, and
-# by what factor they must have grown (or shrunk) for it to discard the plans.
-PLAN_CHECK = 10.0
-PLAN_GROWTH = 2.0
 
 
 class ClaimedRow(NamedTuple):
@@ -131,163 +121,20 @@ def complete_params(done: Sequence[Completion]) -> dict[str, str]:
 Claimer = Callable[["Store", "Sequence[Completion] | None", "ClaimRequest"], Any]
 
 
-class Store:
-    """Runs the worker's statements on one dedicated connection.
+class Store(Session):
+    """Runs the worker's statements on one dedicated connection (see `Session`).
 
-    `prepared`: prepare each statement on first use (WORKER_PREPARED_STATEMENTS).
     `claimer`: set by the worker when a feature takes over some queues' claims.
     """
 
     def __init__(self, alias: str, application_name: str, *, prepared: bool = True) -> None:
-        self.alias = alias
-        self.application_name = application_name
-        self.prepared = prepared
+        super().__init__(alias, application_name, prepared=prepared)
         self.claimer: Claimer | None = None
-        self._conn: psycopg.Connection[Any] | None = None
-        self._lock = threading.Lock()
         # Jobs a completion ended cancelled (an operator asked while they ran), since
         # the last `take_cancelled`.
         self._cancelled: set[int] = set()
         # Job ids the last renewal reported as cancel-requested by an operator.
         self.cancel_requested: set[int] = set()
-        # The tables' size when this connection's plans were made (see refresh_plans).
-        self._planned_size: int | None = None
-        self._plan_check_due = 0.0
-
-    # -- connection ---------------------------------------------------------------
-
-    @property
-    def connected(self) -> bool:
-        return self._conn is not None and not self._conn.closed
-
-    def connect(self) -> None:
-        """Open the connection if it is not open; DatabaseUnavailable if that fails."""
-        if self.connected:
-            return
-        params = connection_params(self.alias, self.application_name)
-        # The worker runs the same few statements thousands of times on a connection it
-        # owns: prepared on first use, each is parsed and planned once per session.
-        params["prepare_threshold"] = 0 if self.prepared else None
-        try:
-            conn = psycopg.connect(**params, autocommit=True)
-        except psycopg.Error as exc:  # refused, unreachable, starting up: try again later
-            raise DatabaseUnavailable(f"cannot connect to the queue database: {exc}") from exc
-        try:
-            configure_session(conn, connections[self.alias].settings_dict.get("OPTIONS", {}))
-        except psycopg.Error as exc:
-            with contextlib.suppress(Exception):
-                conn.close()
-            raise DatabaseUnavailable(f"cannot set up the worker's session: {exc}") from exc
-        self._conn = conn
-
-    def refresh_plans(self, now: float) -> bool:
-        """Discard this connection's cached plans if the job tables doubled or halved
-        since they were made (at most every PLAN_CHECK seconds); True if it did.
-
-        A generic plan built on nearly empty tables reads them whole for ever (until
-        ANALYZE); after DISCARD PLANS the statements stay prepared and plan again.
-        """
-        if now < self._plan_check_due or not self.prepared:
-            return False
-        self._plan_check_due = now + PLAN_CHECK
-        size = int(self.run("plan_size_probe", {})[0][0])
-        known = self._planned_size
-        self._planned_size = size if known is None else known
-        if known is None or known / PLAN_GROWTH < size < known * PLAN_GROWTH:
-            return False
-        self.run("plan_discard", {})
-        self._planned_size = size
-        return True
-
-    def close(self) -> None:
-        conn, self._conn = self._conn, None
-        self._planned_size = None  # a new connection plans afresh
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
-
-    @contextmanager
-    def _unavailable(self, *what: str) -> Iterator[None]:
-        """Turn a lost connection into DatabaseUnavailable("<what>: <error>").
-
-        The connection is dropped, so the next call reconnects. Whether the connection
-        is lost is decided by its state and the SQLSTATE (`errors.classify`); any other
-        error is a statement error that leaves an autocommit session usable, raised as
-        it came for the caller to classify.
-        """
-        try:
-            yield
-        except psycopg.Error as exc:
-            if errors.classify(exc, self._conn) != errors.LOST:
-                raise
-            self.close()
-            raise DatabaseUnavailable(": ".join([*what, str(exc)])) from exc
-
-    @property
-    def raw(self) -> psycopg.Connection[Any]:
-        self.connect()
-        assert self._conn is not None
-        return self._conn
-
-    @contextmanager
-    def holding(self, what: str) -> Iterator[psycopg.Connection[Any]]:
-        """The connection, for this thread alone; losing it raises DatabaseUnavailable."""
-        with self._lock:
-            conn = self.raw
-            with self._unavailable(what, LOST):
-                yield conn
-
-    @contextmanager
-    def pipelined(self, conn: psycopg.Connection[Any], what: str) -> Iterator[None]:
-        """Send the block's statements in one pipeline: one round trip, one transaction.
-
-        An error undoes them all and is raised. A failure that is not an answer from
-        the server means the pipeline's own state broke (psycopg once raised
-        IndexError on exit): whether the COMMIT happened is unknown, a write in doubt,
-        so the connection is dropped and DatabaseUnavailable raised.
-        """
-        try:
-            with conn.pipeline():
-                yield
-        except psycopg.Error as exc:
-            self._unprepared(exc)  # the caller writes them apart, unprepared
-            raise
-        except Exception as exc:
-            self.close()
-            raise DatabaseUnavailable(f"{what}: the pipeline failed ({exc!r})") from exc
-
-    def run(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        try:
-            return self._run_once(name, params)
-        except psycopg.Error as exc:
-            if not self._unprepared(exc):
-                raise
-            return self._run_once(name, params)
-
-    def _run_once(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        with self.holding(name) as conn, conn.cursor() as cursor:
-            cursor.execute(QUERIES[name], params)
-            return cursor.fetchall() if cursor.description else []
-
-    def _unprepared(self, exc: psycopg.Error) -> bool:
-        """A prepared statement the server lost (a transaction pooler): stop preparing.
-
-        True if the statement should be sent again, unprepared.
-        """
-        conn = self._conn
-        if errors.classify(exc, conn) != errors.UNPREPARED or conn is None:
-            return False
-        if conn.prepare_threshold is None:
-            return False
-        conn.prepare_threshold = None
-        logger.error(
-            "the server does not know a statement this worker prepared (%s): a "
-            "transaction-mode pooler (PgBouncer) sits between them. Set "
-            'PGQUEUE["WORKER_PREPARED_STATEMENTS"] = False, or connect the worker '
-            "directly; preparation is off on this connection from now on",
-            errors.describe(exc),
-        )
-        return True
 
     # -- worker statements ----------------------------------------------------------
 

@@ -158,7 +158,7 @@ class Worker:
                 self._switch.force.wait(min(0.5, max(0.0, deadline - time.monotonic())))
 
         # Jobs held past their timeout are failed now, whether their handlers returned.
-        dispatcher.fail_timed_out(self._pool.release_held())
+        dispatcher.fail_timed_out(self._pool.overdue.release())
         interrupted = [item for item in self._inflight if not item.resolved]
         for item in interrupted:
             item.resolved = True

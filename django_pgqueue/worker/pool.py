@@ -21,7 +21,6 @@ import queue as queue_module
 import threading
 import time
 from collections import deque
-from typing import NamedTuple
 
 from django.db import connections
 
@@ -34,19 +33,13 @@ from .hygiene import (
     health_check_on_first_use,
     reset_django_connections,
 )
+from .timeouts import Overdue, Timeouts, time_out
 
 logger = logging.getLogger(__name__)
 
 # Seconds between two looks at whether every handler thread is alive, while none is
 # known to have crashed.
 THREAD_SCAN = 1.0
-
-
-class Timeouts(NamedTuple):
-    """What a timeout check found."""
-
-    failed: list[tuple[InFlight, Failure]]  # jobs past their timeout, and their failure
-    over_limit: int  # 1 when more handlers are stuck at once than the pool has threads
 
 
 class HandlerPool:
@@ -62,11 +55,7 @@ class HandlerPool:
         hold: float = 0.0,
     ) -> None:
         self.concurrency = concurrency
-        # A job whose handler ran past its timeout stays claimed (its lease renewed, its
-        # slot in the queue's limits held) until the handler returns, at most `hold`
-        # seconds: (item, its failure, release at), written once released.
-        self.hold = hold
-        self._held: list[tuple[InFlight, Failure, float]] = []
+        self.overdue = Overdue(hold)
         self.worker_id = worker_id
         self.hooks = hooks  # an attempt runs inside run_attempt; run times to executed
         self._wake = wake
@@ -86,11 +75,8 @@ class HandlerPool:
         self._names = itertools.count()
         self._timed: dict[int, InFlight] = {}  # handed out with a timeout, by job id
         # Under it, a handler thread sets `returned` (if its job has a timeout) and
-        # `_time_out` sets `timed_out` only if not returned: exactly one decides.
+        # `time_out` sets `timed_out` only if not returned: exactly one decides.
         self._handoff = threading.Lock()
-        # Threads whose job timed out and whose handler still runs, and when each
-        # counts as stuck (see _too_many_stuck).
-        self._stuck_threads: list[tuple[threading.Thread, float]] = []
         # Jobs handed to handler threads and finished by them, and the finished count
         # at which a handler thread wakes the dispatcher (see wait).
         self._count_lock = threading.Lock()
@@ -168,22 +154,12 @@ class HandlerPool:
 
     def next_timeout(self) -> float | None:
         """When the first running handler reaches its timeout, or a held one is let go."""
-        deadline = min((until for _, _, until in self._held), default=None)
+        deadline = self.overdue.next_release()
         for item in self._timed.values():
             if item.timeout is not None and item.started is not None and not item.timed_out:
                 end = item.started + item.timeout
                 deadline = end if deadline is None else min(deadline, end)
         return deadline
-
-    def release_held(self, now: float | None = None) -> list[tuple[InFlight, Failure]]:
-        """The timed-out jobs to fail now: their handler returned, or they were held
-        `hold` seconds (all of them when `now` is None: the worker is stopping)."""
-        out, keep = [], []
-        for item, failure, until in self._held:
-            done = now is None or item.returned or now >= until
-            (out if done else keep).append((item, failure, until))
-        self._held = keep
-        return [(item, failure) for item, failure, _ in out]
 
     def check_timeouts(self) -> Timeouts:
         """Fail the handlers past their timeout and replace their threads.
@@ -193,10 +169,8 @@ class HandlerPool:
         reported by its thread, which then ends (see `_run`).
         """
         now = time.monotonic()
-        self._stuck_threads = [(t, since) for t, since in self._stuck_threads if t.is_alive()]
-        stuck = _too_many_stuck(self._stuck_threads, self.concurrency, self.worker_id, now)
-        over_limit = int(stuck)
-        failed = self.release_held(now) if self._held else []
+        over_limit = int(self.overdue.too_many_stuck(self.concurrency, self.worker_id, now))
+        failed = self.overdue.release(now)
         if not self._timed:
             return Timeouts(failed, over_limit)
         for item in list(self._timed.values()):
@@ -206,7 +180,7 @@ class HandlerPool:
             if item.started is None or item.timed_out or now - item.started < item.timeout:
                 continue
             thread = item.thread
-            if not _time_out(item, self._handoff):
+            if not time_out(item, self._handoff):
                 continue
             item.resolved = True
             del self._timed[item.ctx.job_id]
@@ -216,19 +190,14 @@ class HandlerPool:
                 item.ctx.job_id,
                 item.ctx.type,
                 item.timeout,
-                self.hold,
+                self.overdue.hold,
             )
             failure = executor.timed_out(item.ctx, item.timeout, item.policy)
-            if self.hold > 0:
-                self._held.append((item, failure, now + self.hold))
-            else:
+            if not self.overdue.keep(item, failure, now):
                 failed.append((item, failure))
             if thread in self._threads:  # retired: it ends once the handler returns
                 self._threads.remove(thread)
-            if thread is not None:
-                # Stuck once it outlives its timeout by as much again; it leaves the
-                # count when its handler finally returns and the thread ends.
-                self._stuck_threads.append((thread, now + item.timeout))
+            self.overdue.retire(thread, now + item.timeout)
             if not over_limit:
                 self._spawn()
         return Timeouts(failed, over_limit)
@@ -372,45 +341,6 @@ class HandlerPool:
         if at_mark:
             self._wake.set()
         return not timed_out
-
-
-def _time_out(item: InFlight, handoff: threading.Lock) -> bool:
-    """Time out `item`'s handler unless it returned first; True if it was timed out."""
-    thread = item.thread
-    with handoff:
-        if item.returned:
-            return False
-        item.timed_out = True
-        # Its failure is written once it returns (or is held too long), and the job may
-        # then run elsewhere: a handler that keeps running must see its lease as lost.
-        # The heartbeat renews it meanwhile, so the job stays this worker's.
-        item.lease.timed_out = True
-        if thread is not None and thread.ident is not None:
-            # Raises JobTimeout in the handler at its next bytecode. A handler blocked
-            # in C code only notices when that call returns.
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(thread.ident), ctypes.py_object(executor.JobTimeout)
-            )
-    return True
-
-
-def _too_many_stuck(
-    stuck_threads: list[tuple[threading.Thread, float]],
-    concurrency: int,
-    worker_id: str,
-    now: float,
-) -> bool:
-    """More handlers stuck right now than the pool has threads: time to exit."""
-    stuck = sum(1 for _, since in stuck_threads if now >= since)
-    if stuck <= concurrency:
-        return False
-    logger.critical(
-        "worker %s: %d handlers are stuck past their timeout; exiting so a supervisor "
-        "can restart the process",
-        worker_id,
-        stuck,
-    )
-    return True
 
 
 def _execute(item: InFlight, hooks: Hooks | WorkerHooks) -> Outcome:
