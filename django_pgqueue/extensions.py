@@ -144,6 +144,10 @@ class WorkerHooks:
         """Do the periodic work that is due (its own statements on the dispatcher's store)."""
 
 
+# The answers of a point no feature hooks.
+_NO_HOOKS = WorkerHooks()
+
+
 class Extension:
     """A feature: what it adds to enqueue and to each worker."""
 
@@ -179,11 +183,22 @@ NOTICES = (
 )
 
 
+# The points whose answers combine when several features hook them.
+ANSWERS: dict[str, Callable[[list[Any]], Any]] = {
+    "resumable": all,  # a queue's walk resumes only if every feature lets it
+    "ready": lambda answers: set().union(*answers),
+    "short_claim": lambda answers: min((a for a in answers if a is not None), default=None),
+    "settled": all,
+    "next_pass": lambda answers: min(answers, default=math.inf),
+}
+
+
 class Hooks:
     """The hooks of a worker's features, sorted by point once, called by the worker.
 
-    Each notice point (`NOTICES`) is an attribute: a no-op when no feature hooks it,
-    the one feature's method when one does, a fan-out when several do.
+    Each notice point (`NOTICES`) and answer point (`ANSWERS`) is an attribute: the
+    default of `WorkerHooks` when no feature hooks it, the one feature's method when one
+    does, a fan-out (combining the answers) when several do.
     """
 
     starting: Callable[[], None]
@@ -199,6 +214,11 @@ class Hooks:
     renewed: Callable[[Sequence[Lease]], None]
     beat: Callable[[Store, int], None]
     stopped: Callable[[Store], None]
+    resumable: Callable[[str], bool]
+    ready: Callable[[], set[str]]
+    short_claim: Callable[[str, float], float | None]
+    settled: Callable[[], bool]
+    next_pass: Callable[[], float]
 
     def __init__(self, parts: Sequence[WorkerHooks]) -> None:
         self.parts = tuple(parts)
@@ -211,14 +231,11 @@ class Hooks:
         self.claimer = claims[0] if claims else None
         for name in NOTICES:
             setattr(self, name, _fan_out(self._by(name)))
-        self._resumable = self._by("resumable")
-        self._ready = self._by("ready")
-        self._short_claim = self._by("short_claim")
-        self._settled = self._by("settled")
+        for name, combine in ANSWERS.items():
+            setattr(self, name, _answer(self._by(name), getattr(_NO_HOOKS, name), combine))
         writes = self._by("write_now")
         # None when no feature writes any outcome at once: the writer skips the check.
         self.write_now = (lambda queue: any(fn(queue) for fn in writes)) if writes else None
-        self._next_pass = self._by("next_pass")
         self._periodic = [p for p in self.parts if _overrides(p, "periodic", WorkerHooks)]
         self.run_attempt = _nest(self._by("run_attempt"))
 
@@ -254,6 +271,15 @@ class Hooks:
         for part in self._periodic:
             if now >= part.next_pass():
                 part.periodic(now)
+
+
+def _answer(fns: list[Callable[..., Any]], default: Any, combine: Any) -> Callable[..., Any]:
+    """One callable for an answer point: the default, the one method, or all combined."""
+    if not fns:
+        return default  # type: ignore[no-any-return]
+    if len(fns) == 1:
+        return fns[0]
+    return lambda *args: combine([fn(*args) for fn in fns])
 
 
 def _nothing(*args: Any) -> None:
