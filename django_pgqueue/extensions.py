@@ -247,25 +247,6 @@ class Hooks:
         """The first part that is a `kind` (the Observer, say), or None."""
         return next((part for part in self.parts if isinstance(part, kind)), None)
 
-    def resumable(self, queue: str) -> bool:
-        return all(fn(queue) for fn in self._resumable)
-
-    def ready(self) -> set[str]:
-        queues: set[str] = set()
-        for fn in self._ready:
-            queues |= fn()
-        return queues
-
-    def short_claim(self, queue: str, poll_interval: float) -> float | None:
-        waits = [w for fn in self._short_claim if (w := fn(queue, poll_interval)) is not None]
-        return min(waits) if waits else None
-
-    def settled(self) -> bool:
-        return all(fn() for fn in self._settled)
-
-    def next_pass(self) -> float:
-        return min((fn() for fn in self._next_pass), default=math.inf)
-
     def periodic(self, now: float) -> None:
         """Run the periodic passes that are due at `now`."""
         for part in self._periodic:
