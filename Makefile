@@ -126,6 +126,7 @@ bench-smoke: install
 	$(BENCH)/race.py --smoke
 	$(BENCH)/retry_storm.py --smoke
 	$(BENCH)/throughput.py --smoke
+	$(BENCH)/pairs.py --smoke
 	$(BENCH)/scale.py --smoke
 	$(BENCH)/peers.py --smoke
 	$(BENCH)/report.py --smoke
