@@ -288,14 +288,16 @@ class Dispatcher:
         """Sweep expired leases; False if PostgreSQL refused the sweep (try again soon)."""
         try:
             queues = sweep_expired(self.store)
-            # Plans made while the tables were small are made again as they grow.
-            self.store.refresh_plans(time.monotonic())
         except psycopg.Error as exc:
             logger.warning("sweep refused (%s); again shortly", errors.describe(exc))
             return False
         for queue in queues:
             self.stats["swept"] += 1
             self.claims.requeued(queue)  # a requeued job keeps its place: walk from the start
+        try:  # plans made while the tables were small are made again as they grow
+            self.store.refresh_plans(time.monotonic())
+        except psycopg.Error as exc:  # they stay as they are until the next look
+            logger.warning("looking at the tables' size refused: %s", errors.describe(exc))
         return True
 
 

@@ -259,8 +259,14 @@ class Heartbeat:
 
 
 def _refresh_plans(store: Store) -> None:
-    """The heartbeat's plans (the renewal's) are made again as the tables grow."""
+    """The heartbeat's plans (the renewal's) are made again as the tables grow.
+
+    Nothing it raises may end the heartbeat: a lost connection is reconnected by the
+    next cycle (the store dropped it), a refused probe leaves the plans as they are.
+    """
     try:
         store.refresh_plans(time.monotonic())
-    except psycopg.Error as exc:  # a refused probe: the plans stay; the renewals go on
+    except DatabaseUnavailable as exc:
+        logger.warning("heartbeat: %s; reconnecting", exc)
+    except psycopg.Error as exc:
         logger.warning("heartbeat: looking at the tables' size failed: %s", errors.describe(exc))

@@ -167,6 +167,32 @@ def test_the_heartbeat_renews_again_at_once_after_losing_its_connection(run_work
     assert worker.worker.heartbeat_gaps.maxlen is not None
 
 
+def test_an_idle_heartbeat_that_loses_its_connection_reconnects(run_worker, monkeypatch):
+    """Idle, the heartbeat's first statement of a cycle is its look at the tables' size:
+    a lost connection there must not end the thread (leases would go unrenewed)."""
+    from django_pgqueue.store import session
+
+    monkeypatch.setattr(session, "PLAN_CHECK", 0.05)  # look at every cycle
+    worker = run_worker(["idlebeat"], lease=1.5, heartbeat_interval=0.2)
+
+    def heartbeat_pids() -> list[int]:
+        rows = sql(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+            [f"pgqueue heartbeat {worker.worker.worker_id}"],
+        )
+        return [pid for (pid,) in rows]
+
+    wait_until(lambda: len(heartbeat_pids()) == 1, timeout=10)
+    [before] = heartbeat_pids()
+    sql("SELECT pg_terminate_backend(%s)", [before])
+    wait_until(lambda: heartbeat_pids() not in ([], [before]), timeout=15)
+    # Alive and renewing: a job longer than the lease keeps it, and completes once.
+    job = enqueue("qa.sleep", {"seconds": 2.5}, queue="idlebeat")
+    wait_until(lambda: status(job.id) == "completed", timeout=20)
+    assert Attempt.objects.filter(job_id=job.id).count() == 1
+    assert "leases_lost" not in worker.worker.stats
+
+
 # -- the worker's sessions -------------------------------------------------------------
 
 
