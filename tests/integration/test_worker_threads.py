@@ -94,7 +94,8 @@ def test_a_timed_out_handler_sees_its_lease_lost(run_worker):
     job = enqueue("test.outlives_timeout", {"seconds": 1.2}, queue="to")
     run_worker(["to"], job_timeout=0.3, poll_interval=0.1)
     wait_until(lambda: "thread_after" in SEEN.get(job.id, {}), timeout=10)
-    assert status(job.id) == "dead"
+    # The job is failed once its handler returned (its slot held until then).
+    wait_until(lambda: status(job.id) == "dead", timeout=10)
     assert SEEN[job.id].get("lease_lost") is True
 
 
