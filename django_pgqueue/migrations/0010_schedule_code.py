@@ -14,6 +14,7 @@ class Migration(migrations.Migration):
             fields=[
                 ("fingerprint", models.CharField(max_length=64, primary_key=True, serialize=False)),
                 ("first_seen", _shapes.db_now()),
+                ("last_seen", _shapes.db_now()),
             ],
             options=_shapes.table("queue_schedule_code", "schedule code version"),
         ),

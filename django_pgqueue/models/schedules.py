@@ -8,9 +8,10 @@
 - `ScheduleTick` (``queue_schedule_ticks``): one row per fired tick, keyed by
   (schedule, tick_at), with the job it made. The key is what makes a tick fire once.
 - `ScheduleCode` (``queue_schedule_code``): each set of schedules declared in code
-  that a worker synced, by fingerprint, with when it was first seen. Only workers
-  running the newest set write the code schedules, so during a rolling deploy a worker
-  of the old code that starts after one of the new does not put the old ones back.
+  that a worker ran, by fingerprint, with when it was first seen and when a worker
+  running it last said so. Only workers running the newest set still running write the
+  code schedules, so during a rolling deploy a worker of the old code that starts after
+  one of the new does not put the old ones back.
 """
 
 from __future__ import annotations
@@ -122,10 +123,12 @@ class ScheduleTick(models.Model):
 
 
 class ScheduleCode(models.Model):
-    """A set of code schedules (its fingerprint) and when a worker first synced it."""
+    """A set of code schedules (its fingerprint), when a worker first ran it, and when a
+    worker running it last said so."""
 
     fingerprint = models.CharField(max_length=64, primary_key=True)
     first_seen = models.DateTimeField(db_default=Now())
+    last_seen = models.DateTimeField(db_default=Now())
 
     class Meta:
         db_table = "queue_schedule_code"

@@ -24,7 +24,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -167,34 +167,65 @@ def _fire_schedule(store: Store, row: DueRow) -> dt.datetime | None:
 # -- code schedules into the table ------------------------------------------------------
 
 
-def sync_code_schedules(store: Store) -> list[str]:
-    """Upsert the schedules declared in code and disable those removed; return names synced.
+# How often a worker says it still runs its set of code schedules (and, when that set
+# was not the newest, looks again), and how long after that the set counts as running.
+CODE_RECHECK = 30.0
+CODE_ALIVE = 3 * CODE_RECHECK
 
-    Declarations the system checks reject (bad timing, duplicates, unknown types) are
-    skipped here, and nothing is disabled while any declaration could not be read.
-    """
+
+class CodeSet(NamedTuple):
+    """The schedules declared in this process's code, as they would be written."""
+
+    writes: list[tuple[Any, dict[str, Any]]]  # (spec, schedule_sync's parameters)
+    names: list[str]  # every name declared, written or not
+    complete: bool  # every declaration could be read
+    fingerprint: str
+    rejected: list[tuple[str, str]]  # (name, why) of the declarations left out
+
+
+def code_set() -> CodeSet:
+    """Read and check the code's schedules. Declarations the system checks reject (bad
+    timing, duplicates, unknown types) are left out."""
     declared = code_schedules()
     duplicates = declared.duplicates()
     conf = get_settings()
-    writes = []
+    writes, rejected = [], []
     for spec in declared.specs:
         problems = schedule_problems(spec)
         if spec.name in duplicates or problems:
-            why = "; ".join(problems) or "declared twice"
-            logger.error("schedule %s not synced: %s", spec.name, why)
+            rejected.append((spec.name, "; ".join(problems) or "declared twice"))
             continue
         writes.append((spec, _sync_params(spec, conf.DEFAULT_QUEUE, registry.find(spec.type))))
     names = [spec.name for spec in declared.specs]
-    fingerprint = _fingerprint([params for _, params in writes], names, bool(declared.errors))
-    if not store.run("schedule_code_newest", {"fingerprint": fingerprint})[0][0]:
+    complete = not declared.errors
+    fingerprint = _fingerprint([params for _, params in writes], names, not complete)
+    return CodeSet(writes, names, complete, fingerprint, rejected)
+
+
+def code_set_newest(store: Store, code: CodeSet) -> bool:
+    """Note that this worker runs `code` now; whether it is the newest set still running."""
+    params = {"fingerprint": code.fingerprint, "alive": CODE_ALIVE}
+    return bool(store.run("schedule_code_newest", params)[0][0])
+
+
+def sync_code_schedules(store: Store) -> list[str] | None:
+    """Upsert the schedules declared in code and disable those removed; return the names
+    synced, or None when a newer set of code schedules still runs (nothing written).
+
+    Nothing is disabled while any declaration could not be read.
+    """
+    code = code_set()
+    for name, why in code.rejected:
+        logger.error("schedule %s not synced: %s", name, why)
+    if not code_set_newest(store, code):
         logger.info(
-            "schedules: newer code declared them since this code was deployed; this "
-            "worker's declarations (%s) are not written",
-            fingerprint[:12],
+            "schedules: workers of newer code run them; this worker's declarations (%s) "
+            "are not written while they do",
+            code.fingerprint[:12],
         )
-        return []
+        return None
     synced = []
-    for spec, params in writes:
+    for spec, params in code.writes:
         try:
             row = store.run("schedule_sync", params)
         except psycopg.Error as exc:
@@ -208,8 +239,8 @@ def sync_code_schedules(store: Store) -> list[str]:
                 spec.name,
                 spec.origin,
             )
-    if not declared.errors:
-        for (name,) in store.run("schedule_disable_removed", {"names": names}):
+    if code.complete:
+        for (name,) in store.run("schedule_disable_removed", {"names": code.names}):
             logger.warning("schedule %s is no longer declared in code: disabled", name)
     return synced
 

@@ -717,20 +717,23 @@ FROM job;
 
 
 -- name: schedule_code_newest
--- Note a worker's set of code schedules (its fingerprint) as seen, and say whether it is
--- the newest set: one never seen before, or the one first seen last. Only the newest
--- set's workers write the code schedules, so they converge to the newest code whatever
--- order a rolling deploy starts the workers in. (The statement's snapshot does not see
--- its own insert: a set inserted now is the newest.)
-WITH seen AS (
-    INSERT INTO queue_schedule_code (fingerprint, first_seen)
-    VALUES (%(fingerprint)s::text, clock_timestamp())
-    ON CONFLICT (fingerprint) DO NOTHING
-    RETURNING first_seen
+-- Note that a worker runs this set of code schedules (its fingerprint) now, and say
+-- whether it is the newest set still running: first seen no earlier than every other
+-- set a worker said it ran within the last `alive` seconds. Only the newest set's
+-- workers write the code schedules, so during a rolling deploy they converge to the
+-- new code whatever order the workers start in; once the workers of a newer set are
+-- gone (a rollback, a withdrawn canary), the newest set left takes over.
+WITH me AS (
+    INSERT INTO queue_schedule_code AS c (fingerprint, first_seen, last_seen)
+    VALUES (%(fingerprint)s::text, clock_timestamp(), clock_timestamp())
+    ON CONFLICT (fingerprint) DO UPDATE SET last_seen = excluded.last_seen
+    RETURNING c.first_seen
 )
-SELECT EXISTS (SELECT FROM seen)
-    OR (SELECT first_seen FROM queue_schedule_code WHERE fingerprint = %(fingerprint)s::text)
-       >= (SELECT max(first_seen) FROM queue_schedule_code);
+SELECT (SELECT first_seen FROM me) >= coalesce((
+    SELECT max(first_seen) FROM queue_schedule_code
+    WHERE fingerprint <> %(fingerprint)s::text
+      AND last_seen > clock_timestamp() - make_interval(secs => %(alive)s::float8)
+), '-infinity'::timestamptz);
 
 
 -- name: schedule_sync

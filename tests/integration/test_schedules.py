@@ -326,7 +326,7 @@ def test_code_schedules_converge_to_the_newest_code_whatever_order_workers_start
     assert start(new) == ["report"]  # the deploy's first new worker
     Schedule.objects.filter(name="report").update(next_tick=db_now())  # a tick due now
     due = Schedule.objects.get(name="report").next_tick
-    assert start(old) == []  # an old worker restarting: it writes nothing
+    assert start(old) is None  # an old worker restarting: it writes nothing
     report, legacy = Schedule.objects.get(name="report"), Schedule.objects.get(name="legacy")
     assert report.every == dt.timedelta(seconds=30)
     assert report.next_tick == due
@@ -335,3 +335,12 @@ def test_code_schedules_converge_to_the_newest_code_whatever_order_workers_start
     newer = {"report": {"type": "qa.echo", "every": "10s"}}
     assert start(newer) == ["report"]  # and a later deploy takes over
     assert Schedule.objects.get(name="report").every == dt.timedelta(seconds=10)
+    # A rollback to the old code (or a deploy that reverts to it): while workers of the
+    # newer sets still run, the old set waits; once they are gone, it takes over.
+    assert start(old) is None
+    sql("UPDATE queue_schedule_code SET last_seen = now() - interval '1 hour' "
+        "WHERE last_seen > now() - interval '1 minute'")  # fmt: skip
+    assert sorted(start(old)) == ["legacy", "report"]
+    report, legacy = Schedule.objects.get(name="report"), Schedule.objects.get(name="legacy")
+    assert report.every == dt.timedelta(seconds=60)
+    assert (legacy.enabled, legacy.source) == (True, "code")
