@@ -148,11 +148,17 @@ class WorkerHooks:
 _NO_HOOKS = WorkerHooks()
 
 
+# The columns of queue_jobs a feature may fill at enqueue (both enqueue statements
+# write them); the others are the core's, validated before anything is written.
+ENQUEUE_COLUMNS = frozenset({"traceparent"})
+
+
 class Extension:
     """A feature: what it adds to enqueue and to each worker."""
 
     def enqueue_columns(self) -> Mapping[str, Any]:
-        """Columns of ``queue_jobs`` this feature fills at enqueue (the caller's thread)."""
+        """Columns of ``queue_jobs`` this feature fills at enqueue (the caller's thread),
+        among `ENQUEUE_COLUMNS`."""
         return {}
 
     def worker_hooks(self, config: WorkerConfig, store: Store) -> WorkerHooks | None:
@@ -237,6 +243,10 @@ class Hooks:
         # None when no feature writes any outcome at once: the writer skips the check.
         self.write_now = (lambda queue: any(fn(queue) for fn in writes)) if writes else None
         self._periodic = [p for p in self.parts if _overrides(p, "periodic", WorkerHooks)]
+        # Only a part with a periodic pass says when it is due (a next_pass alone would
+        # be due for ever, its pass never run).
+        nexts = [p.next_pass for p in self._periodic]
+        self.next_pass = _answer(nexts, _NO_HOOKS.next_pass, ANSWERS["next_pass"])
         self.run_attempt = _nest(self._by("run_attempt"))
 
     def _by(self, name: str) -> list[Any]:
@@ -354,6 +364,11 @@ def enqueue_columns() -> dict[str, Any]:
     columns: dict[str, Any] = {}
     for fill in _current().enqueue:
         columns.update(fill())
+    if not columns.keys() <= ENQUEUE_COLUMNS:
+        raise ConfigurationError(
+            f"An extension fills {sorted(columns.keys() - ENQUEUE_COLUMNS)} at enqueue; "
+            f"the columns it may fill are {sorted(ENQUEUE_COLUMNS)}."
+        )
     return columns
 
 

@@ -60,6 +60,7 @@ class ControlState:
     # The queue has keyed jobs: a short claim may have passed over keys at their limit,
     # whose slots free when another worker's job of that key ends (no NOTIFY says so).
     keyed: bool = False
+    took: int = 0  # how many jobs the claim took
 
     def recheck_after(self, poll_interval: float, full_streak: int = 0) -> float:
         """Seconds until a claim of this queue could take a job again."""
@@ -126,7 +127,11 @@ class ControlledClaims(WorkerHooks):
         if state is None:
             return poll_interval
         streak = self._full_streak.get(queue, 0)
-        self._full_streak[queue] = streak + 1 if state.full or state.keyed else 0
+        # The wait grows while the queue stays full, or while a keyed queue's claims take
+        # nothing; a keyed claim that took jobs starts it again from the shortest.
+        grows = state.full or (state.keyed and not state.took)
+        streak = streak if grows else 0
+        self._full_streak[queue] = streak + 1 if grows else 0
         return state.recheck_after(poll_interval, streak)
 
     def frees_slots(self, queue: str) -> bool:
@@ -160,7 +165,7 @@ class ControlledClaims(WorkerHooks):
             done_rows, rows, state = _pipeline(store, conn, done, queue, claim)
         if state is not None:
             self.states[queue] = ControlState(
-                bool(state[0]), bool(state[1]), state[2], bool(state[3])
+                bool(state[0]), bool(state[1]), state[2], bool(state[3]), len(rows)
             )
         return store.completed(done_rows), rows
 

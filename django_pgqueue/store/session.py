@@ -32,6 +32,8 @@ LOST = "lost the database connection"
 # by what factor they must have grown (or shrunk) for it to discard the plans.
 PLAN_CHECK = 10.0
 PLAN_GROWTH = 2.0
+# Below this size (bytes) any plan reads little: growth is counted from here.
+PLAN_FLOOR = 1 << 20
 
 
 class Session:
@@ -81,7 +83,7 @@ class Session:
         if now < self._plan_check_due or not self.prepared:
             return False
         self._plan_check_due = now + PLAN_CHECK
-        size = int(self.run("plan_size_probe", {})[0][0])
+        size = max(PLAN_FLOOR, int(self.run("plan_size_probe", {})[0][0]))
         known = self._planned_size
         self._planned_size = size if known is None else known
         if known is None or known / PLAN_GROWTH < size < known * PLAN_GROWTH:

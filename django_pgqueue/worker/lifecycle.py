@@ -135,6 +135,9 @@ class Worker:
                 [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in unstarted]
             )
 
+        # Jobs held past their timeout are failed now: the grace is for handlers that
+        # may still finish, and the process ends their threads as it exits.
+        dispatcher.fail_timed_out(self._pool.overdue.release())
         deadline = time.monotonic() + cfg.shutdown_grace
         # Handlers still run, or outcomes wait and the database answers: give them the
         # grace period. With no handler running and the database gone, stop now.
@@ -157,7 +160,7 @@ class Worker:
                 logger.warning("shutdown: %s", exc)
                 self._switch.force.wait(min(0.5, max(0.0, deadline - time.monotonic())))
 
-        # Jobs held past their timeout are failed now, whether their handlers returned.
+        # And any that timed out during the grace.
         dispatcher.fail_timed_out(self._pool.overdue.release())
         interrupted = [item for item in self._inflight if not item.resolved]
         for item in interrupted:

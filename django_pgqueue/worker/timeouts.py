@@ -47,13 +47,14 @@ class Overdue:
         return min((until for _, _, until in self._held), default=None)
 
     def release(self, now: float | None = None) -> list[tuple[InFlight, Failure]]:
-        """The jobs to fail now: their handler returned, or they were held long enough
-        (all of them when `now` is None: the worker is stopping)."""
+        """The jobs to fail now: their handler returned (or its thread ended), or they were
+        held long enough (all of them when `now` is None: the worker is stopping)."""
         if not self._held:
             return []
         out, keep = [], []
         for item, failure, until in self._held:
-            done = now is None or item.returned or now >= until
+            ended = item.thread is not None and not item.thread.is_alive()
+            done = now is None or item.returned or ended or now >= until
             (out if done else keep).append((item, failure, until))
         self._held = keep
         return [(item, failure) for item, failure, _ in out]

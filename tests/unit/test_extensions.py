@@ -125,3 +125,22 @@ def test_the_setting_must_be_a_list_of_paths(settings):
     settings.PGQUEUE = {"EXTENSIONS": "django_pgqueue.control.extension.QueueControl"}
     with pytest.raises(ConfigurationError, match="EXTENSIONS"):
         extensions.installed()
+
+
+def test_a_next_pass_without_a_periodic_pass_is_never_due():
+    class Clock(WorkerHooks):
+        def next_pass(self):
+            return 0.0  # would be due for ever: nothing would ever run its pass
+
+    assert Hooks([Clock()]).next_pass() == math.inf
+
+
+class Overreach(Extension):
+    def enqueue_columns(self):
+        return {"traceparent": None, "queue": "elsewhere"}
+
+
+def test_an_extension_cannot_fill_the_cores_enqueue_columns(settings):
+    settings.PGQUEUE = {"EXTENSIONS": ["tests.unit.test_extensions.Overreach"]}
+    with pytest.raises(ConfigurationError, match=r"\['queue'\]"):
+        extensions.enqueue_columns()
