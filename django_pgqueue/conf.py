@@ -84,6 +84,11 @@ SETTINGS: dict[str, Setting] = {
         "Dotted paths of the features enqueue and the workers load "
         "(django_pgqueue.extensions.Extension); leave one out to turn it off.",
     ),
+    "INDEX_UPKEEP_INTERVAL": Setting(
+        300.0,
+        "Seconds between a worker's looks at the hot indexes' bloat (a bloated one is "
+        "rebuilt with REINDEX CONCURRENTLY); None: never.",
+    ),
 }
 
 
@@ -111,6 +116,7 @@ class QueueSettings:
     EXTENSIONS: tuple[str, ...] = ()
     METRICS_TOKEN: str | None = None
     METRICS_CACHE_SECONDS: float = 5.0
+    INDEX_UPKEEP_INTERVAL: float | None = 300.0
 
 
 def _name(key: str) -> str:
@@ -190,7 +196,14 @@ def validate(raw: Any) -> QueueSettings:
         METRICS_CACHE_SECONDS=_seconds(
             "METRICS_CACHE_SECONDS", values["METRICS_CACHE_SECONDS"], positive=False
         ),
+        INDEX_UPKEEP_INTERVAL=_optional_seconds(
+            "INDEX_UPKEEP_INTERVAL", values["INDEX_UPKEEP_INTERVAL"]
+        ),
     )
+
+
+def _optional_seconds(key: str, value: Any) -> float | None:
+    return None if value is None else _seconds(key, value)
 
 
 def _token(value: Any) -> str | None:

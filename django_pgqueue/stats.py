@@ -1,9 +1,10 @@
 """The queue at a glance: counts per queue and status, for the admin and queue_stats.
 
-Pending, running, dead and cancelled jobs are counted exactly from small partial
-indexes (`stats_by_queue`), so the cost follows the unfinished and failed jobs, not
-the table. Completed jobs, usually most of the table, are estimated from the table's
-statistics unless `exact=True` asks for a full count (the command's ``--exact``).
+Pending, running, dead and cancelled jobs are counted from small partial indexes
+(`stats_by_queue`), exactly up to COUNT_CAP jobs per queue and status: a count at the
+cap means "at least" (shown as "50000+"), so a reading costs the same whatever the
+backlog. Completed jobs, usually most of the table, are estimated from the table's
+statistics. `exact=True` (the command's ``--exact``) counts everything in full.
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from .conf import get_settings
 from .durations import format_seconds
 from .schedules.operations import late_schedules
 from .store import operator as store
+
+# The most jobs of one queue and status a reading counts (see the module's docstring).
+COUNT_CAP = 50_000
+# The cap of an exact reading: more jobs than any table holds.
+_NO_CAP = 1 << 62
 
 
 @dataclass
@@ -30,6 +36,24 @@ class QueueFigures:
     cancelled: int = 0
     completed: int | None = None
     oldest_due_seconds: float | None = None
+    # The statuses whose count stopped at the cap: there are at least that many.
+    capped: frozenset[str] = frozenset()
+
+    @property
+    def pending_capped(self) -> bool:
+        return "pending" in self.capped
+
+    @property
+    def due_capped(self) -> bool:
+        return "pending" in self.capped  # due is counted among the pending jobs read
+
+    @property
+    def dead_capped(self) -> bool:
+        return "dead" in self.capped
+
+    @property
+    def cancelled_capped(self) -> bool:
+        return "cancelled" in self.capped
 
     @property
     def live(self) -> int:
@@ -54,6 +78,7 @@ class Snapshot:
     def totals(self) -> QueueFigures:
         total = QueueFigures(queue="all queues")
         for figures in self.queues:
+            total.capped |= figures.capped  # a sum of "at least" is "at least"
             total.pending += figures.pending
             total.due += figures.due
             total.running += figures.running
@@ -77,20 +102,27 @@ class Snapshot:
     def as_dict(self) -> dict[str, Any]:
         """Plain data for ``queue_stats --json``."""
         return {
-            "queues": [asdict(figures) for figures in self.queues],
-            "totals": asdict(self.totals),
+            "queues": [_plain(figures) for figures in self.queues],
+            "totals": _plain(self.totals),
             "jobs": self.jobs,
             "completed_exact": self.completed_exact,
             "late_schedules": [late.as_dict() for late in self.late_schedules],
         }
 
 
+def _plain(figures: QueueFigures) -> dict[str, Any]:
+    return {**asdict(figures), "capped": sorted(figures.capped)}
+
+
 def collect(alias: str | None = None, *, exact: bool = False) -> Snapshot:
     """Read the figures of every queue that has jobs (two cheap queries; a full scan if exact)."""
     alias = alias or get_settings().DATABASE
+    cap = _NO_CAP if exact else COUNT_CAP
     by_queue: dict[str, QueueFigures] = {}
-    for queue, status, jobs, due, expired, oldest in store.live_stats(alias):
+    for queue, status, jobs, due, expired, oldest in store.live_stats(alias, cap):
         figures = by_queue.setdefault(queue, QueueFigures(queue=queue))
+        if jobs >= cap and status != "running":  # running jobs are counted in full
+            figures.capped |= {status}
         if status == "pending":
             figures.pending, figures.due, figures.oldest_due_seconds = jobs, due, oldest
         elif status == "running":

@@ -15,6 +15,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext
 from rangefilter.filters import DateTimeRangeFilter
 
+from .. import stats
 from ..conf import get_settings
 from ..models import DeadJob, Job
 from .attempts import AttemptInline, can
@@ -167,7 +168,11 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         self.prepare_action_post(request, "action")
-        context = {"pgqueue_snapshot": snapshot(request), **(extra_context or {})}
+        context = {
+            "pgqueue_snapshot": snapshot(request),
+            "count_cap": stats.COUNT_CAP,
+            **(extra_context or {}),
+        }
         return super().changelist_view(request, extra_context=context)
 
     def changeform_view(
@@ -208,8 +213,9 @@ class DeadJobAdmin(JobAdmin):
     )
 
     def unfiltered_total(self, request: HttpRequest) -> tuple[int | None, bool]:
-        # Counted exactly, from an index-only scan, for the figures.
-        return snapshot(request).totals.dead, True
+        # Counted from an index-only scan for the figures: exact unless it reached the cap.
+        totals = snapshot(request).totals
+        return totals.dead, not totals.dead_capped
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Dead jobs are jobs: whoever may view jobs may view this page of them too.

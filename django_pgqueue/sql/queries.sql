@@ -517,32 +517,89 @@ RETURNING job_id;
 
 
 -- name: stats_by_queue
--- Count each queue's pending, running, dead and cancelled jobs, for the admin and queue_stats.
--- Completed jobs, most of the table, are not read: each branch walks one small partial
--- index, so the cost follows the number of unfinished and failed jobs, not the table
--- size. Pending comes from the claim index alone (index-only), running from the
--- running index (plus the heap, for locked_until), dead and cancelled from
--- queue_job_state_failed_idx (index-only). oldest_due_seconds is how long the
--- longest-waiting due pending job has been due; expired counts running jobs whose
--- lease has run out and that no sweep has requeued yet.
-SELECT queue, 'pending' AS status, count(*) AS jobs,
-       count(*) FILTER (WHERE run_at <= now()) AS due,
-       0 AS expired,
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8
-           AS oldest_due_seconds
-FROM queue_job_state
-WHERE status = 'pending'
-GROUP BY queue
+-- Count each queue's pending, running, dead and cancelled jobs, for the admin, queue_stats
+-- and the metrics. Completed jobs, most of the table, are not read, and each count stops
+-- at %(cap)s jobs per queue and status (reading as cap means "at least"), so a reading
+-- costs the same with a backlog of ten thousand jobs or ten million.
+-- The queues come from skip scans of the partial indexes (one probe per queue: the next
+-- queue name after the last); then per queue, pending jobs and those due now are
+-- counted from the claim index (index-only) up to the cap, and oldest_due_seconds is how
+-- long the longest-waiting due job has been due: the claim index orders a queue's jobs
+-- by priority, then run_at, so the oldest is the first job of one of its priorities,
+-- found by a skip scan over the priorities (one probe each). Running jobs are at most
+-- the workers' threads, counted in full from the running index; dead and cancelled jobs
+-- from queue_job_state_failed_idx (index-only), up to the cap. expired counts running
+-- jobs whose lease has run out and that no sweep has requeued yet.
+WITH RECURSIVE pending_queues AS (
+    (SELECT queue FROM queue_job_state WHERE status = 'pending' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.queue FROM queue_job_state s
+            WHERE s.status = 'pending' AND s.queue > q.queue ORDER BY s.queue LIMIT 1)
+    FROM pending_queues q
+    WHERE q.queue IS NOT NULL
+),
+failed_queues AS (
+    (SELECT queue FROM queue_job_state
+     WHERE status IN ('dead', 'cancelled') ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.queue FROM queue_job_state s
+            WHERE s.status IN ('dead', 'cancelled') AND s.queue > q.queue
+            ORDER BY s.queue LIMIT 1)
+    FROM failed_queues q
+    WHERE q.queue IS NOT NULL
+)
+SELECT q.queue, 'pending' AS status, c.jobs, c.due, 0 AS expired, o.oldest_due_seconds
+FROM pending_queues q
+CROSS JOIN LATERAL (
+    SELECT count(*) AS jobs, count(*) FILTER (WHERE s.run_at <= now()) AS due
+    FROM (SELECT run_at FROM queue_job_state
+          WHERE status = 'pending' AND queue = q.queue
+          LIMIT %(cap)s::int8) s
+) c
+CROSS JOIN LATERAL (
+    WITH RECURSIVE levels AS (
+        (SELECT priority FROM queue_job_state
+         WHERE status = 'pending' AND queue = q.queue ORDER BY priority DESC LIMIT 1)
+        UNION ALL
+        SELECT (SELECT s.priority FROM queue_job_state s
+                WHERE s.status = 'pending' AND s.queue = q.queue AND s.priority < l.priority
+                ORDER BY s.priority DESC LIMIT 1)
+        FROM levels l
+        WHERE l.priority IS NOT NULL
+    )
+    SELECT extract(epoch FROM now() - min(first.run_at))::float8 AS oldest_due_seconds
+    FROM levels l
+    CROSS JOIN LATERAL (
+        SELECT run_at FROM queue_job_state
+        WHERE status = 'pending' AND queue = q.queue AND priority = l.priority
+        ORDER BY run_at LIMIT 1
+    ) first
+    WHERE l.priority IS NOT NULL AND first.run_at <= now()
+) o
+WHERE q.queue IS NOT NULL
 UNION ALL
 SELECT queue, 'running', count(*), 0, count(*) FILTER (WHERE locked_until < now()), NULL
 FROM queue_job_state
 WHERE status = 'running'
 GROUP BY queue
 UNION ALL
-SELECT queue, status, count(*), 0, 0, NULL
-FROM queue_job_state
-WHERE status IN ('dead', 'cancelled')
-GROUP BY queue, status;
+SELECT q.queue, f.status, c.jobs, 0, 0, NULL
+FROM failed_queues q
+CROSS JOIN (VALUES ('dead'), ('cancelled')) f (status)
+CROSS JOIN LATERAL (
+    SELECT count(*) AS jobs
+    FROM (SELECT 1 FROM queue_job_state
+          WHERE status = f.status AND queue = q.queue
+          LIMIT %(cap)s::int8) s
+) c
+WHERE q.queue IS NOT NULL AND c.jobs > 0;
+
+
+-- name: stats_plan_local
+-- Sent first in the transaction of stats_by_queue: its skip scans look costly to the
+-- planner (it guesses a hundred queues), which would JIT-compile the statement for
+-- longer than it runs. Local to the transaction.
+SELECT set_config('jit', 'off', true);
 
 
 -- name: stats_completed_by_queue
@@ -1399,3 +1456,70 @@ WHERE job_id = ANY(%(job_ids)s::bigint[])
   AND status = 'running'
   AND cancel_requested_at IS NULL
 RETURNING job_id;
+
+
+-- name: index_sizes
+-- The pages of each hot partial index of queue_job_state (those whose rows come and go
+-- with every job: pending, running, keyed), and whether an index is being built on the
+-- table right now (a REINDEX CONCURRENTLY of another worker, or an operator's). VACUUM
+-- frees a dead entry's space but hands no page back: after a backlog of a million jobs
+-- drains, the claim index keeps its million-entry size for a few thousand live entries,
+-- and the planner, costing it by its pages, turns the at-a-glance counts into scans of
+-- the whole table.
+SELECT c.relname::text,
+       pg_relation_size(c.oid) / current_setting('block_size')::int8 AS pages,
+       i.indisvalid,
+       EXISTS (
+           SELECT 1 FROM pg_stat_progress_create_index p
+           WHERE p.relid = 'queue_job_state'::regclass
+       ) AS building
+FROM pg_index i
+JOIN pg_class c ON c.oid = i.indexrelid
+WHERE i.indrelid = 'queue_job_state'::regclass
+  AND c.relname::text ~ (
+      '^queue_job_state_(claim_idx|running_idx|live_key_unique|run_key_idx)'
+      || '(_ccnew[0-9]*|_ccold[0-9]*)?$'
+  );
+
+
+-- name: index_walk_forced
+-- Sent first in the transaction of index_live_entries: the entries are counted through
+-- the index itself, even where a bloated index makes the planner prefer the table.
+-- Local to the transaction.
+SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true);
+
+
+-- name: index_live_entries
+-- How many live entries each hot index holds, each counted up to its cap (the count at
+-- which its size is justified, so a large healthy index costs no more than a small one
+-- to look at).
+SELECT (SELECT count(*) FROM (
+            SELECT 1 FROM queue_job_state WHERE status = 'pending'
+            LIMIT %(claim_idx)s::int8) s) AS claim_idx,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM queue_job_state WHERE status = 'running'
+            LIMIT %(running_idx)s::int8) s) AS running_idx,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM queue_job_state
+            WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'running')
+            LIMIT %(live_key_unique)s::int8) s) AS live_key_unique,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM queue_job_state
+            WHERE concurrency_key IS NOT NULL AND status = 'running'
+            LIMIT %(run_key_idx)s::int8) s) AS run_key_idx;
+
+
+-- name: index_rebuild
+-- Rebuild one hot index without blocking the queue: REINDEX CONCURRENTLY builds a new
+-- copy beside it and swaps them, holding only a SHARE UPDATE EXCLUSIVE lock on
+-- queue_job_state, which inserts, claims, updates and deletes never wait for (VACUUM,
+-- ANALYZE and other index builds do). It waits for the transactions older than it
+-- before each phase. Cannot run in a transaction block. {index} is one of the names
+-- index_sizes returns, quoted as an identifier.
+REINDEX INDEX CONCURRENTLY {index};
+
+
+-- name: index_drop_leftover
+-- Drop what an interrupted REINDEX CONCURRENTLY left behind: an invalid copy
+-- (<name>_ccnew, <name>_ccold), which every write still maintains and no read uses.
+DROP INDEX CONCURRENTLY IF EXISTS {index};

@@ -87,3 +87,17 @@ def fetch_all(alias: str, name: str, params: dict[str, Any] | None = None) -> li
     with connections[alias].cursor() as cursor:
         cursor.execute(QUERIES[name], params or {})
         return cursor.fetchall() if cursor.description else []
+
+
+def fetch_after(
+    alias: str, first: str, name: str, params: dict[str, Any] | None = None
+) -> list[tuple[Any, ...]]:
+    """Run the statement `first`, then `name`, in one round trip; return `name`'s rows.
+
+    Sent as one query text, the two run in one transaction (implicit, or the caller's):
+    a setting `first` makes local to it holds while `name` is planned and run.
+    """
+    with connections[alias].cursor() as cursor:
+        cursor.execute(f"{QUERIES[first]};\n{QUERIES[name]}", params or {})
+        cursor.nextset()
+        return cursor.fetchall()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..sql import QUERIES
-from .cursors import django_cursor, fetch_all
+from .cursors import django_cursor, fetch_after, fetch_all
 
 
 def retry_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
@@ -32,11 +32,13 @@ def request_cancel(alias: str, job_ids: Sequence[int]) -> set[int]:
         return {row[0] for row in cursor.fetchall()}
 
 
-def live_stats(alias: str) -> list[tuple[str, str, int, int, int, float | None]]:
-    """Count unfinished and failed jobs: (queue, status, jobs, due, expired, oldest due s)."""
+def live_stats(alias: str, cap: int) -> list[tuple[str, str, int, int, int, float | None]]:
+    """Count unfinished and failed jobs, each count up to `cap`:
+    (queue, status, jobs, due, expired, oldest due s)."""
+    rows = fetch_after(alias, "stats_plan_local", "stats_by_queue", {"cap": cap})
     return [
         (queue, status, int(jobs), int(due), int(expired), oldest)
-        for queue, status, jobs, due, expired, oldest in fetch_all(alias, "stats_by_queue")
+        for queue, status, jobs, due, expired, oldest in rows
     ]
 
 

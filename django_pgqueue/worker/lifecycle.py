@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from ..conf import get_settings
 from ..exceptions import DatabaseUnavailable
 from ..outcomes import Failure
 from ..registry import Registry
@@ -25,6 +26,7 @@ from .dispatcher import Dispatcher
 from .leases import Heartbeat
 from .listener import Listener
 from .signals import SignalRelay, StopSwitch
+from .upkeep import IndexUpkeep
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +105,12 @@ class Worker:
         self._pool.start()
         self._start_service(self._heartbeat.run, "heartbeat")
         self._start_service(self._listener.run, "listener")
+        upkeep = get_settings().INDEX_UPKEEP_INTERVAL
+        if upkeep is not None and not cfg.burst:
+            # Not joined at shutdown: a rebuild the exit interrupts leaves a copy that
+            # the next look, here or in another worker, drops.
+            index_upkeep = IndexUpkeep(cfg.database, cfg.worker_id, upkeep, self._service_stop)
+            threading.Thread(target=index_upkeep.run, name="pgqueue-upkeep", daemon=True).start()
         try:
             self._dispatcher.run()
         finally:

@@ -48,6 +48,7 @@ FLOORS = {
     "enqueue": CORE,
     "actions": CORE,
     "maintenance": CORE,
+    "upkeep": CORE,
     "task_paths": CORE,
     # Features: they import the core, and nothing below the worker imports them.
     "control": FEATURES,

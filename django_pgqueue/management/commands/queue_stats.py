@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from django_pgqueue import stats
 from django_pgqueue.conf import get_settings
 from django_pgqueue.durations import format_seconds
 from django_pgqueue.observability.workers import WorkerInfo, list_workers
@@ -73,6 +74,11 @@ class Command(BaseCommand):
         for mark, note in FOOTNOTES.items():
             if mark in marks:
                 self.stdout.write(f"{mark} completed: {note}")
+        if snapshot.totals.capped:
+            self.stdout.write(
+                f"+ at least: counting stops at {stats.COUNT_CAP} jobs per queue and status; "
+                "--exact counts them all."
+            )
         for late in snapshot.late_schedules:
             self.stdout.write(
                 f"late schedule {late.name} (queue {late.queue}): due "
@@ -108,5 +114,8 @@ def _row(figures: QueueFigures, completed_mark: str) -> list[str]:
         elif key == "completed":
             cells.append("—" if value is None else f"{completed_mark}{value}")
         else:
-            cells.append(str(value))
+            capped = key in ("pending", "due", "dead", "cancelled") and getattr(
+                figures, f"{key}_capped"
+            )
+            cells.append(f"{value}+" if capped else str(value))  # at least that many
     return cells
