@@ -116,6 +116,7 @@ bench: install
 	$(BENCH)/retry_storm.py
 	$(BENCH)/throughput.py
 	$(BENCH)/scale.py
+	$(BENCH)/plans.py
 	$(BENCH)/peers.py
 	$(BENCH)/report.py
 
@@ -128,6 +129,7 @@ bench-smoke: install
 	$(BENCH)/throughput.py --smoke
 	$(BENCH)/pairs.py --smoke
 	$(BENCH)/scale.py --smoke
+	$(BENCH)/plans.py --smoke
 	$(BENCH)/peers.py --smoke
 	$(BENCH)/report.py --smoke
 
