@@ -14,7 +14,7 @@ after a big drain.
   Target: refreshed within 1.5x of fresh for every statement.
 - glance: a backlog of --jobs pending jobs, then drained (95% completed, VACUUM): the
   at-a-glance figures (`stats.collect`, the admin's panel and `queue_stats`) and the
-  metrics view, median of 5, against their 50 ms budget: before the workers' index
+  metrics view, median of 9, against their 50 ms budget: before the workers' index
   upkeep pass, after it, and with the whole backlog still pending.
 
 Run: python benchmarks/plans.py [--smoke] [--jobs 1000000] [--rounds 30]
@@ -40,6 +40,7 @@ from _common import (
 )
 
 QUEUE = "payments"
+LIMITED = "limited"  # a queue with a limit: its claims go through the controlled claim
 WARM = 8
 BUDGET_MS = 50.0
 TARGET = 1.5
@@ -53,9 +54,14 @@ def failure(*, permanent: bool = False, interrupted: bool = False) -> Any:
     )
 
 
+# Each store's controlled claims, kept across rounds as a worker keeps them.
+CONTROLLED: dict[int, Any] = {}
+
+
 def one_round(store: Any) -> dict[str, float]:
     """Each statement once, in a worker's order; seconds per statement."""
-    from django_pgqueue.store.worker import ClaimedRow
+    from django_pgqueue.control.claims import ControlledClaims
+    from django_pgqueue.store.worker import ClaimedRow, ClaimRequest
 
     took: dict[str, float] = {}
 
@@ -82,6 +88,12 @@ def one_round(store: Any) -> dict[str, float]:
         lambda: store.complete_and_claim(done[4:6], QUEUE, 2, "bench", 30),
     )
     rows += more
+    controlled = CONTROLLED.setdefault(id(store), ControlledClaims(store, 1.0))
+    _, limited = timed(
+        "job_claim_controlled",
+        lambda: controlled.claim(store, None, ClaimRequest(LIMITED, 2, "bench", 30, None)),
+    )
+    rows += limited
     fail = [(row.job_id, row.lease_version, row.attempt_id) for row in rows]
     timed("job_fail (retry)", lambda: store.fail(*fail[6], failure()))
     timed("job_fail (dead)", lambda: store.fail(*fail[7], failure(permanent=True)))
@@ -101,7 +113,7 @@ def grow(jobs: int) -> None:
     """`jobs` more jobs (ids after the ones there), 5% due, the rest completed with an
     attempt each; no ANALYZE, as on a server whose autovacuum has not come by yet."""
     first = int(sql("SELECT coalesce(max(id), 0) + 1 FROM queue_jobs")[0][0])
-    load_jobs(jobs, max(jobs // 20, 2_000), queues=(QUEUE,), first=first, analyze=False)
+    load_jobs(jobs, max(jobs // 20, 4_000), queues=(QUEUE, LIMITED), first=first, analyze=False)
     sql(
         "INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id, status, "
         "started_at, finished_at) SELECT job_id, 1, 1, 'grown', 'succeeded', now(), now() "
@@ -112,10 +124,13 @@ def grow(jobs: int) -> None:
 
 def statements(jobs: int, rounds: int) -> dict[str, Any]:
     from django_pgqueue import enqueue_many
+    from django_pgqueue.control.api import set_queue_limit
     from django_pgqueue.store.worker import Store
 
     truncate()
     enqueue_many([("bench.noop", None)] * (WARM * 2 * 20), queue=QUEUE)
+    enqueue_many([("bench.noop", None)] * (WARM * 2 * 4), queue=LIMITED)
+    set_queue_limit(LIMITED, 100_000)
     stale, refreshed = Store("default", "bench stale"), Store("default", "bench refreshed")
     for store in (stale, refreshed):
         store.refresh_plans(0.0)  # the size its plans are made at, as a worker's first look
@@ -124,12 +139,14 @@ def statements(jobs: int, rounds: int) -> dict[str, Any]:
     assert refreshed.refresh_plans(refreshed._plan_check_due), "the tables grew: plans discarded"
     fresh = Store("default", "bench fresh")
     medians(fresh, WARM)
-    out: dict[str, dict[str, float]] = {}
-    # Turn about, so that drift over the run does not favour one connection.
-    for _ in range(2):
-        for name, store in (("fresh", fresh), ("refreshed", refreshed), ("stale", stale)):
-            for statement, ms in medians(store, max(1, rounds // 2)).items():
-                out.setdefault(statement, {}).setdefault(name, []).append(ms)  # type: ignore[attr-defined]
+    connections = (("fresh", fresh), ("refreshed", refreshed), ("stale", stale))
+    out: dict[str, dict[str, list[float]]] = {}
+    # Round by round, turn about, so that the machine's drift over the run (and other
+    # processes' load) falls on the three connections alike.
+    for _ in range(rounds):
+        for name, store in connections:
+            for statement, seconds in one_round(store).items():
+                out.setdefault(statement, {}).setdefault(name, []).append(seconds * 1000)
     for store in (stale, refreshed, fresh):
         store.close()
     rows = {
@@ -154,7 +171,7 @@ def glance_ms() -> dict[str, float]:
 
     def timed(call: Callable[[], Any]) -> float:
         runs = []
-        for _ in range(5):
+        for _ in range(9):
             collector._readings.clear()
             started = time.perf_counter()
             call()
