@@ -31,8 +31,9 @@ def _seconds(name: str, value: float) -> float:
 class ExponentialBackoff:
     """Full jitter: uniform(0, min(cap, base * 2 ** (attempt - 1)))."""
 
-    base: float = 1.0
-    cap: float = 3600.0
+    # The defaults of PGQUEUE's RETRY_BACKOFF_BASE and RETRY_BACKOFF_CAP.
+    base: float = 15.0
+    cap: float = 21600.0
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
 
     def __post_init__(self) -> None:

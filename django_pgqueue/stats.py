@@ -13,6 +13,7 @@ from typing import Any
 
 from .conf import get_settings
 from .durations import format_seconds
+from .registry import registry
 from .schedules.operations import late_schedules
 from .store import operator as store
 
@@ -114,3 +115,29 @@ def collect(alias: str | None = None, *, exact: bool = False) -> Snapshot:
         )
     snapshot.late_schedules = late_schedules(alias)
     return snapshot
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """Pending jobs that will not run as things are: their type has no handler or task
+    in this project (`unknown_type`), or no live worker serves their queue."""
+
+    queue: str
+    type: str
+    jobs: int
+    unknown_type: bool
+    unserved_queue: bool
+
+
+def stranded_jobs(alias: str | None = None, served: set[str] | None = None) -> list[Stranded]:
+    """The pending jobs of unknown types, and (given the live workers' queues, `served`)
+    those in queues no live worker serves, by queue and type."""
+    alias = alias or get_settings().DATABASE
+    registry.autodiscover()
+    found = []
+    for queue, type_, jobs in store.pending_types(alias):
+        unknown = registry.find(type_) is None
+        unserved = served is not None and queue not in served
+        if unknown or unserved:
+            found.append(Stranded(queue, type_, jobs, unknown, unserved))
+    return found

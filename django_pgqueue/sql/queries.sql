@@ -545,6 +545,18 @@ WHERE status IN ('dead', 'cancelled')
 GROUP BY queue, status;
 
 
+-- name: stats_pending_types
+-- Count each queue's pending jobs by type, for the check and the queue_stats lines that
+-- find jobs no handler knows or no worker serves. Walks the pending rows of the claim
+-- index and probes each job's row for its type: the cost follows the pending jobs.
+SELECT state.queue, job.type, count(*) AS jobs
+FROM queue_job_state AS state
+JOIN queue_jobs AS job ON job.id = state.job_id
+WHERE state.status = 'pending'
+GROUP BY state.queue, job.type
+ORDER BY state.queue, job.type;
+
+
 -- name: stats_completed_by_queue
 -- Count each queue's completed jobs exactly. Reads the whole table: for queue_stats --exact,
 -- never for a page load.

@@ -45,6 +45,13 @@ def completed_counts(alias: str) -> dict[str, int]:
     return {queue: int(jobs) for queue, jobs in fetch_all(alias, "stats_completed_by_queue")}
 
 
+def pending_types(alias: str) -> list[tuple[str, str, int]]:
+    """Count pending jobs by queue and type: (queue, type, jobs), sorted."""
+    return [
+        (queue, type_, int(jobs)) for queue, type_, jobs in fetch_all(alias, "stats_pending_types")
+    ]
+
+
 def estimate_job_count(alias: str) -> int | None:
     """Estimate the number of jobs from the table's statistics; None if it has none yet."""
     rows = fetch_all(alias, "job_count_estimate")

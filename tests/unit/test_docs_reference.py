@@ -118,3 +118,18 @@ def test_every_system_check_is_documented():
     assert ids
     text = page("settings.md")
     assert not [check for check in sorted(ids) if f"`{check}`" not in text]
+
+
+def test_the_settings_page_states_the_default_retry_window():
+    """The window the page states is the sum of the default backoff's ceilings."""
+    from django_pgqueue.retry import ExponentialBackoff
+
+    policy = ExponentialBackoff(
+        base=SETTINGS["RETRY_BACKOFF_BASE"].default, cap=SETTINGS["RETRY_BACKOFF_CAP"].default
+    )
+    retries = range(1, SETTINGS["MAX_ATTEMPTS"].default)  # no retry after the last attempt
+    window = sum(policy.ceiling(attempt) for attempt in retries)
+    text = " ".join(page("settings.md").split())
+    assert f"at most **{window / 3600:.1f} hours** ({window:,.0f} s" in text
+    assert f"`MAX_ATTEMPTS` {SETTINGS['MAX_ATTEMPTS'].default}," in text
+    assert policy == ExponentialBackoff()  # the class's defaults are the settings'
