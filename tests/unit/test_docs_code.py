@@ -6,7 +6,8 @@ block of the page (or be one of `READER_NAMES`, the reader's own code the exampl
 call), every import of django_pgqueue or Django must import, and every ``PGQUEUE``
 dict a block writes must validate. Every ``pip install`` line must name this
 distribution (with extras it declares) or a path, never another project of a similar
-name.
+name. docs/howto/coming-from-celery.md is also run, block after block
+(tests/integration/test_celery_page.py).
 """
 
 from __future__ import annotations
