@@ -18,6 +18,8 @@ from .conf import get_settings
 
 @runtime_checkable
 class RetryPolicy(Protocol):
+    """How long a failed job waits: any object with a delay(attempt) method is one."""
+
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number `attempt` (1-based)."""
         ...
