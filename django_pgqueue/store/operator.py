@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from django.db import transaction
+
 from ..sql import QUERIES
 from .cursors import django_cursor, fetch_all
 
@@ -45,11 +47,13 @@ def completed_counts(alias: str) -> dict[str, int]:
     return {queue: int(jobs) for queue, jobs in fetch_all(alias, "stats_completed_by_queue")}
 
 
-def pending_types(alias: str) -> list[tuple[str, str, int]]:
-    """Count pending jobs by queue and type: (queue, type, jobs), sorted."""
-    return [
-        (queue, type_, int(jobs)) for queue, type_, jobs in fetch_all(alias, "stats_pending_types")
-    ]
+def pending_types(alias: str, cap: int) -> list[tuple[str, str, int]]:
+    """Count pending jobs by queue and type, reading at most `cap` jobs of each queue:
+    (queue, type, jobs), sorted."""
+    with transaction.atomic(using=alias):  # the JIT setting ends with it
+        fetch_all(alias, "stats_no_jit")
+        rows = fetch_all(alias, "stats_pending_types", {"cap": cap})
+    return [(queue, type_, int(jobs)) for queue, type_, jobs in rows]
 
 
 def estimate_job_count(alias: str) -> int | None:

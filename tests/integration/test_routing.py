@@ -19,6 +19,7 @@ import django_pgqueue
 from django_pgqueue import ConfigurationError, EnqueueError, JobSpec, enqueue, enqueue_many
 from django_pgqueue.checks import check_settings, check_unknown_types
 from django_pgqueue.observability.workers import list_workers
+from django_pgqueue.stats import stranded_jobs
 from django_pgqueue.tasks.api import InvalidTask
 from tests.conftest import sql
 
@@ -177,6 +178,15 @@ def test_queue_stats_names_jobs_no_handler_knows_or_no_worker_serves():
         ("routing.nobody", True, True),
         ("routing.plain", False, True),
     }
+
+
+def test_stranded_jobs_read_a_bounded_sample_of_each_queue():
+    enqueue_many([("routing.nobody", n) for n in range(3)], queue="reports")
+    enqueue("routing.nobody", queue="other")
+    found = {(s.queue, s.jobs, s.at_least) for s in stranded_jobs(sample=2)}
+    assert found == {("reports", 2, True), ("other", 1, False)}
+    found = {(s.queue, s.jobs, s.at_least) for s in stranded_jobs(sample=10)}
+    assert found == {("reports", 3, False), ("other", 1, False)}
 
 
 @pytest.mark.django_db(transaction=True)

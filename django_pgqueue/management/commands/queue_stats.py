@@ -82,6 +82,8 @@ class Command(BaseCommand):
                 f"late schedule {late.name} (queue {late.queue}): due "
                 f"{format_seconds(late.late_seconds)} ago, not fired"
             )
+        if stranded:  # a block of its own, after the table's
+            self.stdout.write("")
         for item in stranded:
             self.stdout.write(self.style.WARNING(_stranded_line(item)))
         self._workers(registered)
@@ -109,10 +111,9 @@ def _stranded_line(item: Stranded) -> str:
         why.append("no handler or task in this project knows its type")
     if item.unserved_queue:
         why.append("no live worker serves its queue")
-    return (
-        f"stranded: {item.jobs} pending {item.type} job(s) in queue {item.queue}: "
-        + " and ".join(why)
-    )
+    jobs = f"{item.jobs}+" if item.at_least else str(item.jobs)  # "+": more not read
+    where = f"{jobs} pending {item.type} job(s) in queue {item.queue}"
+    return f"stranded: {where}: {' and '.join(why)}"
 
 
 def _row(figures: QueueFigures, completed_mark: str) -> list[str]:
