@@ -13,6 +13,7 @@ from django.db.utils import load_backend
 
 from .conf import validate
 from .exceptions import ConfigurationError
+from .stats import stranded_jobs
 from .store.operator import autovacuum_settings
 
 
@@ -102,4 +103,35 @@ def check_autovacuum(
             "parameters), or run VACUUM queue_job_state regularly, e.g. every minute.",
             id="pgqueue.W001",
         )
+    ]
+
+
+@checks.register(checks.Tags.database)
+def check_unknown_types(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """pgqueue.W002: pending jobs whose type no handler or task of this project knows.
+
+    Runs only when the checks may query databases (`check --database`, `migrate`).
+    """
+    try:
+        alias = validate(getattr(settings, "PGQUEUE", None)).DATABASE
+    except ConfigurationError:
+        return []
+    if not databases or alias not in databases or check_database():
+        return []
+    try:
+        unknown = [item for item in stranded_jobs(alias) if item.unknown_type]
+    except DatabaseError:
+        return []  # not migrated yet, or unreachable: Django's own checks say so
+    return [
+        checks.Warning(
+            f"{item.jobs} pending job(s) in queue {item.queue!r} have the type "
+            f"{item.type!r}, which no @handler or Task of this project knows: a worker "
+            "fails each one as an unknown job type.",
+            hint="Check the type's spelling where it is enqueued, or register a handler "
+            "for it (PGQUEUE['STRICT_TYPES'] = True refuses such types at enqueue).",
+            id="pgqueue.W002",
+        )
+        for item in unknown
     ]

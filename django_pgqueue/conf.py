@@ -8,7 +8,9 @@ naming the key, the value and what was expected.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -35,12 +37,21 @@ class Setting:
 SETTINGS: dict[str, Setting] = {
     "DATABASE": Setting("default", "Database alias holding the queue tables."),
     "DEFAULT_QUEUE": Setting("default", "Queue used when enqueue() is given none."),
-    "DEFAULT_PRIORITY": Setting(0, "Priority used when enqueue() is given none (-100..100)."),
-    "MAX_ATTEMPTS": Setting(5, "Attempts a job gets unless its handler or enqueue() says."),
-    "RETRY_BACKOFF_BASE": Setting(
-        1.0, "Seconds; full-jitter backoff waits uniform(0, min(cap, base * 2**(attempt-1)))."
+    "ROUTES": Setting(
+        {},
+        "Queues for job types enqueued without queue=: {type or glob: queue}, e.g. "
+        "{'billing.*': 'payments'}; an exact type first, then the globs in order.",
     ),
-    "RETRY_BACKOFF_CAP": Setting(3600.0, "Seconds; the longest a backoff delay can be."),
+    "STRICT_TYPES": Setting(
+        False, "Refuse to enqueue a type no handler or task is known for (EnqueueError)."
+    ),
+    "DEFAULT_PRIORITY": Setting(0, "Priority used when enqueue() is given none (-100..100)."),
+    # With the backoff below, 20 attempts span up to 56.5 hours (see the settings page).
+    "MAX_ATTEMPTS": Setting(20, "Attempts a job gets unless its handler or enqueue() says."),
+    "RETRY_BACKOFF_BASE": Setting(
+        15.0, "Seconds; full-jitter backoff waits uniform(0, min(cap, base * 2**(attempt-1)))."
+    ),
+    "RETRY_BACKOFF_CAP": Setting(21600.0, "Seconds; the longest a backoff delay can be."),
     "MAX_PAYLOAD_BYTES": Setting(1_048_576, "Largest payload, as UTF-8 JSON; None for no limit."),
     "LEASE": Setting(30.0, "Seconds a claim holds a job before another worker may take it."),
     "HEARTBEAT_INTERVAL": Setting(None, "Seconds between lease renewals; None means LEASE / 3."),
@@ -93,6 +104,24 @@ SETTINGS: dict[str, Setting] = {
 
 
 @dataclass(frozen=True)
+class Routes:
+    """PGQUEUE["ROUTES"] split for lookup: exact types, then globs in declared order."""
+
+    exact: dict[str, str]
+    globs: tuple[tuple[str, str], ...]
+
+    def queue(self, type_: str) -> str | None:
+        """The queue of the exact route for `type_`, else of its first matching glob."""
+        queue = self.exact.get(type_)
+        if queue is not None or not self.globs:
+            return queue
+        for pattern, queue in self.globs:
+            if fnmatchcase(type_, pattern):
+                return queue
+        return None
+
+
+@dataclass(frozen=True)
 class QueueSettings:
     DATABASE: str
     DEFAULT_QUEUE: str
@@ -117,6 +146,12 @@ class QueueSettings:
     METRICS_TOKEN: str | None = None
     METRICS_CACHE_SECONDS: float = 5.0
     INDEX_UPKEEP_INTERVAL: float | None = 300.0
+    ROUTES: Routes = field(default_factory=lambda: Routes({}, ()))
+    STRICT_TYPES: bool = False
+
+    def route(self, type_: str) -> str | None:
+        """The queue ROUTES gives job type `type_`, or None when no route matches."""
+        return self.ROUTES.queue(type_)
 
 
 def _name(key: str) -> str:
@@ -168,6 +203,10 @@ def validate(raw: Any) -> QueueSettings:
     timeout = values["JOB_TIMEOUT"]
     if timeout is not None:
         timeout = _seconds("JOB_TIMEOUT", timeout)
+    strict = values["STRICT_TYPES"]
+    if not isinstance(strict, bool):
+        raise _fail("STRICT_TYPES", strict, "True or False")
+    routes = _routes(values["ROUTES"])
     prepared = values["WORKER_PREPARED_STATEMENTS"]
     if not isinstance(prepared, bool):
         raise _fail("WORKER_PREPARED_STATEMENTS", prepared, "True or False")
@@ -199,11 +238,39 @@ def validate(raw: Any) -> QueueSettings:
         INDEX_UPKEEP_INTERVAL=_optional_seconds(
             "INDEX_UPKEEP_INTERVAL", values["INDEX_UPKEEP_INTERVAL"]
         ),
+        ROUTES=routes,
+        STRICT_TYPES=strict,
     )
 
 
 def _optional_seconds(key: str, value: Any) -> float | None:
     return None if value is None else _seconds(key, value)
+
+
+GLOB_CHARS = frozenset("*?[")
+# A glob is a job type's characters plus fnmatch's *, ?, [...] and [!...].
+ROUTE_GLOB_RE = re.compile(r"\A[A-Za-z0-9_.:*?\[\]!-]{1,255}\Z")
+
+
+def _routes(value: Any) -> Routes:
+    if not isinstance(value, dict):
+        raise _fail("ROUTES", value, "a dict of job types (or globs such as 'billing.*') to queues")
+    exact: dict[str, str] = {}
+    globs: list[tuple[str, str]] = []
+    for pattern, queue in value.items():
+        where = f"{_name('ROUTES')}[{pattern!r}]"
+        if isinstance(pattern, str) and GLOB_CHARS.intersection(pattern):
+            if not ROUTE_GLOB_RE.match(pattern) or pattern.count("[") != pattern.count("]"):
+                raise ConfigurationError(
+                    f"{_name('ROUTES')} has the key {pattern!r}, which is neither a job type "
+                    "nor a glob of one: use a type's letters, digits, '_', '.', ':' or '-', "
+                    "with *, ? or [...] (e.g. 'billing.*')."
+                )
+            globs.append((pattern, validators.queue_name(queue, where, error=ConfigurationError)))
+        else:
+            validators.type_name(pattern, f"{_name('ROUTES')} key", error=ConfigurationError)
+            exact[pattern] = validators.queue_name(queue, where, error=ConfigurationError)
+    return Routes(exact, tuple(globs))
 
 
 def _token(value: Any) -> str | None:

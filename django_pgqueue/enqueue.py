@@ -15,7 +15,7 @@ from typing import Any
 from . import extensions, limits, signals, validation
 from .conf import get_settings
 from .exceptions import EnqueueError
-from .registry import registry
+from .registry import Handler, registry
 from .store import enqueue as store
 
 
@@ -52,12 +52,17 @@ class JobSpec:
     concurrency_key: str | None = None
 
 
-def _default_max_attempts(type_: str) -> int:
+def _handler(conf: Any, type_: str) -> Handler | None:
+    """The handler (or task) of `type_`; with STRICT_TYPES, an error when there is none."""
     registry.autodiscover()
     spec = registry.find(type_)
-    if spec is not None and spec.max_attempts is not None:
-        return spec.max_attempts
-    return get_settings().MAX_ATTEMPTS
+    if spec is None and conf.STRICT_TYPES:
+        raise EnqueueError(
+            f"No handler or task is known for the job type {type_!r}, and "
+            "PGQUEUE['STRICT_TYPES'] refuses unknown types: check its spelling, or "
+            "register it with @handler in an installed app's jobs module."
+        )
+    return spec
 
 
 def enqueue(
@@ -213,12 +218,17 @@ def _check_options(
     max_attempts: Any,
 ) -> tuple[str, str, int, dt.datetime | None, float, int]:
     """A job's options validated, in this order, and with the defaults filled in:
-    (type, queue, priority, run_at, delay in seconds, max_attempts)."""
+    (type, queue, priority, run_at, delay in seconds, max_attempts). The queue, when
+    not given, is PGQUEUE["ROUTES"]'s for the type, else its handler's, else
+    DEFAULT_QUEUE."""
     type_ = validation.type_name(type_)
-    queue = validation.queue_name(conf.DEFAULT_QUEUE if queue is None else queue)
+    spec = _handler(conf, type_)
+    if queue is None:  # an explicit queue wins; then ROUTES, the handler's, the default
+        queue = conf.route(type_) or (spec and spec.queue) or conf.DEFAULT_QUEUE
+    queue = validation.queue_name(queue)
     priority = validation.priority(conf.DEFAULT_PRIORITY if priority is None else priority)
     when, seconds = validation.schedule(run_at, delay)
-    attempts = validation.max_attempts(
-        _default_max_attempts(type_) if max_attempts is None else max_attempts
-    )
+    if max_attempts is None:
+        max_attempts = (spec and spec.max_attempts) or conf.MAX_ATTEMPTS
+    attempts = validation.max_attempts(max_attempts)
     return type_, queue, priority, when, seconds, attempts

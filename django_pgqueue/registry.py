@@ -40,6 +40,9 @@ class Handler:
     # A recurring schedule for this type (a cron string, an interval, or a dict);
     # read by django_pgqueue.schedules, checked by its system checks.
     schedule: Any = None
+    # The queue enqueue() uses for this type when the call names none and no
+    # PGQUEUE["ROUTES"] entry matches it.
+    queue: str | None = None
 
     def __post_init__(self) -> None:
         # Every handler the worker runs is one of these: bounding its policy here keeps
@@ -131,6 +134,7 @@ def handler(
     retry: RetryPolicy | None = None,
     timeout: float | None = None,
     schedule: Any = None,
+    queue: str | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as the handler of job type `type`.
 
@@ -139,7 +143,9 @@ def handler(
     without retrying, and any other exception to retry with the retry policy.
     `schedule` (a cron string such as ``"0 6 * * *"``, an interval such as ``"5m"``,
     or a dict; see the Replace Celery beat how-to) also enqueues a job of this type
-    on every tick.
+    on every tick. `queue` is the queue enqueue() puts jobs of this type in when
+    the call names none (a ``queue=`` argument wins; so does a PGQUEUE["ROUTES"]
+    entry, the project's own say).
     """
     where = f"@handler({type!r})"
     validators.type_name(type, f"{where}: type", error=ConfigurationError)
@@ -158,11 +164,13 @@ def handler(
         )
     if timeout is not None:
         validators.seconds(timeout, f"{where}: timeout", error=ConfigurationError)
+    if queue is not None:
+        validators.queue_name(queue, f"{where}: queue", error=ConfigurationError)
 
     def decorate(func: F) -> F:
         if not callable(func):
             raise ConfigurationError(f"@handler({type!r}) must decorate a callable.")
-        registry.register(Handler(type, func, max_attempts, retry, timeout, schedule))
+        registry.register(Handler(type, func, max_attempts, retry, timeout, schedule, queue))
         return func
 
     return decorate

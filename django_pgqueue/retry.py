@@ -18,6 +18,8 @@ from .conf import get_settings
 
 @runtime_checkable
 class RetryPolicy(Protocol):
+    """How long a failed job waits: any object with a delay(attempt) method is one."""
+
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt number `attempt` (1-based)."""
         ...
@@ -31,8 +33,9 @@ def _seconds(name: str, value: float) -> float:
 class ExponentialBackoff:
     """Full jitter: uniform(0, min(cap, base * 2 ** (attempt - 1)))."""
 
-    base: float = 1.0
-    cap: float = 3600.0
+    # The defaults of PGQUEUE's RETRY_BACKOFF_BASE and RETRY_BACKOFF_CAP.
+    base: float = 15.0
+    cap: float = 21600.0
     rng: random.Random = field(default_factory=random.Random, compare=False, repr=False)
 
     def __post_init__(self) -> None:

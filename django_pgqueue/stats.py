@@ -14,6 +14,7 @@ from typing import Any
 
 from .conf import get_settings
 from .durations import format_seconds
+from .registry import registry
 from .schedules.operations import late_schedules
 from .store import operator as store
 
@@ -146,3 +147,42 @@ def collect(alias: str | None = None, *, exact: bool = False) -> Snapshot:
         )
     snapshot.late_schedules = late_schedules(alias)
     return snapshot
+
+
+# The most pending jobs of one queue stranded_jobs() reads (their types are looked up).
+STRANDED_SAMPLE = 10_000
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """Pending jobs that will not run as things are: their type has no handler or task
+    in this project (`unknown_type`), or no live worker serves their queue. `at_least`:
+    the queue has more pending jobs than were read, so `jobs` is a lower bound."""
+
+    queue: str
+    type: str
+    jobs: int
+    unknown_type: bool
+    unserved_queue: bool
+    at_least: bool = False
+
+
+def stranded_jobs(
+    alias: str | None = None, served: set[str] | None = None, *, sample: int = STRANDED_SAMPLE
+) -> list[Stranded]:
+    """The pending jobs of unknown types, and (given the live workers' queues, `served`)
+    those in queues no live worker serves, by queue and type. At most `sample` pending
+    jobs of each queue are read, the next ones to run, so the cost is bounded."""
+    alias = alias or get_settings().DATABASE
+    registry.autodiscover()
+    rows = store.pending_types(alias, sample)
+    read: dict[str, int] = {}
+    for queue, _, jobs in rows:
+        read[queue] = read.get(queue, 0) + jobs
+    found = []
+    for queue, type_, jobs in rows:
+        unknown = registry.find(type_) is None
+        unserved = served is not None and queue not in served
+        if unknown or unserved:
+            found.append(Stranded(queue, type_, jobs, unknown, unserved, read[queue] >= sample))
+    return found

@@ -595,10 +595,46 @@ CROSS JOIN LATERAL (
 WHERE q.queue IS NOT NULL AND c.jobs > 0;
 
 
--- name: stats_plan_local
--- Sent first in the transaction of stats_by_queue: its skip scans look costly to the
--- planner (it guesses a hundred queues), which would JIT-compile the statement for
--- longer than it runs. Local to the transaction.
+-- name: stats_pending_types
+-- Count each queue's pending jobs by type, for the check and the queue_stats lines that
+-- find jobs no handler knows or no worker serves: (queue, type, jobs).
+-- The queues come from a skip scan of the claim index (one probe per queue: the next
+-- queue name after the last); per queue, at most %(cap)s pending jobs are read from the
+-- claim index, each probed in queue_jobs for its type. So a reading costs the same with
+-- a backlog of ten thousand jobs or ten million; a queue whose counts add up to the cap
+-- has more jobs, and a type with jobs only beyond the ones read is not seen until the
+-- queue drains to them. The probe's LIMIT 1 keeps it a primary-key probe per job: as a
+-- join, PostgreSQL hashes the sample and reads all of queue_jobs. Sent after
+-- stats_no_jit, in one transaction: the estimate (100 queues of cap jobs) is above
+-- jit_above_cost, and compiling took 1.2 s where running takes milliseconds.
+WITH RECURSIVE pending_queues AS (
+    (SELECT queue FROM queue_job_state WHERE status = 'pending' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.queue FROM queue_job_state s
+            WHERE s.status = 'pending' AND s.queue > q.queue ORDER BY s.queue LIMIT 1)
+    FROM pending_queues q
+    WHERE q.queue IS NOT NULL
+)
+SELECT q.queue, t.type, t.jobs
+FROM pending_queues q
+CROSS JOIN LATERAL (
+    SELECT job.type, count(*) AS jobs
+    FROM (SELECT job_id FROM queue_job_state
+          WHERE status = 'pending' AND queue = q.queue
+          LIMIT %(cap)s::int8) s
+    CROSS JOIN LATERAL (
+        SELECT type FROM queue_jobs WHERE id = s.job_id LIMIT 1
+    ) job
+    GROUP BY job.type
+) t
+WHERE q.queue IS NOT NULL
+ORDER BY q.queue, t.type;
+
+
+-- name: stats_no_jit
+-- Turn JIT compilation off for the rest of the transaction: sent just before
+-- stats_by_queue and stats_pending_types, whose skip scans look costly to the planner
+-- (it guesses a hundred queues) and would be compiled for longer than they run.
 SELECT set_config('jit', 'off', true);
 
 

@@ -35,7 +35,7 @@ def request_cancel(alias: str, job_ids: Sequence[int]) -> set[int]:
 def live_stats(alias: str, cap: int) -> list[tuple[str, str, int, int, int, float | None]]:
     """Count unfinished and failed jobs, each count up to `cap`:
     (queue, status, jobs, due, expired, oldest due s)."""
-    rows = fetch_after(alias, "stats_plan_local", "stats_by_queue", {"cap": cap})
+    rows = fetch_after(alias, "stats_no_jit", "stats_by_queue", {"cap": cap})
     return [
         (queue, status, int(jobs), int(due), int(expired), oldest)
         for queue, status, jobs, due, expired, oldest in rows
@@ -45,6 +45,13 @@ def live_stats(alias: str, cap: int) -> list[tuple[str, str, int, int, int, floa
 def completed_counts(alias: str) -> dict[str, int]:
     """Count each queue's completed jobs exactly (reads the whole state table)."""
     return {queue: int(jobs) for queue, jobs in fetch_all(alias, "stats_completed_by_queue")}
+
+
+def pending_types(alias: str, cap: int) -> list[tuple[str, str, int]]:
+    """Count pending jobs by queue and type, reading at most `cap` jobs of each queue:
+    (queue, type, jobs), sorted."""
+    rows = fetch_after(alias, "stats_no_jit", "stats_pending_types", {"cap": cap})
+    return [(queue, type_, int(jobs)) for queue, type_, jobs in rows]
 
 
 def estimate_job_count(alias: str) -> int | None:

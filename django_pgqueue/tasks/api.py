@@ -12,7 +12,7 @@ from __future__ import annotations
 try:
     from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
     from django.tasks.backends.base import BaseTaskBackend
-    from django.tasks.base import TaskError
+    from django.tasks.base import DEFAULT_TASK_QUEUE_NAME, TaskError
     from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
 
@@ -40,6 +40,8 @@ except ImportError:  # Django 5.2: the backport
             task_started,
         )
 
+        # The queue_name a Task has when its decorator names none, as in Django.
+        DEFAULT_TASK_QUEUE_NAME = "default"  # type: ignore[misc]
         SOURCE = "django_tasks"
     except ImportError as exc:
         raise ImportError(
@@ -49,6 +51,7 @@ except ImportError:  # Django 5.2: the backport
         ) from exc
 
 __all__ = [
+    "DEFAULT_TASK_QUEUE_NAME",
     "SOURCE",
     "BaseTaskBackend",
     "InvalidTask",

@@ -34,6 +34,7 @@ from ..enqueue import enqueue
 from ..exceptions import ConfigurationError, EnqueueError
 from ..task_paths import import_task
 from .api import (
+    DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
     InvalidTask,
     Task,
@@ -89,6 +90,21 @@ class PgQueueBackend(BaseTaskBackend):
         except EnqueueError as exc:
             raise InvalidTask(str(exc)) from None
 
+    def queue_for(self, task: Task, conf: Any) -> str:
+        """The task's queue: its own queue_name, unless it left Django's default
+        ("default") and a PGQUEUE["ROUTES"] entry matches its module path."""
+        if task.queue_name != DEFAULT_TASK_QUEUE_NAME:
+            return task.queue_name
+        queue = conf.route(task.module_path)
+        if queue is None:
+            return task.queue_name
+        if self.queues and queue not in self.queues:
+            raise InvalidTask(
+                f"PGQUEUE['ROUTES'] sends the task {task.module_path!r} to the queue "
+                f"{queue!r}, which is not in TASKS[{self.alias!r}]['QUEUES']."
+            )
+        return queue
+
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         if not apps.is_installed("django_pgqueue"):
             return [
@@ -120,7 +136,7 @@ class PgQueueBackend(BaseTaskBackend):
         job = enqueue(
             task.module_path,
             call.payload(),
-            queue=task.queue_name,
+            queue=self.queue_for(task, conf),
             priority=task.priority,
             run_at=task.run_after,
             # stored with the job: the worker never guesses it

@@ -67,6 +67,9 @@ TIME_ZONE = "UTC"
 STATIC_URL = "static/"
 
 PGQUEUE = {
+    # Retries in tenths of seconds and few attempts, so tests that fail jobs stay fast
+    # (the defaults wait up to 56.5 hours over 20 attempts).
+    "MAX_ATTEMPTS": 5,
     "RETRY_BACKOFF_BASE": 0.2,
     "RETRY_BACKOFF_CAP": 2.0,
     # The tests compare each scrape with the tables at that moment: no shared reading

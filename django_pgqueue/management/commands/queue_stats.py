@@ -11,7 +11,7 @@ from django_pgqueue import stats
 from django_pgqueue.conf import get_settings
 from django_pgqueue.durations import format_seconds
 from django_pgqueue.observability.workers import WorkerInfo, list_workers
-from django_pgqueue.stats import QueueFigures, collect
+from django_pgqueue.stats import QueueFigures, Stranded, collect, stranded_jobs
 
 COLUMNS = (
     ("queue", "queue"),
@@ -47,10 +47,14 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         snapshot = collect(exact=options["exact"])
-        registered = list_workers(get_settings().DATABASE)
+        alias = get_settings().DATABASE
+        registered = list_workers(alias)
+        served = {queue for worker in registered if worker.alive for queue in worker.queues}
+        stranded = stranded_jobs(alias, served)
         if options["json"]:
             data = snapshot.as_dict()
             data["workers"] = [worker.as_dict() for worker in registered]
+            data["stranded"] = [vars(item) for item in stranded]
             self.stdout.write(json.dumps(data, indent=2))
             return
         completed_mark = "" if snapshot.completed_exact else "~"
@@ -84,6 +88,10 @@ class Command(BaseCommand):
                 f"late schedule {late.name} (queue {late.queue}): due "
                 f"{format_seconds(late.late_seconds)} ago, not fired"
             )
+        if stranded:  # a block of its own, after the table's
+            self.stdout.write("")
+        for item in stranded:
+            self.stdout.write(self.style.WARNING(_stranded_line(item)))
         self._workers(registered)
 
     def _workers(self, registered: list[WorkerInfo]) -> None:
@@ -101,6 +109,17 @@ class Command(BaseCommand):
                 f"seen {format_seconds(worker.seen_seconds_ago)} ago"
                 + (f"  jobs: {jobs}{more}" if jobs else "")
             )
+
+
+def _stranded_line(item: Stranded) -> str:
+    why = []
+    if item.unknown_type:
+        why.append("no handler or task in this project knows its type")
+    if item.unserved_queue:
+        why.append("no live worker serves its queue")
+    jobs = f"{item.jobs}+" if item.at_least else str(item.jobs)  # "+": more not read
+    where = f"{jobs} pending {item.type} job(s) in queue {item.queue}"
+    return f"stranded: {where}: {' and '.join(why)}"
 
 
 def _row(figures: QueueFigures, completed_mark: str) -> list[str]:
