@@ -79,6 +79,11 @@ class Worker:
             return self._dispatcher.exit_code
         return EXIT_UNREACHABLE if self._unreachable else 0
 
+    @property
+    def stopping(self) -> bool:
+        """A stop was requested (by a signal, `stop()` or the supervisor)."""
+        return self._switch.stopping.is_set()
+
     def stop(self, *, force: bool = False) -> None:
         """Stop claiming and shut down; force skips the grace period for running handlers."""
         self._switch.request(force=force)
