@@ -172,7 +172,11 @@ class Supervisor:
         self.stopping = True
         for child in self.children:
             if child.proc is None:
-                child.done = True  # waiting for a restart that will not come
+                # Waiting for a restart that will not come: a death already dealt with,
+                # so not a failure of this stop.
+                if not child.done:
+                    child.last_code = None
+                child.done = True
                 child.restart_at = None
             else:
                 self._tell(child, b"now\n" if now else b"stop\n")
@@ -306,7 +310,11 @@ def follow_supervisor(fd: int, stop: Callable[[bool], None]) -> threading.Thread
     def run() -> None:
         with os.fdopen(fd, "rb", buffering=0) as pipe:
             while line := pipe.readline():
-                stop(line.strip() == b"now")
+                now = line.strip() == b"now"
+                logger.info(
+                    "the supervisor asks for a%s stop", "n immediate" if now else " graceful"
+                )
+                stop(now)
         logger.warning("supervisor gone (its control pipe closed): stopping gracefully")
         stop(False)
 

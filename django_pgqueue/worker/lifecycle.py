@@ -79,14 +79,14 @@ class Worker:
             return self._dispatcher.exit_code
         return EXIT_UNREACHABLE if self._unreachable else 0
 
-    @property
-    def stopping(self) -> bool:
-        """A stop was requested (by a signal, `stop()` or the supervisor)."""
-        return self._switch.stopping.is_set()
-
     def stop(self, *, force: bool = False) -> None:
         """Stop claiming and shut down; force skips the grace period for running handlers."""
         self._switch.request(force=force)
+
+    def stop_gracefully(self) -> None:
+        """Stop claiming and give running handlers the grace period, however often it is
+        called and whatever other request came before or after it (a supervisor's)."""
+        self._switch.request_graceful()
 
     def run(self) -> int:
         """Run until stopped; return the process exit code (0 after a graceful stop)."""

@@ -173,10 +173,11 @@ class Command(BaseCommand):
         if options["control_fd"] is not None:
 
             def stop(force: bool) -> None:
-                # A child the signal reached too is already stopping: that is no
-                # second request.
-                if force or not worker.stopping:
-                    worker.stop(force=force)
+                # A child the signal reached too counts the two as one stop.
+                if force:
+                    worker.stop(force=True)
+                else:
+                    worker.stop_gracefully()
 
             supervisor.follow_supervisor(options["control_fd"], stop)
         return worker.run()
