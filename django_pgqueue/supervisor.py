@@ -291,6 +291,11 @@ def _child_environment() -> dict[str, str]:
     # Local: the supervisor is imported by the command, after Django is set up.
     from django.conf import settings
 
+    if os.name != "posix":
+        raise ConfigurationError(
+            "--processes needs a POSIX system: the children are controlled through "
+            "inherited pipes. Run one run_queue_worker per core instead."
+        )
     module = settings.SETTINGS_MODULE
     if not module:
         raise ConfigurationError(

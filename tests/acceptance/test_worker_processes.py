@@ -21,6 +21,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 FAST = ("--lease", "2", "--heartbeat-interval", "0.5", "--sweep-interval", "1", "-v", "0")
 
 
+def sockets_of(pid: int) -> int:
+    """How many sockets the process has open."""
+    fds = f"/proc/{pid}/fd"
+    return sum(os.readlink(f"{fds}/{fd}").startswith("socket:") for fd in os.listdir(fds))
+
+
 def free_ports(count: int) -> int:
     """A port P with P..P+count-1 all free just now."""
     for _ in range(50):
@@ -77,11 +83,10 @@ def test_children_are_full_workers_each_registered_and_serving_metrics(supervise
         for index in range(2)
     ]
     assert succeeded == [ran_by["pp-0.1"], ran_by["pp-1.1"]]
-    # The supervisor holds no database session: only the children's.
-    assert sql(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND application_name LIKE 'pgqueue %%' AND application_name NOT LIKE '%% pp-_.1'"
-    ) == [(0,)]
+    # The supervisor holds no database connection: not a socket open, while each child
+    # holds its worker's connections.
+    assert sockets_of(workers.pid) == 0
+    assert all(sockets_of(child.pid) >= 3 for child in children.values())
     workers.signal(signal.SIGTERM)
     code, output = workers.wait(60)
     assert code == 0, output

@@ -74,7 +74,7 @@ def test_child_and_supervisor_sigkills_under_load(supervised, report):
     rng = random.Random()
     workers = start_supervisor("pa")
     started = time.monotonic()
-    deadline = started + size(300, 1800)
+    deadline = started + size(900, 3600)  # a hang guard: 220 s were seen at load 16
     child_kills: list[tuple[str, set[int]]] = []  # (worker id, jobs it held at the kill)
     orphan_ids: list[str] = []  # the children of the SIGKILLed supervisor
     orphans_held = 0
