@@ -106,11 +106,37 @@ def test_a_killed_child_is_restarted_and_a_stop_reaches_the_new_one(supervised):
     assert child.worker_id == "pk-1.2"  # a new identity for the new process
     assert workers.children()[0].pid == before[0].pid  # the other child untouched
     wait_ready(child.worker_id)
-    workers.signal(signal.SIGTERM)
+    workers.signal(signal.SIGINT)  # passed on like SIGTERM
     code, output = workers.wait(60)
     assert code == 0, output
+    assert "supervisor: SIGINT: stopping the workers gracefully" in output
     assert "child 1 (pid" in output
     assert "killed by SIGKILL; restarting it in 0.5s" in output
+
+
+def test_a_second_signal_to_the_supervisor_stops_the_children_at_once(supervised):
+    workers = supervised(
+        "p2", "--processes", "2", "--worker-id", "p2", "--concurrency", "1",
+        "--shutdown-grace", "120", *FAST,
+    )  # fmt: skip
+    for child in workers.wait_children(2).values():
+        wait_ready(child.worker_id)
+    jobs = [job.id for job in enqueue_many([("qa.ledger", {"seconds": 120})] * 2, queue="p2")]
+    wait_until("SELECT count(DISTINCT worker_id) FROM qa_ledger", lambda n: n == 2)
+    workers.signal(signal.SIGTERM)
+    workers.read_until("stopping the workers gracefully")
+    assert workers.proc.poll() is None  # the first waits for the handlers' 120 s
+    workers.signal(signal.SIGTERM)
+    code, output = workers.wait(60)  # well inside the 120 s grace: the second one forced it
+    assert code == 0, output
+    assert "supervisor: second SIGTERM: the workers stop now" in output
+    # Each child wrote its running job back as interrupted: due again, attempt given back.
+    assert sql(
+        "SELECT status, attempts, count(*) FROM queue_job_state WHERE job_id = ANY(%s) "
+        "GROUP BY 1, 2",
+        [jobs],
+    ) == [("pending", 0, 2)]
+    assert sql("SELECT status, count(*) FROM queue_attempts GROUP BY 1") == [("interrupted", 2)]
 
 
 def test_a_child_that_cannot_start_makes_the_supervisor_give_up(supervised):
