@@ -97,3 +97,12 @@ def test_the_supervisor_exit_says_why_a_child_failed(codes, status):
 def test_exit_descriptions():
     assert supervisor.describe_exit(-9) == "killed by SIGKILL"
     assert supervisor.describe_exit(3) == "exit code 3"
+
+
+def test_processes_need_a_settings_module(monkeypatch):
+    from django.conf import settings
+
+    # What settings.configure() leaves: no module a child could set Django up from.
+    monkeypatch.setattr(settings._wrapped, "SETTINGS_MODULE", None)
+    with pytest.raises(CommandError, match="--processes needs a settings module"):
+        call_command("run_queue_worker", "payments", "--processes", "2", stdout=io.StringIO())
