@@ -130,6 +130,7 @@ bench-smoke: install
 	$(BENCH)/pairs.py --smoke
 	$(BENCH)/scale.py --smoke
 	$(BENCH)/plans.py --smoke
+	$(BENCH)/startup.py --smoke
 	$(BENCH)/peers.py --smoke
 	$(BENCH)/report.py --smoke
 

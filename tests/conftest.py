@@ -181,3 +181,4 @@ from tests.factories import (  # noqa: E402, F401
     viewer,
     viewer_client,
 )
+from tests.supervised import supervised  # noqa: E402, F401

@@ -85,6 +85,11 @@ class Worker:
         """Stop claiming and shut down; force skips the grace period for running handlers."""
         self._switch.request(force=force)
 
+    def stop_gracefully(self) -> None:
+        """Stop claiming and give running handlers the grace period, however often it is
+        called and whatever other request came before or after it (a supervisor's)."""
+        self._switch.request_graceful()
+
     def run(self) -> int:
         """Run until stopped; return the process exit code (0 after a graceful stop)."""
         cfg = self.config

@@ -24,11 +24,19 @@ class StopSwitch:
         self.stopping = threading.Event()  # no more claims; shut down
         self.force = threading.Event()  # do not wait for running handlers
         self.wake = wake  # the dispatcher's wake-up
+        self.asked = False  # a request was made that a second one escalates
 
     def request(self, *, force: bool = False) -> None:
         """Ask the worker to stop; a second request, or `force`, skips the grace period."""
-        if force or self.stopping.is_set():
+        if force or self.asked:
             self.force.set()
+        self.asked = True
+        self.stopping.set()
+        self.wake.set()
+
+    def request_graceful(self) -> None:
+        """Stop with the grace period, and leave a later request as if it were the first:
+        a supervisor's stop and the signal that reached the process too are one stop."""
         self.stopping.set()
         self.wake.set()
 
@@ -67,7 +75,7 @@ class SignalRelay:
         """Act on the SIGTERM/SIGINT that on_signal queued: stop, or stop now if stopping."""
         while (signum := self._signals.get()) is not None:
             name = signal.Signals(signum).name
-            if self.switch.stopping.is_set():
+            if self.switch.asked:
                 logger.warning("second %s: stopping now", name)
                 self.switch.request(force=True)
             else:

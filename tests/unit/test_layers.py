@@ -55,6 +55,7 @@ FLOORS = {
     "schedules": FEATURES,
     "observability": FEATURES,
     "worker": WORKER,
+    "supervisor": WORKER,
     # Integrations: Django's admin, the Tasks backend, commands, metrics, app loading.
     "admin": INTEGRATIONS,
     "tasks": INTEGRATIONS,

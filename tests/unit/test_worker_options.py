@@ -6,12 +6,14 @@ Every case is refused before the worker is built, so no database is needed.
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 
 import pytest
 from django.core.management import CommandError, call_command
 
+from django_pgqueue import supervisor
 from tests.conftest import MANAGE
 
 SECONDS = r"must be a finite number of seconds > 0 and at most 316,224,000 \(10 years\)"
@@ -38,6 +40,14 @@ SECONDS = r"must be a finite number of seconds > 0 and at most 316,224,000 \(10 
         (["--weights", "payments=x"], "--weights: 'payments=x' is not QUEUE=WEIGHT"),
         (["--weights", "=3"], "--weights: '=3' is not QUEUE=WEIGHT"),
         (["--weights", "payments=1,payments=2"], "--weights: 'payments' is given twice"),
+        (["--processes", "x"], r"--processes: expected a number of processes \(1..256\) or 'auto'"),
+        (["--processes", "0"], "--processes must be an integer from 1 to 256, got 0"),
+        (["--processes", "257"], "--processes must be an integer from 1 to 256, got 257"),
+        (["--processes", "1.5"], "--processes: expected a number of processes"),
+        # Refused by the supervisor, before any child starts.
+        (["--processes", "2", "--weights", "email=2"], "Weight given for 'email'"),
+        (["--processes", "2", "--lease", "3", "--heartbeat-interval", "2"], "heartbeat_interval"),
+        (["--processes", "3", "--metrics-port", "65534"], "the port is at most 65533"),
     ],
 )
 def test_bad_options_are_refused_naming_the_option(args, message):
@@ -59,3 +69,40 @@ def test_a_bad_weight_is_one_line_without_a_traceback():
         "CommandError: --weights: the weight of 'payments' must be an integer from 1 to 1000, "
         "got -1."
     ]
+
+
+def test_processes_auto_is_the_cpus_this_process_may_use():
+    assert supervisor.parse_processes("auto") == supervisor.available_cpus()
+    assert supervisor.parse_processes(" AUTO ") == supervisor.available_cpus()
+    assert 1 <= supervisor.available_cpus() <= supervisor.MAX_PROCESSES
+    if hasattr(os, "sched_getaffinity"):
+        assert supervisor.available_cpus() == min(len(os.sched_getaffinity(0)), 256)
+    assert supervisor.parse_processes("3") == 3
+
+
+def test_restart_delays_double_up_to_the_cap():
+    delays = [supervisor.restart_delay(n) for n in range(10)]
+    assert delays[:6] == [0.5, 0.5, 1.0, 2.0, 4.0, 8.0]
+    assert delays[-1] == supervisor.RESTART_DELAY_MAX
+
+
+@pytest.mark.parametrize(
+    ("codes", "status"),
+    [([0, 0], 0), ([0, 1], 1), ([1, 69], 69), ([0, -9], 137), ([-15, 1], 143), ([], 0)],
+)
+def test_the_supervisor_exit_says_why_a_child_failed(codes, status):
+    assert supervisor.exit_status(codes) == status
+
+
+def test_exit_descriptions():
+    assert supervisor.describe_exit(-9) == "killed by SIGKILL"
+    assert supervisor.describe_exit(3) == "exit code 3"
+
+
+def test_processes_need_a_settings_module(monkeypatch):
+    from django.conf import settings
+
+    # What settings.configure() leaves: no module a child could set Django up from.
+    monkeypatch.setattr(settings._wrapped, "SETTINGS_MODULE", None)
+    with pytest.raises(CommandError, match="--processes needs a settings module"):
+        call_command("run_queue_worker", "payments", "--processes", "2", stdout=io.StringIO())

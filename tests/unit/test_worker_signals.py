@@ -47,3 +47,39 @@ def test_a_signal_inside_the_dispatchers_wait_does_not_deadlock():
         assert worker._switch.force.is_set()
     finally:
         restore()
+
+
+def _relay_signals(worker: Worker, *signums: int) -> None:
+    """Feed the worker's signal thread these signals, as its handler would, and let it
+    act on them."""
+    for signum in signums:
+        worker._signals._signals.put(signum)
+    worker._signals.close()
+    worker._signals.run()
+
+
+def test_a_supervisors_stop_and_the_signal_that_reached_the_child_too_are_one_stop():
+    # systemd's KillMode=control-group signals the supervisor and every child at once:
+    # the child gets the signal and the supervisor's request, in either order.
+    signal_first = Worker(["signals"])
+    _relay_signals(signal_first, signal.SIGTERM)
+    signal_first.stop_gracefully()
+    assert signal_first._switch.stopping.is_set()
+    assert not signal_first._switch.force.is_set()
+
+    request_first = Worker(["signals"])
+    request_first.stop_gracefully()
+    request_first.stop_gracefully()
+    _relay_signals(request_first, signal.SIGTERM)
+    assert request_first._switch.stopping.is_set()
+    assert not request_first._switch.force.is_set()
+
+    # A second signal still stops at once; so does a stop() after a signal.
+    twice = Worker(["signals"])
+    twice.stop_gracefully()
+    _relay_signals(twice, signal.SIGTERM, signal.SIGINT)
+    assert twice._switch.force.is_set()
+    asked = Worker(["signals"])
+    asked.stop()
+    asked.stop()
+    assert asked._switch.force.is_set()

@@ -1,7 +1,9 @@
-"""manage.py run_queue_worker QUEUE [QUEUE ...]: run a worker in this process."""
+"""manage.py run_queue_worker QUEUE [QUEUE ...]: run a worker in this process, or
+`--processes N` of them under a supervisor (django_pgqueue.supervisor)."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from typing import Any
@@ -9,10 +11,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
-from django_pgqueue import validators
+from django_pgqueue import supervisor, validators
 from django_pgqueue.checks import autovacuum_problem
 from django_pgqueue.exceptions import ConfigurationError
-from django_pgqueue.worker import Worker
+from django_pgqueue.worker import Worker, WorkerConfig
 
 
 def parse_weights(text: str) -> dict[str, int]:
@@ -132,36 +134,127 @@ class Command(BaseCommand):
             type=float,
             help="Seconds running handlers get after SIGTERM (default: PGQUEUE SHUTDOWN_GRACE).",
         )
+        parser.add_argument(
+            "--processes",
+            default="1",
+            help="Worker processes to run under a supervisor that restarts them, a number "
+            "or 'auto' (the CPUs available; default: 1, this process only).",
+        )
+        # Set by the supervisor on the command lines of its children.
+        parser.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
+        parser.add_argument("--child-index", type=int, help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        _configure_logging(options["verbosity"])
+        _configure_logging(options["verbosity"], options["child_index"])
         # Parsed here, not by argparse: a CommandError raised while argparse parses
         # escapes Django's handling and prints a traceback.
         weights = parse_weights(options["weights"]) if options["weights"] else {}
         check_options(options)
         try:
-            worker = Worker(
-                options["queues"],
-                concurrency=options["concurrency"],
-                batch_size=options["batch_size"],
-                lease=options["lease"],
-                heartbeat_interval=options["heartbeat_interval"],
-                sweep_interval=options["sweep_interval"],
-                job_timeout=options["job_timeout"],
-                weights=weights,
-                poll_interval=options["poll_interval"],
-                burst=options["burst"],
-                worker_id=options["worker_id"],
-                shutdown_grace=options["shutdown_grace"],
-            )
+            processes = supervisor.parse_processes(options["processes"])
+            config = _worker_options(options, weights)
+            if processes > 1 and options["control_fd"] is None:
+                WorkerConfig.build(options["queues"], **config)  # refuse bad options once
+                code = _supervise(processes, options)
+            else:
+                code = self._run_worker(options, config)
         except ConfigurationError as exc:
             raise CommandError(str(exc)) from None
-        _warn_without_autovacuum(worker.config.database)
-        if options["metrics_port"] is not None:
-            _serve_metrics(worker, options["metrics_port"], options["metrics_addr"])
-        code = worker.run()
         if code:
             sys.exit(code)
+
+    def _run_worker(self, options: dict[str, Any], config: dict[str, Any]) -> int:
+        """Run one worker in this process; its exit code."""
+        worker = Worker(options["queues"], **config)
+        if options["child_index"] in (None, 0):  # one warning per command, not per child
+            _warn_without_autovacuum(worker.config.database)
+        if options["metrics_port"] is not None:
+            _serve_metrics(worker, options["metrics_port"], options["metrics_addr"])
+        if options["control_fd"] is not None:
+
+            def stop(force: bool) -> None:
+                # A child the signal reached too counts the two as one stop.
+                if force:
+                    worker.stop(force=True)
+                else:
+                    worker.stop_gracefully()
+
+            supervisor.follow_supervisor(options["control_fd"], stop)
+        return worker.run()
+
+
+def _worker_options(options: dict[str, Any], weights: dict[str, int]) -> dict[str, Any]:
+    """The Worker's keyword arguments from the command's options."""
+    return {
+        "concurrency": options["concurrency"],
+        "batch_size": options["batch_size"],
+        "lease": options["lease"],
+        "heartbeat_interval": options["heartbeat_interval"],
+        "sweep_interval": options["sweep_interval"],
+        "job_timeout": options["job_timeout"],
+        "weights": weights,
+        "poll_interval": options["poll_interval"],
+        "burst": options["burst"],
+        "worker_id": options["worker_id"],
+        "shutdown_grace": options["shutdown_grace"],
+    }
+
+
+# The options a child gets as they were given to the supervisor.
+CHILD_OPTIONS = (
+    "concurrency",
+    "batch_size",
+    "lease",
+    "heartbeat_interval",
+    "sweep_interval",
+    "job_timeout",
+    "weights",
+    "poll_interval",
+    "shutdown_grace",
+    "metrics_addr",
+)
+
+
+def _supervise(processes: int, options: dict[str, Any]) -> int:
+    """Run `processes` copies of this command as children of a supervisor; its exit code."""
+    port = options["metrics_port"]
+    if port is not None:
+        if port and port + processes - 1 > 65535:
+            raise CommandError(
+                f"--metrics-port: child {processes - 1} would listen on port "
+                f"{port + processes - 1}; with --processes {processes} the port is at most "
+                f"{65536 - processes}."
+            )
+        try:
+            # Local: the optional extra; refused here once rather than by every child.
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            raise CommandError(
+                "--metrics-port needs prometheus-client: "
+                "pip install 'django-pgqueue-jobs[prometheus]'."
+            ) from None
+    common = ["manage.py", "run_queue_worker", *options["queues"]]
+    for key in CHILD_OPTIONS:
+        if options[key] is not None:
+            common += [_flag(key), str(options[key])]
+    if options["burst"]:
+        common.append("--burst")
+    common += ["--verbosity", str(options["verbosity"]), "--skip-checks"]
+    common += [
+        flag
+        for flag in ("--traceback", "--no-color", "--force-color")
+        if options.get(flag[2:].replace("-", "_"))
+    ]
+
+    def child_argv(index: int, generation: int) -> list[str]:
+        argv = [*common, "--child-index", str(index)]
+        if options["worker_id"]:  # unique per process: the child and its restart count
+            argv += ["--worker-id", f"{options['worker_id']}-{index}.{generation}"]
+        if port is not None:  # child i on port + i (0: each on a free port)
+            argv += ["--metrics-port", str(port + index if port else 0)]
+        return argv
+
+    return supervisor.Supervisor(processes, child_argv, burst=options["burst"]).run()
 
 
 def _serve_metrics(worker: Worker, port: int, addr: str) -> None:
@@ -198,12 +291,14 @@ def _warn_without_autovacuum(alias: str) -> None:
         )
 
 
-def _configure_logging(verbosity: int) -> None:
-    """Show the worker's log lines when the project has not configured that logger."""
+def _configure_logging(verbosity: int, child: int | None = None) -> None:
+    """Show the worker's log lines when the project has not configured that logger; a
+    supervisor's child says which one it is."""
     logger = logging.getLogger("django_pgqueue")
     if logger.handlers or logging.getLogger().handlers:
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    who = "" if child is None else f"[child {child}, pid %(process)d] "
+    handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s"))
     logger.addHandler(handler)
     logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))

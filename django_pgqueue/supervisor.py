@@ -1,0 +1,328 @@
+"""Several worker processes under one supervisor: `run_queue_worker --processes N`.
+
+The supervisor holds no job, no lease and no database connection. Each child is a full
+`run_queue_worker` process in a fresh interpreter (subprocess, not fork: nothing of the
+parent's Django state, threads or sockets is shared), which sets Django up itself.
+
+Control: each child reads a pipe whose only write end the supervisor holds. A line
+``stop`` asks for a graceful stop (what a first SIGTERM does), ``now`` for an immediate
+one (a second SIGTERM); end of file means the supervisor is gone, even by SIGKILL, and
+the child stops gracefully on its own. A stop request that finds the child already
+stopping (systemd's default KillMode signals every process of the unit, so a child may
+have had the SIGTERM itself) is not counted as a second one.
+
+Restarts: a child that exits without being asked to is started again after a backoff
+(RESTART_DELAY doubling up to RESTART_DELAY_MAX while it keeps dying within QUICK_EXIT
+of its start). When one child dies that quickly GIVE_UP_AFTER times in a row, the
+supervisor stops the others and exits EXIT_GAVE_UP: a child that cannot start (a port
+taken, a broken settings module) is not restarted for ever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue as queue_module
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+
+from . import validators
+from .exceptions import ConfigurationError
+
+logger = logging.getLogger(__name__)
+
+MAX_PROCESSES = 256
+# The supervisor's exit when a child kept dying right after its start (EX_SOFTWARE).
+EXIT_GAVE_UP = 70
+RESTART_DELAY = 0.5  # seconds before the first restart of a child
+RESTART_DELAY_MAX = 30.0
+QUICK_EXIT = 10.0  # a child that exits this soon after its start died "at once"
+GIVE_UP_AFTER = 5  # quick deaths in a row of one child before the supervisor gives up
+TICK = 0.1  # how often the supervisor looks at its children
+
+# What a child runs: the parent's sys.path first (the project may be importable only
+# from the directory manage.py sits in), then Django's own command-line entry.
+CHILD_BOOT = (
+    "import json, sys; spec = json.loads(sys.argv[1]); sys.path[:] = spec['path']; "
+    "from django.core.management import execute_from_command_line; "
+    "execute_from_command_line(spec['argv'])"
+)
+
+
+def parse_processes(text: str | int) -> int:
+    """The number of processes `--processes` asks for: a count, or 'auto' (the CPUs
+    this process may run on)."""
+    if isinstance(text, str) and text.strip().lower() == "auto":
+        return available_cpus()
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"--processes: expected a number of processes (1..{MAX_PROCESSES}) or 'auto', "
+            f"got {text!r}."
+        ) from None
+    return validators.count(value, "--processes", 1, MAX_PROCESSES, error=ConfigurationError)
+
+
+def available_cpus() -> int:
+    """The CPUs this process may use (its affinity mask, e.g. a container's cpuset)."""
+    counter = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    if counter is not None:
+        count = counter()
+    elif hasattr(os, "sched_getaffinity"):
+        count = len(os.sched_getaffinity(0))
+    else:
+        count = os.cpu_count()
+    return max(1, min(count or 1, MAX_PROCESSES))
+
+
+def restart_delay(quick_deaths: int) -> float:
+    """Seconds before restarting a child that died `quick_deaths` times in a row at once."""
+    return min(RESTART_DELAY_MAX, RESTART_DELAY * 2 ** max(0, quick_deaths - 1))
+
+
+def describe_exit(code: int) -> str:
+    """'exit code 1', 'killed by SIGKILL': a Popen return code in words."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def exit_status(codes: Sequence[int]) -> int:
+    """The supervisor's exit for its children's last exit codes: 0 when all were 0, else
+    EXIT_UNREACHABLE's 69 if a child could not reach the database, else the first other
+    failure (a child killed by a signal counts as 128 + the signal, like a shell)."""
+    failed = [128 - code if code < 0 else code for code in codes if code]
+    if not failed:
+        return 0
+    return 69 if 69 in failed else failed[0]
+
+
+@dataclass
+class Child:
+    """One slot of the supervisor: the process in it now, and its restart history."""
+
+    index: int
+    proc: subprocess.Popen[bytes] | None = None
+    control: int | None = None  # the write end of its control pipe
+    started: float = 0.0
+    generation: int = 0
+    quick_deaths: int = 0
+    restart_at: float | None = None
+    last_code: int | None = None
+    done: bool = False  # exited for good: asked to stop, or a burst child that finished
+
+
+@dataclass
+class Supervisor:
+    """Runs `processes` children, each `child_argv(index, generation)`, until stopped."""
+
+    processes: int
+    child_argv: Callable[[int, int], list[str]]
+    burst: bool = False
+    children: list[Child] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.children = [Child(index) for index in range(self.processes)]
+        self._signals: queue_module.SimpleQueue[int] = queue_module.SimpleQueue()
+        self.stopping = False
+        self.gave_up = False
+        self.child_env = _child_environment()
+
+    def run(self) -> int:
+        """Start the children and supervise them; the exit code (see `exit_status`)."""
+        restore = self._install_signal_handlers()
+        try:
+            logger.info("supervisor %d starting %d worker processes", os.getpid(), self.processes)
+            for child in self.children:
+                self._start(child)
+            while not all(child.done for child in self.children):
+                self._take_signals()
+                now = time.monotonic()
+                for child in self.children:
+                    if child.proc is not None and (code := child.proc.poll()) is not None:
+                        self._reaped(child, code, now)
+                    if (
+                        child.proc is None
+                        and not child.done
+                        and child.restart_at is not None
+                        and now >= child.restart_at
+                    ):
+                        self._start(child)
+        finally:
+            if restore:
+                restore()
+        if self.gave_up:
+            return EXIT_GAVE_UP
+        return exit_status([child.last_code or 0 for child in self.children])
+
+    def stop(self, *, now: bool = False) -> None:
+        """Ask every child to stop (gracefully, or at once); restart none of them."""
+        self.stopping = True
+        for child in self.children:
+            if child.proc is None:
+                # Waiting for a restart that will not come: a death already dealt with,
+                # so not a failure of this stop.
+                if not child.done:
+                    child.last_code = None
+                child.done = True
+                child.restart_at = None
+            else:
+                self._tell(child, b"now\n" if now else b"stop\n")
+
+    def _start(self, child: Child) -> None:
+        child.generation += 1
+        argv = self.child_argv(child.index, child.generation)
+        read_end, write_end = os.pipe()  # both not inheritable; pass_fds opens read_end
+        spec = {"path": sys.path, "argv": [*argv, "--control-fd", str(read_end)]}
+        try:
+            child.proc = subprocess.Popen(
+                [sys.executable, "-c", CHILD_BOOT, json.dumps(spec)],
+                env=self.child_env,
+                stdin=subprocess.DEVNULL,
+                pass_fds=(read_end,),
+            )
+        except OSError as exc:
+            os.close(write_end)
+            logger.error("supervisor: cannot start child %d: %s", child.index, exc)
+            self._died(child, 1, time.monotonic(), quick=True)
+            return
+        finally:
+            os.close(read_end)
+        child.control = write_end
+        child.started = time.monotonic()
+        child.restart_at = None
+        logger.info("supervisor: child %d started (pid %d)", child.index, child.proc.pid)
+
+    def _reaped(self, child: Child, code: int, now: float) -> None:
+        assert child.proc is not None
+        pid = child.proc.pid
+        child.proc = None
+        if child.control is not None:
+            os.close(child.control)
+            child.control = None
+        child.last_code = code
+        if self.stopping or (self.burst and code == 0):
+            child.done = True
+            logger.info(
+                "supervisor: child %d (pid %d) stopped: %s", child.index, pid, describe_exit(code)
+            )
+            return
+        self._died(child, code, now, quick=now - child.started < QUICK_EXIT, pid=pid)
+
+    def _died(self, child: Child, code: int, now: float, *, quick: bool, pid: int = 0) -> None:
+        child.last_code = code
+        child.quick_deaths = child.quick_deaths + 1 if quick else 0
+        if child.quick_deaths >= GIVE_UP_AFTER:
+            logger.error(
+                "supervisor: child %d died within %gs of its start %d times in a row "
+                "(last: %s); giving up: stopping the other workers, exit %d",
+                child.index,
+                QUICK_EXIT,
+                child.quick_deaths,
+                describe_exit(code),
+                EXIT_GAVE_UP,
+            )
+            child.done = True
+            self.gave_up = True
+            self.stop()
+            return
+        delay = restart_delay(child.quick_deaths)
+        child.restart_at = now + delay
+        logger.warning(
+            "supervisor: child %d (pid %d) died: %s; restarting it in %gs",
+            child.index,
+            pid,
+            describe_exit(code),
+            delay,
+        )
+
+    def _tell(self, child: Child, message: bytes) -> None:
+        if child.control is None:
+            return
+        # An OSError: it has just exited, and the poll that follows reaps it.
+        with contextlib.suppress(OSError):
+            os.write(child.control, message)
+
+    def _take_signals(self) -> None:
+        try:
+            signum = self._signals.get(timeout=TICK)
+        except queue_module.Empty:
+            return
+        name = signal.Signals(signum).name
+        if self.stopping and not self.gave_up:
+            logger.warning("supervisor: second %s: the workers stop now", name)
+            self.stop(now=True)
+        else:
+            logger.warning("supervisor: %s: stopping the workers gracefully", name)
+            self.stop()
+
+    def _install_signal_handlers(self) -> Callable[[], None] | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            self._signals.put(signum)  # reentrant; the loop acts on it
+
+        for sig in previous:
+            signal.signal(sig, on_signal)
+
+        def restore() -> None:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        return restore
+
+
+def _child_environment() -> dict[str, str]:
+    """The children's environment: this one, with the settings module this process uses."""
+    # Local: the supervisor is imported by the command, after Django is set up.
+    from django.conf import settings
+
+    if os.name != "posix":
+        raise ConfigurationError(
+            "--processes needs a POSIX system: the children are controlled through "
+            "inherited pipes. Run one run_queue_worker per core instead."
+        )
+    module = settings.SETTINGS_MODULE
+    if not module:
+        raise ConfigurationError(
+            "--processes needs a settings module (DJANGO_SETTINGS_MODULE or --settings): "
+            "each worker process sets Django up from it; settings.configure() cannot be "
+            "handed to another process."
+        )
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": module}
+
+
+def follow_supervisor(fd: int, stop: Callable[[bool], None]) -> threading.Thread:
+    """In a child: act on the supervisor's control pipe from a daemon thread.
+
+    `stop(force)` is called for each request; end of file (the supervisor died) is a
+    graceful stop."""
+
+    def run() -> None:
+        with os.fdopen(fd, "rb", buffering=0) as pipe:
+            while line := pipe.readline():
+                now = line.strip() == b"now"
+                logger.info(
+                    "the supervisor asks for a%s stop", "n immediate" if now else " graceful"
+                )
+                stop(now)
+        logger.warning("supervisor gone (its control pipe closed): stopping gracefully")
+        stop(False)
+
+    thread = threading.Thread(target=run, name="pgqueue-supervisor", daemon=True)
+    thread.start()
+    return thread
