@@ -49,6 +49,7 @@ FLOORS = {
     "actions": CORE,
     "maintenance": CORE,
     "task_paths": CORE,
+    "waiting": CORE,
     # Features: they import the core, and nothing below the worker imports them.
     "control": FEATURES,
     "schedules": FEATURES,
