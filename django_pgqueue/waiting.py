@@ -35,8 +35,8 @@ class HasJobId(Protocol):
 
 def _job_id(job: int | HasJobId) -> int:
     value = job if isinstance(job, int) else getattr(job, "id", None)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise TypeError(f"wait() takes a job id (int >= 1) or an EnqueuedJob, got {job!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
+        raise TypeError(f"wait() takes a job id (a bigint >= 1) or an EnqueuedJob, got {job!r}")
     return value
 
 
@@ -50,10 +50,15 @@ def _timeout(timeout: float | None) -> float | None:
     return None if math.isinf(timeout) else float(timeout)
 
 
-def _settled(job_id: int, outcome: Outcome | None) -> bool:
-    """True if the job finished with a result; raise if it finished without one."""
+def _read(job_id: int, outcome: Outcome | None) -> Outcome:
+    """The outcome a look read; JobNotFound if the job is gone (pruned meanwhile)."""
     if outcome is None:
         raise JobNotFound(job_id)
+    return outcome
+
+
+def _completed(job_id: int, outcome: Outcome) -> bool:
+    """True if the job completed; raise if it finished without a result."""
     if outcome.status == "dead":
         raise JobDead(job_id, outcome.last_error, outcome.error_class)
     if outcome.status == "cancelled":
@@ -104,11 +109,9 @@ def wait(job: int | HasJobId, timeout: float | None = None, *, using: str | None
         waiter_id, _queue = added
         try:
             while True:
-                outcome = session.check(waiter_id, job_id, HOLD)
-                if _settled(job_id, outcome):
-                    assert outcome is not None
+                outcome = _read(job_id, session.check(waiter_id, job_id, HOLD))
+                if _completed(job_id, outcome):
                     return outcome.result
-                assert outcome is not None
                 # A NOTIFY (a waited-for job finished) ends the pause early.
                 session.notified(clock.next_pause(outcome.status))
         finally:
@@ -137,11 +140,9 @@ async def await_job(
         waiter_id, _queue = added
         try:
             while True:
-                outcome = await session.check(waiter_id, job_id, HOLD)
-                if _settled(job_id, outcome):
-                    assert outcome is not None
+                outcome = _read(job_id, await session.check(waiter_id, job_id, HOLD))
+                if _completed(job_id, outcome):
                     return outcome.result
-                assert outcome is not None
                 await session.notified(clock.next_pause(outcome.status))
         finally:
             with contextlib.suppress(Exception):

@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.db import connection, transaction
 
 from django_pgqueue import (
     JobCancelled,
@@ -67,6 +68,14 @@ class Waiter:
 
 def waiters(job_id: int) -> int:
     return sql("SELECT count(*) FROM queue_job_waiters WHERE job_id = %s", [job_id])[0][0]
+
+
+def waiters_elsewhere(job_id: int) -> int:
+    """`waiters()` from a thread of asyncio's executor, closing that thread's connection."""
+    try:
+        return waiters(job_id)
+    finally:
+        connection.close()
 
 
 def registered(job_id: int) -> None:
@@ -156,6 +165,13 @@ def test_timeout_on_a_job_that_never_runs():
     assert sql("SELECT status FROM queue_job_state WHERE job_id = %s", [job.id]) == [("pending",)]
 
 
+def test_a_job_enqueued_in_an_open_transaction_is_not_found_yet():
+    with transaction.atomic():
+        job = enqueue("qa.noop", {}, queue="mail")
+        with pytest.raises(JobNotFound, match="commit the enqueue before waiting"):
+            wait(job, timeout=HANG_GUARD)
+
+
 def test_no_such_job():
     with pytest.raises(JobNotFound, match=r"no job #987654321: .*commit the enqueue"):
         wait(987654321, timeout=1)
@@ -168,8 +184,14 @@ def test_no_such_job():
         (1, float("nan"), ValueError, "timeout must be >= 0"),
         (1, "5", TypeError, "timeout must be a number of seconds or None, got '5'"),
         (1, True, TypeError, "timeout must be a number"),
-        ("7", 1, TypeError, r"wait\(\) takes a job id \(int >= 1\) or an EnqueuedJob, got '7'"),
+        (
+            "7",
+            1,
+            TypeError,
+            r"wait\(\) takes a job id \(a bigint >= 1\) or an EnqueuedJob, got '7'",
+        ),
         (0, 1, TypeError, "takes a job id"),
+        (2**63, 1, TypeError, "takes a job id"),
     ],
 )
 def test_bad_arguments_are_refused_before_connecting(job, timeout, error, message):
@@ -182,7 +204,7 @@ def test_await_job_returns_the_result(run_worker, no_rechecks):
 
     async def main() -> Any:
         waiting_task = asyncio.ensure_future(await_job(job))
-        while not await asyncio.to_thread(waiters, job.id):
+        while not await asyncio.to_thread(waiters_elsewhere, job.id):
             await asyncio.sleep(0.01)
         run_worker(["mail"])
         return await asyncio.wait_for(waiting_task, HANG_GUARD)
@@ -207,7 +229,7 @@ def test_a_cancelled_await_removes_its_row():
 
     async def main() -> None:
         waiting_task = asyncio.ensure_future(await_job(job))
-        while not await asyncio.to_thread(waiters, job.id):
+        while not await asyncio.to_thread(waiters_elsewhere, job.id):
             await asyncio.sleep(0.01)
         waiting_task.cancel()
         with pytest.raises(asyncio.CancelledError):

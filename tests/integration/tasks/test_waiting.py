@@ -6,6 +6,8 @@ import asyncio
 import datetime as dt
 
 import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
 from django.utils import timezone
 from qa.tasks import add, echo, refuse
 
@@ -53,5 +55,12 @@ def test_timeout_leaves_the_result_as_it_was():
 def test_await_result(run_worker):
     result = add.enqueue(4, 5)
     run_worker([QUEUE])
-    assert asyncio.run(await_result(result, timeout=60)) == 9
+
+    async def main() -> int:
+        try:
+            return await await_result(result, timeout=60)
+        finally:  # arefresh() ran in asgiref's sync thread: close its connection
+            await sync_to_async(connections.close_all, thread_sensitive=True)()
+
+    assert asyncio.run(main()) == 9
     assert result.status == TaskResultStatus.SUCCESSFUL
