@@ -18,6 +18,10 @@ from .enqueue import EnqueuedJob, JobSpec, enqueue, enqueue_many
 from .exceptions import (
     ConfigurationError,
     EnqueueError,
+    JobCancelled,
+    JobDead,
+    JobFailed,
+    JobNotFound,
     JobTimeout,
     LeaseExpired,
     PayloadError,
@@ -27,11 +31,13 @@ from .exceptions import (
     RetryLater,
     Snooze,
     UnknownJobType,
+    WaitTimeout,
     WorkerShutdown,
 )
 from .registry import handler
 from .retry import ExponentialBackoff, FixedDelay, RetryPolicy
 from .version import __version__ as __version__
+from .waiting import await_job, wait
 
 __all__ = [
     "ConfigurationError",
@@ -39,7 +45,11 @@ __all__ = [
     "EnqueuedJob",
     "ExponentialBackoff",
     "FixedDelay",
+    "JobCancelled",
     "JobContext",
+    "JobDead",
+    "JobFailed",
+    "JobNotFound",
     "JobSpec",
     "JobTimeout",
     "LeaseExpired",
@@ -51,7 +61,9 @@ __all__ = [
     "RetryPolicy",
     "Snooze",
     "UnknownJobType",
+    "WaitTimeout",
     "WorkerShutdown",
+    "await_job",
     "enqueue",
     "enqueue_many",
     "handler",
@@ -61,4 +73,5 @@ __all__ = [
     "set_key_limit",
     "set_queue_limit",
     "set_queue_rate",
+    "wait",
 ]

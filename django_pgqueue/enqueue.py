@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import extensions, limits, signals, validation
+from . import extensions, limits, signals, validation, waiting
 from .conf import get_settings
 from .exceptions import EnqueueError
 from .registry import Handler, registry
@@ -32,6 +32,14 @@ class EnqueuedJob:
     type: str
     created: bool = True
     created_at: dt.datetime | None = None
+
+    def wait(self, timeout: float | None = None, *, using: str | None = None) -> Any:
+        """Wait for this job's result: `django_pgqueue.wait` (the same exceptions)."""
+        return waiting.wait(self.id, timeout, using=using)
+
+    async def wait_async(self, timeout: float | None = None, *, using: str | None = None) -> Any:
+        """Await this job's result: `django_pgqueue.await_job` (the same exceptions)."""
+        return await waiting.await_job(self.id, timeout, using=using)
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,3 +102,56 @@ class Snooze(PgQueueError):
         super().__init__(reason or f"snoozed for {value:g}s")
         self.seconds = value
         self.reason = reason
+
+
+# What wait() and await_job() raise when a job did not end with a result.
+
+
+class JobNotFound(PgQueueError, LookupError):
+    """wait() was given a job id no job has (or not yet, to another connection)."""
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__(
+            f"no job #{job_id}: it was never enqueued, was pruned, or was enqueued in a "
+            "transaction that has not committed yet (wait() reads on its own connection; "
+            "commit the enqueue before waiting)"
+        )
+        self.job_id = job_id
+
+
+class WaitTimeout(PgQueueError, TimeoutError):
+    """The job did not finish within wait()'s timeout; it is left as it was."""
+
+    def __init__(self, job_id: int, timeout: float, status: str) -> None:
+        super().__init__(f"job #{job_id} did not finish within {timeout:g}s (it is {status})")
+        self.job_id = job_id
+        self.timeout = timeout
+        self.status = status
+
+
+class JobFailed(PgQueueError):
+    """The job ended without a result: dead (`JobDead`) or cancelled (`JobCancelled`)."""
+
+    def __init__(self, message: str, job_id: int) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class JobDead(JobFailed):
+    """The job is dead: a permanent failure, or its attempts are spent.
+
+    `last_error` is the job's last error as the admin shows it, `error_class` the class
+    its last failed attempt recorded (None if no attempt recorded one).
+    """
+
+    def __init__(self, job_id: int, last_error: str | None, error_class: str | None) -> None:
+        super().__init__(f"job #{job_id} is dead: {last_error or 'no error recorded'}", job_id)
+        self.last_error = last_error
+        self.error_class = error_class
+
+
+class JobCancelled(JobFailed):
+    """The job was cancelled by an operator (before it ran, or while it ran)."""
+
+    def __init__(self, job_id: int) -> None:
+        super().__init__(f"job #{job_id} was cancelled", job_id)

@@ -1,22 +1,35 @@
-"""Run the queue's due jobs in a test's own process.
+"""Helpers for a project's tests: run due jobs, build a handler's context, fire a tick.
 
 A worker reads jobs on its own connections, so it sees only committed ones: jobs
 enqueued inside a ``TestCase`` (whose test runs in a transaction that is rolled back)
 are invisible to it. Tests that run jobs use ``TransactionTestCase`` or, with
 pytest-django, ``@pytest.mark.django_db(transaction=True)``, then call
-:func:`run_due_jobs`.
+:func:`run_due_jobs`. :func:`make_context` builds the `JobContext` a handler receives,
+so a handler can be called directly in any test; :func:`fire_tick` enqueues the job a
+schedule's tick would.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import time
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
 from django.db import connections
+from django.utils import timezone
 
+from django_pgqueue import validation
 from django_pgqueue.conf import get_settings
-from django_pgqueue.models import JobState
+from django_pgqueue.context import JobContext, Lease
+from django_pgqueue.enqueue import EnqueuedJob, enqueue
+from django_pgqueue.models import JobState, Schedule
+from django_pgqueue.registry import registry
+from django_pgqueue.schedules.firing import tick_key
+from django_pgqueue.schedules.spec import ScheduleSpec, code_schedules
+from django_pgqueue.schedules.ticks import Ticks
 from django_pgqueue.worker import Worker
 
 
@@ -50,3 +63,124 @@ def run_due_jobs(queues: Iterable[str] | None = None, **options: Any) -> Counter
     worker = Worker(names, install_signal_handlers=False, burst=True, **options)
     worker.run()
     return worker.stats
+
+
+def _count(value: Any, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def make_context(
+    type: str,
+    payload: Any = None,
+    *,
+    attempt: int = 1,
+    max_attempts: int | None = None,
+    scheduled_for: dt.datetime | None = None,
+    job_id: int = 1,
+    queue: str | None = None,
+    priority: int = 0,
+    idempotency_key: str | None = None,
+    lease_lost: bool = False,
+    cancel_requested: bool = False,
+) -> JobContext:
+    """The `JobContext` a worker would give the handler of `type`, for calling it directly.
+
+    The payload goes through JSON as a stored job's does (a tuple arrives as a list; a
+    value JSON cannot hold raises `PayloadError` naming it). `max_attempts` defaults to
+    the handler's, then ``PGQUEUE["MAX_ATTEMPTS"]``; `queue` to
+    ``PGQUEUE["DEFAULT_QUEUE"]``. `scheduled_for` (an aware datetime) makes the job a
+    schedule's, as ``ctx.scheduled_for`` reads it. `lease_lost` and `cancel_requested`
+    make ``ctx.lease_lost()`` and ``ctx.cancel_requested()`` return True.
+    """
+    conf = get_settings()
+    type_ = validation.type_name(type)
+    stored = json.loads(validation.payload(payload, None))
+    attempt = _count(attempt, "attempt", 1)
+    if max_attempts is None:
+        registry.autodiscover()
+        spec = registry.find(type_)
+        max_attempts = spec.max_attempts if spec and spec.max_attempts else conf.MAX_ATTEMPTS
+    max_attempts = _count(max_attempts, "max_attempts", attempt)
+    job_id = _count(job_id, "job_id", 1)
+    key = validation.idempotency_key(idempotency_key)
+    if scheduled_for is not None:
+        if key is not None:
+            raise ValueError("give scheduled_for or idempotency_key, not both")
+        if not isinstance(scheduled_for, dt.datetime) or timezone.is_naive(scheduled_for):
+            raise ValueError(f"scheduled_for must be an aware datetime, got {scheduled_for!r}")
+        key = tick_key(type_, scheduled_for)
+    lease = Lease(job_id, attempt, time.monotonic() + 365 * 86400.0)
+    lease.lost = lease_lost
+    lease.cancel_requested = cancel_requested
+    return JobContext(
+        job_id=job_id,
+        queue=validation.queue_name(queue or conf.DEFAULT_QUEUE),
+        type=type_,
+        payload=stored,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        lease_version=attempt,
+        priority=validation.priority(priority),
+        worker_id="test",
+        created_at=timezone.now(),
+        user_key=key,
+        lease=lease,
+    )
+
+
+def _find_schedule(name: str, alias: str) -> ScheduleSpec:
+    declared = code_schedules()
+    for spec in declared.specs:
+        if spec.name == name:
+            return spec
+    row = Schedule.objects.using(alias).filter(name=name).first()
+    if row is not None:
+        return ScheduleSpec(
+            name=row.name,
+            type=row.type,
+            cron=row.cron,
+            every=row.every,
+            queue=row.queue,
+            payload=row.payload,
+            timezone=row.timezone,
+            priority=row.priority,
+            max_attempts=row.max_attempts,
+        )
+    known = sorted({spec.name for spec in declared.specs})
+    raise LookupError(f"no schedule named {name!r}; the code declares {known}")
+
+
+def fire_tick(name: str, at: dt.datetime | None = None, *, using: str | None = None) -> EnqueuedJob:
+    """Enqueue the job schedule `name`'s tick at `at` would (default: its latest tick).
+
+    The job is the one a worker fires: the schedule's type, payload, queue, priority
+    and max_attempts, keyed by the tick, so its handler's ``ctx.scheduled_for`` is
+    `at`. The schedule itself is not moved and no tick is recorded. `at` must be one of
+    the schedule's ticks (an aware datetime); firing the same tick again while its job
+    is pending or running returns that job (``created=False``). Run it with
+    :func:`run_due_jobs`, or wait for it with ``job.wait()``.
+    """
+    alias = using or get_settings().DATABASE
+    spec = _find_schedule(name, alias)
+    ticks: Ticks = spec.ticks()
+    if at is None:
+        at = ticks.at_or_before(timezone.now())
+    elif not isinstance(at, dt.datetime) or timezone.is_naive(at):
+        raise ValueError(f"at must be an aware datetime, got {at!r}")
+    elif ticks.at_or_before(at) != at:
+        before, after = ticks.at_or_before(at), ticks.after(at)
+        raise ValueError(
+            f"{at.isoformat()} is not a tick of schedule {name!r}; the ticks around it are "
+            f"{before.isoformat()} and {after.isoformat()}"
+        )
+    return enqueue(
+        spec.type,
+        spec.payload,
+        queue=spec.queue,
+        priority=spec.priority,
+        max_attempts=spec.max_attempts,
+        idempotency_key=tick_key(spec.name, at),
+        using=alias,
+    )

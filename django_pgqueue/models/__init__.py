@@ -6,6 +6,7 @@
 - `schedules`: recurring jobs (``queue_schedules``, ``queue_schedule_ticks``).
 - `observability`: the worker registry (``queue_workers``) and the per-minute rollup
   (``queue_stats_minutely``).
+- `waiters`: who waits for a job's outcome (``queue_job_waiters``).
 
 These modules are the foundation: they import Django only, never a feature of the
 queue, so any room may import them.
@@ -26,6 +27,7 @@ from .jobs import (
 )
 from .observability import IntegerArrayField, MinuteStats, WorkerRecord
 from .schedules import CatchUp, Schedule, ScheduleCode, ScheduleTick, Source
+from .waiters import JobWaiter
 
 __all__ = [
     "FINISHED_STATUSES",
@@ -37,6 +39,7 @@ __all__ = [
     "IntegerArrayField",
     "Job",
     "JobState",
+    "JobWaiter",
     "MinuteStats",
     "QueueControl",
     "QueueTypeControl",

@@ -290,8 +290,13 @@ WITH done AS (
         result = %(results)s::jsonb -> attempt.id::text
     WHERE attempt.id = ANY (%(attempt_ids)s::bigint[])
       AND attempt.job_id IN (SELECT job_id FROM done)
+), woken AS (
+    -- Wake the wait() callers of these jobs (see job_waiter_add).
+    SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
+    FROM queue_job_waiters AS w
+    WHERE w.job_id IN (SELECT job_id FROM done)
 )
-SELECT job_id, cancelled FROM done;
+SELECT job_id, cancelled FROM done, woken;
 
 
 -- name: job_fail
@@ -333,8 +338,13 @@ WITH failed AS (
         traceback = %(traceback)s::text
     WHERE attempt.id = %(attempt_id)s::bigint
       AND EXISTS (SELECT FROM failed)
+), woken AS (
+    -- Wake the wait() callers of these jobs (see job_waiter_add).
+    SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
+    FROM queue_job_waiters AS w
+    WHERE w.job_id IN (SELECT job_id FROM failed WHERE status <> 'pending')
 )
-SELECT status, run_at FROM failed;
+SELECT status, run_at FROM failed, woken;
 
 
 -- name: lease_renew
@@ -367,7 +377,7 @@ WITH released AS (
     WHERE state.job_id = ANY (%(job_ids)s::bigint[])
       AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
       AND state.status = 'running'
-    RETURNING state.job_id, state.queue
+    RETURNING state.job_id, state.queue, state.status
 ), closed AS (
     UPDATE queue_attempts AS attempt
     SET status = 'released', finished_at = now()
@@ -376,8 +386,13 @@ WITH released AS (
 ), wake AS (
     SELECT count(pg_notify('pgqueue', queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM released) AS q
+), woken AS (
+    -- Wake the wait() callers of these jobs (see job_waiter_add).
+    SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
+    FROM queue_job_waiters AS w
+    WHERE w.job_id IN (SELECT job_id FROM released WHERE status = 'cancelled')
 )
-SELECT released.job_id FROM released, wake;
+SELECT released.job_id FROM released, wake, woken;
 
 
 -- name: plan_size_probe
@@ -447,8 +462,13 @@ WITH expired AS MATERIALIZED (
 ), wake AS (
     SELECT count(pg_notify('pgqueue', queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM swept WHERE status = 'pending') AS q
+), woken AS (
+    -- Wake the wait() callers of these jobs (see job_waiter_add).
+    SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
+    FROM queue_job_waiters AS w
+    WHERE w.job_id IN (SELECT job_id FROM swept WHERE status <> 'pending')
 )
-SELECT swept.job_id, swept.queue, swept.lost_version, swept.status FROM swept, wake;
+SELECT swept.job_id, swept.queue, swept.lost_version, swept.status FROM swept, wake, woken;
 
 
 -- name: attempt_outcome
@@ -509,11 +529,19 @@ SELECT retried.job_id FROM retried, wake;
 
 -- name: job_cancel
 -- Operator cancel: pending jobs become cancelled. Running jobs are never touched.
-UPDATE queue_job_state
-SET status = 'cancelled', finished_at = now(), updated_at = now()
-WHERE job_id = ANY(%(job_ids)s::bigint[])
-  AND status = 'pending'
-RETURNING job_id;
+WITH cancelled AS (
+    UPDATE queue_job_state
+    SET status = 'cancelled', finished_at = now(), updated_at = now()
+    WHERE job_id = ANY(%(job_ids)s::bigint[])
+      AND status = 'pending'
+    RETURNING job_id
+), woken AS (
+    -- Wake the wait() callers of these jobs (see job_waiter_add).
+    SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
+    FROM queue_job_waiters AS w
+    WHERE w.job_id IN (SELECT job_id FROM cancelled)
+)
+SELECT cancelled.job_id FROM cancelled, woken;
 
 
 -- name: stats_by_queue
@@ -1468,7 +1496,7 @@ WITH snoozed AS (
     WHERE state.job_id = %(job_id)s::bigint
       AND state.lease_version = %(lease_version)s::bigint
       AND state.status = 'running'
-    RETURNING state.status, state.run_at
+    RETURNING state.job_id, state.status, state.run_at
 ), closed AS (
     UPDATE queue_attempts AS attempt
     SET status = %(attempt_status)s::text,
@@ -1477,8 +1505,13 @@ WITH snoozed AS (
         error_message = %(reason)s::text
     WHERE attempt.id = %(attempt_id)s::bigint
       AND EXISTS (SELECT FROM snoozed)
+), woken AS (
+    -- Wake the wait() callers of these jobs (see job_waiter_add).
+    SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
+    FROM queue_job_waiters AS w
+    WHERE w.job_id IN (SELECT job_id FROM snoozed WHERE status = 'cancelled')
 )
-SELECT status, run_at FROM snoozed;
+SELECT status, run_at FROM snoozed, woken;
 
 
 -- name: job_cancel_request
@@ -1559,3 +1592,44 @@ REINDEX INDEX CONCURRENTLY {index};
 -- Drop what an interrupted REINDEX CONCURRENTLY left behind: an invalid copy
 -- (<name>_ccnew, <name>_ccold), which every write still maintains and no read uses.
 DROP INDEX CONCURRENTLY IF EXISTS {index};
+
+
+-- name: job_waiter_add
+-- Register a wait() for a job's outcome: the statements that finish a job NOTIFY
+-- pgqueue_finished (payload: the queue) for the jobs that have a row here. Rows whose
+-- waiter stopped renewing them (a crashed process) are deleted first. Returns the
+-- waiter's id and the job's queue, or no row when there is no such job.
+WITH cleared AS (
+    DELETE FROM queue_job_waiters WHERE expires_at < now()
+)
+INSERT INTO queue_job_waiters (job_id, queue, expires_at)
+SELECT state.job_id, state.queue, now() + make_interval(secs => %(hold)s::float8)
+FROM queue_job_state AS state
+WHERE state.job_id = %(job_id)s::bigint
+RETURNING id, queue;
+
+
+-- name: job_waiter_check
+-- Read a waited-for job's outcome, and keep its waiter's row for `hold` seconds more:
+-- the status, the last error, the class of the last failed attempt's error, and the
+-- result of the last succeeded attempt. No row when the job is gone (pruned).
+WITH renewed AS (
+    UPDATE queue_job_waiters
+    SET expires_at = now() + make_interval(secs => %(hold)s::float8)
+    WHERE id = %(waiter_id)s::bigint
+)
+SELECT state.status,
+       state.last_error,
+       (SELECT attempt.error_class FROM queue_attempts AS attempt
+        WHERE attempt.job_id = state.job_id AND attempt.error_class IS NOT NULL
+        ORDER BY attempt.lease_version DESC LIMIT 1) AS error_class,
+       (SELECT attempt.result FROM queue_attempts AS attempt
+        WHERE attempt.job_id = state.job_id AND attempt.status = 'succeeded'
+        ORDER BY attempt.lease_version DESC LIMIT 1) AS result
+FROM queue_job_state AS state
+WHERE state.job_id = %(job_id)s::bigint;
+
+
+-- name: job_waiter_remove
+-- Forget a wait() that returned: its job's finishing statement notifies nobody for it.
+DELETE FROM queue_job_waiters WHERE id = %(waiter_id)s::bigint;

@@ -71,13 +71,19 @@ def configure_session(conn: psycopg.Connection[Any], options: dict[str, Any]) ->
     when the default differs (one round trip per connection either way), so a session
     behind a pooler is left as it was in the usual case.
     """
-    conn.execute(
+    for statement in session_statements(options):
+        conn.execute(statement, prepare=False)
+
+
+def session_statements(options: dict[str, Any]) -> list[str | sql.Composable]:
+    """What `configure_session` runs, for a connection it cannot take (an async one)."""
+    statements: list[str | sql.Composable] = [
         "SELECT set_config('default_transaction_isolation', 'read committed', false) "
-        "WHERE current_setting('default_transaction_isolation') <> 'read committed'",
-        prepare=False,
-    )
+        "WHERE current_setting('default_transaction_isolation') <> 'read committed'"
+    ]
     if role := options.get("assume_role"):
-        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)), prepare=False)
+        statements.append(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+    return statements
 
 
 class Backoff:

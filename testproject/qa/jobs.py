@@ -304,3 +304,16 @@ def cancellable(ctx: JobContext) -> str:
             return "stopped on request"
         time.sleep(0.02)
     return "ran to the end"
+
+
+@django_pgqueue.handler("qa.report")
+def report(ctx: JobContext) -> dict[str, Any]:
+    """A scheduled report: the tick it is for, its attempt and its payload."""
+    tick = ctx.scheduled_for
+    if ctx.lease_lost() or ctx.cancel_requested():
+        return {"stopped": True}
+    return {
+        "day": None if tick is None else tick.date().isoformat(),
+        "attempt": ctx.attempt,
+        "payload": ctx.payload,
+    }

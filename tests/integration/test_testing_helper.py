@@ -1,13 +1,15 @@
-"""django_pgqueue.testing.run_due_jobs: a project's tests run their jobs in-process."""
+"""django_pgqueue.testing: run_due_jobs() runs a test's jobs in-process; fire_tick() a tick's."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pytest
 
 from django_pgqueue import enqueue
-from django_pgqueue.testing import run_due_jobs
+from django_pgqueue.models import Schedule
+from django_pgqueue.testing import fire_tick, run_due_jobs
 from tests.conftest import sql
 
 
@@ -54,3 +56,81 @@ def test_inside_a_test_transaction_it_refuses_with_the_way_out():
     enqueue("qa.noop", {}, queue="mail")
     with pytest.raises(RuntimeError, match=r"TransactionTestCase.*transaction=True"):
         run_due_jobs()
+
+
+TICK = dt.datetime(2026, 3, 1, 6, 0, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+def daily(settings):
+    settings.PGQUEUE = {
+        **settings.PGQUEUE,
+        "SCHEDULES": {
+            "daily": {
+                "type": "qa.report",
+                "cron": "0 6 * * *",
+                "timezone": "UTC",
+                "queue": "sched",
+                "payload": {"region": "eu"},
+                "priority": 5,
+                "max_attempts": 2,
+            }
+        },
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fire_tick_enqueues_the_ticks_job_and_its_handler_sees_the_tick(daily):
+    job = fire_tick("daily", at=TICK)
+    assert (job.queue, job.type, job.created) == ("sched", "qa.report", True)
+    row = sql(
+        "SELECT priority, max_attempts, idempotency_key FROM queue_job_state WHERE job_id = %s",
+        [job.id],
+    )
+    assert row == [(5, 2, "schedule:daily@2026-03-01T06:00:00+00:00")]
+    assert fire_tick("daily", at=TICK).id == job.id  # pending: the same job again
+    assert run_due_jobs(["sched"])["completed"] == 1
+    assert job.wait(timeout=0) == {"day": "2026-03-01", "attempt": 1, "payload": {"region": "eu"}}
+    # The schedule was not moved and no tick was recorded.
+    assert sql("SELECT count(*) FROM queue_schedule_ticks") == [(0,)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fire_tick_defaults_to_the_latest_tick(daily):
+    job = fire_tick("daily")
+    key = sql("SELECT idempotency_key FROM queue_job_state WHERE job_id = %s", [job.id])[0][0]
+    tick = dt.datetime.fromisoformat(key.rpartition("@")[2])
+    now = dt.datetime.now(dt.UTC)
+    assert (tick.hour, tick.minute) == (6, 0)
+    assert now - dt.timedelta(days=1) < tick <= now
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fire_tick_of_a_schedule_made_in_the_admin():
+    Schedule.objects.create(
+        name="hourly", type="qa.report", queue="sched", every=dt.timedelta(hours=1), timezone="UTC"
+    )
+    job = fire_tick("hourly", at=TICK)
+    assert run_due_jobs(["sched"])["completed"] == 1
+    assert job.wait(timeout=0)["day"] == "2026-03-01"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("name", "at", "error", "message"),
+    [
+        (
+            "daily",
+            TICK + dt.timedelta(minutes=1),
+            ValueError,
+            r"2026-03-01T06:01:00\+00:00 is not a tick of schedule 'daily'; the ticks around it "
+            r"are 2026-03-01T06:00:00\+00:00 and 2026-03-02T06:00:00\+00:00",
+        ),
+        ("daily", dt.datetime(2026, 3, 1, 6, 0), ValueError, "at must be an aware datetime"),
+        ("weekly", None, LookupError, r"no schedule named 'weekly'; the code declares \['daily'\]"),
+    ],
+)
+def test_fire_tick_refuses_what_is_not_a_tick(daily, name, at, error, message):
+    with pytest.raises(error, match=message):
+        fire_tick(name, at=at)
+    assert sql("SELECT count(*) FROM queue_jobs") == [(0,)]

@@ -50,6 +50,7 @@ FLOORS = {
     "maintenance": CORE,
     "upkeep": CORE,
     "task_paths": CORE,
+    "waiting": CORE,
     # Features: they import the core, and nothing below the worker imports them.
     "control": FEATURES,
     "schedules": FEATURES,
