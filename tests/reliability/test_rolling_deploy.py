@@ -54,7 +54,7 @@ LIMIT = 3
 KEYS = 4
 GRACE = size(0.5, 2)  # seconds a SIGTERMed worker gives its running handlers
 LONG_S = size(3, 6)  # the long jobs of `roll`: always past the grace
-LIMITED_LONG_S = size(1.2, 2.4)
+LIMITED_LONG_S = 1.2  # the long jobs of `roll-limited`: LIMIT slots keep up with the feed
 SHORT_S = 0.05
 GAP_S = size(0.5, 4)  # from one worker replaced to the next one's SIGTERM
 PASSES = 2
@@ -332,7 +332,7 @@ def test_rolling_deploy(worker_process, report):
         "by a worker of the new schedule code; limits sampled every 10 ms (running rows and "
         "the handlers still running in stopping workers); every due tick fired once",
     )
-    assert sampler.samples > 1000
+    assert sampler.samples > 500
     assert sampler.max_running == LIMIT, figures  # reached, and never above
     assert sampler.max_per_key == 1, figures
     assert sampler.max_same_job == 1, figures
