@@ -1,4 +1,4 @@
-"""Scenario 14, a rolling deploy: four run_queue_worker processes draining long and
+"""Scenario 15, a rolling deploy: four run_queue_worker processes draining long and
 short jobs are restarted one after another with SIGTERM, twice over, the first pass
 replacing the old release's code schedules with the new one's.
 
@@ -236,7 +236,7 @@ def db_now() -> dt.datetime:
 
 
 def test_rolling_deploy(worker_process, report):
-    """14. Rolling deploy: 4 workers restarted with SIGTERM, twice over, new schedules"""
+    """15. Rolling deploy: 4 workers restarted with SIGTERM, twice over, new schedules"""
     set_queue_limit("roll-limited", LIMIT)
     set_key_limit("roll-limited", 1)
     generation = 0
