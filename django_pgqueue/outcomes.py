@@ -37,6 +37,9 @@ class Failure:
     # The worker's own shutdown stopped the handler: its attempt is given back too, and
     # the job is due again at once (never dead for it).
     interrupted: bool = False
+    # Interrupted, and its row held by the stopping worker while the handler may still
+    # run (store.hold): written with job_interrupt, the row left running, its slot held.
+    held: bool = False
     # The framework the handler runs in logged this failure already, with its traceback
     # (Django's Tasks framework logs a failed task): the worker's own line is INFO.
     logged: bool = False

@@ -417,28 +417,47 @@ DISCARD PLANS;
 -- lost attempt is closed as 'lost'. lease_version grows so the old token is dead.
 -- run_at stays as it was: the job was due already and keeps its place in line, so
 -- it runs again as soon as a worker is free, not after the whole backlog behind it.
+-- An attempt closed as 'interrupted' (job_interrupt: its worker stopped while the
+-- handler ran, and held the row until its process was gone) is given back instead:
+-- the job is pending again (never dead for it), its attempt not spent.
 WITH expired AS MATERIALIZED (
-    SELECT job_id, lease_version
-    FROM queue_job_state
-    WHERE status = 'running' AND locked_until < now()
-    ORDER BY job_id
+    SELECT state.job_id, state.lease_version,
+           EXISTS (
+               SELECT FROM queue_attempts AS attempt
+               WHERE attempt.job_id = state.job_id
+                 AND attempt.lease_version = state.lease_version
+                 AND attempt.status = 'interrupted'
+           ) AS interrupted
+    FROM queue_job_state AS state
+    WHERE state.status = 'running' AND state.locked_until < now()
+    ORDER BY state.job_id
     LIMIT %(limit)s::integer
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF state SKIP LOCKED
 ), swept AS (
     UPDATE queue_job_state AS state
     -- A job an operator asked to cancel while it ran ends cancelled, not requeued.
     SET status = CASE
             WHEN state.cancel_requested_at IS NOT NULL THEN 'cancelled'
-            WHEN state.attempts >= state.max_attempts THEN 'dead'
+            WHEN state.attempts >= state.max_attempts AND NOT expired.interrupted THEN 'dead'
             ELSE 'pending'
         END,
         finished_at = CASE
-            WHEN state.cancel_requested_at IS NOT NULL OR state.attempts >= state.max_attempts
+            WHEN state.cancel_requested_at IS NOT NULL
+              OR (state.attempts >= state.max_attempts AND NOT expired.interrupted)
             THEN now()
         END,
+        attempts = CASE
+            WHEN expired.interrupted AND state.cancel_requested_at IS NULL
+            THEN state.attempts - 1 ELSE state.attempts
+        END,
         lease_version = state.lease_version + 1,
-        last_error = 'lease expired: worker ' || state.locked_by
-                     || ' stopped renewing it (crashed, frozen or cut off)',
+        last_error = CASE
+            WHEN expired.interrupted
+            THEN 'interrupted: worker ' || state.locked_by
+                 || ' stopped before the handler finished; the attempt was given back'
+            ELSE 'lease expired: worker ' || state.locked_by
+                 || ' stopped renewing it (crashed, frozen or cut off)'
+        END,
         locked_by = NULL,
         locked_until = NULL,
         updated_at = now()
@@ -1512,6 +1531,54 @@ WITH snoozed AS (
     WHERE w.job_id IN (SELECT job_id FROM snoozed WHERE status = 'cancelled')
 )
 SELECT status, run_at FROM snoozed, woken;
+
+
+-- name: job_hold_tables
+-- Open the hold (job_hold) with the table locks its final give-back (job_give_back)
+-- needs: taken now, a DDL statement queued meanwhile cannot deadlock the give-back.
+LOCK TABLE queue_job_state, queue_attempts IN ROW EXCLUSIVE MODE;
+
+
+-- name: job_hold
+-- Lock the rows of running jobs whose handlers a stopping worker gave up on but cannot
+-- stop (they end with its process): FOR KEY SHARE, on a connection of the worker's own,
+-- in a transaction it leaves open until the handlers returned or the process is gone.
+-- The sweep (FOR UPDATE SKIP LOCKED) passes over them meanwhile, so neither the job
+-- nor its slot under a queue or key limit goes to anyone else while its handler may
+-- still run; the worker's own fenced writes (FOR NO KEY UPDATE) are not held up.
+SELECT state.job_id
+FROM queue_job_state AS state
+WHERE state.job_id = ANY (%(job_ids)s::bigint[])
+  AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
+  AND state.status = 'running'
+FOR KEY SHARE;
+
+
+-- name: job_interrupt
+-- Record that the worker's own shutdown interrupted a job whose handler still runs,
+-- on a row the worker holds (job_hold): the attempt is closed as 'interrupted' (given
+-- back, not spent) and the lease ends now, but the row stays running, its slot held.
+-- The worker gives the job back once the handler returned (job_give_back, on the
+-- holding connection); if its process ends first, the hold goes with it and the
+-- sweep gives the attempt back. Fenced; returns the status and run_at, or no row
+-- when the lease was lost.
+WITH ended AS (
+    UPDATE queue_job_state AS state
+    SET locked_until = now(), updated_at = now()
+    WHERE state.job_id = %(job_id)s::bigint
+      AND state.lease_version = %(lease_version)s::bigint
+      AND state.status = 'running'
+    RETURNING state.status, state.run_at
+), closed AS (
+    UPDATE queue_attempts AS attempt
+    SET status = 'interrupted',
+        finished_at = now(),
+        error_class = %(error_class)s::text,
+        error_message = %(reason)s::text
+    WHERE attempt.id = %(attempt_id)s::bigint
+      AND EXISTS (SELECT FROM ended)
+)
+SELECT status, run_at FROM ended;
 
 
 -- name: job_cancel_request

@@ -240,7 +240,10 @@ class Store(Session):
 
     def _failure(self, failure: Failure) -> tuple[str, dict[str, Any]]:
         """The statement that records `failure` (``job_give_back`` for a snooze or an
-        interruption by the worker's shutdown), with its own parameters."""
+        interruption by the worker's shutdown; ``job_interrupt`` for one whose row the
+        stopping worker holds), with its own parameters."""
+        if failure.interrupted and failure.held:
+            return "job_interrupt", {"reason": failure.message, "error_class": failure.error_class}
         if failure.snoozed or failure.interrupted:
             return "job_give_back", {
                 "delay": failure.delay,

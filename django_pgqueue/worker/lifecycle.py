@@ -2,7 +2,9 @@
 
 Shutdown, in order: hand back the jobs no handler started; give running handlers
 SHUTDOWN_GRACE to finish while their outcomes are written; record the ones still
-running as interrupted (retried); write what is left; stop the other threads.
+running as interrupted (their attempts given back), their rows held until the handlers
+returned or the process is gone (`store.hold`); write what is left; stop the other
+threads.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from typing import Any
 
 import psycopg
 
+from ..claimed import InFlight
 from ..conf import get_settings
 from ..exceptions import DatabaseUnavailable
 from ..outcomes import Failure
 from ..registry import Registry
 from ..registry import registry as default_registry
+from ..store.hold import RowHold
 from ..worker_config import WorkerConfig
 from .dispatcher import Dispatcher
 from .leases import Heartbeat
@@ -55,6 +59,7 @@ class Worker:
         self._unreachable = False  # it stopped without reaching the database
         self._service_stop = threading.Event()  # ends the heartbeat and the listener
         self._threads: list[threading.Thread] = []  # signals, heartbeat, listener
+        self._heartbeat_thread: threading.Thread | None = None
         self._dispatcher = dispatcher = Dispatcher(cfg, self.registry, self._switch, self.stats)
         # The installed features' hooks (django_pgqueue.extensions), built by the dispatcher.
         self.hooks = dispatcher.hooks
@@ -108,7 +113,7 @@ class Worker:
         )
         self.hooks.starting()  # e.g. PGQUEUE["QUEUES"] into queue_controls
         self._pool.start()
-        self._start_service(self._heartbeat.run, "heartbeat")
+        self._heartbeat_thread = self._start_service(self._heartbeat.run, "heartbeat")
         self._start_service(self._listener.run, "listener")
         upkeep = get_settings().INDEX_UPKEEP_INTERVAL
         if upkeep is not None and not cfg.burst:
@@ -127,10 +132,11 @@ class Worker:
         logger.info("worker %s stopped: %s", cfg.worker_id, dict(self.stats))
         return self.exit_code
 
-    def _start_service(self, target: Callable[[], None], name: str) -> None:
+    def _start_service(self, target: Callable[[], None], name: str) -> threading.Thread:
         thread = threading.Thread(target=target, name=f"pgqueue-{name}", daemon=True)
         self._threads.append(thread)
         thread.start()
+        return thread
 
     def _busy(self) -> bool:
         """Jobs still run, or outcomes wait to be written or read back."""
@@ -176,15 +182,17 @@ class Worker:
         # And any that timed out during the grace.
         dispatcher.fail_timed_out(self._pool.overdue.release())
         interrupted = [item for item in self._inflight if not item.resolved]
+        hold = self._hold(interrupted)
         for item in interrupted:
             item.resolved = True
-            self._writer.add([(item, _interrupted(cfg.worker_id))])
+            self._writer.add([(item, _interrupted(cfg.worker_id, held=hold is not None))])
         self._inflight.clear()
         if interrupted:
             logger.warning(
-                "shutdown: %d handler(s) still running; their jobs are due again now, "
-                "their attempts given back",
+                "shutdown: %d handler(s) still running; their attempts are given back, "
+                "their jobs due again %s",
                 len(interrupted),
+                "once the handlers returned or this process ended" if hold else "now",
             )
         try:
             if not self._store.connected:
@@ -206,6 +214,13 @@ class Worker:
                 self._writer.backlog(),
                 exc,
             )
+        if hold is not None:
+            threading.Thread(
+                target=_give_back_when_returned,
+                args=(hold, interrupted, _interrupted(cfg.worker_id), cfg.lease),
+                name="pgqueue-hold",
+                daemon=True,
+            ).start()
         self._service_stop.set()
         self._listener.interrupt()
         self._signals.close()
@@ -213,8 +228,43 @@ class Worker:
             thread.join(timeout=5)
         self._store.close()
 
+    def _hold(self, interrupted: list[InFlight]) -> RowHold | None:
+        """Hold the rows of the jobs whose handlers still run (see `store.hold`); None
+        when there are none, or the hold could not be had (they are given back now).
 
-def _interrupted(worker_id: str) -> Failure:
+        The heartbeat stops first: a renewal landing after the interruption would
+        stretch the lease the sweep waits for once the process is gone.
+        """
+        if not interrupted or not self._store.connected:
+            return None  # none to hold, or the database is out of reach: nothing to lock
+        self._service_stop.set()
+        if self._heartbeat_thread is not None:
+            self._heartbeat_thread.join(timeout=5)
+        hold = RowHold(self.config.database, f"pgqueue hold {self.config.worker_id}")
+        rows = [(item.ctx.job_id, item.ctx.lease_version) for item in interrupted]
+        return hold if hold.take(rows) else None
+
+
+def _give_back_when_returned(
+    hold: RowHold, items: list[InFlight], why: Failure, most: float
+) -> None:
+    """Give the held jobs back once every one of their handlers returned (or its thread
+    ended), or after `most` seconds (a lease: a handler that never returns is let go
+    like a timed-out one). A process that exits first ends this thread and the hold."""
+    deadline = time.monotonic() + most
+    while time.monotonic() < deadline and not all(_returned(item) for item in items):
+        time.sleep(0.05)
+    rows = [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in items]
+    given = hold.give_back(rows, why.message, why.error_class)
+    logger.info("shutdown: %d interrupted job(s) given back, due again now", given)
+
+
+def _returned(item: InFlight) -> bool:
+    thread = item.thread
+    return item.reported or (thread is not None and not thread.is_alive())
+
+
+def _interrupted(worker_id: str, *, held: bool = False) -> Failure:
     """The failure of a job whose handler still ran when the worker stopped."""
     return Failure(
         "django_pgqueue.WorkerShutdown",
@@ -223,4 +273,5 @@ def _interrupted(worker_id: str) -> Failure:
         permanent=False,
         delay=0.0,
         interrupted=True,
+        held=held,
     )

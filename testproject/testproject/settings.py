@@ -77,6 +77,24 @@ PGQUEUE = {
     "METRICS_CACHE_SECONDS": 0,
 }
 
+# Two releases of the code's schedules, for the rolling-deploy scenario
+# (tests/reliability/test_rolling_deploy.py): a worker started with
+# PGQUEUE_TEST_SCHEDULES=deploy-old or deploy-new declares that set. The new release
+# keeps one schedule as it was, retimes one and removes the third. Unset: none.
+DEPLOY_SCHEDULES = {
+    "deploy-old": {
+        "deploy-steady": {"type": "qa.ledger", "queue": "roll-ticks", "every": 1},
+        "deploy-retimed": {"type": "qa.ledger", "queue": "roll-ticks", "every": 2},
+        "deploy-removed": {"type": "qa.ledger", "queue": "roll-ticks", "every": 3},
+    },
+    "deploy-new": {
+        "deploy-steady": {"type": "qa.ledger", "queue": "roll-ticks", "every": 1},
+        "deploy-retimed": {"type": "qa.ledger", "queue": "roll-ticks", "cron": "*/5 * * * * *"},
+    },
+}
+if os.environ.get("PGQUEUE_TEST_SCHEDULES"):
+    PGQUEUE["SCHEDULES"] = DEPLOY_SCHEDULES[os.environ["PGQUEUE_TEST_SCHEDULES"]]
+
 # django.tasks through the queue: @task functions are jobs of the same tables, run by
 # the same run_queue_worker command. A task's queue_name must be one of QUEUES.
 TASKS = {

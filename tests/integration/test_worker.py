@@ -465,10 +465,12 @@ def test_claims_resume_after_their_last_key_and_a_later_urgent_job_waits_little(
 
 
 @pytest.mark.parametrize("attempts_before", [0, 2])
-def test_a_shutdown_past_the_grace_gives_the_attempt_back(run_worker, attempts_before):
+def test_a_shutdown_past_the_grace_gives_the_attempt_back(run_worker, stores, attempts_before):
     """A deploy is not the handler's failure: a job on its last attempt whose handler
-    still runs when the grace ends is pending again at once, never dead, its attempt
-    given back (the attempt row says interrupted)."""
+    still runs when the grace ends is never dead, its attempt given back (the attempt
+    row says interrupted). While the handler may still run, its row stays running,
+    held by the stopping worker (its slot under a limit too): the sweep passes over it
+    although its lease ended. Once the handler returned, it is pending, due at once."""
     job = enqueue("qa.sleep", {"seconds": 3}, queue="deploy", max_attempts=attempts_before + 1)
     sql("UPDATE queue_job_state SET attempts = %s WHERE job_id = %s", [attempts_before, job.id])
     worker = run_worker(["deploy"], shutdown_grace=0.2)
@@ -476,8 +478,56 @@ def test_a_shutdown_past_the_grace_gives_the_attempt_back(run_worker, attempts_b
     wait_until(lambda: sql("SELECT count(*) FROM qa_ledger WHERE job_id = %s", [job.id])[0][0])
     worker.stop()
     state = JobState.objects.get(pk=job.id)
+    assert (state.status, state.attempts) == ("running", attempts_before + 1)
+    [attempt] = Attempt.objects.filter(job_id=job.id)
+    assert (attempt.status, attempt.error_class) == ("interrupted", "django_pgqueue.WorkerShutdown")
+    assert sql("SELECT locked_until <= now() FROM queue_job_state WHERE job_id = %s", [job.id]) == [
+        (True,)
+    ]
+    assert stores().sweep() == []  # held: its handler still runs
+    # Given back once the handler returned, not before.
+    seen = set()
+    deadline = time.monotonic() + 30
+    while "pending" not in {status for status, _ in seen}:
+        assert time.monotonic() < deadline, seen
+        [(status, returned)] = sql(
+            "SELECT s.status, l.finished_at IS NOT NULL FROM queue_job_state s "
+            "JOIN qa_ledger l ON l.job_id = s.job_id WHERE s.job_id = %s",
+            [job.id],
+        )
+        seen.add((status, returned))
+        time.sleep(0.02)
+    assert ("pending", False) not in seen
+    assert ("running", False) in seen
+    state = JobState.objects.get(pk=job.id)
     assert (state.status, state.attempts) == ("pending", attempts_before)
     assert state.run_at <= sql("SELECT now()")[0][0]  # due again at once
     [attempt] = Attempt.objects.filter(job_id=job.id)
     assert (attempt.status, attempt.error_class) == ("interrupted", "django_pgqueue.WorkerShutdown")
     assert worker.worker.stats["interrupted"] == 1
+
+
+def test_the_sweep_gives_an_interrupted_attempt_back_once_its_worker_is_gone(run_worker, stores):
+    """A worker process that ends while its interrupted handler runs takes its hold of
+    the row with it (here the hold's session alone ends: the test process lives on).
+    The sweep then takes the job, and gives its attempt back: pending, never dead on
+    its last attempt."""
+    job = enqueue("qa.sleep", {"seconds": 5}, queue="deploy", max_attempts=1)
+    worker = run_worker(["deploy"], shutdown_grace=0.2)
+    wait_until(lambda: sql("SELECT count(*) FROM qa_ledger WHERE job_id = %s", [job.id])[0][0])
+    worker.stop()
+    assert stores().sweep() == []  # held
+    [(ended,)] = sql(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+        [f"pgqueue hold {worker.worker.worker_id}"],
+    )
+    assert ended == 1
+    sweeper = stores()
+    swept = []
+    wait_until(lambda: bool(swept.extend(sweeper.sweep()) or swept))
+    assert [(job_id, status) for job_id, _, _, status in swept] == [(job.id, "pending")]
+    state = JobState.objects.get(pk=job.id)
+    assert (state.status, state.attempts) == ("pending", 0)
+    assert state.last_error.startswith("interrupted: worker ")
+    [attempt] = Attempt.objects.filter(job_id=job.id)
+    assert attempt.status == "interrupted"  # not 'lost'

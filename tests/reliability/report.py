@@ -1,6 +1,11 @@
 """Render docs/reliability.md from the figures `make reliability` collected.
 
-python -m tests.reliability.report RESULTS.jsonl [docs/reliability.md]
+python -m tests.reliability.report RESULTS.jsonl [docs/reliability.md] [--merge]
+
+With --merge, the page keeps its other scenarios and only the scenarios in RESULTS
+are written (replaced, or added in their place): for a run of some scenarios alone
+(`make reliability PYTEST_ARGS=tests/reliability/test_x.py`). Each such row's
+details say the commit it was measured at, the page's header keeping its own.
 """
 
 from __future__ import annotations
@@ -64,43 +69,81 @@ def _git(*args: str) -> str:
         return "unknown"
 
 
-def render(rows: list[dict[str, Any]]) -> str:
+def _table_line(row: dict[str, Any]) -> str:
+    cells = [_cell(row.get(key)) for key, _ in COLUMNS]
+    passed = "yes" if row.get("passed") else "**NO**"
+    return f"| {row['scenario']} | {passed} | " + " | ".join(cells) + " |"
+
+
+def _details(row: dict[str, Any], measured_at: str = "") -> list[str]:
+    extra = {key: value for key, value in row.items() if key not in MAIN}
+    lines = [f"### {row['scenario']}", ""]
+    if row.get("notes"):
+        lines += [str(row["notes"]), ""]
+    if measured_at:
+        lines.append(f"- measured at: {measured_at}")
+    for key, value in extra.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            headers = list(value[0])
+            lines.append(f"{key.replace('_', ' ')}:")
+            lines.append("")
+            lines.append("| " + " | ".join(headers) + " |")
+            lines.append("|" + "---|" * len(headers))
+            for entry in value:
+                lines.append("| " + " | ".join(_cell(entry.get(h)) for h in headers) + " |")
+            lines.append("")
+        else:
+            lines.append(f"- {key.replace('_', ' ')}: {_cell(value)}")
+    lines.append("")
+    return lines
+
+
+def _provenance() -> str:
     commit = _git("rev-parse", "--short", "HEAD")
     dirty = " (with uncommitted changes)" if _git("status", "--porcelain") else ""
     server = os.environ.get("PGQUEUE_RELIABILITY_SERVER", "")
+    return (
+        f"Commit `{commit}`{dirty}; {platform.node()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}{'; ' + server if server else ''}."
+    )
+
+
+def render(rows: list[dict[str, Any]]) -> str:
     lines = [
         INTRO,
-        f"Commit `{commit}`{dirty}; {platform.node()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}{'; ' + server if server else ''}.",
+        _provenance(),
         "",
         "| scenario | passed | " + " | ".join(title for _, title in COLUMNS) + " |",
         "|---|---|" + "---:|" * len(COLUMNS),
     ]
-    for row in rows:
-        cells = [_cell(row.get(key)) for key, _ in COLUMNS]
-        passed = "yes" if row.get("passed") else "**NO**"
-        lines.append(f"| {row['scenario']} | {passed} | " + " | ".join(cells) + " |")
+    lines += [_table_line(row) for row in rows]
     lines += ["", "## Details", ""]
     for row in rows:
-        extra = {key: value for key, value in row.items() if key not in MAIN}
-        lines.append(f"### {row['scenario']}")
-        lines.append("")
-        if row.get("notes"):
-            lines += [str(row["notes"]), ""]
-        for key, value in extra.items():
-            if isinstance(value, list) and value and isinstance(value[0], dict):
-                headers = list(value[0])
-                lines.append(f"{key.replace('_', ' ')}:")
-                lines.append("")
-                lines.append("| " + " | ".join(headers) + " |")
-                lines.append("|" + "---|" * len(headers))
-                for entry in value:
-                    lines.append("| " + " | ".join(_cell(entry.get(h)) for h in headers) + " |")
-                lines.append("")
-            else:
-                lines.append(f"- {key.replace('_', ' ')}: {_cell(value)}")
-        lines.append("")
+        lines += _details(row)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def merge(page: str, rows: list[dict[str, Any]]) -> str:
+    """`page` (a rendered docs/reliability.md) with the scenarios of `rows` written in:
+    replaced where the page has them, else added in their numbered place."""
+    head, _, details = page.partition("\n## Details\n")
+    head_lines = head.rstrip("\n").split("\n")
+    table_at = next(i for i, line in enumerate(head_lines) if line.startswith("|---|"))
+    table = {}
+    for line in head_lines[table_at + 1 :]:
+        if line.startswith("| "):
+            table[line[2:].split(" | ", 1)[0]] = line
+    sections = {}  # each scenario's details as the page has them, to the next one
+    for chunk in ("\n" + details).split("\n### ")[1:]:
+        sections[chunk.split("\n", 1)[0]] = "### " + chunk
+    measured_at = _provenance().rstrip(".").replace("Commit", "commit", 1)
+    for row in rows:
+        table[row["scenario"]] = _table_line(row)
+        sections[row["scenario"]] = "\n".join(_details(row, measured_at))
+    names = sorted(table, key=lambda name: _order({"scenario": name}))
+    lines = [*head_lines[: table_at + 1], *(table[name] for name in names), "", "## Details", ""]
+    text = "\n".join(lines) + "\n" + "\n".join(sections[n] for n in names if n in sections)
+    return text.rstrip() + "\n"
 
 
 def _order(row: dict[str, Any]) -> tuple[int, str]:
@@ -109,6 +152,8 @@ def _order(row: dict[str, Any]) -> tuple[int, str]:
 
 
 def main(argv: list[str]) -> int:
+    merging = "--merge" in argv
+    argv = [arg for arg in argv if arg != "--merge"]
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
@@ -119,7 +164,8 @@ def main(argv: list[str]) -> int:
     if not rows:
         print(f"error: {source} holds no results", file=sys.stderr)
         return 1
-    target.write_text(render(rows), "utf-8")
+    page = merge(target.read_text("utf-8"), rows) if merging else render(rows)
+    target.write_text(page, "utf-8")
     failed = [row["scenario"] for row in rows if not row.get("passed")]
     print(f"wrote {target}: {len(rows)} scenario(s), {len(failed)} failed")
     return 1 if failed else 0

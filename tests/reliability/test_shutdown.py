@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from django_pgqueue import enqueue_many
-from django_pgqueue.store.worker import connection_params
+from django_pgqueue.store.worker import Store, connection_params
 from tests.conftest import sql
 from tests.reliability.conftest import ledger_counts, outcome, size, wait_until
 
@@ -143,8 +143,19 @@ def test_second_sigterm_exits_promptly(worker_process, report):
     # the stop within a second); the rest is for a loaded machine.
     assert exited_s < 5.0, exited_s
     assert "second SIGTERM: stopping now" in output
-    # The interrupted jobs are due again at once, each attempt closed as interrupted and
-    # given back: none spent by the shutdown.
+    # Each interrupted attempt is closed as interrupted. The rows stayed running while
+    # the handlers could still run; with the process gone, the first sweep gives the
+    # attempts back: the jobs are due again at once, none spent by the shutdown.
+    assert sql(
+        "SELECT status, count(*) FROM queue_job_state WHERE job_id = ANY(%s) "
+        "AND locked_until <= now() GROUP BY 1",
+        [jobs],
+    ) == [("running", running)]
+    store = Store("default", "shutdown test sweep")
+    try:
+        assert sorted(row[0] for row in store.sweep()) == sorted(jobs)
+    finally:
+        store.close()
     assert sql(
         "SELECT status, attempts, count(*) FROM queue_job_state WHERE job_id = ANY(%s) "
         "AND run_at <= now() GROUP BY 1, 2",
