@@ -98,8 +98,10 @@ def fitting_window() -> int:
     )
     if first is None:
         return max(WINDOWS)
-    age = (store.clock_ago(alias, 0) - first).total_seconds() / 60
-    return next((size for size in sorted(WINDOWS) if size > age + 1), max(WINDOWS))
+    # A window of `size` minutes reads the minutes after its start, the current one last.
+    now_minute = store.clock_ago(alias, 0).replace(second=0, microsecond=0)
+    age = (now_minute - first).total_seconds() / 60
+    return next((size for size in sorted(WINDOWS) if size > age), max(WINDOWS))
 
 
 @admin.register(MinuteStats)

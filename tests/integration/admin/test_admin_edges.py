@@ -273,7 +273,15 @@ def rollup_minutes(ago: list[int]) -> None:
 
 @pytest.mark.parametrize(
     ("ago", "label"),
-    [([0, 3, 5], "15 min"), ([0, 40], "1 h"), ([0, 150], "6 h"), ([0, 900], "24 h"), ([], "24 h")],
+    [
+        ([0, 3, 5], "15 min"),
+        ([0, 40], "1 h"),
+        ([0, 150], "6 h"),
+        ([0, 359], "6 h"),
+        ([0, 360], "24 h"),
+        ([0, 900], "24 h"),
+        ([], "24 h"),
+    ],
 )
 def test_the_charts_default_to_the_smallest_window_holding_the_data(
     viewer_client: Any, ago: list[int], label: str
