@@ -7,11 +7,14 @@ page reads the per-minute rollup only, never queue_attempts.
 
 from __future__ import annotations
 
+import datetime as dt
 from functools import cache
 from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
+from django.db.models import DurationField, ExpressionWrapper, Min
+from django.db.models.functions import Now, TruncMinute
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import get_template
 from django.template.response import TemplateResponse
@@ -19,7 +22,6 @@ from django.template.response import TemplateResponse
 from ..conf import get_settings
 from ..models import Job, MinuteStats, WorkerRecord
 from ..observability import charts, rollup, workers
-from ..store import operator as store
 from .attempts import NoEditing, can
 
 # The chart windows a page offers, in minutes, with their labels and the minutes each
@@ -86,22 +88,23 @@ def chosen_window(request: HttpRequest) -> int | None:
 
 
 def fitting_window() -> int:
-    """The smallest offered window that holds every rollup minute of the last day."""
-    alias = get_settings().DATABASE
-    day_ago = store.clock_ago(alias, 24 * 3600)
-    first = (
-        MinuteStats.objects.using(alias)
-        .filter(minute__gt=day_ago)
-        .order_by("minute")
-        .values_list("minute", flat=True)
-        .first()
+    """The smallest offered window that holds every rollup minute of the last day.
+
+    One query: the age of the oldest such minute by the database's clock, in whole
+    minutes (a window of `size` minutes reads the minutes after its start).
+    """
+    now_minute = TruncMinute(Now())
+    age = (
+        MinuteStats.objects.using(get_settings().DATABASE)
+        .filter(minute__gt=now_minute - dt.timedelta(days=1))
+        .aggregate(age=ExpressionWrapper(now_minute - Min("minute"), output_field=DurationField()))[
+            "age"
+        ]
     )
-    if first is None:
+    if age is None:
         return max(WINDOWS)
-    # A window of `size` minutes reads the minutes after its start, the current one last.
-    now_minute = store.clock_ago(alias, 0).replace(second=0, microsecond=0)
-    age = (now_minute - first).total_seconds() / 60
-    return next((size for size in sorted(WINDOWS) if size > age), max(WINDOWS))
+    minutes = age.total_seconds() / 60
+    return next((size for size in sorted(WINDOWS) if size > minutes), max(WINDOWS))
 
 
 @admin.register(MinuteStats)
