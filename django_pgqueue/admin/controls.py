@@ -103,7 +103,8 @@ class QueueControlAdmin(admin.ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        controlled = set(QueueControl.objects.values_list("queue", flat=True))
+        alias = get_settings().DATABASE
+        controlled = set(QueueControl.objects.using(alias).values_list("queue", flat=True))
         figures = {f.queue: f for f in snapshot(request).queues}
         others = [
             {
