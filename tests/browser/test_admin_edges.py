@@ -226,3 +226,43 @@ def test_the_charts_of_a_new_install_fill_their_width(
     assert min(spread["xs"]) < spread["width"] * 0.75, spread
     save_screenshot(page, tmp_path, "charts-new-install-1400.png")
     page.context.close()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_schedules_page_says_every_1m_and_how_its_runs_ended(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    width: int,
+    tmp_path: Path,
+) -> None:
+    schedule = Schedule.objects.create(
+        name="sales.daily_report", type="demo.send_email", queue="reports", source="code",
+        payload={"to": "sales@example.com"}, every=dt.timedelta(minutes=1), timezone="UTC",
+    )  # fmt: skip
+    ran = {
+        make_job("completed", queue="reports", type="demo.send_email"): 2,
+        make_job("dead", queue="reports", type="demo.send_email"): 1,
+    }
+    for job_id, minutes in ran.items():
+        sql(
+            "INSERT INTO queue_schedule_ticks (schedule, tick_at, job_id, missed) "
+            "VALUES (%s, date_trunc('minute', now()) - make_interval(mins => %s), %s, 0)",
+            [schedule.pk, minutes, job_id],
+        )
+    make_user("planner", "view_schedule", "run_schedule", "view_job", password=PASSWORD)
+    page = login(browser, live_server, "planner", width=width)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/schedule/")
+    assert "every 1m" in page.inner_text("#result_list")
+    page.check("#result_list input.action-select")
+    page.select_option("select[name='action']", "run_now_action")
+    with page.expect_navigation():
+        page.click("button[name='index']")
+    assert page.inner_text(".messagelist").startswith("Schedule sales.daily_report: enqueued")
+    page.click("#result_list th.field-name_column a")  # the only schedule
+    assert page.inner_text(".field-timing .readonly") == "every 1m"
+    assert "0:01:00" not in page.inner_text("#content-main")
+    runs = page.locator(".field-recent_runs li").all_inner_texts()
+    # Newest first: the dead run a minute ago, the completed one before it.
+    assert [run.split("job #")[1].split(" ", 1)[1] for run in runs] == ["dead", "completed"]
+    save_screenshot(page, tmp_path, f"schedule-page-{width}.png")
+    page.context.close()
