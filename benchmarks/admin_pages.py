@@ -166,11 +166,25 @@ def main() -> int:
                 budget,
             ),
             ("Workers page", "/admin/django_pgqueue/workerrecord/", '/change/">#', PAGE_BUDGET_MS),
-            ("Charts page (6 h)", "/admin/django_pgqueue/minutestats/", "<svg", PAGE_BUDGET_MS),
+            # The default window holds the rollup's data: a day of it here, so 24 h.
+            ("Charts page (default)", "/admin/django_pgqueue/minutestats/", "<svg", PAGE_BUDGET_MS),
+            (
+                "Charts page, 6 h",
+                "/admin/django_pgqueue/minutestats/?hours=6",
+                "<svg",
+                PAGE_BUDGET_MS,
+            ),
             (
                 "Charts page, 24 h",
                 "/admin/django_pgqueue/minutestats/?hours=24",
                 "<svg",
+                PAGE_BUDGET_MS,
+            ),
+            # Every known queue, with the filters' statement (names_known) behind it.
+            (
+                "Queues page",
+                "/admin/django_pgqueue/queuecontrol/",
+                "pgqueue-other-queues",
                 PAGE_BUDGET_MS,
             ),
             ("metrics view", METRICS_URL, "pgqueue_database_up 1.0", METRICS_BUDGET_MS),

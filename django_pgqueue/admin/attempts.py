@@ -1,12 +1,19 @@
-"""A job's attempts, oldest first, read-only, inline on the job's page."""
+"""A job's attempts, oldest first, read-only, inline on the job's page.
+
+Attempts are numbered across the job's whole history (an operator retry grants fresh
+attempts, so its next attempt counts as 1 against the budget again); each row shows
+both numbers, and its handler's return value.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin
 from django.contrib.auth import get_permission_codename
-from django.db.models import F, Model, QuerySet
+from django.db.models import F, Model, QuerySet, Window
+from django.db.models.functions import RowNumber
 from django.http import HttpRequest
 from django.utils.html import format_html
 
@@ -49,8 +56,9 @@ class AttemptInline(NoEditing, admin.StackedInline):
             None,
             {
                 "fields": (
-                    ("attempt_index", "lease_version", "outcome", "worker_id"),
+                    ("number", "budget", "lease_version", "outcome", "worker_id"),
                     ("started", "finished", "duration"),
+                    "result_display",
                     ("error_class", "error_message"),
                     "traceback_display",
                 )
@@ -58,13 +66,15 @@ class AttemptInline(NoEditing, admin.StackedInline):
         ),
     )
     readonly_fields = (
-        "attempt_index",
+        "number",
+        "budget",
         "lease_version",
         "outcome",
         "worker_id",
         "started",
         "finished",
         "duration",
+        "result_display",
         "error_class",
         "error_message",
         "traceback_display",
@@ -82,12 +92,35 @@ class AttemptInline(NoEditing, admin.StackedInline):
             .annotate(
                 job_status=F("job__state__status"),
                 job_lease_version=F("job__state__lease_version"),
+                job_max_attempts=F("job__state__max_attempts"),
+                # Claims of the job in order, across operator retries: the inline's
+                # filter on the job is applied before the window is computed.
+                number_in_job=Window(
+                    RowNumber(), partition_by=F("job"), order_by=F("lease_version").asc()
+                ),
             )
         )
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Whoever may see the job may see its attempts: no separate attempt permission.
         return can(request, self.parent_model, "view") or can(request, Job, "view")
+
+    @admin.display(description="attempt")
+    def number(self, attempt: Attempt) -> str:
+        return f"#{getattr(attempt, 'number_in_job', attempt.attempt_index)} of the job"
+
+    @admin.display(description="against max attempts")
+    def budget(self, attempt: Attempt) -> str:
+        # attempt_index starts again at 1 after an operator retry (fresh attempts).
+        allowed = getattr(attempt, "job_max_attempts", None)
+        return f"{attempt.attempt_index} of {allowed}" if allowed else str(attempt.attempt_index)
+
+    @admin.display(description="returned")
+    def result_display(self, attempt: Attempt) -> str:
+        if attempt.result is None:
+            return EMPTY
+        text = json.dumps(attempt.result, indent=2, ensure_ascii=False)
+        return format_html('<pre class="pgqueue-result">{}</pre>', text)
 
     @admin.display(description="duration")
     def duration(self, attempt: Attempt) -> str:

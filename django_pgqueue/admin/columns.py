@@ -17,7 +17,7 @@ from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 from django.utils.text import Truncator
 
-from ..models import Job, JobState
+from ..models import Job, JobState, Status
 
 EMPTY = "—"
 
@@ -64,6 +64,18 @@ def state_field(name: str) -> Callable[[Job], Any]:
         return None if state is None else getattr(state, name)
 
     return read
+
+
+def current_error(job: Job) -> str | None:
+    """Return the job's last error while it still matters: not once the job completed.
+
+    A completed job keeps the error of an earlier attempt in its state row; the
+    attempts keep that history, so the job itself shows none.
+    """
+    state = state_of(job)
+    if state is None or state.status == Status.COMPLETED:
+        return None
+    return state.last_error
 
 
 def column(

@@ -2,8 +2,10 @@
 
 Registered by one import in ``django_pgqueue/admin/__init__.py``; the controls
 themselves are the `django_pgqueue.control` feature's. Viewing needs the
-view permission on jobs; every change (the pause and resume actions, the form) needs
-``django_pgqueue.operate_job``, like retrying and cancelling jobs. A form never saves
+view permission on jobs; every change (the pause and resume actions, the form, the
+Pause button of a queue without controls) needs ``django_pgqueue.operate_job``, like
+retrying and cancelling jobs. Below the controlled queues the page lists every other
+known queue (`lists.known_queues`), active, each with a Pause button. A form never saves
 the row through the ORM: `save_model` runs ``queue_control_update``, which leaves the
 rate window (written by claims under the queue's lock) alone.
 """
@@ -14,15 +16,20 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
+from django.utils.text import Truncator
 
 from ..conf import get_settings
 from ..control import store
 from ..exceptions import ConfigurationError
 from ..limits import check_limit, describe_type, parse_rate
 from ..models import Job, JobState, QueueControl, QueueTypeControl, Status
+from ..validators import queue_name
+from .lists import known_queues, snapshot
 
 OPERATE_PERMISSION = "django_pgqueue.operate_job"
 
@@ -76,6 +83,7 @@ class QueueControlAdmin(admin.ModelAdmin):
     ordering = ("queue",)
     actions = ("pause_selected", "resume_selected")
     readonly_fields = ("type_limits", "configured", "updated_at")
+    change_list_template = "admin/django_pgqueue/queuecontrol/change_list.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[QueueControl]:
         running = (
@@ -91,6 +99,55 @@ class QueueControlAdmin(admin.ModelAdmin):
             .defer("rate_starts")
             .annotate(running=Coalesce(Subquery(running, output_field=IntegerField()), Value(0)))
         )
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        alias = get_settings().DATABASE
+        controlled = set(QueueControl.objects.using(alias).values_list("queue", flat=True))
+        figures = {f.queue: f for f in snapshot(request).queues}
+        others = [
+            {
+                "queue": queue,
+                "pending": figures[queue].pending if queue in figures else 0,
+                "running": figures[queue].running if queue in figures else 0,
+                "dead": figures[queue].dead if queue in figures else 0,
+            }
+            for queue in known_queues(request)
+            if queue not in controlled
+        ]
+        context = {
+            "pgqueue_other_queues": others,
+            "pgqueue_can_operate": self.has_operate_permission(request),
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, extra_context=context)
+
+    def get_urls(self) -> list[URLPattern]:
+        pause = path(
+            "set-paused/",
+            self.admin_site.admin_view(self.set_paused_view),
+            name="django_pgqueue_queuecontrol_set_paused",
+        )
+        return [pause, *super().get_urls()]
+
+    def set_paused_view(self, request: HttpRequest) -> HttpResponse:
+        """Pause or resume one queue by name (a POST of queue, paused=1|0), then list them."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_operate_permission(request):
+            raise PermissionDenied("Pausing and resuming queues needs the operate_job permission.")
+        paused = request.POST.get("paused")
+        if paused not in ("0", "1"):
+            raise BadRequest(
+                f"paused must be 1 (pause) or 0 (resume); got {Truncator(repr(paused)).chars(40)}."
+            )
+        try:
+            queue = queue_name(request.POST.get("queue"))
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
+        self._set_paused_queues(request, [queue], paused == "1")
+        return HttpResponseRedirect(reverse("admin:django_pgqueue_queuecontrol_changelist"))
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         return (*self.readonly_fields, "queue") if obj is not None else self.readonly_fields
@@ -160,7 +217,9 @@ class QueueControlAdmin(admin.ModelAdmin):
     def _set_paused(
         self, request: HttpRequest, queryset: QuerySet[QueueControl], paused: bool
     ) -> None:
-        queues = sorted(queryset.values_list("queue", flat=True))
+        self._set_paused_queues(request, sorted(queryset.values_list("queue", flat=True)), paused)
+
+    def _set_paused_queues(self, request: HttpRequest, queues: list[str], paused: bool) -> None:
         for queue in queues:
             store.update_control(get_settings().DATABASE, queue, paused=paused)
         verb = "Paused" if paused else "Resumed"

@@ -17,12 +17,14 @@ from rangefilter.filters import DateTimeRangeFilter
 
 from .. import stats
 from ..conf import get_settings
-from ..models import DeadJob, Job
+from ..models import Attempt, DeadJob, Job
 from .attempts import AttemptInline, can
 from .columns import (
+    EMPTY,
     attempts_of,
     badge,
     column,
+    current_error,
     error_full,
     error_preview,
     state_field,
@@ -77,7 +79,7 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
                 "fields": (
                     "status_badge",
                     "priority",
-                    "attempts_display",
+                    "attempts_detail",
                     "run_at",
                     "lease_version",
                     "locked_by",
@@ -114,10 +116,21 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
     locked_until = column("lease ends", state_field("locked_until"), when)
     updated_at = column("updated", state_field("updated_at"), when)
     finished_at = column("finished", state_field("finished_at"), when)
-    last_error_short = column(
-        "last error", state_field("last_error"), error_preview(ERROR_PREVIEW), empty=""
-    )
-    last_error_full = column("last error", state_field("last_error"), error_full)
+    # A completed job shows no error: an earlier attempt's stays in its attempt row.
+    last_error_short = column("last error", current_error, error_preview(ERROR_PREVIEW), empty="")
+    last_error_full = column("last error", current_error, error_full)
+
+    @admin.display(description="attempts")
+    def attempts_detail(self, job: Job) -> str:
+        state = state_of(job)
+        if state is None:
+            return EMPTY
+        # Attempt rows are the whole history; the state's count restarts at 0 when an
+        # operator retry grants fresh attempts.
+        claims = Attempt.objects.using(get_settings().DATABASE).filter(job=job).count()
+        if claims == state.attempts:
+            return attempts_of(state)
+        return f"{attempts_of(state)} counted against max attempts · {claims} recorded in all"
 
     @admin.display(description="payload")
     def payload_pretty(self, job: Job) -> str:

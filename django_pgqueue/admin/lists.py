@@ -1,8 +1,8 @@
 """What keeps the list pages fast on millions of jobs: the count and the filters.
 
 The total is estimated instead of counted, and filter choices come from the small
-partial indexes that feed the at-a-glance figures, never from a SELECT DISTINCT over
-the table.
+partial indexes that feed the at-a-glance figures and from index skip scans
+(`known_queues`, the job types), never from a SELECT DISTINCT over the table.
 """
 
 from __future__ import annotations
@@ -17,11 +17,15 @@ from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from ..conf import get_settings
 from ..registry import registry
 from ..stats import Snapshot, collect
+from ..store import operator as store
 
 # Rows a filtered list page counts; past that it says "more than" (20 pages of 100).
 EXACT_COUNT_LIMIT = 2_000
+# Most job types the filters walk in the jobs table (one index probe each).
+KNOWN_TYPES_LIMIT = 500
 
 
 def snapshot(request: HttpRequest) -> Snapshot:
@@ -31,6 +35,25 @@ def snapshot(request: HttpRequest) -> Snapshot:
         cached = collect()
         request._pgqueue_snapshot = cached  # type: ignore[attr-defined]
     return cached
+
+
+def known_names(request: HttpRequest) -> tuple[list[str], list[str]]:
+    """Read the job types and queues of the jobs and the features once per request."""
+    cached = getattr(request, "_pgqueue_names", None)
+    if cached is None:
+        cached = store.known_names(get_settings().DATABASE, KNOWN_TYPES_LIMIT)
+        request._pgqueue_names = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def known_queues(request: HttpRequest) -> list[str]:
+    """Name every queue the admin knows of, sorted.
+
+    Queues with unfinished or failed jobs (the figures), with controls, served by a
+    registered worker, fed by a schedule, in the last day's rollup, or holding the
+    newest job of a type: each read from an index or a small table.
+    """
+    return sorted(set(known_names(request)[1]) | set(snapshot(request).queue_names))
 
 
 class EstimatedCountPaginator(Paginator):
@@ -76,18 +99,13 @@ def unfiltered(request: HttpRequest) -> bool:
 
 
 class QueueFilter(admin.SimpleListFilter):
-    """Queues with unfinished, dead or cancelled jobs (from the figures), not a DISTINCT scan.
-
-    A queue that has no such job is not offered, even the default one; nor is a queue
-    whose jobs all completed (the figures do not count completed jobs per queue without
-    a full scan). A queue asked for in the URL always is.
-    """
+    """Every known queue (`known_queues`), not a DISTINCT scan; the one asked for too."""
 
     title = "queue"
     parameter_name = "queue"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = set(snapshot(request).queue_names)
+        names = set(known_queues(request))
         if self.value():
             names.add(self.value())
         return [(name, name) for name in sorted(names)]
@@ -97,7 +115,10 @@ class QueueFilter(admin.SimpleListFilter):
 
 
 class TypeFilter(admin.SimpleListFilter):
-    """Registered job types (and the one asked for), not a DISTINCT scan of the jobs."""
+    """Registered job types and those of the jobs (``@task`` paths too), and the one asked for.
+
+    The jobs' types come from a skip scan of the type index, one probe per type.
+    """
 
     title = "type"
     parameter_name = "type"
@@ -105,6 +126,7 @@ class TypeFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         registry.autodiscover()
         names = set(registry.types())
+        names.update(known_names(request)[0])
         if self.value():
             names.add(self.value())
         return [(name, name) for name in sorted(names)]

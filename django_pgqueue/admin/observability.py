@@ -7,11 +7,16 @@ page reads the per-minute rollup only, never queue_attempts.
 
 from __future__ import annotations
 
+import datetime as dt
+from functools import cache
 from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
+from django.db.models import DurationField, ExpressionWrapper, Min
+from django.db.models.functions import Now, TruncMinute
 from django.http import HttpRequest, HttpResponse
+from django.template.loader import get_template
 from django.template.response import TemplateResponse
 
 from ..conf import get_settings
@@ -19,11 +24,22 @@ from ..models import Job, MinuteStats, WorkerRecord
 from ..observability import charts, rollup, workers
 from .attempts import NoEditing, can
 
-# The chart windows a page offers, in hours, and the minutes each point sums.
-WINDOWS = (1, 6, 24)
-STEPS = {1: 1, 6: 1, 24: 5}
-DEFAULT_WINDOW = 6
+# The chart windows a page offers, in minutes, with their labels and the minutes each
+# point sums. Without a choice in the URL the page shows the smallest window that holds
+# all of the last day's rollup: a new install's first minutes fill a chart, not its edge.
+WINDOWS = {15: "15 min", 60: "1 h", 360: "6 h", 1440: "24 h"}
+STEPS = {15: 1, 60: 1, 360: 1, 1440: 5}
 COMPLETED, FAILED, P50, P95 = "#2e7d32", "#b3261e", "#2f6fb0", "#b07d10"
+
+
+@cache
+def breadcrumbs_as_list() -> bool:
+    """Tell whether this Django's admin draws breadcrumbs as a list (6.x) or a div (5.2).
+
+    Read from the admin's own base template, so the pages match whichever it is.
+    """
+    source = getattr(get_template("admin/base.html").template, "source", "")
+    return 'ol class="breadcrumbs"' in source
 
 
 class ReadOnlyPage(NoEditing, admin.ModelAdmin):  # type: ignore[type-arg]
@@ -43,6 +59,7 @@ class ReadOnlyPage(NoEditing, admin.ModelAdmin):  # type: ignore[type-arg]
                 **self.admin_site.each_context(request),
                 "opts": self.model._meta,
                 "title": self.model._meta.verbose_name_plural.capitalize(),
+                "breadcrumbs_as_list": breadcrumbs_as_list(),
                 **context,
             },
         )
@@ -61,17 +78,41 @@ class WorkersAdmin(ReadOnlyPage):
         )
 
 
+def chosen_window(request: HttpRequest) -> int | None:
+    """The window the URL asks for, in minutes (?minutes=60, or ?hours=1), if one is offered."""
+    for name, scale in (("minutes", 1), ("hours", 60)):
+        raw = request.GET.get(name, "")
+        if raw.isascii() and raw.isdigit() and int(raw) * scale in WINDOWS:
+            return int(raw) * scale
+    return None
+
+
+def fitting_window() -> int:
+    """The smallest offered window that holds every rollup minute of the last day.
+
+    One query: the age of the oldest such minute by the database's clock, in whole
+    minutes (a window of `size` minutes reads the minutes after its start).
+    """
+    now_minute = TruncMinute(Now())
+    age = (
+        MinuteStats.objects.using(get_settings().DATABASE)
+        .filter(minute__gt=now_minute - dt.timedelta(days=1))
+        .aggregate(age=ExpressionWrapper(now_minute - Min("minute"), output_field=DurationField()))[
+            "age"
+        ]
+    )
+    if age is None:
+        return max(WINDOWS)
+    minutes = age.total_seconds() / 60
+    return next((size for size in sorted(WINDOWS) if size > minutes), max(WINDOWS))
+
+
 @admin.register(MinuteStats)
 class ChartsAdmin(ReadOnlyPage):
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        try:
-            hours = int(request.GET.get("hours", DEFAULT_WINDOW))
-        except ValueError:
-            hours = DEFAULT_WINDOW
-        if hours not in WINDOWS:
-            hours = DEFAULT_WINDOW
+        minutes = chosen_window(request) or fitting_window()
         wanted = request.GET.get("queue") or None
-        window = rollup.read_window(get_settings().DATABASE, hours * 60, STEPS[hours])
+        window = rollup.read_window(get_settings().DATABASE, minutes, STEPS[minutes])
         shown = [s for s in window.queues if wanted is None or s.queue == wanted]
         rows = []
         for series in shown:
@@ -108,8 +149,9 @@ class ChartsAdmin(ReadOnlyPage):
             request,
             "admin/django_pgqueue/charts.html",
             rows=rows,
-            hours=hours,
-            windows=WINDOWS,
+            minutes=minutes,
+            window_label=WINDOWS[minutes],
+            windows=WINDOWS.items(),
             queue=wanted,
             queues=[s.queue for s in window.queues],
         )

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from .. import stats
 from ..conf import get_settings
+from ..models import QueueControl
 from ..observability import workers
 from ..observability.counters import RUNTIME_BOUNDS, WorkerCounters
 
@@ -116,6 +117,7 @@ class QueueCollector(Collector):
         count.add_metric(["alive"], alive)
         count.add_metric(["gone"], gone)
         yield from (jobs, due, oldest, expired, count, *_late_schedules(snapshot))
+        yield from _paused_queues(alias, close=self.close)
 
     def describe(self) -> Iterator[Any]:
         return iter(())  # the families depend on the data: collect on each scrape only
@@ -137,6 +139,32 @@ def _late_schedules(snapshot: stats.Snapshot) -> Iterator[Any]:
         seconds.add_metric([schedule.name, schedule.queue], schedule.late_seconds)
     yield late
     yield seconds
+
+
+def _paused_queues(alias: str, *, close: bool) -> Iterator[Any]:
+    """Per controlled queue: 1 while it is paused, 0 while it runs (queue_controls).
+
+    A queue without a control row has never been paused and has no series. The table
+    has one small row per controlled queue; a failed read leaves the family out.
+    """
+    try:
+        controls = list(
+            QueueControl.objects.using(alias).order_by("queue").values_list("queue", "paused")
+        )
+    except DatabaseError as exc:
+        logger.warning("metrics: reading the queue controls failed: %s", exc)
+        return
+    finally:
+        if close:
+            connections[alias].close()
+    paused = GaugeMetricFamily(
+        "pgqueue_queue_paused",
+        "1 while a queue is paused (its workers claim none of its jobs), 0 while it runs.",
+        labels=["queue"],
+    )
+    for queue, is_paused in controls:
+        paused.add_metric([queue], 1 if is_paused else 0)
+    yield paused
 
 
 class WorkerCollector(Collector):

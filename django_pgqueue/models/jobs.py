@@ -212,7 +212,10 @@ class Attempt(models.Model):
         verbose_name = "attempt"
 
     def __str__(self) -> str:
-        return f"attempt {self.attempt_index} of job #{self.job_id} ({self.status})"
+        # The admin numbers attempts across operator retries (number_in_job); the
+        # attempt_index starts again at 1 after one.
+        number = getattr(self, "number_in_job", self.attempt_index)
+        return f"attempt {number} of job #{self.job_id} ({self.status})"
 
 
 class DeadJobManager(models.Manager["DeadJob"]):

@@ -694,6 +694,45 @@ WHERE status = 'completed'
 GROUP BY queue;
 
 
+-- name: names_known
+-- List the job types and queues the admin's filters and Queues page offer, as (kind,
+-- name) with kind 'type' or 'queue'; queues with unfinished or failed jobs come from
+-- stats_by_queue instead. Types: a skip scan of queue_jobs_type_idx (type, id), one
+-- index probe for the next type above the last, at most `limit` types, so the cost
+-- follows the number of types, not of jobs. Queues: those with controls, served by a
+-- registered worker, fed by a schedule, in the last day's rollup, or holding the newest
+-- job of a type (one backward probe of queue_jobs_type_idx per type). No part scans
+-- the jobs: a queue whose jobs all completed long ago, under types that have since
+-- moved to other queues, is the one that can be missed.
+WITH RECURSIVE types (type, n) AS (
+    (SELECT j.type, 1 FROM queue_jobs AS j ORDER BY j.type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.type FROM queue_jobs AS j WHERE j.type > types.type
+            ORDER BY j.type LIMIT 1),
+           types.n + 1
+    FROM types
+    WHERE types.type IS NOT NULL AND types.n < %(limit)s::integer
+)
+SELECT 'type' AS kind, type AS name FROM types WHERE type IS NOT NULL
+UNION ALL
+SELECT 'queue', known.queue
+FROM (
+    SELECT queue FROM queue_controls
+    UNION
+    SELECT jsonb_array_elements_text(w.queues) FROM queue_workers AS w
+    UNION
+    SELECT queue FROM queue_schedules
+    UNION
+    SELECT r.queue FROM queue_stats_minutely AS r WHERE r.minute > now() - interval '1 day'
+    UNION
+    SELECT (SELECT j.queue FROM queue_jobs AS j WHERE j.type = types.type
+            ORDER BY j.type DESC, j.id DESC LIMIT 1)
+    FROM types
+    WHERE types.type IS NOT NULL
+) AS known (queue)
+WHERE known.queue IS NOT NULL;
+
+
 -- name: job_count_estimate
 -- Estimate the number of jobs without counting them, the way the planner does.
 -- Rows per page as of the last VACUUM or ANALYZE, times the table's current size in

@@ -54,6 +54,17 @@ def pending_types(alias: str, cap: int) -> list[tuple[str, str, int]]:
     return [(queue, type_, int(jobs)) for queue, type_, jobs in rows]
 
 
+def known_names(alias: str, limit: int) -> tuple[list[str], list[str]]:
+    """List (job types, queues) known from the jobs' type index, controls, workers,
+    schedules and the rollup, sorted; `limit` bounds the types walked. Queues with
+    unfinished or failed jobs come from `live_stats`."""
+    types: set[str] = set()
+    queues: set[str] = set()
+    for kind, name in fetch_all(alias, "names_known", {"limit": limit}):
+        (types if kind == "type" else queues).add(name)
+    return sorted(types), sorted(queues)
+
+
 def estimate_job_count(alias: str) -> int | None:
     """Estimate the number of jobs from the table's statistics; None if it has none yet."""
     rows = fetch_all(alias, "job_count_estimate")

@@ -1,0 +1,268 @@
+"""A real browser on the admin's smaller pages at laptop widths (1366 and 1400 px).
+
+Headless Debian Chromium through Playwright, with test_admin.py's fixtures. Each test
+measures what an operator would see (a style, a box's edges) and saves a screenshot
+to its temporary directory for a look by eye.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_pgqueue import actions
+from django_pgqueue.models import Schedule
+from tests.browser.test_admin import (  # noqa: F401 - fixtures
+    MEASURE_LIST,
+    PASSWORD,
+    _fast_password_hashing,
+    browser,
+    login,
+    save_screenshot,
+)
+from tests.conftest import sql
+from tests.factories import OPERATOR_PERMISSIONS, make_job, make_user, state
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+WIDTHS = [1366, 1400]
+# Django's breadcrumb bar: what a page's bar must look like to match the admin's own.
+BAR_STYLE = """(selector) => {
+    const bar = document.querySelector(selector);
+    const style = getComputedStyle(bar);
+    const link = bar.querySelector('a');
+    return {
+        background: style.backgroundColor,
+        padding: style.paddingLeft,
+        color: style.color,
+        link: getComputedStyle(link).color,
+        height: bar.getBoundingClientRect().height,
+    };
+}"""
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_workers_and_charts_breadcrumbs_look_like_djangos(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    width: int,
+    tmp_path: Path,
+) -> None:
+    make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
+    page = login(browser, live_server, "operator", width=width)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/job/")
+    django_bar = page.evaluate(BAR_STYLE, ".breadcrumbs")
+    assert django_bar["background"] not in ("rgba(0, 0, 0, 0)", "transparent")
+    for model, name in (("workerrecord", "Workers"), ("minutestats", "Charts")):
+        page.goto(f"{live_server.url}/admin/django_pgqueue/{model}/")
+        assert page.evaluate(BAR_STYLE, ".breadcrumbs") == django_bar, model
+        crumbs = page.inner_text(".breadcrumbs").split()
+        assert (crumbs[0], crumbs[-1]) == ("Home", name), crumbs
+        save_screenshot(page, tmp_path, f"{model}-{width}.png")
+    page.context.close()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_gone_worker_shows_no_running_slots(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    width: int,
+    tmp_path: Path,
+) -> None:
+    # A worker SIGKILLed while it ran two of its four slots: its row still says 2.
+    sql(
+        "INSERT INTO queue_workers (id, host, pid, queues, concurrency, lease_seconds, version, "
+        "running, started_at, last_seen_at) VALUES ('web-1:4242:ab12cd', 'web-1', 4242, "
+        "'[\"payments\"]', 4, 30, '0.1.0', 2, now() - interval '1 hour', "
+        "now() - interval '3 minutes')"
+    )
+    held = make_job("running", queue="payments", type="demo.charge_card")
+    sql("UPDATE queue_job_state SET locked_by = 'web-1:4242:ab12cd' WHERE job_id = %s", [held])
+    make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
+    page = login(browser, live_server, "operator", width=width)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/workerrecord/")
+    row = page.locator("tr.pgqueue-gone")
+    running = row.locator("td").nth(3).inner_text()
+    assert "2 / 4" not in running
+    assert "— (gone)" in running
+    assert "1 job still leased to it until the sweep" in running
+    save_screenshot(page, tmp_path, f"workers-gone-{width}.png")
+    page.context.close()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_schedules_list_shows_its_late_column_whole(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    width: int,
+    tmp_path: Path,
+) -> None:
+    overdue = sql("SELECT date_trunc('minute', now()) - interval '3 hours 12 minutes'")[0][0]
+    for name, queue, minutes in (
+        ("thumbnails.warm", "images", 5),
+        ("sales.daily_report", "reports", 1440),
+        ("invoices.remind_overdue_customers", "billing", 60),
+    ):
+        Schedule.objects.create(
+            name=name, type="demo.send_email", queue=queue, payload={"to": "ops@example.com"},
+            every=dt.timedelta(minutes=minutes), timezone="UTC", next_tick=overdue,
+            last_tick=overdue - dt.timedelta(minutes=minutes),
+        )  # fmt: skip
+    make_user("planner", "view_schedule", "view_job", password=PASSWORD)
+    page = login(browser, live_server, "planner", width=width)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/schedule/")
+    assert page.locator("#nav-sidebar").is_visible()
+    save_screenshot(page, tmp_path, f"schedules-{width}.png")
+    layout = page.evaluate(MEASURE_LIST)
+    assert layout["scroll"] <= layout["client"], str(layout)
+    assert layout["page"] <= layout["viewport"], str(layout)
+    clipped = [name for name, column in layout["columns"].items() if column["clipped"]]
+    assert clipped == [], str(layout)
+    late = page.locator("td.field-late").first.bounding_box()
+    assert late["x"] + late["width"] <= width, late
+    assert page.locator("td.field-late .pgqueue-late").count() == 3
+    page.context.close()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_operator_pauses_a_queue_that_has_no_controls_from_the_queues_page(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    width: int,
+    tmp_path: Path,
+) -> None:
+    make_job("completed", queue="payments", type="demo.charge_card")
+    make_job("pending", queue="email", type="demo.send_email")
+    make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
+    page = login(browser, live_server, "operator", width=width)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/queuecontrol/")
+    others = page.locator("#pgqueue-other-queues")
+    assert others.locator("tr[data-queue='payments']").count() == 1
+    assert others.locator("tr[data-queue='email']").count() == 1
+    save_screenshot(page, tmp_path, f"queues-{width}.png")
+    with page.expect_navigation():
+        others.locator("tr[data-queue='payments'] button").click()
+    assert "Paused 1 queue(s): payments" in page.inner_text(".messagelist")
+    assert sql("SELECT paused FROM queue_controls WHERE queue = 'payments'") == [(True,)]
+    payments = page.locator("#result_list tr", has_text="payments")
+    assert payments.locator("td.field-state_display").inner_text() == "paused"
+    # Resumed with the list's action, like any controlled queue.
+    payments.locator("input.action-select").check()
+    page.select_option("select[name=action]", "resume_selected")
+    page.click("button[name=index]")
+    assert sql("SELECT paused FROM queue_controls WHERE queue = 'payments'") == [(False,)]
+    save_screenshot(page, tmp_path, f"queues-paused-{width}.png")
+    page.context.close()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_jobs_page_shows_results_and_numbers_attempts_across_a_retry(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    run_worker: Any,
+    width: int,
+    tmp_path: Path,
+) -> None:
+    # Dead after its one attempt; an operator retry, and the next attempt returns.
+    job_id = make_job(
+        "dead", queue="edges", type="qa.outcome", payload={"do": "return"}, max_attempts=1,
+        error="ConnectionError: the card service is down",
+    )  # fmt: skip
+    actions.retry_now([job_id])
+    run_worker(["edges"], burst=True).join()
+    assert state(job_id)["status"] == "completed"
+    make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
+    page = login(browser, live_server, "operator", width=width)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/job/{job_id}/change/")
+    save_screenshot(page, tmp_path, f"job-{width}.png")
+    assert page.inner_text(".field-last_error_full .readonly") == "—"
+    headings = page.locator(".inline-related h3").all_inner_texts()
+    assert [h.split("(")[0].split(":")[-1].strip() for h in headings] == [
+        f"attempt 1 of job #{job_id}",
+        f"attempt 2 of job #{job_id}",
+    ]
+    budgets = page.locator(".fieldBox.field-budget .readonly").all_inner_texts()
+    assert budgets == ["1 of 1", "1 of 1"]
+    results = page.locator("pre.pgqueue-result").all_inner_texts()
+    assert results == [f'{{\n  "ok": {job_id}\n}}']
+    assert "the card service is down" in page.inner_text(".inline-group")
+    page.context.close()
+
+
+def test_the_charts_of_a_new_install_fill_their_width(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    tmp_path: Path,
+) -> None:
+    # Five minutes of work, as a new install has after its first run.
+    sql(
+        "INSERT INTO queue_stats_minutely (minute, queue, completed, retried, dead, "
+        "wait_seconds_sum, wait_buckets) SELECT date_trunc('minute', now()) - make_interval("
+        "mins => m), 'payments', 20 + m * 3, m % 2, 0, 1, '{4,8,2,1,0,0,0,0,0,0,0,0,0,0}' "
+        "FROM generate_series(0, 4) AS m"
+    )
+    make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
+    page = login(browser, live_server, "operator", width=1400)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/minutestats/")
+    assert page.inner_text(".pgqueue-summary strong").startswith("15 min")
+    # The first minute with work sits in the chart's left part, not squeezed to the edge.
+    spread = page.evaluate(
+        """() => {
+        const svg = document.querySelector('svg.pgqueue-chart');
+        const xs = [];
+        for (const line of svg.querySelectorAll('polyline')) {
+            for (const pair of line.getAttribute('points').trim().split(/\\s+/)) {
+                const [x, y] = pair.split(',').map(Number);
+                xs.push(x);
+            }
+        }
+        return {width: svg.viewBox.baseVal.width, xs: xs};
+    }"""
+    )
+    assert spread["xs"], spread
+    assert min(spread["xs"]) < spread["width"] * 0.75, spread
+    save_screenshot(page, tmp_path, "charts-new-install-1400.png")
+    page.context.close()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_schedules_page_says_every_1m_and_how_its_runs_ended(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    width: int,
+    tmp_path: Path,
+) -> None:
+    schedule = Schedule.objects.create(
+        name="sales.daily_report", type="demo.send_email", queue="reports", source="code",
+        payload={"to": "sales@example.com"}, every=dt.timedelta(minutes=1), timezone="UTC",
+    )  # fmt: skip
+    ran = {
+        make_job("completed", queue="reports", type="demo.send_email"): 2,
+        make_job("dead", queue="reports", type="demo.send_email"): 1,
+    }
+    for job_id, minutes in ran.items():
+        sql(
+            "INSERT INTO queue_schedule_ticks (schedule, tick_at, job_id, missed) "
+            "VALUES (%s, date_trunc('minute', now()) - make_interval(mins => %s), %s, 0)",
+            [schedule.pk, minutes, job_id],
+        )
+    make_user("planner", "view_schedule", "run_schedule", "view_job", password=PASSWORD)
+    page = login(browser, live_server, "planner", width=width)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/schedule/")
+    assert "every 1m" in page.inner_text("#result_list")
+    page.check("#result_list input.action-select")
+    page.select_option("select[name='action']", "run_now_action")
+    with page.expect_navigation():
+        page.click("button[name='index']")
+    assert page.inner_text(".messagelist").startswith("Schedule sales.daily_report: enqueued")
+    page.click("#result_list th.field-name_column a")  # the only schedule
+    assert page.inner_text(".field-timing .readonly") == "every 1m"
+    assert "0:01:00" not in page.inner_text("#content-main")
+    runs = page.locator(".field-recent_runs li").all_inner_texts()
+    # Newest first: the dead run a minute ago, the completed one before it.
+    assert [run.split("job #")[1].split(" ", 1)[1] for run in runs] == ["dead", "completed"]
+    save_screenshot(page, tmp_path, f"schedule-page-{width}.png")
+    page.context.close()
