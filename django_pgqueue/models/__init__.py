@@ -6,6 +6,8 @@
 - `schedules`: recurring jobs (``queue_schedules``, ``queue_schedule_ticks``).
 - `observability`: the worker registry (``queue_workers``) and the per-minute rollup
   (``queue_stats_minutely``).
+- `workflows`: job dependencies and workflows (``queue_workflows``,
+  ``queue_workflow_steps``, ``queue_job_deps``).
 
 These modules are the foundation: they import Django only, never a feature of the
 queue, so any room may import them.
@@ -26,6 +28,7 @@ from .jobs import (
 )
 from .observability import IntegerArrayField, MinuteStats, WorkerRecord
 from .schedules import CatchUp, Schedule, ScheduleCode, ScheduleTick, Source
+from .workflows import JobDependency, OnFailure, Workflow, WorkflowStep
 
 __all__ = [
     "FINISHED_STATUSES",
@@ -36,8 +39,10 @@ __all__ = [
     "DeadJobManager",
     "IntegerArrayField",
     "Job",
+    "JobDependency",
     "JobState",
     "MinuteStats",
+    "OnFailure",
     "QueueControl",
     "QueueTypeControl",
     "Schedule",
@@ -47,4 +52,6 @@ __all__ = [
     "Status",
     "TimestampArray",
     "WorkerRecord",
+    "Workflow",
+    "WorkflowStep",
 ]

@@ -30,6 +30,7 @@ from django.db.models.functions import Now
 
 
 class Status(models.TextChoices):
+    WAITING = "waiting", "waiting (for its dependencies)"
     PENDING = "pending"
     RUNNING = "running"
     COMPLETED = "completed"

@@ -272,6 +272,9 @@ CROSS JOIN LATERAL (
 -- row: no join for the planner to get wrong on stale statistics, and no FROM list,
 -- which would make PostgreSQL copy every joined row whole for concurrent-update
 -- rechecks.
+-- Workflows: the jobs it ended settle their dependents in this same statement
+-- (pgqueue_settle, migration 0011); a job nothing waits for costs one probe of
+-- queue_job_deps_edge for the whole statement, and the function is not called.
 WITH done AS (
     UPDATE queue_job_state AS state
     SET status = CASE WHEN state.cancel_requested_at IS NULL THEN 'completed' ELSE 'cancelled' END,
@@ -290,8 +293,18 @@ WITH done AS (
         result = %(results)s::jsonb -> attempt.id::text
     WHERE attempt.id = ANY (%(attempt_ids)s::bigint[])
       AND attempt.job_id IN (SELECT job_id FROM done)
+), settled AS (
+    -- workflows: settle the dependents of the jobs completed (or ended cancelled)
+    SELECT pgqueue_settle(
+        ARRAY(SELECT job_id FROM done WHERE NOT cancelled),
+        ARRAY(SELECT job_id FROM done WHERE cancelled)
+    ) AS steps
+    WHERE EXISTS (
+        SELECT FROM queue_job_deps AS dep
+        WHERE dep.depends_on = ANY (ARRAY(SELECT job_id FROM done))
+    )
 )
-SELECT job_id, cancelled FROM done;
+SELECT job_id, cancelled FROM done LEFT JOIN settled ON true;
 
 
 -- name: job_fail
@@ -300,6 +313,9 @@ SELECT job_id, cancelled FROM done;
 -- permanent or its attempts are spent, or to cancelled when an operator asked to
 -- cancel it while it ran. Fenced; returns the new status and run_at, or no row when
 -- the lease was lost.
+-- Workflows: the jobs it ended settle their dependents in this same statement
+-- (pgqueue_settle, migration 0011); a job nothing waits for costs one probe of
+-- queue_job_deps_edge for the whole statement, and the function is not called.
 WITH failed AS (
     UPDATE queue_job_state AS state
     SET status = CASE
@@ -333,8 +349,13 @@ WITH failed AS (
         traceback = %(traceback)s::text
     WHERE attempt.id = %(attempt_id)s::bigint
       AND EXISTS (SELECT FROM failed)
+), settled AS (
+    -- workflows: a job that ended dead or cancelled settles its dependents as failed
+    SELECT pgqueue_settle('{}', ARRAY(SELECT job_id FROM failed)) AS steps
+    WHERE EXISTS (SELECT FROM failed WHERE failed.status IN ('dead', 'cancelled'))
+      AND EXISTS (SELECT FROM queue_job_deps AS dep WHERE dep.depends_on = %(job_id)s::bigint)
 )
-SELECT status, run_at FROM failed;
+SELECT status, run_at FROM failed LEFT JOIN settled ON true;
 
 
 -- name: lease_renew
@@ -356,6 +377,9 @@ RETURNING state.job_id, state.cancel_requested_at IS NOT NULL AS cancel_requeste
 -- They return to pending at once, the claim's attempt is given back and the attempt
 -- row is marked released. A job an operator asked to cancel ends cancelled instead.
 -- Fenced like job_complete; returns the jobs released.
+-- Workflows: the jobs it ended settle their dependents in this same statement
+-- (pgqueue_settle, migration 0011); a job nothing waits for costs one probe of
+-- queue_job_deps_edge for the whole statement, and the function is not called.
 WITH released AS (
     UPDATE queue_job_state AS state
     SET status = CASE WHEN state.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
@@ -367,7 +391,7 @@ WITH released AS (
     WHERE state.job_id = ANY (%(job_ids)s::bigint[])
       AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
       AND state.status = 'running'
-    RETURNING state.job_id, state.queue
+    RETURNING state.job_id, state.queue, state.status
 ), closed AS (
     UPDATE queue_attempts AS attempt
     SET status = 'released', finished_at = now()
@@ -376,8 +400,16 @@ WITH released AS (
 ), wake AS (
     SELECT count(pg_notify('pgqueue', queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM released) AS q
+), settled AS (
+    -- workflows: a job that ended cancelled settles its dependents as failed
+    SELECT pgqueue_settle('{}', ARRAY(SELECT job_id FROM released WHERE status = 'cancelled'))
+        AS steps
+    WHERE EXISTS (
+        SELECT FROM queue_job_deps AS dep
+        WHERE dep.depends_on = ANY (ARRAY(SELECT job_id FROM released WHERE status = 'cancelled'))
+    )
 )
-SELECT released.job_id FROM released, wake;
+SELECT released.job_id FROM released CROSS JOIN wake LEFT JOIN settled ON true;
 
 
 -- name: plan_size_probe
@@ -402,6 +434,9 @@ DISCARD PLANS;
 -- lost attempt is closed as 'lost'. lease_version grows so the old token is dead.
 -- run_at stays as it was: the job was due already and keeps its place in line, so
 -- it runs again as soon as a worker is free, not after the whole backlog behind it.
+-- Workflows: the jobs it ended settle their dependents in this same statement
+-- (pgqueue_settle, migration 0011); a job nothing waits for costs one probe of
+-- queue_job_deps_edge for the whole statement, and the function is not called.
 WITH expired AS MATERIALIZED (
     SELECT job_id, lease_version
     FROM queue_job_state
@@ -447,8 +482,20 @@ WITH expired AS MATERIALIZED (
 ), wake AS (
     SELECT count(pg_notify('pgqueue', queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM swept WHERE status = 'pending') AS q
+), settled AS (
+    -- workflows: a job the sweep ended dead or cancelled settles its dependents as failed
+    SELECT pgqueue_settle(
+        '{}', ARRAY(SELECT job_id FROM swept WHERE status IN ('dead', 'cancelled'))
+    ) AS steps
+    WHERE EXISTS (
+        SELECT FROM queue_job_deps AS dep
+        WHERE dep.depends_on = ANY (
+            ARRAY(SELECT job_id FROM swept WHERE status IN ('dead', 'cancelled'))
+        )
+    )
 )
-SELECT swept.job_id, swept.queue, swept.lost_version, swept.status FROM swept, wake;
+SELECT swept.job_id, swept.queue, swept.lost_version, swept.status
+FROM swept CROSS JOIN wake LEFT JOIN settled ON true;
 
 
 -- name: attempt_outcome
@@ -466,8 +513,12 @@ WHERE id = ANY (%(attempt_ids)s::bigint[]);
 -- job whose idempotency key another live job holds; of several selected jobs sharing
 -- a key, only the newest is retried (two live jobs cannot hold one key). Returns the
 -- jobs changed.
+-- Workflows: a step that still waits for a dependency (one unfinished, or retried in
+-- this same call) goes back to waiting, not pending; a dead or cancelled job retried
+-- counts as unfinished again for its dependents, and those its failure cancelled go
+-- back to waiting (pgqueue_unsettle, migration 0011), in this same statement.
 WITH candidate AS MATERIALIZED (
-    SELECT state.job_id, state.queue, state.idempotency_key
+    SELECT state.job_id, state.queue, state.idempotency_key, state.status
     FROM queue_job_state AS state
     WHERE state.job_id = ANY(%(job_ids)s::bigint[])
       AND state.status IN ('dead', 'cancelled', 'pending')
@@ -489,7 +540,17 @@ WITH candidate AS MATERIALIZED (
     GROUP BY queue, idempotency_key
 ), retried AS (
     UPDATE queue_job_state AS state
-    SET status = 'pending',
+    SET status = CASE
+            WHEN EXISTS (
+                SELECT FROM queue_workflow_steps AS step
+                WHERE step.job_id = state.job_id AND step.waiting_for > 0
+            ) OR EXISTS (
+                SELECT FROM queue_job_deps AS dep
+                WHERE dep.job_id = state.job_id
+                  AND dep.depends_on IN (SELECT job_id FROM target)
+            ) THEN 'waiting'
+            ELSE 'pending'
+        END,
         run_at = now(),
         attempts = 0,
         lease_version = state.lease_version + 1,
@@ -503,17 +564,40 @@ WITH candidate AS MATERIALIZED (
 ), wake AS (
     SELECT count(pg_notify('pgqueue', queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM retried) AS q
+), unsettled AS (
+    SELECT pgqueue_unsettle(ARRAY(
+        SELECT retried.job_id FROM retried
+        JOIN candidate ON candidate.job_id = retried.job_id
+        WHERE candidate.status IN ('dead', 'cancelled')
+    )) AS steps
+    WHERE EXISTS (
+        SELECT FROM queue_job_deps AS dep
+        WHERE dep.depends_on = ANY (ARRAY(SELECT job_id FROM retried))
+    )
 )
-SELECT retried.job_id FROM retried, wake;
+SELECT retried.job_id FROM retried CROSS JOIN wake LEFT JOIN unsettled ON true;
 
 
 -- name: job_cancel
--- Operator cancel: pending jobs become cancelled. Running jobs are never touched.
-UPDATE queue_job_state
-SET status = 'cancelled', finished_at = now(), updated_at = now()
-WHERE job_id = ANY(%(job_ids)s::bigint[])
-  AND status = 'pending'
-RETURNING job_id;
+-- Operator cancel: pending and waiting jobs become cancelled. Running jobs are never touched.
+-- Workflows: the jobs it ended settle their dependents in this same statement
+-- (pgqueue_settle, migration 0011); a job nothing waits for costs one probe of
+-- queue_job_deps_edge for the whole statement, and the function is not called.
+WITH cancelled AS (
+    UPDATE queue_job_state
+    SET status = 'cancelled', finished_at = now(), updated_at = now()
+    WHERE job_id = ANY(%(job_ids)s::bigint[])
+      AND status IN ('pending', 'waiting')
+    RETURNING job_id
+), settled AS (
+    -- workflows: the jobs cancelled settle their dependents as failed
+    SELECT pgqueue_settle('{}', ARRAY(SELECT job_id FROM cancelled)) AS steps
+    WHERE EXISTS (
+        SELECT FROM queue_job_deps AS dep
+        WHERE dep.depends_on = ANY (ARRAY(SELECT job_id FROM cancelled))
+    )
+)
+SELECT job_id FROM cancelled LEFT JOIN settled ON true;
 
 
 -- name: stats_by_queue
@@ -1357,6 +1441,9 @@ WHERE queue = %(queue)s::text AND type = %(type)s::text
 -- is closed with %(attempt_status)s ('snoozed' or 'interrupted'); lease_version grows
 -- at the next claim as always. A job an operator asked to cancel ends cancelled
 -- instead. Fenced; returns the new status and run_at, or no row when the lease was lost.
+-- Workflows: the jobs it ended settle their dependents in this same statement
+-- (pgqueue_settle, migration 0011); a job nothing waits for costs one probe of
+-- queue_job_deps_edge for the whole statement, and the function is not called.
 WITH snoozed AS (
     UPDATE queue_job_state AS state
     SET status = CASE WHEN state.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
@@ -1384,8 +1471,13 @@ WITH snoozed AS (
         error_message = %(reason)s::text
     WHERE attempt.id = %(attempt_id)s::bigint
       AND EXISTS (SELECT FROM snoozed)
+), settled AS (
+    -- workflows: a job that ended cancelled settles its dependents as failed
+    SELECT pgqueue_settle('{}', ARRAY[%(job_id)s::bigint]) AS steps
+    WHERE EXISTS (SELECT FROM snoozed WHERE snoozed.status = 'cancelled')
+      AND EXISTS (SELECT FROM queue_job_deps AS dep WHERE dep.depends_on = %(job_id)s::bigint)
 )
-SELECT status, run_at FROM snoozed;
+SELECT status, run_at FROM snoozed LEFT JOIN settled ON true;
 
 
 -- name: job_cancel_request
@@ -1399,3 +1491,106 @@ WHERE job_id = ANY(%(job_ids)s::bigint[])
   AND status = 'running'
   AND cancel_requested_at IS NULL
 RETURNING job_id;
+
+
+-- Workflows (django_pgqueue.workflows) ------------------------------------------------
+-- A job may wait for others: queue_job_deps holds the edges, queue_workflow_steps each
+-- step's failure policy and counters. The statements that end a job settle its
+-- dependents (see job_complete). The ones below write and read workflows.
+
+-- name: workflow_enqueue
+-- Insert a whole workflow in one statement: its row, every step's job, state and step
+-- row, and the edges between them; wake the queues of the steps due now. Arrays are
+-- parallel, one element per step (payloads one JSON array); a step that waits for
+-- others (waiting_for > 0) starts 'waiting', in no claim index, the others 'pending'.
+-- Edges are pairs of positions (1-based) in those arrays: children[i] waits for
+-- parents[i]; the caller checked they form a DAG. Returns (workflow id, job ids in
+-- input order).
+WITH numbered AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*
+    FROM ROWS FROM (
+        unnest(%(queues)s::text[]), unnest(%(types)s::text[]),
+        unnest(%(priorities)s::smallint[]), unnest(%(run_ats)s::timestamptz[]),
+        unnest(%(delays)s::float8[]), unnest(%(max_attempts)s::integer[]),
+        unnest(%(names)s::text[]), unnest(%(on_failures)s::text[]),
+        unnest(%(waiting_for)s::integer[]),
+        jsonb_array_elements(%(payloads)s::jsonb)
+    ) WITH ORDINALITY
+        AS i(queue, type, priority, run_at, delay, max_attempts, name, on_failure,
+             waiting_for, payload, position)
+), flow AS (
+    INSERT INTO queue_workflows (name, steps, created_at)
+    VALUES (%(name)s::text, cardinality(%(names)s::text[]), now())
+    RETURNING id
+), job AS (
+    INSERT INTO queue_jobs (id, queue, type, payload, created_at, traceparent)
+    SELECT id, queue, type, payload, now(), %(traceparent)s::text
+    FROM numbered
+), state AS (
+    INSERT INTO queue_job_state (
+        job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version, updated_at
+    )
+    SELECT id, queue, CASE WHEN waiting_for > 0 THEN 'waiting' ELSE 'pending' END, priority,
+           coalesce(run_at, now() + make_interval(secs => delay)), 0, max_attempts, 0, now()
+    FROM numbered
+), step AS (
+    INSERT INTO queue_workflow_steps (job_id, workflow_id, name, on_failure, waiting_for, failed)
+    SELECT numbered.id, flow.id, numbered.name, numbered.on_failure, numbered.waiting_for, 0
+    FROM numbered CROSS JOIN flow
+), edge AS (
+    INSERT INTO queue_job_deps (job_id, depends_on)
+    SELECT child.id, parent.id
+    FROM unnest(%(children)s::integer[], %(parents)s::integer[]) AS e(child, parent)
+    JOIN numbered AS child ON child.position = e.child
+    JOIN numbered AS parent ON parent.position = e.parent
+), wake AS (
+    SELECT count(pg_notify('pgqueue', due.queue)::text) AS queues
+    FROM (
+        SELECT DISTINCT queue FROM numbered
+        WHERE waiting_for = 0 AND coalesce(run_at, now() + make_interval(secs => delay)) <= now()
+    ) AS due
+)
+SELECT (SELECT id FROM flow), array_agg(numbered.id ORDER BY numbered.position)
+FROM numbered
+CROSS JOIN wake;
+
+
+-- name: workflow_parent_results
+-- The stored results of the jobs a job waits for: (step name, job id, status, result of
+-- its last succeeded attempt). Reads the job's edges (queue_job_deps_job_id index),
+-- then each parent's step and attempts by key.
+SELECT step.name, dep.depends_on, state.status, last.result
+FROM queue_job_deps AS dep
+JOIN queue_workflow_steps AS step ON step.job_id = dep.depends_on
+JOIN queue_job_state AS state ON state.job_id = dep.depends_on
+LEFT JOIN LATERAL (
+    SELECT attempt.result
+    FROM queue_attempts AS attempt
+    WHERE attempt.job_id = dep.depends_on AND attempt.status = 'succeeded'
+    ORDER BY attempt.lease_version DESC
+    LIMIT 1
+) AS last ON true
+WHERE dep.job_id = %(job_id)s::bigint
+ORDER BY dep.depends_on;
+
+
+-- name: workflow_jobs
+-- The jobs of a workflow by status, for cancelling it: (job id, status).
+SELECT step.job_id, state.status
+FROM queue_workflow_steps AS step
+JOIN queue_job_state AS state ON state.job_id = step.job_id
+WHERE step.workflow_id = %(workflow_id)s::bigint;
+
+
+-- name: workflow_steps
+-- A workflow's steps with their job's type, status and what each waits for, in step order.
+SELECT step.job_id, step.name, job.type, state.status, step.on_failure, step.waiting_for,
+       step.failed, coalesce(array_agg(dep.depends_on ORDER BY dep.depends_on)
+                             FILTER (WHERE dep.depends_on IS NOT NULL), '{}') AS parents
+FROM queue_workflow_steps AS step
+JOIN queue_jobs AS job ON job.id = step.job_id
+JOIN queue_job_state AS state ON state.job_id = step.job_id
+LEFT JOIN queue_job_deps AS dep ON dep.job_id = step.job_id
+WHERE step.workflow_id = %(workflow_id)s::bigint
+GROUP BY step.job_id, job.type, state.status
+ORDER BY step.job_id;
