@@ -32,6 +32,7 @@ from .exceptions import (
 from .registry import handler
 from .retry import ExponentialBackoff, FixedDelay, RetryPolicy
 from .version import __version__ as __version__
+from .workflows import Step, Workflow, chain, chord, group, parent_results, step
 
 __all__ = [
     "ConfigurationError",
@@ -50,15 +51,22 @@ __all__ = [
     "RetryLater",
     "RetryPolicy",
     "Snooze",
+    "Step",
     "UnknownJobType",
     "WorkerShutdown",
+    "Workflow",
+    "chain",
+    "chord",
     "enqueue",
     "enqueue_many",
+    "group",
     "handler",
+    "parent_results",
     "pause_queue",
     "queue_controls",
     "resume_queue",
     "set_key_limit",
     "set_queue_limit",
     "set_queue_rate",
+    "step",
 ]

@@ -304,3 +304,15 @@ def cancellable(ctx: JobContext) -> str:
             return "stopped on request"
         time.sleep(0.02)
     return "ran to the end"
+
+
+@django_pgqueue.handler("qa.parents")
+def parents(ctx: JobContext) -> Any:
+    """A workflow step: return its payload and the stored results of the steps it waited for."""
+    return {"payload": ctx.payload, "parents": ctx.parent_results}
+
+
+@django_pgqueue.handler("qa.parents_fail", max_attempts=1)
+def parents_fail(ctx: JobContext) -> None:
+    """A workflow step that dies at once (one attempt)."""
+    raise ValueError(f"step {ctx.payload!r} fails")

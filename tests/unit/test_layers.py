@@ -52,6 +52,7 @@ FLOORS = {
     # Features: they import the core, and nothing below the worker imports them.
     "control": FEATURES,
     "schedules": FEATURES,
+    "workflows": FEATURES,
     "observability": FEATURES,
     "worker": WORKER,
     # Integrations: Django's admin, the Tasks backend, commands, metrics, app loading.
