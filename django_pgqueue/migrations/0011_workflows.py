@@ -25,7 +25,11 @@ if JOB_STATE_VALID.count(STATUSES) != 2:
 
 SETTLE_FUNCTION = r"""
 CREATE FUNCTION pgqueue_settle(p_completed bigint[], p_failed bigint[]) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Its plans are cached for the session, possibly built while queue_job_deps was
+-- empty: without sequential scans they are the index probes at every size.
+SET enable_seqscan = off
+AS $$
 DECLARE
     v_completed bigint[] := coalesce(p_completed, '{}');
     v_failed bigint[] := coalesce(p_failed, '{}');
@@ -121,7 +125,9 @@ $$
 
 UNSETTLE_FUNCTION = r"""
 CREATE FUNCTION pgqueue_unsettle(p_retried bigint[]) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
 DECLARE
     v_back bigint[] := coalesce(p_retried, '{}');
     v_total integer := 0;
@@ -178,6 +184,11 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AddField(
+            model_name="jobstate",
+            name="has_dependents",
+            field=models.BooleanField(blank=True, null=True),
+        ),
         migrations.CreateModel(
             name="Workflow",
             fields=[

@@ -116,6 +116,11 @@ class JobState(models.Model):
     # its status stays running until the fenced write that ends the attempt.
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # Workflows: true when other jobs wait for this one (queue_job_deps), set by the
+    # statement that inserts them. The statements that end a job settle its dependents
+    # only when it is set, so a plain job (NULL: no byte, a bit of the null bitmap)
+    # costs them no lookup.
+    has_dependents = models.BooleanField(null=True, blank=True)
 
     class Meta:
         db_table = "queue_job_state"

@@ -273,8 +273,8 @@ CROSS JOIN LATERAL (
 -- which would make PostgreSQL copy every joined row whole for concurrent-update
 -- rechecks.
 -- Workflows: the jobs it ended settle their dependents in this same statement
--- (pgqueue_settle, migration 0011); a job nothing waits for costs one probe of
--- queue_job_deps_edge for the whole statement, and the function is not called.
+-- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- waits for (NULL) the function is not called and no other table is read.
 WITH done AS (
     UPDATE queue_job_state AS state
     SET status = CASE WHEN state.cancel_requested_at IS NULL THEN 'completed' ELSE 'cancelled' END,
@@ -285,7 +285,7 @@ WITH done AS (
     WHERE state.job_id = ANY (%(job_ids)s::bigint[])
       AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
       AND state.status = 'running'
-    RETURNING state.job_id, state.status = 'cancelled' AS cancelled
+    RETURNING state.job_id, state.status = 'cancelled' AS cancelled, state.has_dependents
 ), closed AS (
     UPDATE queue_attempts AS attempt
     SET status = 'succeeded',
@@ -296,13 +296,10 @@ WITH done AS (
 ), settled AS (
     -- workflows: settle the dependents of the jobs completed (or ended cancelled)
     SELECT pgqueue_settle(
-        ARRAY(SELECT job_id FROM done WHERE NOT cancelled),
-        ARRAY(SELECT job_id FROM done WHERE cancelled)
+        ARRAY(SELECT job_id FROM done WHERE has_dependents AND NOT cancelled),
+        ARRAY(SELECT job_id FROM done WHERE has_dependents AND cancelled)
     ) AS steps
-    WHERE EXISTS (
-        SELECT FROM queue_job_deps AS dep
-        WHERE dep.depends_on = ANY (ARRAY(SELECT job_id FROM done))
-    )
+    WHERE EXISTS (SELECT FROM done WHERE has_dependents)
 )
 SELECT job_id, cancelled FROM done LEFT JOIN settled ON true;
 
@@ -314,8 +311,8 @@ SELECT job_id, cancelled FROM done LEFT JOIN settled ON true;
 -- cancel it while it ran. Fenced; returns the new status and run_at, or no row when
 -- the lease was lost.
 -- Workflows: the jobs it ended settle their dependents in this same statement
--- (pgqueue_settle, migration 0011); a job nothing waits for costs one probe of
--- queue_job_deps_edge for the whole statement, and the function is not called.
+-- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- waits for (NULL) the function is not called and no other table is read.
 WITH failed AS (
     UPDATE queue_job_state AS state
     SET status = CASE
@@ -339,7 +336,8 @@ WITH failed AS (
     WHERE state.job_id = %(job_id)s::bigint
       AND state.lease_version = %(lease_version)s::bigint
       AND state.status = 'running'
-    RETURNING state.job_id, state.lease_version, state.status, state.run_at
+    RETURNING state.job_id, state.lease_version, state.status, state.run_at,
+              state.has_dependents
 ), closed AS (
     UPDATE queue_attempts AS attempt
     SET status = 'failed',
@@ -352,8 +350,9 @@ WITH failed AS (
 ), settled AS (
     -- workflows: a job that ended dead or cancelled settles its dependents as failed
     SELECT pgqueue_settle('{}', ARRAY(SELECT job_id FROM failed)) AS steps
-    WHERE EXISTS (SELECT FROM failed WHERE failed.status IN ('dead', 'cancelled'))
-      AND EXISTS (SELECT FROM queue_job_deps AS dep WHERE dep.depends_on = %(job_id)s::bigint)
+    WHERE EXISTS (
+        SELECT FROM failed WHERE failed.has_dependents AND failed.status IN ('dead', 'cancelled')
+    )
 )
 SELECT status, run_at FROM failed LEFT JOIN settled ON true;
 
@@ -378,8 +377,8 @@ RETURNING state.job_id, state.cancel_requested_at IS NOT NULL AS cancel_requeste
 -- row is marked released. A job an operator asked to cancel ends cancelled instead.
 -- Fenced like job_complete; returns the jobs released.
 -- Workflows: the jobs it ended settle their dependents in this same statement
--- (pgqueue_settle, migration 0011); a job nothing waits for costs one probe of
--- queue_job_deps_edge for the whole statement, and the function is not called.
+-- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- waits for (NULL) the function is not called and no other table is read.
 WITH released AS (
     UPDATE queue_job_state AS state
     SET status = CASE WHEN state.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
@@ -391,7 +390,7 @@ WITH released AS (
     WHERE state.job_id = ANY (%(job_ids)s::bigint[])
       AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
       AND state.status = 'running'
-    RETURNING state.job_id, state.queue, state.status
+    RETURNING state.job_id, state.queue, state.status, state.has_dependents
 ), closed AS (
     UPDATE queue_attempts AS attempt
     SET status = 'released', finished_at = now()
@@ -402,12 +401,10 @@ WITH released AS (
     FROM (SELECT DISTINCT queue FROM released) AS q
 ), settled AS (
     -- workflows: a job that ended cancelled settles its dependents as failed
-    SELECT pgqueue_settle('{}', ARRAY(SELECT job_id FROM released WHERE status = 'cancelled'))
-        AS steps
-    WHERE EXISTS (
-        SELECT FROM queue_job_deps AS dep
-        WHERE dep.depends_on = ANY (ARRAY(SELECT job_id FROM released WHERE status = 'cancelled'))
-    )
+    SELECT pgqueue_settle(
+        '{}', ARRAY(SELECT job_id FROM released WHERE has_dependents AND status = 'cancelled')
+    ) AS steps
+    WHERE EXISTS (SELECT FROM released WHERE has_dependents AND status = 'cancelled')
 )
 SELECT released.job_id FROM released CROSS JOIN wake LEFT JOIN settled ON true;
 
@@ -435,8 +432,8 @@ DISCARD PLANS;
 -- run_at stays as it was: the job was due already and keeps its place in line, so
 -- it runs again as soon as a worker is free, not after the whole backlog behind it.
 -- Workflows: the jobs it ended settle their dependents in this same statement
--- (pgqueue_settle, migration 0011); a job nothing waits for costs one probe of
--- queue_job_deps_edge for the whole statement, and the function is not called.
+-- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- waits for (NULL) the function is not called and no other table is read.
 WITH expired AS MATERIALIZED (
     SELECT job_id, lease_version
     FROM queue_job_state
@@ -468,7 +465,8 @@ WITH expired AS MATERIALIZED (
       AND state.lease_version = expired.lease_version
       AND state.status = 'running'
       AND state.locked_until < now()
-    RETURNING state.job_id, state.queue, expired.lease_version AS lost_version, state.status
+    RETURNING state.job_id, state.queue, expired.lease_version AS lost_version, state.status,
+              state.has_dependents
 ), lost AS (
     UPDATE queue_attempts AS attempt
     SET status = 'lost',
@@ -485,14 +483,10 @@ WITH expired AS MATERIALIZED (
 ), settled AS (
     -- workflows: a job the sweep ended dead or cancelled settles its dependents as failed
     SELECT pgqueue_settle(
-        '{}', ARRAY(SELECT job_id FROM swept WHERE status IN ('dead', 'cancelled'))
+        '{}', ARRAY(SELECT job_id FROM swept
+                    WHERE has_dependents AND status IN ('dead', 'cancelled'))
     ) AS steps
-    WHERE EXISTS (
-        SELECT FROM queue_job_deps AS dep
-        WHERE dep.depends_on = ANY (
-            ARRAY(SELECT job_id FROM swept WHERE status IN ('dead', 'cancelled'))
-        )
-    )
+    WHERE EXISTS (SELECT FROM swept WHERE has_dependents AND status IN ('dead', 'cancelled'))
 )
 SELECT swept.job_id, swept.queue, swept.lost_version, swept.status
 FROM swept CROSS JOIN wake LEFT JOIN settled ON true;
@@ -560,7 +554,7 @@ WITH candidate AS MATERIALIZED (
     FROM target
     WHERE state.job_id = target.job_id
       AND state.status IN ('dead', 'cancelled', 'pending')
-    RETURNING state.job_id, state.queue
+    RETURNING state.job_id, state.queue, state.has_dependents
 ), wake AS (
     SELECT count(pg_notify('pgqueue', queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM retried) AS q
@@ -568,12 +562,9 @@ WITH candidate AS MATERIALIZED (
     SELECT pgqueue_unsettle(ARRAY(
         SELECT retried.job_id FROM retried
         JOIN candidate ON candidate.job_id = retried.job_id
-        WHERE candidate.status IN ('dead', 'cancelled')
+        WHERE retried.has_dependents AND candidate.status IN ('dead', 'cancelled')
     )) AS steps
-    WHERE EXISTS (
-        SELECT FROM queue_job_deps AS dep
-        WHERE dep.depends_on = ANY (ARRAY(SELECT job_id FROM retried))
-    )
+    WHERE EXISTS (SELECT FROM retried WHERE has_dependents)
 )
 SELECT retried.job_id FROM retried CROSS JOIN wake LEFT JOIN unsettled ON true;
 
@@ -581,21 +572,19 @@ SELECT retried.job_id FROM retried CROSS JOIN wake LEFT JOIN unsettled ON true;
 -- name: job_cancel
 -- Operator cancel: pending and waiting jobs become cancelled. Running jobs are never touched.
 -- Workflows: the jobs it ended settle their dependents in this same statement
--- (pgqueue_settle, migration 0011); a job nothing waits for costs one probe of
--- queue_job_deps_edge for the whole statement, and the function is not called.
+-- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- waits for (NULL) the function is not called and no other table is read.
 WITH cancelled AS (
     UPDATE queue_job_state
     SET status = 'cancelled', finished_at = now(), updated_at = now()
     WHERE job_id = ANY(%(job_ids)s::bigint[])
       AND status IN ('pending', 'waiting')
-    RETURNING job_id
+    RETURNING job_id, has_dependents
 ), settled AS (
     -- workflows: the jobs cancelled settle their dependents as failed
-    SELECT pgqueue_settle('{}', ARRAY(SELECT job_id FROM cancelled)) AS steps
-    WHERE EXISTS (
-        SELECT FROM queue_job_deps AS dep
-        WHERE dep.depends_on = ANY (ARRAY(SELECT job_id FROM cancelled))
-    )
+    SELECT pgqueue_settle('{}', ARRAY(SELECT job_id FROM cancelled WHERE has_dependents))
+        AS steps
+    WHERE EXISTS (SELECT FROM cancelled WHERE has_dependents)
 )
 SELECT job_id FROM cancelled LEFT JOIN settled ON true;
 
@@ -1442,8 +1431,8 @@ WHERE queue = %(queue)s::text AND type = %(type)s::text
 -- at the next claim as always. A job an operator asked to cancel ends cancelled
 -- instead. Fenced; returns the new status and run_at, or no row when the lease was lost.
 -- Workflows: the jobs it ended settle their dependents in this same statement
--- (pgqueue_settle, migration 0011); a job nothing waits for costs one probe of
--- queue_job_deps_edge for the whole statement, and the function is not called.
+-- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- waits for (NULL) the function is not called and no other table is read.
 WITH snoozed AS (
     UPDATE queue_job_state AS state
     SET status = CASE WHEN state.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
@@ -1462,7 +1451,7 @@ WITH snoozed AS (
     WHERE state.job_id = %(job_id)s::bigint
       AND state.lease_version = %(lease_version)s::bigint
       AND state.status = 'running'
-    RETURNING state.status, state.run_at
+    RETURNING state.status, state.run_at, state.has_dependents
 ), closed AS (
     UPDATE queue_attempts AS attempt
     SET status = %(attempt_status)s::text,
@@ -1474,8 +1463,9 @@ WITH snoozed AS (
 ), settled AS (
     -- workflows: a job that ended cancelled settles its dependents as failed
     SELECT pgqueue_settle('{}', ARRAY[%(job_id)s::bigint]) AS steps
-    WHERE EXISTS (SELECT FROM snoozed WHERE snoozed.status = 'cancelled')
-      AND EXISTS (SELECT FROM queue_job_deps AS dep WHERE dep.depends_on = %(job_id)s::bigint)
+    WHERE EXISTS (
+        SELECT FROM snoozed WHERE snoozed.has_dependents AND snoozed.status = 'cancelled'
+    )
 )
 SELECT status, run_at FROM snoozed LEFT JOIN settled ON true;
 
@@ -1502,7 +1492,8 @@ RETURNING job_id;
 -- Insert a whole workflow in one statement: its row, every step's job, state and step
 -- row, and the edges between them; wake the queues of the steps due now. Arrays are
 -- parallel, one element per step (payloads one JSON array); a step that waits for
--- others (waiting_for > 0) starts 'waiting', in no claim index, the others 'pending'.
+-- others (waiting_for > 0) starts 'waiting', in no claim index, the others 'pending';
+-- has_dependents is true for a step others wait for (NULL otherwise).
 -- Edges are pairs of positions (1-based) in those arrays: children[i] waits for
 -- parents[i]; the caller checked they form a DAG. Returns (workflow id, job ids in
 -- input order).
@@ -1513,11 +1504,11 @@ WITH numbered AS MATERIALIZED (
         unnest(%(priorities)s::smallint[]), unnest(%(run_ats)s::timestamptz[]),
         unnest(%(delays)s::float8[]), unnest(%(max_attempts)s::integer[]),
         unnest(%(names)s::text[]), unnest(%(on_failures)s::text[]),
-        unnest(%(waiting_for)s::integer[]),
+        unnest(%(waiting_for)s::integer[]), unnest(%(has_dependents)s::boolean[]),
         jsonb_array_elements(%(payloads)s::jsonb)
     ) WITH ORDINALITY
         AS i(queue, type, priority, run_at, delay, max_attempts, name, on_failure,
-             waiting_for, payload, position)
+             waiting_for, parent, payload, position)
 ), flow AS (
     INSERT INTO queue_workflows (name, steps, created_at)
     VALUES (%(name)s::text, cardinality(%(names)s::text[]), now())
@@ -1528,10 +1519,12 @@ WITH numbered AS MATERIALIZED (
     FROM numbered
 ), state AS (
     INSERT INTO queue_job_state (
-        job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version, updated_at
+        job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
+        updated_at, has_dependents
     )
     SELECT id, queue, CASE WHEN waiting_for > 0 THEN 'waiting' ELSE 'pending' END, priority,
-           coalesce(run_at, now() + make_interval(secs => delay)), 0, max_attempts, 0, now()
+           coalesce(run_at, now() + make_interval(secs => delay)), 0, max_attempts, 0, now(),
+           parent
     FROM numbered
 ), step AS (
     INSERT INTO queue_workflow_steps (job_id, workflow_id, name, on_failure, waiting_for, failed)

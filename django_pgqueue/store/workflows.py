@@ -44,6 +44,7 @@ def insert_workflow(
     `payloads` is the JSON array text of the steps' payloads; `edges` are (child,
     parent) positions, 0-based, in `steps`.
     """
+    waited_on = {parent for _, parent in edges}
     params = {
         "name": name,
         "types": text_array([s.type for s in steps]),
@@ -59,6 +60,9 @@ def insert_workflow(
         "names": text_array([s.name for s in steps]),
         "on_failures": text_array([s.on_failure for s in steps]),
         "waiting_for": int_array([s.waiting_for for s in steps]),
+        "has_dependents": "{"
+        + ",".join(["t" if index in waited_on else "NULL" for index in range(len(steps))])
+        + "}",
         "children": int_array([child + 1 for child, _ in edges]),
         "parents": int_array([parent + 1 for _, parent in edges]),
         "payloads": payloads,
