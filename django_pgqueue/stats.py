@@ -28,12 +28,14 @@ class QueueFigures:
     expired_leases: int = 0
     dead: int = 0
     cancelled: int = 0
+    # Workflow steps waiting for their dependencies (in no claim index).
+    waiting: int = 0
     completed: int | None = None
     oldest_due_seconds: float | None = None
 
     @property
     def live(self) -> int:
-        return self.pending + self.running + self.dead + self.cancelled
+        return self.pending + self.running + self.dead + self.cancelled + self.waiting
 
     @property
     def oldest_due(self) -> str:
@@ -60,6 +62,7 @@ class Snapshot:
             total.expired_leases += figures.expired_leases
             total.dead += figures.dead
             total.cancelled += figures.cancelled
+            total.waiting += figures.waiting
             if figures.oldest_due_seconds is not None:
                 total.oldest_due_seconds = max(
                     total.oldest_due_seconds or 0.0, figures.oldest_due_seconds
@@ -99,6 +102,8 @@ def collect(alias: str | None = None, *, exact: bool = False) -> Snapshot:
             figures.dead = jobs
         elif status == "cancelled":
             figures.cancelled = jobs
+        elif status == "waiting":
+            figures.waiting = jobs
     if exact:
         for queue, jobs in store.completed_counts(alias).items():
             by_queue.setdefault(queue, QueueFigures(queue=queue)).completed = jobs

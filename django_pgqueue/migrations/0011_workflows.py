@@ -189,6 +189,14 @@ class Migration(migrations.Migration):
             name="has_dependents",
             field=models.BooleanField(blank=True, null=True),
         ),
+        migrations.AddIndex(
+            model_name="jobstate",
+            index=models.Index(
+                condition=models.Q(("status", "waiting")),
+                fields=["queue"],
+                name="queue_job_state_waiting_idx",
+            ),
+        ),
         migrations.CreateModel(
             name="Workflow",
             fields=[

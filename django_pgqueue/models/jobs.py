@@ -157,6 +157,13 @@ class JobState(models.Model):
                 name="queue_job_state_failed_idx",
                 condition=Q(status__in=["dead", "cancelled"]),
             ),
+            # Waiting jobs (workflow steps whose dependencies have not finished) per
+            # queue, for the figures: a plain job never enters it.
+            models.Index(
+                fields=["queue"],
+                name="queue_job_state_waiting_idx",
+                condition=Q(status="waiting"),
+            ),
             # Running jobs that carry a concurrency key, by key: the per-key count of
             # the controlled claim. Rows without a key (all of an unkeyed queue) never
             # enter it, so unlimited queues pay nothing for it; no heartbeat column.

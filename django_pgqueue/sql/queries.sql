@@ -590,7 +590,8 @@ SELECT job_id FROM cancelled LEFT JOIN settled ON true;
 
 
 -- name: stats_by_queue
--- Count each queue's pending, running, dead and cancelled jobs, for the admin and queue_stats.
+-- Count each queue's pending, running, dead, cancelled and waiting jobs, for the admin and
+-- queue_stats.
 -- Completed jobs, most of the table, are not read: each branch walks one small partial
 -- index, so the cost follows the number of unfinished and failed jobs, not the table
 -- size. Pending comes from the claim index alone (index-only), running from the
@@ -615,7 +616,13 @@ UNION ALL
 SELECT queue, status, count(*), 0, 0, NULL
 FROM queue_job_state
 WHERE status IN ('dead', 'cancelled')
-GROUP BY queue, status;
+GROUP BY queue, status
+UNION ALL
+-- Workflow steps waiting for their dependencies, from queue_job_state_waiting_idx.
+SELECT queue, 'waiting', count(*), 0, 0, NULL
+FROM queue_job_state
+WHERE status = 'waiting'
+GROUP BY queue;
 
 
 -- name: stats_completed_by_queue

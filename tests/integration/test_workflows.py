@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import time
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import transaction
+from prometheus_client import generate_latest
 
 from django_pgqueue import EnqueueError, Workflow, chain, chord, group, step
+from django_pgqueue.metrics.collector import QueueCollector
 from django_pgqueue.models import Attempt, JobState
+from django_pgqueue.stats import collect
 from django_pgqueue.workflows import cancel_workflow
 from tests.conftest import sql
 
@@ -299,3 +305,15 @@ def test_operator_cancel_of_one_waiting_step_cancels_what_waits_on_it():
     assert sql(
         "SELECT cancelled_by FROM queue_workflow_steps WHERE job_id = %s", [run.jobs[names[1]]]
     ) == [(None,)]
+
+
+def test_queue_stats_and_metrics_count_waiting_steps():
+    chord(group(p(1), p(2)), p("cb")).enqueue()
+    chain(p("a"), p("b"), p("c")).enqueue()
+    figures = {f.queue: f for f in collect().queues}[Q]
+    assert (figures.pending, figures.waiting, figures.live) == (3, 3, 6)
+    out = StringIO()
+    call_command("queue_stats", "--json", stdout=out)
+    assert json.loads(out.getvalue())["totals"]["waiting"] == 3
+    text = generate_latest(QueueCollector()).decode()
+    assert f'pgqueue_jobs{{queue="{Q}",status="waiting"}} 3.0' in text

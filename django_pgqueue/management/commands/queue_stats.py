@@ -20,6 +20,7 @@ COLUMNS = (
     ("expired_leases", "expired leases"),
     ("dead", "dead"),
     ("cancelled", "cancelled"),
+    ("waiting", "waiting"),
     ("completed", "completed"),
     ("oldest_due_seconds", "oldest due"),
 )
