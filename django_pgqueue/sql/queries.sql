@@ -665,12 +665,20 @@ SELECT now() - make_interval(secs => %(seconds)s::float8) AS at;
 
 -- name: job_prune_count
 -- Count, by status, the finished jobs that finished before the cutoff (a prune's dry run).
--- The IN list repeats the rule of job_prune_batch: only finished jobs ever qualify.
+-- The IN list and NOT EXISTS repeat the rules of job_prune_batch: only finished jobs
+-- ever qualify, and not while their workflow has a step to run.
 SELECT status, count(*) AS jobs
 FROM queue_job_state
 WHERE status = ANY(%(statuses)s::text[])
   AND status IN ('completed', 'dead', 'cancelled')
   AND finished_at < %(cutoff)s::timestamptz
+  AND NOT EXISTS (
+      SELECT FROM queue_workflow_steps AS step
+      JOIN queue_workflow_steps AS other ON other.workflow_id = step.workflow_id
+      JOIN queue_job_state AS live ON live.job_id = other.job_id
+      WHERE step.job_id = queue_job_state.job_id
+        AND live.status IN ('waiting', 'pending', 'running')
+  )
 GROUP BY status;
 
 
@@ -685,7 +693,8 @@ GROUP BY status;
 -- and dropped. Each batch is one short statement in its own transaction: no lock
 -- outlives it. Batches walk the primary key upwards from after_id (the last job the
 -- previous batch deleted), so a whole prune reads the table once; no index over every
--- finished job is needed, which would weigh on the hot table.
+-- finished job is needed, which would weigh on the hot table. The finished steps of a
+-- workflow are kept until every step of it has finished.
 WITH doomed AS MATERIALIZED (
     SELECT job_id, status
     FROM queue_job_state
@@ -693,6 +702,15 @@ WITH doomed AS MATERIALIZED (
       AND status = ANY(%(statuses)s::text[])
       AND status IN ('completed', 'dead', 'cancelled')
       AND finished_at < %(cutoff)s::timestamptz
+      -- A step of a workflow that has not finished stays: its results and edges are
+      -- what the steps still to run read. A plain job has no step row (one probe).
+      AND NOT EXISTS (
+          SELECT FROM queue_workflow_steps AS step
+          JOIN queue_workflow_steps AS other ON other.workflow_id = step.workflow_id
+          JOIN queue_job_state AS live ON live.job_id = other.job_id
+          WHERE step.job_id = queue_job_state.job_id
+            AND live.status IN ('waiting', 'pending', 'running')
+      )
     ORDER BY job_id
     LIMIT %(limit)s::integer
     FOR UPDATE SKIP LOCKED

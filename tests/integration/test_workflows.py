@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.db import transaction
 from prometheus_client import generate_latest
 
-from django_pgqueue import EnqueueError, Workflow, chain, chord, group, step
+from django_pgqueue import EnqueueError, Workflow, chain, chord, enqueue_many, group, step
 from django_pgqueue.metrics.collector import QueueCollector
 from django_pgqueue.models import Attempt, JobState
 from django_pgqueue.stats import collect
@@ -317,3 +317,34 @@ def test_queue_stats_and_metrics_count_waiting_steps():
     assert json.loads(out.getvalue())["totals"]["waiting"] == 3
     text = generate_latest(QueueCollector()).decode()
     assert f'pgqueue_jobs{{queue="{Q}",status="waiting"}} 3.0' in text
+
+
+def test_pruning_keeps_a_workflows_finished_steps_until_the_whole_workflow_finished():
+    run = chord(group(p(1), p(2)), p("cb")).enqueue()
+    names = list(run.jobs)
+    members = [run.jobs[n] for n in names[:2]]
+    sql(
+        "UPDATE queue_job_state SET status = 'completed', finished_at = now() - interval '30 days' "
+        "WHERE job_id = ANY(%s)",
+        [members],
+    )
+    plain = enqueue_many([("qa.noop", None)], queue=Q)[0].id
+    sql(
+        "UPDATE queue_job_state SET status = 'completed', finished_at = now() - interval '30 days' "
+        "WHERE job_id = %s",
+        [plain],
+    )
+    out = StringIO()
+    call_command("prune_queue_jobs", "--older-than", "7d", "--dry-run", stdout=out)
+    call_command("prune_queue_jobs", "--older-than", "7d", stdout=StringIO())
+    assert sql("SELECT id FROM queue_jobs ORDER BY id") == [(j,) for j in sorted(run.jobs.values())]
+    # The workflow finishes: its steps go with the next prune.
+    sql(
+        "UPDATE queue_job_state SET status = 'completed', finished_at = now() - interval '30 days' "
+        "WHERE job_id = %s",
+        [run.jobs[names[2]]],
+    )
+    call_command("prune_queue_jobs", "--older-than", "7d", stdout=StringIO())
+    assert sql("SELECT count(*) FROM queue_jobs") == [(0,)]
+    assert sql("SELECT count(*) FROM queue_job_deps") == [(0,)]
+    assert sql("SELECT count(*) FROM queue_workflow_steps") == [(0,)]
