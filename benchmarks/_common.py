@@ -58,7 +58,10 @@ def truncate() -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE queue_jobs, queue_job_state, queue_attempts, qa_ledger")
+        cursor.execute(
+            "TRUNCATE queue_jobs, queue_job_state, queue_attempts, qa_ledger, queue_job_deps, "
+            "queue_workflow_steps, queue_workflows"
+        )
         cursor.execute("VACUUM ANALYZE queue_job_state")
 
 

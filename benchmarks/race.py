@@ -158,7 +158,10 @@ def prepare(strategy: str) -> list[int]:
     if strategy == "production":
         from django_pgqueue import enqueue_many
 
-        sql("TRUNCATE queue_jobs, queue_job_state, queue_attempts")
+        sql(
+            "TRUNCATE queue_jobs, queue_job_state, queue_attempts, queue_job_deps, "
+            "queue_workflow_steps, queue_workflows"
+        )
         return [job.id for job in enqueue_many([("qa.noop", None)] * JOBS, queue="race")]
     sql("DROP TABLE IF EXISTS race_jobs")
     sql(
@@ -290,7 +293,10 @@ def main() -> None:
             print(f"{LABELS[strategy]}: {outcomes[-1]['duplicates']} duplicates", flush=True)
     finally:
         sql("DROP TABLE IF EXISTS race_jobs")
-        sql("TRUNCATE queue_jobs, queue_job_state, queue_attempts")
+        sql(
+            "TRUNCATE queue_jobs, queue_job_state, queue_attempts, queue_job_deps, "
+            "queue_workflow_steps, queue_workflows"
+        )
 
     traces = "\n\n".join(trace_markdown(s, results["strategies"][s]["trace"]) for s in STRATEGIES)
     trace_path = RESULTS / ("smoke" if args.smoke else "") / "race_trace.md"

@@ -38,6 +38,7 @@ from .registry import handler
 from .retry import ExponentialBackoff, FixedDelay, RetryPolicy
 from .version import __version__ as __version__
 from .waiting import await_job, wait
+from .workflows import Step, Workflow, chain, chord, group, parent_results, step
 
 __all__ = [
     "ConfigurationError",
@@ -60,18 +61,25 @@ __all__ = [
     "RetryLater",
     "RetryPolicy",
     "Snooze",
+    "Step",
     "UnknownJobType",
     "WaitTimeout",
     "WorkerShutdown",
+    "Workflow",
     "await_job",
+    "chain",
+    "chord",
     "enqueue",
     "enqueue_many",
+    "group",
     "handler",
+    "parent_results",
     "pause_queue",
     "queue_controls",
     "resume_queue",
     "set_key_limit",
     "set_queue_limit",
     "set_queue_rate",
+    "step",
     "wait",
 ]

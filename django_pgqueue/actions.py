@@ -25,7 +25,7 @@ from .models import Job, JobState, Status
 from .store import operator as store
 
 RETRYABLE = frozenset({Status.DEAD, Status.CANCELLED, Status.PENDING})
-CANCELLABLE = frozenset({Status.PENDING, Status.RUNNING})
+CANCELLABLE = frozenset({Status.WAITING, Status.PENDING, Status.RUNNING})
 
 # Why a job was skipped, in the order a report lists them.
 RUNNING = "running"
@@ -129,7 +129,8 @@ def retry_now(job_ids: Iterable[int], *, alias: str | None = None) -> ActionRepo
 
 
 def cancel(job_ids: Iterable[int], *, alias: str | None = None) -> ActionReport:
-    """Cancel pending jobs (job_cancel) and ask running ones to stop (job_cancel_request).
+    """Cancel pending and waiting jobs (job_cancel) and ask running ones to stop
+    (job_cancel_request).
 
     Every other job, and a running job already asked, is skipped and accounted for.
     """

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
 from typing import Any
+
+# Reads the stored results of the jobs a job waits for, by step name: set by the
+# workflows feature when it is imported (this module knows no database).
+parent_results_reader: Callable[[int], dict[str, Any]] | None = None
 
 
 class Lease:
@@ -62,6 +67,7 @@ class JobContext:
     # lease_lost() and cancel_requested().
     lease: InitVar[Lease | None] = None
     _lease: Lease | None = field(init=False, default=None)
+    _parents: dict[str, Any] | None = field(init=False, default=None)
 
     def __post_init__(self, lease: Lease | None) -> None:
         self._lease = lease
@@ -87,6 +93,19 @@ class JobContext:
             return dt.datetime.fromisoformat(tick)
         except ValueError:
             return None
+
+    @property
+    def parent_results(self) -> dict[str, Any]:
+        """The stored results of the jobs this job waits for, by step name (workflows).
+
+        In the order the steps were enqueued (a chord's callback gets its group's
+        results in group order); a parent that ended dead or cancelled (a step that
+        runs anyway) is missing. Read once, on first use.
+        """
+        if self._parents is None:
+            reader = parent_results_reader
+            self._parents = {} if reader is None else reader(self.job_id)
+        return self._parents
 
     @property
     def is_last_attempt(self) -> bool:

@@ -216,6 +216,24 @@ def enqueue_many(
     ]
 
 
+def check_options(
+    type_: Any,
+    *,
+    queue: Any = None,
+    priority: Any = None,
+    run_at: Any = None,
+    delay: Any = None,
+    max_attempts: Any = None,
+) -> tuple[str, str, int, dt.datetime | None, float, int]:
+    """Validate one job's options as enqueue() does and fill in the defaults.
+
+    Returns (type, queue, priority, run_at, delay in seconds, max_attempts); raises
+    EnqueueError naming the bad value. For features that write jobs of their own
+    statements (workflows).
+    """
+    return _check_options(get_settings(), type_, queue, priority, run_at, delay, max_attempts)
+
+
 def _check_options(
     conf: Any,
     type_: Any,

@@ -35,6 +35,8 @@ class QueueFigures:
     expired_leases: int = 0
     dead: int = 0
     cancelled: int = 0
+    # Workflow steps waiting for their dependencies (in no claim index).
+    waiting: int = 0
     completed: int | None = None
     oldest_due_seconds: float | None = None
     # The statuses whose count stopped at the cap: there are at least that many.
@@ -57,8 +59,12 @@ class QueueFigures:
         return "cancelled" in self.capped
 
     @property
+    def waiting_capped(self) -> bool:
+        return "waiting" in self.capped
+
+    @property
     def live(self) -> int:
-        return self.pending + self.running + self.dead + self.cancelled
+        return self.pending + self.running + self.dead + self.cancelled + self.waiting
 
     @property
     def oldest_due(self) -> str:
@@ -86,6 +92,7 @@ class Snapshot:
             total.expired_leases += figures.expired_leases
             total.dead += figures.dead
             total.cancelled += figures.cancelled
+            total.waiting += figures.waiting
             if figures.oldest_due_seconds is not None:
                 total.oldest_due_seconds = max(
                     total.oldest_due_seconds or 0.0, figures.oldest_due_seconds
@@ -132,6 +139,8 @@ def collect(alias: str | None = None, *, exact: bool = False) -> Snapshot:
             figures.dead = jobs
         elif status == "cancelled":
             figures.cancelled = jobs
+        elif status == "waiting":
+            figures.waiting = jobs
     if exact:
         for queue, jobs in store.completed_counts(alias).items():
             by_queue.setdefault(queue, QueueFigures(queue=queue)).completed = jobs

@@ -106,7 +106,7 @@ class QueueCollector(Collector):
             labels=["queue"],
         )
         for q in snapshot.queues:
-            for status in ("pending", "running", "dead", "cancelled"):
+            for status in ("pending", "running", "dead", "cancelled", "waiting"):
                 jobs.add_metric([q.queue, status], getattr(q, status))
             due.add_metric([q.queue], q.due)
             oldest.add_metric([q.queue], q.oldest_due_seconds or 0.0)

@@ -24,4 +24,4 @@ class Migration(migrations.Migration):
             ),
         ),
     ]
-    dependencies = [("django_pgqueue", "0010_schedule_code")]
+    dependencies = [("django_pgqueue", "0011_workflows")]

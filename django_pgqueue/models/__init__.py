@@ -7,6 +7,8 @@
 - `observability`: the worker registry (``queue_workers``) and the per-minute rollup
   (``queue_stats_minutely``).
 - `waiters`: who waits for a job's outcome (``queue_job_waiters``).
+- `workflows`: job dependencies and workflows (``queue_workflows``,
+  ``queue_workflow_steps``, ``queue_job_deps``).
 
 These modules are the foundation: they import Django only, never a feature of the
 queue, so any room may import them.
@@ -28,6 +30,7 @@ from .jobs import (
 from .observability import IntegerArrayField, MinuteStats, WorkerRecord
 from .schedules import CatchUp, Schedule, ScheduleCode, ScheduleTick, Source
 from .waiters import JobWaiter
+from .workflows import JobDependency, OnFailure, Workflow, WorkflowStep
 
 __all__ = [
     "FINISHED_STATUSES",
@@ -38,9 +41,11 @@ __all__ = [
     "DeadJobManager",
     "IntegerArrayField",
     "Job",
+    "JobDependency",
     "JobState",
     "JobWaiter",
     "MinuteStats",
+    "OnFailure",
     "QueueControl",
     "QueueTypeControl",
     "Schedule",
@@ -50,4 +55,6 @@ __all__ = [
     "Status",
     "TimestampArray",
     "WorkerRecord",
+    "Workflow",
+    "WorkflowStep",
 ]

@@ -30,6 +30,7 @@ from django.db.models.functions import Now
 
 
 class Status(models.TextChoices):
+    WAITING = "waiting", "waiting (for its dependencies)"
     PENDING = "pending"
     RUNNING = "running"
     COMPLETED = "completed"
@@ -115,6 +116,11 @@ class JobState(models.Model):
     # its status stays running until the fenced write that ends the attempt.
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # Workflows: true when other jobs wait for this one (queue_job_deps), set by the
+    # statement that inserts them. The statements that end a job settle its dependents
+    # only when it is set, so a plain job (NULL: no byte, a bit of the null bitmap)
+    # costs them no lookup.
+    has_dependents = models.BooleanField(null=True, blank=True)
 
     class Meta:
         db_table = "queue_job_state"
@@ -150,6 +156,13 @@ class JobState(models.Model):
                 fields=["queue", "status"],
                 name="queue_job_state_failed_idx",
                 condition=Q(status__in=["dead", "cancelled"]),
+            ),
+            # Waiting jobs (workflow steps whose dependencies have not finished) per
+            # queue, for the figures: a plain job never enters it.
+            models.Index(
+                fields=["queue"],
+                name="queue_job_state_waiting_idx",
+                condition=Q(status="waiting"),
             ),
             # Running jobs that carry a concurrency key, by key: the per-key count of
             # the controlled claim. Rows without a key (all of an unkeyed queue) never

@@ -272,6 +272,9 @@ CROSS JOIN LATERAL (
 -- row: no join for the planner to get wrong on stale statistics, and no FROM list,
 -- which would make PostgreSQL copy every joined row whole for concurrent-update
 -- rechecks.
+-- Workflows: the jobs it ended settle their dependents in this same statement
+-- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- waits for (NULL) the function is not called and no other table is read.
 WITH done AS (
     UPDATE queue_job_state AS state
     SET status = CASE WHEN state.cancel_requested_at IS NULL THEN 'completed' ELSE 'cancelled' END,
@@ -282,7 +285,7 @@ WITH done AS (
     WHERE state.job_id = ANY (%(job_ids)s::bigint[])
       AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
       AND state.status = 'running'
-    RETURNING state.job_id, state.status = 'cancelled' AS cancelled
+    RETURNING state.job_id, state.status = 'cancelled' AS cancelled, state.has_dependents
 ), closed AS (
     UPDATE queue_attempts AS attempt
     SET status = 'succeeded',
@@ -295,8 +298,15 @@ WITH done AS (
     SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
     FROM queue_job_waiters AS w
     WHERE w.job_id IN (SELECT job_id FROM done)
+), settled AS (
+    -- workflows: settle the dependents of the jobs completed (or ended cancelled)
+    SELECT pgqueue_settle(
+        ARRAY(SELECT job_id FROM done WHERE has_dependents AND NOT cancelled),
+        ARRAY(SELECT job_id FROM done WHERE has_dependents AND cancelled)
+    ) AS steps
+    WHERE EXISTS (SELECT FROM done WHERE has_dependents)
 )
-SELECT job_id, cancelled FROM done, woken;
+SELECT job_id, cancelled FROM done CROSS JOIN woken LEFT JOIN settled ON true;
 
 
 -- name: job_fail
@@ -305,6 +315,9 @@ SELECT job_id, cancelled FROM done, woken;
 -- permanent or its attempts are spent, or to cancelled when an operator asked to
 -- cancel it while it ran. Fenced; returns the new status and run_at, or no row when
 -- the lease was lost.
+-- Workflows: the jobs it ended settle their dependents in this same statement
+-- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- waits for (NULL) the function is not called and no other table is read.
 WITH failed AS (
     UPDATE queue_job_state AS state
     SET status = CASE
@@ -328,7 +341,8 @@ WITH failed AS (
     WHERE state.job_id = %(job_id)s::bigint
       AND state.lease_version = %(lease_version)s::bigint
       AND state.status = 'running'
-    RETURNING state.job_id, state.lease_version, state.status, state.run_at
+    RETURNING state.job_id, state.lease_version, state.status, state.run_at,
+              state.has_dependents
 ), closed AS (
     UPDATE queue_attempts AS attempt
     SET status = 'failed',
@@ -343,8 +357,14 @@ WITH failed AS (
     SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
     FROM queue_job_waiters AS w
     WHERE w.job_id IN (SELECT job_id FROM failed WHERE status <> 'pending')
+), settled AS (
+    -- workflows: a job that ended dead or cancelled settles its dependents as failed
+    SELECT pgqueue_settle('{}', ARRAY(SELECT job_id FROM failed)) AS steps
+    WHERE EXISTS (
+        SELECT FROM failed WHERE failed.has_dependents AND failed.status IN ('dead', 'cancelled')
+    )
 )
-SELECT status, run_at FROM failed, woken;
+SELECT status, run_at FROM failed CROSS JOIN woken LEFT JOIN settled ON true;
 
 
 -- name: lease_renew
@@ -366,6 +386,9 @@ RETURNING state.job_id, state.cancel_requested_at IS NOT NULL AS cancel_requeste
 -- They return to pending at once, the claim's attempt is given back and the attempt
 -- row is marked released. A job an operator asked to cancel ends cancelled instead.
 -- Fenced like job_complete; returns the jobs released.
+-- Workflows: the jobs it ended settle their dependents in this same statement
+-- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- waits for (NULL) the function is not called and no other table is read.
 WITH released AS (
     UPDATE queue_job_state AS state
     SET status = CASE WHEN state.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
@@ -377,7 +400,7 @@ WITH released AS (
     WHERE state.job_id = ANY (%(job_ids)s::bigint[])
       AND state.lease_version = (%(owned)s::jsonb ->> state.job_id::text)::bigint
       AND state.status = 'running'
-    RETURNING state.job_id, state.queue, state.status
+    RETURNING state.job_id, state.queue, state.status, state.has_dependents
 ), closed AS (
     UPDATE queue_attempts AS attempt
     SET status = 'released', finished_at = now()
@@ -391,8 +414,14 @@ WITH released AS (
     SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
     FROM queue_job_waiters AS w
     WHERE w.job_id IN (SELECT job_id FROM released WHERE status = 'cancelled')
+), settled AS (
+    -- workflows: a job that ended cancelled settles its dependents as failed
+    SELECT pgqueue_settle(
+        '{}', ARRAY(SELECT job_id FROM released WHERE has_dependents AND status = 'cancelled')
+    ) AS steps
+    WHERE EXISTS (SELECT FROM released WHERE has_dependents AND status = 'cancelled')
 )
-SELECT released.job_id FROM released, wake, woken;
+SELECT released.job_id FROM released CROSS JOIN wake CROSS JOIN woken LEFT JOIN settled ON true;
 
 
 -- name: plan_size_probe
@@ -420,6 +449,9 @@ DISCARD PLANS;
 -- An attempt closed as 'interrupted' (job_interrupt: its worker stopped while the
 -- handler ran, and held the row until its process was gone) is given back instead:
 -- the job is pending again (never dead for it), its attempt not spent.
+-- Workflows: the jobs it ended settle their dependents in this same statement
+-- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- waits for (NULL) the function is not called and no other table is read.
 WITH expired AS MATERIALIZED (
     SELECT state.job_id, state.lease_version,
            EXISTS (
@@ -467,7 +499,8 @@ WITH expired AS MATERIALIZED (
       AND state.lease_version = expired.lease_version
       AND state.status = 'running'
       AND state.locked_until < now()
-    RETURNING state.job_id, state.queue, expired.lease_version AS lost_version, state.status
+    RETURNING state.job_id, state.queue, expired.lease_version AS lost_version, state.status,
+              state.has_dependents
 ), lost AS (
     UPDATE queue_attempts AS attempt
     SET status = 'lost',
@@ -486,8 +519,16 @@ WITH expired AS MATERIALIZED (
     SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
     FROM queue_job_waiters AS w
     WHERE w.job_id IN (SELECT job_id FROM swept WHERE status <> 'pending')
+), settled AS (
+    -- workflows: a job the sweep ended dead or cancelled settles its dependents as failed
+    SELECT pgqueue_settle(
+        '{}', ARRAY(SELECT job_id FROM swept
+                    WHERE has_dependents AND status IN ('dead', 'cancelled'))
+    ) AS steps
+    WHERE EXISTS (SELECT FROM swept WHERE has_dependents AND status IN ('dead', 'cancelled'))
 )
-SELECT swept.job_id, swept.queue, swept.lost_version, swept.status FROM swept, wake, woken;
+SELECT swept.job_id, swept.queue, swept.lost_version, swept.status
+FROM swept CROSS JOIN wake CROSS JOIN woken LEFT JOIN settled ON true;
 
 
 -- name: attempt_outcome
@@ -505,8 +546,12 @@ WHERE id = ANY (%(attempt_ids)s::bigint[]);
 -- job whose idempotency key another live job holds; of several selected jobs sharing
 -- a key, only the newest is retried (two live jobs cannot hold one key). Returns the
 -- jobs changed.
+-- Workflows: a step that still waits for a dependency (one unfinished, or retried in
+-- this same call) goes back to waiting, not pending; a dead or cancelled job retried
+-- counts as unfinished again for its dependents, and those its failure cancelled go
+-- back to waiting (pgqueue_unsettle, migration 0011), in this same statement.
 WITH candidate AS MATERIALIZED (
-    SELECT state.job_id, state.queue, state.idempotency_key
+    SELECT state.job_id, state.queue, state.idempotency_key, state.status
     FROM queue_job_state AS state
     WHERE state.job_id = ANY(%(job_ids)s::bigint[])
       AND state.status IN ('dead', 'cancelled', 'pending')
@@ -528,7 +573,17 @@ WITH candidate AS MATERIALIZED (
     GROUP BY queue, idempotency_key
 ), retried AS (
     UPDATE queue_job_state AS state
-    SET status = 'pending',
+    SET status = CASE
+            WHEN EXISTS (
+                SELECT FROM queue_workflow_steps AS step
+                WHERE step.job_id = state.job_id AND step.waiting_for > 0
+            ) OR EXISTS (
+                SELECT FROM queue_job_deps AS dep
+                WHERE dep.job_id = state.job_id
+                  AND dep.depends_on IN (SELECT job_id FROM target)
+            ) THEN 'waiting'
+            ELSE 'pending'
+        END,
         run_at = now(),
         attempts = 0,
         lease_version = state.lease_version + 1,
@@ -538,34 +593,49 @@ WITH candidate AS MATERIALIZED (
     FROM target
     WHERE state.job_id = target.job_id
       AND state.status IN ('dead', 'cancelled', 'pending')
-    RETURNING state.job_id, state.queue
+    RETURNING state.job_id, state.queue, state.has_dependents
 ), wake AS (
     SELECT count(pg_notify('pgqueue', queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM retried) AS q
+), unsettled AS (
+    SELECT pgqueue_unsettle(ARRAY(
+        SELECT retried.job_id FROM retried
+        JOIN candidate ON candidate.job_id = retried.job_id
+        WHERE retried.has_dependents AND candidate.status IN ('dead', 'cancelled')
+    )) AS steps
+    WHERE EXISTS (SELECT FROM retried WHERE has_dependents)
 )
-SELECT retried.job_id FROM retried, wake;
+SELECT retried.job_id FROM retried CROSS JOIN wake LEFT JOIN unsettled ON true;
 
 
 -- name: job_cancel
--- Operator cancel: pending jobs become cancelled. Running jobs are never touched.
+-- Operator cancel: pending and waiting jobs become cancelled. Running jobs are never touched.
+-- Workflows: the jobs it ended settle their dependents in this same statement
+-- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- waits for (NULL) the function is not called and no other table is read.
 WITH cancelled AS (
     UPDATE queue_job_state
     SET status = 'cancelled', finished_at = now(), updated_at = now()
     WHERE job_id = ANY(%(job_ids)s::bigint[])
-      AND status = 'pending'
-    RETURNING job_id
+      AND status IN ('pending', 'waiting')
+    RETURNING job_id, has_dependents
 ), woken AS (
     -- Wake the wait() callers of these jobs (see job_waiter_add).
     SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
     FROM queue_job_waiters AS w
     WHERE w.job_id IN (SELECT job_id FROM cancelled)
+), settled AS (
+    -- workflows: the jobs cancelled settle their dependents as failed
+    SELECT pgqueue_settle('{}', ARRAY(SELECT job_id FROM cancelled WHERE has_dependents))
+        AS steps
+    WHERE EXISTS (SELECT FROM cancelled WHERE has_dependents)
 )
-SELECT cancelled.job_id FROM cancelled, woken;
+SELECT cancelled.job_id FROM cancelled CROSS JOIN woken LEFT JOIN settled ON true;
 
 
 -- name: stats_by_queue
--- Count each queue's pending, running, dead and cancelled jobs, for the admin, queue_stats
--- and the metrics. Completed jobs, most of the table, are not read, and each count stops
+-- Count each queue's pending, running, dead, cancelled and waiting jobs, for the admin,
+-- queue_stats and the metrics. Completed jobs, most of the table, are not read, and each count stops
 -- at %(cap)s jobs per queue and status (reading as cap means "at least"), so a reading
 -- costs the same with a backlog of ten thousand jobs or ten million.
 -- The queues come from skip scans of the partial indexes (one probe per queue: the next
@@ -575,7 +645,8 @@ SELECT cancelled.job_id FROM cancelled, woken;
 -- by priority, then run_at, so the oldest is the first job of one of its priorities,
 -- found by a skip scan over the priorities (one probe each). Running jobs are at most
 -- the workers' threads, counted in full from the running index; dead and cancelled jobs
--- from queue_job_state_failed_idx (index-only), up to the cap. expired counts running
+-- from queue_job_state_failed_idx (index-only), up to the cap, and waiting workflow
+-- steps from queue_job_state_waiting_idx, up to the cap. expired counts running
 -- jobs whose lease has run out and that no sweep has requeued yet.
 WITH RECURSIVE pending_queues AS (
     (SELECT queue FROM queue_job_state WHERE status = 'pending' ORDER BY queue LIMIT 1)
@@ -593,6 +664,14 @@ failed_queues AS (
             WHERE s.status IN ('dead', 'cancelled') AND s.queue > q.queue
             ORDER BY s.queue LIMIT 1)
     FROM failed_queues q
+    WHERE q.queue IS NOT NULL
+),
+waiting_queues AS (
+    (SELECT queue FROM queue_job_state WHERE status = 'waiting' ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT s.queue FROM queue_job_state s
+            WHERE s.status = 'waiting' AND s.queue > q.queue ORDER BY s.queue LIMIT 1)
+    FROM waiting_queues q
     WHERE q.queue IS NOT NULL
 )
 SELECT q.queue, 'pending' AS status, c.jobs, c.due, 0 AS expired, o.oldest_due_seconds
@@ -639,7 +718,18 @@ CROSS JOIN LATERAL (
           WHERE status = f.status AND queue = q.queue
           LIMIT %(cap)s::int8) s
 ) c
-WHERE q.queue IS NOT NULL AND c.jobs > 0;
+WHERE q.queue IS NOT NULL AND c.jobs > 0
+UNION ALL
+-- Workflow steps waiting for their dependencies, from queue_job_state_waiting_idx.
+SELECT q.queue, 'waiting', c.jobs, 0, 0, NULL
+FROM waiting_queues q
+CROSS JOIN LATERAL (
+    SELECT count(*) AS jobs
+    FROM (SELECT 1 FROM queue_job_state
+          WHERE status = 'waiting' AND queue = q.queue
+          LIMIT %(cap)s::int8) s
+) c
+WHERE q.queue IS NOT NULL;
 
 
 -- name: stats_pending_types
@@ -764,12 +854,20 @@ SELECT now() - make_interval(secs => %(seconds)s::float8) AS at;
 
 -- name: job_prune_count
 -- Count, by status, the finished jobs that finished before the cutoff (a prune's dry run).
--- The IN list repeats the rule of job_prune_batch: only finished jobs ever qualify.
+-- The IN list and NOT EXISTS repeat the rules of job_prune_batch: only finished jobs
+-- ever qualify, and not while their workflow has a step to run.
 SELECT status, count(*) AS jobs
 FROM queue_job_state
 WHERE status = ANY(%(statuses)s::text[])
   AND status IN ('completed', 'dead', 'cancelled')
   AND finished_at < %(cutoff)s::timestamptz
+  AND NOT EXISTS (
+      SELECT FROM queue_workflow_steps AS step
+      JOIN queue_workflow_steps AS other ON other.workflow_id = step.workflow_id
+      JOIN queue_job_state AS live ON live.job_id = other.job_id
+      WHERE step.job_id = queue_job_state.job_id
+        AND live.status IN ('waiting', 'pending', 'running')
+  )
 GROUP BY status;
 
 
@@ -784,7 +882,8 @@ GROUP BY status;
 -- and dropped. Each batch is one short statement in its own transaction: no lock
 -- outlives it. Batches walk the primary key upwards from after_id (the last job the
 -- previous batch deleted), so a whole prune reads the table once; no index over every
--- finished job is needed, which would weigh on the hot table.
+-- finished job is needed, which would weigh on the hot table. The finished steps of a
+-- workflow are kept until every step of it has finished.
 WITH doomed AS MATERIALIZED (
     SELECT job_id, status
     FROM queue_job_state
@@ -792,6 +891,15 @@ WITH doomed AS MATERIALIZED (
       AND status = ANY(%(statuses)s::text[])
       AND status IN ('completed', 'dead', 'cancelled')
       AND finished_at < %(cutoff)s::timestamptz
+      -- A step of a workflow that has not finished stays: its results and edges are
+      -- what the steps still to run read. A plain job has no step row (one probe).
+      AND NOT EXISTS (
+          SELECT FROM queue_workflow_steps AS step
+          JOIN queue_workflow_steps AS other ON other.workflow_id = step.workflow_id
+          JOIN queue_job_state AS live ON live.job_id = other.job_id
+          WHERE step.job_id = queue_job_state.job_id
+            AND live.status IN ('waiting', 'pending', 'running')
+      )
     ORDER BY job_id
     LIMIT %(limit)s::integer
     FOR UPDATE SKIP LOCKED
@@ -1536,6 +1644,9 @@ WHERE queue = %(queue)s::text AND type = %(type)s::text
 -- is closed with %(attempt_status)s ('snoozed' or 'interrupted'); lease_version grows
 -- at the next claim as always. A job an operator asked to cancel ends cancelled
 -- instead. Fenced; returns the new status and run_at, or no row when the lease was lost.
+-- Workflows: the jobs it ended settle their dependents in this same statement
+-- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- waits for (NULL) the function is not called and no other table is read.
 WITH snoozed AS (
     UPDATE queue_job_state AS state
     SET status = CASE WHEN state.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
@@ -1554,7 +1665,7 @@ WITH snoozed AS (
     WHERE state.job_id = %(job_id)s::bigint
       AND state.lease_version = %(lease_version)s::bigint
       AND state.status = 'running'
-    RETURNING state.job_id, state.status, state.run_at
+    RETURNING state.job_id, state.status, state.run_at, state.has_dependents
 ), closed AS (
     UPDATE queue_attempts AS attempt
     SET status = %(attempt_status)s::text,
@@ -1568,8 +1679,14 @@ WITH snoozed AS (
     SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
     FROM queue_job_waiters AS w
     WHERE w.job_id IN (SELECT job_id FROM snoozed WHERE status = 'cancelled')
+), settled AS (
+    -- workflows: a job that ended cancelled settles its dependents as failed
+    SELECT pgqueue_settle('{}', ARRAY[%(job_id)s::bigint]) AS steps
+    WHERE EXISTS (
+        SELECT FROM snoozed WHERE snoozed.has_dependents AND snoozed.status = 'cancelled'
+    )
 )
-SELECT status, run_at FROM snoozed, woken;
+SELECT status, run_at FROM snoozed CROSS JOIN woken LEFT JOIN settled ON true;
 
 
 -- name: job_hold_tables
@@ -1739,3 +1856,109 @@ WHERE state.job_id = %(job_id)s::bigint;
 -- name: job_waiter_remove
 -- Forget a wait() that returned: its job's finishing statement notifies nobody for it.
 DELETE FROM queue_job_waiters WHERE id = %(waiter_id)s::bigint;
+
+
+-- Workflows (django_pgqueue.workflows) ------------------------------------------------
+-- A job may wait for others: queue_job_deps holds the edges, queue_workflow_steps each
+-- step's failure policy and counters. The statements that end a job settle its
+-- dependents (see job_complete). The ones below write and read workflows.
+
+-- name: workflow_enqueue
+-- Insert a whole workflow in one statement: its row, every step's job, state and step
+-- row, and the edges between them; wake the queues of the steps due now. Arrays are
+-- parallel, one element per step (payloads one JSON array); a step that waits for
+-- others (waiting_for > 0) starts 'waiting', in no claim index, the others 'pending';
+-- has_dependents is true for a step others wait for (NULL otherwise).
+-- Edges are pairs of positions (1-based) in those arrays: children[i] waits for
+-- parents[i]; the caller checked they form a DAG. Returns (workflow id, job ids in
+-- input order).
+WITH numbered AS MATERIALIZED (
+    SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*
+    FROM ROWS FROM (
+        unnest(%(queues)s::text[]), unnest(%(types)s::text[]),
+        unnest(%(priorities)s::smallint[]), unnest(%(run_ats)s::timestamptz[]),
+        unnest(%(delays)s::float8[]), unnest(%(max_attempts)s::integer[]),
+        unnest(%(names)s::text[]), unnest(%(on_failures)s::text[]),
+        unnest(%(waiting_for)s::integer[]), unnest(%(has_dependents)s::boolean[]),
+        jsonb_array_elements(%(payloads)s::jsonb)
+    ) WITH ORDINALITY
+        AS i(queue, type, priority, run_at, delay, max_attempts, name, on_failure,
+             waiting_for, parent, payload, position)
+), flow AS (
+    INSERT INTO queue_workflows (name, steps, created_at)
+    VALUES (%(name)s::text, cardinality(%(names)s::text[]), now())
+    RETURNING id
+), job AS (
+    INSERT INTO queue_jobs (id, queue, type, payload, created_at, traceparent)
+    SELECT id, queue, type, payload, now(), %(traceparent)s::text
+    FROM numbered
+), state AS (
+    INSERT INTO queue_job_state (
+        job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
+        updated_at, has_dependents
+    )
+    SELECT id, queue, CASE WHEN waiting_for > 0 THEN 'waiting' ELSE 'pending' END, priority,
+           coalesce(run_at, now() + make_interval(secs => delay)), 0, max_attempts, 0, now(),
+           parent
+    FROM numbered
+), step AS (
+    INSERT INTO queue_workflow_steps (job_id, workflow_id, name, on_failure, waiting_for, failed)
+    SELECT numbered.id, flow.id, numbered.name, numbered.on_failure, numbered.waiting_for, 0
+    FROM numbered CROSS JOIN flow
+), edge AS (
+    INSERT INTO queue_job_deps (job_id, depends_on)
+    SELECT child.id, parent.id
+    FROM unnest(%(children)s::integer[], %(parents)s::integer[]) AS e(child, parent)
+    JOIN numbered AS child ON child.position = e.child
+    JOIN numbered AS parent ON parent.position = e.parent
+), wake AS (
+    SELECT count(pg_notify('pgqueue', due.queue)::text) AS queues
+    FROM (
+        SELECT DISTINCT queue FROM numbered
+        WHERE waiting_for = 0 AND coalesce(run_at, now() + make_interval(secs => delay)) <= now()
+    ) AS due
+)
+SELECT (SELECT id FROM flow), array_agg(numbered.id ORDER BY numbered.position)
+FROM numbered
+CROSS JOIN wake;
+
+
+-- name: workflow_parent_results
+-- The stored results of the jobs a job waits for: (step name, job id, status, result of
+-- its last succeeded attempt). Reads the job's edges (queue_job_deps_job_id index),
+-- then each parent's step and attempts by key.
+SELECT step.name, dep.depends_on, state.status, last.result
+FROM queue_job_deps AS dep
+JOIN queue_workflow_steps AS step ON step.job_id = dep.depends_on
+JOIN queue_job_state AS state ON state.job_id = dep.depends_on
+LEFT JOIN LATERAL (
+    SELECT attempt.result
+    FROM queue_attempts AS attempt
+    WHERE attempt.job_id = dep.depends_on AND attempt.status = 'succeeded'
+    ORDER BY attempt.lease_version DESC
+    LIMIT 1
+) AS last ON true
+WHERE dep.job_id = %(job_id)s::bigint
+ORDER BY dep.depends_on;
+
+
+-- name: workflow_jobs
+-- The jobs of a workflow by status, for cancelling it: (job id, status).
+SELECT step.job_id, state.status
+FROM queue_workflow_steps AS step
+JOIN queue_job_state AS state ON state.job_id = step.job_id
+WHERE step.workflow_id = %(workflow_id)s::bigint;
+
+
+-- name: workflow_steps
+-- A workflow's steps with their job's type, status and what each waits for, in step order.
+SELECT step.job_id, step.name, job.type, state.status, step.on_failure, step.waiting_for,
+       step.failed, coalesce(array_agg(dep.depends_on ORDER BY dep.depends_on)
+                             FILTER (WHERE dep.depends_on IS NOT NULL), '{}') AS parents
+FROM queue_workflow_steps AS step
+JOIN queue_jobs AS job ON job.id = step.job_id
+JOIN queue_job_state AS state ON state.job_id = step.job_id
+LEFT JOIN queue_job_deps AS dep ON dep.job_id = step.job_id
+WHERE step.workflow_id = %(workflow_id)s::bigint
+GROUP BY step.job_id, job.type, state.status
+ORDER BY step.job_id;

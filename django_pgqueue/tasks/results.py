@@ -27,6 +27,7 @@ from .api import (
 # strings, not models.Status: this module is imported when a @task is defined, which
 # may be before the app registry is ready.
 STATUS_MAP: dict[str, Any] = {
+    "waiting": TaskResultStatus.READY,
     "pending": TaskResultStatus.READY,
     "running": TaskResultStatus.RUNNING,
     "completed": TaskResultStatus.SUCCESSFUL,

@@ -317,3 +317,15 @@ def report(ctx: JobContext) -> dict[str, Any]:
         "attempt": ctx.attempt,
         "payload": ctx.payload,
     }
+
+
+@django_pgqueue.handler("qa.parents")
+def parents(ctx: JobContext) -> Any:
+    """A workflow step: return its payload and the stored results of the steps it waited for."""
+    return {"payload": ctx.payload, "parents": ctx.parent_results}
+
+
+@django_pgqueue.handler("qa.parents_fail", max_attempts=1)
+def parents_fail(ctx: JobContext) -> None:
+    """A workflow step that dies at once (one attempt)."""
+    raise ValueError(f"step {ctx.payload!r} fails")

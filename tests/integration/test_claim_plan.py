@@ -13,8 +13,11 @@ from tests.plans import execute_args, prepare
 pytestmark = pytest.mark.django_db
 
 
-def load_jobs(pending: int, finished: int = 0, analyze: bool = True) -> None:
-    """Insert jobs fast, spread over three queues, in the test's transaction."""
+def load_jobs(pending: int, finished: int = 0, analyze: bool = True, waiting: int = 0) -> None:
+    """Insert jobs fast, spread over three queues, in the test's transaction.
+
+    `waiting` jobs (a workflow's steps whose dependencies have not finished) come last.
+    """
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -30,12 +33,14 @@ def load_jobs(pending: int, finished: int = 0, analyze: bool = True) -> None:
             INSERT INTO queue_job_state (job_id, queue, status, priority, run_at, attempts,
                                          max_attempts, lease_version, updated_at, finished_at)
             SELECT id, (ARRAY['payments', 'email', 'reports'])[1 + n %% 3],
-                   CASE WHEN n <= %(finished)s THEN 'completed' ELSE 'pending' END,
+                   CASE WHEN n <= %(finished)s THEN 'completed'
+                        WHEN n > %(finished)s + %(pending)s THEN 'waiting'
+                        ELSE 'pending' END,
                    (n %% 5) - 2, now() - make_interval(secs => n %% 1000), 0, 5, 0, now(),
                    CASE WHEN n <= %(finished)s THEN now() END
             FROM ids
             """,
-            {"total": pending + finished, "finished": finished},
+            {"total": pending + finished + waiting, "finished": finished, "pending": pending},
         )
         if analyze:
             cursor.execute("ANALYZE queue_job_state")
@@ -114,6 +119,22 @@ def test_claim_on_50k_pending_jobs_walks_the_claim_index_without_sorting(generic
     assert scan["Index Name"] == "queue_job_state_claim_idx"
     assert "Sort" not in {node["Node Type"] for node in nodes(plan)}
     assert "Bitmap Heap Scan" not in {node["Node Type"] for node in nodes(plan)}
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_waiting_jobs_cost_the_claim_nothing(generic):
+    """200,000 waiting jobs beside 3,000 pending: the claim walks the claim index, which
+    holds no waiting row, and reads only the rows it takes."""
+    load_jobs(pending=3_000, waiting=200_000)
+    plan = claim_plan(generic=generic, analyze=True)
+    scan = candidate_scan(plan)
+    assert (scan["Node Type"], scan["Index Name"]) == ("Index Scan", "queue_job_state_claim_idx")
+    assert "Sort" not in {node["Node Type"] for node in nodes(plan)}
+    assert scan["Actual Rows"] == 20
+    assert scan.get("Rows Removed by Filter", 0) == 0
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM queue_job_state WHERE status = 'waiting'")
+        assert cursor.fetchone()[0] == 200_000
 
 
 @pytest.mark.parametrize("after", [False, True], ids=["job_claim", "job_claim_after"])

@@ -54,6 +54,7 @@ FLOORS = {
     # Features: they import the core, and nothing below the worker imports them.
     "control": FEATURES,
     "schedules": FEATURES,
+    "workflows": FEATURES,
     "observability": FEATURES,
     "worker": WORKER,
     "supervisor": WORKER,

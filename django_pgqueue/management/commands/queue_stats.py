@@ -21,6 +21,7 @@ COLUMNS = (
     ("expired_leases", "expired leases"),
     ("dead", "dead"),
     ("cancelled", "cancelled"),
+    ("waiting", "waiting"),
     ("completed", "completed"),
     ("oldest_due_seconds", "oldest due"),
 )
@@ -133,7 +134,7 @@ def _row(figures: QueueFigures, completed_mark: str) -> list[str]:
         elif key == "completed":
             cells.append("—" if value is None else f"{completed_mark}{value}")
         else:
-            capped = key in ("pending", "due", "dead", "cancelled") and getattr(
+            capped = key in ("pending", "due", "dead", "cancelled", "waiting") and getattr(
                 figures, f"{key}_capped"
             )
             cells.append(f"{value}+" if capped else str(value))  # at least that many

@@ -1,0 +1,118 @@
+"""The workflow tables: ``queue_workflows``, ``queue_workflow_steps`` and ``queue_job_deps``.
+
+- `Workflow` (``queue_workflows``): one row per enqueued canvas (chain, group, chord or
+  a `Workflow` builder's DAG), with its name and number of steps.
+- `WorkflowStep` (``queue_workflow_steps``): one row per job of a workflow: its step
+  name, its failure policy, and two counters kept by the fenced statements that end
+  a job: ``waiting_for``, the dependencies not finished yet, and ``failed``, those that
+  ended dead or cancelled. A step whose counters say it may run is made pending in
+  the transaction of the statement that finished its last dependency
+  (``pgqueue_settle``, migration 0011); the step row's lock serializes a fan-in, so
+  each finished dependency is counted once.
+- `JobDependency` (``queue_job_deps``): which job waits for which, one row per edge.
+
+Like the queue tables, the relations are declared with ``db_constraint=False``: the
+migration adds the foreign keys itself, with ``ON DELETE CASCADE`` (pruning a job
+removes its step and its edges).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models.functions import Now
+
+
+class OnFailure(models.TextChoices):
+    CANCEL = "cancel", "cancelled when a dependency fails"
+    RUN = "run", "runs anyway once its dependencies finished"
+    ERROR = "error", "runs only when a dependency failed (link_error)"
+
+
+class Workflow(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=255)
+    steps = models.IntegerField()
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "queue_workflows"
+        verbose_name = "workflow"
+
+    def __str__(self) -> str:
+        return f"workflow {self.name} #{self.pk}"
+
+
+class WorkflowStep(models.Model):
+    job = models.OneToOneField(
+        "django_pgqueue.Job",
+        primary_key=True,
+        on_delete=models.CASCADE,
+        db_column="job_id",
+        db_constraint=False,
+        related_name="workflow_step",
+    )
+    workflow = models.ForeignKey(
+        Workflow,
+        on_delete=models.CASCADE,
+        db_constraint=False,
+        db_index=False,  # the (workflow, name) unique index serves lookups by workflow
+        related_name="step_rows",
+    )
+    name = models.CharField(max_length=255)
+    on_failure = models.CharField(max_length=8, choices=OnFailure.choices)
+    waiting_for = models.IntegerField()
+    failed = models.IntegerField(default=0)
+    # The dependency whose failure cancelled this step (NULL: not cancelled by one).
+    # An operator retry of that dependency puts the step back to waiting.
+    cancelled_by = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        db_table = "queue_workflow_steps"
+        verbose_name = "workflow step"
+        constraints = [
+            models.UniqueConstraint(fields=["workflow", "name"], name="queue_workflow_steps_name"),
+            models.CheckConstraint(
+                condition=models.Q(waiting_for__gte=0, failed__gte=0),
+                name="queue_workflow_steps_counts",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(on_failure__in=["cancel", "run", "error"]),
+                name="queue_workflow_steps_on_failure",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"step {self.name} (job #{self.job_id})"
+
+
+class JobDependency(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(
+        "django_pgqueue.Job",
+        on_delete=models.CASCADE,
+        db_column="job_id",
+        db_constraint=False,
+        db_index=True,
+        related_name="dependencies",
+    )
+    depends_on = models.ForeignKey(
+        "django_pgqueue.Job",
+        on_delete=models.CASCADE,
+        db_column="depends_on",
+        db_constraint=False,
+        db_index=False,  # the (depends_on, job) unique index serves the settle's lookups
+        related_name="dependents",
+    )
+
+    class Meta:
+        db_table = "queue_job_deps"
+        verbose_name = "job dependency"
+        constraints = [
+            models.UniqueConstraint(fields=["depends_on", "job"], name="queue_job_deps_edge"),
+            models.CheckConstraint(
+                condition=~models.Q(job=models.F("depends_on")), name="queue_job_deps_not_self"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job #{self.job_id} waits for job #{self.depends_on_id}"

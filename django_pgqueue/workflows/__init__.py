@@ -1,0 +1,58 @@
+"""Workflows: jobs that wait for other jobs (a feature on the core).
+
+- `steps`: `Step` (a job type and payload, or a ``@task`` call) and `step()`;
+- `builder`: `Workflow`, a DAG of named steps written in one statement, and
+  `cancel_workflow`;
+- `canvas`: Celery's `chain`, `group` and `chord` on top of it.
+
+The waiting itself is data (``queue_job_deps``, ``queue_workflow_steps``): the core's
+statements that end a job settle its dependents in the same statement, so nothing
+here runs in the worker. Importing this package lets a handler read its parents'
+results through ``ctx.parent_results``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import context
+from ..conf import get_settings
+from ..store import workflows as store
+from .builder import Workflow, WorkflowRun, cancel_workflow
+from .canvas import Canvas, chain, chord, group
+from .steps import ON_FAILURE, Step, step
+
+__all__ = [
+    "ON_FAILURE",
+    "Canvas",
+    "Step",
+    "Workflow",
+    "WorkflowRun",
+    "cancel_workflow",
+    "chain",
+    "chord",
+    "group",
+    "parent_results",
+    "step",
+]
+
+
+def parent_results(job: Any, *, using: str | None = None) -> dict[str, Any]:
+    """The stored results of the jobs `job` waits for, by step name, in step order.
+
+    `job` is a job id, a `JobContext`, or a Django ``TaskContext`` (a ``@task`` with
+    ``takes_context=True``). Only completed parents are listed: one that ended dead
+    or cancelled (a step with on_failure "run" or a link_error step) is missing.
+    """
+    if hasattr(job, "task_result"):
+        job = job.task_result.id
+    job_id = int(job.job_id if hasattr(job, "job_id") else job)
+    alias = using or get_settings().DATABASE
+    return {
+        name: result
+        for name, _, status, result in store.parent_results(alias, job_id)
+        if status == "completed"
+    }
+
+
+context.parent_results_reader = parent_results

@@ -1,0 +1,211 @@
+"""`Workflow`: a DAG of steps, each naming the steps it waits for, enqueued in one statement."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from django.db import transaction
+
+from .. import extensions, validation
+from ..conf import get_settings
+from ..enqueue import check_options
+from ..exceptions import EnqueueError
+from ..store import operator
+from ..store import workflows as store
+from .steps import Step, step
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """What cancelling a workflow did: the steps cancelled, and the running steps asked
+    to stop (they end cancelled when their worker writes their outcome)."""
+
+    cancelled: list[int]
+    requested: list[int]
+
+
+@dataclass(frozen=True)
+class WorkflowRun:
+    """An enqueued workflow: its id and each step's job id, by step name."""
+
+    id: int
+    jobs: dict[str, int] = field(default_factory=dict)
+    using: str | None = None
+
+    def cancel(self) -> Cancelled:
+        """Cancel the workflow: its pending and waiting steps, and ask running ones to stop."""
+        return cancel_workflow(self.id, using=self.using)
+
+
+class Workflow:
+    """A general workflow: steps added by name, each waiting for the steps it names.
+
+    ``after`` may name steps added later; `enqueue` refuses unknown names and cycles,
+    naming them, before anything is written.
+    """
+
+    def __init__(self, name: str = "workflow") -> None:
+        if not isinstance(name, str) or not name:
+            raise EnqueueError(f"a workflow's name must be a non-empty string, got {name!r}.")
+        self.name = name
+        self._steps: dict[str, tuple[Step, tuple[str, ...]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def add(
+        self,
+        name: str,
+        target: Step | Any,
+        payload: Any = None,
+        *,
+        after: Iterable[str] = (),
+        **options: Any,
+    ) -> str:
+        """Add step `name`: a `Step`, or a job type or ``@task`` with `step`'s arguments.
+
+        Returns `name`, to use in a later step's `after`.
+        """
+        if isinstance(target, Step):
+            if payload is not None:
+                raise EnqueueError(f"step {name!r}: a Step carries its payload already.")
+            made = replace(target, **options) if options else target
+        else:
+            made = step(target, payload, **options)
+        if not isinstance(name, str) or not name:
+            raise EnqueueError(f"a step's name must be a non-empty string, got {name!r}.")
+        if name in self._steps:
+            raise EnqueueError(f"workflow {self.name!r} has a step named {name!r} already.")
+        parents = tuple(dict.fromkeys(after if not isinstance(after, str) else [after]))
+        self._steps[name] = (made, parents)
+        return name
+
+    def link_error(self, target: Step | Any, payload: Any = None, **options: Any) -> str:
+        """Add a step that runs only if a step before it failed (dead or cancelled).
+
+        It waits for every step added so far (or those named in ``after``), and is
+        skipped (cancelled, saying so) when they all completed.
+        """
+        after = options.pop("after", None)
+        name = options.pop("name", None) or f"link_error-{len(self._steps)}"
+        parents = list(self._steps) if after is None else after
+        made = target if isinstance(target, Step) else step(target, payload, **options)
+        made = replace(made, name=name, on_failure="error")
+        return self.add(name, made, after=parents)
+
+    def order(self) -> list[str]:
+        """The step names, parents before children; EnqueueError on an unknown step or a cycle."""
+        unknown = sorted(
+            (name, parent)
+            for name, (_, parents) in self._steps.items()
+            for parent in parents
+            if parent not in self._steps
+        )
+        if unknown:
+            listed = ", ".join(f"{child!r} waits for {parent!r}" for child, parent in unknown)
+            raise EnqueueError(f"workflow {self.name!r}: unknown steps: {listed}.")
+        for name, (_, parents) in self._steps.items():
+            if name in parents:
+                raise EnqueueError(f"workflow {self.name!r}: step {name!r} waits for itself.")
+        return _topological(self.name, {n: ps for n, (_, ps) in self._steps.items()})
+
+    def enqueue(self, *, using: str | None = None) -> WorkflowRun:
+        """Write the whole workflow in one statement, in the caller's transaction.
+
+        Steps without dependencies are due at once; the others wait, in no claim index,
+        until the statement that finishes their last dependency makes them pending.
+        Everything is validated first: nothing is written if any step is refused.
+        """
+        if not self._steps:
+            raise EnqueueError(f"workflow {self.name!r} has no steps.")
+        conf = get_settings()
+        names = self.order()
+        position = {name: index for index, name in enumerate(names)}
+        rows: list[store.StepRow] = []
+        payloads: list[Any] = []
+        for name in names:
+            made, parents = self._steps[name]
+            try:
+                options = check_options(
+                    made.type,
+                    queue=made.queue,
+                    priority=made.priority,
+                    run_at=made.run_at,
+                    delay=made.delay,
+                    max_attempts=made.max_attempts,
+                )
+            except EnqueueError as exc:
+                raise EnqueueError(f"workflow {self.name!r}, step {name!r}: {exc}") from exc
+            rows.append(store.StepRow(*options, name, made.on_failure, len(parents)))
+            payloads.append(made.payload)
+        edges = [
+            (position[name], position[parent]) for name in names for parent in self._steps[name][1]
+        ]
+        try:
+            text = validation.payloads(payloads, conf.MAX_PAYLOAD_BYTES)
+        except EnqueueError as exc:
+            raise EnqueueError(f"workflow {self.name!r}: {exc} (the step order: {names})") from exc
+        alias = using or conf.DATABASE
+        traceparent = extensions.enqueue_columns().get("traceparent")
+        workflow_id, job_ids = store.insert_workflow(
+            alias, self.name, rows, text, edges, traceparent
+        )
+        return WorkflowRun(workflow_id, dict(zip(names, job_ids, strict=True)), using)
+
+
+def _topological(workflow: str, graph: dict[str, Sequence[str]]) -> list[str]:
+    """`graph`'s nodes, each after the nodes it names; EnqueueError naming a cycle."""
+    done: set[str] = set()
+    order: list[str] = []
+    for root in graph:
+        if root in done:
+            continue
+        # An explicit stack (a workflow may be thousands of steps long): node, next parent.
+        path: list[str] = [root]
+        on_path = {root}
+        stack: list[tuple[str, int]] = [(root, 0)]
+        while stack:
+            node, index = stack[-1]
+            parents = graph[node]
+            if index < len(parents):
+                stack[-1] = (node, index + 1)
+                parent = parents[index]
+                if parent in on_path:
+                    cycle = [*path[path.index(parent) :], parent]
+                    raise EnqueueError(
+                        f"workflow {workflow!r} has a cycle: "
+                        + " -> ".join(repr(n) for n in reversed(cycle))
+                    )
+                if parent not in done:
+                    path.append(parent)
+                    on_path.add(parent)
+                    stack.append((parent, 0))
+                continue
+            stack.pop()
+            path.pop()
+            on_path.discard(node)
+            done.add(node)
+            order.append(node)
+    return order
+
+
+def cancel_workflow(workflow_id: int, *, using: str | None = None) -> Cancelled:
+    """Cancel a workflow's pending and waiting steps; ask its running steps to stop.
+
+    Finished steps are left as they are. One transaction: the cancelled steps settle
+    what waits on them in the same statement (job_cancel), then the running ones are
+    marked (job_cancel_request) and end cancelled when their worker writes them.
+    """
+    alias = using or get_settings().DATABASE
+    with transaction.atomic(using=alias):
+        live = [
+            job_id
+            for job_id, status in store.workflow_jobs(alias, workflow_id)
+            if status in ("waiting", "pending", "running")
+        ]
+        cancelled = operator.cancel_jobs(alias, live) if live else set()
+        rest = [job_id for job_id in live if job_id not in cancelled]
+        requested = operator.request_cancel(alias, rest) if rest else set()
+    return Cancelled(sorted(cancelled), sorted(requested))

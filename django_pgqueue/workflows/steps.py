@@ -1,0 +1,98 @@
+"""A workflow's step: a job type and payload, or a Django ``@task`` call, with its options."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from ..exceptions import EnqueueError
+
+# What a step does when a job it waits for ends dead or cancelled: be cancelled too
+# (the default, recorded why), run anyway once all have finished ("run"), or run only
+# then ("error": a link_error step, skipped when nothing failed).
+ON_FAILURE = ("cancel", "run", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One job of a workflow. `name` defaults to one the canvas makes up (``<type>-<n>``)."""
+
+    type: str
+    payload: Any = None
+    name: str | None = None
+    on_failure: str = "cancel"
+    queue: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    run_at: dt.datetime | None = None
+    delay: float | dt.timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if self.on_failure not in ON_FAILURE:
+            raise EnqueueError(
+                f"on_failure must be one of {', '.join(map(repr, ON_FAILURE))}, "
+                f"got {self.on_failure!r}."
+            )
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise EnqueueError(f"a step's name must be a non-empty string, got {self.name!r}.")
+
+
+def _is_task(target: Any) -> bool:
+    """Whether `target` is a Django Tasks ``Task`` (duck-typed: django.tasks or the backport)."""
+    return hasattr(target, "module_path") and hasattr(target, "func") and hasattr(target, "call")
+
+
+def step(
+    target: Any,
+    payload: Any = None,
+    *,
+    args: tuple[Any, ...] | list[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    name: str | None = None,
+    on_failure: str = "cancel",
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    run_at: dt.datetime | None = None,
+    delay: float | dt.timedelta | None = None,
+) -> Step:
+    """A step from a job type and payload, or from a ``@task`` and its arguments.
+
+    ``step("send_email", {"to": ...})`` runs the handler of ``send_email``;
+    ``step(send_email_task, args=[...], kwargs={...})`` runs the task as
+    ``send_email_task.enqueue(...)`` would (its queue and priority unless given).
+    """
+    if _is_task(target):
+        if payload is not None:
+            raise EnqueueError("a task step takes args= and kwargs=, not a payload.")
+        call: dict[str, Any] = {"args": list(args), "kwargs": dict(kwargs or {})}
+        backend = getattr(target, "backend", None)
+        if isinstance(backend, str):
+            call["backend"] = backend
+        return Step(
+            target.module_path,
+            call,
+            name=name,
+            on_failure=on_failure,
+            queue=queue if queue is not None else getattr(target, "queue_name", None),
+            priority=priority if priority is not None else getattr(target, "priority", None),
+            max_attempts=max_attempts,
+            run_at=run_at,
+            delay=delay,
+        )
+    if args or kwargs:
+        raise EnqueueError(
+            f"args= and kwargs= are for a @task step; the job type {target!r} takes a payload."
+        )
+    return Step(
+        target,
+        payload,
+        name=name,
+        on_failure=on_failure,
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        run_at=run_at,
+        delay=delay,
+    )

@@ -1,0 +1,178 @@
+"""The settle step: the fenced statements that end a job settle its dependents, once.
+
+Driven through the worker's Store on real connections, like test_store.py: a stale
+write settles nothing, a transaction that never commits settles nothing, the sweep's
+dead path settles, and a fan-in completed from many threads at once counts every
+member exactly once and makes its callback pending exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from django_pgqueue import Workflow, chain, chord, group, step
+from django_pgqueue.outcomes import Failure
+from django_pgqueue.sql import QUERIES
+from django_pgqueue.store.worker import complete_params
+from tests.conftest import database_url, sql
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Q = "settle"
+
+
+def s(payload, **options):
+    return step("qa.noop", payload, queue=Q, **options)
+
+
+def status(job_id: int) -> str:
+    return sql("SELECT status FROM queue_job_state WHERE job_id = %s", [job_id])[0][0]
+
+
+def counters(job_id: int) -> tuple[int, int]:
+    return sql("SELECT waiting_for, failed FROM queue_workflow_steps WHERE job_id = %s", [job_id])[
+        0
+    ]
+
+
+def test_a_stale_completion_settles_nothing_and_the_owners_settles_once(stores):
+    run = chain(s("a"), s("b")).enqueue()
+    a_id, b_id = run.jobs.values()
+    old, new = stores("old"), stores("new")
+    first = old.claim(Q, 1, "old", 0.2)[0]
+    time.sleep(0.4)  # the lease runs out on the database clock
+    assert [row[0] for row in new.sweep()] == [a_id]
+    second = new.claim(Q, 1, "new", 30)[0]
+    assert old.complete([(a_id, first.lease_version, first.attempt_id, None)]) == set()
+    assert (status(b_id), counters(b_id)) == ("waiting", (1, 0))
+    assert new.complete([(a_id, second.lease_version, second.attempt_id, None)]) == {a_id}
+    assert (status(b_id), counters(b_id)) == ("pending", (0, 0))
+
+
+def test_a_completion_that_never_commits_settles_nothing(stores):
+    run = chain(s("a"), s("b")).enqueue()
+    a_id, b_id = run.jobs.values()
+    claimed = stores().claim(Q, 1, "w", 30)[0]
+    done = [(a_id, claimed.lease_version, claimed.attempt_id, None)]
+    # The worker's connection dies between its completion and the COMMIT.
+    conn = psycopg.connect(database_url())
+    try:
+        conn.execute(QUERIES["job_complete"], complete_params(done))
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        assert conn.execute(
+            "SELECT status FROM queue_job_state WHERE job_id = %s", [b_id]
+        ).fetchone() == ("pending",)  # inside the transaction, settled
+        sql("SELECT pg_terminate_backend(%s)", [pid])
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("COMMIT")
+    finally:
+        conn.close()
+    assert (status(a_id), status(b_id), counters(b_id)) == ("running", "waiting", (1, 0))
+
+
+def test_the_sweeps_dead_path_cancels_the_dependents(stores):
+    run = chain(s("a", max_attempts=1), s("b"), s("c")).enqueue()
+    a_id, b_id, c_id = run.jobs.values()
+    store = stores()
+    store.claim(Q, 1, "w", 0.1)
+    time.sleep(0.3)
+    assert [(row[0], row[3]) for row in store.sweep()] == [(a_id, "dead")]
+    assert [status(j) for j in (a_id, b_id, c_id)] == ["dead", "cancelled", "cancelled"]
+    assert counters(b_id) == (0, 1)
+    assert counters(c_id) == (0, 1)
+
+
+def test_a_retryable_failure_settles_nothing_a_permanent_one_does(stores):
+    run = chain(s("a", max_attempts=3), s("b", on_failure="run")).enqueue()
+    a_id, b_id = run.jobs.values()
+    store = stores()
+    first = store.claim(Q, 1, "w", 30)[0]
+    retry = Failure("ValueError", "once", "", permanent=False, delay=0)
+    assert store.fail(a_id, first.lease_version, first.attempt_id, retry)[0] == "pending"
+    assert (status(b_id), counters(b_id)) == ("waiting", (1, 0))
+    second = store.claim(Q, 1, "w", 30)[0]
+    permanent = Failure("ValueError", "for good", "", permanent=True)
+    assert store.fail(a_id, second.lease_version, second.attempt_id, permanent)[0] == "dead"
+    # on_failure="run": it runs anyway, once its dependency finished.
+    assert (status(b_id), counters(b_id)) == ("pending", (0, 1))
+
+
+def test_a_plain_completion_never_calls_the_settle_function(stores):
+    """A job nothing waits for costs one index probe, not a PL/pgSQL call."""
+    plain = Workflow("plain-and-not")
+    plain.add("alone", s("alone"))
+    plain.add("parent", s("parent"))
+    plain.add("child", s("child"), after=["parent"])
+    run = plain.enqueue()
+    claimed = {row.job_id: row for row in stores().claim(Q, 2, "w", 30)}
+    calls = []
+    with psycopg.connect(database_url()) as conn:
+        conn.execute("SET track_functions = 'pl'")
+        for name in ("alone", "parent"):
+            row = claimed[run.jobs[name]]
+            conn.execute(
+                QUERIES["job_complete"],
+                complete_params([(row.job_id, row.lease_version, row.attempt_id, None)]),
+            )
+            calls.append(
+                conn.execute(
+                    "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions "
+                    "WHERE funcname = 'pgqueue_settle'"
+                ).fetchone()[0]
+            )
+    assert calls == [0, 1]
+    assert status(run.jobs["child"]) == "pending"
+
+
+@pytest.mark.parametrize("failures", [0, 7])
+def test_a_fan_in_completed_from_eight_threads_counts_each_member_once(stores, failures):
+    """200 members ended by 8 workers at once (completions in batches, some deaths):
+    the callback is made pending exactly once, with every member counted."""
+    members = 200
+    run = chord(group(*(s(i) for i in range(members))), s("cb", on_failure="run")).enqueue()
+    callback = list(run.jobs.values())[-1]
+    doomed = set(list(run.jobs.values())[:failures])
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def work(n: int) -> None:
+        store = stores(f"w{n}")
+        barrier.wait()
+        try:
+            while rows := store.claim(Q, 5, f"w{n}", 30):
+                done = []
+                for row in rows:
+                    if row.job_id in doomed:
+                        store.fail(
+                            row.job_id,
+                            row.lease_version,
+                            row.attempt_id,
+                            Failure("X", "dies", "", permanent=True),
+                        )
+                    else:
+                        done.append((row.job_id, row.lease_version, row.attempt_id, None))
+                assert store.complete(done) == {job_id for job_id, *_ in done}
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert counters(callback) == (0, failures)
+    # Made pending once, claimed once (by whichever thread came next), and only after
+    # the last member's ending transaction began.
+    assert status(callback) == "completed"
+    rows = sql("SELECT started_at FROM queue_attempts WHERE job_id = %s", [callback])
+    assert len(rows) == 1
+    last_member = sql(
+        "SELECT max(finished_at) FROM queue_attempts WHERE job_id = ANY(%s)",
+        [list(run.jobs.values())[:-1]],
+    )[0][0]
+    assert rows[0][0] >= last_member
