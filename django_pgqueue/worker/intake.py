@@ -25,6 +25,7 @@ from ..retry import RetryPolicy, default_policy
 from ..store import errors
 from ..store.worker import ClaimedRow, ClaimKey, Store
 from ..worker_config import WorkerConfig
+from .aio import AsyncPool
 from .inflight import InFlightJobs
 from .leases import LeaseBook
 from .pool import HandlerPool
@@ -47,7 +48,32 @@ class Intake:
     stats: Counter[str]
     stopping: threading.Event
     hooks: Hooks  # told of claims and releases
+    aio: AsyncPool | None = None  # the event loop of async handlers
     policy: RetryPolicy = field(default_factory=default_policy)
+    # Which kinds of handler ("sync", "async") each queue's claims have brought: a
+    # claim counts the free capacity of those kinds only.
+    kinds: dict[str, set[str]] = field(default_factory=dict)
+
+    def free(self, queue: str | None = None) -> int:
+        """How many jobs a claim from `queue` may take now (any queue's most: None).
+
+        The handler threads' free slots count for a queue whose claims brought sync
+        handlers, the event loop's for one whose claims brought async handlers; a queue
+        not claimed from yet counts both when any async handler is registered. A queue
+        with both kinds may so hold a job of one kind waiting for its pool while the
+        other pool has room (the worker never holds more than both pools together).
+        """
+        running = len(self.inflight)
+        if self.aio is None:
+            return self.config.concurrency - running
+        async_free = self.aio.free
+        sync_free = self.config.concurrency - (running - self.aio.in_flight)
+        kinds = self.kinds.get(queue) if queue is not None else None
+        if not kinds:
+            if queue is not None and not self.registry.has_async():
+                return sync_free
+            return sync_free + async_free
+        return (sync_free if "sync" in kinds else 0) + (async_free if "async" in kinds else 0)
 
     def claim(self, queue: str, limit: int, after: ClaimKey | None = None) -> list[ClaimedRow]:
         """Claim; a refused claim (not a lost connection) is logged and claims nothing:
@@ -109,7 +135,18 @@ class Intake:
         self.inflight.add_all(items)
         self.leases.hold([item.lease for item in items])
         self.hooks.claimed(items)  # leases a renewal may find lost
-        self.pool.submit(items)
+        if self.aio is None:
+            self.pool.submit(items)
+            return
+        on_loop = [item for item in items if item.handler and item.handler.coroutine]
+        on_threads = [item for item in items if not (item.handler and item.handler.coroutine)]
+        kinds = self.kinds.setdefault(rows[0].queue, set())
+        if on_loop:
+            kinds.add("async")
+            self.aio.submit(on_loop)
+        if on_threads:
+            kinds.add("sync")
+            self.pool.submit(on_threads)
 
     def release(self, held: list[tuple[int, int, int]]) -> None:
         """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""

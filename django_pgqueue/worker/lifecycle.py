@@ -160,8 +160,11 @@ class Worker:
                 logger.warning("shutdown: %s", exc)
                 self._switch.force.wait(min(0.5, max(0.0, deadline - time.monotonic())))
 
-        # And any that timed out during the grace.
+        # And any that timed out during the grace. Async handlers still running are
+        # cancelled now: their tasks' finally blocks run, their outcomes say so.
         dispatcher.fail_timed_out(self._pool.overdue.release())
+        dispatcher.aio.stop()
+        dispatcher.collect_outcomes()
         interrupted = [item for item in self._inflight if not item.resolved]
         for item in interrupted:
             item.resolved = True

@@ -42,7 +42,11 @@ def parse_weights(text: str) -> dict[str, int]:
 
 # The command's numeric options: checked here so that an error names the option.
 SECONDS_OPTIONS = ("lease", "heartbeat_interval", "sweep_interval", "job_timeout", "poll_interval")
-COUNT_OPTIONS = {"concurrency": validators.MAX_CONCURRENCY, "batch_size": validators.MAX_BATCH_SIZE}
+COUNT_OPTIONS = {
+    "concurrency": validators.MAX_CONCURRENCY,
+    "async_concurrency": validators.MAX_ASYNC_CONCURRENCY,
+    "batch_size": validators.MAX_BATCH_SIZE,
+}
 
 
 def check_options(options: dict[str, Any]) -> None:
@@ -75,6 +79,11 @@ class Command(BaseCommand):
         parser.add_argument("queues", nargs="+", metavar="QUEUE", help="Queue(s) to work on.")
         parser.add_argument(
             "--concurrency", type=int, help="Handler threads (default: PGQUEUE CONCURRENCY)."
+        )
+        parser.add_argument(
+            "--async-concurrency",
+            type=int,
+            help="Async handlers in flight on the event loop (default: PGQUEUE ASYNC_CONCURRENCY).",
         )
         parser.add_argument(
             "--batch-size", type=int, help="Most jobs per claim (default: PGQUEUE BATCH_SIZE)."
@@ -143,6 +152,7 @@ class Command(BaseCommand):
             worker = Worker(
                 options["queues"],
                 concurrency=options["concurrency"],
+                async_concurrency=options["async_concurrency"],
                 batch_size=options["batch_size"],
                 lease=options["lease"],
                 heartbeat_interval=options["heartbeat_interval"],
