@@ -116,10 +116,6 @@ class Registry:
         with self._lock:
             self._resolved.clear()
 
-    def has_async(self) -> bool:
-        """Whether any registered handler is async (runs on the worker's event loop)."""
-        return any(spec.coroutine is not None for spec in list(self._handlers.values()))
-
     def types(self) -> list[str]:
         return sorted(self._handlers)
 

@@ -58,22 +58,32 @@ class Intake:
         """How many jobs a claim from `queue` may take now (any queue's most: None).
 
         The handler threads' free slots count for a queue whose claims brought sync
-        handlers, the event loop's for one whose claims brought async handlers; a queue
-        not claimed from yet counts both when any async handler is registered. A queue
-        with both kinds may so hold a job of one kind waiting for its pool while the
-        other pool has room (the worker never holds more than both pools together).
+        handlers, the event loop's for one whose claims brought async handlers. A queue
+        not claimed from yet is sized to the free threads, as if it had only sync
+        handlers (a worker starts with all its threads free): its claims teach which
+        kinds it has. A queue that brought one kind only claims one job more while the
+        other pool has room and its own pool holds no job waiting, to find out whether
+        it has the other kind too. So a worker holds at most one job per queue waiting
+        for a full pool, and never more jobs than both pools together.
         """
         running = len(self.inflight)
         if self.aio is None:
             return self.config.concurrency - running
         async_free = self.aio.free
         sync_free = self.config.concurrency - (running - self.aio.in_flight)
-        kinds = self.kinds.get(queue) if queue is not None else None
+        looped = any("async" in kinds for kinds in self.kinds.values())
+        if queue is None:  # the loop counts once a queue brought an async handler
+            return sync_free + (async_free if looped else 0)
+        kinds = self.kinds.get(queue)
         if not kinds:
-            if queue is not None and not self.registry.has_async():
-                return sync_free
+            return sync_free
+        if len(kinds) == 2:
             return sync_free + async_free
-        return (sync_free if "sync" in kinds else 0) + (async_free if "async" in kinds else 0)
+        if "sync" in kinds:
+            probe = looped and async_free > 0 and sync_free >= 0
+            return max(sync_free, 0) + int(probe)
+        probe = sync_free > 0 and async_free >= 0
+        return max(async_free, 0) + int(probe)
 
     def claim(self, queue: str, limit: int, after: ClaimKey | None = None) -> list[ClaimedRow]:
         """Claim; a refused claim (not a lost connection) is logged and claims nothing:

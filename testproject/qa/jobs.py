@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import threading
 import time
 from typing import Any
@@ -365,3 +366,36 @@ async def asleep(ctx: JobContext) -> None:
     entry = await sync_to_async(_ledger_start)(ctx)
     await asyncio.sleep(float(ctx.payload.get("seconds", 1.0)))
     await sync_to_async(_ledger_end)(entry)
+
+
+# -- the async I/O benchmark (benchmarks/async_io.py): one round trip to a local server
+# that answers after its delay ------------------------------------------------------------
+
+
+@django_pgqueue.handler("bench.async_io", max_attempts=3)
+async def async_io(ctx: JobContext) -> int:
+    """Send a line to the local delay server and await its answer (or, without a
+    port, await asyncio.sleep of payload["delay"])."""
+    if "port" not in ctx.payload:
+        await asyncio.sleep(float(ctx.payload["delay"]))
+        return 0
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(ctx.payload["port"]))
+    try:
+        writer.write(b"%d\n" % ctx.job_id)
+        await writer.drain()
+        answer = await reader.readline()
+    finally:
+        writer.close()
+    return len(answer)
+
+
+@django_pgqueue.handler("bench.sync_io", max_attempts=3)
+def sync_io(ctx: JobContext) -> int:
+    """The same round trip on a handler thread, with a blocking socket (or time.sleep)."""
+    if "port" not in ctx.payload:
+        time.sleep(float(ctx.payload["delay"]))
+        return 0
+    with socket.create_connection(("127.0.0.1", int(ctx.payload["port"]))) as sock:
+        sock.sendall(b"%d\n" % ctx.job_id)
+        answer = sock.makefile("rb").readline()
+    return len(answer)

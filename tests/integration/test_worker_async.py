@@ -178,8 +178,10 @@ def test_async_orm_and_sync_to_async_in_handlers_leak_no_connection(run_worker):
 
 
 def test_a_worker_runs_async_and_sync_handlers_at_once(run_worker):
-    slow_sync = enqueue_many([("qa.sleep", {"seconds": 1.0})] * 2, queue="mix")
+    # The first claim (sized to the free threads) brings async jobs: from then on the
+    # queue's claims count the loop's free places too, and bring the sync jobs along.
     many_async = enqueue_many([("qa.asleep", {"seconds": 1.0})] * 50, queue="mix")
+    slow_sync = enqueue_many([("qa.sleep", {"seconds": 1.0})] * 2, queue="mix")
     worker = run_worker(["mix"], concurrency=2, async_concurrency=50, batch_size=100, burst=True)
     worker.thread.join(HANG_GUARD)
     ids = [job.id for job in slow_sync + many_async]
