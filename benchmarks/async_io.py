@@ -4,8 +4,8 @@ Each job waits 200 ms of I/O, two ways (`--io`): `sleep`, an asyncio.sleep (time
 on a thread), which measures the queue's own cost per job; `tcp`, one round trip (a new
 connection each time) to a local TCP server (its own process, asyncio) that answers a
 line 200 ms after it came: the I/O wait of a webhook or a payment provider, with no
-network in the way, and the handler's own connection costs on top. N jobs are enqueued first, then drained by one
-`run_queue_worker --burst` process:
+network in the way, and the handler's own connection costs on top. N jobs are enqueued
+first, then drained by one `run_queue_worker --burst` process:
 
 - async: `bench.async_io` (asyncio.open_connection), `--async-concurrency 1000`;
 - threads: `bench.sync_io` (a blocking socket), `--concurrency 100`.
@@ -173,7 +173,7 @@ def main() -> None:
             payload = {"port": port} if io == "tcp" else {"delay": args.delay}
             jobs = (500 if in_flight > 100 else 200) if args.smoke else args.jobs
             batch = min(500, in_flight)
-            measured = [drain(jobs, job_type, options, port, batch) for _ in range(runs)]
+            measured = [drain(jobs, job_type, options, payload, batch) for _ in range(runs)]
             values = [m["jobs_per_s"] for m in measured]
             rate = sorted(values)[len(values) // 2]
             rss = sorted(m["peak_rss_mib"] for m in measured)[len(measured) // 2]
@@ -194,8 +194,22 @@ def main() -> None:
                     "ceiling_jobs_per_s": ceiling,
                 }
             )
-            rows.append([name, f"{jobs:,}", f"{rate:,.0f}", f"{ceiling:,.0f}", f"{rss:,.0f} MiB"])
-            print(f"{name}, {io}: {rate:,.0f} jobs/s, peak RSS {rss:,.0f} MiB", flush=True)
+            rows.append(
+                [
+                    name,
+                    io,
+                    f"{jobs:,}",
+                    f"{rate:,.0f}",
+                    f"{ceiling:,.0f}",
+                    f"{rss:,.0f} MiB",
+                    f"{cpu:.2f} ms",
+                ]
+            )
+            print(
+                f"{name}, {io}: {rate:,.0f} jobs/s, peak RSS {rss:,.0f} MiB, "
+                f"{cpu:.2f} ms of worker CPU per job",
+                flush=True,
+            )
     finally:
         server.kill()
         server.wait()

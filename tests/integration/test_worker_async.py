@@ -94,7 +94,8 @@ def test_an_async_handler_that_swallows_its_cancellation_is_reported_and_its_job
     assert attempt.error_class == "django_pgqueue.exceptions.JobTimeout"
     assert worker.worker._dispatcher.aio.ignored_cancel == 1
     warned = [r.getMessage() for r in caplog.records if "CancelledError" in r.getMessage()]
-    assert warned and "qa.aoutcome" in warned[0], caplog.text
+    assert warned, caplog.text
+    assert "qa.aoutcome" in warned[0]
     # The worker goes on running async jobs.
     later = enqueue("qa.aoutcome", {"do": "return"}, queue="aswl")
     wait_until(lambda: status(later.id) == "completed", timeout=HANG_GUARD)
@@ -150,7 +151,7 @@ def test_an_async_handler_whose_lease_is_lost_is_cancelled_and_its_write_refused
     wait_until(lambda: aio.in_flight == 0, timeout=HANG_GUARD)
     # Its task was cancelled, its outcome's write refused: the new owner's row stands.
     state = JobState.objects.get(pk=job.id)
-    assert state.status == "running" and state.locked_by == "other"
+    assert (state.status, state.locked_by) == ("running", "other")
 
 
 def test_async_orm_and_sync_to_async_in_handlers_leak_no_connection(run_worker):
@@ -159,11 +160,14 @@ def test_async_orm_and_sync_to_async_in_handlers_leak_no_connection(run_worker):
     worker = run_worker(["aorm"], poll_interval=0.1, batch_size=100, async_concurrency=100)
     ids = [job.id for job in jobs]
     wait_until(
-        lambda: sql(
-            "SELECT count(*) FROM queue_job_state WHERE job_id = ANY(%s) AND status = 'completed'",
-            [ids],
-        )[0][0]
-        == 200,
+        lambda: (
+            sql(
+                "SELECT count(*) FROM queue_job_state "
+                "WHERE job_id = ANY(%s) AND status = 'completed'",
+                [ids],
+            )[0][0]
+            == 200
+        ),
         timeout=HANG_GUARD,
     )
     # 200 jobs, 100 at once, each with three database calls: the loop's calls share
