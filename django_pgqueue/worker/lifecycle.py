@@ -72,6 +72,11 @@ class Worker:
         return self.config.worker_id
 
     @property
+    def event_loop(self) -> Any:
+        """The event loop of async handlers (an `AsyncPool`: lag, blocked, in flight)."""
+        return self._dispatcher.aio
+
+    @property
     def exit_code(self) -> int:
         """The process exit code: 1 once too many handlers were stuck; EXIT_UNREACHABLE
         when the worker stopped without reaching the database; else 0."""
@@ -111,6 +116,10 @@ class Worker:
             finally:
                 if restore:
                     restore()
+        aio = self._dispatcher.aio
+        if aio.blocked or aio.ignored_cancel:
+            self.stats["event_loop_blocked"] = aio.blocked
+            self.stats["async_cancel_ignored"] = aio.ignored_cancel
         logger.info("worker %s stopped: %s", cfg.worker_id, dict(self.stats))
         return self.exit_code
 
