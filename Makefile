@@ -115,6 +115,7 @@ bench: install
 	$(BENCH)/race.py
 	$(BENCH)/retry_storm.py
 	$(BENCH)/throughput.py
+	$(BENCH)/async_io.py
 	$(BENCH)/scale.py
 	$(BENCH)/peers.py
 	$(BENCH)/report.py
@@ -126,6 +127,7 @@ bench-smoke: install
 	$(BENCH)/race.py --smoke
 	$(BENCH)/retry_storm.py --smoke
 	$(BENCH)/throughput.py --smoke
+	$(BENCH)/async_io.py --smoke
 	$(BENCH)/pairs.py --smoke
 	$(BENCH)/scale.py --smoke
 	$(BENCH)/peers.py --smoke

@@ -147,7 +147,7 @@ def main() -> None:
     if sys.argv[1:2] == ["--delay-server"]:
         delay_server(int(sys.argv[2]), float(sys.argv[3]))
         return
-    p = parser(__doc__.splitlines()[0])
+    p = parser(__doc__.splitlines()[0], database="pgqueue_bench_async")
     p.add_argument("--jobs", type=int, default=10_000, help="jobs per drain run")
     p.add_argument("--delay", type=float, default=0.2, help="seconds of I/O per job")
     p.add_argument("--io", default="sleep,tcp", help="the kinds of I/O: sleep, tcp or both")
