@@ -1,24 +1,20 @@
 """The event loop: async handlers as tasks on one loop thread the worker owns.
 
 An ``async def`` handler (or an async ``django.tasks`` Task) runs as an asyncio task on
-this pool's loop, up to ASYNC_CONCURRENCY at once, apart from the handler threads. Like
-the threads, the loop never touches the queue's tables: it puts (job, outcome) on a
-queue the dispatcher collects, and the outcome is written fenced by the same writer.
-
-Each job's outcome is reported exactly once (`_report`, under `_lock`), by whichever
-comes first: the task ending, its timeout, or the watchdog.
+this pool's loop, up to ASYNC_CONCURRENCY at once, apart from the handler threads. The
+loop never touches the queue's tables: it puts (job, outcome) on a queue the dispatcher
+collects, once per job (`_report`, under `_lock`), whoever comes first: the task ending,
+its timeout, or the watchdog.
 
 - A timeout cancels the task at the timeout (a timer on the loop) and records one
   JobTimeout failure once the task has ended.
-- An operator's cancel request and a lost lease (both seen at a renewal, looked at
-  every SCAN seconds) cancel the task too.
+- An operator's cancel request and a lost lease (seen at a renewal) cancel it too.
 - A handler that swallows the CancelledError is detected: it ended without raising it,
   or it still runs CANCEL_GRACE after the cancel. Either way it is logged with its job
   type and counted, and its outcome is recorded without waiting for it.
-- The watchdog thread measures the loop's lag (a probe every LAG_PROBE seconds): a
-  probe late by LAG_WARNING means a handler blocked the loop with a sync call; the
-  watchdog names the job whose code is running on the loop at that moment, and while
-  the loop stays blocked records the timeouts that fall due (the loop cannot).
+- The watchdog thread (`loopwatch.py`) measures the loop's lag from a probe the loop
+  runs every LAG_PROBE seconds, names the job whose sync call holds the loop, and
+  while the loop is held records the timeouts that fall due (the loop cannot).
 """
 
 from __future__ import annotations
@@ -28,10 +24,9 @@ import contextlib
 import json
 import logging
 import queue as queue_module
-import sys
 import threading
 import time
-from types import FrameType
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import connections
@@ -40,11 +35,10 @@ from .. import executor
 from ..claimed import InFlight
 from ..extensions import Hooks, WorkerHooks
 from ..outcomes import Failure, Outcome
+from .loopwatch import LAG_PROBE, Watchdog
 
 logger = logging.getLogger(__name__)
 
-LAG_PROBE = 0.05  # seconds between two probes of the loop's lag
-LAG_WARNING = 0.25  # a probe this late: a handler blocked the loop
 SCAN = 0.1  # seconds between two looks at cancel requests and lost leases
 CANCEL_GRACE = 1.0  # seconds a cancelled handler has to end before it is let go
 
@@ -98,7 +92,9 @@ class AsyncPool:
         self._thread.start()
         ready.wait()
         self._watchdog = threading.Thread(
-            target=self._watch, name="pgqueue-loop-watchdog", daemon=True
+            target=Watchdog(self, AsyncPool._run.__code__).run,
+            name="pgqueue-loop-watchdog",
+            daemon=True,
         )
         self._watchdog.start()
 
@@ -179,9 +175,15 @@ class AsyncPool:
                 self._live.add(item)
             task = loop.create_task(self._run(item), name=f"pgqueue job {item.ctx.job_id}")
             self._tasks[item] = task
-            task.add_done_callback(lambda _t, item=item: self._tasks.pop(item, None))
-            if item.timeout is not None:
-                loop.call_at(item.started + item.timeout, self._cancel, item, TIMEOUT)
+            if item.timeout is None:
+                task.add_done_callback(lambda _t, item=item: self._tasks.pop(item, None))
+                continue
+            timer = loop.call_at(item.started + item.timeout, self._cancel, item, TIMEOUT)
+            task.add_done_callback(lambda _t, item=item, timer=timer: self._ended(item, timer))
+
+    def _ended(self, item: InFlight, timer: asyncio.TimerHandle) -> None:
+        self._tasks.pop(item, None)
+        timer.cancel()  # no timer outlives its job
 
     async def _run(self, item: InFlight) -> None:
         try:
@@ -270,13 +272,7 @@ class AsyncPool:
             self._loop.stop()
             return
         waiting = asyncio.gather(*(task for _, task in tasks), return_exceptions=True)
-        self._loop.create_task(self._end_after(waiting))
-
-    async def _end_after(self, waiting: asyncio.Future[list[object]]) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(waiting), CANCEL_GRACE)
-        assert self._loop is not None
-        self._loop.stop()
+        self._loop.create_task(_stop_after(self._loop, waiting))
 
     # -- both sides -------------------------------------------------------------------
 
@@ -298,55 +294,18 @@ class AsyncPool:
             self._wake.set()
         return True
 
-    # -- the watchdog thread ----------------------------------------------------------
-
-    def _watch(self) -> None:
-        while not self._stop.wait(LAG_PROBE / 2):
-            late = time.monotonic() - self._probe_seen - LAG_PROBE
-            if late < LAG_WARNING:
-                continue
-            self.lag = late
-            self.lag_max = max(self.lag_max, late)
-            if not self._blocked_now:
-                self._blocked_now = True
-                self.blocked += 1
-                logger.warning(
-                    "worker %s: the event loop is blocked (%.2fs so far) by %s: a sync call "
-                    "in an async handler (use await, or sync_to_async for blocking code)",
-                    self.worker_id,
-                    late,
-                    _culprit(self._thread),
-                )
-            self._time_out_blocked()
-
-    def _time_out_blocked(self) -> None:
-        """While the loop is blocked, record the timeouts its timers cannot."""
-        now = time.monotonic()
-        with self._lock:
-            live = list(self._live)
-        for item in live:
-            if item.timeout is None or item.started is None or item.timed_out:
-                continue
-            if now < item.started + item.timeout:
-                continue
-            item.timed_out = True
-            item.lease.timed_out = True
-            if self._report(item, executor.timed_out(item.ctx, item.timeout, item.policy)):
-                logger.error(
-                    "job %d (%s) exceeded its timeout of %gs while the event loop was "
-                    "blocked; recorded now, its task cancelled once the loop runs",
-                    item.ctx.job_id,
-                    item.ctx.type,
-                    item.timeout,
-                )
-                assert self._loop is not None
-                self._loop.call_soon_threadsafe(self._cancel_reported, item)
-
     def _cancel_reported(self, item: InFlight) -> None:
         task = self._tasks.get(item)
         if task is not None and item not in self._why:
             self._why[item] = TIMEOUT
             task.cancel(f"pgqueue: {TIMEOUT}")
+
+
+async def _stop_after(loop: asyncio.AbstractEventLoop, waiting: asyncio.Future[Any]) -> None:
+    """Stop `loop` once `waiting` is done, or CANCEL_GRACE passed."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(waiting), CANCEL_GRACE)
+    loop.stop()
 
 
 def cancelled_outcome(item: InFlight, why: str) -> Outcome:
@@ -370,25 +329,6 @@ def _ignored(item: InFlight, why: str, what: str) -> None:
         why,
         what,
     )
-
-
-def _culprit(thread: threading.Thread | None) -> str:
-    """The job whose code runs on `thread` right now, as "job N (type)"."""
-    frame = sys._current_frames().get(thread.ident) if thread and thread.ident else None
-    item = _running_item(frame)
-    if item is None:
-        return "code outside any job (a hook or the loop itself)"
-    return f"job {item.ctx.job_id} ({item.ctx.type})"
-
-
-def _running_item(frame: FrameType | None) -> InFlight | None:
-    """The InFlight of the innermost `AsyncPool._run` on a thread's stack, if any."""
-    while frame is not None:
-        if frame.f_code is AsyncPool._run.__code__:
-            found = frame.f_locals.get("item")
-            return found if isinstance(found, InFlight) else None
-        frame = frame.f_back
-    return None
 
 
 def _failure(error_class: str, message: str, *, interrupted: bool = False) -> Failure:
