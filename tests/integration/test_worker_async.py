@@ -210,3 +210,16 @@ def test_a_worker_without_async_handlers_starts_no_event_loop(run_worker):
     worker = run_worker(["plain"], poll_interval=0.1)
     wait_until(lambda: status(job.id) == "completed", timeout=HANG_GUARD)
     assert not worker.worker._dispatcher.aio.started
+
+
+def test_a_stopping_worker_cancels_its_async_handlers_and_gives_their_attempts_back(run_worker):
+    job = enqueue("qa.aoutcome", {"do": "hang", "seconds": 600}, queue="astop", max_attempts=1)
+    worker = run_worker(["astop"], poll_interval=0.1, shutdown_grace=0.5)
+    wait_until(lambda: Attempt.objects.filter(job_id=job.id).exists(), timeout=HANG_GUARD)
+    worker.stop(timeout=HANG_GUARD)
+    # Interrupted by the shutdown: due again at once, its one attempt given back.
+    [attempt] = attempts(job.id)
+    assert attempt.status == "interrupted"
+    state = JobState.objects.get(pk=job.id)
+    assert (state.status, state.attempts) == ("pending", 0)
+    assert not worker.worker.event_loop._thread.is_alive()
