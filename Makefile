@@ -115,6 +115,7 @@ bench: install
 	$(BENCH)/race.py
 	$(BENCH)/retry_storm.py
 	$(BENCH)/throughput.py
+	$(BENCH)/async_io.py
 	$(BENCH)/scale.py
 	$(BENCH)/plans.py
 	$(BENCH)/peers.py
@@ -127,6 +128,7 @@ bench-smoke: install
 	$(BENCH)/race.py --smoke
 	$(BENCH)/retry_storm.py --smoke
 	$(BENCH)/throughput.py --smoke
+	$(BENCH)/async_io.py --smoke
 	$(BENCH)/pairs.py --smoke
 	$(BENCH)/scale.py --smoke
 	$(BENCH)/plans.py --smoke

@@ -20,6 +20,7 @@ from . import validators
 from .exceptions import ConfigurationError
 from .limits import QueueLimits, parse_queues
 from .validators import (
+    MAX_ASYNC_CONCURRENCY,
     MAX_ATTEMPTS,
     MAX_BATCH_SIZE,
     MAX_CONCURRENCY,
@@ -60,6 +61,9 @@ SETTINGS: dict[str, Setting] = {
     ),
     "POLL_INTERVAL": Setting(1.0, "Seconds an idle worker waits for a NOTIFY before polling."),
     "CONCURRENCY": Setting(10, "Handler threads per worker process."),
+    "ASYNC_CONCURRENCY": Setting(
+        100, "Async handlers (async def) in flight at once on the worker's event loop."
+    ),
     "BATCH_SIZE": Setting(10, "Most jobs one claim statement takes."),
     "SHUTDOWN_GRACE": Setting(30.0, "Seconds running handlers get to finish after SIGTERM."),
     "JOB_TIMEOUT": Setting(None, "Seconds a handler may run before it is failed; None: no limit."),
@@ -153,6 +157,8 @@ class QueueSettings:
         """The queue ROUTES gives job type `type_`, or None when no route matches."""
         return self.ROUTES.queue(type_)
 
+    ASYNC_CONCURRENCY: int = 100
+
 
 def _name(key: str) -> str:
     return f"PGQUEUE[{key!r}]"
@@ -224,6 +230,9 @@ def validate(raw: Any) -> QueueSettings:
         POLL_INTERVAL=_seconds("POLL_INTERVAL", values["POLL_INTERVAL"]),
         CONCURRENCY=_int("CONCURRENCY", values["CONCURRENCY"], 1, MAX_CONCURRENCY),
         BATCH_SIZE=_int("BATCH_SIZE", values["BATCH_SIZE"], 1, MAX_BATCH_SIZE),
+        ASYNC_CONCURRENCY=_int(
+            "ASYNC_CONCURRENCY", values["ASYNC_CONCURRENCY"], 1, MAX_ASYNC_CONCURRENCY
+        ),
         SHUTDOWN_GRACE=_seconds("SHUTDOWN_GRACE", values["SHUTDOWN_GRACE"], positive=False),
         JOB_TIMEOUT=timeout,
         RECONNECT_MAX_DELAY=_seconds("RECONNECT_MAX_DELAY", values["RECONNECT_MAX_DELAY"]),

@@ -9,6 +9,7 @@ never a dead worker.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import traceback as tb
@@ -73,18 +74,49 @@ def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcom
             if handler is None:
                 raise UnknownJobType(f"No handler is registered for job type {ctx.type!r}.")
             value = handler.func(ctx)
-        except Snooze as exc:  # pending again later, its attempt given back
-            return snoozed(exc)
-        except RetryLater as exc:
-            cls, message, trace = describe(exc)
-            return Failure(cls, message, trace, permanent=False, delay=exc.delay)
-        except (PermanentFailure, UnknownJobType) as exc:
-            return _logged(Failure(*describe(exc), permanent=True), exc)
         except BaseException as exc:
-            return _logged(retryable(exc, ctx, policy), exc)
+            return classify(exc, ctx, policy)
         return success(value)
     except BaseException as exc:  # classifying itself failed: still an outcome
         return fallback_failure(exc)
+
+
+async def arun(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcome:
+    """Await an async handler for ctx and classify the result, like `run`.
+
+    Only a cancellation of the task running it propagates (`asyncio.CancelledError`
+    while the task is being cancelled): whoever cancelled it knows why and records
+    that. A CancelledError the handler raises of its own is a failure like any other.
+    """
+    try:
+        try:
+            if handler is None or handler.coroutine is None:
+                raise UnknownJobType(f"No async handler is registered for job type {ctx.type!r}.")
+            value = await handler.coroutine(ctx)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            return classify(exc, ctx, policy)
+        except BaseException as exc:
+            return classify(exc, ctx, policy)
+        return success(value)
+    except asyncio.CancelledError:
+        raise
+    except BaseException as exc:
+        return fallback_failure(exc)
+
+
+def classify(exc: BaseException, ctx: JobContext, policy: RetryPolicy) -> Failure:
+    """The failure of a handler that raised `exc` (Snooze, RetryLater, permanent, other)."""
+    if isinstance(exc, Snooze):  # pending again later, its attempt given back
+        return snoozed(exc)
+    if isinstance(exc, RetryLater):
+        cls, message, trace = describe(exc)
+        return Failure(cls, message, trace, permanent=False, delay=exc.delay)
+    if isinstance(exc, PermanentFailure | UnknownJobType):
+        return _logged(Failure(*describe(exc), permanent=True), exc)
+    return _logged(retryable(exc, ctx, policy), exc)
 
 
 def decode_failure(exc: BaseException) -> Failure:

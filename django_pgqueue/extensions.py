@@ -25,7 +25,7 @@ it is given, jobs of its own). What it may not:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from django.utils.module_loading import import_string
@@ -40,6 +40,8 @@ from .worker_config import WorkerConfig
 
 # What runs an attempt: the executor's ``run(ctx, handler, policy)``.
 Runner = Callable[..., Outcome]
+# What runs an async handler's attempt: the executor's ``arun(ctx, handler, policy)``.
+AsyncRunner = Callable[..., Awaitable[Outcome]]
 Claimed = tuple[set[int], list[ClaimedRow]]
 H = TypeVar("H", bound="WorkerHooks")
 
@@ -122,6 +124,11 @@ class WorkerHooks:
         """Run `item`'s attempt: call ``run(item.ctx, item.handler, item.policy)``, once,
         and return its outcome (a span around it, say)."""
         return run(item.ctx, item.handler, item.policy)
+
+    async def arun_attempt(self, item: InFlight, run: AsyncRunner) -> Outcome:
+        """`run_attempt` for an async handler, on the worker's event loop: await
+        ``run(item.ctx, item.handler, item.policy)`` once. Never block the loop here."""
+        return await run(item.ctx, item.handler, item.policy)
 
     # -- the heartbeat (its thread; `renewed` also on the dispatcher's reconnect) -------
 
@@ -248,6 +255,7 @@ class Hooks:
         nexts = [p.next_pass for p in self._periodic]
         self.next_pass = _answer(nexts, _NO_HOOKS.next_pass, ANSWERS["next_pass"])
         self.run_attempt = _nest(self._by("run_attempt"))
+        self.arun_attempt = _anest(self._by("arun_attempt"))
 
     def _by(self, name: str) -> list[Any]:
         """The parts' methods for the point `name`, of those that override it."""
@@ -311,6 +319,33 @@ def _nest(wrappers: list[Callable[[InFlight, Runner], Outcome]]) -> Callable[...
 
 
 def _bind(wrapper: Callable[[InFlight, Runner], Outcome], item: InFlight, run: Runner) -> Runner:
+    return lambda ctx, handler, policy: wrapper(item, run)
+
+
+async def _arun(item: InFlight, run: AsyncRunner) -> Outcome:
+    return await run(item.ctx, item.handler, item.policy)
+
+
+def _anest(
+    wrappers: list[Callable[[InFlight, AsyncRunner], Awaitable[Outcome]]],
+) -> Callable[[InFlight, AsyncRunner], Awaitable[Outcome]]:
+    """One `arun_attempt` out of several: the first listed runs outermost."""
+    if not wrappers:
+        return _arun
+    if len(wrappers) == 1:
+        return wrappers[0]
+
+    def nested(item: InFlight, run: AsyncRunner) -> Awaitable[Outcome]:
+        for wrapper in reversed(wrappers[1:]):
+            run = _abind(wrapper, item, run)
+        return wrappers[0](item, run)
+
+    return nested
+
+
+def _abind(
+    wrapper: Callable[[InFlight, AsyncRunner], Awaitable[Outcome]], item: InFlight, run: AsyncRunner
+) -> AsyncRunner:
     return lambda ctx, handler, policy: wrapper(item, run)
 
 

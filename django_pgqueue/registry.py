@@ -12,9 +12,10 @@ cached, so the worker's dispatch stays a dictionary lookup.
 
 from __future__ import annotations
 
+import inspect
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.utils.module_loading import autodiscover_modules
@@ -43,8 +44,20 @@ class Handler:
     # The queue enqueue() uses for this type when the call names none and no
     # PGQUEUE["ROUTES"] entry matches it.
     queue: str | None = None
+    # The coroutine function the worker's event loop awaits for this type, or None for
+    # a handler that runs on a handler thread: the function itself when it is an
+    # ``async def``, else its ``async_handler`` (an async ``django.tasks`` Task's runner).
+    coroutine: Callable[[JobContext], Awaitable[Any]] | None = field(
+        default=None, init=False, compare=False
+    )
 
     def __post_init__(self) -> None:
+        if inspect.iscoroutinefunction(self.func):
+            object.__setattr__(self, "coroutine", self.func)
+        else:
+            async_handler = getattr(self.func, "async_handler", None)
+            if async_handler is not None and inspect.iscoroutinefunction(async_handler):
+                object.__setattr__(self, "coroutine", async_handler)
         # Every handler the worker runs is one of these: bounding its policy here keeps
         # a custom policy's delay (inf, 1e13) from reaching PostgreSQL out of range.
         if self.retry is not None:
@@ -138,7 +151,9 @@ def handler(
 ) -> Callable[[F], F]:
     """Register the decorated function as the handler of job type `type`.
 
-    The function receives a `JobContext`. Return to complete the job; raise
+    The function receives a `JobContext`; an ``async def`` function runs on the
+    worker's event loop (ASYNC_CONCURRENCY at once), any other on a handler thread.
+    Return to complete the job; raise
     `RetryLater(delay)` to retry after a chosen delay, `PermanentFailure` to fail
     without retrying, and any other exception to retry with the retry policy.
     `schedule` (a cron string such as ``"0 6 * * *"``, an interval such as ``"5m"``,

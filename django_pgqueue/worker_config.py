@@ -33,6 +33,8 @@ class WorkerConfig:
     weights: Mapping[str, int] = field(default_factory=dict)
     # Prepare the statements on the worker's own connections (WORKER_PREPARED_STATEMENTS).
     prepared_statements: bool = True
+    # Async handlers in flight at once on the event loop, apart from the threads.
+    async_concurrency: int = 100
 
     @classmethod
     def build(
@@ -40,6 +42,7 @@ class WorkerConfig:
         queues: Iterable[str],
         *,
         concurrency: int | None = None,
+        async_concurrency: int | None = None,
         batch_size: int | None = None,
         lease: float | None = None,
         heartbeat_interval: float | None = None,
@@ -110,6 +113,12 @@ class WorkerConfig:
             queues=names,
             concurrency=count(
                 "concurrency", concurrency, conf.CONCURRENCY, validators.MAX_CONCURRENCY
+            ),
+            async_concurrency=count(
+                "async_concurrency",
+                async_concurrency,
+                conf.ASYNC_CONCURRENCY,
+                validators.MAX_ASYNC_CONCURRENCY,
             ),
             batch_size=count("batch_size", batch_size, conf.BATCH_SIZE, validators.MAX_BATCH_SIZE),
             lease=lease_s,

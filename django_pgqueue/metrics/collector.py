@@ -200,3 +200,42 @@ class WorkerCollector(Collector):
 
     def describe(self) -> Iterator[Any]:
         return iter(())
+
+
+class EventLoopCollector(Collector):
+    """A worker's event loop (async handlers): its lag, and the handlers that blocked
+    it or swallowed their cancellation."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop  # the worker's AsyncPool
+
+    def collect(self) -> Iterator[Any]:
+        loop = self.loop
+        yield GaugeMetricFamily(
+            "pgqueue_event_loop_lag_seconds",
+            "How late the event loop's last probe ran (a blocked loop: how long so far).",
+            value=loop.lag,
+        )
+        yield GaugeMetricFamily(
+            "pgqueue_event_loop_lag_max_seconds",
+            "The largest lag of the event loop since the worker started.",
+            value=loop.lag_max,
+        )
+        yield CounterMetricFamily(
+            "pgqueue_event_loop_blocked",
+            "Times an async handler blocked the event loop (a probe late by 0.25 s or more).",
+            value=loop.blocked,
+        )
+        yield CounterMetricFamily(
+            "pgqueue_async_cancel_ignored",
+            "Async handlers that swallowed their task's cancellation.",
+            value=loop.ignored_cancel,
+        )
+        yield GaugeMetricFamily(
+            "pgqueue_async_in_flight",
+            "Async handlers in flight on the event loop.",
+            value=loop.in_flight,
+        )
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())

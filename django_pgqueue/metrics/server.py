@@ -7,7 +7,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 from ..observability.hooks import Observer
-from .collector import QueueCollector, WorkerCollector
+from .collector import EventLoopCollector, QueueCollector, WorkerCollector
 
 
 def serve(worker: Any, port: int, addr: str = "127.0.0.1") -> Any:
@@ -18,6 +18,7 @@ def serve(worker: Any, port: int, addr: str = "127.0.0.1") -> Any:
         registry.register(WorkerCollector(observer.counters, worker.worker_id))
     # The server answers on its own threads: each scrape closes the Django connection
     # it opened, so no connection is left behind per request thread.
+    registry.register(EventLoopCollector(worker.event_loop))
     registry.register(QueueCollector(worker.config.database, close=True))
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     return server

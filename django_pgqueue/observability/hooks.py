@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .. import signals
 from ..claimed import InFlight
 from ..context import Lease
-from ..extensions import Runner, WorkerHooks
+from ..extensions import AsyncRunner, Runner, WorkerHooks
 from ..outcomes import Failure, Outcome, Success
 from ..store.worker import Store
 from ..version import __version__
@@ -173,8 +173,29 @@ class Observer(WorkerHooks):
             if signals.job_started.receivers:
                 self._started(item)
             return run(item.ctx, item.handler, item.policy)
+        with tracing.attempt_span(item.traceparent, self._attributes(item), item.ctx.type) as span:
+            self._started(item)
+            outcome = run(item.ctx, item.handler, item.policy)
+            self.span_outcome(span, outcome)
+        return outcome
+
+    async def arun_attempt(self, item: InFlight, run: AsyncRunner) -> Outcome:
+        """`run_attempt` for an async handler, on the worker's event loop (the span is
+        the task's current span: OpenTelemetry keeps it in a context variable)."""
+        if not self.tracing:
+            if signals.job_started.receivers:
+                self._started(item)
+            return await run(item.ctx, item.handler, item.policy)
+        with tracing.attempt_span(item.traceparent, self._attributes(item), item.ctx.type) as span:
+            self._started(item)
+            outcome = await run(item.ctx, item.handler, item.policy)
+            self.span_outcome(span, outcome)
+        return outcome
+
+    @staticmethod
+    def _attributes(item: InFlight) -> dict[str, Any]:
         ctx = item.ctx
-        attributes = {
+        return {
             "pgqueue.job_id": ctx.job_id,
             "pgqueue.type": ctx.type,
             "pgqueue.queue": ctx.queue,
@@ -182,11 +203,6 @@ class Observer(WorkerHooks):
             "pgqueue.lease_version": ctx.lease_version,
             "pgqueue.worker_id": ctx.worker_id,
         }
-        with tracing.attempt_span(item.traceparent, attributes, ctx.type) as span:
-            self._started(item)
-            outcome = run(item.ctx, item.handler, item.policy)
-            self.span_outcome(span, outcome)
-        return outcome
 
     def _started(self, item: InFlight) -> None:
         ctx = item.ctx

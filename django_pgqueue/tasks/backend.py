@@ -51,7 +51,7 @@ class PgQueueBackend(BaseTaskBackend):
     """Run Django Tasks on the PostgreSQL queue: transactional, leased, fenced, retried."""
 
     supports_defer = True  # run_after becomes the job's run_at
-    supports_async_task = True  # coroutine functions run under async_to_sync in the worker
+    supports_async_task = True  # coroutine functions run on the worker's event loop
     supports_get_result = True  # from any process: results live in the queue tables
     supports_priority = True  # the queue's own priority, the same -100..100 scale
 

@@ -7,8 +7,8 @@ task's retry options from its backend. From there the worker treats it like any 
 handler: same claim, lease, heartbeat, fencing, retries and dead jobs.
 
 Running a task: the payload's ``args`` and ``kwargs`` are passed to the function (after
-a ``TaskContext`` when the task takes one); coroutine functions run under
-``async_to_sync``; ``task_started`` is sent before and ``task_finished`` after the
+a ``TaskContext`` when the task takes one); coroutine functions run on the worker's
+event loop; ``task_started`` is sent before and ``task_finished`` after the
 attempt that ends the task (success, permanent failure, or the last attempt failing).
 A failure that will be retried sends no ``task_finished``: the task is READY again.
 
@@ -18,11 +18,14 @@ The app's ``ready()`` imports this module, once the models are loaded; unlike
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.core.signals import setting_changed
 from django.dispatch import Signal
 from django.utils import timezone
@@ -101,6 +104,50 @@ class TaskRunner:
         return f"<TaskRunner {self.task.module_path}>"
 
     def __call__(self, ctx: JobContext) -> Any:
+        call, result = self._begin(ctx)
+        try:
+            if self.task.takes_context:
+                value = self.task.call(TaskContext(task_result=result), *call.args, **call.kwargs)
+            else:
+                value = self.task.call(*call.args, **call.kwargs)
+        except BaseException as exc:
+            # Sent from inside the except block, so receivers (Django's logger among
+            # them) see the exception in sys.exc_info().
+            self._failed(ctx, result, exc)
+            raise
+        self._succeeded(result, value)
+        return value
+
+    @property
+    def async_handler(self) -> Callable[[JobContext], Any] | None:
+        """The coroutine function the worker's event loop awaits, for an async task."""
+        return self._acall if inspect.iscoroutinefunction(self.task.func) else None
+
+    async def _acall(self, ctx: JobContext) -> Any:
+        """Run an async task on the worker's event loop.
+
+        The parts that may touch the database (the attempts read for a retried job,
+        the signals' receivers) run through `sync_to_async`, on the one thread Django
+        gives thread-sensitive calls, never on the loop.
+        """
+        call, result = await sync_to_async(self._begin)(ctx)
+        try:
+            if self.task.takes_context:
+                value = await self.task.func(
+                    TaskContext(task_result=result), *call.args, **call.kwargs
+                )
+            else:
+                value = await self.task.func(*call.args, **call.kwargs)
+        except asyncio.CancelledError:
+            raise  # the worker cancelled it, and records why
+        except BaseException as exc:
+            await sync_to_async(self._failed_async)(ctx, result, exc)
+            raise
+        await sync_to_async(self._succeeded)(result, value)
+        return value
+
+    def _begin(self, ctx: JobContext) -> tuple[TaskCall, TaskResult]:
+        """The task's call and running result; task_started sent."""
         call = TaskCall.from_payload(ctx.payload)
         if call is None:
             raise PermanentFailure(
@@ -110,26 +157,32 @@ class TaskRunner:
         alias = call.backend or self.task.backend
         result = self._running_result(ctx, call, alias)
         _send(task_started, result)
+        return call, result
+
+    def _failed_async(self, ctx: JobContext, result: TaskResult, exc: BaseException) -> None:
+        # On another thread than the one that caught it: raise it here again, so
+        # receivers see it in sys.exc_info() as on the sync path.
         try:
-            if self.task.takes_context:
-                value = self.task.call(TaskContext(task_result=result), *call.args, **call.kwargs)
-            else:
-                value = self.task.call(*call.args, **call.kwargs)
-        except BaseException as exc:
-            # Sent from inside the except block, so receivers (Django's logger among
-            # them) see the exception in sys.exc_info().
-            if isinstance(exc, PermanentFailure) or ctx.is_last_attempt:
-                error_class, _message, trace = describe(exc)
-                result.errors.append(
-                    TaskError(exception_class_path=error_class_path(error_class), traceback=trace)
-                )
-                object.__setattr__(result, "status", TaskResultStatus.FAILED)
-                object.__setattr__(result, "finished_at", timezone.now())
-                _send(task_finished, result)
-                # Django's task_finished receiver logs a failed task with its traceback:
-                # the worker's own line for the dead job need not say it again.
-                mark_logged(exc)
-            raise
+            raise exc
+        except BaseException:
+            self._failed(ctx, result, exc)
+
+    def _failed(self, ctx: JobContext, result: TaskResult, exc: BaseException) -> None:
+        """An attempt raised `exc`: task_finished if the task ends with it."""
+        if isinstance(exc, PermanentFailure) or ctx.is_last_attempt:
+            error_class, _message, trace = describe(exc)
+            result.errors.append(
+                TaskError(exception_class_path=error_class_path(error_class), traceback=trace)
+            )
+            object.__setattr__(result, "status", TaskResultStatus.FAILED)
+            object.__setattr__(result, "finished_at", timezone.now())
+            _send(task_finished, result)
+            # Django's task_finished receiver logs a failed task with its traceback:
+            # the worker's own line for the dead job need not say it again.
+            mark_logged(exc)
+
+    def _succeeded(self, result: TaskResult, value: Any) -> None:
+        """An attempt returned `value`: task_finished with what the result will say."""
         outcome = success(value)
         if isinstance(outcome, Failure):
             # The worker will record this failure (the value does not encode): the
@@ -146,7 +199,6 @@ class TaskRunner:
             object.__setattr__(result, "_return_value", value)
         object.__setattr__(result, "finished_at", timezone.now())
         _send(task_finished, result)
-        return value
 
     def _variant(self, ctx: JobContext, call: TaskCall, alias: str) -> Task:
         key = (ctx.queue, ctx.priority, alias, call.run_after)

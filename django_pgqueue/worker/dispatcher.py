@@ -25,6 +25,7 @@ from ..store import errors
 from ..store.connection import Backoff, wait_for
 from ..store.worker import ClaimedRow, Store
 from ..worker_config import WorkerConfig
+from .aio import AsyncPool
 from .inflight import InFlightJobs
 from .intake import Intake
 from .leases import LeaseBook, UnknownClaims, sweep_expired
@@ -73,8 +74,10 @@ class Dispatcher:
         self.pool = HandlerPool(
             config.concurrency, switch.wake, config.worker_id, hooks, hold=config.lease
         )
+        # Async handlers' event loop, started with the first async job it is given.
+        self.aio = AsyncPool(config.async_concurrency, switch.wake, config.worker_id, hooks)
         parts = (self.store, self.claims, self.inflight, self.leases, self.pool)
-        self.intake = Intake(config, registry, *parts, stats, switch.stopping, hooks)
+        self.intake = Intake(config, registry, *parts, stats, switch.stopping, hooks, aio=self.aio)
         self._switch = switch
         self._wake = switch.wake
         self._backoff = Backoff(config.reconnect_max_delay)
@@ -117,10 +120,9 @@ class Dispatcher:
                     return
                 if not self.inflight and not self.writer.pending and not self.writer.in_doubt:
                     _sleep_long(self.store, self.claims, time.monotonic())
-                self.pool.wait(
-                    self._idle_timeout(next_sweep),
-                    until_last=self.writer.pending and bool(self.inflight),
-                )
+                until_last = self.writer.pending and bool(self.inflight)
+                self.aio.arm(until_last=until_last)
+                self.pool.wait(self._idle_timeout(next_sweep), until_last=until_last)
             except DatabaseUnavailable as exc:
                 logger.warning("worker %s: %s", cfg.worker_id, exc)
                 self.store.close()
@@ -209,7 +211,7 @@ class Dispatcher:
         """
         cfg = self.config
         stopping = self._switch.stopping
-        free = cfg.concurrency - len(self.inflight)
+        free = self.intake.free()
         flush_due = self.writer.flush_due(now, running=bool(self.inflight))
         claim_ok = (
             free > 0
@@ -219,8 +221,12 @@ class Dispatcher:
         )
         if not (flush_due or claim_ok):
             return False
+        # The queues whose kinds of handler have room (threads, the event loop).
         order = self.claims.order() if claim_ok else []
-        limit = min(cfg.batch_size, free)
+        order = [name for name in order if self.intake.free(name) > 0]
+        if not (flush_due or order):
+            return False
+        limit = min(cfg.batch_size, self.intake.free(order[0])) if order else 0
         after = self.claims.resume_after(order[0], now) if order else None
         claim = (order[0], limit, cfg.worker_id, cfg.lease, after) if order else None
         sent = time.monotonic()
@@ -230,9 +236,11 @@ class Dispatcher:
                 rows = self.intake.claim(order[0], limit, after)
             self.intake.take(order[0], limit, after, rows, sent)
             for name in order[1:]:
-                free = cfg.concurrency - len(self.inflight)
-                if free <= 0 or stopping.is_set():
+                free = self.intake.free(name)
+                if stopping.is_set():
                     break
+                if free <= 0:
+                    continue
                 limit = min(cfg.batch_size, free)
                 sent = time.monotonic()
                 after = self.claims.resume_after(name, sent)
@@ -245,9 +253,25 @@ class Dispatcher:
     def collect_outcomes(self) -> None:
         """Move the outcomes handlers returned from the pool to the writer's batch."""
         finished = self.pool.finished()
+        if self.aio.in_flight:
+            finished.extend(self._collect_async())
         if finished:
             self.inflight.drop_all([item for item, _ in finished])
             self.writer.add(finished)
+
+    def _collect_async(self) -> list[Written]:
+        """The outcomes the event loop reported, each job's once."""
+        returned = self.aio.finished()
+        self.hooks.executed([item for item, _, _ in returned])
+        fresh = []
+        for item, outcome, timed_out in returned:
+            if item.resolved:  # failed already (the worker's shutdown)
+                continue
+            item.resolved = True
+            if timed_out:
+                self.stats["timed_out"] += 1
+            fresh.append((item, outcome))
+        return fresh
 
     def check_timeouts(self) -> None:
         """Record the failures of handlers past their timeout or whose thread died; stop if

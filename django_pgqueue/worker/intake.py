@@ -25,6 +25,7 @@ from ..retry import RetryPolicy, default_policy
 from ..store import errors
 from ..store.worker import ClaimedRow, ClaimKey, Store
 from ..worker_config import WorkerConfig
+from .aio import AsyncPool
 from .inflight import InFlightJobs
 from .leases import LeaseBook
 from .pool import HandlerPool
@@ -47,7 +48,42 @@ class Intake:
     stats: Counter[str]
     stopping: threading.Event
     hooks: Hooks  # told of claims and releases
+    aio: AsyncPool | None = None  # the event loop of async handlers
     policy: RetryPolicy = field(default_factory=default_policy)
+    # Which kinds of handler ("sync", "async") each queue's claims have brought: a
+    # claim counts the free capacity of those kinds only.
+    kinds: dict[str, set[str]] = field(default_factory=dict)
+
+    def free(self, queue: str | None = None) -> int:
+        """How many jobs a claim from `queue` may take now (any queue's most: None).
+
+        The handler threads' free slots count for a queue whose claims brought sync
+        handlers, the event loop's for one whose claims brought async handlers. A queue
+        not claimed from yet is sized to the free threads, as if it had only sync
+        handlers (a worker starts with all its threads free): its claims teach which
+        kinds it has. A queue that brought one kind only claims one job more while the
+        other pool has room and its own pool holds no job waiting, to find out whether
+        it has the other kind too. So a worker holds at most one job per queue waiting
+        for a full pool, and never more jobs than both pools together.
+        """
+        running = len(self.inflight)
+        if self.aio is None:
+            return self.config.concurrency - running
+        async_free = self.aio.free
+        sync_free = self.config.concurrency - (running - self.aio.in_flight)
+        looped = any("async" in kinds for kinds in self.kinds.values())
+        if queue is None:  # the loop counts once a queue brought an async handler
+            return sync_free + (async_free if looped else 0)
+        kinds = self.kinds.get(queue)
+        if not kinds:
+            return sync_free
+        if len(kinds) == 2:
+            return sync_free + async_free
+        if "sync" in kinds:
+            probe = looped and async_free > 0 and sync_free >= 0
+            return max(sync_free, 0) + int(probe)
+        probe = sync_free > 0 and async_free >= 0
+        return max(async_free, 0) + int(probe)
 
     def claim(self, queue: str, limit: int, after: ClaimKey | None = None) -> list[ClaimedRow]:
         """Claim; a refused claim (not a lost connection) is logged and claims nothing:
@@ -109,7 +145,18 @@ class Intake:
         self.inflight.add_all(items)
         self.leases.hold([item.lease for item in items])
         self.hooks.claimed(items)  # leases a renewal may find lost
-        self.pool.submit(items)
+        if self.aio is None:
+            self.pool.submit(items)
+            return
+        on_loop = [item for item in items if item.handler and item.handler.coroutine]
+        on_threads = [item for item in items if not (item.handler and item.handler.coroutine)]
+        kinds = self.kinds.setdefault(rows[0].queue, set())
+        if on_loop:
+            kinds.add("async")
+            self.aio.submit(on_loop)
+        if on_threads:
+            kinds.add("sync")
+            self.pool.submit(on_threads)
 
     def release(self, held: list[tuple[int, int, int]]) -> None:
         """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""

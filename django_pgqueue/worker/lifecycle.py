@@ -79,6 +79,11 @@ class Worker:
         return self.config.worker_id
 
     @property
+    def event_loop(self) -> Any:
+        """The event loop of async handlers (an `AsyncPool`: lag, blocked, in flight)."""
+        return self._dispatcher.aio
+
+    @property
     def exit_code(self) -> int:
         """The process exit code: 1 once too many handlers were stuck; EXIT_UNREACHABLE
         when the worker stopped without reaching the database; else 0."""
@@ -129,6 +134,10 @@ class Worker:
             finally:
                 if restore:
                     restore()
+        aio = self._dispatcher.aio
+        if aio.blocked or aio.ignored_cancel:
+            self.stats["event_loop_blocked"] = aio.blocked
+            self.stats["async_cancel_ignored"] = aio.ignored_cancel
         logger.info("worker %s stopped: %s", cfg.worker_id, dict(self.stats))
         return self.exit_code
 
@@ -179,8 +188,11 @@ class Worker:
                 logger.warning("shutdown: %s", exc)
                 self._switch.force.wait(min(0.5, max(0.0, deadline - time.monotonic())))
 
-        # And any that timed out during the grace.
+        # And any that timed out during the grace. Async handlers still running are
+        # cancelled now: their tasks' finally blocks run, their outcomes say so.
         dispatcher.fail_timed_out(self._pool.overdue.release())
+        dispatcher.aio.stop()
+        dispatcher.collect_outcomes()
         interrupted = [item for item in self._inflight if not item.resolved]
         hold = self._hold(interrupted)
         for item in interrupted:

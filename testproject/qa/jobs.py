@@ -6,16 +6,21 @@ queue's tables, so executions can be counted independently of what the queue say
 
 from __future__ import annotations
 
+import asyncio
 import os
+import socket
 import threading
 import time
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import connection
 
 import django_pgqueue
 from django_pgqueue import JobContext, PermanentFailure, RetryLater
 from django_pgqueue.retry import ExponentialBackoff, FixedDelay
+
+from .models import LedgerEntry
 
 
 def _ledger_start(ctx: JobContext) -> int:
@@ -329,3 +334,93 @@ def parents(ctx: JobContext) -> Any:
 def parents_fail(ctx: JobContext) -> None:
     """A workflow step that dies at once (one attempt)."""
     raise ValueError(f"step {ctx.payload!r} fails")
+
+
+# -- async handlers: run on the worker's event loop ---------------------------------------
+
+
+@django_pgqueue.handler("qa.aoutcome", max_attempts=2, retry=FixedDelay(0.05))
+async def aoutcome(ctx: JobContext) -> Any:
+    """An async handler; payload["do"] says how it ends. The ledger row is written
+    through sync_to_async (Django's thread for thread-sensitive calls)."""
+    await sync_to_async(_ledger_start)(ctx)
+    do = ctx.payload["do"]
+    seconds = float(ctx.payload.get("seconds", 30))
+    if do == "return":
+        await asyncio.sleep(float(ctx.payload.get("seconds", 0)))
+        return {"ok": ctx.job_id}
+    if do == "raise":
+        raise ValueError("qa.aoutcome raised")
+    if do == "permanent":
+        raise PermanentFailure("qa.aoutcome gave up")
+    if do == "retry_later":
+        raise RetryLater(0.2, "qa.aoutcome later")
+    if do == "snooze":
+        raise django_pgqueue.Snooze(0.2, "qa.aoutcome snoozed")
+    if do == "hang":
+        await asyncio.sleep(seconds)
+        return None
+    if do == "swallow":  # ignores its cancellation and goes on
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                continue
+        return "swallowed"
+    if do == "swallow_return":  # ignores its cancellation and returns at once
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            return "swallowed"
+        return None
+    if do == "block":  # a sync call that blocks the loop
+        time.sleep(seconds)
+        return None
+    if do == "orm":  # Django's async ORM, then sync code through sync_to_async
+        count = await LedgerEntry.objects.filter(job_id=ctx.job_id).acount()
+        await asyncio.sleep(float(ctx.payload.get("pause", 0)))
+        total = await sync_to_async(lambda: LedgerEntry.objects.filter(job_id=ctx.job_id).count())()
+        return {"async": count, "sync": total}
+    raise AssertionError(f"unknown outcome {do!r}")
+
+
+@django_pgqueue.handler("qa.asleep")
+async def asleep(ctx: JobContext) -> None:
+    """Await payload['seconds'] of I/O, recording the run in the ledger."""
+    entry = await sync_to_async(_ledger_start)(ctx)
+    await asyncio.sleep(float(ctx.payload.get("seconds", 1.0)))
+    await sync_to_async(_ledger_end)(entry)
+
+
+# -- the async I/O benchmark (benchmarks/async_io.py): one round trip to a local server
+# that answers after its delay ------------------------------------------------------------
+
+
+@django_pgqueue.handler("bench.async_io", max_attempts=3)
+async def async_io(ctx: JobContext) -> int:
+    """Send a line to the local delay server and await its answer (or, without a
+    port, await asyncio.sleep of payload["delay"])."""
+    if "port" not in ctx.payload:
+        await asyncio.sleep(float(ctx.payload["delay"]))
+        return 0
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(ctx.payload["port"]))
+    try:
+        writer.write(b"%d\n" % ctx.job_id)
+        await writer.drain()
+        answer = await reader.readline()
+    finally:
+        writer.close()
+    return len(answer)
+
+
+@django_pgqueue.handler("bench.sync_io", max_attempts=3)
+def sync_io(ctx: JobContext) -> int:
+    """The same round trip on a handler thread, with a blocking socket (or time.sleep)."""
+    if "port" not in ctx.payload:
+        time.sleep(float(ctx.payload["delay"]))
+        return 0
+    with socket.create_connection(("127.0.0.1", int(ctx.payload["port"]))) as sock:
+        sock.sendall(b"%d\n" % ctx.job_id)
+        answer = sock.makefile("rb").readline()
+    return len(answer)

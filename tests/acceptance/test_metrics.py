@@ -195,3 +195,32 @@ def test_a_bad_metrics_port_is_refused_before_the_worker_starts() -> None:
         CommandError, match=r"--metrics-port must be an integer from 0 to 65535, got 70000"
     ):
         call_command("run_queue_worker", "q", "--metrics-port", "70000")
+
+
+def test_scrape_shows_an_event_loop_a_handler_blocked(worker_process: Any) -> None:
+    blocker = enqueue("qa.aoutcome", {"do": "block", "seconds": 1.0}, queue="loop")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    proc = worker_process("loop", "--metrics-port", str(port), "--poll-interval", "0.1")
+    deadline = time.monotonic() + 60
+    samples: Any = None
+    while time.monotonic() < deadline:
+        try:
+            samples = scrape(url)
+        except OSError:
+            time.sleep(0.05)  # not listening yet
+            continue
+        done = sql("SELECT status FROM queue_job_state WHERE job_id = %s", [blocker.id])[0][0]
+        if done == "completed" and value(samples, "pgqueue_event_loop_blocked_total") >= 1:
+            break
+        time.sleep(0.1)
+    assert samples is not None
+    assert value(samples, "pgqueue_event_loop_blocked_total") == 1
+    assert value(samples, "pgqueue_event_loop_lag_max_seconds") >= 0.25
+    assert value(samples, "pgqueue_async_cancel_ignored_total") == 0
+    assert value(samples, "pgqueue_async_in_flight") == 0
+    proc.signal(signal.SIGTERM)
+    code, output = proc.wait(60)
+    assert code == 0, output
+    assert "the event loop is blocked" in output
+    assert f"job {blocker.id} (qa.aoutcome)" in output

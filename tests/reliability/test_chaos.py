@@ -1,11 +1,12 @@
 """Scenario 5: a random worker process SIGKILLed and replaced every ~2 s until the queue
-drains."""
+drains; with handler threads, and with async handlers on the workers' event loops."""
 
 from __future__ import annotations
 
 import random
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -33,9 +34,30 @@ def test_random_sigkills_until_drained(worker_process, report):
     """5. Chaos"""
     jobs = size(4_000, 20_000)
     seconds = 0.01  # a few ms per job, so that kills land mid-job
+    chaos(worker_process, report, jobs, "qa.ledger", {"seconds": seconds}, OPTIONS, "4 threads")
+
+
+def test_random_sigkills_with_async_handlers_until_drained(worker_process, report):
+    """5b. Chaos, async handlers"""
+    jobs = size(3_000, 20_000)
+    # 50 in flight per process on its event loop, each awaiting 50 ms: kills land on
+    # many jobs at once.
+    options = (*OPTIONS, "--async-concurrency", "50", "--batch-size", "25")
+    chaos(worker_process, report, jobs, "qa.asleep", {"seconds": 0.05}, options, "50 on the loop")
+
+
+def chaos(
+    worker_process: Any,
+    report: Any,
+    jobs: int,
+    job_type: str,
+    payload: dict[str, Any],
+    options: tuple[str, ...],
+    each: str,
+) -> None:
     for start in range(0, jobs, 10_000):
         count = min(10_000, jobs - start)
-        enqueue_many([("qa.ledger", {"seconds": seconds}) for _ in range(count)], queue="chaos")
+        enqueue_many([(job_type, payload) for _ in range(count)], queue="chaos")
 
     rng = random.Random()
     generation = 0
@@ -44,7 +66,7 @@ def test_random_sigkills_until_drained(worker_process, report):
         nonlocal generation
         generation += 1
         worker_id = f"chaos-{slot}-{generation}"
-        return worker_id, worker_process("chaos", "--worker-id", worker_id, *OPTIONS)
+        return worker_id, worker_process("chaos", "--worker-id", worker_id, *options)
 
     slots = [start(slot) for slot in range(WORKERS)]
     started = time.monotonic()
@@ -143,7 +165,7 @@ def test_random_sigkills_until_drained(worker_process, report):
     # ... and, keeping its place in line, runs again right after (not behind the backlog).
     assert float(rerun_s) < LEASE + 1 + 5
     report(
-        size=f"{jobs:,} jobs, {WORKERS} processes x 4 threads",
+        size=f"{jobs:,} jobs, {WORKERS} processes x {each}",
         **outcome(counts),
         recovery_s=round(float(rerun_s), 2),
         requeued_s=round(float(requeued_s), 2),

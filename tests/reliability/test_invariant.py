@@ -13,8 +13,9 @@ of error PostgreSQL can return: the connection lost before the COMMIT (the backe
 terminates itself) or after it (the COMMIT waits for a synchronous standby that does
 not exist and the backend is terminated while it waits: durable, never acknowledged),
 query cancelled, lock timeout, deadlock, serialization failure, a value out of range, a
-check violation. The jobs end every way a handler can end (qa.outcome). Nothing is
-mocked: the errors are the server's own, raised inside the worker's statements.
+check violation. The jobs end every way a handler can end (qa.outcome), and every way
+an async handler on the worker's event loop can (qa.aoutcome). Nothing is mocked: the
+errors are the server's own, raised inside the worker's statements.
 """
 
 from __future__ import annotations
@@ -74,6 +75,27 @@ OUTCOMES = {
     "nul": "dead",
     "nested": "dead",  # a payload nested 12,000 deep: json.loads raises RecursionError
     "slow": "completed",  # runs past several heartbeats: renewals to break
+    # Async handlers, on the worker's event loop (qa.aoutcome).
+    "async_return": "completed",
+    "async_slow": "completed",  # awaits past several heartbeats
+    "async_raise": "dead",
+    "async_permanent": "dead",
+    "async_hang": "dead",  # cancelled at its timeout
+    "async_swallow": "dead",  # ignores its cancellation: failed without it
+    "async_block": "dead",  # blocks the loop past its timeout: the watchdog fails it
+}
+# Ran in a queue of their own once the rounds settled: a handler blocking the loop
+# holds up every async job of the worker, which may then pass its own timeout.
+BLOCKING = ("async_block",)
+# The payload of each async ending.
+ASYNC = {
+    "async_return": {"do": "return"},
+    "async_slow": {"do": "return", "seconds": TIMEOUT * 0.7},
+    "async_raise": {"do": "raise"},
+    "async_permanent": {"do": "permanent"},
+    "async_hang": {"do": "hang", "seconds": TIMEOUT * 2.5},
+    "async_swallow": {"do": "swallow", "seconds": TIMEOUT * 2.5},
+    "async_block": {"do": "block", "seconds": TIMEOUT * 1.5},
 }
 
 FAULT_TRIGGER = """
@@ -198,6 +220,11 @@ def fault_server(pg_server: PgServer) -> Iterator[PgServer]:  # noqa: F811
 def enqueue_outcomes(server: PgServer, enqueue: Enqueuer, queue: str, each: int) -> None:
     for kind in OUTCOMES:
         if kind == "nested":
+            continue
+        if kind in BLOCKING:
+            continue
+        if kind in ASYNC:
+            enqueue(queue, [("qa.aoutcome", {**ASYNC[kind], "kind": kind})] * each)
             continue
         payload: dict[str, Any] = {"do": "return" if kind == "once" else kind}
         if kind == "hang":
@@ -334,7 +361,8 @@ def test_invariant_under_injected_faults(fault_server, report):
     each = size(3, 8)
     enqueue = Enqueuer(server)
     summary: dict[str, Any] = {"faults": 0, "jobs": 0}
-    worker = FaultWorker(server, *[f"inv{r}" for r in range(rounds)], "probe", "swept", *ARGS)
+    queues = [f"inv{r}" for r in range(rounds)]
+    worker = FaultWorker(server, *queues, "blocked", "probe", "swept", *ARGS)
     try:
         with Terminator(server) as terminator:
             expire_leases(server, "swept", 12)
@@ -346,11 +374,14 @@ def test_invariant_under_injected_faults(fault_server, report):
                 summary["jobs"] += each * len(OUTCOMES)
                 summary[f"round {r} settled_s"] = round(wait_settled(server, queue, 120), 1)
             wait_settled(server, "swept", 30)
+            for kind in BLOCKING:
+                enqueue("blocked", [("qa.aoutcome", {**ASYNC[kind], "kind": kind})] * each)
+            summary["blocked settled_s"] = round(wait_settled(server, "blocked", 120), 1)
             spread = probe_concurrency(server, enqueue, "probe")
         summary["in_doubt_commits"] = terminator.terminated
         summary["hits"] = hits(server)
         assert worker.proc.poll() is None, worker.output()[-4000:]
-        breaks = [line for r in range(rounds) for line in invariant_breaks(server, f"inv{r}")]
+        breaks = [line for q in [*queues, "blocked"] for line in invariant_breaks(server, q)]
         stuck = server.sql(
             "SELECT count(*) FROM queue_job_state WHERE queue = 'swept' AND status = 'running'"
         )[0][0]

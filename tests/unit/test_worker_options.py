@@ -34,6 +34,8 @@ SECONDS = r"must be a finite number of seconds > 0 and at most 316,224,000 \(10 
         (["--shutdown-grace", "-1"], "--shutdown-grace must be a finite number of seconds >= 0"),
         (["--concurrency", "0"], "--concurrency must be an integer from 1 to 1000, got 0"),
         (["--concurrency", "100000"], "--concurrency must be an integer from 1 to 1000"),
+        (["--async-concurrency", "0"], "--async-concurrency must be an integer from 1 to 10000"),
+        (["--async-concurrency", "10001"], "--async-concurrency must be an integer from 1 to"),
         (["--batch-size", "0"], "--batch-size must be an integer from 1 to 10000"),
         (["--weights", "payments=-1"], "--weights: the weight of 'payments' must be an integer"),
         (["--weights", "payments=0"], "--weights: the weight of 'payments' must be an integer"),

@@ -44,7 +44,11 @@ def parse_weights(text: str) -> dict[str, int]:
 
 # The command's numeric options: checked here so that an error names the option.
 SECONDS_OPTIONS = ("lease", "heartbeat_interval", "sweep_interval", "job_timeout", "poll_interval")
-COUNT_OPTIONS = {"concurrency": validators.MAX_CONCURRENCY, "batch_size": validators.MAX_BATCH_SIZE}
+COUNT_OPTIONS = {
+    "concurrency": validators.MAX_CONCURRENCY,
+    "async_concurrency": validators.MAX_ASYNC_CONCURRENCY,
+    "batch_size": validators.MAX_BATCH_SIZE,
+}
 
 
 def check_options(options: dict[str, Any]) -> None:
@@ -77,6 +81,11 @@ class Command(BaseCommand):
         parser.add_argument("queues", nargs="+", metavar="QUEUE", help="Queue(s) to work on.")
         parser.add_argument(
             "--concurrency", type=int, help="Handler threads (default: PGQUEUE CONCURRENCY)."
+        )
+        parser.add_argument(
+            "--async-concurrency",
+            type=int,
+            help="Async handlers in flight on the event loop (default: PGQUEUE ASYNC_CONCURRENCY).",
         )
         parser.add_argument(
             "--batch-size", type=int, help="Most jobs per claim (default: PGQUEUE BATCH_SIZE)."
@@ -187,6 +196,7 @@ def _worker_options(options: dict[str, Any], weights: dict[str, int]) -> dict[st
     """The Worker's keyword arguments from the command's options."""
     return {
         "concurrency": options["concurrency"],
+        "async_concurrency": options["async_concurrency"],
         "batch_size": options["batch_size"],
         "lease": options["lease"],
         "heartbeat_interval": options["heartbeat_interval"],
@@ -203,6 +213,7 @@ def _worker_options(options: dict[str, Any], weights: dict[str, int]) -> dict[st
 # The options a child gets as they were given to the supervisor.
 CHILD_OPTIONS = (
     "concurrency",
+    "async_concurrency",
     "batch_size",
     "lease",
     "heartbeat_interval",

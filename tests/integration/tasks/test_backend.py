@@ -228,7 +228,9 @@ def test_async_task_through_the_async_api(run_worker):
 
     result = async_to_sync(enqueue)()
     assert result.status == TaskResultStatus.READY
-    run_worker([QUEUE], burst=True).join()
+    worker = run_worker([QUEUE], burst=True)
+    worker.join()
+    assert worker.worker.event_loop.started  # awaited on the worker's loop, not a thread
 
     async_to_sync(result.arefresh)()
     assert result.status == TaskResultStatus.SUCCESSFUL

@@ -1,0 +1,120 @@
+"""The event loop's watchdog: its lag, the job blocking it, the timeouts it cannot fire.
+
+A thread of its own looks at the loop every LAG_PROBE / 2 seconds: the loop's probe
+(`AsyncPool._probe`, every LAG_PROBE seconds) late by LAG_WARNING means the loop is held.
+The job whose coroutine is on the loop thread's stack at every look meanwhile is the
+one blocking it (a sync call); a loop late with a different job at each look is
+overloaded instead. Either way, the timeouts that fall due while the loop is held are
+recorded from here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import threading
+import time
+from types import CodeType, FrameType
+from typing import TYPE_CHECKING
+
+from .. import executor
+from ..claimed import InFlight
+
+if TYPE_CHECKING:
+    from .aio import AsyncPool
+
+logger = logging.getLogger("django_pgqueue.worker.aio")
+
+LAG_PROBE = 0.05  # seconds between two probes of the loop's lag
+LAG_WARNING = 0.25  # a probe this late: the loop is held
+
+
+class Watchdog:
+    """Watches one AsyncPool's loop from its own thread (`run`)."""
+
+    def __init__(self, pool: AsyncPool, run_code: CodeType) -> None:
+        self.pool = pool
+        self.run_code = run_code  # the code of AsyncPool._run, whose frames name a job
+
+    def run(self) -> None:
+        # The job seen on the loop thread at each look while the loop runs late, and
+        # since when the same one: a loop late because one job's sync call holds it
+        # shows that job at every look; an overloaded loop shows a different one.
+        pool = self.pool
+        suspect, since, overloaded_at = None, 0.0, -math.inf
+        while not pool._stop.wait(LAG_PROBE / 2):
+            now = time.monotonic()
+            late = now - pool._probe_seen - LAG_PROBE
+            if late < LAG_PROBE:
+                suspect = None
+                continue
+            seen = _running_item(_frame(pool._thread), self.run_code)
+            if seen is not suspect:
+                suspect, since = seen, now
+            if late < LAG_WARNING:
+                continue
+            pool.lag = late
+            pool.lag_max = max(pool.lag_max, late)
+            if suspect is not None and now - since >= LAG_WARNING and not pool._blocked_now:
+                pool._blocked_now = True
+                pool.blocked += 1
+                logger.warning(
+                    "worker %s: the event loop is blocked (%.2fs so far) by job %d (%s): a "
+                    "sync call in an async handler (use await, or sync_to_async for "
+                    "blocking code)",
+                    pool.worker_id,
+                    now - since,
+                    suspect.ctx.job_id,
+                    suspect.ctx.type,
+                )
+            elif suspect is None and late >= 2 * LAG_WARNING and now - overloaded_at > 60:
+                overloaded_at = now
+                logger.warning(
+                    "worker %s: the event loop runs %.2fs late with no one job holding it: "
+                    "more work than its share of the CPU (fewer async handlers in flight, "
+                    "or more worker processes, would help)",
+                    pool.worker_id,
+                    late,
+                )
+            self.time_out_blocked()
+
+    def time_out_blocked(self) -> None:
+        """While the loop is blocked, record the timeouts its timers cannot."""
+        now = time.monotonic()
+        pool = self.pool
+        with pool._lock:
+            live = list(pool._live)
+        for item in live:
+            if item.timeout is None or item.started is None or item.timed_out:
+                continue
+            if now < item.started + item.timeout:
+                continue
+            failure = executor.timed_out(item.ctx, item.timeout, item.policy)
+            if pool._report(item, failure, timed_out=True):
+                item.timed_out = True
+                item.lease.timed_out = True
+                logger.error(
+                    "job %d (%s) exceeded its timeout of %gs while the event loop was "
+                    "blocked; recorded now, its task cancelled once the loop runs",
+                    item.ctx.job_id,
+                    item.ctx.type,
+                    item.timeout,
+                )
+                assert pool._loop is not None
+                pool._loop.call_soon_threadsafe(pool._cancel_reported, item)
+
+
+def _frame(thread: threading.Thread | None) -> FrameType | None:
+    """The frame `thread` runs right now."""
+    return sys._current_frames().get(thread.ident) if thread and thread.ident else None
+
+
+def _running_item(frame: FrameType | None, code: CodeType) -> InFlight | None:
+    """The InFlight of the innermost frame of `code` on a thread's stack, if any."""
+    while frame is not None:
+        if frame.f_code is code:
+            found = frame.f_locals.get("item")
+            return found if isinstance(found, InFlight) else None
+        frame = frame.f_back
+    return None
