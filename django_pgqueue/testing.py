@@ -84,6 +84,7 @@ def make_context(
     idempotency_key: str | None = None,
     lease_lost: bool = False,
     cancel_requested: bool = False,
+    parent_results: dict[str, Any] | None = None,
 ) -> JobContext:
     """The `JobContext` a worker would give the handler of `type`, for calling it directly.
 
@@ -93,6 +94,9 @@ def make_context(
     ``PGQUEUE["DEFAULT_QUEUE"]``. `scheduled_for` (an aware datetime) makes the job a
     schedule's, as ``ctx.scheduled_for`` reads it. `lease_lost` and `cancel_requested`
     make ``ctx.lease_lost()`` and ``ctx.cancel_requested()`` return True.
+    `parent_results` is what ``ctx.parent_results`` gives a workflow step: the results
+    of the steps it waited for, by step name (each goes through JSON too); none by
+    default.
     """
     conf = get_settings()
     type_ = validation.type_name(type)
@@ -111,10 +115,13 @@ def make_context(
         if not isinstance(scheduled_for, dt.datetime) or timezone.is_naive(scheduled_for):
             raise ValueError(f"scheduled_for must be an aware datetime, got {scheduled_for!r}")
         key = tick_key(type_, scheduled_for)
+    if parent_results is not None and not isinstance(parent_results, dict):
+        raise ValueError(f"parent_results must be a dict of step names, got {parent_results!r}")
+    parents = {} if parent_results is None else json.loads(validation.payload(parent_results, None))
     lease = Lease(job_id, attempt, time.monotonic() + 365 * 86400.0)
     lease.lost = lease_lost
     lease.cancel_requested = cancel_requested
-    return JobContext(
+    ctx = JobContext(
         job_id=job_id,
         queue=validation.queue_name(queue or conf.DEFAULT_QUEUE),
         type=type_,
@@ -128,6 +135,9 @@ def make_context(
         user_key=key,
         lease=lease,
     )
+    # What ctx.parent_results gives, instead of a read of the (made up) job's parents.
+    ctx._parents = parents
+    return ctx
 
 
 def _find_schedule(name: str, alias: str) -> ScheduleSpec:

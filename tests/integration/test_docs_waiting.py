@@ -55,7 +55,7 @@ def test_the_testing_pages_helper_blocks_run_as_written():
     helpers = [
         code for code in blocks("testing.md") if "make_context" in code or "fire_tick" in code
     ]
-    assert len(helpers) == 3
+    assert len(helpers) == 4
     for code in helpers:
         namespace = run(code)
         tests = [value for name, value in namespace.items() if name.startswith("test_")]

@@ -62,3 +62,11 @@ def test_bad_arguments_name_the_problem(kwargs, error, message):
 def test_a_bad_type_name():
     with pytest.raises(ValueError, match="type"):
         make_context("", {})
+
+
+def test_parent_results_are_what_a_workflow_step_reads():
+    ctx = make_context("qa.report", parent_results={"a": (1, 2), "b": None})
+    assert ctx.parent_results == {"a": [1, 2], "b": None}  # through JSON, as stored
+    assert make_context("qa.report").parent_results == {}  # not a step of a workflow
+    with pytest.raises(ValueError, match="parent_results must be a dict"):
+        make_context("qa.report", parent_results=[1])
