@@ -74,6 +74,18 @@ def autovacuum_problem(alias: str) -> str | None:
     return None
 
 
+def _queried_alias(databases: Any) -> str | None:
+    """The queue's database alias when these checks may query it now, else None: the
+    settings are valid, the check was asked for that database, and it is configured."""
+    try:
+        alias = validate(getattr(settings, "PGQUEUE", None)).DATABASE
+    except ConfigurationError:
+        return None
+    if not databases or alias not in databases or check_database():
+        return None
+    return alias
+
+
 @checks.register(checks.Tags.database)
 def check_autovacuum(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
@@ -82,11 +94,8 @@ def check_autovacuum(
 
     Runs only when the checks may query databases (`check --database`, `migrate`).
     """
-    try:
-        alias = validate(getattr(settings, "PGQUEUE", None)).DATABASE
-    except ConfigurationError:
-        return []
-    if not databases or alias not in databases or check_database():
+    alias = _queried_alias(databases)
+    if alias is None:
         return []
     try:
         problem = autovacuum_problem(alias)
@@ -114,11 +123,8 @@ def check_unknown_types(
 
     Runs only when the checks may query databases (`check --database`, `migrate`).
     """
-    try:
-        alias = validate(getattr(settings, "PGQUEUE", None)).DATABASE
-    except ConfigurationError:
-        return []
-    if not databases or alias not in databases or check_database():
+    alias = _queried_alias(databases)
+    if alias is None:
         return []
     try:
         unknown = [item for item in stranded_jobs(alias) if item.unknown_type]
