@@ -10,6 +10,7 @@ import time
 import pytest
 
 from django_pgqueue import enqueue_many
+from django_pgqueue.store.worker import Store
 from django_pgqueue.supervisor import EXIT_GAVE_UP, GIVE_UP_AFTER
 from tests.acceptance.test_metrics import scrape, value
 from tests.conftest import sql
@@ -130,7 +131,19 @@ def test_a_second_signal_to_the_supervisor_stops_the_children_at_once(supervised
     code, output = workers.wait(60)  # well inside the 120 s grace: the second one forced it
     assert code == 0, output
     assert "supervisor: second SIGTERM: the workers stop now" in output
-    # Each child wrote its running job back as interrupted: due again, attempt given back.
+    # Each child closed its running job's attempt as interrupted and kept the row held
+    # while the handler could still run; with the processes gone, the first sweep gives
+    # the attempts back: due again at once, none spent by the stop.
+    assert sql(
+        "SELECT status, count(*) FROM queue_job_state WHERE job_id = ANY(%s) "
+        "AND locked_until <= now() GROUP BY 1",
+        [jobs],
+    ) == [("running", 2)]
+    store = Store("default", "processes test sweep")
+    try:
+        assert sorted(row[0] for row in store.sweep()) == sorted(jobs)
+    finally:
+        store.close()
     assert sql(
         "SELECT status, attempts, count(*) FROM queue_job_state WHERE job_id = ANY(%s) "
         "GROUP BY 1, 2",

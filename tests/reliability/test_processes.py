@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 from django_pgqueue import enqueue_many
+from django_pgqueue.store.worker import Store
 from django_pgqueue.supervisor import QUICK_EXIT
 from tests.conftest import sql
 from tests.reliability.conftest import (
@@ -266,8 +267,10 @@ def test_sigterm_ends_handlers_longer_than_the_grace_within_it(supervised, repor
     code, output = workers.wait(grace + 60)
     exited_s = time.monotonic() - signalled
     assert code == 0, output
-    # Every child stopped at its grace: the handlers still running then were written
-    # back as interrupted, due again at once with their attempts given back.
+    # Every child stopped at its grace: the attempts of the handlers still running then
+    # were closed as interrupted, their rows held while the handlers could still run;
+    # with the processes gone, the first sweep gives them back: due again at once,
+    # their attempts given back.
     [(interrupted, written_after)] = sql(
         "SELECT count(*), extract(epoch FROM max(finished_at) - %s)::float8 "
         "FROM queue_attempts WHERE job_id = ANY(%s) AND status = 'interrupted'",
@@ -277,6 +280,11 @@ def test_sigterm_ends_handlers_longer_than_the_grace_within_it(supervised, repor
     assert grace <= written_after  # not before the grace ran out
     if FULL:  # wall-clock bounds: at full size (make reliability), reported in CI
         assert written_after <= grace + EXIT_MARGIN, written_after
+    store = Store("default", "processes test sweep")
+    try:
+        assert sorted(row[0] for row in store.sweep()) == sorted(running)
+    finally:
+        store.close()
     assert sql(
         "SELECT status, attempts, count(*) FROM queue_job_state WHERE job_id = ANY(%s) "
         "AND run_at <= now() GROUP BY 1, 2",
