@@ -21,7 +21,17 @@ import sys
 import time
 from typing import Any
 
-from _common import MANAGE, ROOT, machine, markdown_table, parser, setup_django, sql, write_json
+from _common import (
+    MANAGE,
+    ROOT,
+    machine,
+    markdown_table,
+    parser,
+    setup_django,
+    sql,
+    truncate,
+    write_json,
+)
 
 SETUP = (
     "import sys; sys.path[:0] = [{project!r}, {root!r}]; import django; django.setup()"
@@ -43,7 +53,7 @@ def first_claim(extra: list[str]) -> tuple[float, float]:
     """(seconds from the process start to its first claim, CPU of the whole burst run)."""
     from django_pgqueue import enqueue
 
-    sql("TRUNCATE queue_jobs, queue_job_state, queue_attempts")
+    truncate()
     enqueue("qa.noop", {}, queue="startup")
     [(t0,)] = sql("SELECT clock_timestamp()")
     _, cpu = timed(

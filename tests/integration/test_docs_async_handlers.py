@@ -4,6 +4,7 @@ shows do what the page says in a real worker."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import re
 import threading
 from typing import Any
@@ -28,6 +29,8 @@ def page_namespace() -> dict[str, Any]:
     """Every block of the page run in order in one namespace, as one module would be."""
     namespace: dict[str, Any] = {"__name__": "docs_async_handlers"}
     for block in BLOCKS:
+        if importlib.util.find_spec("django.tasks") is None:  # Django 5.2: the backport
+            block = block.replace("from django.tasks import", "from django_tasks import")
         exec(compile(block, "docs/howto/async-handlers.md", "exec"), namespace)
     return namespace
 

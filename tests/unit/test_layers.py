@@ -9,7 +9,10 @@ the floors; a new room must be given one here.
 from __future__ import annotations
 
 import ast
+import pickle
 import re
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -84,11 +87,28 @@ def _room(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
+def _parse(path: Path) -> ast.Module:
+    """The module's syntax tree. CPython 3.11.7 can raise SystemError ("AST constructor
+    recursion depth mismatch") in a process whose earlier tests left its recursion
+    bookkeeping off; a fresh interpreter then parses the same file."""
+    try:
+        return ast.parse(path.read_text("utf-8"))
+    except SystemError:
+        code = (
+            "import ast, pickle, sys; "
+            "sys.stdout.buffer.write(pickle.dumps(ast.parse(open(sys.argv[1]).read())))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(path)], capture_output=True, check=True
+        )
+        return pickle.loads(done.stdout)
+
+
 def _imports(path: Path) -> list[tuple[str, ast.stmt, bool]]:
     """(target module, statement, inside a function) for each own-package import."""
     module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
     package = module.split(".")[:-1]
-    tree = ast.parse(path.read_text("utf-8"))
+    tree = _parse(path)
     functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
     local = {id(node) for f in functions for node in ast.walk(f)}
     found = []
