@@ -36,7 +36,19 @@ class Setting:
 
 
 SETTINGS: dict[str, Setting] = {
-    "DATABASE": Setting("default", "Database alias holding the queue tables."),
+    "DATABASE": Setting(
+        "default", "Database alias holding the queue tables (of every queue not routed below)."
+    ),
+    "QUEUE_DATABASES": Setting(
+        {},
+        "Queues on other databases: {queue or glob: alias}, e.g. {'payments': 'payments_db', "
+        "'mail.*': 'bulk'}; an exact name first, then the globs in order; the rest on DATABASE.",
+    ),
+    "READ_DATABASE": Setting(
+        None,
+        "An alias (a replica) the admin's lists and counts, queue_stats and metrics read "
+        "from; None: each queue's own database. Never used by workers or for writes.",
+    ),
     "DEFAULT_QUEUE": Setting("default", "Queue used when enqueue() is given none."),
     "ROUTES": Setting(
         {},
@@ -126,6 +138,29 @@ class Routes:
 
 
 @dataclass(frozen=True)
+class QueueDatabases:
+    """PGQUEUE["QUEUE_DATABASES"] split for lookup: exact queue names, then globs in order."""
+
+    exact: dict[str, str]
+    globs: tuple[tuple[str, str], ...]
+
+    def alias(self, queue: str, default: str) -> str:
+        """The alias holding `queue`: its exact entry, else its first matching glob."""
+        alias = self.exact.get(queue)
+        if alias is not None:
+            return alias
+        for pattern, alias in self.globs:
+            if fnmatchcase(queue, pattern):
+                return alias
+        return default
+
+    def aliases(self) -> tuple[str, ...]:
+        """The aliases named, each once, in declared order."""
+        named = [*self.exact.values(), *(alias for _, alias in self.globs)]
+        return tuple(dict.fromkeys(named))
+
+
+@dataclass(frozen=True)
 class QueueSettings:
     DATABASE: str
     DEFAULT_QUEUE: str
@@ -158,6 +193,24 @@ class QueueSettings:
         return self.ROUTES.queue(type_)
 
     ASYNC_CONCURRENCY: int = 100
+    QUEUE_DATABASES: QueueDatabases = field(default_factory=lambda: QueueDatabases({}, ()))
+    READ_DATABASE: str | None = None
+
+    def database_for(self, queue: str) -> str:
+        """The database alias holding `queue`'s jobs (QUEUE_DATABASES, else DATABASE)."""
+        return self.QUEUE_DATABASES.alias(queue, self.DATABASE)
+
+    @property
+    def queue_databases(self) -> tuple[str, ...]:
+        """Every alias that holds queues: DATABASE first, then those QUEUE_DATABASES names."""
+        return tuple(dict.fromkeys((self.DATABASE, *self.QUEUE_DATABASES.aliases())))
+
+    def read_database(self, alias: str) -> str:
+        """The alias to read lists and counts of `alias`'s queues from (READ_DATABASE
+        when set and `alias` is DATABASE, else `alias` itself)."""
+        if self.READ_DATABASE is not None and alias == self.DATABASE:
+            return self.READ_DATABASE
+        return alias
 
 
 def _name(key: str) -> str:
@@ -249,6 +302,8 @@ def validate(raw: Any) -> QueueSettings:
         ),
         ROUTES=routes,
         STRICT_TYPES=strict,
+        QUEUE_DATABASES=_queue_databases(values["QUEUE_DATABASES"], database),
+        READ_DATABASE=_read_database(values["READ_DATABASE"], database),
     )
 
 
@@ -259,6 +314,7 @@ def _optional_seconds(key: str, value: Any) -> float | None:
 GLOB_CHARS = frozenset("*?[")
 # A glob is a job type's characters plus fnmatch's *, ?, [...] and [!...].
 ROUTE_GLOB_RE = re.compile(r"\A[A-Za-z0-9_.:*?\[\]!-]{1,255}\Z")
+QUEUE_GLOB_RE = ROUTE_GLOB_RE
 
 
 def _routes(value: Any) -> Routes:
@@ -280,6 +336,49 @@ def _routes(value: Any) -> Routes:
             validators.type_name(pattern, f"{_name('ROUTES')} key", error=ConfigurationError)
             exact[pattern] = validators.queue_name(queue, where, error=ConfigurationError)
     return Routes(exact, tuple(globs))
+
+
+def _alias(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(
+            f"{where} must be a database alias (a non-empty string), got {value!r}."
+        )
+    return value
+
+
+def _queue_databases(value: Any, default: str) -> QueueDatabases:
+    if not isinstance(value, dict):
+        raise _fail(
+            "QUEUE_DATABASES", value, "a dict of queue names (or globs) to database aliases"
+        )
+    exact: dict[str, str] = {}
+    globs: list[tuple[str, str]] = []
+    for pattern, alias in value.items():
+        where = f"{_name('QUEUE_DATABASES')}[{pattern!r}]"
+        alias = _alias(where, alias)
+        if isinstance(pattern, str) and GLOB_CHARS.intersection(pattern):
+            if not QUEUE_GLOB_RE.match(pattern) or pattern.count("[") != pattern.count("]"):
+                raise ConfigurationError(
+                    f"{_name('QUEUE_DATABASES')} has the key {pattern!r}, which is neither a "
+                    "queue name nor a glob of one: use a queue's letters, digits, '_', '.', "
+                    "':' or '-', with *, ? or [...] (e.g. 'mail.*')."
+                )
+            globs.append((pattern, alias))
+        else:
+            validators.queue_name(
+                pattern, f"{_name('QUEUE_DATABASES')} key", error=ConfigurationError
+            )
+            exact[pattern] = alias
+    return QueueDatabases(exact, tuple(globs))
+
+
+def _read_database(value: Any, default: str) -> str | None:
+    if value is None:
+        return None
+    alias = _alias(_name("READ_DATABASE"), value)
+    if alias == default:
+        raise _fail("READ_DATABASE", value, f"None or an alias other than DATABASE ({default!r})")
+    return alias
 
 
 def _token(value: Any) -> str | None:

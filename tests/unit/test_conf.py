@@ -24,8 +24,37 @@ def test_defaults_validate():
         ({"MAX_PAYLOAD_BYTES": -1}, "MAX_PAYLOAD_BYTES"),
         ({"WORKER_PREPARED_STATEMENTS": "no"}, "WORKER_PREPARED_STATEMENTS.*True or False"),
         ([], "must be a dict"),
+        ({"QUEUE_DATABASES": ["payments"]}, r"QUEUE_DATABASES'\] must be a dict"),
+        ({"QUEUE_DATABASES": {"bad queue": "pay"}}, "QUEUE_DATABASES'\\] key 'bad queue'"),
+        ({"QUEUE_DATABASES": {"mail.[x": "bulk"}}, "neither a queue name nor a glob"),
+        ({"QUEUE_DATABASES": {"payments": ""}}, r"\['payments'\] must be a database alias"),
+        ({"READ_DATABASE": "default"}, "an alias other than DATABASE"),
+        ({"READ_DATABASE": 3}, "READ_DATABASE'\\] must be a database alias"),
     ],
 )
 def test_invalid_settings_name_the_key(raw, message):
     with pytest.raises(ConfigurationError, match=message):
         validate(raw)
+
+
+def test_queue_databases_route_exact_names_then_globs_in_order():
+    conf = validate(
+        {
+            "QUEUE_DATABASES": {"mail.*": "bulk", "payments": "pay", "mail.urgent": "pay"},
+            "READ_DATABASE": "replica",
+        }
+    )
+    assert conf.database_for("payments") == "pay"
+    assert conf.database_for("mail.urgent") == "pay"  # an exact name beats a glob
+    assert conf.database_for("mail.digest") == "bulk"
+    assert conf.database_for("default") == "default"
+    assert conf.queue_databases == ("default", "pay", "bulk")
+    assert conf.read_database("default") == "replica"
+    assert conf.read_database("pay") == "pay"  # the replica is DATABASE's only
+
+
+def test_without_queue_databases_every_queue_is_on_database():
+    conf = validate({"DATABASE": "queues"})
+    assert conf.database_for("anything") == "queues"
+    assert conf.queue_databases == ("queues",)
+    assert conf.read_database("queues") == "queues"
