@@ -23,6 +23,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.urls import URLPattern, path, reverse
 from django.utils.text import Truncator
 
+from .. import stats
 from ..conf import get_settings
 from ..control import store
 from ..exceptions import ConfigurationError
@@ -107,17 +108,16 @@ class QueueControlAdmin(admin.ModelAdmin):
         controlled = set(QueueControl.objects.using(alias).values_list("queue", flat=True))
         figures = {f.queue: f for f in snapshot(request).queues}
         others = [
-            {
-                "queue": queue,
-                "pending": figures[queue].pending if queue in figures else 0,
-                "running": figures[queue].running if queue in figures else 0,
-                "dead": figures[queue].dead if queue in figures else 0,
-            }
+            _other_queue(queue, figures.get(queue))
             for queue in known_queues(request)
             if queue not in controlled
         ]
         context = {
             "pgqueue_other_queues": others,
+            "pgqueue_counts_capped": any(
+                q.get("pending_capped") or q.get("dead_capped") for q in others
+            ),
+            "pgqueue_count_cap": stats.COUNT_CAP,
             "pgqueue_can_operate": self.has_operate_permission(request),
             **(extra_context or {}),
         }
@@ -237,3 +237,17 @@ class QueueControlAdmin(admin.ModelAdmin):
     @admin.action(description="Resume selected queues", permissions=["operate"])
     def resume_selected(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
         self._set_paused(request, queryset, False)
+
+
+def _other_queue(queue: str, figures: Any) -> dict[str, Any]:
+    """A row of the other known queues: its counts, each with whether it stopped at the cap."""
+    if figures is None:
+        return {"queue": queue, "pending": 0, "running": 0, "dead": 0}
+    return {
+        "queue": queue,
+        "pending": figures.pending,
+        "pending_capped": figures.pending_capped,
+        "running": figures.running,
+        "dead": figures.dead,
+        "dead_capped": figures.dead_capped,
+    }

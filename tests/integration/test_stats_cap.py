@@ -87,3 +87,14 @@ def test_the_admin_panel_marks_a_capped_count(admin_client):
     html = admin_client.get("/admin/django_pgqueue/job/").content.decode()
     assert 'state__status__exact=pending">5+</a>' in html
     assert "stopped at 5: there are at least that many" in html
+
+
+def test_the_queues_page_marks_a_capped_count_of_an_uncontrolled_queue(admin_client):
+    backlog()
+    html = admin_client.get("/admin/django_pgqueue/queuecontrol/").content.decode()
+    deep = html.split('data-queue="deep"', 1)[1].split("</tr>", 1)[0]
+    assert "<td>5+</td>" in deep  # pending and dead both stopped at the cap
+    shallow = html.split('data-queue="shallow"', 1)[1].split("</tr>", 1)[0]
+    assert "<td>2</td>" in shallow
+    assert "+" not in shallow
+    assert "stopped at 5: there are at least that many" in html
