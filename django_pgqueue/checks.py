@@ -16,8 +16,11 @@ from .exceptions import ConfigurationError
 from .stats import stranded_jobs
 from .store.operator import autovacuum_settings
 
+# The tag of the queue's own checks: run_queue_worker runs only these at its start.
+TAG = "pgqueue"
 
-@checks.register(checks.Tags.database, checks.Tags.compatibility)
+
+@checks.register(TAG, checks.Tags.database, checks.Tags.compatibility)
 def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """pgqueue.E001: the queue's database must be PostgreSQL."""
     try:
@@ -51,7 +54,7 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     return []
 
 
-@checks.register()
+@checks.register(TAG)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """pgqueue.E002: the PGQUEUE setting must validate."""
     try:
@@ -86,7 +89,7 @@ def _queried_alias(databases: Any) -> str | None:
     return alias
 
 
-@checks.register(checks.Tags.database)
+@checks.register(TAG, checks.Tags.database)
 def check_autovacuum(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
@@ -115,7 +118,7 @@ def check_autovacuum(
     ]
 
 
-@checks.register(checks.Tags.database)
+@checks.register(TAG, checks.Tags.database)
 def check_unknown_types(
     app_configs: Any = None, databases: Any = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:

@@ -24,7 +24,7 @@ def schedule_problems(spec: ScheduleSpec) -> list[str]:
     return problems
 
 
-@checks.register()
+@checks.register("pgqueue")  # django_pgqueue.checks.TAG: the checks a worker runs at start
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """pgqueue.E030-E033: every schedule declared in code must be valid and served."""
     declared = code_schedules()

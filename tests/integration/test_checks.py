@@ -66,3 +66,35 @@ def test_autovacuum_warning_follows_the_server_and_the_table():
     assert [w.id for w in check_autovacuum(databases=["default"])] == (
         [] if server_on else ["pgqueue.W001"]
     )
+
+
+def test_every_check_of_the_queue_carries_the_tag_a_worker_runs():
+    from django.core.checks.registry import registry
+
+    from django_pgqueue.checks import TAG
+
+    ours = [c for c in registry.get_checks() if c.__module__.startswith("django_pgqueue")]
+    assert len(ours) >= 5
+    assert [c.__name__ for c in ours if TAG not in c.tags] == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_runs_the_queues_checks_and_not_the_projects(settings):
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    def project_problem(app_configs=None, **kwargs):
+        return [checks.Error("a project check a worker does not need", id="testproject.E001")]
+
+    checks.register(project_problem, "urls")
+    try:
+        # call_command skips the checks unless told otherwise, as manage.py does not.
+        run = {"verbosity": 0, "skip_checks": False}
+        call_command("run_queue_worker", "checked", "--burst", **run)
+        settings.PGQUEUE = {"LEASE": -1}
+        with pytest.raises(SystemCheckError, match=r"pgqueue\.E002"):
+            call_command("run_queue_worker", "checked", "--burst", **run)
+        with pytest.raises(SystemCheckError, match=r"testproject\.E001"):
+            call_command("check")
+    finally:
+        checks.registry.registry.registered_checks.discard(project_problem)

@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
 from django_pgqueue import supervisor, validators
+from django_pgqueue.checks import TAG as CHECK_TAG
 from django_pgqueue.checks import autovacuum_problem
 from django_pgqueue.exceptions import ConfigurationError
 from django_pgqueue.worker import Worker, WorkerConfig
@@ -76,6 +77,10 @@ class Command(BaseCommand):
         "Run a job queue worker for the given queues until SIGTERM/SIGINT "
         "(or, with --burst, until the queues are empty)."
     )
+    # The queue's own checks (settings, schedules, the database): a worker's start is on
+    # the path of every deploy and scale-up, and the project's others (admin, URLs,
+    # templates) say nothing about it; `manage.py check` runs them all.
+    requires_system_checks = [CHECK_TAG]
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("queues", nargs="+", metavar="QUEUE", help="Queue(s) to work on.")
