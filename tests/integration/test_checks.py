@@ -98,3 +98,17 @@ def test_a_worker_runs_the_queues_checks_and_not_the_projects(settings):
             call_command("check")
     finally:
         checks.registry.registry.registered_checks.discard(project_problem)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workers_start_checks_open_no_database_connection():
+    from django.core.management import call_command
+    from django.db import connections
+
+    from django_pgqueue.management.commands.run_queue_worker import Command
+
+    connections.close_all()
+    # The database checks (autovacuum, stranded jobs) would connect and warn here.
+    Command().check(tags=Command.requires_system_checks)
+    assert [alias for alias in connections if connections[alias].connection is not None] == []
+    call_command("check", "--database", "default")  # the full check still reaches it

@@ -82,6 +82,13 @@ class Command(BaseCommand):
     # templates) say nothing about it; `manage.py check` runs them all.
     requires_system_checks = [CHECK_TAG]
 
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        # Only the static checks: Django runs tagged checks against every database unless
+        # told none, and the worker reports the database's problems itself once connected
+        # (a supervisor of --processes holds no connection at all).
+        kwargs["databases"] = []
+        super().check(*args, **kwargs)
+
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("queues", nargs="+", metavar="QUEUE", help="Queue(s) to work on.")
         parser.add_argument(
