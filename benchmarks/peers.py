@@ -10,10 +10,14 @@ The same workloads for each system, interleaved (ours, pgqueuer, procrastinate, 
   peers: their own event tables, benchmarks/peers/*_driver.py);
 - single enqueue, one transaction each; bulk enqueue of 20,000 in one call;
 - pickup latency of an idle worker, jobs enqueued one by one 50 ms apart: from the
-  job's creation time to the handler's first statement (clock_timestamp()), both on
-  the database clock;
+  start of the enqueue call (the producer's clock, carried in the payload) to the
+  handler's first statement (clock_timestamp(), the same machine's clock);
+- async drain: --async-jobs jobs whose handler awaits a 200 ms asyncio.sleep, one
+  worker process with 1,000 in flight (ours: --async-concurrency 1000, batch 500;
+  pgqueuer: batch 500, max_concurrent_tasks 1000);
 - ours only: the bare-SQL loop of throughput.py (the ceiling the tuned drain is held to),
-  run in the same rounds as the tuned drains.
+  run in the same rounds as the tuned drains; and the bare INSERT + NOTIFY transaction
+  (throughput.py's floor of a single enqueue), in the same rounds as the single enqueues.
 
 The peers run from their own virtual environments (benchmarks/_peer_env.py), each in its
 own database: the --database-url name with _pgqueuer or _procrastinate appended. A peer
@@ -33,6 +37,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import async_io
 import throughput
 from _common import machine, markdown_table, parser, setup_django, write_json
 from _peer_env import PEERS, Peer, PeerFailed, call, create_database, database_url, install
@@ -48,23 +53,34 @@ FIGURES = (
     ("enqueue_bulk", "bulk enqueue", "jobs/s", True),
     ("pickup_p50", "pickup latency p50, idle worker", "ms", False),
     ("pickup_p99", "pickup latency p99, idle worker", "ms", False),
+    ("async_sleep", "async drain, 200 ms awaits, 1,000 in flight", "jobs/s", True),
 )
 # (figure, peer, target ratio ours/peer, higher is better): the issue's targets.
 TARGETS = (
-    ("enqueue_single", "pgqueuer", 1.2, True),
+    ("enqueue_single", "pgqueuer", 1.3, True),
     ("enqueue_bulk", "pgqueuer", 2.0, True),
     ("drain_default", "pgqueuer", 1.3, True),
     ("drain_tuned", "pgqueuer", 1.2, True),
     ("pickup_p50", "pgqueuer", 0.8, False),
-    ("pickup_p99", "pgqueuer", 1.0, False),
+    ("pickup_p99", "pgqueuer", 0.8, False),
+    ("async_sleep", "pgqueuer", 1.2, True),
 )
 BARE_TARGET = 0.85  # tuned drain / bare-SQL loop
+BARE_ENQUEUE_TARGET = 1.25  # time of a single enqueue / the bare INSERT + NOTIFY
+ASYNC = (1000, 500)  # in flight, batch
+ASYNC_DELAY = 0.2
 
 
-def sizes(smoke: bool, jobs: int) -> dict[str, int]:
+def sizes(smoke: bool, jobs: int, async_jobs: int = 10_000) -> dict[str, int]:
     if smoke:
-        return {"jobs": 300, "singles": 50, "bulk": 500, "pickups": 10}
-    return {"jobs": jobs, "singles": 5_000, "bulk": 20_000, "pickups": 200}
+        return {"jobs": 300, "singles": 50, "bulk": 500, "pickups": 10, "async_jobs": 300}
+    return {
+        "jobs": jobs,
+        "singles": 5_000,
+        "bulk": 20_000,
+        "pickups": 200,
+        "async_jobs": async_jobs,
+    }
 
 
 def ours(size: dict[str, int]) -> dict[str, Callable[[], dict[str, float]]]:
@@ -84,6 +100,14 @@ def ours(size: dict[str, int]) -> dict[str, Callable[[], dict[str, float]]]:
         "enqueue_bulk": lambda: {"jobs_per_s": throughput.enqueue_bulk(size["bulk"])},
         "pickup": pickup,
         "bare_loop": lambda: {"jobs_per_s": throughput.bare_drain(size["jobs"], *throughput.BARE)},
+        "bare_enqueue": lambda: {"jobs_per_s": throughput.bare_enqueue_single(size["singles"])},
+        "async_sleep": lambda: async_io.drain(
+            size["async_jobs"],
+            "bench.async_io",
+            ["--async-concurrency", str(ASYNC[0])],
+            {"delay": ASYNC_DELAY},
+            ASYNC[1],
+        ),
     }
 
 
@@ -97,6 +121,21 @@ def theirs(peer: Peer, url: str, size: dict[str, int]) -> dict[str, Callable[[],
         "enqueue_single": lambda: call(peer, "enqueue_single", url=url, n=size["singles"]),
         "enqueue_bulk": lambda: call(peer, "enqueue_bulk", url=url, n=size["bulk"]),
         "pickup": lambda: call(peer, "pickup", url=url, count=size["pickups"], gap=0.05),
+        **(
+            {
+                "async_sleep": lambda: call(
+                    peer,
+                    "async_drain",
+                    url=url,
+                    n=size["async_jobs"],
+                    delay=ASYNC_DELAY,
+                    in_flight=ASYNC[0],
+                    batch=ASYNC[1],
+                )
+            }
+            if peer.name == "pgqueuer"
+            else {}
+        ),
     }
 
 
@@ -127,11 +166,13 @@ def prepare_peers(
 
 WORKLOADS = (
     "enqueue_single",
+    "bare_enqueue",
     "enqueue_bulk",
     "drain_default",
     "drain_tuned",
     "bare_loop",
     "pickup",
+    "async_sleep",
 )
 
 
@@ -257,6 +298,18 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
                 {True: "met", False: "**missed**", None: "-"}[met],
             ]
         )
+    floor = results.get("bare_enqueue")
+    single = results["figures"].get("enqueue_single", {}).get(OURS)
+    if floor and single:
+        slower = floor["value"] / single["value"]  # time per enqueue, ours / bare
+        rows.append(
+            [
+                "time of a single enqueue / the bare INSERT + NOTIFY transaction, same run",
+                f"≤ {BARE_ENQUEUE_TARGET:g}x",
+                f"{single['value']:,.0f} / {floor['value']:,.0f} jobs/s = {slower:.2f}x",
+                "met" if slower <= BARE_ENQUEUE_TARGET else "**missed**",
+            ]
+        )
     bare = results.get("bare_loop")
     tuned = results["figures"].get("drain_tuned", {}).get(OURS)
     if bare and tuned:
@@ -336,13 +389,15 @@ def section(results: dict[str, Any], image: str) -> str:
             f"yardstick {m.get('calibration_ms', float('nan')):.0f} ms; {versions}. "
             f"{results['processes']} worker processes; drains of {size['jobs']:,} no-op jobs; "
             f"{size['singles']:,} single enqueues; bulk enqueue of {size['bulk']:,}; "
-            f"pickup of {size['pickups']} jobs 50 ms apart; ours tuned: concurrency "
+            f"pickup of {size['pickups']} jobs 50 ms apart; async drain of "
+            f"{size.get('async_jobs', 0):,} jobs awaiting {ASYNC_DELAY * 1000:.0f} ms, one "
+            f"worker process, {ASYNC[0]:,} in flight; ours tuned: concurrency "
             f"{results['ours_tuned']['concurrency']}, batch {results['ours_tuned']['batch_size']}. "
             f"Median of {results['runs']}, systems interleaved.{failures}",
             "",
             table(results),
             "",
-            markdown_table(["target (issue 16)", "wanted", "measured", ""], targets(results)),
+            markdown_table(["target", "wanted", "measured", ""], targets(results)),
             "",
             f"![ours against the peers]({image})",
             "",
@@ -353,13 +408,14 @@ def section(results: dict[str, Any], image: str) -> str:
 def main() -> None:
     p = parser(__doc__.splitlines()[0], database="pgqueue_bench_peers")
     p.add_argument("--jobs", type=int, default=20_000, help="jobs per drain run")
+    p.add_argument("--async-jobs", type=int, default=10_000, help="jobs per async drain run")
     p.add_argument("--only", help=f"comma-separated workloads to run, of {', '.join(WORKLOADS)}")
     p.add_argument("--peers", help="comma-separated peers to run (default: all)")
     args = p.parse_args()
     order = chosen_workloads(args.only)
     setup_django(args.database_url)
     runs = 1 if args.smoke else args.runs
-    size = sizes(args.smoke, args.jobs)
+    size = sizes(args.smoke, args.jobs, args.async_jobs)
     results: dict[str, Any] = {
         "machine": machine(),
         "smoke": args.smoke,
@@ -373,6 +429,9 @@ def main() -> None:
     results["figures"] = figures(samples)
     if order != WORKLOADS:
         results["only"] = list(order)
+    floor = [s["jobs_per_s"] for s in samples[OURS].get("bare_enqueue", [])]
+    if floor:
+        results["bare_enqueue"] = {"value": statistics.median(floor), "runs": floor}
     bare = [s["jobs_per_s"] for s in samples[OURS].get("bare_loop", [])]
     if bare:
         results["bare_loop"] = {"value": statistics.median(bare), "runs": bare}

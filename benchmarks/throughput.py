@@ -9,9 +9,12 @@
   (no Django, threads, heartbeats or listener), 2 processes, batch 100: claim with the
   production `job_claim`, then complete with `job_complete`, each its own transaction,
   prepared, on one psycopg connection per process;
-- pickup latency: an idle worker, jobs enqueued one by one 50 ms apart, from the
-  enqueue (created_at) to the handler's first statement (clock_timestamp()), both on
-  the database clock.
+- pickup latency: an idle worker, jobs enqueued one by one 50 ms apart, from the start
+  of the enqueue() call (time.time(), carried in the payload) to the handler's first
+  statement (clock_timestamp()): what a user sees, on one machine's clock;
+- the floor of a single enqueue: the bare transaction of one INSERT and one NOTIFY
+  (one statement under autocommit) through psycopg, no framework, on a table of the
+  same columns.
 
 Run: python benchmarks/throughput.py [--smoke] [--runs 3] [--jobs 20000]
      python benchmarks/throughput.py --bare-worker BATCH   (one process of the bare loop)
@@ -75,6 +78,36 @@ def enqueue_single_prepared(n: int) -> float:
     finally:
         connection.close()
         del options["prepare_threshold"]
+
+
+BARE_TABLE = (
+    "CREATE TABLE IF NOT EXISTS bench_bare_jobs (id bigserial PRIMARY KEY,"
+    " queue text NOT NULL, type text NOT NULL, payload jsonb NOT NULL,"
+    " created_at timestamptz NOT NULL DEFAULT now())"
+)
+
+
+def bare_enqueue_single(n: int) -> float:
+    """The floor of enqueue_single: per job, one transaction that inserts the row and
+    notifies, in one statement under autocommit (one round trip, as ours), through
+    psycopg on a connection of its own, no framework."""
+    import psycopg
+    from django.db import connection
+    from psycopg.types.json import Jsonb
+
+    params = connection.get_connection_params()
+    with psycopg.connect(**params, autocommit=True) as conn:
+        conn.execute(BARE_TABLE)  # logged like queue_jobs: each commit waits for its WAL
+        conn.execute("TRUNCATE bench_bare_jobs")
+        started = time.perf_counter()
+        for i in range(n):
+            conn.execute(
+                "WITH job AS (INSERT INTO bench_bare_jobs (queue, type, payload)"
+                " VALUES (%s, %s, %s) RETURNING queue)"
+                " SELECT pg_notify('bench_bare', queue) FROM job",
+                ("bench", "qa.noop", Jsonb({"n": i})),
+            )
+        return n / (time.perf_counter() - started)
 
 
 def enqueue_bulk(n: int) -> float:
@@ -169,7 +202,7 @@ def pickup_latency(count: int, gap: float) -> dict[str, float]:
     try:
         time.sleep(2.0)  # started and idle, listening
         for _ in range(count):
-            enqueue("qa.clock", None, queue="bench")
+            enqueue("qa.clock", {"t": time.time()}, queue="bench")
             time.sleep(gap)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -181,8 +214,9 @@ def pickup_latency(count: int, gap: float) -> dict[str, float]:
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
     rows = sql(
-        "SELECT extract(epoch FROM (a.result #>> '{}')::timestamptz - j.created_at) * 1000 "
-        "FROM queue_attempts a JOIN queue_jobs j ON j.id = a.job_id WHERE a.status = 'succeeded'"
+        "SELECT (extract(epoch FROM (a.result #>> '{}')::timestamptz)"
+        " - (j.payload ->> 't')::float8) * 1000"
+        " FROM queue_attempts a JOIN queue_jobs j ON j.id = a.job_id WHERE a.status = 'succeeded'"
     )
     latencies = [float(ms) for (ms,) in rows]
     if len(latencies) != count:
@@ -216,6 +250,8 @@ def main() -> None:
     results["enqueue_single"] = {"jobs": singles, "jobs_per_s": rate, "runs": values}
     rate, values = median_of(runs, lambda: enqueue_single_prepared(singles))
     results["enqueue_single_prepared"] = {"jobs": singles, "jobs_per_s": rate, "runs": values}
+    rate, values = median_of(runs, lambda: bare_enqueue_single(singles))
+    results["bare_enqueue_single"] = {"jobs": singles, "jobs_per_s": rate, "runs": values}
     rate, values = median_of(runs, lambda: enqueue_bulk(bulk))
     results["enqueue_many"] = {"jobs": bulk, "jobs_per_s": rate, "runs": values}
 
@@ -261,6 +297,10 @@ def main() -> None:
         [
             'the same with OPTIONS {"prepare_threshold": 1}',
             f"{results['enqueue_single_prepared']['jobs_per_s']:,.0f} jobs/s",
+        ],
+        [
+            "the floor: a bare INSERT + NOTIFY transaction through psycopg, one round trip",
+            f"{results['bare_enqueue_single']['jobs_per_s']:,.0f} jobs/s",
         ],
         [f"enqueue_many of {bulk:,}", f"{results['enqueue_many']['jobs_per_s']:,.0f} jobs/s"],
         *[

@@ -4,7 +4,8 @@ asyncpg is pgqueuer's fastest documented driver, and uvloop runs the event loop,
 pgqueuer's own command line does. Drains are timed on the database clock from the
 first 'picked' to the last 'successful' row of pgqueuer_log, and checked there: every
 job picked once and logged successful once, none left in the queue. Pickup latency:
-the handler's first statement writes clock_timestamp() beside the job's `created`.
+the handler's first statement writes clock_timestamp() beside the time the enqueue call
+started (the payload's `t`, the same machine's clock), what a user sees.
 
 Run: python pgqueuer_driver.py '{"cmd": "drain", "url": "postgres://...", ...}'
 """
@@ -112,6 +113,41 @@ async def drain(args: dict[str, Any]) -> dict[str, Any]:
         await conn.close()
 
 
+async def async_drain(args: dict[str, Any]) -> dict[str, Any]:
+    """Jobs that each await asyncio.sleep(delay), drained by one worker process holding
+    `in_flight` at once; timed and checked like drain."""
+    n = args["n"]
+    conn = await connect(args["url"])
+    try:
+        await reset(conn)
+        queries = Queries(AsyncpgDriver(conn))
+        payload = json.dumps({"delay": args["delay"]}).encode()
+        for start in range(0, n, 20_000):
+            size = min(20_000, n - start)
+            await queries.enqueue(["sleep"] * size, [payload] * size, [0] * size)
+        await conn.execute("VACUUM ANALYZE pgqueuer")
+        worker = {
+            "cmd": "worker",
+            "url": args["url"],
+            "batch": args["batch"],
+            "in_flight": args["in_flight"],
+        }
+        wait_all([spawn(__file__, worker)])
+        row = await conn.fetchrow(
+            "SELECT count(*) FILTER (WHERE status = 'picked'),"
+            " count(DISTINCT job_id) FILTER (WHERE status = 'picked'),"
+            " count(DISTINCT job_id) FILTER (WHERE status = 'successful'),"
+            " extract(epoch FROM max(created) FILTER (WHERE status = 'successful')"
+            "   - min(created) FILTER (WHERE status = 'picked'))"
+            " FROM pgqueuer_log"
+        )
+        remaining = await conn.fetchval("SELECT count(*) FROM pgqueuer")
+        exactly_once(n, row[0], row[1], row[2], remaining)
+        return {"jobs_per_s": n / float(row[3]), "seconds": float(row[3])}
+    finally:
+        await conn.close()
+
+
 async def worker(args: dict[str, Any]) -> dict[str, Any]:
     """One worker process: drain the queue (no-op jobs), or serve the clock job until SIGTERM."""
     conn = await connect(args["url"])
@@ -124,10 +160,17 @@ async def worker(args: dict[str, Any]) -> dict[str, Any]:
     async def noop(job: Job) -> None:
         pass
 
+    @manager.entrypoint("sleep")
+    async def sleep(job: Job) -> None:
+        await asyncio.sleep(json.loads(job.payload)["delay"])
+
     @manager.entrypoint("clock")
     async def record(job: Job) -> None:
+        started = json.loads(job.payload)["t"]
         await clock.execute(
-            "INSERT INTO peer_pickup VALUES ($1, $2, clock_timestamp())", job.id, job.created
+            "INSERT INTO peer_pickup VALUES ($1, to_timestamp($2), clock_timestamp())",
+            job.id,
+            started,
         )
 
     loop = asyncio.get_running_loop()
@@ -135,6 +178,8 @@ async def worker(args: dict[str, Any]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     if args.get("batch"):
         options["batch_size"] = args["batch"]
+    if args.get("in_flight"):
+        options["max_concurrent_tasks"] = args["in_flight"]
     mode = QueueExecutionMode.continuous if clock else QueueExecutionMode.drain
     await manager.run(mode=mode, **options)
     return {}
@@ -150,7 +195,7 @@ async def pickup(args: dict[str, Any]) -> dict[str, Any]:
         try:
             await asyncio.sleep(2.0)  # started and idle, listening
             for _ in range(count):
-                await queries.enqueue("clock", None)
+                await queries.enqueue("clock", json.dumps({"t": time.time()}).encode())
                 await asyncio.sleep(gap)
             # Longer than pgqueuer's dequeue_timeout (30 s), its poll for a missed NOTIFY.
             deadline = time.monotonic() + 60
@@ -178,6 +223,7 @@ if __name__ == "__main__":
                 "enqueue_single": enqueue_single,
                 "enqueue_bulk": enqueue_bulk,
                 "drain": drain,
+                "async_drain": async_drain,
                 "worker": worker,
                 "pickup": pickup,
             }.items()

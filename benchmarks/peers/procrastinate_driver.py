@@ -4,7 +4,8 @@ procrastinate's asynchronous psycopg connector (psycopg 3 with its C extension, 
 ours). Drains are timed on the database clock from the first 'started' to the last
 'succeeded' row of procrastinate_events, and checked there: every job started once and
 succeeded, none left to do. Pickup latency: the handler's first statement writes
-clock_timestamp() beside the job's 'deferred' event time.
+clock_timestamp() beside the time the defer call started (the payload's `t`, the same
+machine's clock), what a user sees.
 
 Run: python procrastinate_driver.py '{"cmd": "drain", "url": "postgres://...", ...}'
 """
@@ -39,11 +40,11 @@ def make_app(url: str) -> procrastinate.App:
         pass
 
     @app.task(name="clock", queue=QUEUE, pass_context=True)
-    async def clock(context: procrastinate.JobContext) -> None:
+    async def clock(context: procrastinate.JobContext, t: float) -> None:
         await app.connector.execute_query_async(
-            "INSERT INTO peer_pickup SELECT %(id)s, at, clock_timestamp() "
-            "FROM procrastinate_events WHERE job_id = %(id)s AND type = 'deferred'",
+            "INSERT INTO peer_pickup VALUES (%(id)s, to_timestamp(%(t)s), clock_timestamp())",
             id=context.job.id,
+            t=t,
         )
 
     return app
@@ -142,7 +143,7 @@ async def pickup(args: dict[str, Any]) -> dict[str, Any]:
         try:
             await asyncio.sleep(2.0)  # started and idle, listening
             for _ in range(count):
-                await app.tasks["clock"].defer_async()
+                await app.tasks["clock"].defer_async(t=time.time())
                 await asyncio.sleep(gap)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
