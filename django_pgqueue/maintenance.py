@@ -31,6 +31,8 @@ class PruneResult:
     jobs: dict[str, int] = field(default_factory=dict)
     # Rows deleted by each DELETE, in order (empty on a dry run).
     batches: list[int] = field(default_factory=list)
+    # Workflows deleted once their last step was pruned (not counted on a dry run).
+    workflows: int = 0
 
     @property
     def total(self) -> int:
@@ -81,6 +83,12 @@ def prune(
         # A short batch means nothing more is due, or only rows locked right now
         # (being retried), which a later run will find.
         if count < batch_size:
+            break
+    after_id = 0
+    while True:
+        deleted, after_id = store.prune_workflow_batch(alias, cutoff, batch_size, after_id)
+        result.workflows += deleted
+        if deleted < batch_size:
             return result
 
 

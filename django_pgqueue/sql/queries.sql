@@ -871,6 +871,29 @@ WHERE status = ANY(%(statuses)s::text[])
 GROUP BY status;
 
 
+-- name: workflow_prune_batch
+-- Delete at most `limit` workflows created before the cutoff whose steps are all gone
+-- (their jobs pruned: a workflow's finished steps are kept until all of it finished),
+-- walking the primary key upwards from after_id. A workflow's row and its steps are
+-- written in one transaction, so a committed workflow has no step-less moment; the
+-- cutoff keeps even a row mid-way out of reach. The steps' probe uses their
+-- (workflow_id, name) unique index.
+WITH doomed AS MATERIALIZED (
+    SELECT wf.id
+    FROM queue_workflows AS wf
+    WHERE wf.id > %(after_id)s::bigint
+      AND wf.created_at < %(cutoff)s::timestamptz
+      AND NOT EXISTS (SELECT FROM queue_workflow_steps AS step WHERE step.workflow_id = wf.id)
+    ORDER BY wf.id
+    LIMIT %(limit)s::integer
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM queue_workflows AS wf
+USING doomed
+WHERE wf.id = doomed.id
+RETURNING wf.id;
+
+
 -- name: job_prune_batch
 -- Delete at most `limit` jobs that finished before the cutoff, with their state and attempts.
 -- The state rows go with the jobs through queue_jobs' AFTER DELETE trigger (migration

@@ -336,15 +336,29 @@ def test_pruning_keeps_a_workflows_finished_steps_until_the_whole_workflow_finis
     )
     out = StringIO()
     call_command("prune_queue_jobs", "--older-than", "7d", "--dry-run", stdout=out)
+    sql("UPDATE queue_workflows SET created_at = now() - interval '31 days'")
     call_command("prune_queue_jobs", "--older-than", "7d", stdout=StringIO())
     assert sql("SELECT id FROM queue_jobs ORDER BY id") == [(j,) for j in sorted(run.jobs.values())]
+    assert sql("SELECT count(*) FROM queue_workflows") == [(1,)]
     # The workflow finishes: its steps go with the next prune.
     sql(
         "UPDATE queue_job_state SET status = 'completed', finished_at = now() - interval '30 days' "
         "WHERE job_id = %s",
         [run.jobs[names[2]]],
     )
-    call_command("prune_queue_jobs", "--older-than", "7d", stdout=StringIO())
+    # A workflow created since the cutoff, all of it finished and pruned: its row stays
+    # until it is older than the cutoff too.
+    young = chain(p("y1"), p("y2")).enqueue()
+    sql(
+        "UPDATE queue_job_state SET status = 'completed', finished_at = now() - interval '30 days' "
+        "WHERE job_id = ANY(%s)",
+        [list(young.jobs.values())],
+    )
+    out = StringIO()
+    call_command("prune_queue_jobs", "--older-than", "7d", stdout=out)
     assert sql("SELECT count(*) FROM queue_jobs") == [(0,)]
     assert sql("SELECT count(*) FROM queue_job_deps") == [(0,)]
     assert sql("SELECT count(*) FROM queue_workflow_steps") == [(0,)]
+    # The workflow's own row goes once its steps are gone: nothing is left of it.
+    assert sql("SELECT id FROM queue_workflows") == [(young.id,)]
+    assert "Deleted 1 workflow whose steps were all gone." in out.getvalue()

@@ -83,4 +83,9 @@ class Command(BaseCommand):
                 f"Deleted {counted(result.total, 'job')} that finished before {cutoff} "
                 f"({by_status}) in {counted(len(result.batches), 'batch', 'batches')} of at "
                 f"most {options['batch_size']}."
+                + (
+                    f" Deleted {counted(result.workflows, 'workflow')} whose steps were all gone."
+                    if result.workflows
+                    else ""
+                )
             )
