@@ -12,6 +12,7 @@ the row), and works where LISTEN does not (a transaction-mode pooler).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import time
@@ -134,7 +135,16 @@ async def await_job(
     session = AsyncWaitSession(using or get_settings().DATABASE)
     await session.open()
     try:
-        added = await session.add(job_id, HOLD)
+        add = asyncio.ensure_future(session.add(job_id, HOLD))
+        try:
+            added = await asyncio.shield(add)
+        except asyncio.CancelledError:
+            # The row may be in already (committed, its answer not read yet): let the
+            # add finish, then take its row out again.
+            with contextlib.suppress(Exception):
+                if (late := await add) is not None:
+                    await session.remove(late[0])
+            raise
         if added is None:
             raise JobNotFound(job_id)
         waiter_id, _queue = added

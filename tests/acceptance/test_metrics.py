@@ -211,7 +211,13 @@ def test_scrape_shows_an_event_loop_a_handler_blocked(worker_process: Any) -> No
             time.sleep(0.05)  # not listening yet
             continue
         done = sql("SELECT status FROM queue_job_state WHERE job_id = %s", [blocker.id])[0][0]
-        if done == "completed" and value(samples, "pgqueue_event_loop_blocked_total") >= 1:
+        # The scrape came before the status read: the gauge of the job in flight may
+        # lag its completion by one scrape.
+        if (
+            done == "completed"
+            and value(samples, "pgqueue_event_loop_blocked_total") >= 1
+            and value(samples, "pgqueue_async_in_flight") == 0
+        ):
             break
         time.sleep(0.1)
     assert samples is not None

@@ -9,6 +9,7 @@ passing late.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -273,3 +274,20 @@ def test_jobs_nobody_waits_on_send_no_notification(run_worker):
         assert first.payload == "marker"
     finally:
         listener.close()
+
+
+def test_an_await_cancelled_at_any_moment_leaves_no_waiter_row():
+    # Cancellations spread over the wait's start: some land while its row is committed
+    # but the answer naming it is not read yet.
+    job = enqueue("qa.noop", {}, queue="mail", delay=3600)
+
+    async def main() -> int:
+        for step in range(120):
+            waiting_task = asyncio.ensure_future(await_job(job))
+            await asyncio.sleep(step * 0.0002)
+            waiting_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiting_task
+        return await asyncio.to_thread(waiters_elsewhere, job.id)
+
+    assert asyncio.run(main()) == 0

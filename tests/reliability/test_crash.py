@@ -65,6 +65,9 @@ class Supervisor:
                 self.spawn()
 
     def stop(self) -> None:
+        # A worker only just spawned (restart_dead) has not installed its signal
+        # handlers yet: a SIGTERM then ends it before it started (-15), not gracefully.
+        self.ready()
         for proc in self.procs.values():
             proc.signal(signal.SIGTERM)
         for proc in self.procs.values():
