@@ -230,11 +230,7 @@ WITH candidates AS MATERIALIZED (
     -- fetched by primary key, except from a table of a few dozen pages, which the
     -- planner reads whole as cheaper than the probes (the soak at 1,000 rows: 30
     -- pages, 0.2 ms).
-    -- The queue, known already, names the shard on Citus (docs/howto/scaling-out.md):
-    -- with it every step of the claim filters on the distribution column. Here it is
-    -- a filter on the rows the primary key found, nothing more.
     WHERE state.job_id = ANY (ARRAY(SELECT job_id FROM candidates))
-      AND state.queue = %(queue)s::text
     RETURNING state.job_id, state.queue, state.priority, state.run_at, state.attempts,
               state.max_attempts, state.lease_version
 ), opened AS (
@@ -259,7 +255,7 @@ CROSS JOIN LATERAL (
     SELECT j.type, j.payload::text AS payload, j.idempotency_key, j.created_at, j.traceparent
     FROM queue_jobs AS j
     WHERE j.id = claimed.job_id
-      AND j.queue = claimed.queue
+      AND j.queue = %(queue)s::text
     LIMIT 1
 ) AS job;
 
