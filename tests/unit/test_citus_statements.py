@@ -161,7 +161,7 @@ def test_the_claim_is_read_step_by_step() -> None:
 CLAIM_WALK = "WHERE queue = %(queue)s::text\n      AND status = 'pending'"
 JOB_PROBE = "\n      AND j.queue = %(queue)s::text"
 TYPE_PROBE = "WHERE j.id = s.job_id AND j.queue = %(queue)s::text"
-CONTROLLED_CANDIDATES = "))\n      AND queue = %(queue)s::text\n      AND status = 'pending'"
+CONTROLLED_CANDIDATES = "      AND queue = %(queue)s::text  -- the shard"
 ALIKE_STATE = "job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version"
 
 MUTATIONS = [
@@ -205,7 +205,7 @@ MUTATIONS = [
     (
         "job_claim_controlled",
         CONTROLLED_CANDIDATES,
-        "))\n      AND status = 'pending'",
+        "      -- the shard",
         "candidates",
         "queue_job_state",
     ),
