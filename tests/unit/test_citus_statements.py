@@ -29,12 +29,15 @@ from django_pgqueue.sql import QUERIES
 from tests.routing import references, touches_job_tables, unrouted
 
 ROUTED = {
-    # The claims: every step names the one queue they claim from.
+    # The claims: their walk and their probes name the one queue they claim from (but
+    # for the steps in UNROUTED_STEPS), and the worker's reads of one queue.
     "job_claim",
     "job_claim_after",
     "job_claim_controlled",
     "queue_next_due",
     "queue_control_state",
+    # Counts each control row's running jobs on that row's queue: one shard per row
+    # (queue_controls co-located), over every controlled queue: a multi-shard read.
     "queue_control_show",
     # Enqueue: each row inserted carries its queue (a row is routed by its own value).
     "job_enqueue_many",
@@ -54,7 +57,7 @@ _ATTEMPTS = "queue_attempts has no queue column yet"
 # a filter on rows found already, but it lowers the planner's estimate of the rows
 # updated, which changes the plan's later joins (measured: the join of the updated rows
 # with their attempts turns from a hash join into a nested loop); the claim's plan is
-# kept as it is. On Citus this step needs the filter (or the statement is planned there).
+# kept as it is. On Citus this step needs the filter, and the plan a check there anyway.
 _CLAIMED = "the filter would change the claim's plan (see above)"
 UNROUTED_STEPS = {
     "job_claim": {
