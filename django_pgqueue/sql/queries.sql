@@ -229,7 +229,8 @@ WITH candidates AS MATERIALIZED (
     -- table when the statistics are stale (and autovacuum may be off). The rows are
     -- fetched by primary key, except from a table of a few dozen pages, which the
     -- planner reads whole as cheaper than the probes (the soak at 1,000 rows: 30
-    -- pages, 0.2 ms).
+    -- pages, 0.2 ms). The queue is not repeated here: a filter on it lowers the
+    -- planner's estimate of the rows updated, which changes the joins below.
     WHERE state.job_id = ANY (ARRAY(SELECT job_id FROM candidates))
     RETURNING state.job_id, state.queue, state.priority, state.run_at, state.attempts,
               state.max_attempts, state.lease_version
@@ -255,6 +256,9 @@ CROSS JOIN LATERAL (
     SELECT j.type, j.payload::text AS payload, j.idempotency_key, j.created_at, j.traceparent
     FROM queue_jobs AS j
     WHERE j.id = claimed.job_id
+      -- The queue names the shard where the tables are distributed by it (Citus, see
+      -- docs/howto/scaling-out.md); here it only checks the row the key found.
+      AND j.queue = %(queue)s::text
     LIMIT 1
 ) AS job;
 
@@ -1400,7 +1404,8 @@ WITH budget AS MATERIALIZED (
     FROM (
         SELECT s.job_id, s.concurrency_key,
                CASE WHEN EXISTS (SELECT FROM typed)
-                    THEN (SELECT j.type FROM queue_jobs AS j WHERE j.id = s.job_id) END AS type
+                    THEN (SELECT j.type FROM queue_jobs AS j
+                          WHERE j.id = s.job_id AND j.queue = %(queue)s::text) END AS type
         FROM (
             SELECT s.job_id, s.concurrency_key
             FROM queue_job_state AS s
@@ -1452,6 +1457,7 @@ WITH budget AS MATERIALIZED (
     WHERE job_id = ANY (ARRAY(
         SELECT job_id FROM eligible ORDER BY pos LIMIT (SELECT n FROM budget)
     ))
+      AND queue = %(queue)s::text  -- the shard, on Citus; here a check of the row found
       AND status = 'pending'
     FOR UPDATE SKIP LOCKED
 -- job_claim_controlled: job_claim's claimed and opened steps

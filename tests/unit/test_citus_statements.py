@@ -1,0 +1,258 @@
+"""Which statements of queries.sql filter on the queue, the distribution column of the Citus design.
+
+docs/howto/scaling-out.md lays out the design: queue_jobs, queue_job_state and
+queue_attempts distributed by queue. A statement runs on one node (a router query,
+the only kind in which FOR UPDATE and SKIP LOCKED work) when each of its steps that
+touches those tables filters on the queue. tests/routing.py says what is checked
+(a reading of the lexed SQL, no Citus here); this file holds the classification of
+every statement that touches the job tables, so that a new or changed statement must
+be placed in it:
+
+- ROUTED: every step filters on the queue (the claims, enqueue), except the steps
+  listed in UNROUTED_STEPS with why: the attempt rows (queue_attempts has no queue
+  column yet, which the design adds first) and the claim's update by primary key.
+- BY_JOB_ID: worker statements that still address their rows by job id alone; they
+  would run on every shard. Each says why the queue is not passed yet.
+- EXEMPT: operator, admin and multi-queue maintenance statements, with the reason
+  they read or write across queues.
+
+The mutated statements at the end take a routed statement, take its queue filter
+away (or weaken it), and check the checker flags that step, so the classification
+cannot pass by reading nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from django_pgqueue.sql import QUERIES
+from tests.routing import references, touches_job_tables, unrouted
+
+ROUTED = {
+    # The claims: their walk and their probes name the one queue they claim from (but
+    # for the steps in UNROUTED_STEPS), and the worker's reads of one queue.
+    "job_claim",
+    "job_claim_after",
+    "job_claim_controlled",
+    "queue_next_due",
+    "queue_control_state",
+    # Counts each control row's running jobs on that row's queue: one shard per row
+    # (queue_controls co-located), over every controlled queue: a multi-shard read.
+    "queue_control_show",
+    # Enqueue: each row inserted carries its queue (a row is routed by its own value).
+    "job_enqueue_many",
+    "job_enqueue_many_alike",
+    "job_enqueue_many_keyed",
+    "workflow_enqueue",
+    "schedule_fire",
+    # Joined on queue to the (queue, key) pairs asked about: one shard per pair, but
+    # several pairs of several queues make it a multi-shard read (no lock taken).
+    "job_live_by_keys",
+}
+
+# The steps of routed statements left unrouted, with why. The claim opens each attempt
+# in the same statement, and queue_attempts has no queue column yet.
+_ATTEMPTS = "queue_attempts has no queue column yet"
+# The claim's update finds the candidates' rows by primary key. A queue filter there is
+# a filter on rows found already, but it lowers the planner's estimate of the rows
+# updated, which changes the plan's later joins (measured: the join of the updated rows
+# with their attempts turns from a hash join into a nested loop); the claim's plan is
+# kept as it is. On Citus this step needs the filter, and the plan a check there anyway.
+_CLAIMED = "the filter would change the claim's plan (see above)"
+UNROUTED_STEPS = {
+    "job_claim": {
+        ("opened", "queue_attempts"): _ATTEMPTS,
+        ("claimed", "queue_job_state"): _CLAIMED,
+    },
+    "job_claim_after": {
+        ("opened", "queue_attempts"): _ATTEMPTS,
+        ("claimed", "queue_job_state"): _CLAIMED,
+    },
+    "job_claim_controlled": {
+        ("opened", "queue_attempts"): _ATTEMPTS,
+        ("claimed", "queue_job_state"): _CLAIMED,
+    },
+}
+
+_COMPLETION = (
+    "the store's Completion is (job_id, lease_version, attempt_id, result): the queue "
+    "the worker claimed the job from is not passed yet, and one completion batch may "
+    "hold jobs of several queues (it is sent with the next claim, of any queue)"
+)
+_ONE_JOB = (
+    "Store.fail/give-back take (job_id, lease_version, attempt_id, failure): the "
+    "queue is known to the worker (ClaimedRow.queue) but not passed yet"
+)
+BY_JOB_ID = {
+    "job_complete": _COMPLETION,
+    "lease_renew": "the heartbeat renews every job the worker holds, of all its queues, "
+    "in one statement: per queue it would be one statement per queue served",
+    "job_release": "shutdown hands back the unstarted jobs of all the worker's queues at once",
+    "job_fail": _ONE_JOB,
+    "job_give_back": _ONE_JOB,
+    "job_interrupt": _ONE_JOB,
+    "job_hold": "a stopping worker locks (FOR KEY SHARE) the rows of all its queues at "
+    "once: on Citus a row lock needs a router query, so this one must be split per queue",
+    "job_locked_by": "after a reconnect the worker asks which rows name it, in any of its "
+    "queues: one statement per queue served would route",
+    "attempt_outcome": "reads attempts by id after a lost COMMIT; queue_attempts has no "
+    "queue column yet",
+    "stats_minute_add": "reads the finished attempts by id for the rollup; queue_attempts "
+    "has no queue column yet (the queues are in the parameters)",
+}
+
+EXEMPT = {
+    "lease_sweep": "multi-queue maintenance: any worker requeues expired leases of every "
+    "queue; on Citus its FOR UPDATE SKIP LOCKED needs a per-queue sweep",
+    "job_retry_now": "operator action on job ids picked in the admin, of any queues",
+    "job_cancel": "operator action on job ids picked in the admin, of any queues",
+    "job_cancel_request": "operator action on running job ids, of any queues",
+    "job_dead_page": "requeue_dead pages through the dead jobs of every queue (queue optional)",
+    "job_prune_count": "prune's dry run counts finished jobs of every queue",
+    "job_prune_batch": "prune deletes finished jobs of every queue, by primary key order",
+    "stats_by_queue": "admin counts, queue_stats and metrics: every queue at once",
+    "stats_pending_types": "queue_stats and the system check: every queue at once",
+    "stats_completed_by_queue": "queue_stats --exact: every queue at once",
+    "names_known": "the admin's filters: every type and queue",
+    "worker_running_jobs": "the admin's workers page: the jobs of the workers shown, any queue",
+    "index_live_entries": "index upkeep counts the hot indexes' entries over all queues",
+    "job_hold_tables": "LOCK TABLE: a table lock, not a row read (Citus locks every shard)",
+    "job_waiter_add": "wait() is given a job id by its caller, not its queue",
+    "job_waiter_check": "wait() is given a job id by its caller, not its queue",
+    "workflow_parent_results": "a step's parents may be in other queues",
+    "workflow_jobs": "a workflow's steps may be in several queues",
+    "workflow_steps": "a workflow's steps may be in several queues",
+}
+
+
+def test_every_statement_on_the_job_tables_is_classified_once() -> None:
+    touching = {name for name, text in QUERIES.items() if touches_job_tables(text)}
+    classes = [ROUTED, set(BY_JOB_ID), set(EXEMPT)]
+    assert sum(len(c) for c in classes) == len(set().union(*classes)), "classified twice"
+    assert set().union(*classes) == touching
+    steps = [reason for listed in UNROUTED_STEPS.values() for reason in listed.values()]
+    assert all(reason.strip() for reason in [*BY_JOB_ID.values(), *EXEMPT.values(), *steps])
+    assert set(UNROUTED_STEPS) <= ROUTED
+
+
+@pytest.mark.parametrize("name", sorted(ROUTED))
+def test_routed_statements_filter_on_the_queue_in_every_step(name: str) -> None:
+    problems = {(p.step, p.table) for p in unrouted(QUERIES[name])}
+    assert problems == set(UNROUTED_STEPS.get(name, {}))
+
+
+@pytest.mark.parametrize("name", sorted(set(BY_JOB_ID) | set(EXEMPT)))
+def test_the_statements_let_off_do_not_filter_on_the_queue(name: str) -> None:
+    # A statement that came to filter on the queue belongs in ROUTED: the lists stay exact.
+    assert unrouted(QUERIES[name]), f"{name} is routed now: move it to ROUTED"
+
+
+def test_the_claim_is_read_step_by_step() -> None:
+    # The checker saw each step of the claim and each table it touches (nothing passes
+    # for having been skipped): the walk, the update, the attempts and the job rows.
+    expected = {
+        ("candidates", "queue_job_state"),
+        ("claimed", "queue_job_state"),
+        ("opened", "queue_attempts"),
+        ("(main)", "queue_jobs"),
+    }
+    assert set(references(QUERIES["job_claim"])) == expected
+    controlled = set(references(QUERIES["job_claim_controlled"]))
+    assert expected | {("budget", "queue_job_state"), ("walk", "queue_jobs")} <= controlled
+
+
+CLAIM_WALK = "WHERE queue = %(queue)s::text\n      AND status = 'pending'"
+JOB_PROBE = "\n      AND j.queue = %(queue)s::text"
+TYPE_PROBE = "WHERE j.id = s.job_id AND j.queue = %(queue)s::text"
+CONTROLLED_CANDIDATES = "      AND queue = %(queue)s::text  -- the shard"
+ALIKE_STATE = "job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version"
+
+MUTATIONS = [
+    # (statement, text, replacement, the step then flagged, its table)
+    ("job_claim", CLAIM_WALK, "WHERE status = 'pending'", "candidates", "queue_job_state"),
+    (
+        "job_claim",
+        CLAIM_WALK,
+        "WHERE queue = ANY (%(queues)s::text[])\n      AND status = 'pending'",
+        "candidates",
+        "queue_job_state",
+    ),
+    (
+        "job_claim",
+        CLAIM_WALK,
+        "WHERE queue > %(queue)s::text\n      AND status = 'pending'",
+        "candidates",
+        "queue_job_state",
+    ),
+    (
+        # The equality moved into a subquery of another table filters nothing here.
+        "job_claim",
+        CLAIM_WALK,
+        "WHERE EXISTS (SELECT FROM queue_controls AS c WHERE c.queue = %(queue)s::text)\n"
+        "      AND status = 'pending'",
+        "candidates",
+        "queue_job_state",
+    ),
+    (
+        # An equality of another column to the queue's parameter is not one.
+        "job_claim",
+        CLAIM_WALK,
+        "WHERE locked_by = %(queue)s::text\n      AND status = 'pending'",
+        "candidates",
+        "queue_job_state",
+    ),
+    ("job_claim", JOB_PROBE, "", "(main)", "queue_jobs"),
+    ("job_claim_after", CLAIM_WALK, "WHERE status = 'pending'", "candidates", "queue_job_state"),
+    ("job_claim_after", JOB_PROBE, "", "(main)", "queue_jobs"),
+    ("job_claim_controlled", TYPE_PROBE, "WHERE j.id = s.job_id", "walk", "queue_jobs"),
+    (
+        "job_claim_controlled",
+        CONTROLLED_CANDIDATES,
+        "      -- the shard",
+        "candidates",
+        "queue_job_state",
+    ),
+    (
+        "job_enqueue_many_alike",
+        ALIKE_STATE,
+        "job_id, status, priority, run_at, attempts, max_attempts, lease_version",
+        "state",
+        "queue_job_state",
+    ),
+    (
+        # The filter only in a comment is no filter: comments are tokens of their own.
+        "queue_next_due",
+        "WHERE queue = %(queue)s::text AND status",
+        "WHERE -- queue = %(queue)s::text\n  status",
+        "(main)",
+        "queue_job_state",
+    ),
+    (
+        # Nor in a string.
+        "queue_next_due",
+        "WHERE queue = %(queue)s::text AND status",
+        "WHERE 'queue = %(queue)s' <> '' AND status",
+        "(main)",
+        "queue_job_state",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "old", "new", "step", "table"), MUTATIONS)
+def test_a_statement_whose_queue_filter_is_taken_away_is_flagged(
+    name: str, old: str, new: str, step: str, table: str
+) -> None:
+    text = QUERIES[name]
+    assert text.count(old) == 1, f"{name}: the text to mutate is not in it exactly once"
+    flagged = {(p.step, p.table) for p in unrouted(text)}
+    assert (step, table) not in flagged
+    mutated = {(p.step, p.table) for p in unrouted(text.replace(old, new))}
+    assert (step, table) in mutated
+
+
+def test_a_table_named_outside_a_from_list_is_flagged() -> None:
+    # Forms the checker does not read fail rather than pass.
+    assert unrouted(
+        "SELECT 1 FROM queue_controls AS c, queue_job_state AS s WHERE s.queue = c.queue"
+    )
+    assert unrouted("LOCK TABLE queue_jobs IN ROW EXCLUSIVE MODE")
