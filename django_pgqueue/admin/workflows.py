@@ -37,6 +37,8 @@ SCAN_LIMIT = 1_000
 # Most steps a workflow's page reads (its table), and draws.
 STEP_LIMIT = 5_000
 DRAW_LIMIT = 500
+# Names of the steps a step waits for that its row shows (a chord's callback waits for many).
+WAITS_FOR_SHOWN = 3
 STATES = ("running", "finished", "failed", "cancelled")
 # The step statuses in the order a workflow moves through them, for the bars and counts.
 STEP_STATUSES = ("completed", "dead", "cancelled", "skipped", "running", "pending", "waiting")
@@ -55,6 +57,13 @@ def step_counts(summary: store.WorkflowSummary) -> list[dict[str, Any]]:
         for status in STEP_STATUSES
         if (count := getattr(summary, status))
     ]
+
+
+def waits_for(detail: store.StepDetail, names: dict[int, str]) -> str:
+    """The steps a step waits for, by name: the first few, then how many more."""
+    shown = [names.get(parent, f"#{parent}") for parent in detail.parents[:WAITS_FOR_SHOWN]]
+    more = len(detail.parents) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")
 
 
 def row(summary: store.WorkflowSummary) -> dict[str, Any]:
@@ -120,9 +129,7 @@ class WorkflowAdmin(ReadOnlyPage):
             "admin/django_pgqueue/workflow.html",
             title=f"Workflow {summary.name} #{summary.id}",
             workflow=row(summary),
-            steps=[
-                {"step": s, "waits_for": [names.get(p, f"#{p}") for p in s.parents]} for s in steps
-            ],
+            steps=[{"step": s, "waits_for": waits_for(s, names)} for s in steps],
             steps_not_listed=max(0, summary.steps - len(steps)),
             graph=graph_svg(f"The steps of workflow {summary.name}", nodes),
             drawn=len(drawn),

@@ -39,6 +39,7 @@ class Placed:
     node: Node
     x: float
     y: float
+    bottom: float  # the bottom of its layer (of the layer's last row)
 
 
 def layers(nodes: Sequence[Node]) -> list[list[Node]]:
@@ -69,22 +70,29 @@ def layers(nodes: Sequence[Node]) -> list[list[Node]]:
 
 
 def layout(nodes: Sequence[Node]) -> tuple[list[Placed], float, float]:
-    """Place every node: (placed nodes, width, height) of the drawing."""
-    rows: list[tuple[bool, list[Node]]] = []  # (first row of its layer, nodes)
-    for layer in layers(nodes):
-        for start in range(0, len(layer), PER_ROW):
-            rows.append((start == 0, layer[start : start + PER_ROW]))
-    widest = max((len(row) for _, row in rows), default=1)
+    """Place every node: (placed nodes, width, height) of the drawing.
+
+    A wrapped layer's rows share one grid of columns (a short last row centred on
+    whole columns), so an edge leaving an upper row runs straight down behind the
+    nodes below it to the bottom of its layer, and bends only from there.
+    """
+    grouped = layers(nodes)
+    widest = min(max((len(layer) for layer in grouped), default=1), PER_ROW)
     width = 2 * MARGIN + widest * NODE_W + (widest - 1) * GAP_X
     placed: list[Placed] = []
-    y = MARGIN - NODE_H - LAYER_GAP
-    for new_layer, row in rows:
-        y += NODE_H + (LAYER_GAP if new_layer else ROW_GAP)
-        x = (width - len(row) * NODE_W - (len(row) - 1) * GAP_X) / 2
-        for node in row:
-            placed.append(Placed(node, x, y))
-            x += NODE_W + GAP_X
-    return placed, width, max(y, MARGIN) + NODE_H + MARGIN
+    top = MARGIN
+    for layer in grouped:
+        columns = min(len(layer), PER_ROW)
+        left = (width - columns * NODE_W - (columns - 1) * GAP_X) / 2
+        rows = [layer[start : start + PER_ROW] for start in range(0, len(layer), PER_ROW)]
+        bottom = top + len(rows) * (NODE_H + ROW_GAP) - ROW_GAP
+        for number, row in enumerate(rows):
+            offset = (columns - len(row)) // 2
+            for column, node in enumerate(row, start=offset):
+                x = left + column * (NODE_W + GAP_X)
+                placed.append(Placed(node, x, top + number * (NODE_H + ROW_GAP), bottom))
+        top = bottom + LAYER_GAP
+    return placed, width, max(top - LAYER_GAP, MARGIN) + MARGIN
 
 
 def graph_svg(title: str, nodes: Sequence[Node]) -> SafeString:
@@ -104,12 +112,13 @@ def graph_svg(title: str, nodes: Sequence[Node]) -> SafeString:
             parent = where.get(parent_id)
             if parent is None:
                 continue
-            x1, y1 = parent.x + NODE_W / 2, parent.y + NODE_H
+            x1, y0, y1 = parent.x + NODE_W / 2, parent.y + NODE_H, parent.bottom
             x2, y2 = child.x + NODE_W / 2, child.y
             bend = max((y2 - y1) / 2, 12)
             parts.append(
-                f'<path class="pgqueue-edge" d="M{x1:.1f},{y1:.1f} C{x1:.1f},{y1 + bend:.1f} '
-                f'{x2:.1f},{y2 - bend:.1f} {x2:.1f},{y2:.1f}" marker-end="url(#pgqueue-arrow)"/>'
+                f'<path class="pgqueue-edge" d="M{x1:.1f},{y0:.1f} L{x1:.1f},{y1:.1f} '
+                f'C{x1:.1f},{y1 + bend:.1f} {x2:.1f},{y2 - bend:.1f} {x2:.1f},{y2:.1f}" '
+                'marker-end="url(#pgqueue-arrow)"/>'
             )
     for p in placed:
         node = p.node
