@@ -1977,7 +1977,7 @@ ORDER BY step.job_id;
 -- cancelled. `state` (NULL: any) filters the scanned rows. Every row ends with the
 -- lowest id scanned and how many were: where the next page starts when a filter left
 -- this one short; a page where nothing matched is one row of NULLs and those two.
-WITH scanned AS MATERIALIZED (
+WITH scanned AS NOT MATERIALIZED (
     SELECT flow.id, flow.name, flow.steps, flow.created_at
     FROM queue_workflows AS flow
     WHERE flow.id < %(before)s::bigint

@@ -9,6 +9,9 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from django_pgqueue import Workflow, chain, chord, group, step
@@ -245,9 +248,7 @@ def test_cancelling_a_workflow_needs_the_operate_permission_and_works(client, st
     assert client.post(cancel_url(10**12)).status_code == 404
 
 
-def test_a_csrf_less_cancel_is_refused(stores):
-    from django.test import Client
-
+def test_a_csrf_less_cancel_is_refused():
     run = chain(s("a"), s("b")).enqueue()
     client = Client(enforce_csrf_checks=True)
     client.force_login(make_user("operator", *OPERATOR_PERMISSIONS))
@@ -283,3 +284,18 @@ def test_an_unknown_workflow_is_not_found(client):
     client.force_login(make_user("viewer", *VIEWER_PERMISSIONS))
     assert client.get(page_of(10**12)).status_code == 404
     assert client.get("/admin/django_pgqueue/workflow/abc/change/").status_code == 404
+
+
+def test_the_list_reads_the_same_number_of_queries_however_many_workflows(client):
+    client.force_login(make_user("viewer", *VIEWER_PERMISSIONS))
+    counts = []
+    for _ in range(2):
+        for _ in range(3):
+            chord(group(s("x"), s("y")), s("callback")).enqueue()
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(LIST).status_code == 200
+        counts.append(len(queries))
+    assert counts[0] == counts[1]
+    workflow_reads = [q["sql"] for q in queries if "queue_workflows" in q["sql"]]
+    assert len(workflow_reads) == 1
+    assert "count(*) FROM queue_workflows" not in workflow_reads[0]
