@@ -1977,6 +1977,9 @@ ORDER BY step.job_id;
 -- cancelled. `state` (NULL: any) filters the scanned rows. Every row ends with the
 -- lowest id scanned and how many were: where the next page starts when a filter left
 -- this one short; a page where nothing matched is one row of NULLs and those two.
+-- `scanned` is inlined, not materialized: the page then reads the primary key in its
+-- order and stops at its last row (LIMIT) instead of summing every scanned workflow
+-- before a sort; the bounds read the same index range once more, ids only.
 WITH scanned AS NOT MATERIALIZED (
     SELECT flow.id, flow.name, flow.steps, flow.created_at
     FROM queue_workflows AS flow
