@@ -136,6 +136,11 @@ class TypeFilter(admin.SimpleListFilter):
         return queryset.filter(type=self.value()) if self.value() else queryset
 
 
+def positive_id(raw: str) -> int | None:
+    """Read an id from the URL: a positive bigint, or None for anything else."""
+    return int(raw) if raw.isascii() and raw.isdigit() and 0 < int(raw) < 2**63 else None
+
+
 class WorkflowFilter(admin.SimpleListFilter):
     """The steps of one workflow (``?workflow=<id>``), a link from the workflow's page.
 
@@ -146,8 +151,7 @@ class WorkflowFilter(admin.SimpleListFilter):
     parameter_name = "workflow"
 
     def workflow_id(self) -> int | None:
-        raw = self.value() or ""
-        return int(raw) if raw.isascii() and raw.isdigit() and 0 < int(raw) < 2**63 else None
+        return positive_id(self.value() or "")
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         # Offered whenever asked for, so that a malformed id is applied (and matches

@@ -27,6 +27,7 @@ from ..models import Workflow
 from ..store import workflows as store
 from ..workflows import cancel_workflow
 from ..workflows.graph import Node, graph_svg
+from .lists import positive_id
 from .observability import ReadOnlyPage
 from .operations import OPERATE_PERMISSION
 
@@ -39,14 +40,10 @@ STEP_LIMIT = 5_000
 DRAW_LIMIT = 500
 # Names of the steps a step waits for that its row shows (a chord's callback waits for many).
 WAITS_FOR_SHOWN = 3
-STATES = ("running", "finished", "failed", "cancelled")
-# The step statuses in the order a workflow moves through them, for the bars and counts.
+STATES = ("running", "finished", "failed", "cancelled", "pruned")
+# The step statuses of the bars and counts: the finished first, so a bar fills from the left.
 STEP_STATUSES = ("completed", "dead", "cancelled", "skipped", "running", "pending", "waiting")
 LEGEND = ("waiting", "pending", "running", "completed", "dead", "cancelled")
-
-
-def _positive_id(raw: str) -> int | None:
-    return int(raw) if raw.isascii() and raw.isdigit() and 0 < int(raw) < 2**63 else None
 
 
 def step_counts(summary: store.WorkflowSummary) -> list[dict[str, Any]]:
@@ -81,7 +78,7 @@ class WorkflowAdmin(ReadOnlyPage):
         state = request.GET.get("state") or None
         if state not in (None, *STATES):
             state = None
-        before = _positive_id(request.GET.get("before", ""))
+        before = positive_id(request.GET.get("before", ""))
         found, older = store.workflow_page(
             get_settings().DATABASE, before, PER_PAGE, state=state, scan=SCAN_LIMIT
         )
@@ -104,7 +101,7 @@ class WorkflowAdmin(ReadOnlyPage):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        workflow_id = _positive_id(object_id)
+        workflow_id = positive_id(object_id)
         alias = get_settings().DATABASE
         summary = store.workflow_summary(alias, workflow_id) if workflow_id else None
         if summary is None:
@@ -130,10 +127,10 @@ class WorkflowAdmin(ReadOnlyPage):
             title=f"Workflow {summary.name} #{summary.id}",
             workflow=row(summary),
             steps=[{"step": s, "waits_for": waits_for(s, names)} for s in steps],
-            steps_not_listed=max(0, summary.steps - len(steps)),
+            steps_not_listed=max(0, summary.present - len(steps)),
             graph=graph_svg(f"The steps of workflow {summary.name}", nodes),
             drawn=len(drawn),
-            graph_capped=summary.steps > len(drawn),
+            graph_capped=summary.present > len(drawn),
             statuses=[status for status in LEGEND if any(s.status == status for s in drawn)],
             can_cancel=self.has_operate_permission(request) and summary.state == "running",
             jobs_url=reverse("admin:django_pgqueue_job_changelist") + f"?workflow={summary.id}",
@@ -154,7 +151,7 @@ class WorkflowAdmin(ReadOnlyPage):
             return HttpResponseNotAllowed(["POST"])
         if not self.has_operate_permission(request):
             raise PermissionDenied("Cancelling a workflow needs the operate_job permission.")
-        workflow_id = _positive_id(object_id)
+        workflow_id = positive_id(object_id)
         alias = get_settings().DATABASE
         if workflow_id is None or not Workflow.objects.using(alias).filter(pk=workflow_id).exists():
             raise Http404(f"No workflow with id {object_id!r}.")

@@ -1972,7 +1972,8 @@ ORDER BY step.job_id;
 -- (workflow_id, name) unique index with their state rows and first attempts by key;
 -- nothing counts the whole table. The state is derived from the steps: running while
 -- any step is waiting, pending or running; then failed if one ended dead, cancelled if
--- one was cancelled, else finished. A link_error step skipped because nothing failed
+-- one was cancelled, else finished; pruned once prune_queue_jobs deleted its steps
+-- (the workflow's row stays). A link_error step skipped because nothing failed
 -- (cancelled, on_failure 'error', no failed dependency) counts as skipped, not
 -- cancelled. `state` (NULL: any) filters the scanned rows. Every row ends with the
 -- lowest id scanned and how many were: where the next page starts when a filter left
@@ -1989,6 +1990,7 @@ WITH scanned AS NOT MATERIALIZED (
 ), summed AS (
     SELECT scanned.*, counts.*,
            CASE
+               WHEN counts.present = 0 THEN 'pruned'
                WHEN counts.waiting + counts.pending + counts.running > 0 THEN 'running'
                WHEN counts.dead > 0 THEN 'failed'
                WHEN counts.cancelled > 0 THEN 'cancelled'
@@ -1996,7 +1998,8 @@ WITH scanned AS NOT MATERIALIZED (
            END AS state
     FROM scanned
     CROSS JOIN LATERAL (
-        SELECT count(*) FILTER (WHERE state.status = 'waiting') AS waiting,
+        SELECT count(*) AS present,
+               count(*) FILTER (WHERE state.status = 'waiting') AS waiting,
                count(*) FILTER (WHERE state.status = 'pending') AS pending,
                count(*) FILTER (WHERE state.status = 'running') AS running,
                count(*) FILTER (WHERE state.status = 'completed') AS completed,

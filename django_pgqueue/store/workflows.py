@@ -117,6 +117,11 @@ class WorkflowSummary(NamedTuple):
         """Steps finished, whatever their outcome."""
         return self.completed + self.dead + self.cancelled + self.skipped
 
+    @property
+    def present(self) -> int:
+        """Steps still in the tables (prune_queue_jobs deletes a finished workflow's)."""
+        return self.done + self.running + self.pending + self.waiting
+
 
 class StepDetail(NamedTuple):
     """One step as a workflow's admin page shows it."""
@@ -163,8 +168,13 @@ def workflow_page(
 
 def workflow_summary(alias: str, workflow_id: int) -> WorkflowSummary | None:
     """One workflow's summary (None if there is no such workflow)."""
-    found, _ = workflow_page(alias, workflow_id + 1, 1)
-    return found[0] if found and found[0].id == workflow_id else None
+    rows = fetch_all(
+        alias,
+        "workflow_page",
+        {"before": workflow_id + 1, "scan": 1, "limit": 1, "state": None},
+    )
+    found = [WorkflowSummary(*row[:-2]) for row in rows if row[0] == workflow_id]
+    return found[0] if found else None
 
 
 def step_details(alias: str, workflow_id: int, limit: int) -> list[StepDetail]:

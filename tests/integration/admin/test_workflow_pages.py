@@ -299,3 +299,19 @@ def test_the_list_reads_the_same_number_of_queries_however_many_workflows(client
     workflow_reads = [q["sql"] for q in queries if "queue_workflows" in q["sql"]]
     assert len(workflow_reads) == 1
     assert "count(*) FROM queue_workflows" not in workflow_reads[0]
+
+
+def test_a_pruned_workflow_says_so(client, stores):
+    client.force_login(make_user("viewer", *VIEWER_PERMISSIONS))
+    run = chain(s("a"), s("b")).enqueue()
+    kept = chain(s("c")).enqueue()
+    # prune_queue_jobs deletes a finished workflow's jobs; their steps go with them.
+    sql("DELETE FROM queue_jobs WHERE id = ANY(%s)", [list(run.jobs.values())])
+    rows = rows_by_workflow(client.get(LIST).content.decode())
+    assert 'pgqueue-wf-pruned">pruned</span>' in rows[run.id]
+    assert 'pgqueue-wf-running">running</span>' in rows[kept.id]
+    assert listed(client.get(LIST, {"state": "pruned"}).content.decode()) == [run.id]
+    html = client.get(page_of(run.id)).content.decode()
+    assert "Its steps were deleted by prune_queue_jobs" in html
+    assert "pgqueue-graph" not in html.split('id="content-main"')[1]
+    assert "more steps, not listed" not in html
