@@ -11,6 +11,7 @@ from django.contrib.admin import helpers
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.translation import gettext
 from rangefilter.filters import DateTimeRangeFilter
@@ -18,6 +19,7 @@ from rangefilter.filters import DateTimeRangeFilter
 from .. import stats
 from ..conf import get_settings
 from ..models import Attempt, DeadJob, Job
+from ..store import workflows
 from .attempts import AttemptInline, can
 from .columns import (
     EMPTY,
@@ -34,8 +36,24 @@ from .columns import (
     when,
     when_short,
 )
-from .lists import EstimatedCountPaginator, QueueFilter, TypeFilter, snapshot, unfiltered
+from .lists import (
+    EstimatedCountPaginator,
+    QueueFilter,
+    TypeFilter,
+    WorkflowFilter,
+    snapshot,
+    unfiltered,
+)
 from .operations import FORM_ACTION_FIELD, OperatorActionsMixin
+
+
+def workflow_of(job: Job) -> tuple[int, str, str] | None:
+    """The workflow `job` is a step of: (id, name, step name), read once per job object."""
+    if not hasattr(job, "_pgqueue_workflow"):
+        found = workflows.workflow_of_job(get_settings().DATABASE, job.pk)
+        job._pgqueue_workflow = found  # type: ignore[attr-defined]
+    return job._pgqueue_workflow  # type: ignore[attr-defined]
+
 
 # Characters of an error's first line a list shows (the whole text is the tooltip).
 ERROR_PREVIEW = 70
@@ -59,6 +77,7 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
         TypeFilter,
         ("created_at", DateTimeRangeFilter),
         ("state__run_at", DateTimeRangeFilter),
+        WorkflowFilter,
     )
     list_select_related = ("state",)
     search_fields = ("id__exact", "type__exact", "idempotency_key__exact")
@@ -93,7 +112,10 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
         ("Payload (immutable)", {"fields": ("payload_pretty",)}),
     )
     # Every field of the page is read-only: the operator actions are the only writes.
-    readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
+    readonly_fields = (
+        *(name for _, options in fieldsets for name in options["fields"]),
+        "workflow_link",
+    )
 
     class Media:
         css = {"all": ("django_pgqueue/admin.css",)}
@@ -131,6 +153,26 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
         if claims == state.attempts:
             return attempts_of(state)
         return f"{attempts_of(state)} counted against max attempts · {claims} recorded in all"
+
+    @admin.display(description="workflow")
+    def workflow_link(self, job: Job) -> str:
+        found = workflow_of(job)
+        if found is None:
+            return EMPTY
+        workflow_id, workflow, step = found
+        return format_html(
+            '<a href="{}">{}</a> (step {})',
+            reverse("admin:django_pgqueue_workflow_change", args=[workflow_id]),
+            workflow,
+            step,
+        )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or workflow_of(obj) is None:
+            return fieldsets
+        (name, options), *rest = fieldsets
+        return ((name, {**options, "fields": (*options["fields"], "workflow_link")}), *rest)
 
     @admin.display(description="payload")
     def payload_pretty(self, job: Job) -> str:

@@ -16,6 +16,7 @@ from django.contrib.admin.views.main import ORDER_VAR, PAGE_VAR
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.text import Truncator
 
 from ..conf import get_settings
 from ..registry import registry
@@ -133,3 +134,34 @@ class TypeFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset.filter(type=self.value()) if self.value() else queryset
+
+
+def positive_id(raw: str) -> int | None:
+    """Read an id from the URL: a positive bigint, or None for anything else."""
+    return int(raw) if raw.isascii() and raw.isdigit() and 0 < int(raw) < 2**63 else None
+
+
+class WorkflowFilter(admin.SimpleListFilter):
+    """The steps of one workflow (``?workflow=<id>``), a link from the workflow's page.
+
+    Offered only when asked for: listing every workflow here would read the table.
+    """
+
+    title = "workflow"
+    parameter_name = "workflow"
+
+    def workflow_id(self) -> int | None:
+        return positive_id(self.value() or "")
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        # Offered whenever asked for, so that a malformed id is applied (and matches
+        # nothing) rather than dropped with the filter.
+        raw = self.value()
+        return [(raw, f"#{Truncator(raw).chars(24)}")] if raw else []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() is None:
+            return queryset
+        wanted = self.workflow_id()
+        # A malformed id matches nothing rather than everything.
+        return queryset.filter(workflow_step__workflow_id=wanted if wanted else 0)

@@ -1991,3 +1991,106 @@ LEFT JOIN queue_job_deps AS dep ON dep.job_id = step.job_id
 WHERE step.workflow_id = %(workflow_id)s::bigint
 GROUP BY step.job_id, job.type, state.status
 ORDER BY step.job_id;
+
+
+-- name: workflow_page
+-- One keyset page of workflows, newest first, for the admin: (id, name, steps, created_at,
+-- waiting, pending, running, completed, dead, cancelled, skipped, started_at,
+-- finished_at, state, scanned_to, scanned). Reads at most `scan` workflows with ids below
+-- `before` (the primary key, backwards), and each one's steps through the
+-- (workflow_id, name) unique index with their state rows and first attempts by key;
+-- nothing counts the whole table. The state is derived from the steps: running while
+-- any step is waiting, pending or running; then failed if one ended dead, cancelled if
+-- one was cancelled, else finished; pruned once prune_queue_jobs deleted its steps
+-- (the workflow's row stays). A link_error step skipped because nothing failed
+-- (cancelled, on_failure 'error', no failed dependency) counts as skipped, not
+-- cancelled. `state` (NULL: any) filters the scanned rows. Every row ends with the
+-- lowest id scanned and how many were: where the next page starts when a filter left
+-- this one short; a page where nothing matched is one row of NULLs and those two.
+-- `scanned` is inlined, not materialized: the page then reads the primary key in its
+-- order and stops at its last row (LIMIT) instead of summing every scanned workflow
+-- before a sort; the bounds read the same index range once more, ids only.
+WITH scanned AS NOT MATERIALIZED (
+    SELECT flow.id, flow.name, flow.steps, flow.created_at
+    FROM queue_workflows AS flow
+    WHERE flow.id < %(before)s::bigint
+    ORDER BY flow.id DESC
+    LIMIT %(scan)s::integer
+), summed AS (
+    SELECT scanned.*, counts.*,
+           CASE
+               WHEN counts.present = 0 THEN 'pruned'
+               WHEN counts.waiting + counts.pending + counts.running > 0 THEN 'running'
+               WHEN counts.dead > 0 THEN 'failed'
+               WHEN counts.cancelled > 0 THEN 'cancelled'
+               ELSE 'finished'
+           END AS state
+    FROM scanned
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS present,
+               count(*) FILTER (WHERE state.status = 'waiting') AS waiting,
+               count(*) FILTER (WHERE state.status = 'pending') AS pending,
+               count(*) FILTER (WHERE state.status = 'running') AS running,
+               count(*) FILTER (WHERE state.status = 'completed') AS completed,
+               count(*) FILTER (WHERE state.status = 'dead') AS dead,
+               count(*) FILTER (WHERE state.status = 'cancelled'
+                                  AND NOT (step.on_failure = 'error' AND step.failed = 0))
+                   AS cancelled,
+               count(*) FILTER (WHERE state.status = 'cancelled'
+                                  AND step.on_failure = 'error' AND step.failed = 0)
+                   AS skipped,
+               min(first.started_at) AS started_at,
+               CASE WHEN bool_and(state.status IN ('completed', 'dead', 'cancelled'))
+                    THEN max(state.finished_at) END AS finished_at
+        FROM queue_workflow_steps AS step
+        JOIN queue_job_state AS state ON state.job_id = step.job_id
+        LEFT JOIN LATERAL (
+            SELECT attempt.started_at
+            FROM queue_attempts AS attempt
+            WHERE attempt.job_id = step.job_id
+            ORDER BY attempt.lease_version
+            LIMIT 1
+        ) AS first ON true
+        WHERE step.workflow_id = scanned.id
+    ) AS counts
+)
+SELECT page.*, bounds.scanned_to, bounds.scanned
+FROM (SELECT min(id), count(*) FROM scanned) AS bounds(scanned_to, scanned)
+LEFT JOIN LATERAL (
+    SELECT id, name, steps, created_at, waiting, pending, running, completed, dead,
+           cancelled, skipped, started_at, finished_at, state
+    FROM summed
+    WHERE %(state)s::text IS NULL OR state = %(state)s::text
+    ORDER BY id DESC
+    LIMIT %(limit)s::integer
+) AS page ON true;
+
+
+-- name: workflow_step_details
+-- A workflow's first `limit` steps for its admin page, in job id order (a workflow's
+-- jobs are numbered parents first, so any first n steps hold their parents):
+-- (job id, name, type, queue, status, attempts, max_attempts, on_failure, finished_at,
+-- parents). Reads the steps through the (workflow_id, name) unique index, each job's
+-- rows and edges by key.
+SELECT step.job_id, step.name, job.type, state.queue, state.status, state.attempts,
+       state.max_attempts, step.on_failure, state.finished_at,
+       coalesce(array_agg(dep.depends_on ORDER BY dep.depends_on)
+                FILTER (WHERE dep.depends_on IS NOT NULL), '{}') AS parents
+FROM queue_workflow_steps AS step
+JOIN queue_jobs AS job ON job.id = step.job_id
+JOIN queue_job_state AS state ON state.job_id = step.job_id
+LEFT JOIN queue_job_deps AS dep ON dep.job_id = step.job_id
+WHERE step.workflow_id = %(workflow_id)s::bigint
+GROUP BY step.job_id, job.type, state.queue, state.status, state.attempts,
+         state.max_attempts, state.finished_at
+ORDER BY step.job_id
+LIMIT %(limit)s::integer;
+
+
+-- name: workflow_of_job
+-- The workflow a job is a step of, for its admin page: (workflow id, workflow name, step
+-- name), no row for a plain job. One probe of each primary key.
+SELECT flow.id, flow.name, step.name
+FROM queue_workflow_steps AS step
+JOIN queue_workflows AS flow ON flow.id = step.workflow_id
+WHERE step.job_id = %(job_id)s::bigint;

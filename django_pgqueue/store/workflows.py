@@ -92,3 +92,98 @@ def workflow_steps(alias: str, workflow_id: int) -> list[tuple[Any, ...]]:
     """A workflow's steps: (job id, name, type, status, on_failure, waiting_for, failed,
     parents)."""
     return fetch_all(alias, "workflow_steps", {"workflow_id": workflow_id})
+
+
+class WorkflowSummary(NamedTuple):
+    """A workflow as the admin lists it: its steps counted by status, and its times."""
+
+    id: int
+    name: str
+    steps: int
+    created_at: Any
+    waiting: int
+    pending: int
+    running: int
+    completed: int
+    dead: int
+    cancelled: int
+    skipped: int
+    started_at: Any
+    finished_at: Any
+    state: str
+
+    @property
+    def done(self) -> int:
+        """Steps finished, whatever their outcome."""
+        return self.completed + self.dead + self.cancelled + self.skipped
+
+    @property
+    def present(self) -> int:
+        """Steps still in the tables (prune_queue_jobs deletes a finished workflow's)."""
+        return self.done + self.running + self.pending + self.waiting
+
+
+class StepDetail(NamedTuple):
+    """One step as a workflow's admin page shows it."""
+
+    job_id: int
+    name: str
+    type: str
+    queue: str
+    status: str
+    attempts: int
+    max_attempts: int
+    on_failure: str
+    finished_at: Any
+    parents: list[int]
+
+
+def workflow_page(
+    alias: str, before: int | None, limit: int, state: str | None = None, scan: int | None = None
+) -> tuple[list[WorkflowSummary], int | None]:
+    """Workflows with ids below `before` (None: from the newest), newest first.
+
+    Return (at most `limit` summaries, the id the next page starts below, None at the
+    end). With a `state` the page reads at most `scan` workflows, so a rare state
+    cannot make one page read the whole table: a short page then goes on from the
+    last workflow it read.
+    """
+    read = limit + 1 if state is None else max(scan or 0, limit + 1)
+    rows = fetch_all(
+        alias,
+        "workflow_page",
+        {
+            "before": 2**63 - 1 if before is None else before,
+            "scan": read,
+            "limit": limit + 1,
+            "state": state,
+        },
+    )
+    found = [WorkflowSummary(*row[:-2]) for row in rows if row[0] is not None]
+    if len(found) > limit:
+        return found[:limit], found[limit - 1].id
+    scanned_to, scanned = rows[0][-2:] if rows else (None, 0)
+    return found, (scanned_to if scanned == read else None)
+
+
+def workflow_summary(alias: str, workflow_id: int) -> WorkflowSummary | None:
+    """One workflow's summary (None if there is no such workflow)."""
+    rows = fetch_all(
+        alias,
+        "workflow_page",
+        {"before": workflow_id + 1, "scan": 1, "limit": 1, "state": None},
+    )
+    found = [WorkflowSummary(*row[:-2]) for row in rows if row[0] == workflow_id]
+    return found[0] if found else None
+
+
+def step_details(alias: str, workflow_id: int, limit: int) -> list[StepDetail]:
+    """A workflow's first `limit` steps, parents before children (job id order)."""
+    rows = fetch_all(alias, "workflow_step_details", {"workflow_id": workflow_id, "limit": limit})
+    return [StepDetail(*row[:-1], [int(p) for p in row[-1]]) for row in rows]
+
+
+def workflow_of_job(alias: str, job_id: int) -> tuple[int, str, str] | None:
+    """(workflow id, workflow name, step name) of the workflow `job_id` is a step of."""
+    rows = fetch_all(alias, "workflow_of_job", {"job_id": job_id})
+    return (int(rows[0][0]), rows[0][1], rows[0][2]) if rows else None

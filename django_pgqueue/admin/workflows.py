@@ -1,0 +1,183 @@
+"""The admin's Workflows pages (registered by an import in admin/__init__.py).
+
+The list is one keyset page of workflows, newest first, each with its state (derived
+from its steps, ``workflow_page``), progress and times; nothing counts the whole
+table. A workflow's page draws its graph (`workflows.graph`), lists its steps and
+offers to cancel it, which needs ``django_pgqueue.operate_job`` like every other
+operator write and runs `workflows.cancel_workflow`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
+from django.urls import URLPattern, path, reverse
+
+from ..conf import get_settings
+from ..models import Workflow
+from ..store import workflows as store
+from ..workflows import cancel_workflow
+from ..workflows.graph import Node, graph_svg
+from .lists import positive_id
+from .observability import ReadOnlyPage
+from .operations import OPERATE_PERMISSION
+
+PER_PAGE = 50
+# Most workflows one filtered page reads looking for its state; a short page goes on
+# from where it stopped ("older").
+SCAN_LIMIT = 1_000
+# Most steps a workflow's page reads (its table), and draws.
+STEP_LIMIT = 5_000
+DRAW_LIMIT = 500
+# Names of the steps a step waits for that its row shows (a chord's callback waits for many).
+WAITS_FOR_SHOWN = 3
+STATES = ("running", "finished", "failed", "cancelled", "pruned")
+# The step statuses of the bars and counts: the finished first, so a bar fills from the left.
+STEP_STATUSES = ("completed", "dead", "cancelled", "skipped", "running", "pending", "waiting")
+LEGEND = ("waiting", "pending", "running", "completed", "dead", "cancelled")
+
+
+def step_counts(summary: store.WorkflowSummary) -> list[dict[str, Any]]:
+    """Each step status that has steps: its count and share of the workflow, in %."""
+    total = max(summary.steps, 1)
+    return [
+        {"status": status, "steps": count, "percent": round(100 * count / total, 2)}
+        for status in STEP_STATUSES
+        if (count := getattr(summary, status))
+    ]
+
+
+def waits_for(detail: store.StepDetail, names: dict[int, str]) -> str:
+    """The steps a step waits for, by name: the first few, then how many more."""
+    shown = [names.get(parent, f"#{parent}") for parent in detail.parents[:WAITS_FOR_SHOWN]]
+    more = len(detail.parents) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")
+
+
+def row(summary: store.WorkflowSummary) -> dict[str, Any]:
+    """What the list and the header show of one workflow."""
+    return {
+        "summary": summary,
+        "counts": step_counts(summary),
+        "url": reverse("admin:django_pgqueue_workflow_change", args=[summary.id]),
+    }
+
+
+@admin.register(Workflow)
+class WorkflowAdmin(ReadOnlyPage):
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        state = request.GET.get("state") or None
+        if state not in (None, *STATES):
+            state = None
+        before = positive_id(request.GET.get("before", ""))
+        found, older = store.workflow_page(
+            get_settings().DATABASE, before, PER_PAGE, state=state, scan=SCAN_LIMIT
+        )
+        return self.page(
+            request,
+            "admin/django_pgqueue/workflows.html",
+            rows=[row(summary) for summary in found],
+            state=state,
+            states=STATES,
+            older=older,
+            first_page=before is None,
+            short=state is not None and older is not None and len(found) < PER_PAGE,
+            scan_limit=SCAN_LIMIT,
+        )
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        workflow_id = positive_id(object_id)
+        alias = get_settings().DATABASE
+        summary = store.workflow_summary(alias, workflow_id) if workflow_id else None
+        if summary is None:
+            raise Http404(f"No workflow with id {object_id!r}.")
+        steps = store.step_details(alias, summary.id, STEP_LIMIT)
+        drawn = steps[:DRAW_LIMIT]
+        names = {s.job_id: s.name for s in steps}
+        nodes = [
+            Node(
+                s.job_id,
+                s.name,
+                s.status,
+                s.parents,
+                reverse("admin:django_pgqueue_job_change", args=[s.job_id]),
+                f"{s.name}: {s.type} on {s.queue}, {s.status}, attempts "
+                f"{s.attempts}/{s.max_attempts} (job #{s.job_id})",
+            )
+            for s in drawn
+        ]
+        return self.page(
+            request,
+            "admin/django_pgqueue/workflow.html",
+            title=f"Workflow {summary.name} #{summary.id}",
+            workflow=row(summary),
+            steps=[{"step": s, "waits_for": waits_for(s, names)} for s in steps],
+            steps_not_listed=max(0, summary.present - len(steps)),
+            graph=graph_svg(f"The steps of workflow {summary.name}", nodes),
+            drawn=len(drawn),
+            graph_capped=summary.present > len(drawn),
+            statuses=[status for status in LEGEND if any(s.status == status for s in drawn)],
+            can_cancel=self.has_operate_permission(request) and summary.state == "running",
+            jobs_url=reverse("admin:django_pgqueue_job_changelist") + f"?workflow={summary.id}",
+            list_url=reverse("admin:django_pgqueue_workflow_changelist"),
+        )
+
+    def get_urls(self) -> list[URLPattern]:
+        cancel = path(
+            "<path:object_id>/cancel/",
+            self.admin_site.admin_view(self.cancel_view),
+            name="django_pgqueue_workflow_cancel",
+        )
+        return [cancel, *super().get_urls()]
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Cancel the workflow (a POST), then show its page with what was done."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_operate_permission(request):
+            raise PermissionDenied("Cancelling a workflow needs the operate_job permission.")
+        workflow_id = positive_id(object_id)
+        alias = get_settings().DATABASE
+        if workflow_id is None or not Workflow.objects.using(alias).filter(pk=workflow_id).exists():
+            raise Http404(f"No workflow with id {object_id!r}.")
+        done = cancel_workflow(workflow_id, using=alias)
+        if done.cancelled or done.requested:
+            self.message_user(
+                request,
+                f"Cancelled {len(done.cancelled)} step(s) of workflow #{workflow_id}"
+                + (
+                    f"; asked {len(done.requested)} running step(s) to stop (they end "
+                    "cancelled when their worker writes them)."
+                    if done.requested
+                    else "."
+                ),
+                messages.SUCCESS,
+            )
+        else:
+            self.message_user(
+                request,
+                f"Workflow #{workflow_id} had no waiting, pending or running step: nothing "
+                "was cancelled.",
+                messages.WARNING,
+            )
+        return HttpResponseRedirect(
+            reverse("admin:django_pgqueue_workflow_change", args=[workflow_id])
+        )
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(OPERATE_PERMISSION)
