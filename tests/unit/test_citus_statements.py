@@ -122,6 +122,8 @@ EXEMPT = {
     "workflow_parent_results": "a step's parents may be in other queues",
     "workflow_jobs": "a workflow's steps may be in several queues",
     "workflow_steps": "a workflow's steps may be in several queues",
+    "workflow_page": "the admin's Workflows list: workflows whose steps span queues",
+    "workflow_step_details": "the admin's workflow page: steps in several queues",
 }
 
 
