@@ -9,14 +9,14 @@ The rooms: `lists` keeps the list pages fast (the estimated count, the filters),
 `columns` makes the read-only display columns, `operations` holds the two actions and
 their confirmation page, `attempts` the inline of a job's attempts, and `jobs` the two
 model admins. The features' pages: `controls` the Queues page (queue control),
-`schedules` the Schedules page, `observability` the Workers and Charts pages. Each
-module registers its admins on import; this package is an integration, so it may
-import the features, and no feature imports it.
+`schedules` the Schedules page, `observability` the Workers and Charts pages,
+`batches` the Batches page. Each module registers its admins on import; this
+package is an integration, so it may import the features, and no feature imports it.
 """
 
 from __future__ import annotations
 
-from . import controls, observability, schedules  # noqa: F401  (register their pages)
+from . import batches, controls, observability, schedules  # noqa: F401  (register their pages)
 from .jobs import DeadJobAdmin, JobAdmin
 
 __all__ = ["DeadJobAdmin", "JobAdmin"]
