@@ -63,3 +63,4 @@ def parent_results(job: Any, *, using: str | None = None) -> dict[str, Any]:
 
 
 context.parent_results_reader = parent_results
+context.batch_reader = batch_status

@@ -431,8 +431,8 @@ def sync_io(ctx: JobContext) -> int:
 
 @django_pgqueue.handler("qa.batch_counts")
 def batch_counts(ctx: JobContext) -> Any:
-    """A batch callback: return its payload and the batch's counts as it sees them."""
-    return {"payload": ctx.payload, "batch": django_pgqueue.batch_status(ctx).as_dict()}
+    """A batch callback: return its payload and the batch's counts as ctx.batch reads them."""
+    return {"payload": ctx.payload, "batch": ctx.batch.as_dict()}
 
 
 @django_pgqueue.handler("qa.batch_flaky", max_attempts=3, retry=FixedDelay(0.05))

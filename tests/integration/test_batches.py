@@ -139,6 +139,22 @@ def test_a_member_that_failed_then_succeeded_on_retry_counts_as_succeeded(run_wo
     assert (counts["completed"], counts["dead"]) == (2, 0)
 
 
+def test_a_tasks_enqueue_joins_and_a_task_callback_reads_the_counts(run_worker):
+    from qa.tasks import add, batch_report
+
+    first = enqueue("qa.noop", queue=Q, idempotency_key="once").id
+    with batch(on_finish=step(batch_report), name="tasks") as run:
+        task_job = add.enqueue(2, 3).id
+        # An idempotency key that matched a job enqueued before: that job joins nothing.
+        assert enqueue("qa.noop", queue=Q, idempotency_key="once").id == first
+    assert run.jobs == [int(task_job)]
+    worker = run_worker(["qa-tasks", Q], poll_interval=0.05, concurrency=4)
+    wait_until(lambda: settled(run))
+    worker.stop()
+    assert result(run.callbacks["on_finish"])["completed"] == 1
+    assert result(run.callbacks["on_finish"])["size"] == 1
+
+
 def test_a_cancelled_member_counts_as_discarded(run_worker):
     with batch(**callbacks(on_discard=None, on_finish=None)) as run:
         doomed = enqueue("qa.noop", queue=Q).id
