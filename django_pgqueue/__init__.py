@@ -16,6 +16,7 @@ from .control.api import (
 )
 from .enqueue import EnqueuedJob, JobSpec, enqueue, enqueue_many
 from .exceptions import (
+    BatchNotFound,
     ConfigurationError,
     EnqueueError,
     JobCancelled,
@@ -38,9 +39,20 @@ from .registry import handler
 from .retry import ExponentialBackoff, FixedDelay, RetryPolicy
 from .version import __version__ as __version__
 from .waiting import await_job, wait
-from .workflows import Step, Workflow, chain, chord, group, parent_results, step
+from .workflows import (
+    Step,
+    Workflow,
+    batch,
+    batch_status,
+    chain,
+    chord,
+    group,
+    parent_results,
+    step,
+)
 
 __all__ = [
+    "BatchNotFound",
     "ConfigurationError",
     "EnqueueError",
     "EnqueuedJob",
@@ -67,6 +79,8 @@ __all__ = [
     "WorkerShutdown",
     "Workflow",
     "await_job",
+    "batch",
+    "batch_status",
     "chain",
     "chord",
     "enqueue",

@@ -11,6 +11,8 @@ from typing import Any
 # Reads the stored results of the jobs a job waits for, by step name: set by the
 # workflows feature when it is imported (this module knows no database).
 parent_results_reader: Callable[[int], dict[str, Any]] | None = None
+# Reads the counts of the batch a job is in (the workflows feature sets it too).
+batch_reader: Callable[[Any], Any] | None = None
 
 
 class Lease:
@@ -106,6 +108,16 @@ class JobContext:
             reader = parent_results_reader
             self._parents = {} if reader is None else reader(self.job_id)
         return self._parents
+
+    @property
+    def batch(self) -> Any:
+        """The counts of the batch this job is in, read now (`django_pgqueue.batch_status`).
+
+        A callback sees the final counts; BatchNotFound when the job is in no batch.
+        """
+        if batch_reader is None:
+            raise RuntimeError("ctx.batch needs django_pgqueue.workflows (import it).")
+        return batch_reader(self)
 
     @property
     def is_last_attempt(self) -> bool:

@@ -119,6 +119,10 @@ class JobNotFound(PgQueueError, LookupError):
         self.job_id = job_id
 
 
+class BatchNotFound(PgQueueError, LookupError):
+    """batch_status() was given a batch id no batch has, or a job that is in no batch."""
+
+
 class WaitTimeout(PgQueueError, TimeoutError):
     """The job did not finish within wait()'s timeout; it is left as it was."""
 

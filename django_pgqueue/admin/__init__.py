@@ -10,14 +10,20 @@ The rooms: `lists` keeps the list pages fast (the estimated count, the filters),
 their confirmation page, `attempts` the inline of a job's attempts, and `jobs` the two
 model admins. The features' pages: `controls` the Queues page (queue control),
 `schedules` the Schedules page, `observability` the Workers and Charts pages,
-`workflows` the Workflows pages and each workflow's graph. Each module registers
-its admins on import; this package is an integration, so it may import the features,
-and no feature imports it.
+`workflows` the Workflows pages and each workflow's graph, `batches` the Batches page.
+Each module registers its admins on import; this package is an integration, so it may
+import the features, and no feature imports it.
 """
 
 from __future__ import annotations
 
-from . import controls, observability, schedules, workflows  # noqa: F401  (register their pages)
+from . import (  # noqa: F401  (register their pages)
+    batches,
+    controls,
+    observability,
+    schedules,
+    workflows,
+)
 from .jobs import DeadJobAdmin, JobAdmin
 
 __all__ = ["DeadJobAdmin", "JobAdmin"]

@@ -9,6 +9,8 @@
 - `waiters`: who waits for a job's outcome (``queue_job_waiters``).
 - `workflows`: job dependencies and workflows (``queue_workflows``,
   ``queue_workflow_steps``, ``queue_job_deps``).
+- `batches`: batches of jobs and their callbacks (``queue_batches``,
+  ``queue_batch_jobs``).
 
 These modules are the foundation: they import Django only, never a feature of the
 queue, so any room may import them.
@@ -16,6 +18,7 @@ queue, so any room may import them.
 
 from __future__ import annotations
 
+from .batches import Batch, BatchJob
 from .controls import QueueControl, QueueTypeControl, TimestampArray
 from .jobs import (
     FINISHED_STATUSES,
@@ -36,6 +39,8 @@ __all__ = [
     "FINISHED_STATUSES",
     "Attempt",
     "AttemptStatus",
+    "Batch",
+    "BatchJob",
     "CatchUp",
     "DeadJob",
     "DeadJobManager",

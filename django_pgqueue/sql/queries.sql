@@ -2094,3 +2094,77 @@ SELECT flow.id, flow.name, step.name
 FROM queue_workflow_steps AS step
 JOIN queue_workflows AS flow ON flow.id = step.workflow_id
 WHERE step.job_id = %(job_id)s::bigint;
+
+
+-- Batches (django_pgqueue.workflows.batches) --------------------------------------------
+-- A batch's members are plain jobs, its callbacks the steps of a workflow, each
+-- waiting for every member through queue_job_deps, so the statements that end a member
+-- settle them (pgqueue_settle) like any other step: once, under the step row's lock,
+-- in the transaction of the member's final write.
+
+-- name: batch_insert
+-- Insert a batch closed by its block and its members' rows: the jobs enqueued in the
+-- block that still exist (one rolled back to a savepoint inside it is left out).
+-- Returns (batch id, member job ids).
+WITH live AS MATERIALIZED (
+    SELECT job_id FROM queue_job_state WHERE job_id = ANY (%(members)s::bigint[])
+), batch AS (
+    INSERT INTO queue_batches (name, size, created_at)
+    SELECT %(name)s::text, count(*), now() FROM live
+    RETURNING id
+), member AS (
+    INSERT INTO queue_batch_jobs (job_id, batch_id)
+    SELECT live.job_id, batch.id FROM live CROSS JOIN batch
+)
+SELECT batch.id, coalesce((SELECT array_agg(job_id ORDER BY job_id) FROM live), '{}')
+FROM batch;
+
+
+-- name: batch_link
+-- Make a batch's callbacks (steps inserted waiting, waiting_for = the batch's size)
+-- wait for every member: the edges, the members' has_dependents (their finishing
+-- statements call pgqueue_settle), and the batch's workflow.
+WITH batch AS (
+    UPDATE queue_batches SET workflow_id = %(workflow_id)s::bigint
+    WHERE id = %(batch_id)s::bigint
+), edge AS (
+    INSERT INTO queue_job_deps (job_id, depends_on)
+    SELECT callback, member
+    FROM unnest(%(callbacks)s::bigint[]) AS callback
+    CROSS JOIN unnest(%(members)s::bigint[]) AS member
+), marked AS (
+    UPDATE queue_job_state SET has_dependents = true
+    WHERE job_id = ANY (%(members)s::bigint[])
+    RETURNING job_id
+)
+SELECT count(*) FROM marked;
+
+
+-- name: batch_find
+-- The batch a job belongs to: as a member, or as one of its callbacks (NULL: none).
+SELECT coalesce(
+    (SELECT batch_id FROM queue_batch_jobs WHERE job_id = %(job_id)s::bigint),
+    (SELECT batch.id
+     FROM queue_workflow_steps AS step
+     JOIN queue_batches AS batch ON batch.workflow_id = step.workflow_id
+     WHERE step.job_id = %(job_id)s::bigint)
+);
+
+
+-- name: batch_status
+-- A batch's row, its members counted by status (a JSON object) and its callbacks
+-- (a JSON array of [step name, job id, status]), or no row for an unknown batch.
+SELECT batch.id, batch.name, batch.size, batch.created_at,
+       coalesce((SELECT jsonb_object_agg(counted.status, counted.n)
+                 FROM (SELECT state.status, count(*) AS n
+                       FROM queue_batch_jobs AS member
+                       JOIN queue_job_state AS state ON state.job_id = member.job_id
+                       WHERE member.batch_id = batch.id
+                       GROUP BY state.status) AS counted), '{}'),
+       coalesce((SELECT jsonb_agg(jsonb_build_array(step.name, step.job_id, state.status)
+                                  ORDER BY step.job_id)
+                 FROM queue_workflow_steps AS step
+                 JOIN queue_job_state AS state ON state.job_id = step.job_id
+                 WHERE step.workflow_id = batch.workflow_id), '[]')
+FROM queue_batches AS batch
+WHERE batch.id = %(batch_id)s::bigint;

@@ -3,7 +3,9 @@
 - `steps`: `Step` (a job type and payload, or a ``@task`` call) and `step()`;
 - `builder`: `Workflow`, a DAG of named steps written in one statement, and
   `cancel_workflow`;
-- `canvas`: Celery's `chain`, `group` and `chord` on top of it.
+- `canvas`: Celery's `chain`, `group` and `chord` on top of it;
+- `batches`: `batch`, a block whose enqueued jobs form a batch with callbacks
+  (``on_success``, ``on_finish``, ``on_discard``), and `batch_status`.
 
 The waiting itself is data (``queue_job_deps``, ``queue_workflow_steps``): the core's
 statements that end a job settle its dependents in the same statement, so nothing
@@ -18,16 +20,21 @@ from typing import Any
 from .. import context
 from ..conf import get_settings
 from ..store import workflows as store
+from .batches import BatchRun, BatchStatus, batch, batch_status
 from .builder import Workflow, WorkflowRun, cancel_workflow
 from .canvas import Canvas, chain, chord, group
 from .steps import ON_FAILURE, Step, step
 
 __all__ = [
     "ON_FAILURE",
+    "BatchRun",
+    "BatchStatus",
     "Canvas",
     "Step",
     "Workflow",
     "WorkflowRun",
+    "batch",
+    "batch_status",
     "cancel_workflow",
     "chain",
     "chord",
@@ -56,3 +63,4 @@ def parent_results(job: Any, *, using: str | None = None) -> dict[str, Any]:
 
 
 context.parent_results_reader = parent_results
+context.batch_reader = batch_status

@@ -424,3 +424,20 @@ def sync_io(ctx: JobContext) -> int:
         sock.sendall(b"%d\n" % ctx.job_id)
         answer = sock.makefile("rb").readline()
     return len(answer)
+
+
+# -- batches ------------------------------------------------------------------------------
+
+
+@django_pgqueue.handler("qa.batch_counts")
+def batch_counts(ctx: JobContext) -> Any:
+    """A batch callback: return its payload and the batch's counts as ctx.batch reads them."""
+    return {"payload": ctx.payload, "batch": ctx.batch.as_dict()}
+
+
+@django_pgqueue.handler("qa.batch_flaky", max_attempts=3, retry=FixedDelay(0.05))
+def batch_flaky(ctx: JobContext) -> str:
+    """A batch member that fails its first attempt, then succeeds."""
+    if ctx.attempt == 1:
+        raise ValueError("first attempt fails")
+    return "ok"

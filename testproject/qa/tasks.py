@@ -70,3 +70,11 @@ async def async_add(a: int, b: int) -> int:
 @task(queue_name="qa-tasks")
 def unstorable() -> object:
     return object()
+
+
+@task(queue_name="qa-tasks", takes_context=True)
+def batch_report(context: TaskContext) -> dict[str, Any]:
+    """A batch callback as a task: the batch's counts read through its context."""
+    import django_pgqueue
+
+    return django_pgqueue.batch_status(context).as_dict()

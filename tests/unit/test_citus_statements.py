@@ -124,6 +124,9 @@ EXEMPT = {
     "workflow_steps": "a workflow's steps may be in several queues",
     "workflow_page": "the admin's Workflows list: workflows whose steps span queues",
     "workflow_step_details": "the admin's workflow page: steps in several queues",
+    "batch_insert": "a batch gathers the jobs its block enqueued, of any queues",
+    "batch_link": "a batch's callbacks wait for members of any queues",
+    "batch_status": "a batch's counts: its members and callbacks, of any queues",
 }
 
 
