@@ -390,22 +390,27 @@ def run_mode(mode: str, sizes: dict[str, float]) -> dict[str, Any]:
     }
 
 
-def ab_pairs(pairs: int, sizes: dict[str, float]) -> dict[str, Any]:
-    """Peak runs in inproc mode, alternating --batch-size 10 (A) and the default (B)."""
-    backlog = int(BACKLOG_RATE * (sizes["warmup"] + sizes["peak"]))
+def ab_pairs(pairs: int, sizes: dict[str, float], mode: str = "inproc") -> dict[str, Any]:
+    """Peak runs in `mode`, alternating --batch-size 10 (A) and the default (B)."""
+    processes = 2 if mode == "processes2" else 1
+    backlog = int(BACKLOG_RATE * processes * (sizes["warmup"] + sizes["peak"]))
     runs: dict[str, list[float]] = {"batch_10": [], "default": []}
+    commits: dict[str, list[float]] = {"batch_10": [], "default": []}
     loads = []
     for _ in range(pairs):
         for key, batch in (("batch_10", OLD_BATCH), ("default", None)):
             r = run_phase(
-                "inproc", PEAK_BATCH / TICK, sizes["peak"], sizes, backlog=backlog, batch=batch
+                mode, PEAK_BATCH / TICK, sizes["peak"], sizes, backlog=backlog, batch=batch
             )
             runs[key].append(r["jobs_per_s"])
+            commits[key].append(r["commits_per_job"])
             loads.append(r["load"]["before"][0])
             print(f"A/B {key}: {r['jobs_per_s']:,.0f} jobs/s", flush=True)
     a, b = statistics.median(runs["batch_10"]), statistics.median(runs["default"])
     return {
+        "mode": mode,
         "pairs": pairs,
+        "commits_per_job": commits,
         "runs": runs,
         "ratios": [y / x for x, y in zip(runs["batch_10"], runs["default"], strict=True)],
         "ratio": b / a,
@@ -500,7 +505,7 @@ def table(data: dict[str, Any]) -> str:
     ab = data.get("ab")
     if ab:
         out += "\n\n" + markdown_table(
-            ["inproc peak, alternating pairs", "jobs/s per run", "median"],
+            [f"{ab.get('mode', 'inproc')} peak, alternating pairs", "jobs/s per run", "median"],
             [
                 [
                     f"--batch-size {OLD_BATCH} (the former default)",
@@ -529,6 +534,7 @@ def main() -> None:
     p = parser(__doc__.splitlines()[0], database="pgqueue_bench_sustained")
     p.add_argument("--modes", default=",".join(MODES), help="comma-separated: %(default)s")
     p.add_argument("--ab-pairs", type=int, help="A/B pairs of peak runs (default 2; smoke 1)")
+    p.add_argument("--ab-mode", default="inproc", choices=MODES, help="mode of the A/B runs")
     args = p.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if unknown := set(modes) - set(MODES):
@@ -550,7 +556,7 @@ def main() -> None:
         data["modes"][mode] = run_mode(mode, sizes)
     pairs = args.ab_pairs if args.ab_pairs is not None else (1 if args.smoke else 2)
     if pairs:
-        data["ab"] = ab_pairs(pairs, sizes)
+        data["ab"] = ab_pairs(pairs, sizes, args.ab_mode)
     data["uptime_after"] = os.getloadavg()
     print(table(data))
     print()
