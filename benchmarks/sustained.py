@@ -149,7 +149,7 @@ def child(argv: list[str]) -> None:
     sys.stdin.readline()
     figures = produce(rate, seconds, port or None)
     if worker is not None and thread is not None:
-        worker.stop(force=True)  # unstarted jobs go back; the phase is over
+        worker.stop_gracefully()  # the phase is over: unstarted jobs go back
         thread.join(60)
     print(json.dumps(figures), flush=True)
 
@@ -501,10 +501,10 @@ def table(data: dict[str, Any]) -> str:
         "dead tuples of queue_job_state, peak",
         "load (1 min) at peak / overload / half / idle",
     ]
-    out = markdown_table(headers, rows)
+    out = markdown_table(headers, rows) if rows else ""
     ab = data.get("ab")
     if ab:
-        out += "\n\n" + markdown_table(
+        out += ("\n\n" if out else "") + markdown_table(
             [f"{ab.get('mode', 'inproc')} peak, alternating pairs", "jobs/s per run", "median"],
             [
                 [
@@ -560,7 +560,8 @@ def main() -> None:
     data["uptime_after"] = os.getloadavg()
     print(table(data))
     print()
-    print(markdown_table(["figure", "target", "measured", ""], targets(data)))
+    if data["modes"]:
+        print(markdown_table(["figure", "target", "measured", ""], targets(data)))
     print(
         f"autovacuum = {data['autovacuum']} on this server: dead tuples of queue_job_state "
         "are what no vacuum reclaimed. Load before / after: "
