@@ -70,7 +70,7 @@ SIZES = {
     "window": (5.0, 1.0),
     "warmup": (3.0, 1.0),
     "peak": (15.0, 2.0),
-    "overload": (40.0, 3.0),
+    "overload": (30.0, 3.0),
     "half": (20.0, 2.0),
     "idle_jobs": (100, 5),
 }
