@@ -115,6 +115,7 @@ bench: install
 	$(BENCH)/race.py
 	$(BENCH)/retry_storm.py
 	$(BENCH)/throughput.py
+	$(BENCH)/sustained.py
 	$(BENCH)/async_io.py
 	$(BENCH)/scale.py
 	$(BENCH)/plans.py
@@ -128,6 +129,7 @@ bench-smoke: install
 	$(BENCH)/race.py --smoke
 	$(BENCH)/retry_storm.py --smoke
 	$(BENCH)/throughput.py --smoke
+	$(BENCH)/sustained.py --smoke
 	$(BENCH)/async_io.py --smoke
 	$(BENCH)/pairs.py --smoke
 	$(BENCH)/scale.py --smoke

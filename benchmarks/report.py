@@ -1,8 +1,8 @@
 """Plots and the results section of benchmarks/README.md, from the scripts' JSON results.
 
 Reads benchmarks/results/*.json (claim_plan, race, retry_storm, scale, throughput,
-peers; whichever exist), draws the PNG plots into docs/images/ (headless, Agg backend) and
-rewrites the part of benchmarks/README.md between the results markers: machine,
+sustained, peers; whichever exist), draws the PNG plots into docs/images/ (headless, Agg
+backend) and rewrites the part of benchmarks/README.md between the results markers: machine,
 PostgreSQL version and settings, commit, each script's tables and the targets table;
 and peers.py's section between the peers markers (each only from results that exist).
 With --smoke it reads results/smoke/ and writes there instead (CI checks the code runs).
@@ -137,6 +137,47 @@ def plot_drain(throughput: dict[str, Any] | None, scale: dict[str, Any] | None, 
         fontsize=10,
     )
     ax.grid(True, axis="y", alpha=0.3)
+    save(fig, path)
+
+
+def plot_sustained(data: dict[str, Any], path: Path) -> None:
+    """Completions per window under overload, and pickup latency, per mode."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    window = data["window_s"]
+    for mode, m in data["modes"].items():
+        counts = m["overload"]["completions_per_window"]
+        rates = [c / window for c in counts]
+        line = left.plot(
+            [window * (k + 1) for k in range(len(rates))], rates, marker="o", label=mode
+        )[0]
+        median = m["overload"]["spread"]["median"] / window
+        left.axhspan(0.75 * median, 1.25 * median, color=line.get_color(), alpha=0.08)
+    left.set_ylim(bottom=0)
+    left.set_xlabel(f"seconds into the overload phase (windows of {window:g} s)")
+    left.set_ylabel("completions per second")
+    left.set_title("Offered twice the peak: completions per window (band: median ±25%)")
+    left.grid(True, alpha=0.3)
+    left.legend(fontsize=8)
+    labels, groups = [], []
+    for mode, m in data["modes"].items():
+        for phase, name in (("half", "half the peak"), ("idle", "idle")):
+            lat = m[phase]["latency"]
+            labels.append(f"{mode}\n{name}")
+            groups.append([lat.get(k, 0) for k in ("p50_ms", "p95_ms", "p99_ms")])
+    width = 0.27
+    for i, q in enumerate(("p50", "p95", "p99")):
+        right.bar(
+            [x + (i - 1) * width for x in range(len(groups))],
+            [g[i] for g in groups],
+            width,
+            label=q,
+        )
+    right.axhline(50, color="tab:red", linestyle="--", linewidth=1, label="p99 target, half")
+    right.set_xticks(range(len(labels)), labels, fontsize=7)
+    right.set_ylabel("enqueue call to handler start, ms")
+    right.set_title("Pickup latency")
+    right.grid(True, axis="y", alpha=0.3)
+    right.legend(fontsize=8)
     save(fig, path)
 
 
@@ -286,6 +327,11 @@ def targets(results: dict[str, dict[str, Any] | None]) -> list[list[str]]:
             f"{pickup['p50_ms']:.2f} / {pickup['p99_ms']:.2f} ms",
             pickup["p50_ms"] <= 2 and pickup["p99_ms"] <= 5,
         )
+    if results.get("sustained"):
+        import sustained
+
+        for figure, target, measured, met in sustained.targets(results["sustained"]):
+            add(f"sustained load, {figure}", target, measured, met == "met")
     return rows
 
 
@@ -453,6 +499,24 @@ def render(results: dict[str, dict[str, Any] | None], images: str) -> str:
             f"![drain rate]({images}/drain-rate.png)",
             "",
         ]
+    if results.get("sustained"):
+        import sustained
+
+        su = results["sustained"]
+        parts += [
+            "### sustained.py",
+            "",
+            f"A producer enqueuing every 25 ms and a worker of concurrency {su['concurrency']} "
+            "running 1 ms jobs, per mode; peak with a backlog, overload at twice the peak, "
+            "pickup latency at half the peak and idle (from just before the enqueue call "
+            "to the handler's first line). autovacuum "
+            f"= {su['autovacuum']}: the dead tuples are what nothing reclaimed.",
+            "",
+            sustained.table(su),
+            "",
+            f"![sustained load]({images}/sustained.png)",
+            "",
+        ]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -461,7 +525,7 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true", help="read and write results/smoke/")
     args = p.parse_args()
     folder = RESULTS / "smoke" if args.smoke else RESULTS
-    names = ("claim_plan", "retry_storm", "race", "scale", "throughput")
+    names = ("claim_plan", "retry_storm", "race", "scale", "throughput", "sustained")
     results = {name: load(folder, name) for name in names}
     images = folder / "images" if args.smoke else ROOT / "docs" / "images"
     if results["claim_plan"] or results["scale"]:
@@ -469,6 +533,8 @@ def main() -> None:
     if results["retry_storm"]:
         plot_storm(results["retry_storm"], images / "retry-storm.png")
     plot_drain(results["throughput"], results["scale"], images / "drain-rate.png")
+    if results["sustained"]:
+        plot_sustained(results["sustained"], images / "sustained.png")
     section = render(results, "images" if args.smoke else "../docs/images")
     peer_results = load(folder, "peers")
     peer_section = ""

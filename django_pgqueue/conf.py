@@ -76,7 +76,9 @@ SETTINGS: dict[str, Setting] = {
     "ASYNC_CONCURRENCY": Setting(
         100, "Async handlers (async def) in flight at once on the worker's event loop."
     ),
-    "BATCH_SIZE": Setting(10, "Most jobs one claim statement takes."),
+    "BATCH_SIZE": Setting(
+        None, "Most jobs one claim statement takes; None: the worker's concurrency."
+    ),
     "SHUTDOWN_GRACE": Setting(30.0, "Seconds running handlers get to finish after SIGTERM."),
     "JOB_TIMEOUT": Setting(None, "Seconds a handler may run before it is failed; None: no limit."),
     "RECONNECT_MAX_DELAY": Setting(2.0, "Seconds; cap of the jittered backoff between reconnects."),
@@ -174,7 +176,7 @@ class QueueSettings:
     SWEEP_INTERVAL: float
     POLL_INTERVAL: float
     CONCURRENCY: int
-    BATCH_SIZE: int
+    BATCH_SIZE: int | None
     SHUTDOWN_GRACE: float
     JOB_TIMEOUT: float | None
     RECONNECT_MAX_DELAY: float
@@ -282,7 +284,11 @@ def validate(raw: Any) -> QueueSettings:
         SWEEP_INTERVAL=_seconds("SWEEP_INTERVAL", values["SWEEP_INTERVAL"]),
         POLL_INTERVAL=_seconds("POLL_INTERVAL", values["POLL_INTERVAL"]),
         CONCURRENCY=_int("CONCURRENCY", values["CONCURRENCY"], 1, MAX_CONCURRENCY),
-        BATCH_SIZE=_int("BATCH_SIZE", values["BATCH_SIZE"], 1, MAX_BATCH_SIZE),
+        BATCH_SIZE=(
+            None
+            if values["BATCH_SIZE"] is None
+            else _int("BATCH_SIZE", values["BATCH_SIZE"], 1, MAX_BATCH_SIZE)
+        ),
         ASYNC_CONCURRENCY=_int(
             "ASYNC_CONCURRENCY", values["ASYNC_CONCURRENCY"], 1, MAX_ASYNC_CONCURRENCY
         ),

@@ -12,6 +12,8 @@ from . import validation, validators
 from .conf import get_settings
 from .exceptions import ConfigurationError, EnqueueError
 
+MAX_BATCH = validators.MAX_BATCH_SIZE
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -109,18 +111,21 @@ class WorkerConfig:
             raise ConfigurationError(
                 f"worker_id must be a string of at most 200 characters: {ident!r}"
             )
+        threads = count("concurrency", concurrency, conf.CONCURRENCY, validators.MAX_CONCURRENCY)
+        batch = conf.BATCH_SIZE if batch_size is None else batch_size
+        # Unset: a claim fills every free handler thread (a claim smaller than the free
+        # threads leaves the rest to another round trip: 10 then 6 at concurrency 16).
+        batch = threads if batch is None else count("batch_size", batch, 1, MAX_BATCH)
         return cls(
             queues=names,
-            concurrency=count(
-                "concurrency", concurrency, conf.CONCURRENCY, validators.MAX_CONCURRENCY
-            ),
+            concurrency=threads,
             async_concurrency=count(
                 "async_concurrency",
                 async_concurrency,
                 conf.ASYNC_CONCURRENCY,
                 validators.MAX_ASYNC_CONCURRENCY,
             ),
-            batch_size=count("batch_size", batch_size, conf.BATCH_SIZE, validators.MAX_BATCH_SIZE),
+            batch_size=batch,
             lease=lease_s,
             heartbeat_interval=heartbeat,
             poll_interval=positive("poll_interval", poll_interval, conf.POLL_INTERVAL),

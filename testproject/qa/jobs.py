@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import struct
 import threading
 import time
 from typing import Any
@@ -441,3 +442,23 @@ def batch_flaky(ctx: JobContext) -> str:
     if ctx.attempt == 1:
         raise ValueError("first attempt fails")
     return "ok"
+
+
+# -- the sustained-load benchmark (benchmarks/sustained.py): 1 ms jobs that report when
+# they started ---------------------------------------------------------------------------
+
+_STARTS = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+
+@django_pgqueue.handler("bench.sustained")
+def sustained(ctx: JobContext) -> None:
+    """Sleep 1 ms; with payload["port"], send (payload["t"], this start) as a datagram.
+
+    Both times are time.time() of the same machine: the producer's just before its
+    enqueue call, the handler's first line here.
+    """
+    started = time.time()
+    payload = ctx.payload or {}
+    time.sleep(0.001)
+    if "port" in payload:
+        _STARTS.sendto(struct.pack("!dd", payload["t"], started), ("127.0.0.1", payload["port"]))

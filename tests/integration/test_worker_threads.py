@@ -203,3 +203,25 @@ def test_a_refused_listen_does_not_end_the_listener(run_worker, monkeypatch):
     worker = run_worker(["lq"], poll_interval=0.1)
     wait_until(lambda: worker.worker._dispatcher.claims.listening, timeout=10)
     assert len(calls) == 2
+
+
+def _claim_transactions() -> int:
+    """How many transactions inserted the attempts: one per claim statement."""
+    return sql("SELECT count(DISTINCT xmin::text) FROM queue_attempts")[0][0]
+
+
+def test_without_a_batch_size_one_claim_fills_every_free_thread(run_worker):
+    enqueue_many([("qa.noop", None)] * 16, queue="fill")
+    run_worker(["fill"], concurrency=16, burst=True).join()
+    assert JobState.objects.filter(queue="fill", status="completed").count() == 16
+    assert _claim_transactions() == 1
+
+
+def test_a_batch_size_set_in_the_settings_still_caps_the_claim(run_worker, settings):
+    settings.PGQUEUE = {**settings.PGQUEUE, "BATCH_SIZE": 10}
+    enqueue_many([("qa.noop", None)] * 16, queue="capped")
+    worker = run_worker(["capped"], concurrency=16, burst=True)
+    worker.join()
+    assert worker.worker.config.batch_size == 10
+    assert JobState.objects.filter(queue="capped", status="completed").count() == 16
+    assert _claim_transactions() == 2

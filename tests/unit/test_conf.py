@@ -58,3 +58,16 @@ def test_without_queue_databases_every_queue_is_on_database():
     assert conf.database_for("anything") == "queues"
     assert conf.queue_databases == ("queues",)
     assert conf.read_database("queues") == "queues"
+
+
+def test_the_claim_size_follows_the_concurrency_unless_a_batch_size_is_given(settings):
+    from django_pgqueue.worker_config import WorkerConfig
+
+    settings.PGQUEUE = {}
+    assert validate({}).BATCH_SIZE is None
+    assert WorkerConfig.build(["q"], concurrency=16).batch_size == 16
+    assert WorkerConfig.build(["q"]).batch_size == 10  # CONCURRENCY's default
+    assert WorkerConfig.build(["q"], concurrency=16, batch_size=4).batch_size == 4
+    settings.PGQUEUE = {"BATCH_SIZE": 10, "CONCURRENCY": 32}
+    assert WorkerConfig.build(["q"]).batch_size == 10
+    assert WorkerConfig.build(["q"], batch_size=50).batch_size == 50

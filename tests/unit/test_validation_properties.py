@@ -225,5 +225,5 @@ def test_settings_are_valid_or_refused_naming_a_given_key(raw):
             assert 0 <= getattr(conf, key) <= MAX_SECONDS, key
         assert conf.JOB_TIMEOUT is None or 0 < conf.JOB_TIMEOUT <= MAX_SECONDS
         assert 1 <= conf.CONCURRENCY <= validators.MAX_CONCURRENCY
-        assert 1 <= conf.BATCH_SIZE <= validators.MAX_BATCH_SIZE
+        assert conf.BATCH_SIZE is None or 1 <= conf.BATCH_SIZE <= validators.MAX_BATCH_SIZE
         assert validators.is_queue_name(conf.DEFAULT_QUEUE)
