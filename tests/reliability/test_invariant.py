@@ -43,6 +43,7 @@ from tests.reliability.pgserver import (  # noqa: F401 (pg_server is a fixture)
     pg_server,
 )
 from tests.reliability.test_database_faults import Enqueuer, FaultWorker
+from tests.reliability.test_workflows import PROMOTIONS_AUDIT
 
 LEASE = 2.0
 SWEEP = 1.0
@@ -157,20 +158,6 @@ CREATE TRIGGER qa_fault BEFORE UPDATE ON queue_job_state
 DROP TRIGGER IF EXISTS qa_fault ON queue_workflow_steps;
 CREATE TRIGGER qa_fault BEFORE UPDATE ON queue_workflow_steps
     FOR EACH ROW EXECUTE FUNCTION qa_fault();
--- Every committed move of a step out of waiting (a rolled-back one leaves no row).
-CREATE TABLE IF NOT EXISTS qa_promotions (
-    job_id bigint NOT NULL, status text NOT NULL, at timestamptz NOT NULL
-);
-CREATE OR REPLACE FUNCTION qa_promoted() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO qa_promotions VALUES (NEW.job_id, NEW.status, clock_timestamp());
-    RETURN NULL;
-END
-$$;
-DROP TRIGGER IF EXISTS qa_promoted ON queue_job_state;
-CREATE TRIGGER qa_promoted AFTER UPDATE ON queue_job_state
-    FOR EACH ROW WHEN (OLD.status = 'waiting' AND NEW.status <> 'waiting')
-    EXECUTE FUNCTION qa_promoted();
 """
 
 
@@ -185,6 +172,7 @@ def install_faults(server: PgServer) -> None:
         for i, (name, body) in enumerate(FAULTS.items())
     )
     server.sql(FAULT_TRIGGER.format(sequences=sequences, cases=cases + "\n    END IF;"))
+    server.sql(PROMOTIONS_AUDIT)
     # Every COMMIT is local, except one that a fault sends to a standby that never comes.
     server.sql("ALTER SYSTEM SET synchronous_standby_names = 'qa_ghost'")
     server.sql("ALTER SYSTEM SET synchronous_commit = 'local'")
