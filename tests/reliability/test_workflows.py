@@ -178,10 +178,10 @@ def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, rep
                     worker_id, worker = workers.slots[slot]
                     if held_attempts(server, worker_id, restart["back"]):
                         worker.proc.send_signal(signal.SIGSTOP)
-                        time.sleep(0.3)  # statements already on the wire run to their end
                         frozen.update(slot=slot, worker_id=worker_id, worker=worker)
-                        frozen["held"] = held_attempts(server, worker_id, restart["back"])
                         frozen["at"] = time.monotonic()
+                        time.sleep(0.3)  # statements already on the wire run to their end
+                        frozen["held"] = held_attempts(server, worker_id, restart["back"])
                         break
                 if frozen and not frozen["held"]:
                     frozen["worker"].proc.send_signal(signal.SIGCONT)  # finished meanwhile
