@@ -26,7 +26,9 @@ from django_pgqueue import (
     WaitTimeout,
     actions,
     await_job,
+    chain,
     enqueue,
+    step,
     wait,
     waiting,
 )
@@ -139,6 +141,24 @@ def test_an_operator_cancel_wakes_the_wait(no_rechecks):
     assert actions.cancel([job.id]).changed == [job.id]
     with pytest.raises(JobCancelled, match=f"job #{job.id} was cancelled"):
         waiter.outcome()
+
+
+def test_a_step_its_dependency_cancelled_wakes_the_wait(no_rechecks):
+    # b waits for a, c for b: cancelling a cancels b and c in the settle step, level
+    # after level, and each of their waits is woken though nobody waits on a.
+    run = chain(
+        step("qa.noop", {}, queue="mail"),
+        step("qa.noop", {}, queue="mail"),
+        step("qa.noop", {}, queue="mail"),
+    ).enqueue()
+    a_id, b_id, c_id = run.jobs.values()
+    waits = {job_id: Waiter(lambda job_id=job_id: wait(job_id)) for job_id in (b_id, c_id)}
+    for job_id in waits:
+        registered(job_id)
+    assert actions.cancel([a_id]).changed == [a_id]
+    for job_id, waiter in waits.items():
+        with pytest.raises(JobCancelled, match=f"job #{job_id} was cancelled"):
+            waiter.outcome()
 
 
 def test_a_job_the_sweep_marks_dead_wakes_the_wait(stores, no_rechecks):

@@ -16,10 +16,18 @@ query cancelled, lock timeout, deadlock, serialization failure, a value out of r
 check violation. The jobs end every way a handler can end (qa.outcome), and every way
 an async handler on the worker's event loop can (qa.aoutcome). Nothing is mocked: the
 errors are the server's own, raised inside the worker's statements.
+
+Workflows ride along (chords and chains, some with a step that dies): the same errors
+are raised inside the settle step those statements run (pgqueue_settle): when it counts
+a finished dependency on a step row ("settle", a trigger on queue_workflow_steps) and
+when it makes a waiting step pending or cancelled ("promote"). Every dependent must then
+be promoted exactly once, none left waiting, none started before its dependencies
+completed, and a step cancelled by a dead dependency never started.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -35,6 +43,7 @@ from tests.reliability.pgserver import (  # noqa: F401 (pg_server is a fixture)
     pg_server,
 )
 from tests.reliability.test_database_faults import Enqueuer, FaultWorker
+from tests.reliability.test_workflows import PROMOTIONS_AUDIT
 
 LEASE = 2.0
 SWEEP = 1.0
@@ -46,7 +55,9 @@ ARGS = (
     "--concurrency", str(CONCURRENCY), "--batch-size", str(CONCURRENCY),
 )  # fmt: skip
 
-TARGETS = ("claim", "complete", "fail", "renew", "sweep", "release")
+TARGETS = ("claim", "complete", "fail", "renew", "sweep", "release", "settle", "promote")
+# The writes of the settle step: each is part of a worker's statement ending a job.
+SETTLE_TARGETS = ("settle", "promote")
 FAULTS = {
     # action: what the trigger does on a planned hit
     "disconnect": "PERFORM pg_terminate_backend(pg_backend_pid()); PERFORM pg_sleep(5);",
@@ -114,19 +125,29 @@ BEGIN
        AND current_setting('application_name') NOT LIKE 'pgqueue heartbeat %' THEN
         RETURN NEW;
     END IF;
-    what := CASE
-        WHEN OLD.status = 'pending' AND NEW.status = 'running' THEN 'claim'
-        WHEN OLD.status = 'running' AND NEW.status = 'completed' THEN 'complete'
-        WHEN OLD.status = 'running' AND NEW.status = 'running' THEN 'renew'
-        WHEN OLD.status = 'running' AND NEW.lease_version > OLD.lease_version THEN 'sweep'
-        WHEN OLD.status = 'running' AND NEW.attempts < OLD.attempts THEN 'release'
-        WHEN OLD.status = 'running' THEN 'fail'
-    END;
+    IF TG_TABLE_NAME = 'queue_workflow_steps' THEN
+        -- pgqueue_settle counting finished dependencies (its cancelled_by note is not)
+        what := CASE WHEN NEW.waiting_for < OLD.waiting_for THEN 'settle' END;
+    ELSE
+        what := CASE
+            WHEN OLD.status = 'waiting' THEN 'promote'
+            WHEN OLD.status = 'pending' AND NEW.status = 'running' THEN 'claim'
+            WHEN OLD.status = 'running' AND NEW.status = 'completed' THEN 'complete'
+            WHEN OLD.status = 'running' AND NEW.status = 'running' THEN 'renew'
+            WHEN OLD.status = 'running' AND NEW.lease_version > OLD.lease_version THEN 'sweep'
+            WHEN OLD.status = 'running' AND NEW.attempts < OLD.attempts THEN 'release'
+            WHEN OLD.status = 'running' THEN 'fail'
+        END;
+    END IF;
     IF what IS NULL THEN
         RETURN NEW;
     END IF;
     n := nextval('qa_fault_hits_' || what);
     SELECT action INTO act FROM qa_fault_plan WHERE target = what AND hit = n;
+    IF act IS NOT NULL THEN
+        -- A sequence: the count survives the rollback the fault causes.
+        PERFORM nextval('qa_fault_fired_' || what);
+    END IF;
     {cases}
     RETURN NEW;
 END
@@ -134,18 +155,24 @@ $$;
 DROP TRIGGER IF EXISTS qa_fault ON queue_job_state;
 CREATE TRIGGER qa_fault BEFORE UPDATE ON queue_job_state
     FOR EACH ROW EXECUTE FUNCTION qa_fault();
+DROP TRIGGER IF EXISTS qa_fault ON queue_workflow_steps;
+CREATE TRIGGER qa_fault BEFORE UPDATE ON queue_workflow_steps
+    FOR EACH ROW EXECUTE FUNCTION qa_fault();
 """
 
 
 def install_faults(server: PgServer) -> None:
     sequences = "\n".join(
-        f"CREATE SEQUENCE IF NOT EXISTS qa_fault_hits_{target};" for target in TARGETS
+        f"CREATE SEQUENCE IF NOT EXISTS qa_fault_{count}_{target};"
+        for target in TARGETS
+        for count in ("hits", "fired")
     )
     cases = "\n    ".join(
         f"{'IF' if i == 0 else 'ELSIF'} act = '{name}' THEN {body}"
         for i, (name, body) in enumerate(FAULTS.items())
     )
     server.sql(FAULT_TRIGGER.format(sequences=sequences, cases=cases + "\n    END IF;"))
+    server.sql(PROMOTIONS_AUDIT)
     # Every COMMIT is local, except one that a fault sends to a standby that never comes.
     server.sql("ALTER SYSTEM SET synchronous_standby_names = 'qa_ghost'")
     server.sql("ALTER SYSTEM SET synchronous_commit = 'local'")
@@ -153,28 +180,47 @@ def install_faults(server: PgServer) -> None:
 
 
 def plan(server: PgServer, rng: random.Random, spacing: int) -> dict[str, int]:
-    """Plan every fault once on every target, spread over its hits; how many per target."""
+    """Plan every fault once on every target, spread over its next hits (counted from
+    the hits seen so far: a round's plan lies ahead of it); how many per target."""
     server.sql("TRUNCATE qa_fault_plan")
+    seen = hits(server)
     planned = {}
     for target in TARGETS:
         faults = list(FAULTS)
         rng.shuffle(faults)
         # Sweeps and releases are rare: their faults come first, on consecutive hits.
-        step = 1 if target in ("sweep", "release") else spacing
+        # A settle step's faults two hits apart: the write a fault refused, written
+        # again, is the next hit, never faulted twice in a row.
+        step = {"sweep": 1, "release": 1, "settle": 2, "promote": 2}.get(target, spacing)
         for i, fault in enumerate(faults):
             server.sql(
-                "INSERT INTO qa_fault_plan VALUES (%s, %s, %s)", [target, 2 + i * step, fault]
+                "INSERT INTO qa_fault_plan VALUES (%s, %s, %s)",
+                [target, seen[target] + 2 + i * step, fault],
             )
         planned[target] = len(faults)
     return planned
 
 
-def hits(server: PgServer) -> dict[str, int]:
-    """How many row changes of each write the trigger saw (planned faults fired on these)."""
+def _counts(server: PgServer, count: str) -> dict[str, int]:
     return {
-        target: int(server.sql(f"SELECT last_value FROM qa_fault_hits_{target}")[0][0])
+        target: int(
+            server.sql(
+                "SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
+                f"FROM qa_fault_{count}_{target}"
+            )[0][0]
+        )
         for target in TARGETS
     }
+
+
+def hits(server: PgServer) -> dict[str, int]:
+    """How many row changes of each write the trigger saw (planned faults fired on these)."""
+    return _counts(server, "hits")
+
+
+def fired(server: PgServer) -> dict[str, int]:
+    """How many planned faults the trigger raised on each write."""
+    return _counts(server, "fired")
 
 
 class Terminator:
@@ -212,6 +258,8 @@ def fault_server(pg_server: PgServer) -> Iterator[PgServer]:  # noqa: F811
         yield pg_server
     finally:
         pg_server.sql("DROP TRIGGER IF EXISTS qa_fault ON queue_job_state")
+        pg_server.sql("DROP TRIGGER IF EXISTS qa_fault ON queue_workflow_steps")
+        pg_server.sql("DROP TRIGGER IF EXISTS qa_promoted ON queue_job_state")
         pg_server.sql("ALTER SYSTEM RESET synchronous_standby_names")
         pg_server.sql("ALTER SYSTEM RESET synchronous_commit")
         pg_server.sql("SELECT pg_reload_conf()")
@@ -306,6 +354,115 @@ def invariant_breaks(server: PgServer, queue: str) -> list[str]:
     return breaks
 
 
+# -- workflows: the settle step under the same faults -----------------------------------
+
+FLOWS = """
+import json
+from django_pgqueue import chain, chord, group, step
+def s(payload):
+    return step("qa.outcome", payload, queue=QUEUE)
+for shape, *parts in json.loads(SPEC):
+    if shape == "chord":
+        members, callback = parts
+        chord(group(*(s(p) for p in members)), s(callback)).enqueue()
+    else:
+        chain(*(s(p) for p in parts[0])).enqueue()
+"""
+
+
+def flow_step(do: str, expect: str) -> dict[str, Any]:
+    """A qa.outcome payload for a workflow step, carrying the status it must end with."""
+    payload: dict[str, Any] = {"do": do, "kind": "flow", "expect": expect}
+    if do == "slow":  # runs past several heartbeats: renewals to break
+        payload.update(do="hang", seconds=TIMEOUT * 0.7)
+    return payload
+
+
+def enqueue_workflows(
+    server: PgServer, rng: random.Random, queue: str, chords: int, members: int, chains: int
+) -> int:
+    """Chords and chains of 5 in `queue`, some with a step that dies; how many jobs."""
+    spec: list[list[Any]] = []
+    for i in range(chords):
+        dies = i == 0  # one chord whose member dies: its callback is cancelled
+        group = [flow_step("slow" if m == 0 else "return", "completed") for m in range(members)]
+        if dies:
+            group[-1] = flow_step("raise", "dead")
+        spec.append(["chord", group, flow_step("return", "cancelled" if dies else "completed")])
+    for i in range(chains):
+        dies_at = rng.randrange(4) if i % 2 else 5  # every other chain dies at a step
+        steps = [
+            flow_step(
+                "return" if k < dies_at else "raise" if k == dies_at else "return",
+                "completed" if k < dies_at else "dead" if k == dies_at else "cancelled",
+            )
+            for k in range(5)
+        ]
+        spec.append(["chain", steps])
+    code = f"QUEUE = {queue!r}\nSPEC = {json.dumps(spec)!r}\n{FLOWS}"
+    server.manage("shell", "-v", "0", "-c", code)
+    return chords * (members + 1) + chains * 5
+
+
+def workflow_breaks(server: PgServer, queue: str) -> list[str]:
+    """Every way the workflow jobs of `queue` break the invariant, as readable lines."""
+    breaks = []
+    rows = server.sql(
+        """
+        SELECT s.job_id, j.payload ->> 'expect', s.status, s.last_error,
+               (SELECT count(*) FROM queue_attempts a WHERE a.job_id = s.job_id),
+               (SELECT count(*) FROM queue_attempts a WHERE a.job_id = s.job_id
+                  AND a.status = 'succeeded'),
+               (SELECT count(*) FROM queue_attempts a WHERE a.job_id = s.job_id
+                  AND (a.status = 'running' OR a.finished_at IS NULL)),
+               (SELECT count(*) FROM qa_promotions p WHERE p.job_id = s.job_id),
+               (SELECT count(*) FROM queue_job_deps d WHERE d.job_id = s.job_id),
+               (SELECT count(*) FROM queue_job_deps d
+                  JOIN queue_job_state ps ON ps.job_id = d.depends_on
+                  WHERE d.job_id = s.job_id AND ps.status IN ('dead', 'cancelled')),
+               step.waiting_for, step.failed,
+               -- dependencies this step started (claimed, or its handler ran) before
+               (SELECT count(*) FROM queue_job_deps d
+                  JOIN queue_attempts pa ON pa.job_id = d.depends_on AND pa.status = 'succeeded'
+                  WHERE d.job_id = s.job_id AND (
+                      EXISTS (SELECT FROM queue_attempts ca WHERE ca.job_id = d.job_id
+                                AND ca.started_at < pa.finished_at)
+                      OR EXISTS (SELECT FROM qa_ledger l WHERE l.job_id = d.job_id
+                                   AND l.started_at < pa.finished_at)))
+        FROM queue_job_state s JOIN queue_jobs j ON j.id = s.job_id
+        LEFT JOIN queue_workflow_steps step ON step.job_id = s.job_id
+        WHERE s.queue = %s
+        """,
+        [queue],
+    )
+    for row in rows:
+        job_id, expected, status, last_error, attempts, succeeded, open_attempts = row[:7]
+        promotions, deps, deps_failed, waiting_for, failed, early = row[7:]
+        what = f"step {job_id} ({deps} dependencies)"
+        if status != expected:
+            breaks.append(f"{what}: {status}, expected {expected}: {last_error}")
+        if status == "waiting":
+            breaks.append(f"{what}: left waiting, its dependencies all ended")
+        if status == "completed" and succeeded != 1:
+            breaks.append(f"{what}: {succeeded} succeeded attempts (fired twice or never)")
+        if status == "cancelled" and attempts:
+            breaks.append(f"{what}: cancelled by a dead dependency, yet started {attempts}x")
+        if status != "cancelled" and attempts == 0:
+            breaks.append(f"{what}: no attempt row")
+        if open_attempts:
+            breaks.append(f"{what}: {open_attempts} attempt(s) never closed")
+        if promotions != (1 if deps else 0):
+            breaks.append(f"{what}: moved out of waiting {promotions} times")
+        if (waiting_for, failed) != (0, deps_failed):
+            breaks.append(
+                f"{what}: counters waiting_for={waiting_for} failed={failed}, "
+                f"expected 0 and {deps_failed}: a dependency counted twice or never"
+            )
+        if early:
+            breaks.append(f"{what}: started before {early} of its dependencies completed")
+    return breaks
+
+
 # The probe's jobs run under the job timeout (a probe job that times out proves
 # nothing), long enough that one missing thread would delay a start by PROBE_SECONDS.
 PROBE_SECONDS = TIMEOUT * 0.8
@@ -360,19 +517,34 @@ def test_invariant_under_injected_faults(fault_server, report):
     rounds = size(1, 3)
     each = size(3, 8)
     enqueue = Enqueuer(server)
-    summary: dict[str, Any] = {"faults": 0, "jobs": 0}
+    chords, members, chains = size(2, 4), size(5, 8), size(8, 14)
+    summary: dict[str, Any] = {"faults": 0, "jobs": 0, "workflow_jobs": 0}
+    planned_total = dict.fromkeys(TARGETS, 0)
     queues = [f"inv{r}" for r in range(rounds)]
-    worker = FaultWorker(server, *queues, "blocked", "probe", "swept", *ARGS)
+    flows = [f"flow{r}" for r in range(rounds)]
+    worker = FaultWorker(server, *queues, *flows, "blocked", "probe", "swept", *ARGS)
     try:
         with Terminator(server) as terminator:
             expire_leases(server, "swept", 12)
             for r in range(rounds):
                 queue = f"inv{r}"
                 planned = plan(server, rng, spacing=3 if not FULL else rng.randint(2, 5))
+                before = fired(server)
                 summary["faults"] += sum(planned.values())
+                for target, count in planned.items():
+                    planned_total[target] += count
                 enqueue_outcomes(server, enqueue, queue, each)
+                summary["workflow_jobs"] += enqueue_workflows(
+                    server, rng, flows[r], chords, members, chains
+                )
                 summary["jobs"] += each * len(OUTCOMES)
                 summary[f"round {r} settled_s"] = round(wait_settled(server, queue, 120), 1)
+                wait_settled(server, flows[r], 120)
+                # Every settle fault of this round's plan fired within the round.
+                now_fired = fired(server)
+                summary[f"round {r} settle faults"] = {
+                    target: now_fired[target] - before[target] for target in SETTLE_TARGETS
+                }
             wait_settled(server, "swept", 30)
             for kind in BLOCKING:
                 enqueue("blocked", [("qa.aoutcome", {**ASYNC[kind], "kind": kind})] * each)
@@ -380,8 +552,11 @@ def test_invariant_under_injected_faults(fault_server, report):
             spread = probe_concurrency(server, enqueue, "probe")
         summary["in_doubt_commits"] = terminator.terminated
         summary["hits"] = hits(server)
+        summary["fired"] = fired(server)
         assert worker.proc.poll() is None, worker.output()[-4000:]
         breaks = [line for q in [*queues, "blocked"] for line in invariant_breaks(server, q)]
+        breaks += [line for q in flows for line in workflow_breaks(server, q)]
+        promotions = server.sql("SELECT count(*) FROM qa_promotions")[0][0]
         stuck = server.sql(
             "SELECT count(*) FROM queue_job_state WHERE queue = 'swept' AND status = 'running'"
         )[0][0]
@@ -395,14 +570,25 @@ def test_invariant_under_injected_faults(fault_server, report):
             worker.proc.kill()
         worker.log.close()
     report(
-        size=f"{summary['jobs']} jobs ({len(OUTCOMES)} endings) x {summary['faults']} faults "
+        size=f"{summary['jobs']} jobs ({len(OUTCOMES)} endings) + {summary['workflow_jobs']} "
+        f"workflow steps x {summary['faults']} faults "
         f"({len(FAULTS)} classes on {len(TARGETS)} writes)",
         invariant_breaks=len(breaks),
+        faults_fired=sum(summary["fired"].values()),
+        settle_faults_fired=sum(summary["fired"][target] for target in SETTLE_TARGETS),
+        promotions=promotions,
         notes=f"{summary}; probe start spread {spread:.2f}s",
     )
     assert breaks == [], "\n".join(breaks[:40])
+    # The settle step's faults were raised, every one planned: none was a plan that
+    # never met its hit.
+    for target in SETTLE_TARGETS:
+        assert summary["fired"][target] == planned_total[target], summary
+    assert promotions > 0
     assert stuck == 0
     # All CONCURRENCY probe jobs ran at once: every handler thread is alive.
     assert spread < PROBE_SECONDS / 2, spread
     assert code == 0, output[-4000:]
-    assert "Traceback" not in output.split("stopped:")[-1], output[-4000:]
+    tail = output.split("stopped:")[-1]
+    at = tail.find("Traceback")  # the message shows the traceback, not the log's end
+    assert at == -1, tail[max(0, at - 2000) : at + 4000]

@@ -1,23 +1,28 @@
-"""Scenario: chords and chains run by 4 worker processes, one SIGKILLed every ~2 s.
+"""Scenario 14: chords and chains run by 4 worker processes under SIGKILLs, a SIGSTOP
+and a database restart, on a throwaway PostgreSQL this module starts itself.
 
 Every step is a `qa.ledger` job (the ledger records each handler start on its own
-connection). Whatever the kills interrupt, each fan-in must count every member once:
+connection). A random worker is SIGKILLed every ~2 s; once, the database is restarted
+mid-run; once, a worker holding running steps is SIGSTOPped until the sweep has taken
+them all, then SIGCONTed: its late writes must be refused by fencing and settle
+nothing. Whatever the faults interrupt, each fan-in must count every member once:
 0 callbacks made pending twice or run twice to success, 0 never fired, 0 steps started
-before all their dependencies completed, 0 jobs lost.
+before all their dependencies completed, 0 jobs lost. A trigger records every committed
+move of a step out of waiting, so "made pending twice" is read, not inferred.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import re
+import signal
 import time
+from typing import Any
 
-import pytest
-
-from django_pgqueue import chain, chord, group, step
-from tests.conftest import sql
-from tests.reliability.conftest import outcome, size, stop_and_count, wait_until
-
-pytestmark = pytest.mark.django_db(transaction=True)
+from tests.reliability.conftest import ledger_counts, outcome, size
+from tests.reliability.pgserver import PgServer, pg_server  # noqa: F401 (a fixture)
+from tests.reliability.test_database_faults import FaultWorker, job_ids, stop_all, wait_for
 
 WORKERS = 4
 SESSIONS = ("worker", "heartbeat", "listener")
@@ -29,86 +34,258 @@ OPTIONS = (
     "--concurrency", "4",
     "--batch-size", "5",
     "--poll-interval", "0.5",
-    "-v", "0",
 )  # fmt: skip
 Q = "flows"
+# The frozen worker's refused writes, as its log tells them (writer._stale).
+STALE_RE = re.compile(r"stale write rejected: (.+?) of job (\d+) with lease_version (\d+)")
+
+# Every committed move of a step out of waiting (a rolled-back one leaves no row).
+PROMOTIONS_AUDIT = """
+CREATE TABLE IF NOT EXISTS qa_promotions (
+    job_id bigint NOT NULL, status text NOT NULL, at timestamptz NOT NULL
+);
+CREATE OR REPLACE FUNCTION qa_promoted() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO qa_promotions VALUES (NEW.job_id, NEW.status, clock_timestamp());
+    RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS qa_promoted ON queue_job_state;
+CREATE TRIGGER qa_promoted AFTER UPDATE ON queue_job_state
+    FOR EACH ROW WHEN (OLD.status = 'waiting' AND NEW.status <> 'waiting')
+    EXECUTE FUNCTION qa_promoted();
+"""
+
+FLOWS = """
+import json
+from django_pgqueue import chain, chord, group, step
+def s():
+    return step("qa.ledger", {"seconds": SECONDS}, queue=QUEUE)
+callbacks = []
+for _ in range(CHORDS):
+    run = chord(group(*(s() for _ in range(MEMBERS))), s()).enqueue()
+    callbacks.append(list(run.jobs.values())[-1])
+for _ in range(CHAINS):
+    chain(*(s() for _ in range(5))).enqueue()
+print("callbacks:", json.dumps(callbacks))
+"""
 
 
-def ledger(seconds: float):
-    return step("qa.ledger", {"seconds": seconds}, queue=Q)
+def enqueue_workflows(server: PgServer, chords: int, members: int, chains: int, seconds: float):
+    """The chords and chains, enqueued through the product's canvas; the callbacks' ids."""
+    code = (
+        f"QUEUE = {Q!r}\nSECONDS = {seconds!r}\nCHORDS = {chords}\nMEMBERS = {members}\n"
+        f"CHAINS = {chains}\n{FLOWS}"
+    )
+    out = server.manage("shell", "-v", "0", "-c", code, timeout=600)
+    (line,) = [line for line in out.splitlines() if line.startswith("callbacks: ")]
+    return json.loads(line.removeprefix("callbacks: "))
 
 
-def test_chords_and_chains_under_sigkills(worker_process, report):
-    """Workflows under SIGKILL"""
+def completed(server: PgServer) -> int:
+    return int(
+        server.sql(
+            "SELECT count(*) FROM queue_job_state WHERE queue = %s AND status = 'completed'", [Q]
+        )[0][0]
+    )
+
+
+class Slots:
+    """WORKERS run_queue_worker processes, each slot restarted under a new id when killed."""
+
+    def __init__(self, server: PgServer) -> None:
+        self.server = server
+        self.generation = 0
+        self.started: list[FaultWorker] = []
+        self.slots: list[tuple[str, FaultWorker]] = [self.start(slot) for slot in range(WORKERS)]
+
+    def start(self, slot: int) -> tuple[str, FaultWorker]:
+        self.generation += 1
+        worker_id = f"flows-{slot}-{self.generation}"
+        worker = FaultWorker(self.server, Q, "--worker-id", worker_id, *OPTIONS)
+        self.started.append(worker)
+        return worker_id, worker
+
+    def kill(self, slot: int) -> None:
+        """SIGKILL the slot's worker, wait until its sessions are gone, start another."""
+        worker_id, victim = self.slots[slot]
+        victim.proc.kill()
+        victim.proc.wait(30)
+        wait_for(
+            self.server,
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY (ARRAY["
+            + ", ".join(f"'pgqueue {role} {worker_id}'" for role in SESSIONS)
+            + "])",
+            lambda n: n == 0,
+            timeout=30,
+        )
+        self.slots[slot] = self.start(slot)
+
+    def close(self) -> None:
+        for worker in self.started:
+            if worker.proc.poll() is None:
+                worker.proc.kill()
+                worker.proc.wait(10)
+            worker.log.close()
+
+
+def held_attempts(server: PgServer, worker_id: str, since: float) -> set[tuple[int, int]]:
+    """(job_id, lease_version) of the attempts `worker_id` is running, if it claimed them
+    all after `since` (Unix time): none is left from before the restart, whose writes
+    would be in doubt and read back after a reconnect."""
+    rows = server.sql(
+        "SELECT job_id, lease_version, started_at > to_timestamp(%s) FROM queue_attempts "
+        "WHERE worker_id = %s AND status = 'running'",
+        [since, worker_id],
+    )
+    if not all(after for _, _, after in rows):
+        return set()
+    return {(int(job), int(version)) for job, version, _ in rows}
+
+
+def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, report):  # noqa: F811
+    """14. Workflows under SIGKILL, a SIGSTOP past the lease and a database restart"""
+    server = pg_server
+    server.sql(PROMOTIONS_AUDIT)
     chords, members, chains = size(16, 200), size(10, 50), size(16, 200)
-    seconds = size(100, 20) / 1000  # long enough in CI for kills to land mid-workflow
-    callbacks = []
-    for _ in range(chords):
-        run = chord(group(*(ledger(seconds) for _ in range(members))), ledger(seconds)).enqueue()
-        callbacks.append(list(run.jobs.values())[-1])
-    for _ in range(chains):
-        chain(*(ledger(seconds) for _ in range(5))).enqueue()
+    seconds = size(200, 20) / 1000  # long enough in CI for every fault to land mid-run
+    callbacks = enqueue_workflows(server, chords, members, chains, seconds)
     jobs = chords * (members + 1) + chains * 5
 
     rng = random.Random()
-    generation = 0
-
-    def start(slot: int):
-        nonlocal generation
-        generation += 1
-        worker_id = f"flows-{slot}-{generation}"
-        return worker_id, worker_process(Q, "--worker-id", worker_id, *OPTIONS)
-
-    slots = [start(slot) for slot in range(WORKERS)]
-    started = time.monotonic()
-    deadline = started + size(300, 1800)
-    kills = 0
-    next_kill = started + rng.uniform(0.5, 1.0)  # the first kill early: a quiet CI drains fast
-    while sql("SELECT count(*) FROM queue_job_state WHERE status <> 'completed'")[0][0]:
-        assert time.monotonic() < deadline, "not drained in time"
-        if time.monotonic() < next_kill:
+    workers = Slots(server)
+    frozen: dict[str, Any] = {}  # the SIGSTOPped worker: slot, id, attempts held, times
+    restart: dict[str, float] = {}
+    try:
+        started = time.monotonic()
+        deadline = started + size(300, 1800)
+        kills = 0
+        next_kill = started + rng.uniform(0.5, 1.0)  # the first kill early: CI drains fast
+        while True:
+            done = completed(server)
+            if done == jobs and "resumed" in frozen:
+                break
+            assert time.monotonic() < deadline, f"not drained in time ({done}/{jobs})"
+            assert done < jobs or frozen, "the workflows finished before the SIGSTOP"
+            if not restart and done >= jobs // 20:
+                # One database restart mid-run: the workers reconnect, lose nothing.
+                restart["done_before"] = done
+                restart["at"] = time.time()
+                restart["back"] = server.restart("fast")
+            elif restart and not frozen and completed(server) > restart["done_before"]:
+                # Back after the restart: freeze a worker that holds running steps.
+                for slot in rng.sample(range(WORKERS), WORKERS):
+                    worker_id, worker = workers.slots[slot]
+                    if held_attempts(server, worker_id, restart["back"]):
+                        worker.proc.send_signal(signal.SIGSTOP)
+                        frozen.update(slot=slot, worker_id=worker_id, worker=worker)
+                        frozen["at"] = time.monotonic()
+                        time.sleep(0.3)  # statements already on the wire run to their end
+                        frozen["held"] = held_attempts(server, worker_id, restart["back"])
+                        break
+                if frozen and not frozen["held"]:
+                    frozen["worker"].proc.send_signal(signal.SIGCONT)  # finished meanwhile
+                    frozen.clear()
+            elif frozen and "resumed" not in frozen:
+                # Past its lease: resumed once the sweep has taken every step it held.
+                lost = server.sql(
+                    "SELECT count(*) FROM queue_attempts WHERE worker_id = %s "
+                    "AND status = 'lost' AND (job_id, lease_version) IN "
+                    "(SELECT * FROM unnest(%s::bigint[], %s::bigint[]))",
+                    [
+                        frozen["worker_id"],
+                        [job for job, _ in frozen["held"]],
+                        [version for _, version in frozen["held"]],
+                    ],
+                )[0][0]
+                if lost == len(frozen["held"]):
+                    frozen["worker"].proc.send_signal(signal.SIGCONT)
+                    frozen["resumed"] = time.monotonic()
+            if time.monotonic() >= next_kill and done < jobs:
+                # The frozen worker is never killed: its late writes are the point.
+                slot = rng.choice([s for s in range(WORKERS) if s != frozen.get("slot")])
+                workers.kill(slot)
+                kills += 1
+                next_kill = time.monotonic() + rng.uniform(1.5, 2.5)
             time.sleep(0.05)
-            continue
-        slot = rng.randrange(WORKERS)
-        worker_id, victim = slots[slot]
-        victim.kill()
-        wait_until(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY (%s)",
-            lambda n: n == 0,
-            timeout=30,
-            params=[[f"pgqueue {role} {worker_id}" for role in SESSIONS]],
+        drain_s = time.monotonic() - started
+        # The frozen worker's handlers end and write with the tokens the sweep retired.
+        stale: set[tuple[str, int, int]] = set()
+        guard = time.monotonic() + 60
+        while not stale and time.monotonic() < guard:
+            time.sleep(0.2)
+            stale = {
+                (kind, int(job), int(version))
+                for kind, job, version in STALE_RE.findall(frozen["worker"].output())
+            }
+        # Each worker up (the last ones started may still be booting) before its SIGTERM.
+        wait_for(
+            server,
+            "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
+            "WHERE application_name = ANY (ARRAY["
+            + ", ".join(f"'pgqueue worker {worker_id}'" for worker_id, _ in workers.slots)
+            + "])",
+            lambda n: n == WORKERS,
         )
-        kills += 1
-        slots[slot] = start(slot)
-        next_kill = time.monotonic() + rng.uniform(1.5, 2.5)
-    drain_s = time.monotonic() - started
-    wait_until(
-        "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
-        "WHERE application_name = ANY (%s)",
-        lambda n: n == WORKERS,
-        params=[[f"pgqueue worker {worker_id}" for worker_id, _ in slots]],
-    )
-    # 0 lost, and every job completed by exactly one succeeded attempt.
-    counts = stop_and_count([worker for _, worker in slots], jobs)
+        outputs = stop_all([worker for _, worker in workers.slots])
+    finally:
+        workers.close()
+
+    counts = ledger_counts(job_ids(Q), run=server.sql)
+    assert counts["jobs"] == jobs
+    assert counts["lost"] == 0, counts
+    assert counts["completed_twice"] == 0, counts
+    assert counts["completed_without_success"] == 0, counts
     assert kills >= 1, "the workflows finished before the chaos started"
+    assert restart["done_before"] < jobs, "the restart was not mid-run"
+    # The frozen worker: every step it held was swept from it, none ended succeeded by
+    # its hand, and each late write it tried was refused (it tried at least one).
+    held = frozen["held"]
+    refused = {(job, version) for _, job, version in stale}
+    assert refused, outputs[frozen["slot"]][-3000:]
+    assert refused <= held, (refused, held)
+    assert {kind for kind, _, _ in stale} <= {"complete", "fail", "write after reconnect"}, stale
+    # (It may have claimed some of those steps again once resumed: a new attempt.)
+    not_lost = server.sql(
+        "SELECT count(*) FROM queue_attempts WHERE status <> 'lost' AND (job_id, lease_version) "
+        "IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))",
+        [[job for job, _ in held], [version for _, version in held]],
+    )[0][0]
+    assert not_lost == 0
     # Each finished dependency counted once: no step waits for anything, none failed.
-    assert sql(
-        "SELECT count(*) FROM queue_workflow_steps WHERE waiting_for <> 0 OR failed <> 0"
+    assert server.sql(
+        "SELECT count(*) FROM queue_workflow_steps s JOIN queue_jobs j ON j.id = s.job_id "
+        "WHERE j.queue = %s AND (s.waiting_for <> 0 OR s.failed <> 0)",
+        [Q],
     ) == [(0,)]
+    # Every step with dependencies moved out of waiting exactly once, to pending.
+    moves = server.sql(
+        "SELECT count(*) FILTER (WHERE moved <> 1), count(*) FILTER (WHERE NOT pending) "
+        "FROM (SELECT d.job_id, (SELECT count(*) FROM qa_promotions p "
+        "                        WHERE p.job_id = d.job_id) AS moved, "
+        "      (SELECT bool_and(p.status = 'pending') FROM qa_promotions p "
+        "       WHERE p.job_id = d.job_id) IS NOT FALSE AS pending "
+        "      FROM (SELECT DISTINCT job_id FROM queue_job_deps) AS d) AS steps"
+    )[0]
+    promoted_twice_or_never, promoted_not_pending = moves
+    assert promoted_twice_or_never == 0
+    assert promoted_not_pending == 0
     # 0 callbacks never fired, 0 fired twice: each ran to success exactly once.
     fired = dict(
-        sql(
+        server.sql(
             "SELECT job_id, count(*) FILTER (WHERE status = 'succeeded') FROM queue_attempts "
             "WHERE job_id = ANY (%s) GROUP BY job_id",
             [callbacks],
         )
     )
-    assert sorted(fired) == sorted(callbacks)
+    never = len(set(callbacks) - set(fired))
+    twice = sum(1 for n in fired.values() if n > 1)
+    assert never == 0
     assert set(fired.values()) == {1}
     # 0 steps started before all their dependencies completed: every handler start of
     # a step (the ledger, on the handler's connection) and every claim of it came after
     # the transaction that completed each of its dependencies began.
-    early = sql(
+    early = server.sql(
         """
         SELECT count(*) FROM queue_job_deps AS dep
         JOIN queue_attempts AS parent
@@ -123,16 +300,31 @@ def test_chords_and_chains_under_sigkills(worker_process, report):
         """
     )[0][0]
     assert early == 0
-    edges = sql("SELECT count(*) FROM queue_job_deps")[0][0]
+    edges = server.sql("SELECT count(*) FROM queue_job_deps")[0][0]
+    first_after = server.sql(
+        "SELECT extract(epoch FROM min(finished_at)) FROM queue_attempts "
+        "WHERE status = 'succeeded' AND finished_at > to_timestamp(%s)",
+        [restart["back"]],
+    )[0][0]
     report(
         size=f"{chords} chords of {members} + {chains} chains of 5 ({jobs:,} jobs, "
         f"{edges:,} edges), {WORKERS} processes x 4 threads",
         **outcome(counts),
-        callbacks_fired_twice=0,
-        callbacks_never_fired=0,
+        recovery_s=round(float(first_after) - restart["at"], 2),
+        callbacks_fired_twice=twice,
+        callbacks_never_fired=never,
+        promoted_twice_or_never=promoted_twice_or_never,
         started_early=early,
         kills=kills,
+        completed_before_restart=restart["done_before"],
+        frozen_steps_swept=len(held),
+        frozen_for_s=round(frozen["resumed"] - frozen["at"], 1),
+        late_writes_refused=len(refused),
         drain_s=round(drain_s, 1),
-        notes=f"a random worker SIGKILLed every ~2 s (lease {LEASE:g} s, sweep 1 s); each "
-        "settle counted once (every step's counters end at 0)",
+        notes=f"a random worker SIGKILLed every ~2 s (lease {LEASE:g} s, sweep 1 s); one "
+        "database restart (pg_ctl stop -m fast, start) mid-run; one worker SIGSTOPped "
+        "until the sweep took every step it held, then SIGCONTed: its late writes were "
+        "refused and settled nothing; each settle counted once (every step's counters "
+        "end at 0, each step moved out of waiting once); recovery: restart to the first "
+        "completion after it",
     )
