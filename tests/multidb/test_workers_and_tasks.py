@@ -7,6 +7,7 @@ are about which server's transaction holds a job.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -15,6 +16,8 @@ from qa.tasks import add
 
 from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.exceptions import ConfigurationError
+from django_pgqueue.schedules.firing import sync_code_schedules
+from django_pgqueue.store.worker import Store
 from django_pgqueue.tasks.api import TaskResultStatus
 from django_pgqueue.worker_config import WorkerConfig
 
@@ -73,3 +76,39 @@ def test_a_worker_whose_queues_span_aliases_is_refused() -> None:
     assert "'q2.mail', 'q2-exact' on 'queues2'" in message
     assert "'plain' on 'default'" in message
     assert "one worker per database" in message
+
+
+def test_a_schedule_of_a_queues2_queue_fires_there(settings: Any, run_worker: Any) -> None:
+    settings.PGQUEUE = {
+        **settings.PGQUEUE,
+        "SCHEDULES": {"q2-tick": {"type": "qa.noop", "every": "1s", "queue": "q2.ticks"}},
+    }
+    worker = run_worker(["q2.ticks"], poll_interval=0.2)
+    deadline = time.monotonic() + 120  # a hang guard, not a bound
+    while time.monotonic() < deadline and not jobs("queues2"):
+        time.sleep(0.1)
+    worker.stop()
+    assert set(jobs("queues2")) == {("q2.ticks", "qa.noop")}
+    with connections["queues2"].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM queue_schedule_ticks WHERE schedule = 'q2-tick'")
+        assert cursor.fetchone()[0] >= 1
+    assert jobs("default") == []
+
+
+def test_code_schedules_are_synced_only_where_their_queue_lives(settings: Any) -> None:
+    settings.PGQUEUE = {
+        **settings.PGQUEUE,
+        "SCHEDULES": {
+            "q2-tick": {"type": "qa.noop", "every": "1s", "queue": "q2.ticks"},
+            "plain-tick": {"type": "qa.noop", "every": "1s", "queue": "plain"},
+        },
+    }
+    for alias, expected in (("default", ["plain-tick"]), ("queues2", ["q2-tick"])):
+        store = Store(alias, "schedule sync test")
+        try:
+            assert sync_code_schedules(store) == expected
+        finally:
+            store.close()
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT name FROM queue_schedules ORDER BY name")
+            assert cursor.fetchall() == [(name,) for name in expected]
