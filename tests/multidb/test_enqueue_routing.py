@@ -145,3 +145,14 @@ def test_enqueue_many_across_aliases_inside_a_transaction_is_refused() -> None:
         assert jobs("default") == []
     assert jobs("default") == [("plain", "qa.noop")]
     assert jobs("queues2") == [("q2.mail", "qa.noop")]
+
+
+def test_without_queue_databases_enqueue_ignores_other_transactions(settings: Any) -> None:
+    settings.PGQUEUE = {**settings.PGQUEUE, "QUEUE_DATABASES": {}}
+    with transaction.atomic(using="queues2"):
+        job = enqueue("qa.noop", queue="q2.mail")  # one database: as before, no refusal
+        assert enqueue_many([("qa.noop", None)], queue="q2.mail") is not None
+        transaction.set_rollback(True, using="queues2")
+    assert job.queue == "q2.mail"
+    assert jobs("default") == [("q2.mail", "qa.noop")] * 2
+    assert jobs("queues2") == []
