@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 
 from django_pgqueue import EnqueueError, JobSpec, enqueue, enqueue_many
 
@@ -155,4 +155,30 @@ def test_without_queue_databases_enqueue_ignores_other_transactions(settings: An
         transaction.set_rollback(True, using="queues2")
     assert job.queue == "q2.mail"
     assert jobs("default") == [("q2.mail", "qa.noop")] * 2
+    assert jobs("queues2") == []
+
+
+def test_enqueue_many_across_aliases_is_all_or_nothing_per_alias() -> None:
+    # A trigger on queues2 refuses one payload after validation passed: queues2's share
+    # is rolled back whole; default's share, written first in its own transaction, stays.
+    with connections["queues2"].cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.payload = '\"boom\"'::jsonb THEN RAISE EXCEPTION 'boom refused'; END IF; "
+            "RETURN NEW; END $$; "
+            "CREATE TRIGGER refuse_boom BEFORE INSERT ON queue_jobs "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_boom()"
+        )
+    items = [
+        JobSpec("qa.echo", "fine", queue="plain"),
+        JobSpec("qa.echo", "fine", queue="q2.mail"),
+        JobSpec("qa.echo", "boom", queue="q2.mail"),
+    ]
+    try:
+        with pytest.raises(DatabaseError, match="boom refused"):
+            enqueue_many(items)
+    finally:
+        with connections["queues2"].cursor() as cursor:
+            cursor.execute("DROP TRIGGER refuse_boom ON queue_jobs; DROP FUNCTION refuse_boom()")
+    assert jobs("default") == [("plain", "qa.echo")]
     assert jobs("queues2") == []
