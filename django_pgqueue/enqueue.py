@@ -184,6 +184,34 @@ def _write(alias: str, params: dict[str, Any], payload: Any) -> EnqueuedJob:
     return EnqueuedJob(job_id, params["queue"], params["type"], created, created_at)
 
 
+@overload
+def enqueue_many(
+    jobs: Iterable[JobSpec | tuple[str, Any]],
+    *,
+    using: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: dt.datetime | None = None,
+    delay: float | dt.timedelta | None = None,
+    max_attempts: int | None = None,
+    on_commit: Literal[False] = False,
+) -> list[EnqueuedJob]: ...
+
+
+@overload
+def enqueue_many(
+    jobs: Iterable[JobSpec | tuple[str, Any]],
+    *,
+    using: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: dt.datetime | None = None,
+    delay: float | dt.timedelta | None = None,
+    max_attempts: int | None = None,
+    on_commit: bool,
+) -> list[EnqueuedJob] | None: ...
+
+
 def enqueue_many(
     jobs: Iterable[JobSpec | tuple[str, Any]],
     *,
