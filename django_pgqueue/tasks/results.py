@@ -174,6 +174,8 @@ def idempotency_key(context: TaskContext) -> str:
     """The idempotency key of the job running a task: stable across its attempts.
 
     The same key a `JobContext` gives handlers (``"pgqueue-<job id>"``); pass it to an
-    external service so that a retried task does not charge or send twice.
+    external service so that a retried task does not charge or send twice. A task on a
+    database other than DATABASE (QUEUE_DATABASES) has its result id's alias in it
+    (``"pgqueue-bulk:42"``): job ids of two databases may be equal.
     """
     return f"pgqueue-{context.task_result.id}"

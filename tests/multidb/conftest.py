@@ -51,7 +51,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if not any(_ours(item) for item in session.items) or _missing_binaries():
+    if session.config.option.collectonly or not any(_ours(item) for item in session.items):
+        return
+    if _missing_binaries():
         return
     server = PgServer()
     session.config.stash[SERVER] = server
