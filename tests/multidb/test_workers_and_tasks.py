@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connections
 from qa.tasks import add
 
@@ -52,11 +53,13 @@ def test_a_task_round_trips_on_queues2(settings: Any, run_worker: Any) -> None:
 
 
 def test_a_burst_worker_on_a_queues2_queue_completes_its_jobs_there(run_worker: Any) -> None:
-    enqueue_many([("qa.echo", n) for n in range(5)], queue="q2.work")
+    enqueue_many([("qa.echo", n) for n in range(4)], queue="q2.work")
+    last = enqueue("qa.echo", {"n": 4}, queue="q2.work")
     enqueue("qa.noop", queue="q2.work", using="default")  # same name, other database
     worker = run_worker(["q2.work"], burst=True)
     worker.join()
     assert worker.worker.config.database == "queues2"
+    assert last.wait(timeout=0) == {"n": 4}  # read where the job lives
     with connections["queues2"].cursor() as cursor:
         cursor.execute("SELECT status, count(*) FROM queue_job_state GROUP BY status")
         assert cursor.fetchall() == [("completed", 5)]
@@ -76,6 +79,8 @@ def test_a_worker_whose_queues_span_aliases_is_refused() -> None:
     assert "'q2.mail', 'q2-exact' on 'queues2'" in message
     assert "'plain' on 'default'" in message
     assert "one worker per database" in message
+    with pytest.raises(CommandError, match="one worker per database"):
+        call_command("run_queue_worker", "q2.mail", "plain")
 
 
 def test_a_schedule_of_a_queues2_queue_fires_there(settings: Any, run_worker: Any) -> None:
