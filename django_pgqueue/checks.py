@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 from django.db.utils import load_backend
 
 from .conf import validate
@@ -38,11 +38,7 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         ]
     engine = databases[alias].get("ENGINE", "")
-    try:
-        vendor = load_backend(engine).DatabaseWrapper.vendor  # imports; does not connect
-    except ImproperlyConfigured:
-        vendor = "unknown"
-    if vendor != "postgresql":
+    if _vendor(engine) != "postgresql":
         return [
             checks.Error(
                 f"django_pgqueue needs PostgreSQL, but the database {alias!r} uses {engine!r}.",
@@ -52,6 +48,82 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         ]
     return []
+
+
+def _vendor(engine: str) -> str:
+    try:
+        return str(load_backend(engine).DatabaseWrapper.vendor)  # imports; does not connect
+    except ImproperlyConfigured:
+        return "unknown"
+
+
+def _queue_aliases() -> tuple[str, ...]:
+    """The aliases PGQUEUE["QUEUE_DATABASES"] names (none when the settings are invalid)."""
+    try:
+        return validate(getattr(settings, "PGQUEUE", None)).QUEUE_DATABASES.aliases()
+    except ConfigurationError:
+        return ()  # reported by check_settings
+
+
+@checks.register(TAG, checks.Tags.compatibility)
+def check_queue_databases(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """pgqueue.E005 / E006: every alias QUEUE_DATABASES names is a PostgreSQL database."""
+    errors: list[checks.CheckMessage] = []
+    for alias in _queue_aliases():
+        if alias not in settings.DATABASES:
+            errors.append(
+                checks.Error(
+                    f"PGQUEUE['QUEUE_DATABASES'] puts queues on the database alias "
+                    f"{alias!r}, which is not in settings.DATABASES.",
+                    hint=f"Use one of: {', '.join(settings.DATABASES)}.",
+                    id="pgqueue.E005",
+                )
+            )
+            continue
+        engine = settings.DATABASES[alias].get("ENGINE", "")
+        if _vendor(engine) != "postgresql":
+            errors.append(
+                checks.Error(
+                    f"PGQUEUE['QUEUE_DATABASES'] puts queues on the database {alias!r}, "
+                    f"which uses {engine!r}: django_pgqueue needs PostgreSQL.",
+                    hint="Point those queues at a PostgreSQL database "
+                    "('django.db.backends.postgresql').",
+                    id="pgqueue.E006",
+                )
+            )
+    return errors
+
+
+@checks.register(TAG, checks.Tags.database)
+def check_queue_tables(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """pgqueue.W003: an alias that holds queues (QUEUE_DATABASES) has the queue's tables.
+
+    Runs only when the checks may query databases, for the aliases asked for.
+    """
+    if not databases or check_queue_databases():
+        return []
+    warnings: list[checks.CheckMessage] = []
+    for alias in _queue_aliases():
+        if alias not in databases:
+            continue
+        try:
+            tables = connections[alias].introspection.table_names()
+        except DatabaseError:
+            continue  # an unreachable database is reported by Django's own checks
+        if "queue_jobs" not in tables or "queue_job_state" not in tables:
+            warnings.append(
+                checks.Warning(
+                    f"PGQUEUE['QUEUE_DATABASES'] puts queues on the database {alias!r}, "
+                    "but it has no queue tables (queue_jobs, queue_job_state): enqueue "
+                    "to those queues fails and their workers cannot start.",
+                    hint=f"Run manage.py migrate --database {alias} (this warning shows "
+                    "during that migrate too, before it creates them).",
+                    id="pgqueue.W003",
+                )
+            )
+    return warnings
 
 
 @checks.register(TAG)

@@ -156,6 +156,10 @@ class QueueDatabases:
                 return alias
         return default
 
+    def __bool__(self) -> bool:
+        """True when any queue is routed: only then does enqueue look at other databases."""
+        return bool(self.exact or self.globs)
+
     def aliases(self) -> tuple[str, ...]:
         """The aliases named, each once, in declared order."""
         named = [*self.exact.values(), *(alias for _, alias in self.globs)]

@@ -11,9 +11,12 @@ import datetime as dt
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Literal, overload
 
-from . import extensions, limits, signals, validation, waiting
+from django.db import transaction
+
+from . import extensions, limits, routing, signals, validation, waiting
 from .conf import get_settings
 from .exceptions import EnqueueError
 from .registry import Handler, registry
@@ -43,12 +46,17 @@ class EnqueuedJob:
     created_at: dt.datetime | None = None
 
     def wait(self, timeout: float | None = None, *, using: str | None = None) -> Any:
-        """Wait for this job's result: `django_pgqueue.wait` (the same exceptions)."""
-        return waiting.wait(self.id, timeout, using=using)
+        """Wait for this job's result: `django_pgqueue.wait` (the same exceptions).
+
+        On the job's queue's database unless `using` names another."""
+        return waiting.wait(self.id, timeout, using=using or self._database())
 
     async def wait_async(self, timeout: float | None = None, *, using: str | None = None) -> Any:
         """Await this job's result: `django_pgqueue.await_job` (the same exceptions)."""
-        return await waiting.await_job(self.id, timeout, using=using)
+        return await waiting.await_job(self.id, timeout, using=using or self._database())
+
+    def _database(self) -> str:
+        return get_settings().database_for(self.queue)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +90,7 @@ def _handler(conf: Any, type_: str) -> Handler | None:
     return spec
 
 
+@overload
 def enqueue(
     type: str,
     payload: Any = None,
@@ -94,7 +103,41 @@ def enqueue(
     idempotency_key: str | None = None,
     concurrency_key: str | None = None,
     using: str | None = None,
-) -> EnqueuedJob:
+    on_commit: Literal[False] = False,
+) -> EnqueuedJob: ...
+
+
+@overload
+def enqueue(
+    type: str,
+    payload: Any = None,
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: dt.datetime | None = None,
+    delay: float | dt.timedelta | None = None,
+    max_attempts: int | None = None,
+    idempotency_key: str | None = None,
+    concurrency_key: str | None = None,
+    using: str | None = None,
+    on_commit: bool,
+) -> EnqueuedJob | None: ...
+
+
+def enqueue(
+    type: str,
+    payload: Any = None,
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: dt.datetime | None = None,
+    delay: float | dt.timedelta | None = None,
+    max_attempts: int | None = None,
+    idempotency_key: str | None = None,
+    concurrency_key: str | None = None,
+    using: str | None = None,
+    on_commit: bool = False,
+) -> EnqueuedJob | None:
     """Add a job to a queue, in the caller's transaction.
 
     `payload` is any JSON value (lists and dicts nested at most 500 levels deep).
@@ -105,6 +148,11 @@ def enqueue(
     With a `concurrency_key`, at most the queue's key_limit (default 1) jobs with
     that key run at once (see queue control).
     Everything is validated before anything is written.
+
+    The job is written on its queue's database (PGQUEUE["QUEUE_DATABASES"], else
+    DATABASE; `using` wins). Inside a transaction on another database only, enqueue
+    refuses (EnqueueError), unless `on_commit` is True: then the job is enqueued once
+    that transaction commits (after the commit, not atomically) and None is returned.
     """
     conf = get_settings()
     options = _check_options(conf, type, queue, priority, run_at, delay, max_attempts)
@@ -125,7 +173,18 @@ def enqueue(
     }
     # Columns the installed features fill from the caller's context (the trace).
     params.update(extensions.enqueue_columns())
-    alias = using or conf.DATABASE
+    if not conf.QUEUE_DATABASES:  # one database: the caller's transaction, if any
+        return _write(using or conf.DATABASE, params, payload)
+    alias = using or conf.QUEUE_DATABASES.alias(queue_name, conf.DATABASE)
+    caller = routing.commit_to_wait_for(alias, queue_name, on_commit)
+    if caller is None:
+        return _write(alias, params, payload)
+    transaction.on_commit(partial(_write, alias, params, payload), using=caller)
+    return None
+
+
+def _write(alias: str, params: dict[str, Any], payload: Any) -> EnqueuedJob:
+    """Insert one validated job on `alias`; job_enqueued when its transaction commits."""
     job_id, created, created_at = store.insert_job(alias, params)
     listener = enqueue_listener.get()
     if listener is not None and created:
@@ -137,6 +196,7 @@ def enqueue(
     return EnqueuedJob(job_id, params["queue"], params["type"], created, created_at)
 
 
+@overload
 def enqueue_many(
     jobs: Iterable[JobSpec | tuple[str, Any]],
     *,
@@ -146,7 +206,35 @@ def enqueue_many(
     run_at: dt.datetime | None = None,
     delay: float | dt.timedelta | None = None,
     max_attempts: int | None = None,
-) -> list[EnqueuedJob]:
+    on_commit: Literal[False] = False,
+) -> list[EnqueuedJob]: ...
+
+
+@overload
+def enqueue_many(
+    jobs: Iterable[JobSpec | tuple[str, Any]],
+    *,
+    using: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: dt.datetime | None = None,
+    delay: float | dt.timedelta | None = None,
+    max_attempts: int | None = None,
+    on_commit: bool,
+) -> list[EnqueuedJob] | None: ...
+
+
+def enqueue_many(
+    jobs: Iterable[JobSpec | tuple[str, Any]],
+    *,
+    using: str | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: dt.datetime | None = None,
+    delay: float | dt.timedelta | None = None,
+    max_attempts: int | None = None,
+    on_commit: bool = False,
+) -> list[EnqueuedJob] | None:
     """Add many jobs in one statement, in the caller's transaction.
 
     Each item is a `JobSpec` or a ``(type, payload)`` pair; the keyword arguments are
@@ -155,6 +243,11 @@ def enqueue_many(
     Returns one `EnqueuedJob` per item, in order. Thousands of jobs go in one
     statement (very large calls are split into statements of BULK_CHUNK jobs, all
     in the caller's transaction).
+
+    Jobs go to their queues' databases as enqueue()'s do. Jobs on several databases
+    are written outside a transaction only, all-or-nothing per database (refused
+    inside one); `on_commit` defers the call to the commit of the caller's
+    transaction on another database (then None is returned).
     """
     conf = get_settings()
     batch = store.Batch()
@@ -205,14 +298,65 @@ def enqueue_many(
         payloads.append(payload)
     if not payloads:
         return []
-    alias = using or conf.DATABASE
-    texts = [
+    texts = _texts(conf, payloads)
+    columns = extensions.enqueue_columns()
+    if not conf.QUEUE_DATABASES:  # one database: the caller's transaction, if any
+        return _write_many(using or conf.DATABASE, batch, payloads, texts, columns)
+    aliases = [
+        using or conf.QUEUE_DATABASES.alias(options[1], conf.DATABASE) for options in batch.options
+    ]
+    named = list(dict.fromkeys(aliases[group] for group in batch.groups))
+    if len(named) == 1:
+        queue_name = batch.options[batch.groups[0]][1]
+        caller = routing.commit_to_wait_for(named[0], queue_name, on_commit)
+        write = partial(_write_many, named[0], batch, payloads, texts, columns)
+    else:
+        caller = routing.many_commit_to_wait_for(named, on_commit)
+        write = partial(_write_split, conf, named, aliases, batch, payloads, columns)
+    if caller is None:
+        return write()
+    transaction.on_commit(write, using=caller)
+    return None
+
+
+def _texts(conf: Any, payloads: list[Any]) -> list[str]:
+    """The payloads' JSON array text per BULK_CHUNK slice, validated (errors name the item)."""
+    return [
         validation.payloads(
             payloads[start : start + store.BULK_CHUNK], conf.MAX_PAYLOAD_BYTES, offset=start
         )
         for start in range(0, len(payloads), store.BULK_CHUNK)
     ]
-    columns = extensions.enqueue_columns()
+
+
+def _write_split(
+    conf: Any,
+    named: list[str],
+    aliases: list[str],
+    batch: store.Batch,
+    payloads: list[Any],
+    columns: dict[str, Any],
+) -> list[EnqueuedJob]:
+    """Write each alias's share of the jobs in a transaction of its own; results in order."""
+    results: list[EnqueuedJob | None] = [None] * len(payloads)
+    for alias in named:
+        jobs = [n for n, group in enumerate(batch.groups) if aliases[group] == alias]
+        share = [payloads[n] for n in jobs]
+        with transaction.atomic(using=alias):
+            written = _write_many(alias, batch.select(jobs), share, _texts(conf, share), columns)
+        for n, job in zip(jobs, written, strict=True):
+            results[n] = job
+    return [job for job in results if job is not None]
+
+
+def _write_many(
+    alias: str,
+    batch: store.Batch,
+    payloads: list[Any],
+    texts: list[str],
+    columns: dict[str, Any],
+) -> list[EnqueuedJob]:
+    """Insert validated jobs on `alias`; job_enqueued when its transaction commits."""
     results = store.insert_jobs(alias, batch, texts, columns.get("traceparent"))
     rows = [batch.options[group] for group in batch.groups]
     listener = enqueue_listener.get()

@@ -7,6 +7,7 @@ import secrets
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import validation, validators
 from .conf import get_settings
@@ -133,9 +134,32 @@ class WorkerConfig:
             shutdown_grace=float(grace),
             job_timeout=timeout,
             reconnect_max_delay=conf.RECONNECT_MAX_DELAY,
-            database=database or conf.DATABASE,
+            database=database or _database_of(conf, names),
             worker_id=ident,
             burst=burst,
             weights=weights,
             prepared_statements=conf.WORKER_PREPARED_STATEMENTS,
         )
+
+
+def _database_of(conf: Any, queues: tuple[str, ...]) -> str:
+    """The one alias all of `queues` live on (PGQUEUE["QUEUE_DATABASES"]).
+
+    A worker claims, heartbeats and completes on one database: queues on several
+    are refused at start rather than served from the wrong one.
+    """
+    if not conf.QUEUE_DATABASES:
+        return str(conf.DATABASE)
+    placed: dict[str, list[str]] = {}
+    for queue in queues:
+        placed.setdefault(conf.database_for(queue), []).append(queue)
+    if len(placed) == 1:
+        return next(iter(placed))
+    where = "; ".join(
+        f"{', '.join(repr(q) for q in names)} on {alias!r}" for alias, names in placed.items()
+    )
+    raise ConfigurationError(
+        f"The worker's queues live on several databases ({where}; see "
+        "PGQUEUE['QUEUE_DATABASES']): a worker serves one database. Run one worker per "
+        "database, each with that database's queues."
+    )

@@ -225,7 +225,10 @@ def sync_code_schedules(store: Store) -> list[str] | None:
         )
         return None
     synced = []
+    conf = get_settings()
     for spec, params in code.writes:
+        if conf.QUEUE_DATABASES and conf.database_for(params["queue"]) != store.alias:
+            continue  # its queue lives on another database: that database's workers sync it
         try:
             row = store.run("schedule_sync", params)
         except psycopg.Error as exc:

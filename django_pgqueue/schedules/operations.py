@@ -68,5 +68,5 @@ def run_now(schedule: Schedule, using: str | None = None) -> EnqueuedJob:
         priority=schedule.priority,
         max_attempts=schedule.max_attempts,
         idempotency_key=run_now_key(schedule.name),
-        using=using or get_settings().DATABASE,
+        using=using,  # else the schedule's queue's database
     )

@@ -86,6 +86,16 @@ class Batch:
             self.concurrency_keys.append(concurrency_key)
         self.groups.append(group)
 
+    def select(self, jobs: Sequence[int]) -> Batch:
+        """The jobs at positions `jobs` (in that order), as a batch of their own."""
+        part = Batch()
+        part.options = self.options  # groups keep their numbers; unused ones cost nothing
+        part.groups = [self.groups[n] for n in jobs]
+        if self.idempotency_keys is not None and self.concurrency_keys is not None:
+            part.idempotency_keys = [self.idempotency_keys[n] for n in jobs]
+            part.concurrency_keys = [self.concurrency_keys[n] for n in jobs]
+        return part
+
     def statement(self, start: int, stop: int) -> tuple[str, dict[str, Any]]:
         """The statement for jobs start..stop and its parameters, but the payloads.
 

@@ -44,7 +44,7 @@ from .api import (
     task_enqueued,
 )
 from .options import TaskOptions, parse_options
-from .results import TaskCall, as_enqueued, build_result
+from .results import TaskCall, as_enqueued, build_result, parse_result_id, result_id
 
 
 class PgQueueBackend(BaseTaskBackend):
@@ -142,11 +142,12 @@ class PgQueueBackend(BaseTaskBackend):
             # stored with the job: the worker never guesses it
             max_attempts=options.max_attempts or conf.MAX_ATTEMPTS,
             concurrency_key=options.key_for(task.func, task.takes_context, args, kwargs),
-            using=conf.DATABASE,
         )
+        # The queue's database (PGQUEUE["QUEUE_DATABASES"]): the result id names it.
+        database = conf.database_for(job.queue)
         result = TaskResult(
             task=task,
-            id=str(job.id),
+            id=result_id(job.id, database, conf.DATABASE),
             status=TaskResultStatus.READY,
             enqueued_at=job.created_at,
             started_at=None,
@@ -162,7 +163,7 @@ class PgQueueBackend(BaseTaskBackend):
         # commits (at once in autocommit); a rollback removes it and sends nothing.
         transaction.on_commit(
             partial(task_enqueued.send, sender=type(self), task_result=result),
-            using=conf.DATABASE,
+            using=database,
             robust=True,
         )
         return result
@@ -182,10 +183,11 @@ class PgQueueBackend(BaseTaskBackend):
         # cannot be imported then (AppRegistryNotReady).
         from ..models import Attempt, JobState
 
-        job_id = _job_id(result_id)
-        if job_id is None:
+        conf = get_settings()
+        found = parse_result_id(result_id, conf.DATABASE)
+        if found is None or found[1] not in conf.queue_databases:
             raise TaskResultDoesNotExist(result_id)
-        database = get_settings().DATABASE
+        job_id, database = found
         state = JobState.objects.using(database).select_related("job").filter(pk=job_id).first()
         if state is None:
             raise TaskResultDoesNotExist(result_id)
@@ -210,6 +212,8 @@ class PgQueueBackend(BaseTaskBackend):
                 run_after=call.run_after,
             ),
             job_id=job_id,
+            database=database,
+            default_database=conf.DATABASE,
             status=state.status,
             enqueued_at=job.created_at,
             finished_at=state.finished_at,
@@ -221,12 +225,3 @@ class PgQueueBackend(BaseTaskBackend):
     async def aget_result(self, result_id: str) -> TaskResult:
         """get_result() from async code."""
         return await sync_to_async(self.get_result, thread_sensitive=True)(result_id)
-
-
-def _job_id(result_id: Any) -> int | None:
-    if isinstance(result_id, int) and not isinstance(result_id, bool):
-        return result_id if 0 < result_id < 2**63 else None
-    if isinstance(result_id, str) and result_id.isascii() and result_id.isdigit():
-        value = int(result_id)
-        return value if 0 < value < 2**63 else None
-    return None

@@ -98,10 +98,34 @@ def error_class_path(error_class: str | None) -> str:
     return name
 
 
+def result_id(job_id: int, database: str, default: str) -> str:
+    """A result's id: the job's id, prefixed with its alias (``"queues2:42"``) when the
+    job lives on a database other than `default` (PGQUEUE["DATABASE"]), so that
+    get_result finds the job there (ids of different databases may be equal)."""
+    return str(job_id) if database == default else f"{database}:{job_id}"
+
+
+def parse_result_id(value: Any, default: str) -> tuple[int, str] | None:
+    """(job id, alias) of a result id result_id() made; None if it is not one."""
+    database = default
+    if isinstance(value, str) and ":" in value:
+        database, _, value = value.rpartition(":")
+        if not database:
+            return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, database) if 0 < value < 2**63 else None
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        number = int(value)
+        return (number, database) if 0 < number < 2**63 else None
+    return None
+
+
 def build_result(
     task: Task,
     *,
     job_id: int,
+    database: str,
+    default_database: str,
     status: str,
     enqueued_at: dt.datetime | None,
     finished_at: dt.datetime | None,
@@ -127,7 +151,7 @@ def build_result(
     task_status = STATUS_MAP[status]
     result = TaskResult(
         task=task,
-        id=str(job_id),
+        id=result_id(job_id, database, default_database),
         status=task_status,
         enqueued_at=enqueued_at,
         started_at=ran[0].started_at if ran else None,
@@ -150,6 +174,8 @@ def idempotency_key(context: TaskContext) -> str:
     """The idempotency key of the job running a task: stable across its attempts.
 
     The same key a `JobContext` gives handlers (``"pgqueue-<job id>"``); pass it to an
-    external service so that a retried task does not charge or send twice.
+    external service so that a retried task does not charge or send twice. A task on a
+    database other than DATABASE (QUEUE_DATABASES) has its result id's alias in it
+    (``"pgqueue-bulk:42"``): job ids of two databases may be equal.
     """
     return f"pgqueue-{context.task_result.id}"

@@ -218,6 +218,8 @@ class TaskRunner:
 
     def _running_result(self, ctx: JobContext, call: TaskCall, alias: str) -> TaskResult:
         """The TaskResult the task and the signals see while this attempt runs."""
+        conf = get_settings()
+        database = conf.database_for(ctx.queue)
         if ctx.lease_version == 1:
             # The job's first claim (every claim, sweep and retry adds one to the lease
             # version): this attempt is its whole history, no need to read it.
@@ -226,13 +228,13 @@ class TaskRunner:
             ]
         else:
             attempts = list(
-                Attempt.objects.using(get_settings().DATABASE)
-                .filter(job_id=ctx.job_id)
-                .order_by("lease_version")
+                Attempt.objects.using(database).filter(job_id=ctx.job_id).order_by("lease_version")
             )
         return build_result(
             self._variant(ctx, call, alias),
             job_id=ctx.job_id,
+            database=database,
+            default_database=conf.DATABASE,
             status="running",
             enqueued_at=ctx.created_at,
             finished_at=None,

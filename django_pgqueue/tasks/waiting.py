@@ -11,22 +11,25 @@ from __future__ import annotations
 from typing import Any
 
 from .. import waiting
+from ..conf import get_settings
 from ..exceptions import JobFailed
 from .api import TaskResult, task_backends
-from .backend import PgQueueBackend, _job_id
+from .backend import PgQueueBackend
+from .results import parse_result_id
 
 
-def _result_job(result: TaskResult) -> int:
+def _result_job(result: TaskResult) -> tuple[int, str]:
+    """(job id, alias) of `result`'s job."""
     backend = task_backends[result.backend]
     if not isinstance(backend, PgQueueBackend):
         raise TypeError(
             f"wait_result() waits for results of PgQueueBackend; the result's backend "
             f"{result.backend!r} is a {type(backend).__name__}"
         )
-    job_id = _job_id(result.id)
-    if job_id is None:
+    found = parse_result_id(result.id, get_settings().DATABASE)
+    if found is None:
         raise TypeError(f"wait_result() needs a result of this backend, got id {result.id!r}")
-    return job_id
+    return found
 
 
 def wait_result(result: TaskResult, timeout: float | None = None) -> Any:
@@ -36,9 +39,9 @@ def wait_result(result: TaskResult, timeout: float | None = None) -> Any:
     was), `JobDead` or `JobCancelled` (the result is refreshed first: its status is
     FAILED and its errors say why).
     """
-    job_id = _result_job(result)
+    job_id, database = _result_job(result)
     try:
-        waiting.wait(job_id, timeout)
+        waiting.wait(job_id, timeout, using=database)
     except JobFailed:
         result.refresh()
         raise
@@ -48,9 +51,9 @@ def wait_result(result: TaskResult, timeout: float | None = None) -> Any:
 
 async def await_result(result: TaskResult, timeout: float | None = None) -> Any:
     """`wait_result()` for async code: the same result and exceptions."""
-    job_id = _result_job(result)
+    job_id, database = _result_job(result)
     try:
-        await waiting.await_job(job_id, timeout)
+        await waiting.await_job(job_id, timeout, using=database)
     except JobFailed:
         await result.arefresh()
         raise

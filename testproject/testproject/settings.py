@@ -60,6 +60,10 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": database_from_url()}
+# A second database for the tests of queues on several databases (tests/multidb/, whose
+# conftest starts a throwaway server and sets this). Unset: one database, as usual.
+if os.environ.get("PGQUEUE_TEST_QUEUES2_URL"):
+    DATABASES["queues2"] = database_from_url(os.environ["PGQUEUE_TEST_QUEUES2_URL"])
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 USE_TZ = True

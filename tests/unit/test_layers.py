@@ -49,6 +49,7 @@ FLOORS = {
     "claimed": CORE,
     "extensions": CORE,
     "enqueue": CORE,
+    "routing": CORE,
     "actions": CORE,
     "maintenance": CORE,
     "upkeep": CORE,

@@ -1,0 +1,81 @@
+"""Which transaction a job written to another database may join: now, at a commit, or none.
+
+With PGQUEUE["QUEUE_DATABASES"], a queue's jobs live on its own alias. A job is part of
+the caller's transaction only when that transaction is on the queue's alias: a job
+enqueued inside ``transaction.atomic(using="other")`` alone would commit at once on its
+own database, whatever "other" does later. That is refused, unless the caller asks
+for the job to be enqueued when its transaction commits (after it, not atomically).
+Nothing here runs when QUEUE_DATABASES is empty: one database, today's semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.db import connections
+
+from .exceptions import EnqueueError
+
+
+def _open_elsewhere(aliases: Sequence[str]) -> list[str]:
+    """The aliases other than `aliases` whose connection is inside an atomic block."""
+    # Only connections this thread already made: one never opened holds no transaction.
+    return [
+        conn.alias
+        for conn in connections.all(initialized_only=True)
+        if conn.alias not in aliases and conn.in_atomic_block
+    ]
+
+
+def commit_to_wait_for(alias: str, queue: str, on_commit: bool) -> str | None:
+    """None to write `queue`'s job on `alias` now (in its transaction, if one is open);
+    else the alias of the caller's transaction whose commit the write waits for.
+
+    Raises EnqueueError when the caller's transaction is on another alias only and
+    `on_commit` is False, or when several other aliases hold one (which commit?).
+    """
+    if connections[alias].in_atomic_block:
+        return None  # transactional enqueue, as on one database
+    others = _open_elsewhere([alias])
+    if not others:
+        return None  # autocommit: the job is written (and committed) at once
+    if on_commit and len(others) == 1:
+        return others[0]
+    where = " and ".join(repr(other) for other in others)
+    if on_commit:
+        raise EnqueueError(
+            f"enqueue(on_commit=True) to the queue {queue!r} (database {alias!r}) was "
+            f"called inside transactions on {where}: it cannot tell which commit to wait "
+            f"for. Enqueue from inside transaction.atomic(using={alias!r}) instead."
+        )
+    raise EnqueueError(
+        f"The queue {queue!r} lives on the database {alias!r}, but enqueue was called "
+        f"inside a transaction on {where} only: the job would commit at once on "
+        f"{alias!r}, even if that transaction rolls back. Enqueue inside "
+        f"transaction.atomic(using={alias!r}) to make it transactional, or pass "
+        f"on_commit=True to enqueue it once the {others[0]!r} transaction commits "
+        "(after that commit, not atomically with it)."
+    )
+
+
+def many_commit_to_wait_for(aliases: Sequence[str], on_commit: bool) -> str | None:
+    """As commit_to_wait_for for an enqueue_many() call whose jobs span several aliases.
+
+    Outside any transaction each alias's jobs are written all-or-nothing on their own;
+    inside one, the call cannot be atomic: refused, unless `on_commit` defers it all
+    to the commit of the one open transaction.
+    """
+    open_ = [a for a in aliases if connections[a].in_atomic_block] + _open_elsewhere(aliases)
+    if not open_:
+        return None
+    if on_commit and len(open_) == 1:
+        return open_[0]
+    names = ", ".join(repr(alias) for alias in aliases)
+    where = " and ".join(repr(alias) for alias in open_)
+    raise EnqueueError(
+        f"enqueue_many() was given jobs of queues on several databases ({names}) inside "
+        f"a transaction on {where}: one transaction cannot cover them all. Call it once "
+        "per database (each inside that database's transaction.atomic), call it outside "
+        "a transaction (each database's jobs are then written all-or-nothing on their "
+        "own), or pass on_commit=True to write them all once that transaction commits."
+    )

