@@ -432,6 +432,10 @@ def waiting_part(waiting: int, pending: int, jobs: int, runs: int) -> dict[str, 
 # -- plans of the settle -----------------------------------------------------------------
 
 
+class Rollback(Exception):
+    """Raised to roll an explained completion back."""
+
+
 def auto_explained(run: Any) -> list[str]:
     """Run `run()` with auto_explain logging every statement's plan (nested ones too,
     ANALYZE, BUFFERS) to this client as notices; the plans."""
@@ -468,24 +472,33 @@ def auto_explained(run: Any) -> list[str]:
 
 def chord_completions(waiting: int) -> dict[str, Any]:
     """With `waiting` waiting steps in the tables, a chord of CHORD_SIZE members: the
-    plans of completing one member, then (the others completed) the last one."""
+    plans of completing one member, then (the others completed) the last one; and, to
+    compare, of completing one plain job."""
     from django.db import connection
 
+    from django_pgqueue import enqueue
     from django_pgqueue.sql import QUERIES
     from django_pgqueue.store.worker import complete_params
 
     truncate()
     if waiting:
         load_waiting(waiting)
+    enqueue("qa.noop", queue="explain_plain")
     enqueued = a_chord("explain").enqueue()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            QUERIES["job_claim"],
-            {"queue": "explain", "limit": CHORD_SIZE, "worker_id": "explain", "lease": 300.0},
-        )
-        claimed = cursor.fetchall()
-    if len(claimed) != CHORD_SIZE:
-        raise SystemExit(f"explain: claimed {len(claimed)} of the chord's {CHORD_SIZE} members")
+
+    def claim(queue: str, limit: int) -> list[tuple[Any, ...]]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                QUERIES["job_claim"],
+                {"queue": queue, "limit": limit, "worker_id": "explain", "lease": 300.0},
+            )
+            rows = cursor.fetchall()
+        if len(rows) != limit:
+            raise SystemExit(f"explain: claimed {len(rows)} of {limit} jobs of {queue}")
+        return rows
+
+    plain = claim("explain_plain", 1)
+    claimed = claim("explain", CHORD_SIZE)
 
     def complete(rows: list[tuple[Any, ...]]) -> None:
         with connection.cursor() as cursor:
@@ -496,8 +509,42 @@ def chord_completions(waiting: int) -> dict[str, Any]:
             if len(cursor.fetchall()) != len(rows):
                 raise SystemExit("explain: a completion was refused")
 
-    first = auto_explained(lambda: complete(claimed[:1]))
-    complete(claimed[1:-1])
+    def measured(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+        """EXPLAIN (ANALYZE, BUFFERS) of completing `rows`, rolled back, median of 5: the
+        statement's own figures (auto_explain's formatting of the nested plans, done
+        inside the statement, inflates the time it logs for the outer one)."""
+        from django.db import transaction
+
+        samples = []
+        for _ in range(5):
+            try:
+                with transaction.atomic(), connection.cursor() as cursor:
+                    cursor.execute(
+                        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["job_complete"],
+                        complete_params([(row[0], row[7], row[8], None) for row in rows]),
+                    )
+                    samples.append(cursor.fetchone()[0][0])
+                    raise Rollback
+            except Rollback:
+                pass
+        samples.sort(key=lambda e: e["Execution Time"])
+        typical = samples[len(samples) // 2]
+        plan = typical["Plan"]
+        return {
+            "ms": typical["Execution Time"],
+            "buffers": plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0),
+        }
+
+    # As on a worker's connection that has run a while: the settle's statements past
+    # their first (custom) plans, one member completing at a time.
+    for row in claimed[:WARM_UP]:
+        complete([row])
+    figures = {"plain": measured(plain)}
+    alone = auto_explained(lambda: complete(plain))
+    figures["one_member"] = measured(claimed[WARM_UP : WARM_UP + 1])
+    first = auto_explained(lambda: complete(claimed[WARM_UP : WARM_UP + 1]))
+    complete(claimed[WARM_UP + 1 : -1])
+    figures["last_member"] = measured(claimed[-1:])
     last = auto_explained(lambda: complete(claimed[-1:]))
     callback = max(enqueued.jobs.values())
     (status,) = sql("SELECT status FROM queue_job_state WHERE job_id = %s", [callback])[0]
@@ -505,7 +552,14 @@ def chord_completions(waiting: int) -> dict[str, Any]:
         raise SystemExit(f"explain: the callback is {status} after the last member completed")
     counts = dict(sql("SELECT status, count(*) FROM queue_job_state GROUP BY status"))
     truncate()
-    return {"waiting": waiting, "counts": counts, "one_member": first, "last_member": last}
+    return {
+        "waiting": waiting,
+        "counts": counts,
+        "plain": alone,
+        "one_member": first,
+        "last_member": last,
+        "figures": figures,
+    }
 
 
 DURATION = re.compile(r"duration: ([\d.]+) ms")
@@ -525,26 +579,39 @@ def plan_figures(plan: str) -> tuple[str, float, int]:
     return first_line[:60], float(DURATION.search(plan).group(1)), count
 
 
+WARM_UP = 8  # completions before the explained ones (PostgreSQL plans 5 times, then caches)
+EXPLAINED = (
+    ("plain", "a plain job (nothing waits for it)"),
+    ("one_member", "one member of a chord"),
+    ("last_member", "the last member of a chord"),
+)
+
+
 def explain_part(waiting: int, *, smoke: bool) -> None:
     sizes = [0, waiting]
     runs = {size: chord_completions(size) for size in sizes}
     lines = []
     for size in sizes:
         r = runs[size]
-        for key, label in (("one_member", "one member"), ("last_member", "the last member")):
+        for key, label in EXPLAINED:
             lines.append(
-                f"=== {size:,} waiting steps, completing {label} of a chord of "
-                f"{CHORD_SIZE}; table counts {r['counts']} ==="
+                f"=== {size:,} waiting steps, completing {label} (chords of {CHORD_SIZE}); "
+                f"table counts after: {r['counts']} ==="
             )
             lines += [plan.rstrip() + "\n" for plan in r[key]]
     rows = []
-    for key, label in (("one_member", "one member"), ("last_member", "the last member")):
-        figures = [[plan_figures(p) for p in runs[size][key]] for size in sizes]
-        for i, (what, _, _) in enumerate(figures[0]):
-            cells = [
-                f"{f[i][1]:.3f} ms / {f[i][2]} buffers" if i < len(f) else "-" for f in figures
-            ]
-            rows.append([label, f"`{what}`", *cells])
+    for key, label in EXPLAINED:
+        whole = [runs[size]["figures"][key] for size in sizes]
+        rows.append(
+            [label, "`job_complete`, the whole statement (rolled back, median of 5)"]
+            + [f"{f['ms']:.3f} ms / {f['buffers']} buffers" for f in whole]
+        )
+        # The statements inside pgqueue_settle, as auto_explain logged them (the outer
+        # statement, last, is left out: its logged time includes auto_explain's work).
+        nested = [[plan_figures(p) for p in runs[size][key][:-1]] for size in sizes]
+        for i, (what, _, _) in enumerate(nested[0]):
+            cells = [f"{f[i][1]:.3f} ms / {f[i][2]} buffers" if i < len(f) else "-" for f in nested]
+            rows.append([label, f"in pgqueue_settle: `{what}`", *cells])
     table = markdown_table(
         ["completing", "statement", *[f"{size:,} waiting" for size in sizes]], rows
     )
