@@ -6,8 +6,9 @@
   (Celery's semantics: each member of a group waits for every member of the one before:
   100 x 100 = 990,000 edges for 10,000 steps). Wall time of `enqueue()` (validation,
   the arrays, the statement), the time spent in the database's statements, and the
-  statements sent (round trips), counted on the connection; the target is one round
-  trip per level or better.
+  statements sent, counted on the connection (a workflow of 1,000 steps and edges or
+  more is sent in a transaction of its own, with JIT off: its BEGIN and COMMIT are not
+  counted); the target is one round trip per level or better.
 - drain: --jobs (20,000) jobs as chords of 49 members and a callback (400 chords)
   against the same number of plain jobs, drained by one `run_queue_worker` process with
   the same settings, alternating, timed on the database clock from the first claim to
