@@ -120,6 +120,8 @@ bench: install
 	$(BENCH)/scale.py
 	$(BENCH)/plans.py
 	$(BENCH)/peers.py
+	$(BENCH)/workflows.py
+	$(BENCH)/workflows.py --explain
 	$(BENCH)/report.py
 
 # Tiny sizes, one run each: CI runs this so the scripts never rot. Results go to
@@ -136,6 +138,8 @@ bench-smoke: install
 	$(BENCH)/plans.py --smoke
 	$(BENCH)/startup.py --smoke
 	$(BENCH)/peers.py --smoke
+	$(BENCH)/workflows.py --smoke
+	$(BENCH)/workflows.py --smoke --explain
 	$(BENCH)/report.py --smoke
 
 # The admin's pages on 1,000,000 jobs (its own database, dropped afterwards);

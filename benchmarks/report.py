@@ -1,7 +1,7 @@
 """Plots and the results section of benchmarks/README.md, from the scripts' JSON results.
 
 Reads benchmarks/results/*.json (claim_plan, race, retry_storm, scale, throughput,
-sustained, peers; whichever exist), draws the PNG plots into docs/images/ (headless, Agg
+sustained, workflows, peers; whichever exist), draws the PNG plots into docs/images/ (headless, Agg
 backend) and rewrites the part of benchmarks/README.md between the results markers: machine,
 PostgreSQL version and settings, commit, each script's tables and the targets table;
 and peers.py's section between the peers markers (each only from results that exist).
@@ -332,7 +332,52 @@ def targets(results: dict[str, dict[str, Any] | None]) -> list[list[str]]:
 
         for figure, target, measured, met in sustained.targets(results["sustained"]):
             add(f"sustained load, {figure}", target, measured, met == "met")
+    wf = results.get("workflows")
+    if wf:
+        workflow_targets(wf, add)
     return rows
+
+
+def workflow_targets(wf: dict[str, Any], add: Any) -> None:
+    """workflows.py's rows of the targets table."""
+    for e in wf.get("enqueue", []):
+        add(
+            f"enqueue of one workflow of {e['steps']:,} steps, {e['shape']}",
+            "one round trip per level or better",
+            f"{e['statements']} statement(s) for {e['levels']} levels, {e['edges']:,} edges, "
+            f"{e['wall_s']:.2f} s",
+            e["statements"] <= e["levels"],
+        )
+    for d in wf.get("drain", []):
+        add(
+            f"drain of {d['jobs']:,} jobs as {d['chords']} chords of 49 + callback / as plain "
+            f"jobs, 1 process, concurrency {d['concurrency']}, batch {d['batch_size']}",
+            "≥ 80%",
+            f"{d['chord_jobs_per_s']:,.0f} / {d['plain_jobs_per_s']:,.0f} jobs/s "
+            f"= {d['ratio']:.0%}",
+            d["ratio"] >= 0.8,
+        )
+    w = wf.get("waiting")
+    if w:
+        same_walk = all(
+            (w[k]["claim_scan"], w[k]["claim_index"]) == ("Index Scan", CLAIM_INDEX)
+            for k in ("with", "without")
+        )
+        add(
+            f"claim of 20 with {w['waiting']:,} waiting steps / without",
+            "unchanged within noise (≤ 1.2x, the same ordered walk)",
+            f"{w['with']['claim_ms']:.3f} / {w['without']['claim_ms']:.3f} ms = "
+            f"{w['claim_ratio']:.2f}x; buffers {w['with']['claim_buffers']} / "
+            f"{w['without']['claim_buffers']}",
+            w["claim_ratio"] <= 1.2 and same_walk,
+        )
+        add(
+            f"drain of {w['jobs']:,} plain jobs with {w['waiting']:,} waiting steps / without",
+            "unchanged within noise (≥ 80%)",
+            f"{w['with']['drain_jobs_per_s']:,.0f} / {w['without']['drain_jobs_per_s']:,.0f} "
+            f"jobs/s = {w['drain_ratio']:.0%}",
+            w["drain_ratio"] >= 0.8,
+        )
 
 
 # -- README ------------------------------------------------------------------------------
@@ -403,6 +448,7 @@ def render(results: dict[str, dict[str, Any] | None], images: str) -> str:
     import race
     import retry_storm
     import scale
+    import workflows
 
     parts = ["## Latest results", ""]
     parts += [
@@ -517,6 +563,19 @@ def render(results: dict[str, dict[str, Any] | None], images: str) -> str:
             f"![sustained load]({images}/sustained.png)",
             "",
         ]
+    if results.get("workflows"):
+        parts += [
+            "### workflows.py",
+            "",
+            "Enqueue: one workflow, autocommit, median of "
+            f"{results['workflows']['runs']}; statements counted on the connection. Drains: one "
+            "`run_queue_worker` process, plain and chord drains alternating, timed on the "
+            "database clock, checked exactly-once (and each callback after its chord). Waiting "
+            "rows: chains of 100 waiting steps behind a running job, in the claimed queues; "
+            "the claim is EXPLAIN ANALYZE rolled back, as in claim_plan.py.",
+            "",
+            *[t + "\n" for t in workflows.tables(results["workflows"])],
+        ]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -525,7 +584,7 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true", help="read and write results/smoke/")
     args = p.parse_args()
     folder = RESULTS / "smoke" if args.smoke else RESULTS
-    names = ("claim_plan", "retry_storm", "race", "scale", "throughput", "sustained")
+    names = ("claim_plan", "retry_storm", "race", "scale", "throughput", "sustained", "workflows")
     results = {name: load(folder, name) for name in names}
     images = folder / "images" if args.smoke else ROOT / "docs" / "images"
     if results["claim_plan"] or results["scale"]:

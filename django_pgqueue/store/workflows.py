@@ -12,9 +12,15 @@ import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from django.db import transaction
+
 from ..sql import QUERIES
 from .arrays import int_array, text_array, text_element
 from .cursors import django_cursor, fetch_all
+
+# Steps and edges from which a workflow's statement is sent with JIT off: below, the
+# planner's estimate stays under jit_above_cost and nothing is compiled.
+NO_JIT_ROWS = 1_000
 
 
 class StepRow(NamedTuple):
@@ -68,9 +74,19 @@ def insert_workflow(
         "payloads": payloads,
         "traceparent": traceparent,
     }
-    with django_cursor(alias) as cursor:
-        cursor.execute(QUERIES["workflow_enqueue"], params)
-        workflow_id, job_ids = cursor.fetchone()
+    if len(steps) + len(edges) < NO_JIT_ROWS:
+        with django_cursor(alias) as cursor:
+            cursor.execute(QUERIES["workflow_enqueue"], params)
+            workflow_id, job_ids = cursor.fetchone()
+    else:
+        # JIT off for this statement only: set for a (sub)transaction of its own, put
+        # back after it; an error rolls the setting back with the statement.
+        with transaction.atomic(using=alias), django_cursor(alias) as cursor:
+            cursor.execute(QUERIES["workflow_no_jit"])
+            jit = cursor.fetchone()[0]
+            cursor.execute(QUERIES["workflow_enqueue"], params)
+            workflow_id, job_ids = cursor.fetchone()
+            cursor.execute(QUERIES["workflow_jit_back"], {"jit": jit})
     return int(workflow_id), [int(job_id) for job_id in job_ids]
 
 

@@ -7,6 +7,7 @@ queue's tables, so executions can be counted independently of what the queue say
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 import struct
@@ -447,7 +448,13 @@ def batch_flaky(ctx: JobContext) -> str:
 # -- the sustained-load benchmark (benchmarks/sustained.py): 1 ms jobs that report when
 # they started ---------------------------------------------------------------------------
 
-_STARTS = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+
+@functools.cache
+def _starts() -> socket.socket:
+    """The datagram socket the handler reports on, made at its first report: a module
+    that opens a socket on import gives one to every process that loads the handlers
+    (a --processes supervisor holds none)."""
+    return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 
 
 @django_pgqueue.handler("bench.sustained")
@@ -461,4 +468,4 @@ def sustained(ctx: JobContext) -> None:
     payload = ctx.payload or {}
     time.sleep(0.001)
     if "port" in payload:
-        _STARTS.sendto(struct.pack("!dd", payload["t"], started), ("127.0.0.1", payload["port"]))
+        _starts().sendto(struct.pack("!dd", payload["t"], started), ("127.0.0.1", payload["port"]))

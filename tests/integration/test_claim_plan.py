@@ -121,12 +121,16 @@ def test_claim_on_50k_pending_jobs_walks_the_claim_index_without_sorting(generic
     assert "Bitmap Heap Scan" not in {node["Node Type"] for node in nodes(plan)}
 
 
+@pytest.mark.parametrize("after", [False, True], ids=["job_claim", "job_claim_after"])
 @pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
-def test_waiting_jobs_cost_the_claim_nothing(generic):
-    """200,000 waiting jobs beside 3,000 pending: the claim walks the claim index, which
+def test_waiting_jobs_cost_the_claim_nothing(generic, after):
+    """200,000 waiting jobs beside 3,000 pending, interleaved with them in claim order:
+    the claim (and the resumed claim the worker sends most) walks the claim index, which
     holds no waiting row, and reads only the rows it takes."""
     load_jobs(pending=3_000, waiting=200_000)
-    plan = claim_plan(generic=generic, analyze=True)
+    # The resumed walk from the start of priority 0 (the waiting rows have every priority).
+    keys = {"after_priority": 0, "after_run_at": "2000-01-01", "after_job_id": 0} if after else {}
+    plan = claim_plan(generic=generic, analyze=True, **keys)
     scan = candidate_scan(plan)
     assert (scan["Node Type"], scan["Index Name"]) == ("Index Scan", "queue_job_state_claim_idx")
     assert "Sort" not in {node["Node Type"] for node in nodes(plan)}

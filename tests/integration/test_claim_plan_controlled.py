@@ -44,9 +44,14 @@ def walk_scan(plan: dict) -> dict:
     raise AssertionError("no walk CTE in the plan")
 
 
-@pytest.mark.parametrize("finished", [0, 40_000])
-def test_controlled_claim_walks_the_claim_index_without_sorting(finished):
-    load_jobs(pending=50_000, finished=finished)
+@pytest.mark.parametrize(
+    ("finished", "waiting"),
+    [(0, 0), (40_000, 0), (0, 200_000)],
+    ids=["pending", "finished", "waiting"],
+)
+def test_controlled_claim_walks_the_claim_index_without_sorting(finished, waiting):
+    """Also with 200,000 waiting workflow steps in the table (in no claim index)."""
+    load_jobs(pending=50_000, finished=finished, waiting=waiting)
     plan = controlled_plan()
     scan = walk_scan(plan)
     assert (scan["Node Type"], scan["Index Name"]) == ("Index Scan", "queue_job_state_claim_idx")

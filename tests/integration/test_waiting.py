@@ -302,9 +302,9 @@ def test_an_await_cancelled_at_any_moment_leaves_no_waiter_row():
     job = enqueue("qa.noop", {}, queue="mail", delay=3600)
 
     async def main() -> int:
-        for step in range(120):
+        for moment in range(120):
             waiting_task = asyncio.ensure_future(await_job(job))
-            await asyncio.sleep(step * 0.0002)
+            await asyncio.sleep(moment * 0.0002)
             waiting_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await waiting_task

@@ -128,6 +128,36 @@ def test_a_plain_completion_never_calls_the_settle_function(stores):
     assert status(run.jobs["child"]) == "pending"
 
 
+def test_the_settle_plans_its_statements_once_per_connection(stores):
+    """A member completed alone settles with the generic plans of pgqueue_settle's
+    statements (the function's parameters, not each call's values): PostgreSQL would
+    otherwise re-plan them at every such call, which cost more than running them."""
+    run = chord(group(*(s(i) for i in range(12))), s("cb")).enqueue()
+    rows = stores().claim(Q, 12, "w", 30)
+    plans: list[str] = []
+    with psycopg.connect(database_url(), autocommit=True) as conn:
+        for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_level = notice"):
+            conn.execute("LOAD 'auto_explain'")
+            conn.execute(f"SET auto_explain.{setting}")
+        conn.add_notice_handler(lambda diag: plans.append(diag.message_primary or ""))
+        for row in rows:  # past the five custom plans PostgreSQL tries first
+            conn.execute(
+                QUERIES["job_complete"],
+                complete_params([(row.job_id, row.lease_version, row.attempt_id, None)]),
+            )
+    probes = [
+        line.strip()
+        for plan in plans
+        for line in plan.splitlines()
+        if "Index Cond: (depends_on = ANY" in line
+    ]
+    # Two statements probe the edges at each of the 12 calls.
+    assert len(probes) == 24, plans
+    literal = [probe for probe in probes if "$" not in probe]
+    assert literal == [], literal
+    assert status(list(run.jobs.values())[-1]) == "pending"
+
+
 @pytest.mark.parametrize("failures", [0, 7])
 def test_a_fan_in_completed_from_eight_threads_counts_each_member_once(stores, failures):
     """200 members ended by 8 workers at once (completions in batches, some deaths):
