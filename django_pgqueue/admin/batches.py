@@ -11,7 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import Count, OuterRef, Q, QuerySet, StringAgg, Subquery, TextField, Value
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, TextField, Value
+
+try:  # Django 6.0+: the general aggregate, its delimiter an expression
+    from django.db.models import StringAgg
+
+    COMMA: Any = Value(",")
+except ImportError:  # Django 5.2: PostgreSQL's, its delimiter a string
+    from django.contrib.postgres.aggregates import StringAgg
+
+    COMMA = ","
 from django.db.models.functions import Cast, Concat
 from django.http import HttpRequest
 from django.urls import reverse
@@ -63,7 +72,7 @@ class BatchAdmin(admin.ModelAdmin):
                         "job__state__status",
                         output_field=TextField(),
                     ),
-                    Value(","),
+                    COMMA,
                     order_by="job_id",
                 )
             )
