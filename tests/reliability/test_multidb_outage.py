@@ -21,12 +21,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.reliability.conftest import FULL, ledger_counts, outcome, size
+from tests.reliability.conftest import FULL, ledger_counts, size
 from tests.reliability.pgserver import MANAGE, PgServer, running_server
 from tests.reliability.test_database_faults import WORKER_ARGS
 
@@ -136,7 +136,7 @@ def unfinished(server: PgServer, queue: str) -> int:
     )
 
 
-def wait(predicate, what: str, timeout: float = 120.0) -> None:  # noqa: ANN001
+def wait(predicate: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -245,7 +245,8 @@ def test_second_database_outage(mode, servers, procs, report):
     assert sent["failed"]["a"] == 0, "enqueues to a failed while only b's server was down"
     assert sent["failed"]["b"] > 0, "no enqueue to b failed: was its server down at all?"
     assert b_during == 0, "b completed jobs while its server was down"
-    assert b_after > 0 and back is not None, "b completed nothing after its server came back"
+    assert b_after > 0, "b completed nothing after its server came back"
+    assert back is not None
     assert a_during > 0, "a's worker completed nothing while b's server was down"
     ratio = a_during / a_before if a_before else 0.0
     if FULL:
