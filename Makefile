@@ -120,6 +120,7 @@ bench: install
 	$(BENCH)/scale.py
 	$(BENCH)/plans.py
 	$(BENCH)/peers.py
+	$(BENCH)/multidb.py
 	$(BENCH)/report.py
 
 # Tiny sizes, one run each: CI runs this so the scripts never rot. Results go to
@@ -136,6 +137,7 @@ bench-smoke: install
 	$(BENCH)/plans.py --smoke
 	$(BENCH)/startup.py --smoke
 	$(BENCH)/peers.py --smoke
+	$(BENCH)/multidb.py --smoke
 	$(BENCH)/report.py --smoke
 
 # The admin's pages on 1,000,000 jobs (its own database, dropped afterwards);
