@@ -34,9 +34,9 @@ ROUTES = {"b.*": "queues2"}
 # The steady rate must sit well under one worker's capacity, so that a's throughput
 # measures the worker, not a backlog: the FULL bound below is on a ratio of two windows.
 RATE = size(40, 100)  # jobs per second per queue
-BEFORE = size(3, 10)  # seconds of load before the stop
+BEFORE = size(2, 10)  # seconds of load before the stop
 DOWN = size(3, 10)  # seconds server 2 stays down
-AFTER = size(3, 10)  # seconds of load after the start
+AFTER = size(2, 10)  # seconds of load after the start
 # FULL only: a's completions per second while server 2 is down, against the same span
 # just before the stop. The two workers are separate processes; what they share is the
 # producer (whose enqueues to b fail fast while b is down) and the machine.
