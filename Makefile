@@ -122,6 +122,7 @@ bench: install
 	$(BENCH)/peers.py
 	$(BENCH)/workflows.py
 	$(BENCH)/workflows.py --explain
+	$(BENCH)/multidb.py
 	$(BENCH)/report.py
 
 # Tiny sizes, one run each: CI runs this so the scripts never rot. Results go to
@@ -140,6 +141,7 @@ bench-smoke: install
 	$(BENCH)/peers.py --smoke
 	$(BENCH)/workflows.py --smoke
 	$(BENCH)/workflows.py --smoke --explain
+	$(BENCH)/multidb.py --smoke
 	$(BENCH)/report.py --smoke
 
 # The admin's pages on 1,000,000 jobs (its own database, dropped afterwards);

@@ -145,6 +145,7 @@ def load_jobs(
     first: int = 1,
     analyze: bool = True,
     spread: bool = True,
+    using: str = "default",
 ) -> None:
     """Insert `total` jobs fast: the newest `pending` are due, the older ones completed.
 
@@ -157,9 +158,12 @@ def load_jobs(
     construction, and checking them doubles the load time of 10M rows. `first` numbers
     the first row, so a later call can add older or newer rows. With `spread` False,
     every job has priority 0 and run_at grows with the id, like jobs enqueued one after
-    another: the claim order is then the insertion order.
+    another: the claim order is then the insertion order. `using` is the Django alias
+    of the database to load.
     """
-    from django.db import connection
+    from django.db import connections
+
+    connection = connections[using]
 
     finished_below = first + total - pending
     with connection.cursor() as cursor:

@@ -576,6 +576,22 @@ def render(results: dict[str, dict[str, Any] | None], images: str) -> str:
             "",
             *[t + "\n" for t in workflows.tables(results["workflows"])],
         ]
+    if results.get("multidb"):
+        import multidb
+
+        md = results["multidb"]
+        load = ", ".join(f"{x:.2f}" for x in md["load"])
+        parts += [
+            "### multidb.py",
+            "",
+            f"Two queues of {md['jobs_per_queue']:,} no-op jobs, one `run_queue_worker --burst` "
+            f"process per queue (concurrency and batch {md['concurrency']}), on one server "
+            f"and on two ({md['second_server']} for the second); median of {md['runs']} "
+            f"alternating pairs; load average at the start {load}.",
+            "",
+            multidb.table(md),
+            "",
+        ]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -584,7 +600,16 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true", help="read and write results/smoke/")
     args = p.parse_args()
     folder = RESULTS / "smoke" if args.smoke else RESULTS
-    names = ("claim_plan", "retry_storm", "race", "scale", "throughput", "sustained", "workflows")
+    names = (
+        "claim_plan",
+        "retry_storm",
+        "race",
+        "scale",
+        "throughput",
+        "sustained",
+        "workflows",
+        "multidb",
+    )
     results = {name: load(folder, name) for name in names}
     images = folder / "images" if args.smoke else ROOT / "docs" / "images"
     if results["claim_plan"] or results["scale"]:

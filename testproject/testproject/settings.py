@@ -3,6 +3,7 @@
 The database comes from DATABASE_URL, or the local server on 127.0.0.1:5432.
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -98,6 +99,10 @@ DEPLOY_SCHEDULES = {
 }
 if os.environ.get("PGQUEUE_TEST_SCHEDULES"):
     PGQUEUE["SCHEDULES"] = DEPLOY_SCHEDULES[os.environ["PGQUEUE_TEST_SCHEDULES"]]
+# Queues routed to other aliases, as JSON ({"b.*": "queues2"}), for worker and producer
+# subprocesses of the scenarios on several servers (tests/reliability/test_multidb_outage.py).
+if os.environ.get("PGQUEUE_TEST_QUEUE_DATABASES"):
+    PGQUEUE["QUEUE_DATABASES"] = json.loads(os.environ["PGQUEUE_TEST_QUEUE_DATABASES"])
 
 # django.tasks through the queue: @task functions are jobs of the same tables, run by
 # the same run_queue_worker command. A task's queue_name must be one of QUEUES.
