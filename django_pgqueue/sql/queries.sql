@@ -869,17 +869,17 @@ WHERE status = ANY(%(statuses)s::text[])
   AND NOT EXISTS (
       SELECT FROM queue_workflow_steps AS step
       WHERE step.job_id = queue_job_state.job_id
-        AND (EXISTS (SELECT FROM queue_workflow_steps AS other
+        AND ((SELECT true FROM queue_workflow_steps AS other
                      JOIN queue_job_state AS live ON live.job_id = other.job_id
                      WHERE other.workflow_id = step.workflow_id
-                       AND live.status IN ('waiting', 'pending', 'running'))
+                       AND live.status IN ('waiting', 'pending', 'running') LIMIT 1)
              -- A batch's callback (a step of the batch's workflow) stays while a
              -- member runs too (on_success is cancelled early, by a member's death).
-             OR EXISTS (SELECT FROM queue_batches AS batch
+             OR (SELECT true FROM queue_batches AS batch
                         JOIN queue_batch_jobs AS member ON member.batch_id = batch.id
                         JOIN queue_job_state AS live ON live.job_id = member.job_id
                         WHERE batch.workflow_id = step.workflow_id
-                          AND live.status IN ('waiting', 'pending', 'running')))
+                          AND live.status IN ('waiting', 'pending', 'running') LIMIT 1))
   )
   -- A batch's member stays until the batch settled (every member and callback
   -- finished): batch_status counts its members. A plain job has no member row (one
@@ -888,14 +888,14 @@ WHERE status = ANY(%(statuses)s::text[])
       SELECT FROM queue_batch_jobs AS member
       JOIN queue_batches AS batch ON batch.id = member.batch_id
       WHERE member.job_id = queue_job_state.job_id
-        AND (EXISTS (SELECT FROM queue_batch_jobs AS other
+        AND ((SELECT true FROM queue_batch_jobs AS other
                      JOIN queue_job_state AS live ON live.job_id = other.job_id
                      WHERE other.batch_id = member.batch_id
-                       AND live.status IN ('waiting', 'pending', 'running'))
-             OR EXISTS (SELECT FROM queue_workflow_steps AS callback
+                       AND live.status IN ('waiting', 'pending', 'running') LIMIT 1)
+             OR (SELECT true FROM queue_workflow_steps AS callback
                         JOIN queue_job_state AS live ON live.job_id = callback.job_id
                         WHERE callback.workflow_id = batch.workflow_id
-                          AND live.status IN ('waiting', 'pending', 'running')))
+                          AND live.status IN ('waiting', 'pending', 'running') LIMIT 1))
   )
 GROUP BY status;
 
@@ -971,20 +971,22 @@ WITH doomed AS MATERIALIZED (
       AND finished_at < %(cutoff)s::timestamptz
       -- A step of a workflow that has not finished stays: its results and edges are
       -- what the steps still to run read. A plain job has no step row (one probe).
+      -- The "SELECT true ... LIMIT 1" tests are per-row probes that stop at the first
+      -- unfinished job: as EXISTS the planner may hash every unfinished job instead.
       AND NOT EXISTS (
           SELECT FROM queue_workflow_steps AS step
           WHERE step.job_id = queue_job_state.job_id
-            AND (EXISTS (SELECT FROM queue_workflow_steps AS other
+            AND ((SELECT true FROM queue_workflow_steps AS other
                          JOIN queue_job_state AS live ON live.job_id = other.job_id
                          WHERE other.workflow_id = step.workflow_id
-                           AND live.status IN ('waiting', 'pending', 'running'))
+                           AND live.status IN ('waiting', 'pending', 'running') LIMIT 1)
                  -- A batch's callback (a step of the batch's workflow) stays while a
                  -- member runs too (on_success is cancelled early, by a member's death).
-                 OR EXISTS (SELECT FROM queue_batches AS batch
+                 OR (SELECT true FROM queue_batches AS batch
                             JOIN queue_batch_jobs AS member ON member.batch_id = batch.id
                             JOIN queue_job_state AS live ON live.job_id = member.job_id
                             WHERE batch.workflow_id = step.workflow_id
-                              AND live.status IN ('waiting', 'pending', 'running')))
+                              AND live.status IN ('waiting', 'pending', 'running') LIMIT 1))
       )
       -- A batch's member stays until the batch settled (every member and callback
       -- finished): batch_status counts its members. A plain job has no member row (one
@@ -993,14 +995,14 @@ WITH doomed AS MATERIALIZED (
           SELECT FROM queue_batch_jobs AS member
           JOIN queue_batches AS batch ON batch.id = member.batch_id
           WHERE member.job_id = queue_job_state.job_id
-            AND (EXISTS (SELECT FROM queue_batch_jobs AS other
+            AND ((SELECT true FROM queue_batch_jobs AS other
                          JOIN queue_job_state AS live ON live.job_id = other.job_id
                          WHERE other.batch_id = member.batch_id
-                           AND live.status IN ('waiting', 'pending', 'running'))
-                 OR EXISTS (SELECT FROM queue_workflow_steps AS callback
+                           AND live.status IN ('waiting', 'pending', 'running') LIMIT 1)
+                 OR (SELECT true FROM queue_workflow_steps AS callback
                             JOIN queue_job_state AS live ON live.job_id = callback.job_id
                             WHERE callback.workflow_id = batch.workflow_id
-                              AND live.status IN ('waiting', 'pending', 'running')))
+                              AND live.status IN ('waiting', 'pending', 'running') LIMIT 1))
       )
     ORDER BY job_id
     LIMIT %(limit)s::integer
