@@ -36,10 +36,16 @@ def test_the_list_shows_each_batch_with_its_counts_state_and_callbacks(client):
     response = client.get(LIST)
     assert response.status_code == 200
     page = text(response)
-    # name, size, completed, dead, cancelled, unfinished, state, callbacks
-    assert re.search(r"nightly import .* 3 0 0 0 3 running on_finish waiting", page)
+    # name, state, progress, members, callbacks (after their workflow)
     assert re.search(
-        r"one cancelled .* 1 0 0 1 0 discarded on_success cancelled on_discard pending", page
+        rf"nightly import #{running.id} running 0 / 3 3 unfinished workflow #\d+ : "
+        r"on_finish waiting",
+        page,
+    )
+    assert re.search(
+        rf"one cancelled #{discarded.id} discarded 1 / 1 1 cancelled workflow #\d+ : "
+        r"on_success cancelled on_discard pending",
+        page,
     )
     html = response.content.decode()
     for job_id in (*running.callbacks.values(), *discarded.callbacks.values()):
