@@ -9,8 +9,10 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import transaction
 
 from django_pgqueue import (
@@ -492,3 +494,15 @@ def test_a_young_batch_row_outlives_its_pruned_members_until_the_cutoff():
     assert result.jobs == {"completed": 1}
     assert result.batches_deleted == 0
     assert Batch.objects.filter(pk=run.id).exists()
+
+
+def test_the_prune_command_says_how_many_batch_rows_it_deleted():
+    with batch() as run:
+        enqueue("qa.noop", queue=Q)
+    _finish(run.jobs)
+    _age_batches()
+    out = StringIO()
+    call_command("prune_queue_jobs", "--older-than", "7d", stdout=out)
+    assert "Deleted 1 batch (batch() rows) whose members and callbacks were all gone." in (
+        out.getvalue()
+    )

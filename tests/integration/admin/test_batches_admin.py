@@ -67,3 +67,20 @@ def test_a_page_of_batches_costs_a_fixed_number_of_queries(client, django_assert
     with django_assert_max_num_queries(8):
         assert client.get(LIST).status_code == 200
     assert sql("SELECT count(*) FROM queue_batches")[0][0] == 5
+
+
+def test_a_batchs_callbacks_link_to_their_workflow_which_links_back(client):
+    with batch(name="linked", on_finish=step("qa.noop", queue=Q)) as run:
+        enqueue("qa.noop", queue=Q)
+    with batch(name="another one"):
+        enqueue("qa.noop", queue=Q)
+    workflow_id = sql("SELECT workflow_id FROM queue_batches WHERE id = %s", [run.id])[0][0]
+    client.force_login(make_user("viewer", "view_job"))
+    workflow_url = reverse("admin:django_pgqueue_workflow_change", args=[workflow_id])
+    assert workflow_url in client.get(LIST).content.decode()
+    page = client.get(workflow_url).content.decode()
+    assert f'href="{LIST}?id={run.id}"' in page
+    assert f"batch linked #{run.id}" in page
+    listed = text(client.get(f"{LIST}?id={run.id}"))
+    assert "1 batch" in listed  # the link filters the list to the batch
+    assert "another one" not in listed
