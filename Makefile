@@ -151,7 +151,8 @@ bench-admin: install
 
 # Refresh docs/images/admin-*.png from the admin's browser test (needs chromium).
 screenshots: install
-	PGQUEUE_SCREENSHOTS=1 $(PYTEST) tests/browser/test_admin.py tests/browser/test_workflows.py
+	PGQUEUE_SCREENSHOTS=1 $(PYTEST) tests/browser/test_admin.py tests/browser/test_workflows.py \
+		tests/browser/test_batches.py
 
 # The fast suite on Django 5.2 LTS with Python 3.11 and the django-tasks backport.
 $(STAMP52): pyproject.toml

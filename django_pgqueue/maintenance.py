@@ -33,6 +33,8 @@ class PruneResult:
     batches: list[int] = field(default_factory=list)
     # Workflows deleted once their last step was pruned (not counted on a dry run).
     workflows: int = 0
+    # Batch rows deleted once their members and callbacks were pruned (idem).
+    batches_deleted: int = 0
 
     @property
     def total(self) -> int:
@@ -88,6 +90,13 @@ def prune(
     while True:
         deleted, after_id = store.prune_workflow_batch(alias, cutoff, batch_size, after_id)
         result.workflows += deleted
+        if deleted < batch_size:
+            break
+    # After the workflows: a batch's callbacks' workflow is gone by now.
+    after_id = 0
+    while True:
+        deleted, after_id = store.prune_batch_rows(alias, cutoff, batch_size, after_id)
+        result.batches_deleted += deleted
         if deleted < batch_size:
             return result
 

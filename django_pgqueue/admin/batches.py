@@ -22,14 +22,17 @@ except ImportError:  # Django 5.2: PostgreSQL's, its delimiter a string
 
     COMMA = ","
 from django.db.models.functions import Cast, Concat
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
-from django.utils.html import format_html_join
+from django.utils.html import format_html, format_html_join
 
-from ..models import Batch, WorkflowStep
+from ..models import Batch, Job, WorkflowStep
+from .attempts import can
 from .columns import badge, when_short
 
 UNFINISHED = ("waiting", "pending", "running")
+# A batch's state as the Workflows pages colour a workflow's (workflows.css).
+STATE_COLOURS = {"running": "running", "succeeded": "finished", "discarded": "failed"}
 
 
 def batch_state(unfinished: int, dead: int, cancelled: int) -> str:
@@ -39,14 +42,30 @@ def batch_state(unfinished: int, dead: int, cancelled: int) -> str:
     return "discarded" if dead or cancelled else "succeeded"
 
 
+def member_counts(obj: Any) -> list[tuple[str, int]]:
+    """A batch row's members by status, the finished first (those that it has)."""
+    counts = (("completed", obj.n_completed), ("dead", obj.n_dead),
+              ("cancelled", obj.n_cancelled), ("unfinished", obj.n_unfinished))  # fmt: skip
+    return [(status, int(count)) for status, count in counts if count]
+
+
 @admin.register(Batch)
 class BatchAdmin(admin.ModelAdmin):
-    list_display = ("name", "created", "size", "completed", "dead", "cancelled",
-                    "unfinished", "state", "callbacks")  # fmt: skip
+    list_display = ("batch", "state", "progress", "members", "callbacks", "created")
     list_display_links = None
     search_fields = ("name",)
     ordering = ("-id",)
     show_full_result_count = False
+
+    class Media:
+        css = {"all": ("django_pgqueue/admin.css", "django_pgqueue/workflows.css")}
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        return super().changelist_view(request, {"title": "Batches", **(extra_context or {})})
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Whoever may view jobs may view the batches they joined (as the Workflows pages).
+        return super().has_view_permission(request, obj) or can(request, Job, "view")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -90,38 +109,67 @@ class BatchAdmin(admin.ModelAdmin):
             )
         )
 
+    @admin.display(description="batch", ordering="name")
+    def batch(self, obj: Any) -> str:
+        return format_html('<strong>{}</strong> <span class="pgqueue-quiet">#{}</span>',
+                           obj.name, obj.pk)  # fmt: skip
+
     @admin.display(description="created", ordering="created_at")
     def created(self, obj: Any) -> str:
         return when_short(obj.created_at)
 
-    @admin.display(description="completed")
-    def completed(self, obj: Any) -> int:
-        return int(obj.n_completed)
+    @admin.display(description="progress")
+    def progress(self, obj: Any) -> str:
+        """The members as the Workflows pages draw steps: a bar of the finished ones."""
+        finished = obj.n_completed + obj.n_dead + obj.n_cancelled
+        total = max(obj.size, 1)
+        bar = format_html_join(
+            "",
+            '<span class="pgqueue-bar-{}" style="width: {}%" title="{} {}"></span>',
+            (
+                (status, round(100 * count / total, 2), count, status)
+                for status, count in member_counts(obj)
+                if status != "unfinished"
+            ),
+        )
+        return format_html(
+            '<span class="pgqueue-bar" role="img" aria-label="{} of {} members finished">{}'
+            '</span> <span class="pgqueue-progress-text">{} / {}</span>',
+            finished, obj.size, bar, finished, obj.size,
+        )  # fmt: skip
 
-    @admin.display(description="dead")
-    def dead(self, obj: Any) -> int:
-        return int(obj.n_dead)
-
-    @admin.display(description="cancelled")
-    def cancelled(self, obj: Any) -> int:
-        return int(obj.n_cancelled)
-
-    @admin.display(description="unfinished")
-    def unfinished(self, obj: Any) -> int:
-        return int(obj.n_unfinished)
+    @admin.display(description="members")
+    def members(self, obj: Any) -> str:
+        counts = member_counts(obj)
+        if not counts:
+            return "none"
+        return format_html_join(
+            " · ",
+            '<span class="pgqueue-count-{}">{} {}</span>',
+            ((status, count, status) for status, count in counts),
+        )
 
     @admin.display(description="state")
     def state(self, obj: Any) -> str:
-        return badge(batch_state(obj.n_unfinished, obj.n_dead, obj.n_cancelled))
+        state = batch_state(obj.n_unfinished, obj.n_dead, obj.n_cancelled)
+        return format_html(
+            '<span class="pgqueue-status pgqueue-wf-{}">{}</span>', STATE_COLOURS[state], state
+        )
 
-    @admin.display(description="callbacks (fired: not waiting, not cancelled)")
+    @admin.display(description="callbacks")
     def callbacks(self, obj: Any) -> str:
         if not obj.callback_list:
             return "-"
         rows = [item.split(":") for item in obj.callback_list.split(",")]
-        return format_html_join(
+        # The callbacks are the steps of one workflow: its page draws them.
+        workflow = format_html(
+            '<a class="pgqueue-batch-workflow" href="{}">workflow #{}</a>',
+            reverse("admin:django_pgqueue_workflow_change", args=[obj.workflow_id]),
+            obj.workflow_id,
+        )
+        events = format_html_join(
             " ",
-            '<a href="{}">{}</a> {}',
+            '<span class="pgqueue-nowrap"><a href="{}">{}</a> {}</span>',
             (
                 (
                     reverse("admin:django_pgqueue_job_change", args=[job_id]),
@@ -131,3 +179,4 @@ class BatchAdmin(admin.ModelAdmin):
                 for event, job_id, status in rows
             ),
         )
+        return format_html("{}: {}", workflow, events)

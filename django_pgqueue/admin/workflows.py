@@ -23,7 +23,7 @@ from django.http import (
 from django.urls import URLPattern, path, reverse
 
 from ..conf import get_settings
-from ..models import Workflow
+from ..models import Batch, Workflow
 from ..store import workflows as store
 from ..workflows import cancel_workflow
 from ..workflows.graph import Node, graph_svg
@@ -135,6 +135,8 @@ class WorkflowAdmin(ReadOnlyPage):
             can_cancel=self.has_operate_permission(request) and summary.state == "running",
             jobs_url=reverse("admin:django_pgqueue_job_changelist") + f"?workflow={summary.id}",
             list_url=reverse("admin:django_pgqueue_workflow_changelist"),
+            batch=Batch.objects.using(alias).filter(workflow_id=summary.id).first(),
+            batches_url=reverse("admin:django_pgqueue_batch_changelist"),
         )
 
     def get_urls(self) -> list[URLPattern]:

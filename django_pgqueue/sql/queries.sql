@@ -859,7 +859,8 @@ SELECT now() - make_interval(secs => %(seconds)s::float8) AS at;
 -- name: job_prune_count
 -- Count, by status, the finished jobs that finished before the cutoff (a prune's dry run).
 -- The IN list and NOT EXISTS repeat the rules of job_prune_batch: only finished jobs
--- ever qualify, and not while their workflow has a step to run.
+-- ever qualify, and not while their workflow has a step to run or their batch has not
+-- settled.
 SELECT status, count(*) AS jobs
 FROM queue_job_state
 WHERE status = ANY(%(statuses)s::text[])
@@ -867,10 +868,34 @@ WHERE status = ANY(%(statuses)s::text[])
   AND finished_at < %(cutoff)s::timestamptz
   AND NOT EXISTS (
       SELECT FROM queue_workflow_steps AS step
-      JOIN queue_workflow_steps AS other ON other.workflow_id = step.workflow_id
-      JOIN queue_job_state AS live ON live.job_id = other.job_id
       WHERE step.job_id = queue_job_state.job_id
-        AND live.status IN ('waiting', 'pending', 'running')
+        AND ((SELECT true FROM queue_workflow_steps AS other
+                     JOIN queue_job_state AS live ON live.job_id = other.job_id
+                     WHERE other.workflow_id = step.workflow_id
+                       AND live.status IN ('waiting', 'pending', 'running') LIMIT 1)
+             -- A batch's callback (a step of the batch's workflow) stays while a
+             -- member runs too (on_success is cancelled early, by a member's death).
+             OR (SELECT true FROM queue_batches AS batch
+                        JOIN queue_batch_jobs AS member ON member.batch_id = batch.id
+                        JOIN queue_job_state AS live ON live.job_id = member.job_id
+                        WHERE batch.workflow_id = step.workflow_id
+                          AND live.status IN ('waiting', 'pending', 'running') LIMIT 1))
+  )
+  -- A batch's member stays until the batch settled (every member and callback
+  -- finished): batch_status counts its members. A plain job has no member row (one
+  -- probe of queue_batch_jobs' primary key).
+  AND NOT EXISTS (
+      SELECT FROM queue_batch_jobs AS member
+      JOIN queue_batches AS batch ON batch.id = member.batch_id
+      WHERE member.job_id = queue_job_state.job_id
+        AND ((SELECT true FROM queue_batch_jobs AS other
+                     JOIN queue_job_state AS live ON live.job_id = other.job_id
+                     WHERE other.batch_id = member.batch_id
+                       AND live.status IN ('waiting', 'pending', 'running') LIMIT 1)
+             OR (SELECT true FROM queue_workflow_steps AS callback
+                        JOIN queue_job_state AS live ON live.job_id = callback.job_id
+                        WHERE callback.workflow_id = batch.workflow_id
+                          AND live.status IN ('waiting', 'pending', 'running') LIMIT 1))
   )
 GROUP BY status;
 
@@ -898,6 +923,31 @@ WHERE wf.id = doomed.id
 RETURNING wf.id;
 
 
+-- name: batch_prune_batch
+-- Delete at most `limit` batches created before the cutoff whose members and callbacks
+-- are all gone (pruned: a batch's jobs are kept until all of them finished), walking
+-- the primary key upwards from after_id; run after workflow_prune_batch, so a pruned
+-- batch's callbacks' workflow is gone too (its workflow_id set NULL) or step-less. A
+-- batch's row, members and callbacks are written in one transaction, and the cutoff
+-- keeps even a row mid-way out of reach. The members' probe uses their batch_id index.
+WITH doomed AS MATERIALIZED (
+    SELECT batch.id
+    FROM queue_batches AS batch
+    WHERE batch.id > %(after_id)s::bigint
+      AND batch.created_at < %(cutoff)s::timestamptz
+      AND NOT EXISTS (SELECT FROM queue_batch_jobs AS member WHERE member.batch_id = batch.id)
+      AND NOT EXISTS (SELECT FROM queue_workflow_steps AS callback
+                      WHERE callback.workflow_id = batch.workflow_id)
+    ORDER BY batch.id
+    LIMIT %(limit)s::integer
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM queue_batches AS batch
+USING doomed
+WHERE batch.id = doomed.id
+RETURNING batch.id;
+
+
 -- name: job_prune_batch
 -- Delete at most `limit` jobs that finished before the cutoff, with their state and attempts.
 -- The state rows go with the jobs through queue_jobs' AFTER DELETE trigger (migration
@@ -910,7 +960,8 @@ RETURNING wf.id;
 -- outlives it. Batches walk the primary key upwards from after_id (the last job the
 -- previous batch deleted), so a whole prune reads the table once; no index over every
 -- finished job is needed, which would weigh on the hot table. The finished steps of a
--- workflow are kept until every step of it has finished.
+-- workflow are kept until every step of it has finished, a batch's members and
+-- callbacks until every one of them has.
 WITH doomed AS MATERIALIZED (
     SELECT job_id, status
     FROM queue_job_state
@@ -920,12 +971,38 @@ WITH doomed AS MATERIALIZED (
       AND finished_at < %(cutoff)s::timestamptz
       -- A step of a workflow that has not finished stays: its results and edges are
       -- what the steps still to run read. A plain job has no step row (one probe).
+      -- The "SELECT true ... LIMIT 1" tests are per-row probes that stop at the first
+      -- unfinished job: as EXISTS the planner may hash every unfinished job instead.
       AND NOT EXISTS (
           SELECT FROM queue_workflow_steps AS step
-          JOIN queue_workflow_steps AS other ON other.workflow_id = step.workflow_id
-          JOIN queue_job_state AS live ON live.job_id = other.job_id
           WHERE step.job_id = queue_job_state.job_id
-            AND live.status IN ('waiting', 'pending', 'running')
+            AND ((SELECT true FROM queue_workflow_steps AS other
+                         JOIN queue_job_state AS live ON live.job_id = other.job_id
+                         WHERE other.workflow_id = step.workflow_id
+                           AND live.status IN ('waiting', 'pending', 'running') LIMIT 1)
+                 -- A batch's callback (a step of the batch's workflow) stays while a
+                 -- member runs too (on_success is cancelled early, by a member's death).
+                 OR (SELECT true FROM queue_batches AS batch
+                            JOIN queue_batch_jobs AS member ON member.batch_id = batch.id
+                            JOIN queue_job_state AS live ON live.job_id = member.job_id
+                            WHERE batch.workflow_id = step.workflow_id
+                              AND live.status IN ('waiting', 'pending', 'running') LIMIT 1))
+      )
+      -- A batch's member stays until the batch settled (every member and callback
+      -- finished): batch_status counts its members. A plain job has no member row (one
+      -- probe of queue_batch_jobs' primary key).
+      AND NOT EXISTS (
+          SELECT FROM queue_batch_jobs AS member
+          JOIN queue_batches AS batch ON batch.id = member.batch_id
+          WHERE member.job_id = queue_job_state.job_id
+            AND ((SELECT true FROM queue_batch_jobs AS other
+                         JOIN queue_job_state AS live ON live.job_id = other.job_id
+                         WHERE other.batch_id = member.batch_id
+                           AND live.status IN ('waiting', 'pending', 'running') LIMIT 1)
+                 OR (SELECT true FROM queue_workflow_steps AS callback
+                            JOIN queue_job_state AS live ON live.job_id = callback.job_id
+                            WHERE callback.workflow_id = batch.workflow_id
+                              AND live.status IN ('waiting', 'pending', 'running') LIMIT 1))
       )
     ORDER BY job_id
     LIMIT %(limit)s::integer

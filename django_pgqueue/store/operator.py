@@ -116,6 +116,15 @@ def prune_workflow_batch(alias: str, cutoff: Any, limit: int, after_id: int = 0)
     return len(rows), max((row[0] for row in rows), default=after_id)
 
 
+def prune_batch_rows(alias: str, cutoff: Any, limit: int, after_id: int = 0) -> tuple[int, int]:
+    """Delete at most `limit` batches created before `cutoff` whose jobs are all gone,
+    ids above `after_id`: (how many, the highest id deleted, or after_id if none)."""
+    rows = fetch_all(
+        alias, "batch_prune_batch", {"cutoff": cutoff, "limit": limit, "after_id": after_id}
+    )
+    return len(rows), max((row[0] for row in rows), default=after_id)
+
+
 def dead_job_page(
     alias: str,
     *,

@@ -6,10 +6,13 @@ two worker processes' worth of connections at once (threads, each its own Store)
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import transaction
 
 from django_pgqueue import (
@@ -25,6 +28,7 @@ from django_pgqueue import (
 )
 from django_pgqueue.actions import cancel, retry_now
 from django_pgqueue.enqueue import enqueue_listener
+from django_pgqueue.maintenance import prune
 from django_pgqueue.models import Attempt, Batch, BatchJob, JobState
 from django_pgqueue.outcomes import Failure
 from tests.conftest import sql
@@ -404,3 +408,101 @@ def test_a_plain_enqueue_outside_a_batch_joins_nothing(django_assert_num_queries
     with django_assert_num_queries(1):
         enqueue("qa.noop", queue=Q)
     assert BatchJob.objects.count() == 0
+
+
+def _finish(job_ids, status: str = "completed") -> None:
+    """Mark jobs finished a month ago (so a 7-day prune would take them)."""
+    sql(
+        "UPDATE queue_job_state SET status = %s, finished_at = now() - interval '30 days' "
+        "WHERE job_id = ANY(%s)",
+        [status, list(job_ids)],
+    )
+
+
+def _age_batches() -> None:
+    sql("UPDATE queue_batches SET created_at = now() - interval '31 days'")
+    sql("UPDATE queue_workflows SET created_at = now() - interval '31 days'")
+
+
+def test_pruning_keeps_a_batchs_members_until_the_batch_settled():
+    with batch(**callbacks(on_finish=None)) as run:
+        enqueue_many([("qa.noop", i) for i in range(3)], queue=Q)
+    with batch() as bare:  # no callbacks: settled once every member finished
+        enqueue_many([("qa.noop", i) for i in range(2)], queue=Q)
+    plain = enqueue("qa.noop", queue=Q).id
+    _finish([*run.jobs[:2], bare.jobs[0], plain])
+    _age_batches()
+    week = dt.timedelta(days=7)
+
+    assert prune(week, dry_run=True).jobs == {"completed": 1}
+    result = prune(week)
+    assert result.jobs == {"completed": 1}
+    assert sql("SELECT count(*) FROM queue_jobs WHERE id = %s", [plain]) == [(0,)]
+    counts = batch_status(run.id)
+    assert (counts.completed, counts.unfinished, counts.size) == (2, 1, 3)
+    assert batch_status(bare.id).completed == 1
+
+    # The last members finish; the callback is due, so the batch is not settled yet.
+    _finish([run.jobs[2], bare.jobs[1]])
+    sql(
+        "UPDATE queue_job_state SET status = 'pending' WHERE job_id = %s",
+        [run.callbacks["on_finish"]],
+    )
+    assert prune(week).jobs == {"completed": 2}
+    assert batch_status(run.id).completed == 3
+    assert not Batch.objects.filter(pk=bare.id).exists()
+    assert not BatchJob.objects.filter(batch_id=bare.id).exists()
+
+    # The callback finishes: the batch settled, its members, callback and row go.
+    _finish([run.callbacks["on_finish"]])
+    result = prune(week)
+    assert result.jobs == {"completed": 4}
+    assert result.batches_deleted == 1
+    assert sql("SELECT count(*) FROM queue_jobs") == [(0,)]
+    assert sql("SELECT count(*) FROM queue_batches") == [(0,)]
+    assert sql("SELECT count(*) FROM queue_batch_jobs") == [(0,)]
+    assert sql("SELECT count(*) FROM queue_workflows") == [(0,)]
+
+
+def test_pruning_keeps_a_batchs_early_cancelled_callback_while_members_run():
+    """on_success is cancelled by the first death, at once: it stays (and the dead
+    member with it) while the other members run, so batch_status still tells it."""
+    with batch(**callbacks(on_success=None)) as run:
+        enqueue_many([("qa.noop", i) for i in range(2)], queue=Q)
+    _finish([run.jobs[0]], "dead")
+    _finish([run.callbacks["on_success"]], "cancelled")
+    _age_batches()
+    week = dt.timedelta(days=7)
+    assert prune(week).jobs == {}
+    assert batch_status(run.id).callbacks == {
+        "on_success": (run.callbacks["on_success"], "cancelled")
+    }
+    assert batch_status(run.id).dead == 1
+
+    _finish([run.jobs[1]])
+    result = prune(week)
+    assert result.jobs == {"dead": 1, "completed": 1, "cancelled": 1}
+    assert result.batches_deleted == 1
+
+
+def test_a_young_batch_row_outlives_its_pruned_members_until_the_cutoff():
+    with batch() as run:
+        enqueue("qa.noop", queue=Q)
+    _finish(run.jobs)
+    week = dt.timedelta(days=7)
+    result = prune(week)
+    assert result.jobs == {"completed": 1}
+    assert result.batches_deleted == 0
+    assert Batch.objects.filter(pk=run.id).exists()
+
+
+def test_the_prune_command_says_how_many_batch_rows_it_deleted():
+    with batch() as run:
+        enqueue("qa.noop", queue=Q)
+    _finish(run.jobs)
+    _age_batches()
+    out = StringIO()
+    call_command("prune_queue_jobs", "--older-than", "7d", stdout=out)
+    assert "Deleted 1 batch (batch() rows) whose members and callbacks were all gone." in (
+        out.getvalue()
+    )

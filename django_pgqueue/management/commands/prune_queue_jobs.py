@@ -88,4 +88,10 @@ class Command(BaseCommand):
                     if result.workflows
                     else ""
                 )
+                + (
+                    f" Deleted {counted(result.batches_deleted, 'batch', 'batches')} (batch() "
+                    "rows) whose members and callbacks were all gone."
+                    if result.batches_deleted
+                    else ""
+                )
             )

@@ -36,10 +36,16 @@ def test_the_list_shows_each_batch_with_its_counts_state_and_callbacks(client):
     response = client.get(LIST)
     assert response.status_code == 200
     page = text(response)
-    # name, size, completed, dead, cancelled, unfinished, state, callbacks
-    assert re.search(r"nightly import .* 3 0 0 0 3 running on_finish waiting", page)
+    # name, state, progress, members, callbacks (after their workflow)
     assert re.search(
-        r"one cancelled .* 1 0 0 1 0 discarded on_success cancelled on_discard pending", page
+        rf"nightly import #{running.id} running 0 / 3 3 unfinished workflow #\d+ : "
+        r"on_finish waiting",
+        page,
+    )
+    assert re.search(
+        rf"one cancelled #{discarded.id} discarded 1 / 1 1 cancelled workflow #\d+ : "
+        r"on_success cancelled on_discard pending",
+        page,
     )
     html = response.content.decode()
     for job_id in (*running.callbacks.values(), *discarded.callbacks.values()):
@@ -61,3 +67,20 @@ def test_a_page_of_batches_costs_a_fixed_number_of_queries(client, django_assert
     with django_assert_max_num_queries(8):
         assert client.get(LIST).status_code == 200
     assert sql("SELECT count(*) FROM queue_batches")[0][0] == 5
+
+
+def test_a_batchs_callbacks_link_to_their_workflow_which_links_back(client):
+    with batch(name="linked", on_finish=step("qa.noop", queue=Q)) as run:
+        enqueue("qa.noop", queue=Q)
+    with batch(name="another one"):
+        enqueue("qa.noop", queue=Q)
+    workflow_id = sql("SELECT workflow_id FROM queue_batches WHERE id = %s", [run.id])[0][0]
+    client.force_login(make_user("viewer", "view_job"))
+    workflow_url = reverse("admin:django_pgqueue_workflow_change", args=[workflow_id])
+    assert workflow_url in client.get(LIST).content.decode()
+    page = client.get(workflow_url).content.decode()
+    assert f'href="{LIST}?id={run.id}"' in page
+    assert f"batch linked #{run.id}" in page
+    listed = text(client.get(f"{LIST}?id={run.id}"))
+    assert "1 batch" in listed  # the link filters the list to the batch
+    assert "another one" not in listed
