@@ -86,6 +86,22 @@ async def enqueue_bulk(args: dict[str, Any]) -> dict[str, Any]:
         await conn.close()
 
 
+async def drained(conn: asyncpg.Connection, n: int) -> dict[str, Any]:
+    """The drain's rate on the database clock, first 'picked' to last 'successful',
+    once the log shows each of the n jobs picked once and successful once."""
+    row = await conn.fetchrow(
+        "SELECT count(*) FILTER (WHERE status = 'picked'),"
+        " count(DISTINCT job_id) FILTER (WHERE status = 'picked'),"
+        " count(DISTINCT job_id) FILTER (WHERE status = 'successful'),"
+        " extract(epoch FROM max(created) FILTER (WHERE status = 'successful')"
+        "   - min(created) FILTER (WHERE status = 'picked'))"
+        " FROM pgqueuer_log"
+    )
+    remaining = await conn.fetchval("SELECT count(*) FROM pgqueuer")
+    exactly_once(n, row[0], row[1], row[2], remaining)
+    return {"jobs_per_s": n / float(row[3]), "seconds": float(row[3])}
+
+
 async def drain(args: dict[str, Any]) -> dict[str, Any]:
     n = args["n"]
     conn = await connect(args["url"])
@@ -98,17 +114,7 @@ async def drain(args: dict[str, Any]) -> dict[str, Any]:
         await conn.execute("VACUUM ANALYZE pgqueuer")
         worker = {"cmd": "worker", "url": args["url"], "batch": args.get("batch")}
         wait_all([spawn(__file__, worker) for _ in range(args["processes"])])
-        row = await conn.fetchrow(
-            "SELECT count(*) FILTER (WHERE status = 'picked'),"
-            " count(DISTINCT job_id) FILTER (WHERE status = 'picked'),"
-            " count(DISTINCT job_id) FILTER (WHERE status = 'successful'),"
-            " extract(epoch FROM max(created) FILTER (WHERE status = 'successful')"
-            "   - min(created) FILTER (WHERE status = 'picked'))"
-            " FROM pgqueuer_log"
-        )
-        remaining = await conn.fetchval("SELECT count(*) FROM pgqueuer")
-        exactly_once(n, row[0], row[1], row[2], remaining)
-        return {"jobs_per_s": n / float(row[3]), "seconds": float(row[3])}
+        return await drained(conn, n)
     finally:
         await conn.close()
 
@@ -133,17 +139,7 @@ async def async_drain(args: dict[str, Any]) -> dict[str, Any]:
             "in_flight": args["in_flight"],
         }
         wait_all([spawn(__file__, worker)])
-        row = await conn.fetchrow(
-            "SELECT count(*) FILTER (WHERE status = 'picked'),"
-            " count(DISTINCT job_id) FILTER (WHERE status = 'picked'),"
-            " count(DISTINCT job_id) FILTER (WHERE status = 'successful'),"
-            " extract(epoch FROM max(created) FILTER (WHERE status = 'successful')"
-            "   - min(created) FILTER (WHERE status = 'picked'))"
-            " FROM pgqueuer_log"
-        )
-        remaining = await conn.fetchval("SELECT count(*) FROM pgqueuer")
-        exactly_once(n, row[0], row[1], row[2], remaining)
-        return {"jobs_per_s": n / float(row[3]), "seconds": float(row[3])}
+        return await drained(conn, n)
     finally:
         await conn.close()
 
