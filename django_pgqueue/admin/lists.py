@@ -33,7 +33,8 @@ def snapshot(request: HttpRequest) -> Snapshot:
     """Read the at-a-glance figures once per request (the panel and the filters share them)."""
     cached = getattr(request, "_pgqueue_snapshot", None)
     if cached is None:
-        cached = collect()
+        conf = get_settings()
+        cached = collect(conf.read_database(conf.DATABASE))  # READ_DATABASE when set
         request._pgqueue_snapshot = cached  # type: ignore[attr-defined]
     return cached
 
@@ -42,7 +43,8 @@ def known_names(request: HttpRequest) -> tuple[list[str], list[str]]:
     """Read the job types and queues of the jobs and the features once per request."""
     cached = getattr(request, "_pgqueue_names", None)
     if cached is None:
-        cached = store.known_names(get_settings().DATABASE, KNOWN_TYPES_LIMIT)
+        conf = get_settings()
+        cached = store.known_names(conf.read_database(conf.DATABASE), KNOWN_TYPES_LIMIT)
         request._pgqueue_names = cached  # type: ignore[attr-defined]
     return cached
 

@@ -3,13 +3,9 @@
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connections
-from django.db.utils import load_backend
 
 from django_pgqueue import enqueue
 from django_pgqueue.metrics.collector import QueueCollector
@@ -49,28 +45,6 @@ def test_every_queue_family_names_its_database() -> None:
     assert set(samples("pgqueue_workers")) == {
         (alias, state) for alias in ("default", "queues2") for state in ("alive", "gone")
     }
-
-
-@pytest.fixture
-def down_alias() -> Iterator[str]:
-    """A connection `down` to a server that is not there (a port nothing listens on).
-
-    Made by hand, not added to DATABASES: the test case fences every alias of DATABASES
-    it was not given, and a real failed connection is the point here.
-    """
-    with socket.socket() as probe:  # a free port, closed again: nothing listens there
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    settings_dict = {
-        **connections["default"].settings_dict,
-        "PORT": str(port),
-        "OPTIONS": {"connect_timeout": 2},
-    }
-    backend = load_backend(settings_dict["ENGINE"])
-    connections["down"] = backend.DatabaseWrapper(settings_dict, "down")
-    yield "down"
-    connections["down"].close()
-    del connections["down"]
 
 
 def test_a_down_database_reads_0_and_the_others_are_still_reported(
