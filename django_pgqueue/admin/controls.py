@@ -36,11 +36,8 @@ from ..exceptions import ConfigurationError
 from ..limits import check_limit, describe_type, parse_rate
 from ..models import Job, JobState, QueueControl, QueueTypeControl, Status
 from ..validators import queue_name
-from .databases import database_rows, overview, several_databases
+from .databases import DATABASE_VAR, admin_database, database_rows, overview, several_databases
 from .lists import known_queues
-
-# The query parameter that picks the database whose controls Django's list shows.
-DATABASE_VAR = "database"
 
 OPERATE_PERMISSION = "django_pgqueue.operate_job"
 
@@ -269,18 +266,11 @@ class QueueControlAdmin(admin.ModelAdmin):
 def _pick_database(request: HttpRequest) -> str:
     """The database whose controls Django's list shows (``?database=``, DATABASE by
     default), taken out of the query so Django's list does not read it as a filter."""
-    conf = get_settings()
-    wanted = request.GET.get(DATABASE_VAR)
-    if wanted is None:
-        return conf.DATABASE
-    if wanted not in conf.queue_databases:
-        raise BadRequest(
-            f"database must be one of {', '.join(conf.queue_databases)}; "
-            f"got {Truncator(repr(wanted)).chars(40)}."
-        )
-    query = request.GET.copy()
-    del query[DATABASE_VAR]
-    request.GET = query  # type: ignore[assignment]
+    wanted = admin_database(request)
+    if DATABASE_VAR in request.GET:
+        query = request.GET.copy()
+        del query[DATABASE_VAR]
+        request.GET = query  # type: ignore[assignment]
     request._pgqueue_database = wanted  # type: ignore[attr-defined]
     return wanted
 
