@@ -85,3 +85,35 @@ def test_with_a_read_database_the_page_reads_from_it_and_writes_on_the_primary(
         operator_client.post(SET_PAUSED, {"queue": "mail", "paused": "1"})
     assert controls("default") == [("mail", True)]
     assert not [q for q in replica.captured_queries if "queue_controls" in q["sql"]]
+
+
+JOBS = reverse("admin:django_pgqueue_job_changelist")
+
+
+def state_of(alias: str, job_id: int) -> str | None:
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT status FROM queue_job_state WHERE job_id = %s", [job_id])
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def test_the_jobs_list_shows_one_database_and_cancels_on_it(operator_client: Any) -> None:
+    here = enqueue("qa.noop", queue="mail").id
+    there = enqueue("qa.noop", queue="q2.bulk").id
+
+    default_list = operator_client.get(JOBS).content.decode()
+    listed = operator_client.get(JOBS, {"database": "queues2"}).content.decode()
+    assert "q2.bulk" in listed and "q2.bulk" not in default_list.split("result_list")[-1]
+    assert "?database=queues2" in listed  # the filter's choice, kept in the list's links
+
+    operator_client.post(
+        f"{JOBS}?database=queues2",
+        {"action": "cancel", "pgqueue_ids": str(there), "post": "yes"},
+    )
+    assert state_of("queues2", there) == "cancelled"
+    assert state_of("default", here) == "pending"
+    assert state_of("default", there) != "cancelled"  # that id on the other database, if any
+
+    page = reverse("admin:django_pgqueue_job_change", args=[there])
+    assert "q2.bulk" in operator_client.get(page, {"database": "queues2"}).content.decode()
+    assert operator_client.get(JOBS, {"database": "nowhere"}).status_code == 400
