@@ -36,7 +36,13 @@ from ..exceptions import ConfigurationError
 from ..limits import check_limit, describe_type, parse_rate
 from ..models import Job, JobState, QueueControl, QueueTypeControl, Status
 from ..validators import queue_name
-from .databases import DATABASE_VAR, admin_database, database_rows, overview, several_databases
+from .databases import (
+    DatabaseFilter,
+    admin_database,
+    database_rows,
+    overview,
+    several_databases,
+)
 from .lists import known_queues
 
 OPERATE_PERMISSION = "django_pgqueue.operate_job"
@@ -89,13 +95,15 @@ class QueueControlAdmin(admin.ModelAdmin):
     )
     list_display_links = ("queue",)
     ordering = ("queue",)
+    # Offered once queues live on several databases: whose controls the list shows.
+    list_filter = (DatabaseFilter,)
     actions = ("pause_selected", "resume_selected")
     readonly_fields = ("type_limits", "configured", "updated_at")
     change_list_template = "admin/django_pgqueue/queuecontrol/change_list.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[QueueControl]:
         conf = get_settings()
-        alias = getattr(request, "_pgqueue_database", conf.DATABASE)
+        alias = admin_database(request)  # ?database=, or that of the list it came from
         running = (
             JobState.objects.filter(queue=OuterRef("queue"), status=Status.RUNNING)
             .order_by()
@@ -115,7 +123,7 @@ class QueueControlAdmin(admin.ModelAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         conf = get_settings()
-        selected = _pick_database(request)
+        selected = admin_database(request)
         controlled = {
             (alias, queue)
             for alias in conf.queue_databases
@@ -261,18 +269,6 @@ class QueueControlAdmin(admin.ModelAdmin):
     @admin.action(description="Resume selected queues", permissions=["operate"])
     def resume_selected(self, request: HttpRequest, queryset: QuerySet[QueueControl]) -> None:
         self._set_paused(request, queryset, False)
-
-
-def _pick_database(request: HttpRequest) -> str:
-    """The database whose controls Django's list shows (``?database=``, DATABASE by
-    default), taken out of the query so Django's list does not read it as a filter."""
-    wanted = admin_database(request)
-    if DATABASE_VAR in request.GET:
-        query = request.GET.copy()
-        del query[DATABASE_VAR]
-        request.GET = query  # type: ignore[assignment]
-    request._pgqueue_database = wanted  # type: ignore[attr-defined]
-    return wanted
 
 
 def _other_queue(queue: str, database: str, figures: Any) -> dict[str, Any]:

@@ -71,7 +71,8 @@ class QueueCollector(Collector):
     outside Django's request cycle).
 
     `alias` None reads every queue database (PGQUEUE["QUEUE_DATABASES"]), each from
-    `read_database(alias)` (READ_DATABASE, a replica, when set). Once QUEUE_DATABASES is
+    `read_database(alias)` (READ_DATABASE, a replica, when set); a given `alias` (a
+    worker's metrics server) is read itself. Once QUEUE_DATABASES is
     set, every family has a `database` label, and `pgqueue_database_up` has one series
     per database: a database that cannot be read is 0, the others are still reported.
     With one database the families keep their labels of old (no `database`).
@@ -86,7 +87,8 @@ class QueueCollector(Collector):
         aliases = [self.alias] if self.alias else list(conf.queue_databases)
         families = _Families(labelled=bool(conf.QUEUE_DATABASES.aliases()))
         for alias in aliases:
-            source = conf.read_database(alias)
+            # A worker's own server (an alias given) reads its database, never a replica.
+            source = alias if self.alias else conf.read_database(alias)
             try:
                 _, snapshot, alive, gone = read(source, close=self.close)
             except DatabaseError as exc:

@@ -64,6 +64,11 @@ def test_the_queues_page_lists_both_databases_and_pauses_on_the_queues_own(
     assert set(other_rows(html)) == {"mail"}  # q2.bulk is controlled now
     listed = operator_client.get(QUEUES, {"database": "queues2"}).content.decode()
     assert "q2.bulk" in listed[: listed.index('id="pgqueue-other-queues"')]
+    # Its edit page, opened from that list, reads the control on queues2.
+    (link,) = re.findall(r'<a href="([^"]+/change/[^"]*)">q2\.bulk</a>', listed)
+    edit = operator_client.get(link.replace("&amp;", "&"))
+    assert edit.status_code == 200  # not the redirect of a control that is not there
+    assert "q2.bulk" in edit.content.decode()
     assert operator_client.get(QUEUES, {"database": "nowhere"}).status_code == 400
 
 

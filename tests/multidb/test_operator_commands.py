@@ -126,3 +126,23 @@ def test_prune_queue_jobs_prunes_each_database_or_the_one_named() -> None:
 
     run("prune_queue_jobs", "--older-than", "7d")
     assert statuses("default") == []
+
+
+def test_queue_stats_reports_a_down_database_and_shows_the_others(
+    settings: Any, down_alias: str
+) -> None:
+    settings.PGQUEUE = {
+        **settings.PGQUEUE,
+        "QUEUE_DATABASES": {**ROUTED, "gone.*": down_alias},
+    }
+    job("q2.bulk")
+
+    data = json.loads(run("queue_stats", "--json"))
+    assert data["databases"]["down"]["up"] is False
+    assert data["databases"]["down"]["error"]
+    assert data["databases"]["queues2"]["up"] is True
+    assert [(row["database"], row["queue"]) for row in data["queues"]] == [("queues2", "q2.bulk")]
+
+    err = io.StringIO()
+    call_command("queue_stats", stdout=io.StringIO(), stderr=err)
+    assert err.getvalue().startswith("database down: not read:")
