@@ -41,6 +41,8 @@ class QueueFigures:
     oldest_due_seconds: float | None = None
     # The statuses whose count stopped at the cap: there are at least that many.
     capped: frozenset[str] = frozenset()
+    # The alias holding the queue (set by `overview.collect_all`; "" when not read there).
+    database: str = ""
 
     @property
     def pending_capped(self) -> bool:

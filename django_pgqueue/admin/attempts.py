@@ -17,10 +17,10 @@ from django.db.models.functions import RowNumber
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from ..conf import get_settings
 from ..durations import format_seconds
 from ..models import Attempt, Job, Status
 from .columns import EMPTY, column, when
+from .databases import read_alias
 
 
 def can(request: HttpRequest, model: type[Model], action: str) -> bool:
@@ -88,7 +88,7 @@ class AttemptInline(NoEditing, admin.StackedInline):
         return (
             super()
             .get_queryset(request)
-            .using(get_settings().DATABASE)
+            .using(read_alias(request))  # the job's database (?database=), or its replica
             .annotate(
                 job_status=F("job__state__status"),
                 job_lease_version=F("job__state__lease_version"),

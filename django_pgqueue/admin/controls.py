@@ -8,6 +8,12 @@ retrying and cancelling jobs. Below the controlled queues the page lists every o
 known queue (`lists.known_queues`), active, each with a Pause button. A form never saves
 the row through the ORM: `save_model` runs ``queue_control_update``, which leaves the
 rate window (written by claims under the queue's lock) alone.
+
+With queues on several databases (PGQUEUE["QUEUE_DATABASES"]) the other known queues
+are those of every queue database, each naming its own; the controlled queues are
+Django's list of one database at a time (``?database=ALIAS``, DATABASE by default);
+every change is written on the queue's own database (`database_for`), never on a
+replica, and the page lists the databases with how stale each one's figures are.
 """
 
 from __future__ import annotations
@@ -30,7 +36,14 @@ from ..exceptions import ConfigurationError
 from ..limits import check_limit, describe_type, parse_rate
 from ..models import Job, JobState, QueueControl, QueueTypeControl, Status
 from ..validators import queue_name
-from .lists import known_queues, snapshot
+from .databases import (
+    DatabaseFilter,
+    admin_database,
+    database_rows,
+    overview,
+    several_databases,
+)
+from .lists import known_queues
 
 OPERATE_PERMISSION = "django_pgqueue.operate_job"
 
@@ -82,11 +95,15 @@ class QueueControlAdmin(admin.ModelAdmin):
     )
     list_display_links = ("queue",)
     ordering = ("queue",)
+    # Offered once queues live on several databases: whose controls the list shows.
+    list_filter = (DatabaseFilter,)
     actions = ("pause_selected", "resume_selected")
     readonly_fields = ("type_limits", "configured", "updated_at")
     change_list_template = "admin/django_pgqueue/queuecontrol/change_list.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[QueueControl]:
+        conf = get_settings()
+        alias = admin_database(request)  # ?database=, or that of the list it came from
         running = (
             JobState.objects.filter(queue=OuterRef("queue"), status=Status.RUNNING)
             .order_by()
@@ -97,6 +114,7 @@ class QueueControlAdmin(admin.ModelAdmin):
         return (
             super()
             .get_queryset(request)
+            .using(conf.read_database(alias))
             .defer("rate_starts")
             .annotate(running=Coalesce(Subquery(running, output_field=IntegerField()), Value(0)))
         )
@@ -104,13 +122,22 @@ class QueueControlAdmin(admin.ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        alias = get_settings().DATABASE
-        controlled = set(QueueControl.objects.using(alias).values_list("queue", flat=True))
-        figures = {f.queue: f for f in snapshot(request).queues}
+        conf = get_settings()
+        selected = admin_database(request)
+        controlled = {
+            (alias, queue)
+            for alias in conf.queue_databases
+            for queue in QueueControl.objects.using(conf.read_database(alias)).values_list(
+                "queue", flat=True
+            )
+        }
+        read = overview(request)
+        figures = {(f.database, f.queue): f for f in read.queues}
+        names = set(known_queues(request)) | {queue for _, queue in figures}
         others = [
-            _other_queue(queue, figures.get(queue))
-            for queue in known_queues(request)
-            if queue not in controlled
+            _other_queue(queue, alias, figures.get((alias, queue)))
+            for queue in sorted(names)
+            if (alias := conf.database_for(queue), queue) not in controlled
         ]
         context = {
             "pgqueue_other_queues": others,
@@ -119,6 +146,9 @@ class QueueControlAdmin(admin.ModelAdmin):
             ),
             "pgqueue_count_cap": stats.COUNT_CAP,
             "pgqueue_can_operate": self.has_operate_permission(request),
+            "pgqueue_several_databases": several_databases(),
+            "pgqueue_databases": database_rows(request) if several_databases() else [],
+            "pgqueue_database": selected,
             **(extra_context or {}),
         }
         return super().changelist_view(request, extra_context=context)
@@ -194,7 +224,9 @@ class QueueControlAdmin(admin.ModelAdmin):
     @admin.display(description="per-type limits")
     def type_limits(self, control: QueueControl) -> str:
         """Read only here: set with `queue_control key-limit|rate --type` or the Python API."""
-        rows = QueueTypeControl.objects.filter(queue=control.queue).order_by("type")
+        conf = get_settings()
+        alias = conf.read_database(conf.database_for(control.queue))
+        rows = QueueTypeControl.objects.using(alias).filter(queue=control.queue).order_by("type")
         return "; ".join(describe_type(row) for row in rows.values()) or "-"
 
     @admin.display(description="running")
@@ -206,7 +238,7 @@ class QueueControlAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         data = form.cleaned_data
         store.update_control(
-            get_settings().DATABASE,
+            get_settings().database_for(obj.queue),  # the queue's own database
             obj.queue,
             paused=data["paused"],
             concurrency_limit=data["concurrency_limit"],
@@ -221,7 +253,7 @@ class QueueControlAdmin(admin.ModelAdmin):
 
     def _set_paused_queues(self, request: HttpRequest, queues: list[str], paused: bool) -> None:
         for queue in queues:
-            store.update_control(get_settings().DATABASE, queue, paused=paused)
+            store.update_control(get_settings().database_for(queue), queue, paused=paused)
         verb = "Paused" if paused else "Resumed"
         self.message_user(
             request,
@@ -239,12 +271,13 @@ class QueueControlAdmin(admin.ModelAdmin):
         self._set_paused(request, queryset, False)
 
 
-def _other_queue(queue: str, figures: Any) -> dict[str, Any]:
+def _other_queue(queue: str, database: str, figures: Any) -> dict[str, Any]:
     """A row of the other known queues: its counts, each with whether it stopped at the cap."""
     if figures is None:
-        return {"queue": queue, "pending": 0, "running": 0, "dead": 0}
+        return {"queue": queue, "database": database, "pending": 0, "running": 0, "dead": 0}
     return {
         "queue": queue,
+        "database": database,
         "pending": figures.pending,
         "pending_capped": figures.pending_capped,
         "running": figures.running,

@@ -37,10 +37,12 @@ from .columns import (
     when_short,
 )
 from .lists import (
+    DatabaseFilter,
     EstimatedCountPaginator,
     QueueFilter,
     TypeFilter,
     WorkflowFilter,
+    read_alias,
     snapshot,
     unfiltered,
 )
@@ -50,7 +52,7 @@ from .operations import FORM_ACTION_FIELD, OperatorActionsMixin
 def workflow_of(job: Job) -> tuple[int, str, str] | None:
     """The workflow `job` is a step of: (id, name, step name), read once per job object."""
     if not hasattr(job, "_pgqueue_workflow"):
-        found = workflows.workflow_of_job(get_settings().DATABASE, job.pk)
+        found = workflows.workflow_of_job(job._state.db or get_settings().DATABASE, job.pk)
         job._pgqueue_workflow = found  # type: ignore[attr-defined]
     return job._pgqueue_workflow  # type: ignore[attr-defined]
 
@@ -72,6 +74,7 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
     )
     list_display_links = ("id",)
     list_filter = (
+        DatabaseFilter,
         QueueFilter,
         ("state__status", admin.ChoicesFieldListFilter),
         TypeFilter,
@@ -149,7 +152,8 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
             return EMPTY
         # Attempt rows are the whole history; the state's count restarts at 0 when an
         # operator retry grants fresh attempts.
-        claims = Attempt.objects.using(get_settings().DATABASE).filter(job=job).count()
+        alias = job._state.db or get_settings().DATABASE  # where the job was read
+        claims = Attempt.objects.using(alias).filter(job=job).count()
         if claims == state.attempts:
             return attempts_of(state)
         return f"{attempts_of(state)} counted against max attempts · {claims} recorded in all"
@@ -193,7 +197,8 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
     # -- what can be done --------------------------------------------------------------
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).using(get_settings().DATABASE).select_related("state")
+        # One queue database at a time (?database=), read from its replica if it has one.
+        return super().get_queryset(request).using(read_alias(request)).select_related("state")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # jobs are enqueued by code, in the caller's transaction
@@ -253,6 +258,7 @@ class DeadJobAdmin(JobAdmin):
         "final_error",
     )
     list_filter = (
+        DatabaseFilter,
         QueueFilter,
         TypeFilter,
         ("state__finished_at", DateTimeRangeFilter),

@@ -18,10 +18,12 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.text import Truncator
 
-from ..conf import get_settings
 from ..registry import registry
 from ..stats import Snapshot, collect
 from ..store import operator as store
+from .databases import DatabaseFilter, read_alias
+
+__all__ = ["DatabaseFilter", "read_alias"]  # the jobs lists' filter and reads, with these
 
 # Rows a filtered list page counts; past that it says "more than" (20 pages of 100).
 EXACT_COUNT_LIMIT = 2_000
@@ -33,7 +35,7 @@ def snapshot(request: HttpRequest) -> Snapshot:
     """Read the at-a-glance figures once per request (the panel and the filters share them)."""
     cached = getattr(request, "_pgqueue_snapshot", None)
     if cached is None:
-        cached = collect()
+        cached = collect(read_alias(request))  # the page's database, or its replica
         request._pgqueue_snapshot = cached  # type: ignore[attr-defined]
     return cached
 
@@ -42,7 +44,7 @@ def known_names(request: HttpRequest) -> tuple[list[str], list[str]]:
     """Read the job types and queues of the jobs and the features once per request."""
     cached = getattr(request, "_pgqueue_names", None)
     if cached is None:
-        cached = store.known_names(get_settings().DATABASE, KNOWN_TYPES_LIMIT)
+        cached = store.known_names(read_alias(request), KNOWN_TYPES_LIMIT)
         request._pgqueue_names = cached  # type: ignore[attr-defined]
     return cached
 

@@ -18,11 +18,13 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.http import urlencode
 from django.utils.text import Truncator
 
 from .. import actions
 from ..conf import get_settings
 from ..models import JobState, Status
+from .databases import DATABASE_VAR, admin_database, read_alias
 
 OPERATE_PERMISSION = "django_pgqueue.operate_job"
 # Most jobs one action takes, so a "select all" over a million rows cannot lock them
@@ -52,7 +54,7 @@ class OperatorAction:
     title: str
     button: str
     allowed: frozenset[str]
-    run: Callable[[list[int]], actions.ActionReport]
+    run: Callable[..., actions.ActionReport]  # (job ids, alias=...)
 
     @property
     def name(self) -> str:
@@ -151,7 +153,9 @@ class OperatorActionsMixin:
         if request.POST.get("post") != "yes":
             return self._confirmation(request, ids, spec, from_form)
 
-        report = spec.run(ids)
+        # Written on the list's database itself, never on its replica.
+        alias = admin_database(request)
+        report = spec.run(ids, alias=alias)
         select_across = request.POST.get("select_across") == "1"
         if not select_across:
             listed = set(ids)
@@ -166,13 +170,16 @@ class OperatorActionsMixin:
         if from_form and len(ids) == 1:
             # The job may have left this list (a retried dead job is not dead any more):
             # show it where it always is.
-            return HttpResponseRedirect(reverse("admin:django_pgqueue_job_change", args=[ids[0]]))
+            page = reverse("admin:django_pgqueue_job_change", args=[ids[0]])
+            if alias != get_settings().DATABASE:
+                page += "?" + urlencode({DATABASE_VAR: alias})
+            return HttpResponseRedirect(page)
         return None
 
     def _confirmation(
         self, request: HttpRequest, ids: list[int], spec: OperatorAction, from_form: bool
     ) -> HttpResponse:
-        alias = get_settings().DATABASE
+        alias = read_alias(request)
         by_status = {
             row["status"]: row["jobs"]
             for row in JobState.objects.using(alias)

@@ -69,6 +69,13 @@ class QueueCollector(Collector):
     whichever process reports them: aggregate them across scrape targets with max, not
     sum. `close` closes the Django connection after each reading (for a server thread
     outside Django's request cycle).
+
+    `alias` None reads every queue database (PGQUEUE["QUEUE_DATABASES"]), each from
+    `read_database(alias)` (READ_DATABASE, a replica, when set); a given `alias` (a
+    worker's metrics server) is read itself. Once QUEUE_DATABASES is
+    set, every family has a `database` label, and `pgqueue_database_up` has one series
+    per database: a database that cannot be read is 0, the others are still reported.
+    With one database the families keep their labels of old (no `database`).
     """
 
     def __init__(self, alias: str | None = None, *, close: bool = False) -> None:
@@ -76,95 +83,129 @@ class QueueCollector(Collector):
         self.close = close
 
     def collect(self) -> Iterator[Any]:
-        alias = self.alias or get_settings().DATABASE
-        up = GaugeMetricFamily(
-            "pgqueue_database_up", "1 if the queue figures could be read from the database."
-        )
-        try:
-            _, snapshot, alive, gone = read(alias, close=self.close)
-        except DatabaseError as exc:
-            logger.warning("metrics: reading the queue figures failed: %s", exc)
-            up.add_metric([], 0)
-            yield up
-            return
-        up.add_metric([], 1)
-        yield up
-        jobs = GaugeMetricFamily(
-            "pgqueue_jobs",
-            "Jobs by queue and status (completed ones are not counted).",
-            labels=["queue", "status"],
-        )
-        due = GaugeMetricFamily("pgqueue_jobs_due", "Pending jobs due now.", labels=["queue"])
-        oldest = GaugeMetricFamily(
-            "pgqueue_oldest_due_age_seconds",
-            "How long the oldest due pending job has waited (0 when none is due).",
-            labels=["queue"],
-        )
-        expired = GaugeMetricFamily(
-            "pgqueue_expired_leases",
-            "Running jobs whose lease ran out and that no sweep has requeued yet.",
-            labels=["queue"],
-        )
-        for q in snapshot.queues:
-            for status in ("pending", "running", "dead", "cancelled", "waiting"):
-                jobs.add_metric([q.queue, status], getattr(q, status))
-            due.add_metric([q.queue], q.due)
-            oldest.add_metric([q.queue], q.oldest_due_seconds or 0.0)
-            expired.add_metric([q.queue], q.expired_leases)
-        count = GaugeMetricFamily(
-            "pgqueue_workers", "Registered workers, alive or gone.", labels=["state"]
-        )
-        count.add_metric(["alive"], alive)
-        count.add_metric(["gone"], gone)
-        yield from (jobs, due, oldest, expired, count, *_late_schedules(snapshot))
-        yield from _paused_queues(alias, close=self.close)
+        conf = get_settings()
+        aliases = [self.alias] if self.alias else list(conf.queue_databases)
+        families = _Families(labelled=bool(conf.QUEUE_DATABASES.aliases()))
+        for alias in aliases:
+            # A worker's own server (an alias given) reads its database, never a replica.
+            source = alias if self.alias else conf.read_database(alias)
+            try:
+                _, snapshot, alive, gone = read(source, close=self.close)
+            except DatabaseError as exc:
+                logger.warning("metrics: reading the queue figures of %r failed: %s", alias, exc)
+                families.add(families.up, alias, [], 0)
+                continue
+            families.add(families.up, alias, [], 1)
+            families.add_snapshot(alias, snapshot, alive, gone)
+            families.add_paused(alias, _paused_queues(source, close=self.close))
+        yield from families.all()
 
     def describe(self) -> Iterator[Any]:
         return iter(())  # the families depend on the data: collect on each scrape only
 
 
-def _late_schedules(snapshot: stats.Snapshot) -> Iterator[Any]:
-    """The schedules whose due tick was not fired in time (read by `stats.collect`)."""
-    late = GaugeMetricFamily(
-        "pgqueue_late_schedules",
-        "Enabled schedules whose due tick has not been fired within 2 poll intervals.",
-    )
-    late.add_metric([], len(snapshot.late_schedules))
-    seconds = GaugeMetricFamily(
-        "pgqueue_schedule_late_seconds",
-        "How long a late schedule's due tick has waited (only late schedules are listed).",
-        labels=["schedule", "queue"],
-    )
-    for schedule in snapshot.late_schedules:
-        seconds.add_metric([schedule.name, schedule.queue], schedule.late_seconds)
-    yield late
-    yield seconds
+class _Families:
+    """The queue families of one scrape, filled database by database."""
+
+    def __init__(self, *, labelled: bool) -> None:
+        # Whether every series names its database (QUEUE_DATABASES is set).
+        self.labelled = labelled
+        db = ["database"] if labelled else []
+        self.up = GaugeMetricFamily(
+            "pgqueue_database_up",
+            "1 if the queue figures could be read from the database.",
+            labels=db,
+        )
+        self.jobs = GaugeMetricFamily(
+            "pgqueue_jobs",
+            "Jobs by queue and status (completed ones are not counted).",
+            labels=[*db, "queue", "status"],
+        )
+        self.due = GaugeMetricFamily(
+            "pgqueue_jobs_due", "Pending jobs due now.", labels=[*db, "queue"]
+        )
+        self.oldest = GaugeMetricFamily(
+            "pgqueue_oldest_due_age_seconds",
+            "How long the oldest due pending job has waited (0 when none is due).",
+            labels=[*db, "queue"],
+        )
+        self.expired = GaugeMetricFamily(
+            "pgqueue_expired_leases",
+            "Running jobs whose lease ran out and that no sweep has requeued yet.",
+            labels=[*db, "queue"],
+        )
+        self.workers = GaugeMetricFamily(
+            "pgqueue_workers", "Registered workers, alive or gone.", labels=[*db, "state"]
+        )
+        self.late = GaugeMetricFamily(
+            "pgqueue_late_schedules",
+            "Enabled schedules whose due tick has not been fired within 2 poll intervals.",
+            labels=db,
+        )
+        self.late_seconds = GaugeMetricFamily(
+            "pgqueue_schedule_late_seconds",
+            "How long a late schedule's due tick has waited (only late schedules are listed).",
+            labels=[*db, "schedule", "queue"],
+        )
+        self.paused = GaugeMetricFamily(
+            "pgqueue_queue_paused",
+            "1 while a queue is paused (its workers claim none of its jobs), 0 while it runs.",
+            labels=[*db, "queue"],
+        )
+        self.read = False  # whether any database was read (else only `up` is reported)
+        self.controls_read = False  # whether any database's queue controls were read
+
+    def add(self, family: GaugeMetricFamily, alias: str, labels: list[str], value: float) -> None:
+        family.add_metric([alias, *labels] if self.labelled else labels, value)
+
+    def add_snapshot(self, alias: str, snapshot: stats.Snapshot, alive: int, gone: int) -> None:
+        self.read = True
+        for q in snapshot.queues:
+            for status in ("pending", "running", "dead", "cancelled", "waiting"):
+                self.add(self.jobs, alias, [q.queue, status], getattr(q, status))
+            self.add(self.due, alias, [q.queue], q.due)
+            self.add(self.oldest, alias, [q.queue], q.oldest_due_seconds or 0.0)
+            self.add(self.expired, alias, [q.queue], q.expired_leases)
+        self.add(self.workers, alias, ["alive"], alive)
+        self.add(self.workers, alias, ["gone"], gone)
+        # The schedules whose due tick was not fired in time (read by `stats.collect`).
+        self.add(self.late, alias, [], len(snapshot.late_schedules))
+        for schedule in snapshot.late_schedules:
+            labels = [schedule.name, schedule.queue]
+            self.add(self.late_seconds, alias, labels, schedule.late_seconds)
+
+    def add_paused(self, alias: str, controls: list[tuple[str, bool]] | None) -> None:
+        if controls is None:
+            return
+        self.controls_read = True
+        for queue, is_paused in controls:
+            self.add(self.paused, alias, [queue], 1 if is_paused else 0)
+
+    def all(self) -> Iterator[Any]:
+        yield self.up
+        if self.read:
+            yield from (self.jobs, self.due, self.oldest, self.expired, self.workers)
+            yield from (self.late, self.late_seconds)
+        if self.controls_read:
+            yield self.paused
 
 
-def _paused_queues(alias: str, *, close: bool) -> Iterator[Any]:
-    """Per controlled queue: 1 while it is paused, 0 while it runs (queue_controls).
+def _paused_queues(alias: str, *, close: bool) -> list[tuple[str, bool]] | None:
+    """(queue, paused) per controlled queue (queue_controls); None when the read failed.
 
     A queue without a control row has never been paused and has no series. The table
     has one small row per controlled queue; a failed read leaves the family out.
     """
     try:
-        controls = list(
+        return list(
             QueueControl.objects.using(alias).order_by("queue").values_list("queue", "paused")
         )
     except DatabaseError as exc:
         logger.warning("metrics: reading the queue controls failed: %s", exc)
-        return
+        return None
     finally:
         if close:
             connections[alias].close()
-    paused = GaugeMetricFamily(
-        "pgqueue_queue_paused",
-        "1 while a queue is paused (its workers claim none of its jobs), 0 while it runs.",
-        labels=["queue"],
-    )
-    for queue, is_paused in controls:
-        paused.add_metric([queue], 1 if is_paused else 0)
-    yield paused
 
 
 class WorkerCollector(Collector):

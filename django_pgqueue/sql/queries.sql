@@ -841,6 +841,14 @@ FROM pg_class AS c
 WHERE c.oid = 'queue_jobs'::regclass;
 
 
+-- name: replica_lag
+-- How stale a replica's data is: the time since the last transaction it replayed was
+-- committed on the primary (pg_is_in_recovery: whether this server is a replica). The
+-- lag is NULL on a primary, and on a replica that has replayed nothing yet.
+SELECT pg_is_in_recovery() AS replica,
+       extract(epoch FROM now() - pg_last_xact_replay_timestamp())::float8 AS lag_seconds;
+
+
 -- name: autovacuum_settings
 -- Read whether autovacuum may clean queue_job_state, for the system check pgqueue.W001:
 -- whether it is on for the server, and whether the table's reloptions turn it off.

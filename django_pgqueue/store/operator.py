@@ -71,6 +71,12 @@ def estimate_job_count(alias: str) -> int | None:
     return None if not rows or rows[0][0] is None else int(rows[0][0])
 
 
+def replica_lag(alias: str) -> tuple[bool, float | None]:
+    """Read (whether `alias` is a replica, how many seconds its data lags; None: unknown)."""
+    replica, lag = fetch_all(alias, "replica_lag")[0]
+    return bool(replica), None if lag is None else max(0.0, float(lag))
+
+
 def autovacuum_settings(alias: str) -> tuple[bool, bool] | None:
     """Read (autovacuum on for the server, off for queue_job_state); None if no row."""
     rows = fetch_all(alias, "autovacuum_settings")

@@ -14,6 +14,8 @@ binaries these tests are skipped; without these tests, nothing changes.
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,34 @@ def queues2_url() -> str:
 
     db = connections[ALIAS].settings_dict
     return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+def _hand_made(alias: str, **overrides: object) -> Iterator[str]:
+    """A connection `alias` with default's settings but `overrides`, made by hand and not
+    added to DATABASES: the test case fences every alias of DATABASES it was not given
+    (and would try to create a test database on it)."""
+    from django.db import connections
+    from django.db.utils import load_backend
+
+    settings_dict = {**connections["default"].settings_dict, **overrides}
+    backend = load_backend(settings_dict["ENGINE"])
+    connections[alias] = backend.DatabaseWrapper(settings_dict, alias)
+    yield alias
+    connections[alias].close()
+    del connections[alias]
+
+
+@pytest.fixture
+def down_alias() -> Iterator[str]:
+    """An alias `down` whose server is not there (a port nothing listens on)."""
+    with socket.socket() as probe:  # a free port, closed again: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    yield from _hand_made("down", PORT=str(port), OPTIONS={"connect_timeout": 2})
+
+
+@pytest.fixture
+def replica_alias() -> Iterator[str]:
+    """An alias `replica` on default's very database: a "replica" that is the primary,
+    enough to see which alias a read goes to."""
+    yield from _hand_made("replica")

@@ -70,6 +70,7 @@ FLOORS = {
     "metrics": INTEGRATIONS,
     "checks": INTEGRATIONS,
     "stats": INTEGRATIONS,
+    "overview": INTEGRATIONS,
     "testing": INTEGRATIONS,
     "startup": INTEGRATIONS,
     "apps": INTEGRATIONS,

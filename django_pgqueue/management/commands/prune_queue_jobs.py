@@ -1,7 +1,9 @@
-"""manage.py prune_queue_jobs --older-than 7d [--status completed] [--dry-run]."""
+"""manage.py prune_queue_jobs --older-than 7d [--status S] [--database ALIAS] [--dry-run]."""
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Callable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -9,7 +11,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_pgqueue import validators
 from django_pgqueue.durations import counted, parse_duration
 from django_pgqueue.maintenance import DEFAULT_PRUNE_BATCH, check_prunable, prune
-from django_pgqueue.management.options import add_batch_options
+from django_pgqueue.management.options import (
+    add_batch_options,
+    add_database_option,
+    database_option,
+)
 from django_pgqueue.models import FINISHED_STATUSES
 
 
@@ -46,6 +52,7 @@ class Command(BaseCommand):
             "Most jobs one DELETE removes",
             "Count what would be deleted; delete nothing.",
         )
+        add_database_option(parser, "Only prune the jobs of this database alias")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -63,24 +70,40 @@ class Command(BaseCommand):
             if options["verbosity"] >= 2:
                 self.stdout.write(f"  deleted a batch of {counted(count, 'job')}")
 
+        databases = database_option(options["database"])
+        for alias in databases:
+            # Each database reported on its own line once queues live on several.
+            where = f"{alias}: " if len(databases) > 1 or options["database"] else ""
+            self._prune(alias, where, older_than, statuses, options, progress)
+
+    def _prune(
+        self,
+        alias: str,
+        where: str,
+        older_than: dt.timedelta,
+        statuses: list[str],
+        options: dict[str, Any],
+        progress: Callable[[int], None],
+    ) -> None:
         result = prune(
             older_than,
             statuses=statuses,
             batch_size=options["batch_size"],
             dry_run=options["dry_run"],
             on_batch=progress,
+            alias=alias,
         )
         by_status = ", ".join(f"{s}: {result.jobs.get(s, 0)}" for s in result.statuses)
         cutoff = result.cutoff.isoformat(sep=" ", timespec="seconds")
         if result.dry_run:
             self.stdout.write(
-                f"Dry run: would delete {counted(result.total, 'job')} that finished before "
-                f"{cutoff} "
+                f"{where}Dry run: would delete {counted(result.total, 'job')} that finished "
+                f"before {cutoff} "
                 f"({by_status}). Nothing was deleted."
             )
         else:
             self.stdout.write(
-                f"Deleted {counted(result.total, 'job')} that finished before {cutoff} "
+                f"{where}Deleted {counted(result.total, 'job')} that finished before {cutoff} "
                 f"({by_status}) in {counted(len(result.batches), 'batch', 'batches')} of at "
                 f"most {options['batch_size']}."
                 + (

@@ -1,4 +1,8 @@
-"""manage.py queue_stats [--json] [--exact]: the admin's figures, per queue."""
+"""manage.py queue_stats [--json] [--exact] [--database ALIAS]: the admin's figures, per queue.
+
+With PGQUEUE["QUEUE_DATABASES"], every queue database is read (or the one --database
+names): the table gains a database column, the JSON a section per database.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,10 @@ from django.core.management.base import BaseCommand, CommandParser
 from django_pgqueue import stats
 from django_pgqueue.conf import get_settings
 from django_pgqueue.durations import format_seconds
+from django_pgqueue.management.options import add_database_option, database_option
 from django_pgqueue.observability.workers import WorkerInfo, list_workers
-from django_pgqueue.stats import QueueFigures, Stranded, collect, stranded_jobs
+from django_pgqueue.overview import Overview, collect_all
+from django_pgqueue.stats import QueueFigures, Stranded, stranded_jobs
 
 COLUMNS = (
     ("queue", "queue"),
@@ -45,29 +51,62 @@ class Command(BaseCommand):
             action="store_true",
             help="Count completed jobs exactly (reads the whole table) instead of estimating.",
         )
+        add_database_option(parser, "Only the queues of this database alias")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        snapshot = collect(exact=options["exact"])
-        alias = get_settings().DATABASE
-        registered = list_workers(alias)
-        served = {queue for worker in registered if worker.alive for queue in worker.queues}
-        stranded = stranded_jobs(alias, served)
+        conf = get_settings()
+        databases = database_option(options["database"])
+        snapshot = collect_all(databases, exact=options["exact"])
+        # The database column shows once queues can live on more than one database.
+        several = bool(options["database"]) or len(conf.queue_databases) > 1
+        registered: list[WorkerInfo] = []
+        stranded: list[Stranded] = []
+        for reading in snapshot.readings:
+            if not reading.up:
+                continue
+            workers = list_workers(reading.read_from)
+            served = {queue for worker in workers if worker.alive for queue in worker.queues}
+            registered += workers
+            stranded += stranded_jobs(reading.read_from, served)
         if options["json"]:
             data = snapshot.as_dict()
             data["workers"] = [worker.as_dict() for worker in registered]
             data["stranded"] = [vars(item) for item in stranded]
             self.stdout.write(json.dumps(data, indent=2))
             return
+        self._table(snapshot, several)
+        for reading in snapshot.readings:
+            if not reading.up:
+                self.stderr.write(f"database {reading.alias}: not read: {reading.error}")
+        if stranded:  # a block of its own, after the table's
+            self.stdout.write("")
+        for item in stranded:
+            self.stdout.write(self.style.WARNING(_stranded_line(item)))
+        self._workers(registered)
+
+    def _table(self, snapshot: Overview, several: bool) -> None:
         completed_mark = "" if snapshot.completed_exact else "~"
         rows = [_row(figures, completed_mark) for figures in [*snapshot.queues, snapshot.totals]]
         header = [title for _, title in COLUMNS]
+        completed = COMPLETED
+        if several:  # the alias of each queue's database, first
+            header = ["database", *header]
+            rows = [
+                [figures.database, *row]
+                for figures, row in zip([*snapshot.queues, snapshot.totals], rows, strict=True)
+            ]
+            completed += 1
         columns = zip(header, *rows, strict=True)
         widths = [max(len(cell) for cell in column) for column in columns]
 
+        lead = 2 if several else 1  # the names, left-aligned; the figures, right-aligned
+
         def line(cells: list[str]) -> str:
-            first = cells[0].ljust(widths[0])
-            rest = (cell.rjust(width) for cell, width in zip(cells[1:], widths[1:], strict=True))
-            return "  ".join([first, *rest])
+            names = (cell.ljust(width) for cell, width in zip(cells[:lead], widths, strict=False))
+            rest = (
+                cell.rjust(width) for cell, width in zip(cells[lead:], widths[lead:], strict=True)
+            )
+            return "  ".join([*names, *rest])
 
         self.stdout.write(line(header))
         for index, row in enumerate(rows):
@@ -75,7 +114,7 @@ class Command(BaseCommand):
                 self.stdout.write("  ".join("-" * width for width in widths))
             self.stdout.write(line(row))
         # A footnote for each mark the completed column shows, and only for those.
-        marks = {row[COMPLETED][0] for row in rows if row[COMPLETED][0] in FOOTNOTES}
+        marks = {row[completed][0] for row in rows if row[completed][0] in FOOTNOTES}
         for mark, note in FOOTNOTES.items():
             if mark in marks:
                 self.stdout.write(f"{mark} completed: {note}")
@@ -89,11 +128,6 @@ class Command(BaseCommand):
                 f"late schedule {late.name} (queue {late.queue}): due "
                 f"{format_seconds(late.late_seconds)} ago, not fired"
             )
-        if stranded:  # a block of its own, after the table's
-            self.stdout.write("")
-        for item in stranded:
-            self.stdout.write(self.style.WARNING(_stranded_line(item)))
-        self._workers(registered)
 
     def _workers(self, registered: list[WorkerInfo]) -> None:
         """List the registered workers, alive first, with the jobs each runs."""

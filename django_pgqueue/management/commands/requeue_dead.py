@@ -1,4 +1,4 @@
-"""manage.py requeue_dead [--queue Q] [--type T] [--since 2h] [--dry-run]."""
+"""manage.py requeue_dead [--queue Q] [--type T] [--since 2h] [--database ALIAS] [--dry-run]."""
 
 from __future__ import annotations
 
@@ -12,7 +12,11 @@ from django.utils.dateparse import parse_date, parse_datetime
 from django_pgqueue import validators
 from django_pgqueue.durations import counted, parse_duration
 from django_pgqueue.maintenance import DEFAULT_REQUEUE_BATCH, requeue_dead
-from django_pgqueue.management.options import add_batch_options
+from django_pgqueue.management.options import (
+    add_batch_options,
+    add_database_option,
+    database_option,
+)
 from django_pgqueue.validators import is_queue_name, is_type_name
 
 
@@ -56,6 +60,7 @@ class Command(BaseCommand):
             "Jobs retried per statement",
             "Count the matching dead jobs; change nothing.",
         )
+        add_database_option(parser, "Only the dead jobs of this database alias")
 
     def handle(self, *args: Any, **options: Any) -> None:
         queue, type_ = options["queue"], options["type"]
@@ -71,17 +76,24 @@ class Command(BaseCommand):
             )
         since = parse_since(options["since"]) if options["since"] else None
         validators.count(options["batch_size"], "--batch-size", error=CommandError)
-        matched, report = requeue_dead(
-            queue=queue,
-            type=type_,
-            since=since,
-            batch_size=options["batch_size"],
-            dry_run=options["dry_run"],
-        )
-        if options["dry_run"]:
-            verb = "matches" if matched == 1 else "match"
-            self.stdout.write(
-                f"Dry run: {counted(matched, 'dead job')} {verb}; nothing was changed."
+        databases = database_option(options["database"])
+        for alias in databases:
+            matched, report = requeue_dead(
+                queue=queue,
+                type=type_,
+                since=since,
+                batch_size=options["batch_size"],
+                dry_run=options["dry_run"],
+                alias=alias,
             )
-        else:
-            self.stdout.write(f"{counted(matched, 'dead job')} matched. {report.message()}")
+            # Each database reported on its own line once queues live on several.
+            where = f"{alias}: " if len(databases) > 1 or options["database"] else ""
+            if options["dry_run"]:
+                verb = "matches" if matched == 1 else "match"
+                self.stdout.write(
+                    f"{where}Dry run: {counted(matched, 'dead job')} {verb}; nothing was changed."
+                )
+            else:
+                self.stdout.write(
+                    f"{where}{counted(matched, 'dead job')} matched. {report.message()}"
+                )
