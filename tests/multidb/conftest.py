@@ -17,6 +17,7 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,3 +126,22 @@ def replica_alias() -> Iterator[str]:
     """An alias `replica` on default's very database: a "replica" that is the primary,
     enough to see which alias a read goes to."""
     yield from _hand_made("replica")
+
+
+# The queues the tests route to the second server: a name and a glob.
+ROUTED = {"q2-exact": "queues2", "q2.*": "queues2"}
+
+
+@pytest.fixture(autouse=True)
+def routed(settings: Any) -> None:
+    """QUEUE_DATABASES as ROUTED (a module's own `routed` fixture takes its place)."""
+    settings.PGQUEUE = {**settings.PGQUEUE, "QUEUE_DATABASES": ROUTED}
+
+
+def jobs(alias: str) -> list[tuple[str, str]]:
+    """(queue, type) of every job on `alias`, oldest first."""
+    from django.db import connections
+
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT queue, type FROM queue_jobs ORDER BY id")
+        return list(cursor.fetchall())

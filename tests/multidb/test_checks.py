@@ -16,20 +16,6 @@ from django_pgqueue.checks import check_queue_databases, check_queue_tables
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "queues2"])
 
-ROUTED = {"q2-exact": "queues2", "q2.*": "queues2"}
-
-
-@pytest.fixture(autouse=True)
-def routed(settings: Any) -> None:
-    settings.PGQUEUE = {**settings.PGQUEUE, "QUEUE_DATABASES": ROUTED}
-
-
-def jobs(alias: str) -> list[tuple[str, str]]:
-    """(queue, type) of every job on `alias`, oldest first."""
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT queue, type FROM queue_jobs ORDER BY id")
-        return list(cursor.fetchall())
-
 
 @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
 def test_the_checks_of_queue_databases(settings: Any) -> None:

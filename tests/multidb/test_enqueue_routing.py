@@ -13,22 +13,9 @@ import pytest
 from django.db import DatabaseError, connections, transaction
 
 from django_pgqueue import EnqueueError, JobSpec, enqueue, enqueue_many
+from tests.multidb.conftest import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "queues2"])
-
-ROUTED = {"q2-exact": "queues2", "q2.*": "queues2"}
-
-
-@pytest.fixture(autouse=True)
-def routed(settings: Any) -> None:
-    settings.PGQUEUE = {**settings.PGQUEUE, "QUEUE_DATABASES": ROUTED}
-
-
-def jobs(alias: str) -> list[tuple[str, str]]:
-    """(queue, type) of every job on `alias`, oldest first."""
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT queue, type FROM queue_jobs ORDER BY id")
-        return list(cursor.fetchall())
 
 
 def test_queues_go_to_their_alias_by_name_and_by_glob() -> None:

@@ -21,22 +21,9 @@ from django_pgqueue.schedules.firing import sync_code_schedules
 from django_pgqueue.store.worker import Store
 from django_pgqueue.tasks.api import TaskResultStatus
 from django_pgqueue.worker_config import WorkerConfig
+from tests.multidb.conftest import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "queues2"])
-
-ROUTED = {"q2-exact": "queues2", "q2.*": "queues2"}
-
-
-@pytest.fixture(autouse=True)
-def routed(settings: Any) -> None:
-    settings.PGQUEUE = {**settings.PGQUEUE, "QUEUE_DATABASES": ROUTED}
-
-
-def jobs(alias: str) -> list[tuple[str, str]]:
-    """(queue, type) of every job on `alias`, oldest first."""
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT queue, type FROM queue_jobs ORDER BY id")
-        return list(cursor.fetchall())
 
 
 def test_a_task_round_trips_on_queues2(settings: Any, run_worker: Any) -> None:
