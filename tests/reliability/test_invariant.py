@@ -547,7 +547,7 @@ def test_invariant_under_injected_faults(fault_server, report):
                 summary[f"round {r} settle faults"] = {
                     target: now_fired[target] - before[target] for target in SETTLE_TARGETS
                 }
-            wait_settled(server, "swept", 30)
+            wait_settled(server, "swept", 120)
             for kind in BLOCKING:
                 enqueue("blocked", [("qa.aoutcome", {**ASYNC[kind], "kind": kind})] * each)
             summary["blocked settled_s"] = round(wait_settled(server, "blocked", 120), 1)
