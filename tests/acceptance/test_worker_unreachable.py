@@ -31,7 +31,8 @@ def test_first_sigterm_ends_a_worker_that_cannot_reach_the_database(worker_proce
     assert worker.proc.poll() is None
     worker.signal(signal.SIGTERM)
     started = time.monotonic()
-    code, output = worker.wait(timeout=15)
-    assert time.monotonic() - started < 5, output[-3000:]
+    code, output = worker.wait(timeout=120)
+    # Ended by the first SIGTERM, not after the 30 s grace (nor by a second signal).
+    assert time.monotonic() - started < 20, output[-3000:]
     assert code == EXIT_UNREACHABLE, output[-3000:]
     assert "database unavailable" in output

@@ -26,7 +26,7 @@ from tests.factories import make_user
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-def wait_until(predicate: Any, timeout: float = 20.0) -> None:
+def wait_until(predicate: Any, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

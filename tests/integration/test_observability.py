@@ -17,7 +17,7 @@ from tests.conftest import sql
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def wait_until(predicate: Any, timeout: float = 20.0) -> None:
+def wait_until(predicate: Any, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

@@ -59,8 +59,16 @@ def test_a_type_rate_window_is_exact_and_other_types_run_past_it(stores):
     assert store.claim("rt", 30, "w", 30) == []  # the type's window is full
     wait = store.control.recheck_after("rt", 10.0)
     assert 0 < wait <= 0.5  # retried when the window admits the next start
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
+
+    def echo_starts() -> int:
+        return sql(
+            "SELECT count(*) FROM queue_attempts a JOIN queue_jobs j ON j.id = a.job_id "
+            "WHERE j.type = 'qa.echo'"
+        )[0][0]
+
+    deadline = time.monotonic() + 120  # a hang guard: the 20 starts take 2 s at 5 per 0.5 s
+    while echo_starts() < 20:
+        assert time.monotonic() < deadline, f"{echo_starts()} starts in 120 s"
         if not store.claim("rt", 30, "w", 30):
             time.sleep(max(store.control.recheck_after("rt", 10.0), 0.001))
     starts = [
@@ -167,7 +175,7 @@ def test_two_workers_keep_a_type_rate_while_other_types_run(run_worker):
     set_queue_rate("mixed", "4/0.5s", type="qa.echo")
     enqueue_many([(kind, {}) for _ in range(12) for kind in ("qa.echo", "qa.noop")], queue="mixed")
     workers = [run_worker(["mixed"], concurrency=4, poll_interval=0.2) for _ in range(2)]
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # a hang guard, not a bound
     while sql("SELECT count(*) FROM queue_job_state WHERE status = 'completed'")[0][0] < 24:
         assert time.monotonic() < deadline, "not drained in time"
         time.sleep(0.05)

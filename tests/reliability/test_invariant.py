@@ -468,11 +468,12 @@ def workflow_breaks(server: PgServer, queue: str) -> list[str]:
 PROBE_SECONDS = TIMEOUT * 0.8
 
 
-def probe_concurrency(server: PgServer, enqueue: Enqueuer, queue: str) -> float:
-    """CONCURRENCY jobs of PROBE_SECONDS: all must run at once on live threads; their
-    start spread."""
+def probe_concurrency(server: PgServer, enqueue: Enqueuer, queue: str) -> tuple[float, float]:
+    """CONCURRENCY jobs of PROBE_SECONDS: all must run at once on live threads. Their
+    start spread, and how long they all ran together (the earliest end minus the latest
+    start; not above zero when one ran only after another ended: a thread was missing)."""
     enqueue(queue, [("qa.ledger", {"seconds": PROBE_SECONDS})] * CONCURRENCY)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # a hang guard: a loaded machine is slow, not stuck
     while time.monotonic() < deadline:
         (done,) = server.sql(
             "SELECT count(*) FROM queue_job_state WHERE queue = %s AND status = 'completed'",
@@ -481,13 +482,14 @@ def probe_concurrency(server: PgServer, enqueue: Enqueuer, queue: str) -> float:
         if done == CONCURRENCY:
             break
         time.sleep(0.1)
-    (spread,) = server.sql(
-        "SELECT extract(epoch FROM max(l.started_at) - min(l.started_at)) FROM qa_ledger l "
+    (spread, together) = server.sql(
+        "SELECT extract(epoch FROM max(l.started_at) - min(l.started_at)), "
+        "extract(epoch FROM min(l.finished_at) - max(l.started_at)) FROM qa_ledger l "
         "JOIN queue_jobs j ON j.id = l.job_id WHERE j.queue = %s",
         [queue],
     )[0]
     assert done == CONCURRENCY, f"the probe jobs did not all complete ({done}/{CONCURRENCY})"
-    return float(spread)
+    return float(spread), float(together)
 
 
 def expire_leases(server: PgServer, queue: str, jobs: int) -> None:
@@ -545,11 +547,11 @@ def test_invariant_under_injected_faults(fault_server, report):
                 summary[f"round {r} settle faults"] = {
                     target: now_fired[target] - before[target] for target in SETTLE_TARGETS
                 }
-            wait_settled(server, "swept", 30)
+            wait_settled(server, "swept", 120)
             for kind in BLOCKING:
                 enqueue("blocked", [("qa.aoutcome", {**ASYNC[kind], "kind": kind})] * each)
             summary["blocked settled_s"] = round(wait_settled(server, "blocked", 120), 1)
-            spread = probe_concurrency(server, enqueue, "probe")
+            spread, together = probe_concurrency(server, enqueue, "probe")
         summary["in_doubt_commits"] = terminator.terminated
         summary["hits"] = hits(server)
         summary["fired"] = fired(server)
@@ -577,7 +579,7 @@ def test_invariant_under_injected_faults(fault_server, report):
         faults_fired=sum(summary["fired"].values()),
         settle_faults_fired=sum(summary["fired"][target] for target in SETTLE_TARGETS),
         promotions=promotions,
-        notes=f"{summary}; probe start spread {spread:.2f}s",
+        notes=f"{summary}; probe start spread {spread:.2f}s, ran together {together:.2f}s",
     )
     assert breaks == [], "\n".join(breaks[:40])
     # The settle step's faults were raised, every one planned: none was a plan that
@@ -586,8 +588,11 @@ def test_invariant_under_injected_faults(fault_server, report):
         assert summary["fired"][target] == planned_total[target], summary
     assert promotions > 0
     assert stuck == 0
-    # All CONCURRENCY probe jobs ran at once: every handler thread is alive.
-    assert spread < PROBE_SECONDS / 2, spread
+    # All CONCURRENCY probe jobs ran at once: every handler thread is alive. With one
+    # missing, a probe job starts only once another ended.
+    assert together > 0, (spread, together)
+    if FULL:  # and promptly, a promise of the full size (a loaded CI machine can lag)
+        assert spread < PROBE_SECONDS / 2, spread
     assert code == 0, output[-4000:]
     tail = output.split("stopped:")[-1]
     at = tail.find("Traceback")  # the message shows the traceback, not the log's end

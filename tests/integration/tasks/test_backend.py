@@ -204,13 +204,14 @@ def test_deferred_task_runs_no_earlier_than_run_after(run_worker):
     run_after = timezone.now() + dt.timedelta(seconds=2)
     result = add.using(run_after=run_after).enqueue(1, 1)
     run_worker([QUEUE])
-    time.sleep(0.5)  # the worker is up and polling; the task is not due yet
+    time.sleep(0.5)  # the worker is up and polling
     result.refresh()
-    assert result.status == TaskResultStatus.READY
+    if timezone.now() < run_after:  # looked before it was due (a loaded machine may not)
+        assert result.status == TaskResultStatus.READY
 
     settle(result)
     assert result.status == TaskResultStatus.SUCCESSFUL
-    assert result.started_at >= run_after
+    assert result.started_at >= run_after  # on the database's clock: claimed once due
     assert result.task.run_after == run_after
 
 
