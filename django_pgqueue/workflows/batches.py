@@ -33,7 +33,7 @@ from django.db import transaction
 
 from .. import extensions, validation
 from ..conf import get_settings
-from ..enqueue import check_options, enqueue_listener
+from ..enqueue import enqueue_listener
 from ..exceptions import BatchNotFound, EnqueueError, PayloadError
 from ..store import batches as store
 from ..store import workflows as workflow_store
@@ -183,14 +183,7 @@ def batch(
     rows = []
     for made in steps:
         try:
-            options = check_options(
-                made.type,
-                queue=made.queue,
-                priority=made.priority,
-                run_at=made.run_at,
-                delay=made.delay,
-                max_attempts=made.max_attempts,
-            )
+            options = made.checked_options()
             validation.payloads([made.payload], conf.MAX_PAYLOAD_BYTES)
         except PayloadError as exc:
             raise PayloadError(f"batch {name!r}, {made.name}: {exc}", exc.path) from exc

@@ -10,7 +10,6 @@ from django.db import transaction
 
 from .. import extensions, validation
 from ..conf import get_settings
-from ..enqueue import check_options
 from ..exceptions import EnqueueError
 from ..store import operator
 from ..store import workflows as store
@@ -128,14 +127,7 @@ class Workflow:
         for name in names:
             made, parents = self._steps[name]
             try:
-                options = check_options(
-                    made.type,
-                    queue=made.queue,
-                    priority=made.priority,
-                    run_at=made.run_at,
-                    delay=made.delay,
-                    max_attempts=made.max_attempts,
-                )
+                options = made.checked_options()
             except EnqueueError as exc:
                 raise EnqueueError(f"workflow {self.name!r}, step {name!r}: {exc}") from exc
             rows.append(store.StepRow(*options, name, made.on_failure, len(parents)))

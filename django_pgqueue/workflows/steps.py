@@ -6,6 +6,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from ..enqueue import check_options
 from ..exceptions import EnqueueError
 
 # What a step does when a job it waits for ends dead or cancelled: be cancelled too
@@ -36,6 +37,17 @@ class Step:
             )
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise EnqueueError(f"a step's name must be a non-empty string, got {self.name!r}.")
+
+    def checked_options(self) -> Any:
+        """The step's job options, validated as enqueue() validates them (EnqueueError)."""
+        return check_options(
+            self.type,
+            queue=self.queue,
+            priority=self.priority,
+            run_at=self.run_at,
+            delay=self.delay,
+            max_attempts=self.max_attempts,
+        )
 
 
 def _is_task(target: Any) -> bool:
