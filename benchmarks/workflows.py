@@ -202,7 +202,11 @@ def run_drain(n: int, concurrency: int | None, batch: int | None, *, chords: boo
     the same queue (waiting_part) are neither waited for nor counted.
     """
     clear_queue()
-    (mark,) = sql("SELECT last_value FROM queue_jobs_id_seq")[0]
+    # The last id handed out; on a fresh sequence (never called) none was, though
+    # last_value already reads 1.
+    (mark,) = sql(
+        "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM queue_jobs_id_seq"
+    )[0]
     (enqueue_chords if chords else enqueue_plain)(n)
     sql("VACUUM ANALYZE queue_job_state")
     worker = subprocess.Popen(worker_command(concurrency, batch), env=os.environ)

@@ -326,8 +326,13 @@ class HandlerPool:
         item.runtime = time.monotonic() - item.started  # counted by `finished`
         if timed_out:
             # Its failure is written; a JobTimeout injected but not delivered yet
-            # must not land later, and a replacement runs the next jobs.
+            # must not land later, and a replacement runs the next jobs (this thread's
+            # connections are closed as it ends).
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me.ident), None)
+        else:
+            # Only now, with no timeout left to land: a JobTimeout delivered in here
+            # would stop the reset half-way and be logged as its failure.
+            _reset_connections(item)
         # Reported before it is put: a thread that dies now leaves its outcome
         # queued, and check_threads must not fail the job a second time.
         item.reported = True
@@ -350,14 +355,16 @@ def _execute(item: InFlight, hooks: Hooks | WorkerHooks) -> Outcome:
         ctx.payload = json.loads(item.payload_text)
     except BaseException as exc:  # ValueError; RecursionError when nested deep
         return executor.decode_failure(exc)
+    # The features' wrappers (job_started, an OpenTelemetry span) around the run.
+    return hooks.run_attempt(item, executor.run)
+
+
+def _reset_connections(item: InFlight) -> None:
+    """Ready the thread's Django connections for its next job (see `hygiene`)."""
     try:
-        # The features' wrappers (job_started, an OpenTelemetry span) around the run.
-        return hooks.run_attempt(item, executor.run)
-    finally:
-        try:
-            reset_django_connections()
-        except Exception:
-            logger.exception("job %d: resetting the Django connections failed", ctx.job_id)
+        reset_django_connections()
+    except Exception:
+        logger.exception("job %d: resetting the Django connections failed", item.ctx.job_id)
 
 
 def _thread_died() -> Failure:

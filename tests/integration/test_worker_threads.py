@@ -139,6 +139,33 @@ def test_a_handler_that_returned_is_never_timed_out():
     assert not item.timed_out
 
 
+def test_a_timeout_due_while_connections_are_reset_never_lands_after_the_handler(
+    run_worker, monkeypatch, caplog
+):
+    """A handler that returned in time is done: its job's timeout coming due while the
+    thread readies its Django connections for the next job neither fails the job nor
+    interrupts the reset (where it used to land, logged as the reset's failure)."""
+    from django_pgqueue.worker import pool
+
+    real = pool.reset_django_connections
+
+    def slow_reset():
+        # Longer than the job's timeout: a timeout still armed comes due in here.
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+        real()
+
+    monkeypatch.setattr(pool, "reset_django_connections", slow_reset)
+    job = enqueue("qa.outcome", {"do": "return"}, queue="reset", max_attempts=1)
+    worker = run_worker(["reset"], concurrency=1, job_timeout=0.3, poll_interval=0.1)
+    wait_until(lambda: status(job.id) in ("completed", "dead"), timeout=120)
+    assert status(job.id) == "completed"
+    assert Attempt.objects.get(job_id=job.id).status == "succeeded"
+    assert not [r for r in caplog.records if "resetting the Django connections" in r.message]
+    assert worker.worker.stats["threads_died"] == 0
+
+
 def test_more_handlers_stuck_at_once_than_threads_ends_the_worker(run_worker):
     for _ in range(2):
         enqueue("qa.hang", queue="wedged", max_attempts=1)  # blocked in C for good
