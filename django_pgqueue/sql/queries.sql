@@ -866,45 +866,13 @@ SELECT now() - make_interval(secs => %(seconds)s::float8) AS at;
 
 -- name: job_prune_count
 -- Count, by status, the finished jobs that finished before the cutoff (a prune's dry run).
--- The IN list and NOT EXISTS repeat the rules of job_prune_batch: only finished jobs
+-- Its rules are job_prune_batch's, put at the mark (sql/__init__.py): only finished jobs
 -- ever qualify, and not while their workflow has a step to run or their batch has not
 -- settled.
 SELECT status, count(*) AS jobs
 FROM queue_job_state
 WHERE status = ANY(%(statuses)s::text[])
-  AND status IN ('completed', 'dead', 'cancelled')
-  AND finished_at < %(cutoff)s::timestamptz
-  AND NOT EXISTS (
-      SELECT FROM queue_workflow_steps AS step
-      WHERE step.job_id = queue_job_state.job_id
-        AND ((SELECT true FROM queue_workflow_steps AS other
-                     JOIN queue_job_state AS live ON live.job_id = other.job_id
-                     WHERE other.workflow_id = step.workflow_id
-                       AND live.status IN ('waiting', 'pending', 'running') LIMIT 1)
-             -- A batch's callback (a step of the batch's workflow) stays while a
-             -- member runs too (on_success is cancelled early, by a member's death).
-             OR (SELECT true FROM queue_batches AS batch
-                        JOIN queue_batch_jobs AS member ON member.batch_id = batch.id
-                        JOIN queue_job_state AS live ON live.job_id = member.job_id
-                        WHERE batch.workflow_id = step.workflow_id
-                          AND live.status IN ('waiting', 'pending', 'running') LIMIT 1))
-  )
-  -- A batch's member stays until the batch settled (every member and callback
-  -- finished): batch_status counts its members. A plain job has no member row (one
-  -- probe of queue_batch_jobs' primary key).
-  AND NOT EXISTS (
-      SELECT FROM queue_batch_jobs AS member
-      JOIN queue_batches AS batch ON batch.id = member.batch_id
-      WHERE member.job_id = queue_job_state.job_id
-        AND ((SELECT true FROM queue_batch_jobs AS other
-                     JOIN queue_job_state AS live ON live.job_id = other.job_id
-                     WHERE other.batch_id = member.batch_id
-                       AND live.status IN ('waiting', 'pending', 'running') LIMIT 1)
-             OR (SELECT true FROM queue_workflow_steps AS callback
-                        JOIN queue_job_state AS live ON live.job_id = callback.job_id
-                        WHERE callback.workflow_id = batch.workflow_id
-                          AND live.status IN ('waiting', 'pending', 'running') LIMIT 1))
-  )
+  -- job_prune_count: job_prune_batch's rules
 GROUP BY status;
 
 
