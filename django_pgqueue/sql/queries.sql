@@ -849,6 +849,12 @@ SELECT pg_is_in_recovery() AS replica,
        extract(epoch FROM now() - pg_last_xact_replay_timestamp())::float8 AS lag_seconds;
 
 
+-- name: queue_tables_missing
+-- Name the queue's tables the database lacks, of those given (a worker does not start
+-- on a database that was never migrated).
+SELECT name FROM unnest(%(names)s::text[]) AS name WHERE to_regclass(name) IS NULL;
+
+
 -- name: autovacuum_settings
 -- Read whether autovacuum may clean queue_job_state, for the system check pgqueue.W001:
 -- whether it is on for the server, and whether the table's reloptions turn it off.

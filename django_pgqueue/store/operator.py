@@ -77,6 +77,11 @@ def replica_lag(alias: str) -> tuple[bool, float | None]:
     return bool(replica), None if lag is None else max(0.0, float(lag))
 
 
+def missing_tables(alias: str, names: Sequence[str]) -> list[str]:
+    """The tables of `names` that the database of `alias` lacks."""
+    return [name for (name,) in fetch_all(alias, "queue_tables_missing", {"names": list(names)})]
+
+
 def autovacuum_settings(alias: str) -> tuple[bool, bool] | None:
     """Read (autovacuum on for the server, off for queue_job_state); None if no row."""
     rows = fetch_all(alias, "autovacuum_settings")

@@ -325,13 +325,9 @@ class HandlerPool:
                 timed_out = item.timed_out
         item.runtime = time.monotonic() - item.started  # counted by `finished`
         if timed_out:
-            # Its failure is written; a JobTimeout injected but not delivered yet
-            # must not land later, and a replacement runs the next jobs (this thread's
-            # connections are closed as it ends).
+            # Its failure is written: a JobTimeout not delivered yet must not land later.
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me.ident), None)
-        else:
-            # Only now, with no timeout left to land: a JobTimeout delivered in here
-            # would stop the reset half-way and be logged as its failure.
+        else:  # no timeout can land in the reset now (it would stop it half-way)
             _reset_connections(item)
         # Reported before it is put: a thread that dies now leaves its outcome
         # queued, and check_threads must not fail the job a second time.

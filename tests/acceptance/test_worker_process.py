@@ -8,7 +8,7 @@ import time
 import pytest
 
 from django_pgqueue import enqueue, enqueue_many
-from tests.conftest import sql
+from tests.conftest import database_url, sql
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -80,3 +80,34 @@ def test_bad_arguments_give_a_clear_error(worker_process):
     code, output = worker_process("a", "--weights", "a=x").wait(30)
     assert code != 0
     assert "QUEUE=WEIGHT" in output
+
+
+@pytest.fixture
+def unmigrated_url():
+    """The URL of an empty database on the test server, dropped afterwards."""
+    import os
+
+    import psycopg
+
+    url = database_url()
+    name = f"pgqueue_unmigrated_{os.getpid()}"
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.execute(f"CREATE DATABASE {name}")
+    try:
+        yield url.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.mark.parametrize("extra", [["--burst"], ["--processes", "2"]])
+def test_a_database_never_migrated_is_refused_at_start(worker_process, unmigrated_url, extra):
+    """Not an error every half second for ever (nor a --burst worker that never ends):
+    the worker says what to run, and exits."""
+    worker = worker_process("q", *extra, env={"DATABASE_URL": unmigrated_url})
+    code, output = worker.wait(120)
+    assert code != 0
+    assert "The database 'default' has none of the queue's tables" in output
+    assert "run manage.py migrate before starting a worker" in output
+    assert "child" not in output  # a supervisor refuses before it starts any

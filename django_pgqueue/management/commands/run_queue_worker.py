@@ -8,13 +8,15 @@ import logging
 import sys
 from typing import Any
 
+from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from django_pgqueue import supervisor, validators
 from django_pgqueue.checks import TAG as CHECK_TAG
 from django_pgqueue.checks import autovacuum_problem
 from django_pgqueue.exceptions import ConfigurationError
+from django_pgqueue.store.operator import missing_tables
 from django_pgqueue.worker import Worker, WorkerConfig
 
 
@@ -175,8 +177,8 @@ class Command(BaseCommand):
             processes = supervisor.parse_processes(options["processes"])
             config = _worker_options(options, weights)
             if processes > 1 and options["control_fd"] is None:
-                WorkerConfig.build(options["queues"], **config)  # refuse bad options once
-                code = _supervise(processes, options)
+                cfg = WorkerConfig.build(options["queues"], **config)  # refuse bad options once
+                code = _supervise(processes, options, cfg.database)
             else:
                 code = self._run_worker(options, config)
         except ConfigurationError as exc:
@@ -187,8 +189,8 @@ class Command(BaseCommand):
     def _run_worker(self, options: dict[str, Any], config: dict[str, Any]) -> int:
         """Run one worker in this process; its exit code."""
         worker = Worker(options["queues"], **config)
-        if options["child_index"] in (None, 0):  # one warning per command, not per child
-            _warn_without_autovacuum(worker.config.database)
+        if options["child_index"] is None:  # a supervisor's children were checked by it
+            _check_database(worker.config.database)
         if options["metrics_port"] is not None:
             _serve_metrics(worker, options["metrics_port"], options["metrics_addr"])
         if options["control_fd"] is not None:
@@ -238,8 +240,11 @@ CHILD_OPTIONS = (
 )
 
 
-def _supervise(processes: int, options: dict[str, Any]) -> int:
-    """Run `processes` copies of this command as children of a supervisor; its exit code."""
+def _supervise(processes: int, options: dict[str, Any], alias: str) -> int:
+    """Run `processes` copies of this command as children of a supervisor; its exit code.
+
+    Bad options and a database never migrated are refused here, once, not by every child.
+    """
     port = options["metrics_port"]
     if port is not None:
         if port and port + processes - 1 > 65535:
@@ -277,7 +282,9 @@ def _supervise(processes: int, options: dict[str, Any]) -> int:
             argv += ["--metrics-port", str(port + index if port else 0)]
         return argv
 
-    return supervisor.Supervisor(processes, child_argv, burst=options["burst"]).run()
+    supervising = supervisor.Supervisor(processes, child_argv, burst=options["burst"])
+    _check_database(alias)
+    return supervising.run()
 
 
 def _serve_metrics(worker: Worker, port: int, addr: str) -> None:
@@ -298,14 +305,29 @@ def _serve_metrics(worker: Worker, port: int, addr: str) -> None:
     )
 
 
-def _warn_without_autovacuum(alias: str) -> None:
-    """Log pgqueue.W001 (see checks.py) once at startup; the worker runs regardless."""
+def _check_database(alias: str) -> None:
+    """Refuse to start on a database without the queue's tables (CommandError); log
+    pgqueue.W001 (see checks.py) if autovacuum is off, and run regardless. A database
+    out of reach is the worker's to report and wait for."""
+    tables = [model._meta.db_table for model in apps.get_app_config("django_pgqueue").get_models()]
     try:
-        problem = autovacuum_problem(alias)
+        missing = missing_tables(alias, tables)
+        problem = None if missing else autovacuum_problem(alias)
     except DatabaseError:
-        return  # the worker reports the database and waits for it
+        return
     finally:
         connections[alias].close()
+    if missing:
+        where = "" if alias == DEFAULT_DB_ALIAS else f" --database {alias}"
+        what = (
+            "none of the queue's tables"
+            if len(missing) == len(tables)
+            else f"not all of the queue's tables (no {', '.join(missing)})"
+        )
+        raise CommandError(
+            f"The database {alias!r} has {what}: run manage.py migrate{where} before "
+            "starting a worker."
+        )
     if problem:
         logging.getLogger("django_pgqueue.worker").warning(
             "%s: dead rows in queue_job_state are not cleaned up, so claims slow down "
