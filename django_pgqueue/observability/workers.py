@@ -69,6 +69,8 @@ class WorkerInfo:
     seen_seconds_ago: float
     # The first JOBS_PER_WORKER jobs it holds (oldest job first); `running` counts all.
     jobs: list[RunningJob] = field(default_factory=list)
+    # The queue database it registered on (its queues' database).
+    database: str = ""
 
     @property
     def jobs_not_shown(self) -> int:
@@ -124,11 +126,17 @@ def prune(
     return int(rows[0][0]), int(rows[0][1])
 
 
-def list_workers(alias: str, *, with_jobs: bool = True) -> list[WorkerInfo]:
-    """The registered workers, alive first, each with the jobs it holds now."""
+def list_workers(
+    alias: str, *, with_jobs: bool = True, database: str | None = None
+) -> list[WorkerInfo]:
+    """The registered workers, alive first, each with the jobs it holds now.
+
+    Read on `alias`; `database` names the queue database they registered on, when
+    `alias` is its replica (default: `alias`).
+    """
     with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["worker_list"], {"limit": LIST_LIMIT})
-        workers = [WorkerInfo(*row) for row in cursor.fetchall()]
+        workers = [WorkerInfo(*row, database=database or alias) for row in cursor.fetchall()]
         for worker in workers:
             if isinstance(worker.queues, str):  # Django's connection leaves jsonb as text
                 worker.queues = json.loads(worker.queues)

@@ -64,7 +64,7 @@ class Command(BaseCommand):
         for reading in snapshot.readings:
             if not reading.up:
                 continue
-            workers = list_workers(reading.read_from)
+            workers = list_workers(reading.read_from, database=reading.alias)
             served = {queue for worker in workers if worker.alive for queue in worker.queues}
             registered += workers
             stranded += stranded_jobs(reading.read_from, served)
