@@ -52,8 +52,10 @@ class InFlight:
         job_timeout: float | None,
         worker_id: str,
         expires: float,
+        database: str | None = None,
     ) -> InFlight:
-        """The in-flight job of a claimed row, its lease held until `expires`."""
+        """The in-flight job of a claimed row, its lease held until `expires`; `database`
+        is its queue database's alias, None for PGQUEUE["DATABASE"]."""
         lease = Lease(row.job_id, row.lease_version, expires)
         ctx = JobContext(
             job_id=row.job_id,
@@ -67,6 +69,7 @@ class InFlight:
             worker_id=worker_id,
             created_at=row.created_at,
             user_key=row.idempotency_key,
+            database=database,
             lease=lease,
         )
         if handler is None:

@@ -10,7 +10,7 @@ from typing import Any
 
 # Reads the stored results of the jobs a job waits for, by step name: set by the
 # workflows feature when it is imported (this module knows no database).
-parent_results_reader: Callable[[int], dict[str, Any]] | None = None
+parent_results_reader: Callable[[Any], dict[str, Any]] | None = None
 # Reads the counts of the batch a job is in (the workflows feature sets it too).
 batch_reader: Callable[[Any], Any] | None = None
 
@@ -49,9 +49,12 @@ class JobContext:
     """One claimed job, as a handler sees it.
 
     `attempt` counts from 1. `idempotency_key` is stable across attempts: the key given
-    at enqueue, or ``"pgqueue-<job id>"``; pass it to external services so a retried job
-    does not charge or send twice. `lease_lost()` turns true once another worker may
-    own the job: a long handler should check it and stop early.
+    at enqueue, or ``"pgqueue-<job id>"`` (``"pgqueue-<alias>:<job id>"`` for a job on a
+    queue database other than PGQUEUE["DATABASE"]: ids of two databases may be equal);
+    pass it to external services so a retried job does not charge or send twice.
+    `lease_lost()` turns true once another worker may own the job: a long handler should
+    check it and stop early. `database` is the alias of the job's queue database when it
+    is not PGQUEUE["DATABASE"] (None for that one).
     """
 
     job_id: int
@@ -65,6 +68,7 @@ class JobContext:
     worker_id: str = ""
     created_at: dt.datetime | None = None
     user_key: str | None = None
+    database: str | None = None
     # The worker's lease on the job (None outside a worker): private, read through
     # lease_lost() and cancel_requested().
     lease: InitVar[Lease | None] = None
@@ -76,7 +80,10 @@ class JobContext:
 
     @property
     def idempotency_key(self) -> str:
-        return self.user_key or f"pgqueue-{self.job_id}"
+        if self.user_key:
+            return self.user_key
+        where = f"{self.database}:" if self.database else ""
+        return f"pgqueue-{where}{self.job_id}"
 
     @property
     def scheduled_for(self) -> dt.datetime | None:
@@ -106,7 +113,7 @@ class JobContext:
         """
         if self._parents is None:
             reader = parent_results_reader
-            self._parents = {} if reader is None else reader(self.job_id)
+            self._parents = {} if reader is None else reader(self)
         return self._parents
 
     @property

@@ -32,6 +32,7 @@ from .. import validation
 from ..conf import get_settings
 from ..enqueue import enqueue
 from ..exceptions import ConfigurationError, EnqueueError
+from ..job_refs import parse_result_id, result_id
 from ..task_paths import import_task
 from .api import (
     DEFAULT_TASK_QUEUE_NAME,
@@ -44,7 +45,7 @@ from .api import (
     task_enqueued,
 )
 from .options import TaskOptions, parse_options
-from .results import TaskCall, as_enqueued, build_result, parse_result_id, result_id
+from .results import TaskCall, as_enqueued, build_result
 
 
 class PgQueueBackend(BaseTaskBackend):

@@ -12,6 +12,7 @@ from django.utils.dateparse import parse_datetime
 
 import django_pgqueue
 
+from ..job_refs import result_id
 from .api import (
     InvalidTask,
     InvalidTaskBackend,
@@ -96,28 +97,6 @@ def error_class_path(error_class: str | None) -> str:
         if isinstance(getattr(django_pgqueue, name, None), type):
             return f"django_pgqueue.{name}"
     return name
-
-
-def result_id(job_id: int, database: str, default: str) -> str:
-    """A result's id: the job's id, prefixed with its alias (``"queues2:42"``) when the
-    job lives on a database other than `default` (PGQUEUE["DATABASE"]), so that
-    get_result finds the job there (ids of different databases may be equal)."""
-    return str(job_id) if database == default else f"{database}:{job_id}"
-
-
-def parse_result_id(value: Any, default: str) -> tuple[int, str] | None:
-    """(job id, alias) of a result id result_id() made; None if it is not one."""
-    database = default
-    if isinstance(value, str) and ":" in value:
-        database, _, value = value.rpartition(":")
-        if not database:
-            return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value, database) if 0 < value < 2**63 else None
-    if isinstance(value, str) and value.isascii() and value.isdigit():
-        number = int(value)
-        return (number, database) if 0 < number < 2**63 else None
-    return None
 
 
 def build_result(

@@ -13,9 +13,9 @@ from typing import Any
 from .. import waiting
 from ..conf import get_settings
 from ..exceptions import JobFailed
+from ..job_refs import parse_result_id
 from .api import TaskResult, task_backends
 from .backend import PgQueueBackend
-from .results import parse_result_id
 
 
 def _result_job(result: TaskResult) -> tuple[int, str]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from ..claimed import InFlight
+from ..conf import get_settings
 from ..extensions import Hooks
 from ..registry import Registry
 from ..retry import RetryPolicy, default_policy
@@ -131,6 +132,7 @@ class Intake:
         """Start claimed jobs, in claim order: in flight, leases held, handed to the pool."""
         cfg = self.config
         self.stats["claimed"] += len(rows)
+        database = None if self.store.alias == get_settings().DATABASE else self.store.alias
         items = [
             InFlight.claimed(
                 row,
@@ -139,6 +141,7 @@ class Intake:
                 cfg.job_timeout,
                 cfg.worker_id,
                 expires,
+                database,
             )
             for row in rows
         ]

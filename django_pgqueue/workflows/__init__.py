@@ -19,6 +19,7 @@ from typing import Any
 
 from .. import context
 from ..conf import get_settings
+from ..job_refs import job_reference
 from ..store import workflows as store
 from .batches import BatchRun, BatchStatus, batch, batch_status
 from .builder import Workflow, WorkflowRun, cancel_workflow
@@ -51,10 +52,8 @@ def parent_results(job: Any, *, using: str | None = None) -> dict[str, Any]:
     ``takes_context=True``). Only completed parents are listed: one that ended dead
     or cancelled (a step with on_failure "run" or a link_error step) is missing.
     """
-    if hasattr(job, "task_result"):
-        job = job.task_result.id
-    job_id = int(job.job_id if hasattr(job, "job_id") else job)
-    alias = using or get_settings().DATABASE
+    job_id, alias = job_reference(job, get_settings().DATABASE)
+    alias = using or alias
     return {
         name: result
         for name, _, status, result in store.parent_results(alias, job_id)

@@ -35,6 +35,7 @@ from .. import extensions, validation
 from ..conf import get_settings
 from ..enqueue import enqueue_listener
 from ..exceptions import BatchNotFound, EnqueueError, PayloadError
+from ..job_refs import job_reference
 from ..store import batches as store
 from ..store import workflows as workflow_store
 from .steps import Step, _is_task, step
@@ -244,8 +245,9 @@ def batch_status(batch: Any, *, using: str | None = None) -> BatchStatus:
         batch_id: int | None = batch.id
         alias = using or batch.using
     elif hasattr(batch, "task_result") or hasattr(batch, "job_id"):
-        job = batch.task_result.id if hasattr(batch, "task_result") else batch.job_id
-        batch_id = store.find_batch(alias, int(job))
+        job, where = job_reference(batch, get_settings().DATABASE)
+        alias = using or where
+        batch_id = store.find_batch(alias, job)
         if batch_id is None:
             raise BatchNotFound(f"job {job} is in no batch.")
     else:

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import extensions, validation
+from .. import extensions, routing, validation
 from ..conf import get_settings
 from ..exceptions import EnqueueError
 from ..store import operator
@@ -139,12 +139,32 @@ class Workflow:
             text = validation.payloads(payloads, conf.MAX_PAYLOAD_BYTES)
         except EnqueueError as exc:
             raise EnqueueError(f"workflow {self.name!r}: {exc} (the step order: {names})") from exc
-        alias = using or conf.DATABASE
+        alias = using or self._database(rows)
+        # Inside a transaction on another database only, it could not be atomic with it.
+        routing.commit_to_wait_for(alias, rows[0].queue, on_commit=False)
         traceparent = extensions.enqueue_columns().get("traceparent")
         workflow_id, job_ids = store.insert_workflow(
             alias, self.name, rows, text, edges, traceparent
         )
-        return WorkflowRun(workflow_id, dict(zip(names, job_ids, strict=True)), using)
+        where = None if alias == conf.DATABASE else alias
+        return WorkflowRun(workflow_id, dict(zip(names, job_ids, strict=True)), where)
+
+    def _database(self, rows: Sequence[store.StepRow]) -> str:
+        """The database the steps' queues live on (QUEUE_DATABASES); EnqueueError when
+        they span several: a step can wait only for steps of its own database."""
+        conf = get_settings()
+        found: dict[str, str] = {}
+        for row in rows:
+            found.setdefault(conf.database_for(row.queue), row.queue)
+        if len(found) > 1:
+            where = ", ".join(f"{queue!r} on {alias!r}" for alias, queue in found.items())
+            raise EnqueueError(
+                f"workflow {self.name!r} has steps on queues of several databases ({where}): "
+                "its steps wait for each other within one database. Route its queues to "
+                "one database (PGQUEUE['QUEUE_DATABASES']), or pass using= to write it all "
+                "on one."
+            )
+        return next(iter(found))
 
 
 def _topological(workflow: str, graph: dict[str, Sequence[str]]) -> list[str]:

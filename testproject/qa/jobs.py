@@ -326,6 +326,12 @@ def report(ctx: JobContext) -> dict[str, Any]:
     }
 
 
+@django_pgqueue.handler("qa.keys")
+def keys(ctx: JobContext) -> Any:
+    """Return the job's idempotency key and the queue database its context names."""
+    return {"key": ctx.idempotency_key, "database": ctx.database}
+
+
 @django_pgqueue.handler("qa.parents")
 def parents(ctx: JobContext) -> Any:
     """A workflow step: return its payload and the stored results of the steps it waited for."""

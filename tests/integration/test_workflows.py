@@ -11,7 +11,16 @@ from django.core.management import call_command
 from django.db import transaction
 from prometheus_client import generate_latest
 
-from django_pgqueue import EnqueueError, Workflow, chain, chord, enqueue_many, group, step
+from django_pgqueue import (
+    EnqueueError,
+    Workflow,
+    batch,
+    chain,
+    chord,
+    enqueue_many,
+    group,
+    step,
+)
 from django_pgqueue.metrics.collector import QueueCollector
 from django_pgqueue.models import Attempt, JobState
 from django_pgqueue.stats import collect
@@ -87,6 +96,19 @@ def test_a_chain_runs_in_order_each_step_reading_the_previous_result(run_worker)
     times = starts(run)
     assert times[names[0]][1] <= times[names[1]][0]
     assert times[names[1]][1] <= times[names[2]][0]
+
+
+def test_a_burst_worker_runs_the_steps_its_own_completions_made_due(run_worker):
+    """--burst ends when its queues are empty: a batch's callback, or a chain's next
+    step, made pending by the worker's own last completions (whose NOTIFY may not have
+    come yet) is a job to run, not an empty queue."""
+    for _ in range(3):
+        run = chain(p("a"), p("b"), p("c")).enqueue()
+        with batch(on_finish=p("done")):
+            enqueue_many([("qa.echo", {"n": n}) for n in range(2)], queue=Q)
+        run_worker([Q], burst=True).join()
+        assert set(statuses(run).values()) == {"completed"}
+        assert set(JobState.objects.values_list("status", flat=True)) == {"completed"}
 
 
 def test_a_chord_callback_gets_the_group_results_in_group_order(run_worker):

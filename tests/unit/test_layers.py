@@ -35,6 +35,7 @@ FLOORS = {
     "models": FOUNDATIONS,
     "outcomes": FOUNDATIONS,
     "context": FOUNDATIONS,
+    "job_refs": FOUNDATIONS,
     "signals": FOUNDATIONS,
     "version": FOUNDATIONS,
     # The data layer: the only code that runs the SQL.

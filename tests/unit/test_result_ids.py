@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_pgqueue.tasks.results import parse_result_id, result_id
+from django_pgqueue.job_refs import parse_result_id, result_id
 
 
 def test_a_result_id_names_only_a_database_other_than_the_default():
