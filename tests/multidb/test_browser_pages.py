@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connections
 
 from django_pgqueue import Workflow, enqueue, step
-from django_pgqueue.models import JobState
+from django_pgqueue.models import JobState, Schedule
 from tests.browser.test_admin import (  # noqa: F401 - fixtures
     PASSWORD,
     _fast_password_hashing,
@@ -20,6 +21,7 @@ from tests.browser.test_admin import (  # noqa: F401 - fixtures
 )
 from tests.factories import OPERATOR_PERMISSIONS, make_user
 from tests.integration.test_worker import wait_until
+from tests.multidb.conftest import jobs
 
 pytestmark = [
     pytest.mark.slow,
@@ -115,3 +117,45 @@ def test_a_workflow_of_queues2_is_found_opened_and_cancelled_there(
     page.click(f'a[href$="/{away.jobs["ship-order"]}/change/?database=queues2"] >> nth=0')
     page.click("text=order-2087")
     page.wait_for_url(f"**/workflow/{away.id}/change/?database=queues2")
+
+
+def test_schedules_and_charts_of_queues2(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    tmp_path: Path,
+) -> None:
+    make_user("operator", *OPERATOR_PERMISSIONS, "view_schedule", "change_schedule",
+              "run_schedule", password=PASSWORD)  # fmt: skip
+    daily = {"type": "qa.noop", "cron": "0 3 * * *", "timezone": "UTC"}
+    Schedule.objects.create(name="nightly-report", queue="mail", **daily)
+    Schedule.objects.using("queues2").create(name="hourly-export", queue="q2.work", **daily)
+    with connections["queues2"].cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO queue_stats_minutely (minute, queue, completed, retried, dead, "
+            "wait_seconds_sum, wait_buckets) SELECT date_trunc('minute', now()) - "
+            "make_interval(mins => m), 'q2.work', 40 + m % 7, m % 3, 0, 20, "
+            "'{30,10,5,0,0,0,0,0,0,0,0,0,0,0}' FROM generate_series(0, 50) AS m"
+        )
+
+    page = login(browser, live_server, "operator", width=1400)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/schedule/")
+    assert "nightly-report" in page.inner_text("#result_list")
+    page.click("#pgqueue-database-choice >> text=queues2")
+    page.wait_for_url("**/schedule/?database=queues2")
+    assert "hourly-export" in page.inner_text("#result_list")
+    assert "nightly-report" not in page.inner_text("#result_list")
+    page.check("input.action-select")
+    page.select_option("select[name=action]", "run_now_action")
+    page.click("button[name=index]")
+    page.wait_for_selector(".messagelist")
+    assert "enqueued job" in page.inner_text(".messagelist")
+    assert jobs("queues2") == [("q2.work", "qa.noop")]
+    assert jobs("default") == []
+    save_screenshot(page, tmp_path, "schedules-queues2.png")
+
+    page.goto(f"{live_server.url}/admin/django_pgqueue/minutestats/?database=queues2")
+    assert "q2.work: jobs per minute" in page.inner_text("#content")
+    page.click("text=6 h")
+    assert "database=queues2" in page.url
+    assert "q2.work: jobs per minute" in page.inner_text("#content")
+    save_screenshot(page, tmp_path, "charts-queues2.png")
