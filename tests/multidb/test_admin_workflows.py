@@ -118,7 +118,11 @@ def test_the_batches_list_shows_one_database_and_links_there(operator_client: An
 
     # The callbacks' workflow page links back to its batch on queues2.
     workflow_page = page(operator_client, links[0])
-    assert re.search(r'class="pgqueue-workflow-batch" href="[^"]*database=queues2', workflow_page)
+    back = re.search(
+        r'class="pgqueue-workflow-batch" href="([^"]*database=queues2)"', workflow_page
+    )
+    assert back is not None
+    assert "away-batch" in page(operator_client, back.group(1).replace("&amp;", "&"))
 
 
 @pytest.mark.parametrize("url", [WORKFLOWS, BATCHES])
