@@ -3,7 +3,8 @@
 Read-only: a batch is written by its ``batch()`` block, and its members and callbacks
 are jobs, retried or cancelled on the jobs pages. The counts are one grouped join
 per page (``queue_batch_jobs`` to the members' state rows); the callbacks one
-aggregated subquery per batch row of the page.
+aggregated subquery per batch row of the page. With several queue databases the list
+shows one at a time (the database filter), read from its replica if it has one.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ from django.utils.html import format_html, format_html_join
 from ..models import Batch, Job, WorkflowStep
 from .attempts import can
 from .columns import badge, when_short
+from .databases import (
+    DatabaseFilter,
+    admin_database,
+    database_choice,
+    read_alias,
+    with_database,
+)
 
 UNFINISHED = ("waiting", "pending", "running")
 # A batch's state as the Workflows pages colour a workflow's (workflows.css).
@@ -53,6 +61,7 @@ def member_counts(obj: Any) -> list[tuple[str, int]]:
 class BatchAdmin(admin.ModelAdmin):
     list_display = ("batch", "state", "progress", "members", "callbacks", "created")
     list_display_links = None
+    list_filter = (DatabaseFilter,)
     search_fields = ("name",)
     ordering = ("-id",)
     show_full_result_count = False
@@ -61,7 +70,9 @@ class BatchAdmin(admin.ModelAdmin):
         css = {"all": ("django_pgqueue/admin.css", "django_pgqueue/workflows.css")}
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        return super().changelist_view(request, {"title": "Batches", **(extra_context or {})})
+        choice = database_choice(request, request.path)
+        context = {"title": "Batches", "database_choice": choice, **(extra_context or {})}
+        return super().changelist_view(request, context)
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Whoever may view jobs may view the batches they joined (as the Workflows pages).
@@ -100,7 +111,10 @@ class BatchAdmin(admin.ModelAdmin):
         return (
             super()
             .get_queryset(request)
+            .using(read_alias(request))  # ?database=, or its replica
             .annotate(
+                # Which queue database the row's links show (its workflow, its callbacks).
+                pgqueue_database=Value(admin_database(request), output_field=TextField()),
                 n_completed=Count("members", filter=Q(**{status: "completed"})),
                 n_dead=Count("members", filter=Q(**{status: "dead"})),
                 n_cancelled=Count("members", filter=Q(**{status: "cancelled"})),
@@ -164,7 +178,10 @@ class BatchAdmin(admin.ModelAdmin):
         # The callbacks are the steps of one workflow: its page draws them.
         workflow = format_html(
             '<a class="pgqueue-batch-workflow" href="{}">workflow #{}</a>',
-            reverse("admin:django_pgqueue_workflow_change", args=[obj.workflow_id]),
+            with_database(
+                reverse("admin:django_pgqueue_workflow_change", args=[obj.workflow_id]),
+                obj.pgqueue_database,
+            ),
             obj.workflow_id,
         )
         events = format_html_join(
@@ -172,7 +189,10 @@ class BatchAdmin(admin.ModelAdmin):
             '<span class="pgqueue-nowrap"><a href="{}">{}</a> {}</span>',
             (
                 (
-                    reverse("admin:django_pgqueue_job_change", args=[job_id]),
+                    with_database(
+                        reverse("admin:django_pgqueue_job_change", args=[job_id]),
+                        obj.pgqueue_database,
+                    ),
                     event,
                     badge(status),
                 )

@@ -16,6 +16,7 @@ from django.core.exceptions import BadRequest
 from django.db import DatabaseError
 from django.db.models import QuerySet
 from django.http import HttpRequest, QueryDict
+from django.utils.http import urlencode
 from django.utils.text import Truncator
 
 from ..conf import get_settings
@@ -94,6 +95,48 @@ def admin_database(request: HttpRequest) -> str:
 def read_alias(request: HttpRequest) -> str:
     """Where the lists and counts of the page's database are read (its replica, if any)."""
     return get_settings().read_database(admin_database(request))
+
+
+def read_from_to_database(read_from: str | None) -> str:
+    """The queue database whose lists are read from `read_from` (a row's ``_state.db``)."""
+    conf = get_settings()
+    if read_from is None or read_from == conf.READ_DATABASE:
+        return conf.DATABASE
+    return read_from
+
+
+def with_database(url: str, alias: str) -> str:
+    """`url` showing the rows of `alias`: ``?database=ALIAS`` added unless it is DATABASE
+    (with one database, links stay as they were)."""
+    if alias == get_settings().DATABASE:
+        return url
+    return url + ("&" if "?" in url else "?") + urlencode({DATABASE_VAR: alias})
+
+
+@dataclass(frozen=True)
+class DatabaseChoice:
+    """The queue database a page shows, the others it offers, and how stale its reads are."""
+
+    alias: str
+    read_from: str
+    staleness: str
+    # (alias, the page's URL showing it, whether it is the one shown) for each database.
+    choices: list[tuple[str, str, bool]]
+    # "database=ALIAS&" for the page's own links to begin their query with ("" on DATABASE).
+    keep: str
+
+
+def database_choice(request: HttpRequest, url: str) -> DatabaseChoice | None:
+    """What a page over one queue database at a time shows of that choice, at `url` (its
+    address without a query), or None with one database (nothing to choose)."""
+    alias = admin_database(request)  # a bad ?database= is refused before reading anything
+    if not several_databases():
+        return None
+    conf = get_settings()
+    read_from = conf.read_database(alias)
+    choices = [(a, with_database(url, a), a == alias) for a in conf.queue_databases]
+    keep = "" if alias == conf.DATABASE else urlencode({DATABASE_VAR: alias}) + "&"
+    return DatabaseChoice(alias, read_from, staleness(read_from), choices, keep)
 
 
 class DatabaseFilter(admin.SimpleListFilter):

@@ -36,6 +36,7 @@ from .columns import (
     when,
     when_short,
 )
+from .databases import read_from_to_database, with_database
 from .lists import (
     DatabaseFilter,
     EstimatedCountPaginator,
@@ -164,9 +165,12 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
         if found is None:
             return EMPTY
         workflow_id, workflow, step = found
+        alias = read_from_to_database(job._state.db)
         return format_html(
             '<a href="{}">{}</a> (step {})',
-            reverse("admin:django_pgqueue_workflow_change", args=[workflow_id]),
+            with_database(
+                reverse("admin:django_pgqueue_workflow_change", args=[workflow_id]), alias
+            ),
             workflow,
             step,
         )

@@ -2,7 +2,9 @@
 
 Both are read-only pages on their models' changelist URLs. The Workers page reads the
 small registry table and the running jobs through the running-rows index; the Charts
-page reads the per-minute rollup only, never queue_attempts.
+page reads the per-minute rollup only, never queue_attempts; with several queue
+databases it charts one at a time (``?database=ALIAS``, kept in its links), read from
+its replica if it has one.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ..conf import get_settings
 from ..models import Job, MinuteStats, WorkerRecord
 from ..observability import charts, rollup, workers
 from .attempts import NoEditing, can
-from .databases import DatabaseRow, several_databases, staleness
+from .databases import DatabaseRow, database_choice, read_alias, several_databases, staleness
 
 # The chart windows a page offers, in minutes, with their labels and the minutes each
 # point sums. Without a choice in the URL the page shows the smallest window that holds
@@ -109,15 +111,15 @@ def chosen_window(request: HttpRequest) -> int | None:
     return None
 
 
-def fitting_window() -> int:
-    """The smallest offered window that holds every rollup minute of the last day.
+def fitting_window(alias: str) -> int:
+    """The smallest offered window that holds every rollup minute of the last day on `alias`.
 
     One query: the age of the oldest such minute by the database's clock, in whole
     minutes (a window of `size` minutes reads the minutes after its start).
     """
     now_minute = TruncMinute(Now())
     age = (
-        MinuteStats.objects.using(get_settings().DATABASE)
+        MinuteStats.objects.using(alias)
         .filter(minute__gt=now_minute - dt.timedelta(days=1))
         .aggregate(age=ExpressionWrapper(now_minute - Min("minute"), output_field=DurationField()))[
             "age"
@@ -132,9 +134,11 @@ def fitting_window() -> int:
 @admin.register(MinuteStats)
 class ChartsAdmin(ReadOnlyPage):
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        minutes = chosen_window(request) or fitting_window()
+        choice = database_choice(request, request.path)
+        read_from = read_alias(request)
+        minutes = chosen_window(request) or fitting_window(read_from)
         wanted = request.GET.get("queue") or None
-        window = rollup.read_window(get_settings().DATABASE, minutes, STEPS[minutes])
+        window = rollup.read_window(read_from, minutes, STEPS[minutes])
         shown = [s for s in window.queues if wanted is None or s.queue == wanted]
         rows = []
         for series in shown:
@@ -176,4 +180,6 @@ class ChartsAdmin(ReadOnlyPage):
             windows=WINDOWS.items(),
             queue=wanted,
             queues=[s.queue for s in window.queues],
+            database_choice=choice,
+            keep=choice.keep if choice else "",
         )

@@ -7,6 +7,11 @@ starts it at its next tick (the time it was off is not caught up). "Run now"
 enqueues one job keyed by the schedule, so a double click (or two operators) while
 that job is pending or running does not make a second one; it needs the
 ``django_pgqueue.run_schedule`` permission.
+
+With several queue databases a schedule lives on its queue's database (whose workers
+fire it): the list shows one database at a time (the database filter), read from its
+replica if it has one; a schedule's page, its edits and the actions are read and
+written on that database itself, and a new schedule is written on its queue's.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
@@ -30,6 +35,13 @@ from ..registry import registry
 from ..schedules.operations import LATE_POLL_INTERVALS, run_now
 from ..schedules.spec import ScheduleSpec
 from .columns import badge, breakable, when, when_short
+from .databases import (
+    DatabaseFilter,
+    admin_database,
+    database_choice,
+    read_alias,
+    with_database,
+)
 
 TIMING_FIELDS = ("cron", "every", "timezone")
 RECENT_TICKS = 10
@@ -51,6 +63,10 @@ class ScheduleForm(forms.ModelForm):
         model = Schedule
         fields = ["name", "type", "queue", "cron", "every", "timezone", "catch_up", "payload",
                   "priority", "max_attempts", "enabled"]  # fmt: skip
+
+    # The queue database of the page (ScheduleAdmin.get_form sets it): an existing
+    # schedule's, where it is read and written.
+    database: str | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -77,6 +93,7 @@ class ScheduleForm(forms.ModelForm):
         problems = spec.problems()
         if problems:
             raise forms.ValidationError([f"{problem}." for problem in problems])
+        self.check_database(spec.name, data.get("queue") or self.instance.queue)
         registry.autodiscover()
         if registry.find(spec.type) is None:
             raise forms.ValidationError(
@@ -84,6 +101,30 @@ class ScheduleForm(forms.ModelForm):
                 f"{', '.join(registry.types()) or 'none'}."
             )
         return data
+
+    def check_database(self, name: str, queue: str) -> None:
+        """A schedule stays on its queue's database (its workers fire it there), and its
+        name is unique there (the model's own check reads DATABASE only)."""
+        alias = get_settings().database_for(queue)
+        if self.instance._state.adding:
+            if Schedule.objects.using(alias).filter(pk=name).exists():
+                raise forms.ValidationError(
+                    f"A schedule named {name!r} exists already on the database {alias!r}."
+                )
+        elif alias != self.database:
+            raise forms.ValidationError(
+                f"The queue {queue!r} lives on the database {alias!r}, and this schedule on "
+                f"{self.database!r}, whose workers could not fire it: add it anew with that "
+                "queue, then delete this one."
+            )
+
+    def validate_unique(self) -> None:
+        # The name is checked on the schedule's database (check_database), not DATABASE's.
+        exclude = {*self._get_validation_exclusions(), "name"}
+        try:
+            self.instance.validate_unique(exclude=exclude)
+        except forms.ValidationError as exc:
+            self._update_errors(exc)
 
 
 @admin.register(Schedule)
@@ -93,7 +134,7 @@ class ScheduleAdmin(admin.ModelAdmin):
     # names break after a dot or an underscore, times put the time under the date.
     list_display = ("name_column", "type_column", "queue", "timing", "enabled", "source",
                     "next_run", "last_run", "late")  # fmt: skip
-    list_filter = ("enabled", "source", "queue")
+    list_filter = (DatabaseFilter, "enabled", "source", "queue")
     search_fields = ("name", "type")
     actions = ("enable", "disable", "run_now_action")
     readonly_fields = ("source", "timing", "next_tick", "last_tick", "recent_runs")
@@ -141,19 +182,50 @@ class ScheduleAdmin(admin.ModelAdmin):
     def has_run_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_pgqueue.run_schedule")
 
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False,
+                 **kwargs: Any) -> Any:  # fmt: skip
+        form = super().get_form(request, obj, change, **kwargs)
+        return type(form.__name__, (form,), {"database": admin_database(request)})
+
     def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
         obj.source = Source.DB
         if not change or any(name in form.changed_data for name in (*TIMING_FIELDS, "enabled")):
             obj.next_tick = None  # the next worker to fire it starts it at its next tick
         obj.updated_at = Now()
-        super().save_model(request, obj, form, change)
+        # An existing one where it was read (the page's database); a new one on its queue's.
+        obj.save(
+            using=admin_database(request) if change else get_settings().database_for(obj.queue)
+        )
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        queryset.using(admin_database(request)).delete()  # the list's own database
+
+    def response_post_save_add(self, request: HttpRequest, obj: Schedule) -> HttpResponse:
+        # The list of the database the new schedule was written on.
+        response = super().response_post_save_add(request, obj)
+        if obj._state.db != admin_database(request) and self.has_view_permission(request):
+            url = reverse("admin:django_pgqueue_schedule_changelist")
+            return HttpResponseRedirect(with_database(url, obj._state.db or ""))
+        return response
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        request._pgqueue_listing = True  # type: ignore[attr-defined]  # read from the replica
+        choice = database_choice(request, request.path)
+        return super().changelist_view(
+            request, {"database_choice": choice, **(extra_context or {})}
+        )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
+        # The list reads the page's database's replica, if it has one; a schedule's page,
+        # its edits and the actions its database itself.
+        listing = getattr(request, "_pgqueue_listing", False)
+        alias = read_alias(request) if listing else admin_database(request)
         # How late each schedule is, by the database's clock (the rule of schedule_late).
         seconds = LATE_POLL_INTERVALS * get_settings().POLL_INTERVAL
         return (
             super()
             .get_queryset(request)
+            .using(alias)
             .annotate(
                 late_seconds=RawSQL(
                     "CASE WHEN enabled AND coalesce(next_tick, updated_at)"
@@ -197,17 +269,24 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.display(description="recent runs")
     def recent_runs(self, obj: Schedule) -> str:
-        ticks = list(ScheduleTick.objects.filter(schedule=obj).order_by("-tick_at")[:RECENT_TICKS])
+        alias = obj._state.db or get_settings().DATABASE  # the schedule's database
+        ticks = list(
+            ScheduleTick.objects.using(alias)
+            .filter(schedule=obj)
+            .order_by("-tick_at")[:RECENT_TICKS]
+        )
         # Each run's outcome is its job's status now (one query for the ticks shown).
         statuses = dict(
-            JobState.objects.using(get_settings().DATABASE)
+            JobState.objects.using(alias)
             .filter(pk__in=[tick.job_id for tick in ticks])
             .values_list("pk", "status")
         )
         rows = [
             (
                 when(tick.tick_at),
-                reverse("admin:django_pgqueue_job_change", args=[tick.job_id]),
+                with_database(
+                    reverse("admin:django_pgqueue_job_change", args=[tick.job_id]), alias
+                ),
                 tick.job_id,
                 badge(statuses[tick.job_id]) if tick.job_id in statuses else "(pruned)",
                 f" (catching up {tick.missed} missed ticks)" if tick.missed else "",
@@ -225,20 +304,23 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.action(description="Enable (from the next tick)", permissions=["change"])
     def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        queryset = queryset.using(admin_database(request))  # never the list's replica
         changed = queryset.filter(enabled=False).exclude(source=Source.REMOVED)
         count = changed.update(enabled=True, next_tick=None, updated_at=Now())
         self.message_user(request, f"Enabled {count} schedule(s).", messages.SUCCESS)
 
     @admin.action(description="Disable", permissions=["change"])
     def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        queryset = queryset.using(admin_database(request))  # never the list's replica
         count = queryset.filter(enabled=True).update(enabled=False, updated_at=Now())
         self.message_user(request, f"Disabled {count} schedule(s).", messages.SUCCESS)
 
     @admin.action(description="Run now (one job each)", permissions=["run"])
     def run_now_action(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        for schedule in queryset:
-            job = run_now(schedule)
-            url = reverse("admin:django_pgqueue_job_change", args=[job.id])
+        alias = admin_database(request)
+        for schedule in queryset.using(alias):  # as the database itself has it now
+            job = run_now(schedule, using=alias)  # its queue's database: the schedule's
+            url = with_database(reverse("admin:django_pgqueue_job_change", args=[job.id]), alias)
             # "Schedule" first: the admin capitalises a message's first letter, and a
             # schedule's name is shown as written.
             if job.created:

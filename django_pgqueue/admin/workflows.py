@@ -4,7 +4,9 @@ The list is one keyset page of workflows, newest first, each with its state (der
 from its steps, ``workflow_page``), progress and times; nothing counts the whole
 table. A workflow's page draws its graph (`workflows.graph`), lists its steps and
 offers to cancel it, which needs ``django_pgqueue.operate_job`` like every other
-operator write and runs `workflows.cancel_workflow`.
+operator write and runs `workflows.cancel_workflow`. With several queue databases the
+pages show one at a time (``?database=ALIAS``, kept in their links), read from its
+replica if it has one, and cancel on the database itself.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from django.http import (
 )
 from django.urls import URLPattern, path, reverse
 
-from ..conf import get_settings
 from ..models import Batch, Workflow
 from ..store import workflows as store
 from ..workflows import cancel_workflow
 from ..workflows.graph import Node, graph_svg
+from .databases import admin_database, database_choice, read_alias, with_database
 from .lists import positive_id
 from .observability import ReadOnlyPage
 from .operations import OPERATE_PERMISSION
@@ -63,12 +65,14 @@ def waits_for(detail: store.StepDetail, names: dict[int, str]) -> str:
     return ", ".join(shown) + (f" and {more} more" if more else "")
 
 
-def row(summary: store.WorkflowSummary) -> dict[str, Any]:
-    """What the list and the header show of one workflow."""
+def row(summary: store.WorkflowSummary, alias: str) -> dict[str, Any]:
+    """What the list and the header show of one workflow (of the queue database `alias`)."""
     return {
         "summary": summary,
         "counts": step_counts(summary),
-        "url": reverse("admin:django_pgqueue_workflow_change", args=[summary.id]),
+        "url": with_database(
+            reverse("admin:django_pgqueue_workflow_change", args=[summary.id]), alias
+        ),
     }
 
 
@@ -79,13 +83,17 @@ class WorkflowAdmin(ReadOnlyPage):
         if state not in (None, *STATES):
             state = None
         before = positive_id(request.GET.get("before", ""))
+        alias = admin_database(request)
+        choice = database_choice(request, request.path)
         found, older = store.workflow_page(
-            get_settings().DATABASE, before, PER_PAGE, state=state, scan=SCAN_LIMIT
+            read_alias(request), before, PER_PAGE, state=state, scan=SCAN_LIMIT
         )
         return self.page(
             request,
             "admin/django_pgqueue/workflows.html",
-            rows=[row(summary) for summary in found],
+            database_choice=choice,
+            keep=choice.keep if choice else "",
+            rows=[row(summary, alias) for summary in found],
             state=state,
             states=STATES,
             older=older,
@@ -102,20 +110,23 @@ class WorkflowAdmin(ReadOnlyPage):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         workflow_id = positive_id(object_id)
-        alias = get_settings().DATABASE
-        summary = store.workflow_summary(alias, workflow_id) if workflow_id else None
+        alias = admin_database(request)
+        choice = database_choice(request, request.path)
+        read_from = read_alias(request)
+        summary = store.workflow_summary(read_from, workflow_id) if workflow_id else None
         if summary is None:
-            raise Http404(f"No workflow with id {object_id!r}.")
-        steps = store.step_details(alias, summary.id, STEP_LIMIT)
+            raise Http404(f"No workflow with id {object_id!r} on the database {alias!r}.")
+        steps = store.step_details(read_from, summary.id, STEP_LIMIT)
         drawn = steps[:DRAW_LIMIT]
         names = {s.job_id: s.name for s in steps}
+        batch = Batch.objects.using(read_from).filter(workflow_id=summary.id).first()
         nodes = [
             Node(
                 s.job_id,
                 s.name,
                 s.status,
                 s.parents,
-                reverse("admin:django_pgqueue_job_change", args=[s.job_id]),
+                with_database(reverse("admin:django_pgqueue_job_change", args=[s.job_id]), alias),
                 f"{s.name}: {s.type} on {s.queue}, {s.status}, attempts "
                 f"{s.attempts}/{s.max_attempts} (job #{s.job_id})",
             )
@@ -125,7 +136,9 @@ class WorkflowAdmin(ReadOnlyPage):
             request,
             "admin/django_pgqueue/workflow.html",
             title=f"Workflow {summary.name} #{summary.id}",
-            workflow=row(summary),
+            database_choice=choice,
+            database_suffix=with_database("", alias),
+            workflow=row(summary, alias),
             steps=[{"step": s, "waits_for": waits_for(s, names)} for s in steps],
             steps_not_listed=max(0, summary.present - len(steps)),
             graph=graph_svg(f"The steps of workflow {summary.name}", nodes),
@@ -133,10 +146,18 @@ class WorkflowAdmin(ReadOnlyPage):
             graph_capped=summary.present > len(drawn),
             statuses=[status for status in LEGEND if any(s.status == status for s in drawn)],
             can_cancel=self.has_operate_permission(request) and summary.state == "running",
-            jobs_url=reverse("admin:django_pgqueue_job_changelist") + f"?workflow={summary.id}",
-            list_url=reverse("admin:django_pgqueue_workflow_changelist"),
-            batch=Batch.objects.using(alias).filter(workflow_id=summary.id).first(),
-            batches_url=reverse("admin:django_pgqueue_batch_changelist"),
+            jobs_url=with_database(
+                reverse("admin:django_pgqueue_job_changelist") + f"?workflow={summary.id}", alias
+            ),
+            list_url=with_database(reverse("admin:django_pgqueue_workflow_changelist"), alias),
+            batch=batch,
+            batch_url=batch
+            and with_database(
+                reverse("admin:django_pgqueue_batch_changelist") + f"?id={batch.id}", alias
+            ),
+            cancel_url=with_database(
+                reverse("admin:django_pgqueue_workflow_cancel", args=[summary.id]), alias
+            ),
         )
 
     def get_urls(self) -> list[URLPattern]:
@@ -154,9 +175,9 @@ class WorkflowAdmin(ReadOnlyPage):
         if not self.has_operate_permission(request):
             raise PermissionDenied("Cancelling a workflow needs the operate_job permission.")
         workflow_id = positive_id(object_id)
-        alias = get_settings().DATABASE
+        alias = admin_database(request)  # the database itself, never its replica
         if workflow_id is None or not Workflow.objects.using(alias).filter(pk=workflow_id).exists():
-            raise Http404(f"No workflow with id {object_id!r}.")
+            raise Http404(f"No workflow with id {object_id!r} on the database {alias!r}.")
         done = cancel_workflow(workflow_id, using=alias)
         if done.cancelled or done.requested:
             self.message_user(
@@ -178,7 +199,9 @@ class WorkflowAdmin(ReadOnlyPage):
                 messages.WARNING,
             )
         return HttpResponseRedirect(
-            reverse("admin:django_pgqueue_workflow_change", args=[workflow_id])
+            with_database(
+                reverse("admin:django_pgqueue_workflow_change", args=[workflow_id]), alias
+            )
         )
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
