@@ -104,12 +104,8 @@ class OutcomeWriter:
         return len(self._unwritten) + len(self._uncertain)
 
     def add(self, written: list[Written]) -> None:
-        """Hold outcomes until the batch is written (see `flush_due`).
-
-        The batch's FLUSH_DELAY runs from when its first handler returned, not from
-        when the dispatcher collected it: the dispatcher need not wake at the first
-        outcome only to start the clock.
-        """
+        """Hold outcomes until the batch is written (see `flush_due`); its FLUSH_DELAY
+        runs from when its first handler returned, not from when they were collected."""
         if not self._unwritten:
             self._unwritten_since = _first_return(written)
         self._unwritten.extend(written)
@@ -442,11 +438,6 @@ def _log_written(kind: str, ctx: Any, outcome: Failure) -> None:
 
 
 def _first_return(written: list[Written]) -> float:
-    """When the first handler of `written` returned (monotonic); now if none says."""
-    now = time.monotonic()
-    ends = [
-        item.started + item.runtime
-        for item, _ in written
-        if item.started is not None and item.runtime is not None
-    ]
-    return min(now, *ends) if ends else now
+    """When the first handler of `written` returned (monotonic; now if none says)."""
+    ends = [i.started + i.runtime for i, _ in written if i.started and i.runtime is not None]
+    return min(ends, default=time.monotonic())
