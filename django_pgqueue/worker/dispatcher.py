@@ -32,7 +32,7 @@ from .leases import LeaseBook, UnknownClaims, sweep_expired
 from .pool import HandlerPool
 from .scheduler import ClaimScheduler
 from .signals import StopSwitch
-from .writer import Claim, OutcomeWriter, Written
+from .writer import FLUSH_DELAY, Claim, OutcomeWriter, Written
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,7 @@ class Dispatcher:
         self._switch = switch
         self._wake = switch.wake
         self._backoff = Backoff(config.reconnect_max_delay)
+        self._claimed_since_wait = False  # jobs started since the last wait (see _wait)
         self.unknown_claims = UnknownClaims(self.leases)
 
     def run(self) -> None:
@@ -130,9 +131,7 @@ class Dispatcher:
                     return
                 if not self.inflight and not self.writer.pending and not self.writer.in_doubt:
                     _sleep_long(self.store, self.claims, time.monotonic())
-                until_last = self.writer.pending and bool(self.inflight)
-                self.aio.arm(until_last=until_last)
-                self.pool.wait(self._idle_timeout(next_sweep), until_last=until_last)
+                self._wait(next_sweep)
             except DatabaseUnavailable as exc:
                 logger.warning("worker %s: %s", cfg.worker_id, exc)
                 self.store.close()
@@ -195,6 +194,26 @@ class Dispatcher:
             and self.claims.idle(now)
         )
 
+    def _wait(self, next_sweep: float) -> None:
+        """Wait for a reason to act: handlers' outcomes, a NOTIFY, a signal, a deadline.
+
+        With outcomes waiting, the wait lasts until the last handler in flight returns
+        (or the batch's FLUSH_DELAY ends). With none waiting, it lasts until the first
+        returns, to start the FLUSH_DELAY clock; but right after a claim (jobs likely
+        short) it lasts until the last, at most FLUSH_DELAY: the batch's outcomes are
+        then collected once, one wake-up instead of two. A wait of that kind that ends
+        with nothing returned means longer jobs: the next waits for the first again.
+        """
+        pending = self.writer.pending
+        until_last = pending and bool(self.inflight)
+        self.aio.arm(until_last=until_last)
+        timeout = self._idle_timeout(next_sweep)
+        if pending or not self.inflight or not self._claimed_since_wait:
+            self.pool.wait(timeout, until_last=until_last)
+            return
+        self._claimed_since_wait = False
+        self.pool.wait(min(timeout, FLUSH_DELAY), until_last=True)
+
     def _idle_timeout(self, next_sweep: float) -> float:
         now = time.monotonic()
         # Idle: the empty marks (see _sleep_long) and the sweep say when to look again.
@@ -240,6 +259,7 @@ class Dispatcher:
         after = self.claims.resume_after(order[0], now) if order else None
         claim = (order[0], limit, cfg.worker_id, cfg.lease, after) if order else None
         sent = time.monotonic()
+        running = len(self.inflight)
         rows = self._write(self.writer.take() if flush_due else [], claim)
         if claim is not None:
             if rows is None:
@@ -256,6 +276,8 @@ class Dispatcher:
                 after = self.claims.resume_after(name, sent)
                 rows = self.intake.claim(name, limit, after)
                 self.intake.take(name, limit, after, rows, sent)
+        if len(self.inflight) > running:  # jobs just started: see _wait
+            self._claimed_since_wait = True
         return True
 
     # -- outcomes, timeouts, sweep --------------------------------------------------

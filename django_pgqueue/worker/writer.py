@@ -104,9 +104,10 @@ class OutcomeWriter:
         return len(self._unwritten) + len(self._uncertain)
 
     def add(self, written: list[Written]) -> None:
-        """Hold outcomes until the batch is written (see `flush_due`)."""
+        """Hold outcomes until the batch is written (see `flush_due`); its FLUSH_DELAY
+        runs from when its first handler returned, not from when they were collected."""
         if not self._unwritten:
-            self._unwritten_since = time.monotonic()
+            self._unwritten_since = _first_return(written)
         self._unwritten.extend(written)
         self.hooks.outcomes_added(written)
 
@@ -434,3 +435,9 @@ def _log_written(kind: str, ctx: Any, outcome: Failure) -> None:
         )
     else:
         logger.info("job %d (%s) %s: %s", ctx.job_id, ctx.type, kind, outcome.message)
+
+
+def _first_return(written: list[Written]) -> float:
+    """When the first handler of `written` returned (monotonic; now if none says)."""
+    ends = [i.started + i.runtime for i, _ in written if i.started and i.runtime is not None]
+    return min(ends, default=time.monotonic())

@@ -70,6 +70,31 @@ def test_a_batch_of_blocking_handlers_runs_on_all_its_threads_at_once(run_worker
     assert overlapping, "the four handlers did not all run at once"
 
 
+RELEASE = threading.Event()
+
+
+@django_pgqueue.handler("test.held_until_released")
+def held_until_released(ctx):
+    """Runs until the test releases it (a hang guard of 120 s)."""
+    RELEASE.wait(120)
+
+
+def test_a_short_jobs_outcome_is_written_while_its_batch_mate_still_runs(run_worker):
+    # After a claim the dispatcher waits for the batch's last handler, but at most the
+    # flush delay: a finished job's completion must not wait for a long one's end.
+    RELEASE.clear()
+    long_job, short_job = enqueue_many(
+        [("test.held_until_released", None), ("qa.outcome", {"do": "return"})], queue="mates"
+    )
+    run_worker(["mates"], concurrency=2, batch_size=2, poll_interval=0.1)
+    try:
+        wait_until(lambda: status(short_job.id) == "completed", timeout=120)
+        assert status(long_job.id) == "running"
+    finally:
+        RELEASE.set()
+    wait_until(lambda: status(long_job.id) == "completed", timeout=120)
+
+
 # -- timeouts: the handoff between a handler thread and the dispatcher ---------------
 
 SEEN: dict[int, dict[str, object]] = {}
