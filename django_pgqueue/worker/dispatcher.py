@@ -89,7 +89,6 @@ class Dispatcher:
         cfg = self.config
         stopping = self._switch.stopping
         next_sweep = 0.0
-        looked_again = False  # burst mode: the last look before calling the queues empty
         while not stopping.is_set():
             try:
                 if not self.store.connected:
@@ -108,8 +107,6 @@ class Dispatcher:
                 # The claim first: a worker woken by a NOTIFY claims before the
                 # housekeeping that fell due meanwhile; then a look at what it found.
                 busy = self._cycle(now)
-                if self.inflight:  # it found jobs: look again once they are written
-                    looked_again = False
                 if now >= next_sweep:
                     swept = self._sweep()
                     next_sweep = now + (cfg.sweep_interval if swept else SWEEP_RETRY)
@@ -120,13 +117,6 @@ class Dispatcher:
                 if busy:
                     continue
                 if cfg.burst and self._idle(now):
-                    if not looked_again:
-                        # The empty marks came from claims made before this worker's
-                        # last writes, which may have made jobs due (a workflow's next
-                        # steps) whose NOTIFY has not come yet: look once more.
-                        looked_again = True
-                        self.claims.notify(cfg.queues)
-                        continue
                     logger.info("worker %s: queues empty, burst done", cfg.worker_id)
                     return
                 if not self.inflight and not self.writer.pending and not self.writer.in_doubt:

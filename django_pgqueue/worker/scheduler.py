@@ -73,6 +73,7 @@ class ClaimScheduler:
         self._sleeping: set[str] = set()
         # Set by the listener thread while it is LISTENing: NOTIFYs arrive.
         self.listening = False
+        self._looked_again = False  # burst mode: the last look was made (see idle)
 
     def notify(self, names: Iterable[str]) -> None:
         """Note queues a NOTIFY (or a reconnected listener) says may hold due jobs."""
@@ -111,6 +112,8 @@ class ClaimScheduler:
         """Learn from a claim sent at `sent`, its `rows` in claim order: mark the queue
         empty after a short full walk, and note where the next claim from it may resume
         (after the last row; see RESUME_TTL)."""
+        if rows:
+            self._looked_again = False  # see idle
         if len(rows) < limit:
             if after is None:
                 self.mark_empty(queue, sent, sent + self.poll_interval)
@@ -178,11 +181,19 @@ class ClaimScheduler:
         """Every queue found empty by a claim whose mark still holds, and no retry this
         worker wrote is about to be due (one that is due waits for the next claim), and
         the features agree (see `WorkerHooks.settled`)."""
-        return (
+        empty = (
             now >= self._retry_due
             and all(self._empty_until.get(name, now) > now for name in self.queues)
             and self.hooks.settled()
         )
+        if not empty or self._looked_again:
+            return empty
+        # The empty marks came from claims made before this worker's last writes, which
+        # may have made jobs due (a workflow's next steps, a batch's callback) whose
+        # NOTIFY has not come yet: one more look at every queue first.
+        self._looked_again = True
+        self.notify(self.queues)
+        return False
 
     def next_look(self) -> float | None:
         """When the earliest empty mark runs out, if any queue has one."""
