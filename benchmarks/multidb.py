@@ -1,20 +1,23 @@
 """Drain of two queues on two PostgreSQL servers against the same two queues on one.
 
-Two queues, `a` and `b`, of N no-op jobs each (loaded with `_common.load_jobs`), drained
-by two `run_queue_worker --burst` processes, one per queue:
+Two queues, `a` and `b`, of N no-op jobs each (loaded with `_common.load_jobs`),
+drained by `run_queue_worker --burst`, either two processes (one per queue) or one
+process serving both queues:
 
 - `one_server`: both queues in one database of the shared server
-  (pgqueue_bench_multidb): two processes on one server;
+  (pgqueue_bench_multidb);
 - `two_servers`: `a` there, `b` in a database (pgqueue_bench_multidb2) of a throwaway
   PostgreSQL 15 this script starts (initdb in a temporary directory, a free port,
-  removed afterwards), routed with PGQUEUE["QUEUE_DATABASES"] = {"b": "queues2"}: one
-  worker process per database, as a worker serves the queues of one database.
+  removed afterwards), routed with PGQUEUE["QUEUE_DATABASES"] = {"b": "queues2"}. Two
+  processes: one per database. One process: a `Worker` per database in that process,
+  sharing its handler slots (django_pgqueue/worker/several.py).
 
-The two configurations alternate, `--runs` times. Per run: jobs/s of the whole drain
-(2N jobs over the database clock from the first attempt's start to the last attempt's
+Every process has `--concurrency` handler slots, so one process runs half the handlers
+two do. The layouts alternate, `--runs` times. Per run: jobs/s of the whole drain (2N
+jobs over the database clock from the first attempt's start to the last attempt's
 finish, both servers on this machine's clock), of each queue, and the ratio
-two_servers / one_server of the same run; the medians are kept. Every drain is checked:
-each job completed once, by exactly one attempt.
+two_servers / one_server with the same processes in the same run; the medians are kept.
+Every drain is checked: each job completed once, by exactly one attempt.
 """
 
 from __future__ import annotations
@@ -72,8 +75,9 @@ def check(alias: str, queue: str, n: int) -> tuple[float, float]:
     return first, last
 
 
-def drain(layout: str, n: int, concurrency: int) -> dict[str, Any]:
-    """Load N jobs in each queue where `layout` puts it, drain with one process per queue."""
+def drain(layout: str, processes: int, n: int, concurrency: int) -> dict[str, Any]:
+    """Load N jobs in each queue where `layout` puts it, drain with `processes` (1: one
+    over both queues; 2: one per queue)."""
     where = {"a": "default", "b": ALIAS if layout == "two_servers" else "default"}
     for alias in set(where.values()):
         truncate(alias)
@@ -86,8 +90,9 @@ def drain(layout: str, n: int, concurrency: int) -> dict[str, Any]:
         env.pop("PGQUEUE_TEST_QUEUE_DATABASES", None)
     command = [sys.executable, str(MANAGE), "run_queue_worker", "--burst", "-v", "0"]
     options = ["--concurrency", str(concurrency), "--batch-size", str(concurrency)]
+    queue_sets = [QUEUES] if processes == 1 else [(queue,) for queue in QUEUES]
     started = time.perf_counter()
-    workers = [subprocess.Popen([*command, queue, *options], env=env) for queue in QUEUES]
+    workers = [subprocess.Popen([*command, *qs, *options], env=env) for qs in queue_sets]
     try:
         for worker in workers:
             if worker.wait(3600) != 0:
@@ -103,6 +108,7 @@ def drain(layout: str, n: int, concurrency: int) -> dict[str, Any]:
     last = max(span[1] for span in spans.values())
     return {
         "layout": layout,
+        "processes": processes,
         "jobs": 2 * n,
         "wall_s": wall,
         "seconds": last - first,
@@ -151,25 +157,33 @@ def main() -> None:
         }
         pairs = []
         for run in range(runs):
-            order = ("one_server", "two_servers") if run % 2 == 0 else ("two_servers", "one_server")
-            pair = {layout: drain(layout, n, args.concurrency) for layout in order}
-            pair["ratio"] = pair["two_servers"]["jobs_per_s"] / pair["one_server"]["jobs_per_s"]
+            layouts = [(lay, procs) for procs in (2, 1) for lay in ("one_server", "two_servers")]
+            if run % 2:
+                layouts.reverse()
+            drained = {
+                f"{lay}_{procs}p": drain(lay, procs, n, args.concurrency) for lay, procs in layouts
+            }
+            pair: dict[str, Any] = dict(drained)
+            for procs in (2, 1):
+                pair[f"ratio_{procs}p"] = (
+                    drained[f"two_servers_{procs}p"]["jobs_per_s"]
+                    / drained[f"one_server_{procs}p"]["jobs_per_s"]
+                )
             print(
-                f"run {run + 1}: one server {pair['one_server']['jobs_per_s']:,.0f} jobs/s, "
-                f"two servers {pair['two_servers']['jobs_per_s']:,.0f} jobs/s, "
-                f"ratio {pair['ratio']:.2f}",
+                f"run {run + 1}: "
+                + ", ".join(f"{key} {d['jobs_per_s']:,.0f} jobs/s" for key, d in drained.items())
+                + f"; ratios 2p {pair['ratio_2p']:.2f}, 1p {pair['ratio_1p']:.2f}",
                 flush=True,
             )
             pairs.append(pair)
         results["pairs"] = pairs
         results["median"] = {
-            "one_server_jobs_per_s": statistics.median(
-                p["one_server"]["jobs_per_s"] for p in pairs
-            ),
-            "two_servers_jobs_per_s": statistics.median(
-                p["two_servers"]["jobs_per_s"] for p in pairs
-            ),
-            "ratio": statistics.median(p["ratio"] for p in pairs),
+            **{
+                f"{key}_jobs_per_s": statistics.median(p[key]["jobs_per_s"] for p in pairs)
+                for key in pairs[0]
+                if not key.startswith("ratio")
+            },
+            **{key: statistics.median(p[key] for p in pairs) for key in ("ratio_2p", "ratio_1p")},
         }
         results["load_after"] = os.getloadavg()
     print(table(results))
@@ -178,14 +192,28 @@ def main() -> None:
 
 def table(results: dict[str, Any]) -> str:
     m = results["median"]
-    rows = [
-        ["two queues, one server (2 processes)", f"{m['one_server_jobs_per_s']:,.0f}", "1.00"],
-        [
-            "two queues, two servers (1 process per database)",
-            f"{m['two_servers_jobs_per_s']:,.0f}",
-            f"{m['ratio']:.2f}",
-        ],
-    ]
+    if "ratio" in m:  # results of old: two processes only
+        m = {
+            "one_server_2p_jobs_per_s": m["one_server_jobs_per_s"],
+            "two_servers_2p_jobs_per_s": m["two_servers_jobs_per_s"],
+            "ratio_2p": m["ratio"],
+        }
+    rows = []
+    for procs, how in ((2, "2 processes, 1 per queue"), (1, "1 process over both queues")):
+        if f"ratio_{procs}p" not in m:
+            continue
+        rows += [
+            [
+                f"two queues, one server ({how})",
+                f"{m[f'one_server_{procs}p_jobs_per_s']:,.0f}",
+                "1.00",
+            ],
+            [
+                f"two queues, two servers ({how})",
+                f"{m[f'two_servers_{procs}p_jobs_per_s']:,.0f}",
+                f"{m[f'ratio_{procs}p']:.2f}",
+            ],
+        ]
     return markdown_table(["layout", "jobs/s (median)", "ratio"], rows)
 
 

@@ -30,39 +30,45 @@ from django_pgqueue.registry import registry
 from django_pgqueue.schedules.firing import tick_key
 from django_pgqueue.schedules.spec import ScheduleSpec, code_schedules
 from django_pgqueue.schedules.ticks import Ticks
-from django_pgqueue.worker import Worker
+from django_pgqueue.worker import worker_for
 
 
 def run_due_jobs(queues: Iterable[str] | None = None, **options: Any) -> Counter[str]:
     """Run every due job of `queues` (default: all) with a burst worker; return its counts.
 
     Jobs enqueued by the handlers and due at once run too; a job scheduled for later (a
-    retry's backoff, a future ``run_at``) is left pending. `options` are those of
+    retry's backoff, a future ``run_at``) is left pending. Queues on several databases
+    (``QUEUE_DATABASES``) run in one worker over all of them. `options` are those of
     :class:`~django_pgqueue.worker.Worker` (``concurrency``, ``lease``, ...).
     """
-    alias = get_settings().DATABASE
-    if connections[alias].in_atomic_block:
-        raise RuntimeError(
-            "run_due_jobs() was called inside a transaction (a TestCase, or atomic()): "
-            "the worker's own connections cannot see jobs enqueued in it. Use "
-            "TransactionTestCase, or @pytest.mark.django_db(transaction=True)."
-        )
-    if queues is None:
-        queues = (
-            JobState.objects.using(alias)
+    conf = get_settings()
+    aliases = conf.queue_databases
+    for alias in aliases:
+        if connections[alias].in_atomic_block:
+            raise RuntimeError(
+                "run_due_jobs() was called inside a transaction (a TestCase, or atomic()): "
+                "the worker's own connections cannot see jobs enqueued in it. Use "
+                "TransactionTestCase, or @pytest.mark.django_db(transaction=True)."
+            )
+    if queues is None:  # every queue database's (PGQUEUE["QUEUE_DATABASES"])
+        queues = [
+            queue
+            for alias in aliases
+            for queue in JobState.objects.using(alias)
             .filter(status="pending")
             .order_by("queue")
             .values_list("queue", flat=True)
             .distinct()
-        )
-    names = list(queues)
+            if conf.database_for(queue) == alias
+        ]
+    names = list(dict.fromkeys(queues))
     if not names:
         return Counter()
     options.setdefault("concurrency", 1)
     options.setdefault("poll_interval", 0.05)
-    worker = Worker(names, install_signal_handlers=False, burst=True, **options)
+    worker = worker_for(names, install_signal_handlers=False, burst=True, **options)
     worker.run()
-    return worker.stats
+    return Counter(worker.stats)
 
 
 def _count(value: Any, name: str, low: int) -> int:

@@ -142,17 +142,26 @@ class WorkerConfig:
         )
 
 
-def _database_of(conf: Any, queues: tuple[str, ...]) -> str:
-    """The one alias all of `queues` live on (PGQUEUE["QUEUE_DATABASES"]).
-
-    A worker claims, heartbeats and completes on one database: queues on several
-    are refused at start rather than served from the wrong one.
-    """
-    if not conf.QUEUE_DATABASES:
-        return str(conf.DATABASE)
+def queues_by_database(queues: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """`queues` grouped by the alias each lives on (PGQUEUE["QUEUE_DATABASES"]), in the
+    order the aliases first appear."""
+    conf = get_settings()
     placed: dict[str, list[str]] = {}
     for queue in queues:
         placed.setdefault(conf.database_for(queue), []).append(queue)
+    return {alias: tuple(names) for alias, names in placed.items()}
+
+
+def _database_of(conf: Any, queues: tuple[str, ...]) -> str:
+    """The one alias all of `queues` live on (PGQUEUE["QUEUE_DATABASES"]).
+
+    A `Worker` claims, heartbeats and completes on one database: queues on several are
+    refused at start rather than served from the wrong one (`SeveralDatabases` serves
+    them, a `Worker` per database).
+    """
+    if not conf.QUEUE_DATABASES:
+        return str(conf.DATABASE)
+    placed = queues_by_database(queues)
     if len(placed) == 1:
         return next(iter(placed))
     where = "; ".join(
@@ -160,6 +169,7 @@ def _database_of(conf: Any, queues: tuple[str, ...]) -> str:
     )
     raise ConfigurationError(
         f"The worker's queues live on several databases ({where}; see "
-        "PGQUEUE['QUEUE_DATABASES']): a worker serves one database. Run one worker per "
-        "database, each with that database's queues."
+        "PGQUEUE['QUEUE_DATABASES']): a Worker serves one database. Use "
+        "django_pgqueue.worker.worker_for(), or run_queue_worker, which run a Worker per "
+        "database in one process."
     )

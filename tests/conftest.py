@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from django_pgqueue.worker import Worker
+from django_pgqueue.worker import worker_for
 
 ROOT = Path(__file__).resolve().parent.parent
 MANAGE = ROOT / "testproject" / "manage.py"
@@ -26,7 +26,9 @@ def sql(query: str, params: Any = None) -> list[tuple[Any, ...]]:
     """Run a query on the test's Django connection and return all rows."""
     with connection.cursor() as cursor:
         cursor.execute(query, params)
-        return cursor.fetchall() if cursor.description else []
+        # A statement with no result has no description; a SELECT of no columns has an
+        # empty one, and its rows still count.
+        return cursor.fetchall() if cursor.description is not None else []
 
 
 def database_url() -> str:
@@ -37,11 +39,12 @@ def database_url() -> str:
 
 
 class WorkerThread:
-    """A Worker running in a real thread of this process, with its own connections."""
+    """A worker (a `Worker`, or a `SeveralDatabases` when the queues live on several
+    databases) running in a real thread of this process, with its own connections."""
 
     def __init__(self, queues: list[str], **options: Any) -> None:
         options.setdefault("poll_interval", 0.1)
-        self.worker = Worker(queues, install_signal_handlers=False, **options)
+        self.worker = worker_for(queues, install_signal_handlers=False, **options)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 

@@ -13,6 +13,9 @@ Threads of one worker process, each with its own database connection:
 - the signal thread (`signals.py`, when the worker installs signal handlers): acts on
   SIGTERM/SIGINT, which the handler itself only queues.
 
+Queues on several databases: `SeveralDatabases` (`several.py`) runs a `Worker` per
+database in one process, sharing its handler slots (`slots.py`); `worker_for` picks.
+
 The dispatcher's parts, each in its own module: `config` (WorkerConfig), `scheduler`
 (queue order, weights, empty marks, resume keys), `intake` (claimed rows to the
 handler pool, or back), `inflight` (the jobs handed out),
@@ -29,5 +32,14 @@ from ..claimed import InFlight
 from ..worker_config import WorkerConfig
 from .lifecycle import Worker
 from .scheduler import RESUME_TTL, QueueScheduler
+from .several import SeveralDatabases, worker_for
 
-__all__ = ["RESUME_TTL", "InFlight", "QueueScheduler", "Worker", "WorkerConfig"]
+__all__ = [
+    "RESUME_TTL",
+    "InFlight",
+    "QueueScheduler",
+    "SeveralDatabases",
+    "Worker",
+    "WorkerConfig",
+    "worker_for",
+]

@@ -20,6 +20,7 @@ import psycopg
 
 from .. import extensions
 from ..exceptions import DatabaseUnavailable
+from ..extensions import Hooks
 from ..registry import Registry
 from ..store import errors
 from ..store.connection import Backoff, wait_for
@@ -32,6 +33,7 @@ from .leases import LeaseBook, UnknownClaims, sweep_expired
 from .pool import HandlerPool
 from .scheduler import ClaimScheduler
 from .signals import StopSwitch
+from .slots import SharedSlots
 from .writer import FLUSH_DELAY, Claim, OutcomeWriter, Written
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ class Dispatcher:
         registry: Registry,
         switch: StopSwitch,
         stats: Counter[str],
+        slots: SharedSlots | None = None,
     ) -> None:
         self.config = config
         self.stats = stats
@@ -77,7 +80,13 @@ class Dispatcher:
         # Async handlers' event loop, started with the first async job it is given.
         self.aio = AsyncPool(config.async_concurrency, switch.wake, config.worker_id, hooks)
         parts = (self.store, self.claims, self.inflight, self.leases, self.pool)
-        self.intake = Intake(config, registry, *parts, stats, switch.stopping, hooks, aio=self.aio)
+        seat = None
+        if slots is not None:  # a worker over several databases: see slots.py
+            seat = slots.seat(config.database, self.pool.busy, switch.wake)
+            self.pool.on_return = slots.freed
+        self.intake = Intake(
+            config, registry, *parts, stats, switch.stopping, hooks, aio=self.aio, seat=seat
+        )
         self._switch = switch
         self._wake = switch.wake
         self._backoff = Backoff(config.reconnect_max_delay)
@@ -139,6 +148,7 @@ class Dispatcher:
         `deadline`.
         """
         switch = self._switch
+        self.intake.away()  # its share of shared slots goes to the databases that answer
         stop = switch.force if self.inflight else switch.stopping
         if not wait_for(
             self.store, stop, self._backoff, f"worker {self.config.worker_id}", deadline
@@ -241,34 +251,47 @@ class Dispatcher:
         if not (flush_due or claim_ok):
             return False
         # The queues whose kinds of handler have room (threads, the event loop).
-        order = self.claims.order() if claim_ok else []
-        order = [name for name in order if self.intake.free(name) > 0]
+        due = self.claims.order() if claim_ok else []
+        order = [name for name in due if self.intake.free(name) > 0]
+        if len(order) < len(due):  # no room for some: shared slots may come free
+            self.intake.refused([name for name in due if name not in order])
         if not (flush_due or order):
             return False
         limit = min(cfg.batch_size, self.intake.free(order[0])) if order else 0
+        if order:  # held from the slots shared with other databases' dispatchers
+            limit = self.intake.grant(order[0], limit)
         after = self.claims.resume_after(order[0], now) if order else None
-        claim = (order[0], limit, cfg.worker_id, cfg.lease, after) if order else None
+        claim = (order[0], limit, cfg.worker_id, cfg.lease, after) if limit else None
         sent = time.monotonic()
         running = len(self.inflight)
-        rows = self._write(self.writer.take() if flush_due else [], claim)
-        if claim is not None:
-            if rows is None:
-                rows = self.intake.claim(order[0], limit, after)
-            self.intake.take(order[0], limit, after, rows, sent)
-            for name in order[1:]:
-                free = self.intake.free(name)
-                if stopping.is_set():
-                    break
-                if free <= 0:
-                    continue
-                limit = min(cfg.batch_size, free)
-                sent = time.monotonic()
-                after = self.claims.resume_after(name, sent)
-                rows = self.intake.claim(name, limit, after)
-                self.intake.take(name, limit, after, rows, sent)
+        try:
+            rows = self._write(self.writer.take() if flush_due else [], claim)
+            if claim is not None:
+                if rows is None:
+                    rows = self.intake.claim(order[0], limit, after)
+                self.intake.take(order[0], limit, after, rows, sent)
+                self.intake.granted()
+                for name in order[1:]:
+                    if stopping.is_set():
+                        break
+                    self._claim_more(name)
+        finally:
+            self.intake.granted()
         if len(self.inflight) > running:  # jobs just started: see _wait
             self._claimed_since_wait = True
         return True
+
+    def _claim_more(self, queue: str) -> None:
+        """A cycle's claim from a queue after the first, if it has room."""
+        free = self.intake.free(queue)
+        limit = self.intake.grant(queue, min(self.config.batch_size, free)) if free > 0 else 0
+        if limit <= 0:
+            return
+        sent = time.monotonic()
+        after = self.claims.resume_after(queue, sent)
+        rows = self.intake.claim(queue, limit, after)
+        self.intake.take(queue, limit, after, rows, sent)
+        self.intake.granted()
 
     # -- outcomes, timeouts, sweep --------------------------------------------------
 
@@ -276,24 +299,10 @@ class Dispatcher:
         """Move the outcomes handlers returned from the pool to the writer's batch."""
         finished = self.pool.finished()
         if self.aio.in_flight:
-            finished.extend(self._collect_async())
+            finished.extend(_async_outcomes(self.aio, self.hooks, self.stats))
         if finished:
             self.inflight.drop_all([item for item, _ in finished])
             self.writer.add(finished)
-
-    def _collect_async(self) -> list[Written]:
-        """The outcomes the event loop reported, each job's once."""
-        returned = self.aio.finished()
-        self.hooks.executed([item for item, _, _ in returned])
-        fresh = []
-        for item, outcome, timed_out in returned:
-            if item.resolved:  # failed already (the worker's shutdown)
-                continue
-            item.resolved = True
-            if timed_out:
-                self.stats["timed_out"] += 1
-            fresh.append((item, outcome))
-        return fresh
 
     def check_timeouts(self) -> None:
         """Record the failures of handlers past their timeout or whose thread died; stop if
@@ -332,19 +341,39 @@ class Dispatcher:
 
     def _sweep(self) -> bool:
         """Sweep expired leases; False if PostgreSQL refused the sweep (try again soon)."""
-        try:
-            queues = sweep_expired(self.store)
-        except psycopg.Error as exc:
-            logger.warning("sweep refused (%s); again shortly", errors.describe(exc))
-            return False
-        for queue in queues:
-            self.stats["swept"] += 1
-            self.claims.requeued(queue)  # a requeued job keeps its place: walk from the start
-        try:  # plans made while the tables were small are made again as they grow
-            self.store.refresh_plans(time.monotonic())
-        except psycopg.Error as exc:  # they stay as they are until the next look
-            logger.warning("looking at the tables' size refused: %s", errors.describe(exc))
-        return True
+        return _sweep(self.store, self.claims, self.stats)
+
+
+def _async_outcomes(aio: AsyncPool, hooks: Hooks, stats: Counter[str]) -> list[Written]:
+    """The outcomes the event loop reported, each job's once."""
+    returned = aio.finished()
+    hooks.executed([item for item, _, _ in returned])
+    fresh = []
+    for item, outcome, timed_out in returned:
+        if item.resolved:  # failed already (the worker's shutdown)
+            continue
+        item.resolved = True
+        if timed_out:
+            stats["timed_out"] += 1
+        fresh.append((item, outcome))
+    return fresh
+
+
+def _sweep(store: Store, claims: ClaimScheduler, stats: Counter[str]) -> bool:
+    """Sweep expired leases; False if PostgreSQL refused the sweep (try again soon)."""
+    try:
+        queues = sweep_expired(store)
+    except psycopg.Error as exc:
+        logger.warning("sweep refused (%s); again shortly", errors.describe(exc))
+        return False
+    for queue in queues:
+        stats["swept"] += 1
+        claims.requeued(queue)  # a requeued job keeps its place: walk from the start
+    try:  # plans made while the tables were small are made again as they grow
+        store.refresh_plans(time.monotonic())
+    except psycopg.Error as exc:  # they stay as they are until the next look
+        logger.warning("looking at the tables' size refused: %s", errors.describe(exc))
+    return True
 
 
 def _sleep_long(store: Store, claims: ClaimScheduler, now: float) -> None:

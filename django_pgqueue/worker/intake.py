@@ -31,6 +31,7 @@ from .inflight import InFlightJobs
 from .leases import LeaseBook
 from .pool import HandlerPool
 from .scheduler import ClaimScheduler
+from .slots import Seat
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class Intake:
     # Which kinds of handler ("sync", "async") each queue's claims have brought: a
     # claim counts the free capacity of those kinds only.
     kinds: dict[str, set[str]] = field(default_factory=dict)
+    # The handler slots shared with the dispatchers of the worker's other databases.
+    seat: Seat | None = None
 
     def free(self, queue: str | None = None) -> int:
         """How many jobs a claim from `queue` may take now (any queue's most: None).
@@ -69,9 +72,9 @@ class Intake:
         """
         running = len(self.inflight)
         if self.aio is None:
-            return self.config.concurrency - running
+            return self._shared(self.config.concurrency - running)
         async_free = self.aio.free
-        sync_free = self.config.concurrency - (running - self.aio.in_flight)
+        sync_free = self._shared(self.config.concurrency - (running - self.aio.in_flight))
         looped = any("async" in kinds for kinds in self.kinds.values())
         if queue is None:  # the loop counts once a queue brought an async handler
             return sync_free + (async_free if looped else 0)
@@ -85,6 +88,32 @@ class Intake:
             return max(sync_free, 0) + int(probe)
         probe = sync_free > 0 and async_free >= 0
         return max(async_free, 0) + int(probe)
+
+    def _shared(self, free: int) -> int:
+        """`free` handler slots, or fewer if the shared slots have fewer."""
+        return free if self.seat is None else min(free, self.seat.free())
+
+    def grant(self, queue: str, limit: int) -> int:
+        """The size of a claim from `queue` of at most `limit`, its slots held from the
+        shared ones until `granted` (all of `limit` without shared slots)."""
+        if self.seat is None or "async" in self.kinds.get(queue, ()):
+            return limit  # the event loop's room is this database's own
+        return self.seat.grant(queue, limit)
+
+    def granted(self) -> None:
+        """The claims of a cycle are in (or failed): their shared slots' hold ends."""
+        if self.seat is not None:
+            self.seat.done()
+
+    def refused(self, queues: list[str]) -> None:
+        """`queues` are due a claim but the shared slots have none free."""
+        if self.seat is not None and queues:
+            self.seat.refuse(queues)
+
+    def away(self) -> None:
+        """The database is out of reach: want no shared slot until it is back."""
+        if self.seat is not None:
+            self.seat.away()
 
     def claim(self, queue: str, limit: int, after: ClaimKey | None = None) -> list[ClaimedRow]:
         """Claim; a refused claim (not a lost connection) is logged and claims nothing:
@@ -108,12 +137,16 @@ class Intake:
         self.claims.claimed(queue, limit, after, rows, sent)
         self._admit(queue, rows, sent)
         if after is None or len(rows) >= limit or self.stopping.is_set():
+            if self.seat is not None:
+                self.seat.claimed(queue, limit, len(rows))
             return
         rest = limit - len(rows)
         sent = time.monotonic()
         more = _in_claim_order(self.claim(queue, rest))
         self.claims.claimed(queue, rest, None, more, sent)
         self._admit(queue, more, sent)
+        if self.seat is not None:
+            self.seat.claimed(queue, rest, len(more))
 
     def _admit(self, queue: str, rows: list[ClaimedRow], sent: float) -> None:
         """Launch claimed rows, or hand them back if a stop came while the claim ran."""

@@ -30,6 +30,7 @@ from .dispatcher import Dispatcher
 from .leases import Heartbeat
 from .listener import Listener
 from .signals import SignalRelay, StopSwitch
+from .slots import SharedSlots
 from .upkeep import IndexUpkeep
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class Worker:
         *,
         registry: Registry | None = None,
         install_signal_handlers: bool = True,
+        slots: SharedSlots | None = None,
         **options: Any,
     ) -> None:
         self.config = cfg = WorkerConfig.build(queues, **options)
@@ -60,7 +62,9 @@ class Worker:
         self._service_stop = threading.Event()  # ends the heartbeat and the listener
         self._threads: list[threading.Thread] = []  # signals, heartbeat, listener
         self._heartbeat_thread: threading.Thread | None = None
-        self._dispatcher = dispatcher = Dispatcher(cfg, self.registry, self._switch, self.stats)
+        self._dispatcher = dispatcher = Dispatcher(
+            cfg, self.registry, self._switch, self.stats, slots
+        )
         # The installed features' hooks (django_pgqueue.extensions), built by the dispatcher.
         self.hooks = dispatcher.hooks
         self._store = dispatcher.store

@@ -21,6 +21,8 @@ import queue as queue_module
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 from django.db import connections
 
@@ -33,7 +35,7 @@ from .hygiene import (
     health_check_on_first_use,
     reset_django_connections,
 )
-from .timeouts import Overdue, Timeouts, time_out
+from .timeouts import Overdue, Timeouts, first_deadline, time_out
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +93,8 @@ class HandlerPool:
         # database restarted or cut this process off, so the handler threads' own
         # Django connections are likely dead too (see _run).
         self._db_epoch = 0
+        # Called as a handler returns (a worker's slots shared by databases: slots.py).
+        self.on_return: Callable[[], None] | None = None
 
     # -- the dispatcher's side ----------------------------------------------------
 
@@ -120,10 +124,7 @@ class HandlerPool:
     def finished(self) -> list[tuple[InFlight, Outcome]]:
         """The outcomes handlers returned since the last call, each job's once (not a
         timed-out handler's that came back after its failure was recorded)."""
-        returned = []
-        with contextlib.suppress(queue_module.Empty):
-            while True:
-                returned.append(self._outcomes.get_nowait())
+        returned = _drain(self._outcomes)
         self.hooks.executed([item for item, _ in returned])
         fresh = [(item, outcome) for item, outcome in returned if not item.resolved]
         for item, _ in fresh:
@@ -148,18 +149,17 @@ class HandlerPool:
         if self._outcomes.empty():
             self._wake.wait(timeout)
 
+    def busy(self) -> int:
+        """Handlers handed over and not returned yet (waiting, running or hung)."""
+        return self._handed - self._finished_n
+
     def reconnected(self) -> None:
         """The dispatcher lost its connection and has it back: check Django's too."""
         self._db_epoch += 1
 
     def next_timeout(self) -> float | None:
         """When the first running handler reaches its timeout, or a held one is let go."""
-        deadline = self.overdue.next_release()
-        for item in self._timed.values():
-            if item.timeout is not None and item.started is not None and not item.timed_out:
-                end = item.started + item.timeout
-                deadline = end if deadline is None else min(deadline, end)
-        return deadline
+        return first_deadline(self.overdue, self._timed.values())
 
     def check_timeouts(self) -> Timeouts:
         """Fail the handlers past their timeout and replace their threads.
@@ -341,7 +341,18 @@ class HandlerPool:
             at_mark = self._finished_n == self._wake_at  # crossed once (see wait)
         if at_mark:
             self._wake.set()
+        if self.on_return is not None:
+            self.on_return()
         return not timed_out
+
+
+def _drain(outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]]) -> list[Any]:
+    """Everything on the queue now."""
+    returned = []
+    with contextlib.suppress(queue_module.Empty):
+        while True:
+            returned.append(outcomes.get_nowait())
+    return returned
 
 
 def _execute(item: InFlight, hooks: Hooks | WorkerHooks) -> Outcome:

@@ -13,6 +13,7 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +42,19 @@ class StopSwitch:
         self.wake.set()
 
 
+class StopRequests(Protocol):
+    """What a signal stops: a worker's `StopSwitch`, or all the workers of a process."""
+
+    @property
+    def asked(self) -> bool: ...
+
+    def request(self, *, force: bool = False) -> None: ...
+
+
 class SignalRelay:
     """Turns SIGTERM/SIGINT into stop requests, from a thread of its own."""
 
-    def __init__(self, switch: StopSwitch, shutdown_grace: float) -> None:
+    def __init__(self, switch: StopRequests, shutdown_grace: float) -> None:
         self.switch = switch
         self.shutdown_grace = shutdown_grace
         self._signals: queue_module.SimpleQueue[int | None] = queue_module.SimpleQueue()

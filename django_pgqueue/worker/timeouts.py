@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from .. import executor
@@ -97,3 +98,14 @@ def time_out(item: InFlight, handoff: threading.Lock) -> bool:
                 ctypes.c_ulong(thread.ident), ctypes.py_object(executor.JobTimeout)
             )
     return True
+
+
+def first_deadline(overdue: Overdue, timed: Iterable[InFlight]) -> float | None:
+    """When the first of the `timed` running handlers reaches its timeout, or the first
+    held one is let go."""
+    deadline = overdue.next_release()
+    for item in timed:
+        if item.timeout is not None and item.started is not None and not item.timed_out:
+            end = item.started + item.timeout
+            deadline = end if deadline is None else min(deadline, end)
+    return deadline

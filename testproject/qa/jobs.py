@@ -1,7 +1,8 @@
 """Handlers the test suite and the reliability scenarios run in real worker processes.
 
-`ledger` rows are written on the handler's own autocommit connection, apart from the
-queue's tables, so executions can be counted independently of what the queue says.
+`ledger` rows are written on the handler's own autocommit connection to the job's
+database, apart from the queue's tables, so executions can be counted independently of
+what the queue says.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 import django_pgqueue
 from django_pgqueue import JobContext, PermanentFailure, RetryLater
@@ -25,20 +26,23 @@ from django_pgqueue.retry import ExponentialBackoff, FixedDelay
 from .models import LedgerEntry
 
 
-def _ledger_start(ctx: JobContext) -> int:
-    with connection.cursor() as cursor:
+def _ledger_start(ctx: JobContext) -> tuple[str, int]:
+    # On the job's own database: job ids are counted per database.
+    alias = ctx.database or DEFAULT_DB_ALIAS
+    with connections[alias].cursor() as cursor:
         cursor.execute(
             "INSERT INTO qa_ledger (job_id, lease_version, attempt, pid, worker_id, started_at) "
             "VALUES (%s, %s, %s, %s, %s, clock_timestamp()) RETURNING id",
             [ctx.job_id, ctx.lease_version, ctx.attempt, os.getpid(), ctx.worker_id],
         )
-        return cursor.fetchone()[0]
+        return alias, cursor.fetchone()[0]
 
 
-def _ledger_end(entry: int) -> None:
-    with connection.cursor() as cursor:
+def _ledger_end(entry: tuple[str, int]) -> None:
+    alias, ident = entry
+    with connections[alias].cursor() as cursor:
         cursor.execute(
-            "UPDATE qa_ledger SET finished_at = clock_timestamp() WHERE id = %s", [entry]
+            "UPDATE qa_ledger SET finished_at = clock_timestamp() WHERE id = %s", [ident]
         )
 
 

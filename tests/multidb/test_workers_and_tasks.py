@@ -11,16 +11,13 @@ import time
 from typing import Any
 
 import pytest
-from django.core.management import CommandError, call_command
 from django.db import connections
 from qa.tasks import add
 
 from django_pgqueue import enqueue, enqueue_many
-from django_pgqueue.exceptions import ConfigurationError
 from django_pgqueue.schedules.firing import sync_code_schedules
 from django_pgqueue.store.worker import Store
 from django_pgqueue.tasks.api import TaskResultStatus
-from django_pgqueue.worker_config import WorkerConfig
 from tests.multidb.conftest import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "queues2"])
@@ -55,19 +52,6 @@ def test_a_burst_worker_on_a_queues2_queue_completes_its_jobs_there(run_worker: 
         assert cursor.fetchall() == [("pending", 1)]
         cursor.execute("SELECT count(*) FROM queue_attempts")
         assert cursor.fetchone() == (0,)
-
-
-def test_a_worker_whose_queues_span_aliases_is_refused() -> None:
-    assert WorkerConfig.build(["q2.mail", "q2-exact"]).database == "queues2"
-    assert WorkerConfig.build(["plain"]).database == "default"
-    with pytest.raises(ConfigurationError) as refused:
-        WorkerConfig.build(["q2.mail", "plain", "q2-exact"])
-    message = str(refused.value)
-    assert "'q2.mail', 'q2-exact' on 'queues2'" in message
-    assert "'plain' on 'default'" in message
-    assert "one worker per database" in message
-    with pytest.raises(CommandError, match="one worker per database"):
-        call_command("run_queue_worker", "q2.mail", "plain")
 
 
 def test_a_schedule_of_a_queues2_queue_fires_there(settings: Any, run_worker: Any) -> None:

@@ -157,7 +157,7 @@ class PgServer:
             try:
                 with self.connect() as conn, conn.cursor() as cursor:
                     cursor.execute(query, params)
-                    return cursor.fetchall() if cursor.description else []
+                    return cursor.fetchall() if cursor.description is not None else []
             except psycopg.OperationalError:
                 if time.monotonic() > deadline:
                     raise

@@ -2,13 +2,13 @@
 
 Two throwaway servers (pgserver.py; the shared one is never stopped): queue `a.MODE`
 lives on server 1 (`default`), queue `b.MODE` on server 2 (the alias `queues2`, routed
-with PGQUEUE["QUEUE_DATABASES"]). One `run_queue_worker` process per database, as a
-worker serves the queues of one database; a producer process enqueues to both at a
-steady rate. Server 2 is stopped for a few seconds and started again.
+with PGQUEUE["QUEUE_DATABASES"]). Either one `run_queue_worker` process per database,
+or one process serving both queues (a `Worker` per database sharing the handler
+slots); a producer process enqueues to both at a steady rate. Server 2 is stopped for a
+few seconds and started again.
 
-The qa.ledger handler writes its ledger on `default` (server 1) whichever queue its job
-came from; the ledger rows of b's worker (told apart by its --worker-id) are moved to
-server 2 before counting, so each server's ledger describes its own jobs.
+The qa.ledger handler writes its ledger on the job's own database, so each server's
+ledger describes its own jobs.
 """
 
 from __future__ import annotations
@@ -144,17 +144,6 @@ def wait(predicate: Callable[[], bool], what: str, timeout: float = 120.0) -> No
         time.sleep(0.1)
 
 
-def move_ledger(source: PgServer, target: PgServer, worker_id: str) -> None:
-    """The ledger rows `worker_id`'s handlers wrote on `source`, moved to `target`."""
-    columns = "job_id, lease_version, attempt, pid, worker_id, started_at, finished_at"
-    rows = source.sql(f"SELECT {columns} FROM qa_ledger WHERE worker_id = %s", [worker_id])
-    with target.connect() as conn, conn.cursor() as cursor:
-        cursor.executemany(
-            f"INSERT INTO qa_ledger ({columns}) VALUES (%s, %s, %s, %s, %s, %s, %s)", rows
-        )
-    source.sql("DELETE FROM qa_ledger WHERE worker_id = %s", [worker_id])
-
-
 def check(server: PgServer, queue: str, acked: list[int]) -> dict[str, int]:
     """Every acknowledged job exists and, with every other job of `queue`, completed once."""
     ids = {row[0] for row in server.sql("SELECT id FROM queue_jobs WHERE queue = %s", [queue])}
@@ -168,15 +157,21 @@ def check(server: PgServer, queue: str, acked: list[int]) -> dict[str, int]:
     return counts
 
 
-@pytest.mark.parametrize("mode", ["fast", "immediate"])
-def test_second_database_outage(mode, servers, procs, report):
-    """16a/16b. Two queue databases, the second stopped (fast / immediate)"""
+# (scenario, pg_ctl stop mode, one worker process over both databases)
+LAYOUTS = [("16a", "fast", False), ("16b", "immediate", False), ("16c", "fast", True)]
+
+
+@pytest.mark.parametrize(("scenario", "mode", "one_process"), LAYOUTS)
+def test_second_database_outage(scenario, mode, one_process, servers, procs, report):
+    """16a/16b/16c. Two queue databases, the second stopped (fast / immediate; a worker
+    process per database / one over both)"""
+    layout = "one worker process over both" if one_process else "a worker process per database"
     report(
-        scenario=f"16{'a' if mode == 'fast' else 'b'}. Two queue databases: the second "
-        f"server stopped ({mode}) under load, the first's queue keeps working"
+        scenario=f"{scenario}. Two queue databases, {layout}: the second server stopped "
+        f"({mode}) under load, the first's queue keeps working"
     )
     one, two = servers
-    queue_a, queue_b = f"a.{mode}", f"b.{mode}"
+    queue_a, queue_b = f"a.{scenario}", f"b.{scenario}"
     stop_file = Path(tempfile.mkdtemp(prefix="pgqueue-multidb-")) / "stop"
     env = {
         **os.environ,
@@ -188,20 +183,34 @@ def test_second_database_outage(mode, servers, procs, report):
         "MDR_QUEUE_A": queue_a,
         "MDR_QUEUE_B": queue_b,
     }
-    worker_ids = {queue: f"multidb-{queue}" for queue in (queue_a, queue_b)}
-    workers = {
-        queue: Proc(
-            env,
-            "run_queue_worker",
-            queue,
-            *WORKER_ARGS,
-            "--concurrency",
-            "4",
-            "--worker-id",
-            worker_ids[queue],
-        )
-        for queue in (queue_a, queue_b)
-    }
+    if one_process:  # its 8 handler slots shared, where each worker below has 4
+        workers = {
+            "both": Proc(
+                env,
+                "run_queue_worker",
+                queue_a,
+                queue_b,
+                *WORKER_ARGS,
+                "--concurrency",
+                "8",
+                "--worker-id",
+                f"multidb-{scenario}",
+            )
+        }
+    else:
+        workers = {
+            queue: Proc(
+                env,
+                "run_queue_worker",
+                queue,
+                *WORKER_ARGS,
+                "--concurrency",
+                "4",
+                "--worker-id",
+                f"multidb-{queue}",
+            )
+            for queue in (queue_a, queue_b)
+        }
     procs.extend(workers.values())
     producer = Proc(env, "shell", "-v", "0", "-c", PRODUCER)
     procs.append(producer)
@@ -241,7 +250,6 @@ def test_second_database_outage(mode, servers, procs, report):
         "AND a.finished_at >= to_timestamp(%s)",
         [queue_b, up_at],
     )[0][0]
-    move_ledger(one, two, worker_ids[queue_b])
     counts_a = check(one, queue_a, acked["a"])
     counts_b = check(two, queue_b, acked["b"])
 
@@ -256,7 +264,7 @@ def test_second_database_outage(mode, servers, procs, report):
         assert ratio >= MIN_THROUGHPUT_RATIO, (a_before, a_during)
     report(
         size=f"{RATE} jobs/s per queue, {len(acked['a'])} + {len(acked['b'])} jobs, "
-        "1 worker x 4 per database",
+        + ("1 worker x 8 over both" if one_process else "1 worker x 4 per database"),
         **{
             key: counts_a[key] + counts_b[key]
             for key in ("lost", "completed_twice", "re_executions")
@@ -271,8 +279,8 @@ def test_second_database_outage(mode, servers, procs, report):
         b_completed_after=b_after,
         b_re_executions=counts_b["re_executions"],
         notes=(
-            f"queue a on server 1, b on server 2 (QUEUE_DATABASES), one worker process per "
-            f"database, a producer offering {RATE} jobs/s to each (under a worker's capacity); "
+            f"queue a on server 1, b on server 2 (QUEUE_DATABASES), {layout}, a producer "
+            f"offering {RATE} jobs/s to each (under a worker's capacity); "
             f"pg_ctl stop -m {mode} of server 2, {DOWN}s down, start. a's completions per "
             f"second while 2 is down against the same span before (FULL asserts >= "
             f"{MIN_THROUGHPUT_RATIO:.0%}); b's enqueues are refused while down, its worker "

@@ -17,7 +17,8 @@ from django_pgqueue.checks import TAG as CHECK_TAG
 from django_pgqueue.checks import autovacuum_problem
 from django_pgqueue.exceptions import ConfigurationError
 from django_pgqueue.store.operator import missing_tables
-from django_pgqueue.worker import Worker, WorkerConfig
+from django_pgqueue.worker import SeveralDatabases, Worker, WorkerConfig, worker_for
+from django_pgqueue.worker_config import queues_by_database
 
 
 def parse_weights(text: str) -> dict[str, int]:
@@ -177,8 +178,10 @@ class Command(BaseCommand):
             processes = supervisor.parse_processes(options["processes"])
             config = _worker_options(options, weights)
             if processes > 1 and options["control_fd"] is None:
-                cfg = WorkerConfig.build(options["queues"], **config)  # refuse bad options once
-                code = _supervise(processes, options, cfg.database)
+                aliases = list(queues_by_database(options["queues"]))
+                # Bad options refused once, here, not by every child.
+                WorkerConfig.build(options["queues"], **config, database=aliases[0])
+                code = _supervise(processes, options, aliases)
             else:
                 code = self._run_worker(options, config)
         except ConfigurationError as exc:
@@ -188,9 +191,10 @@ class Command(BaseCommand):
 
     def _run_worker(self, options: dict[str, Any], config: dict[str, Any]) -> int:
         """Run one worker in this process; its exit code."""
-        worker = Worker(options["queues"], **config)
+        worker = worker_for(options["queues"], **config)
         if options["child_index"] is None:  # a supervisor's children were checked by it
-            _check_database(worker.config.database)
+            for alias in queues_by_database(options["queues"]):
+                _check_database(alias)
         if options["metrics_port"] is not None:
             _serve_metrics(worker, options["metrics_port"], options["metrics_addr"])
         if options["control_fd"] is not None:
@@ -240,7 +244,7 @@ CHILD_OPTIONS = (
 )
 
 
-def _supervise(processes: int, options: dict[str, Any], alias: str) -> int:
+def _supervise(processes: int, options: dict[str, Any], aliases: list[str]) -> int:
     """Run `processes` copies of this command as children of a supervisor; its exit code.
 
     Bad options and a database never migrated are refused here, once, not by every child.
@@ -283,11 +287,12 @@ def _supervise(processes: int, options: dict[str, Any], alias: str) -> int:
         return argv
 
     supervising = supervisor.Supervisor(processes, child_argv, burst=options["burst"])
-    _check_database(alias)
+    for alias in aliases:
+        _check_database(alias)
     return supervising.run()
 
 
-def _serve_metrics(worker: Worker, port: int, addr: str) -> None:
+def _serve_metrics(worker: Worker | SeveralDatabases, port: int, addr: str) -> None:
     """Start the /metrics server in this process, or refuse clearly."""
     try:
         # Local: prometheus-client is an optional extra, imported only when asked for.

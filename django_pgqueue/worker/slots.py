@@ -1,0 +1,126 @@
+"""The handler slots of a worker over several databases, shared by their dispatchers.
+
+A worker whose queues live on several databases runs one dispatcher per database
+(`several.py`), each with its own connections, listener, heartbeat and sweep. The
+`concurrency` handler slots are the process's, not each database's: at most that many
+handlers run at once in all. A database with work takes the slots the others leave
+free; when several want more than there is, each is kept its share, in proportion to
+its queues' weights (unweighted queues weigh 1), whatever the others hold.
+
+A dispatcher asks for slots before a claim (`Seat.grant`) and gives back what the claim
+did not fill when its rows are in (`Seat.done`): the grant is counted from the ask to
+the hand-over, so two dispatchers claiming at once never take the same free slot. A
+running handler counts until its thread returns (a handler past its timeout included:
+its slot is held until it really ends). A database that is down keeps only the slots of
+the handlers it still runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+
+
+class SharedSlots:
+    """`total` handler slots shared by several dispatchers (`Seat`s), by weight."""
+
+    def __init__(self, total: int, weights: Mapping[str, int]) -> None:
+        self.total = total
+        self._lock = threading.Lock()
+        whole = sum(weights.values())
+        # Each member's share when all of them want more than there is (at least one).
+        self._shares = {name: max(1, total * weight // whole) for name, weight in weights.items()}
+        self._seats: dict[str, Seat] = {}
+
+    def seat(self, name: str, busy: Callable[[], int], wake: threading.Event) -> Seat:
+        """The seat of dispatcher `name`: `busy` counts its running handlers, `wake`
+        wakes it when slots it was refused come free."""
+        seat = Seat(self, name, self._shares[name], busy, wake)
+        self._seats[name] = seat
+        return seat
+
+    def _free_for(self, me: Seat) -> int:
+        """The slots `me` may take now (under the lock)."""
+        used = 0
+        kept = 0
+        for seat in self._seats.values():
+            held = seat.busy() + (seat.granted if seat is not me else 0)
+            used += held
+            if seat is not me and seat.wanting:
+                kept += max(0, seat.share - held)  # its share, kept while it wants more
+        return max(0, self.total - used - kept)
+
+    def freed(self) -> None:
+        """A handler returned: wake the dispatchers that were refused slots."""
+        if not any(seat.refused for seat in self._seats.values()):
+            return
+        with self._lock:
+            for seat in self._seats.values():
+                if seat.refused:
+                    seat.refused = False
+                    seat.wake.set()
+
+
+class Seat:
+    """One dispatcher's view of the shared slots."""
+
+    def __init__(
+        self,
+        slots: SharedSlots,
+        name: str,
+        share: int,
+        busy: Callable[[], int],
+        wake: threading.Event,
+    ) -> None:
+        self.slots = slots
+        self.name = name
+        self.share = share
+        self.busy = busy
+        self.wake = wake
+        self.granted = 0  # asked for by a claim on its way
+        self.refused = False  # asked for more than it got: wake it when slots free up
+        self._wanting: set[str] = set()  # its queues whose last claim came back full
+
+    @property
+    def wanting(self) -> bool:
+        return bool(self._wanting) or self.refused
+
+    def free(self) -> int:
+        """The slots a claim of this dispatcher could get now."""
+        with self.slots._lock:
+            return self.slots._free_for(self)
+
+    def grant(self, queue: str, want: int) -> int:
+        """Take up to `want` slots for a claim from `queue` (held until `done`)."""
+        with self.slots._lock:
+            got = min(want, self.slots._free_for(self))
+            self.granted = got
+            if got < want:
+                self.refused = True
+                self._wanting.add(queue)
+            return got
+
+    def refuse(self, queues: list[str]) -> None:
+        """`queues` were due a claim and got no slot: keep this dispatcher's share."""
+        with self.slots._lock:
+            self.refused = True
+            self._wanting.update(queues)
+
+    def claimed(self, queue: str, limit: int, rows: int) -> None:
+        """A claim from `queue` of at most `limit` brought `rows`: a full one says the
+        queue has more."""
+        if rows >= limit:
+            self._wanting.add(queue)
+        else:
+            self._wanting.discard(queue)
+
+    def away(self) -> None:
+        """Its database is out of reach: it keeps no share until a claim wants one."""
+        with self.slots._lock:
+            self.refused = False
+            self._wanting.clear()
+            self.granted = 0
+
+    def done(self) -> None:
+        """The claim's rows are with the handlers (or it failed): the grant ends."""
+        self.granted = 0

@@ -1,0 +1,99 @@
+"""The handler slots a worker over several databases shares between its dispatchers."""
+
+from __future__ import annotations
+
+import threading
+
+from django_pgqueue.worker.slots import SharedSlots
+
+
+class Busy:
+    """A dispatcher's running handlers, as its pool counts them."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> int:
+        return self.n
+
+
+def two(total: int, a: int = 1, b: int = 1):
+    slots = SharedSlots(total, {"a": a, "b": b})
+    busy_a, busy_b = Busy(), Busy()
+    wake_a, wake_b = threading.Event(), threading.Event()
+    return slots, slots.seat("a", busy_a, wake_a), slots.seat("b", busy_b, wake_b), busy_a, busy_b
+
+
+def test_an_idle_database_leaves_every_slot_to_the_other() -> None:
+    _, a, b, busy_a, _ = two(4)
+    assert a.grant("qa", 4) == 4
+    busy_a.n = 4  # handed to its handlers
+    a.done()
+    assert b.free() == 0
+    assert a.free() == 0
+
+
+def test_a_grant_holds_its_slots_until_the_rows_are_in() -> None:
+    _, a, b, busy_a, _ = two(4)
+    assert a.grant("qa", 3) == 3
+    assert b.grant("qb", 4) == 1  # the 3 on their way are not free
+    b.done()
+    a.claimed("qa", 3, 1)  # the claim found one job: two slots come back
+    busy_a.n = 1
+    a.done()
+    assert b.free() == 3
+
+
+def test_a_database_that_wants_more_keeps_its_share() -> None:
+    slots, a, b, busy_a, busy_b = two(4)
+    busy_a.n = 4  # a took everything while b was idle
+    assert b.grant("qb", 4) == 0  # b now has work and gets nothing yet
+    b.done()
+    busy_a.n = 2  # two of a's handlers returned
+    assert a.free() == 0  # b's share (2) is kept for it while it wants more
+    assert b.grant("qb", 4) == 2
+    busy_b.n = 2
+    b.done()
+    b.claimed("qb", 2, 2)  # full: b has more
+    busy_a.n = 0
+    assert a.free() == 2  # its own share, no more while b wants more
+    b.claimed("qb", 4, 1)  # b's queue ran dry
+    slots.freed()  # a handler returned: b, refused before, is woken and asks again
+    assert a.free() == 2  # b's 2 running handlers still count
+    busy_b.n = 0
+    assert a.free() == 4
+    assert slots.total == 4
+
+
+def test_shares_follow_the_weights() -> None:
+    _, a, b, busy_a, busy_b = two(8, a=3, b=1)
+    assert (a.share, b.share) == (6, 2)
+    a.claimed("qa", 8, 8)
+    b.claimed("qb", 8, 8)  # both want more than there is
+    assert a.grant("qa", 8) == 6  # b's 2 kept
+    busy_a.n = 6
+    a.done()
+    assert b.grant("qb", 8) == 2
+    busy_b.n = 2
+    b.done()
+    assert a.free() == b.free() == 0
+
+
+def test_a_refused_dispatcher_is_woken_when_a_handler_returns() -> None:
+    slots, a, b, busy_a, _ = two(2)
+    busy_a.n = 2
+    assert b.grant("qb", 1) == 0
+    b.done()
+    assert not b.wake.is_set()
+    busy_a.n = 1
+    slots.freed()
+    assert b.wake.is_set()
+    assert not a.wake.is_set()
+
+
+def test_a_database_out_of_reach_keeps_no_share() -> None:
+    _, a, b, _, _ = two(4)
+    b.claimed("qb", 2, 2)  # b wanted more, then its server went away
+    assert a.free() == 2
+    b.away()
+    assert a.free() == 4
