@@ -584,10 +584,11 @@ def render(results: dict[str, dict[str, Any] | None], images: str) -> str:
         parts += [
             "### multidb.py",
             "",
-            f"Two queues of {md['jobs_per_queue']:,} no-op jobs, one `run_queue_worker --burst` "
-            f"process per queue (concurrency and batch {md['concurrency']}), on one server "
-            f"and on two ({md['second_server']} for the second); median of {md['runs']} "
-            f"alternating pairs; load average at the start {load}.",
+            f"Two queues of {md['jobs_per_queue']:,} no-op jobs, drained by `run_queue_worker "
+            f"--burst`, one process per queue or one over both (concurrency and batch "
+            f"{md['concurrency']} per process), on one server and on two "
+            f"({md['second_server']} for the second); median of {md['runs']} alternating "
+            f"runs; load average at the start {load}.",
             "",
             multidb.table(md),
             "",
