@@ -92,6 +92,16 @@ def admin_database(request: HttpRequest) -> str:
     return wanted
 
 
+def preserved_filters(request: HttpRequest, preserved: str) -> str:
+    """Django's preserved filters of an object's page (`preserved`: what ModelAdmin's
+    `get_preserved_filters` gives), with the page's ``?database=`` when it was opened
+    by hand, not from a list: its delete link, its form and their redirects stay on
+    that database."""
+    if preserved or DATABASE_VAR not in request.GET:
+        return preserved
+    return urlencode({"_changelist_filters": urlencode({DATABASE_VAR: request.GET[DATABASE_VAR]})})
+
+
 def read_alias(request: HttpRequest) -> str:
     """Where the lists and counts of the page's database are read (its replica, if any)."""
     return get_settings().read_database(admin_database(request))

@@ -39,6 +39,7 @@ from .databases import (
     DatabaseFilter,
     admin_database,
     database_choice,
+    preserved_filters,
     read_alias,
     with_database,
 )
@@ -196,6 +197,9 @@ class ScheduleAdmin(admin.ModelAdmin):
         obj.save(
             using=admin_database(request) if change else get_settings().database_for(obj.queue)
         )
+
+    def get_preserved_filters(self, request: HttpRequest) -> str:
+        return preserved_filters(request, super().get_preserved_filters(request))
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         queryset.using(admin_database(request)).delete()  # the list's own database

@@ -251,16 +251,14 @@ class Dispatcher:
         if not (flush_due or claim_ok):
             return False
         # The queues whose kinds of handler have room (threads, the event loop).
-        due = self.claims.order() if claim_ok else []
-        order = [name for name in due if self.intake.free(name) > 0]
-        if len(order) < len(due):  # no room for some: shared slots may come free
-            self.intake.refused([name for name in due if name not in order])
-        if not (flush_due or order):
-            return False
+        order = self.claims.order() if claim_ok else []
+        order = [name for name in order if self.intake.free(name) > 0]
         limit = min(cfg.batch_size, self.intake.free(order[0])) if order else 0
-        if order:  # held from the slots shared with other databases' dispatchers
+        if limit:  # held from the slots shared with other databases' dispatchers
             limit = self.intake.grant(order[0], limit)
-        after = self.claims.resume_after(order[0], now) if order else None
+        if not (flush_due or limit):  # a refused grant wakes it when slots free up
+            return False
+        after = self.claims.resume_after(order[0], now) if limit else None
         claim = (order[0], limit, cfg.worker_id, cfg.lease, after) if limit else None
         sent = time.monotonic()
         running = len(self.inflight)

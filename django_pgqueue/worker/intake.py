@@ -72,9 +72,9 @@ class Intake:
         """
         running = len(self.inflight)
         if self.aio is None:
-            return self._shared(self.config.concurrency - running)
+            return self.config.concurrency - running
         async_free = self.aio.free
-        sync_free = self._shared(self.config.concurrency - (running - self.aio.in_flight))
+        sync_free = self.config.concurrency - (running - self.aio.in_flight)
         looped = any("async" in kinds for kinds in self.kinds.values())
         if queue is None:  # the loop counts once a queue brought an async handler
             return sync_free + (async_free if looped else 0)
@@ -89,26 +89,19 @@ class Intake:
         probe = sync_free > 0 and async_free >= 0
         return max(async_free, 0) + int(probe)
 
-    def _shared(self, free: int) -> int:
-        """`free` handler slots, or fewer if the shared slots have fewer."""
-        return free if self.seat is None else min(free, self.seat.free())
-
     def grant(self, queue: str, limit: int) -> int:
-        """The size of a claim from `queue` of at most `limit`, its slots held from the
-        shared ones until `granted` (all of `limit` without shared slots)."""
-        if self.seat is None or "async" in self.kinds.get(queue, ()):
-            return limit  # the event loop's room is this database's own
+        """The size of a claim from `queue` of at most `limit`: as many of the handler
+        slots shared with the other databases' dispatchers as it gets, held until
+        `granted` (all of `limit` without shared slots, or for async handlers only,
+        whose event loop is this database's own)."""
+        if self.seat is None or self.kinds.get(queue) == {"async"}:
+            return limit
         return self.seat.grant(queue, limit)
 
     def granted(self) -> None:
         """The claims of a cycle are in (or failed): their shared slots' hold ends."""
         if self.seat is not None:
             self.seat.done()
-
-    def refused(self, queues: list[str]) -> None:
-        """`queues` are due a claim but the shared slots have none free."""
-        if self.seat is not None and queues:
-            self.seat.refuse(queues)
 
     def away(self) -> None:
         """The database is out of reach: want no shared slot until it is back."""

@@ -22,7 +22,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from django.db import connections
 
@@ -38,6 +37,9 @@ from .hygiene import (
 from .timeouts import Overdue, Timeouts, first_deadline, time_out
 
 logger = logging.getLogger(__name__)
+
+# A job and the outcome its handler returned.
+Returned = tuple[InFlight, Outcome]
 
 # Seconds between two looks at whether every handler thread is alive, while none is
 # known to have crashed.
@@ -68,9 +70,7 @@ class HandlerPool:
         self._idle: list[threading.Lock] = []
         self._take_lock = threading.Lock()
         self._waking = 0
-        self._outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]] = (
-            queue_module.SimpleQueue()
-        )
+        self._outcomes: queue_module.SimpleQueue[Returned] = queue_module.SimpleQueue()
         self._threads: list[threading.Thread] = []  # the live pool, not the retired
         self._current: dict[threading.Thread, InFlight] = {}  # the job each thread runs
         self._stopping = False
@@ -293,10 +293,9 @@ class HandlerPool:
                     health_check_on_first_use()
                     idled = False
                 if epoch != self._db_epoch:
-                    # The dispatcher lost its connection since this thread's last
-                    # job: a Django connection that died with it would fail the next
-                    # job for nothing (and kill one with a single attempt). Replace
-                    # it first.
+                    # The dispatcher lost its connection since this thread's last job:
+                    # a Django connection that died with it would fail the next job for
+                    # nothing (and kill one with a single attempt). Replace it first.
                     epoch = self._db_epoch
                     close_unusable_django_connections()
                 if not self._run_one(me, item):
@@ -307,6 +306,8 @@ class HandlerPool:
                 logger.exception("executor thread crashed")
                 with self._count_lock:
                     self._crashes += 1
+                    # Its job is failed by check_threads: no longer a busy handler.
+                    self._finished_n += int(item is not None and not item.reported)
                 self._wake.set()  # check_threads fails its job and replaces it
         finally:
             connections.close_all()
@@ -346,7 +347,7 @@ class HandlerPool:
         return not timed_out
 
 
-def _drain(outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]]) -> list[Any]:
+def _drain(outcomes: queue_module.SimpleQueue[Returned]) -> list[Returned]:
     """Everything on the queue now."""
     returned = []
     with contextlib.suppress(queue_module.Empty):

@@ -137,6 +137,12 @@ class SeveralDatabases:
             for thread in threads:
                 while thread.is_alive():
                     thread.join(0.5)  # short: the main thread takes the signals
+        except BaseException:  # KeyboardInterrupt without the signal relay: stop all
+            self.stop()
+            for thread in threads:
+                if thread.is_alive():
+                    thread.join()
+            raise
         finally:
             if restore:
                 restore()

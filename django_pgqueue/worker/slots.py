@@ -5,7 +5,8 @@ A worker whose queues live on several databases runs one dispatcher per database
 `concurrency` handler slots are the process's, not each database's: at most that many
 handlers run at once in all. A database with work takes the slots the others leave
 free; when several want more than there is, each is kept its share, in proportion to
-its queues' weights (unweighted queues weigh 1), whatever the others hold.
+its queues' weights (unweighted queues weigh 1), whatever the others hold. The slots
+are the handler threads'; async handlers run on each database's own event loop.
 
 A dispatcher asks for slots before a claim (`Seat.grant`) and gives back what the claim
 did not fill when its rows are in (`Seat.done`): the grant is counted from the ask to
@@ -28,8 +29,10 @@ class SharedSlots:
         self.total = total
         self._lock = threading.Lock()
         whole = sum(weights.values())
-        # Each member's share when all of them want more than there is (at least one).
-        self._shares = {name: max(1, total * weight // whole) for name, weight in weights.items()}
+        # Each member's share when all of them want more than there is; rounded down,
+        # so the shares never add up to more than there is (fewer slots than members:
+        # some have none, and take what is free).
+        self._shares = {name: total * weight // whole for name, weight in weights.items()}
         self._seats: dict[str, Seat] = {}
 
     def seat(self, name: str, busy: Callable[[], int], wake: threading.Event) -> Seat:
@@ -40,25 +43,34 @@ class SharedSlots:
         return seat
 
     def _free_for(self, me: Seat) -> int:
-        """The slots `me` may take now (under the lock)."""
+        """The slots `me` may take now (under the lock): what is free less the shares
+        kept for the others that want more, but never less than what is left of its own
+        share."""
         used = 0
         kept = 0
+        mine = me.busy()
         for seat in self._seats.values():
-            held = seat.busy() + (seat.granted if seat is not me else 0)
+            held = mine if seat is me else seat.busy() + seat.granted
             used += held
             if seat is not me and seat.wanting:
                 kept += max(0, seat.share - held)  # its share, kept while it wants more
-        return max(0, self.total - used - kept)
+        free = self.total - used
+        return max(0, free - kept, min(me.share - mine, free))
 
     def freed(self) -> None:
-        """A handler returned: wake the dispatchers that were refused slots."""
-        if not any(seat.refused for seat in self._seats.values()):
-            return
+        """A handler returned: wake the dispatchers that were refused slots.
+
+        Under the lock: a refusal counted the busy handlers under it, so it either saw
+        this one gone or is seen here.
+        """
         with self._lock:
-            for seat in self._seats.values():
-                if seat.refused:
-                    seat.refused = False
-                    seat.wake.set()
+            self._wake_refused()
+
+    def _wake_refused(self, but: Seat | None = None) -> None:
+        for seat in self._seats.values():
+            if seat.refused and seat is not but:
+                seat.refused = False
+                seat.wake.set()
 
 
 class Seat:
@@ -91,20 +103,14 @@ class Seat:
             return self.slots._free_for(self)
 
     def grant(self, queue: str, want: int) -> int:
-        """Take up to `want` slots for a claim from `queue` (held until `done`)."""
+        """Take up to `want` slots for a claim from `queue` (held until `done`); a short
+        grant has this dispatcher woken when slots come free, and kept its share."""
         with self.slots._lock:
             got = min(want, self.slots._free_for(self))
             self.granted = got
             if got < want:
                 self.refused = True
-                self._wanting.add(queue)
             return got
-
-    def refuse(self, queues: list[str]) -> None:
-        """`queues` were due a claim and got no slot: keep this dispatcher's share."""
-        with self.slots._lock:
-            self.refused = True
-            self._wanting.update(queues)
 
     def claimed(self, queue: str, limit: int, rows: int) -> None:
         """A claim from `queue` of at most `limit` brought `rows`: a full one says the
@@ -120,7 +126,12 @@ class Seat:
             self.refused = False
             self._wanting.clear()
             self.granted = 0
+            self.slots._wake_refused(but=self)
 
     def done(self) -> None:
-        """The claim's rows are with the handlers (or it failed): the grant ends."""
-        self.granted = 0
+        """The claim's rows are with the handlers (or it failed): the grant ends, and
+        the slots it did not fill go to the dispatchers refused meanwhile."""
+        if self.granted:
+            with self.slots._lock:
+                self.granted = 0
+                self.slots._wake_refused(but=self)

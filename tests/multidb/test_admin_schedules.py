@@ -114,3 +114,17 @@ def test_a_new_schedule_is_written_on_its_queues_database(boss: Any) -> None:
 def test_a_bad_database_is_refused(boss: Any) -> None:
     assert boss.get(LIST, {"database": "nope"}).status_code == 400
     assert boss.get(page("x"), {"database": "nope"}).status_code == 400
+
+
+def test_a_schedule_deleted_from_its_page_opened_by_hand_is_deleted_on_its_database(
+    boss: Any,
+) -> None:
+    schedule("default", "nightly", "mail")
+    schedule("queues2", "nightly", "q2.work")  # the same name on each database
+    html = boss.get(f"{page('nightly')}?database=queues2").content.decode()
+    delete = reverse("admin:django_pgqueue_schedule_delete", args=["nightly"])
+    # The page's links (delete, save and its redirects) keep the page's database.
+    assert f'href="{delete}?_changelist_filters=database%3Dqueues2"' in html
+    boss.post(f"{delete}?_changelist_filters=database%3Dqueues2", {"post": "yes"})
+    assert not Schedule.objects.using("queues2").filter(pk="nightly").exists()
+    assert Schedule.objects.using("default").filter(pk="nightly").exists()

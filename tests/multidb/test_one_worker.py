@@ -136,3 +136,19 @@ def test_run_due_jobs_runs_every_queue_database() -> None:
     assert counts["claimed"] == 3
     assert statuses("queues2") == [("q2.work", "completed", 2)]
     assert statuses("default") == [("plain", "completed", 1)]
+
+
+def test_a_supervisor_runs_children_over_both_databases(
+    worker_process: Any, queues2_url: str
+) -> None:
+    enqueue_many([("qa.noop", None)] * 20, queue="q2.work")
+    enqueue_many([("qa.noop", None)] * 20, queue="plain")
+    env = {
+        "PGQUEUE_TEST_QUEUES2_URL": queues2_url,
+        "PGQUEUE_TEST_QUEUE_DATABASES": json.dumps({"q2.*": "queues2"}),
+    }
+    proc = worker_process("plain", "q2.work", "--processes", "2", "--burst", env=env)
+    code, output = proc.wait(HANG_GUARD * 2)
+    assert code == 0, output[-3000:]
+    assert statuses("queues2") == [("q2.work", "completed", 20)]
+    assert statuses("default") == [("plain", "completed", 20)]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import threading
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from django_pgqueue.worker.slots import SharedSlots
 
 
@@ -97,3 +100,52 @@ def test_a_database_out_of_reach_keeps_no_share() -> None:
     assert a.free() == 2
     b.away()
     assert a.free() == 4
+
+
+def test_slots_a_claim_left_unfilled_wake_the_dispatchers_refused_meanwhile() -> None:
+    _, a, b, _, _ = two(4)
+    assert a.grant("qa", 3) == 3
+    assert b.grant("qb", 4) == 1  # short: a's 3 are on their way
+    b.done()
+    assert not b.wake.is_set()
+    a.claimed("qa", 3, 0)  # a's queue was empty after all
+    a.done()
+    assert b.wake.is_set()
+    assert b.free() == 4
+
+
+def test_fewer_slots_than_databases_never_leave_both_waiting() -> None:
+    slots, a, b, busy_a, _ = two(1)
+    assert (a.share, b.share) == (0, 0)  # rounded down: the shares never exceed the slots
+    assert a.grant("qa", 1) == 1
+    assert b.grant("qb", 1) == 0
+    b.done()
+    a.claimed("qa", 1, 1)  # full: a wants more
+    busy_a.n = 1
+    a.done()
+    busy_a.n = 0  # its handler returned
+    slots.freed()
+    assert b.wake.is_set()
+    assert a.free() == 1
+    assert b.free() == 1
+
+
+@given(
+    total=st.integers(1, 64),
+    weights=st.lists(st.integers(1, 1000), min_size=2, max_size=5),
+    wanting=st.lists(st.booleans(), min_size=5, max_size=5),
+    ask=st.integers(0, 4),
+)
+def test_with_nothing_running_every_seat_gets_at_least_its_share(
+    total: int, weights: list[int], wanting: list[bool], ask: int
+) -> None:
+    names = [f"db{i}" for i in range(len(weights))]
+    slots = SharedSlots(total, dict(zip(names, weights, strict=True)))
+    seats = [slots.seat(name, Busy(), threading.Event()) for name in names]
+    assert sum(seat.share for seat in seats) <= total
+    for seat, wants in zip(seats, wanting, strict=False):
+        if wants:
+            seat.claimed("q", 1, 1)
+    me = seats[ask % len(seats)]
+    assert me.free() >= max(me.share, 0)
+    assert me.free() >= 1 or any(s.free() >= 1 for s in seats if s is not me)
