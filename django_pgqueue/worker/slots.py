@@ -67,9 +67,11 @@ class SharedSlots:
             self._wake_refused()
 
     def _wake_refused(self, but: Seat | None = None) -> None:
+        """Wake each refused dispatcher that could now get a slot (under the lock). It
+        stays refused, its share kept, until it asks again."""
         for seat in self._seats.values():
-            if seat.refused and seat is not but:
-                seat.refused = False
+            waiting = seat.refused and seat is not but and not seat.wake.is_set()
+            if waiting and self._free_for(seat) > 0:
                 seat.wake.set()
 
 
@@ -90,7 +92,8 @@ class Seat:
         self.busy = busy
         self.wake = wake
         self.granted = 0  # asked for by a claim on its way
-        self.refused = False  # asked for more than it got: wake it when slots free up
+        # Its last grant was short: it is woken when slots free up, its share kept.
+        self.refused = False
         self._wanting: set[str] = set()  # its queues whose last claim came back full
 
     @property
@@ -108,17 +111,18 @@ class Seat:
         with self.slots._lock:
             got = min(want, self.slots._free_for(self))
             self.granted = got
-            if got < want:
-                self.refused = True
+            self.refused = got < want
             return got
 
     def claimed(self, queue: str, limit: int, rows: int) -> None:
         """A claim from `queue` of at most `limit` brought `rows`: a full one says the
-        queue has more."""
-        if rows >= limit:
-            self._wanting.add(queue)
-        else:
-            self._wanting.discard(queue)
+        queue has more, a short one that it wanted no more than it got."""
+        with self.slots._lock:
+            if rows >= limit:
+                self._wanting.add(queue)
+            else:
+                self._wanting.discard(queue)
+                self.refused = False
 
     def away(self) -> None:
         """Its database is out of reach: it keeps no share until a claim wants one."""

@@ -149,3 +149,28 @@ def test_with_nothing_running_every_seat_gets_at_least_its_share(
     me = seats[ask % len(seats)]
     assert me.free() >= max(me.share, 0)
     assert me.free() >= 1 or any(s.free() >= 1 for s in seats if s is not me)
+
+
+def test_a_woken_dispatcher_keeps_its_share_until_it_asks_again() -> None:
+    slots, a, b, busy_a, busy_b = two(2)
+    busy_a.n = 2  # a took both slots while b was idle
+    assert b.grant("qb", 1) == 0
+    b.done()
+    busy_a.n = 1
+    slots.freed()
+    assert b.wake.is_set()
+    assert a.free() == 0  # the freed slot waits for b, however fast a asks
+    assert b.grant("qb", 1) == 1
+    b.claimed("qb", 1, 0)  # b's queue was empty after all: its share is let go
+    b.done()
+    assert a.free() == 1
+    assert busy_b.n == 0
+
+
+def test_a_refused_dispatcher_is_not_woken_while_nothing_is_free_for_it() -> None:
+    slots, _, b, busy_a, _ = two(2)
+    busy_a.n = 2
+    assert b.grant("qb", 1) == 0
+    b.done()
+    slots.freed()  # a handler of a returned, but a started another meanwhile
+    assert not b.wake.is_set()
