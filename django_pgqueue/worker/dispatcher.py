@@ -82,8 +82,9 @@ class Dispatcher:
         parts = (self.store, self.claims, self.inflight, self.leases, self.pool)
         seat = None
         if slots is not None:  # a worker over several databases: see slots.py
-            seat = slots.seat(config.database, self.pool.busy, switch.wake)
-            self.pool.on_return = slots.freed
+            seat = slots.seat(config.database, self.pool.tally.busy, switch.wake)
+            self.pool.tally.on_return = slots.freed
+            self.pool.tally.gate = slots.gate
         self.intake = Intake(
             config, registry, *parts, stats, switch.stopping, hooks, aio=self.aio, seat=seat
         )
@@ -253,9 +254,10 @@ class Dispatcher:
         # The queues whose kinds of handler have room (threads, the event loop).
         order = self.claims.order() if claim_ok else []
         order = [name for name in order if self.intake.free(name) > 0]
-        limit = min(cfg.batch_size, self.intake.free(order[0])) if order else 0
-        if limit:  # held from the slots shared with other databases' dispatchers
-            limit = self.intake.grant(order[0], limit)
+        limit = 0
+        while order and not limit:  # held from the slots shared with other databases'
+            limit = self.intake.grant(order[0], min(cfg.batch_size, self.intake.free(order[0])))
+            order = order if limit else order[1:]
         if not (flush_due or limit):  # a refused grant wakes it when slots free up
             return False
         after = self.claims.resume_after(order[0], now) if limit else None

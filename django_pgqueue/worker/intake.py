@@ -94,9 +94,13 @@ class Intake:
         slots shared with the other databases' dispatchers as it gets, held until
         `granted` (all of `limit` without shared slots, or for async handlers only,
         whose event loop is this database's own)."""
-        if self.seat is None or self.kinds.get(queue) == {"async"}:
-            return limit
-        return self.seat.grant(queue, limit)
+        seat = self._seat(queue)
+        return limit if seat is None else seat.grant(queue, limit)
+
+    def _seat(self, queue: str) -> Seat | None:
+        """The shared slots a claim from `queue` holds, if any (none for a queue whose
+        claims brought async handlers only: the event loop is this database's own)."""
+        return None if self.kinds.get(queue) == {"async"} else self.seat
 
     def granted(self) -> None:
         """The claims of a cycle are in (or failed): their shared slots' hold ends."""
@@ -126,20 +130,21 @@ class Intake:
         with a walk from the start, which may find jobs that sort before its key."""
         if after is not None:
             self.stats["claims_resumed"] += 1
+        seat = self._seat(queue)  # as the claim was granted, before its rows teach more
         _in_claim_order(rows)
         self.claims.claimed(queue, limit, after, rows, sent)
         self._admit(queue, rows, sent)
         if after is None or len(rows) >= limit or self.stopping.is_set():
-            if self.seat is not None:
-                self.seat.claimed(queue, limit, len(rows))
+            if seat is not None:
+                seat.claimed(queue, limit, len(rows))
             return
         rest = limit - len(rows)
         sent = time.monotonic()
         more = _in_claim_order(self.claim(queue, rest))
         self.claims.claimed(queue, rest, None, more, sent)
         self._admit(queue, more, sent)
-        if self.seat is not None:
-            self.seat.claimed(queue, rest, len(more))
+        if seat is not None:
+            seat.claimed(queue, rest, len(more))
 
     def _admit(self, queue: str, rows: list[ClaimedRow], sent: float) -> None:
         """Launch claimed rows, or hand them back if a stop came while the claim ran."""

@@ -21,7 +21,6 @@ import queue as queue_module
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 
 from django.db import connections
 
@@ -34,6 +33,7 @@ from .hygiene import (
     health_check_on_first_use,
     reset_django_connections,
 )
+from .tally import Tally
 from .timeouts import Overdue, Timeouts, first_deadline, time_out
 
 logger = logging.getLogger(__name__)
@@ -79,12 +79,9 @@ class HandlerPool:
         # Under it, a handler thread sets `returned` (if its job has a timeout) and
         # `time_out` sets `timed_out` only if not returned: exactly one decides.
         self._handoff = threading.Lock()
-        # Jobs handed to handler threads and finished by them, and the finished count
-        # at which a handler thread wakes the dispatcher (see wait).
-        self._count_lock = threading.Lock()
-        self._handed = 0
-        self._finished_n = 0
-        self._wake_at = 1
+        # Jobs handed to handler threads and returned by them (see wait).
+        self.tally = Tally(wake)
+        self._crash_lock = threading.Lock()
         # Handler threads that crashed and were not replaced yet; the next look at all
         # of them (see check_threads).
         self._crashes = 0
@@ -93,8 +90,6 @@ class HandlerPool:
         # database restarted or cut this process off, so the handler threads' own
         # Django connections are likely dead too (see _run).
         self._db_epoch = 0
-        # Called as a handler returns (a worker's slots shared by databases: slots.py).
-        self.on_return: Callable[[], None] | None = None
 
     # -- the dispatcher's side ----------------------------------------------------
 
@@ -107,8 +102,7 @@ class HandlerPool:
         for item in items:
             if item.timeout is not None:
                 self._timed[item.ctx.job_id] = item
-        with self._count_lock:
-            self._handed += len(items)
+        self.tally.handed(len(items))
         self._work.extend(items)
         self._kick()
 
@@ -135,23 +129,15 @@ class HandlerPool:
         """Wait up to `timeout` for a reason to act (an outcome worth collecting, a NOTIFY,
         a signal).
 
-        Handler threads wake the dispatcher only when the count of finished jobs
-        reaches `_wake_at`: the last job in flight (`until_last`: outcomes already
-        wait and more jobs run), else the first outcome after a flush (it starts the
-        FLUSH_DELAY clock). Waking on every outcome would cost a thread switch per job.
+        Handler threads wake the dispatcher only when the count of returned jobs
+        reaches a mark (see `Tally`): the last job in flight (`until_last`: outcomes
+        already wait and more jobs run), else the first outcome after a flush (it
+        starts the FLUSH_DELAY clock).
         """
-        with self._count_lock:
-            if until_last:
-                self._wake_at = self._handed
-            else:
-                self._wake_at = self._finished_n + 1
+        self.tally.arm(until_last=until_last)
         # A handler that finished before the line above put its outcome first.
         if self._outcomes.empty():
             self._wake.wait(timeout)
-
-    def busy(self) -> int:
-        """Handlers handed over and not returned yet (waiting, running or hung)."""
-        return self._handed - self._finished_n
 
     def reconnected(self) -> None:
         """The dispatcher lost its connection and has it back: check Django's too."""
@@ -216,7 +202,7 @@ class HandlerPool:
         for thread in [t for t in self._threads if not t.is_alive()]:
             if self._stopping:
                 break
-            with self._count_lock:
+            with self._crash_lock:
                 self._crashes = max(0, self._crashes - 1)
             self._threads.remove(thread)
             item = self._current.pop(thread, None)
@@ -302,18 +288,19 @@ class HandlerPool:
                     return  # timed out: a replacement runs the next jobs
                 item = None
         except BaseException:
+            if item is not None and not item.reported:  # it ended, reported or not
+                self.tally.returned(entered=item.thread is me)
             if not (item is not None and item.timed_out):
                 logger.exception("executor thread crashed")
-                with self._count_lock:
+                with self._crash_lock:
                     self._crashes += 1
-                    # Its job is failed by check_threads: no longer a busy handler.
-                    self._finished_n += int(item is not None and not item.reported)
                 self._wake.set()  # check_threads fails its job and replaces it
         finally:
             connections.close_all()
 
     def _run_one(self, me: threading.Thread, item: InFlight) -> bool:
         """Run one job and hand its outcome over; False if it timed out meanwhile."""
+        self.tally.enter()
         item.thread = me
         item.started = time.monotonic()
         outcome = _execute(item, self.hooks)
@@ -337,13 +324,7 @@ class HandlerPool:
         if timed_out:
             self._wake.set()  # its job is held until now: the dispatcher fails it
         self._current.pop(me, None)
-        with self._count_lock:
-            self._finished_n += 1
-            at_mark = self._finished_n == self._wake_at  # crossed once (see wait)
-        if at_mark:
-            self._wake.set()
-        if self.on_return is not None:
-            self.on_return()
+        self.tally.returned()
         return not timed_out
 
 

@@ -28,6 +28,10 @@ class SharedSlots:
     def __init__(self, total: int, weights: Mapping[str, int]) -> None:
         self.total = total
         self._lock = threading.Lock()
+        # Taken by a handler thread as its handler starts, given back as it returns: the
+        # hard limit, whatever a claim brought (a queue thought to have async handlers
+        # only may bring sync ones, claimed without shared slots).
+        self.gate = threading.BoundedSemaphore(total)
         whole = sum(weights.values())
         # Each member's share when all of them want more than there is; rounded down,
         # so the shares never add up to more than there is (fewer slots than members:
@@ -120,9 +124,12 @@ class Seat:
         with self.slots._lock:
             if rows >= limit:
                 self._wanting.add(queue)
-            else:
-                self._wanting.discard(queue)
-                self.refused = False
+                return
+            wanted = self.wanting
+            self._wanting.discard(queue)
+            self.refused = False
+            if wanted and not self.wanting:  # its share kept for it is free again
+                self.slots._wake_refused(but=self)
 
     def away(self) -> None:
         """Its database is out of reach: it keeps no share until a claim wants one."""
