@@ -28,9 +28,11 @@ from .connection import configure_session, connection_params
 logger = logging.getLogger(__name__)
 
 LOST = "lost the database connection"
-# How often a session looks at the size of the tables its prepared statements read, and
-# by what factor they must have grown (or shrunk) for it to discard the plans.
-PLAN_CHECK = 10.0
+# How often a session looks at the size of the tables its prepared statements read (a
+# round trip that reads two file sizes), and by what factor they must have grown (or
+# shrunk) for it to discard the plans. Empty tables can grow past the factor several
+# times within seconds of a burst: the look comes often.
+PLAN_CHECK = 1.0
 PLAN_GROWTH = 2.0
 # Below this size (bytes) any plan reads little: growth is counted from here.
 PLAN_FLOOR = 1 << 20

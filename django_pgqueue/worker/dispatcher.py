@@ -117,6 +117,7 @@ class Dispatcher:
                 # The claim first: a worker woken by a NOTIFY claims before the
                 # housekeeping that fell due meanwhile; then a look at what it found.
                 busy = self._cycle(now)
+                _refresh_plans(self.store, now)  # a look at the tables' size, when due
                 if now >= next_sweep:
                     swept = self._sweep()
                     next_sweep = now + (cfg.sweep_interval if swept else SWEEP_RETRY)
@@ -369,11 +370,20 @@ def _sweep(store: Store, claims: ClaimScheduler, stats: Counter[str]) -> bool:
     for queue in queues:
         stats["swept"] += 1
         claims.requeued(queue)  # a requeued job keeps its place: walk from the start
-    try:  # plans made while the tables were small are made again as they grow
-        store.refresh_plans(time.monotonic())
+    return True
+
+
+def _refresh_plans(store: Store, now: float) -> None:
+    """Plans made while the tables were small are made again as they grow.
+
+    Looked at every cycle, done every PLAN_CHECK: a burst into empty tables grows them
+    many times over within seconds, and each claim and write a plan made on empty
+    tables runs reads them whole.
+    """
+    try:
+        store.refresh_plans(now)
     except psycopg.Error as exc:  # they stay as they are until the next look
         logger.warning("looking at the tables' size refused: %s", errors.describe(exc))
-    return True
 
 
 def _sleep_long(store: Store, claims: ClaimScheduler, now: float) -> None:

@@ -8,6 +8,8 @@ worker's store discards its plans when the tables doubled since they were made.
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
@@ -45,12 +47,12 @@ def grow(jobs: int) -> None:
         enqueue_many([("qa.noop", None)] * min(20_000, jobs - start), queue="grown")
     sql(
         "UPDATE queue_job_state SET status = 'completed', finished_at = now(), attempts = 1, "
-        "lease_version = 1 WHERE job_id % 4 <> 0"
+        "lease_version = 1 WHERE queue = 'grown' AND job_id % 4 <> 0"
     )
     sql(
         "INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id, status, "
         "finished_at) SELECT job_id, 1, 1, 'w', 'succeeded', now() FROM queue_job_state "
-        "WHERE status = 'completed'"
+        "WHERE queue = 'grown' AND status = 'completed'"
     )
 
 
@@ -92,3 +94,32 @@ def test_plans_made_on_empty_tables_are_made_again_once_they_grew():
     finally:
         old.close()
         fresh.close()
+
+
+def test_a_running_worker_plans_again_soon_after_a_burst_grew_the_tables(run_worker, monkeypatch):
+    """A worker that made its plans on empty tables discards them a few looks after a
+    burst grew the tables, without waiting for a sweep or a heartbeat (an hour and five
+    minutes away here): a plan of empty tables reads them whole at every claim.
+    """
+    never_analyzed()
+    discarded = threading.Event()
+    refresh = Store.refresh_plans
+
+    def spied(self: Store, now: float) -> bool:
+        done = refresh(self, now)
+        if done and self.application_name.startswith("pgqueue worker"):
+            discarded.set()
+        return done
+
+    monkeypatch.setattr(Store, "refresh_plans", spied)
+    # It serves another queue than the one the tables grow by: the same tables.
+    worker = run_worker(["burst"], sweep_interval=3600, lease=900)
+    enqueue_many([("qa.noop", None)] * 20, queue="burst")
+    deadline = time.monotonic() + 120  # a hang guard
+    while sql("SELECT count(*) FROM queue_job_state WHERE status = 'completed'")[0][0] < 20:
+        assert time.monotonic() < deadline, "the worker did not run the first jobs"
+        time.sleep(0.05)
+    assert not discarded.is_set()  # its plans were made on the empty tables
+    grow(60_000)
+    assert discarded.wait(120), "the worker kept the plans it made on empty tables"
+    worker.stop()
