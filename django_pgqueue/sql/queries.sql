@@ -295,8 +295,11 @@ WITH done AS (
     SET status = 'succeeded',
         finished_at = now(),
         result = %(results)s::jsonb -> attempt.id::text
+    -- An array, not a semi-join: joined, each finished job re-reads the attempt ids'
+    -- whole array through the primary key (a nested loop of bitmap scans, batch size
+    -- squared probes); as an array it is read once.
     WHERE attempt.id = ANY (%(attempt_ids)s::bigint[])
-      AND attempt.job_id IN (SELECT job_id FROM done)
+      AND attempt.job_id = ANY (ARRAY(SELECT job_id FROM done))
 ), woken AS (
     -- Wake the wait() callers of these jobs (see job_waiter_add).
     SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
@@ -409,7 +412,7 @@ WITH released AS (
     UPDATE queue_attempts AS attempt
     SET status = 'released', finished_at = now()
     WHERE attempt.id = ANY (%(attempt_ids)s::bigint[])
-      AND attempt.job_id IN (SELECT job_id FROM released)
+      AND attempt.job_id = ANY (ARRAY(SELECT job_id FROM released))  -- as in job_complete
 ), wake AS (
     SELECT count(pg_notify('pgqueue', queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM released) AS q
