@@ -159,3 +159,83 @@ def test_deleting_a_job_takes_its_state_and_attempts(job_id):
     sql("DELETE FROM queue_jobs WHERE id = %s", [job_id])
     assert sql("SELECT count(*) FROM queue_job_state WHERE job_id = %s", [job_id]) == [(0,)]
     assert sql("SELECT count(*) FROM queue_attempts WHERE job_id = %s", [job_id]) == [(0,)]
+
+
+# The constraints' inline expressions (migration 0016) against their functions, on a grid
+# of rows around every rule's edge: a row the expression takes must be one the function
+# takes, and the other way round (or the function's message would be lost).
+_STATE_GRID = """
+SELECT s.status, p.priority::smallint, a.attempts, m.max_attempts, v.lease_version::bigint,
+       l.locked_by, l.locked_until, f.finished_at
+FROM unnest(ARRAY['waiting', 'pending', 'running', 'completed', 'dead', 'cancelled', 'paused'])
+         AS s(status),
+     unnest(ARRAY[-101, -100, 0, 100, 101]) AS p(priority),
+     unnest(ARRAY[-1, 0, 1, 5, 6]) AS a(attempts),
+     unnest(ARRAY[0, 1, 5]) AS m(max_attempts),
+     unnest(ARRAY[-1, 0, 3]) AS v(lease_version),
+     (VALUES (NULL, NULL::timestamptz), ('w', now()), ('w', NULL), (NULL, now()))
+         AS l(locked_by, locked_until),
+     (VALUES (NULL::timestamptz), (now())) AS f(finished_at)
+"""
+_ATTEMPT_GRID = """
+SELECT s.status, i.attempt_index, v.lease_version::bigint, f.finished_at
+FROM unnest(ARRAY['running', 'succeeded', 'failed', 'lost', 'released', 'snoozed',
+                  'interrupted', 'bogus']) AS s(status),
+     unnest(ARRAY[0, 1, 2]) AS i(attempt_index),
+     unnest(ARRAY[0, 1, 2]) AS v(lease_version),
+     (VALUES (NULL::timestamptz), (now())) AS f(finished_at)
+"""
+_JOB_GRID = """
+SELECT q.queue, t.type
+FROM unnest(ARRAY['a', 'Q1', 'x.y:z-1_', '-a', '_a', 'a b', '', repeat('q', 63), repeat('q', 64)])
+         AS q(queue),
+     unnest(ARRAY['a', '_t', 'qa.noop', '1t', 't t', '', repeat('t', 255), repeat('t', 256)])
+         AS t(type)
+"""
+
+
+_SIGNATURES = {
+    "queue_jobs": "queue text, type text",
+    "queue_job_state": "status text, priority smallint, attempts integer, max_attempts integer, "
+    "lease_version bigint, locked_by text, locked_until timestamptz, finished_at timestamptz",
+    "queue_attempts": "status text, attempt_index integer, lease_version bigint, "
+    "finished_at timestamptz",
+}
+
+
+@pytest.mark.parametrize(
+    ("table", "grid"),
+    [
+        ("queue_jobs", _JOB_GRID),
+        ("queue_job_state", _STATE_GRID),
+        ("queue_attempts", _ATTEMPT_GRID),
+    ],
+)
+def test_each_inline_check_takes_exactly_the_rows_its_function_takes(table, grid):
+    import importlib
+
+    checks = importlib.import_module("django_pgqueue.migrations.0016_checks_inline").CHECKS
+    [fast] = [fast for name, _, fast, _ in checks if name == table]
+    [(definition,)] = sql(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+        "WHERE conrelid = %s::regclass AND conname = %s",
+        [table, f"{table}_valid"],
+    )
+    assert " OR " in definition  # what the table runs: the expression, or the function
+    assert f"{table}_valid(" in definition
+    signature = _SIGNATURES[table]
+    names = ", ".join(part.split()[0] for part in signature.split(", "))
+    # The function's verdict as a boolean: it returns true or raises its message.
+    sql(
+        f"CREATE FUNCTION pg_temp.takes({signature}) RETURNS boolean LANGUAGE plpgsql AS $$ "
+        f"BEGIN RETURN {table}_valid({names}); "
+        "EXCEPTION WHEN check_violation THEN RETURN false; END $$"
+    )
+    rows = sql(
+        f"WITH grid AS ({grid}) SELECT {names}, coalesce(({fast}), false), "
+        f"pg_temp.takes({names}) FROM grid"
+    )
+    assert any(row[-1] for row in rows)  # the grid holds rows on both sides of the rules
+    assert not all(row[-1] for row in rows)
+    wrong = [row for row in rows if row[-2] != row[-1]]
+    assert not wrong, f"{len(wrong)} of {len(rows)} rows judged otherwise, e.g. {wrong[:3]}"
