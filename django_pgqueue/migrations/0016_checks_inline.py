@@ -7,10 +7,22 @@
 # expression alone; a broken one still gets the function's message. Same names, same
 # rules; the functions stay as they are.
 #
+# The rules now stand twice: in each function's first test and in its constraint. A
+# migration that changes a rule replaces both (test_constraints compares them).
+#
 # Not atomic: each ALTER TABLE swaps a constraint under its own short lock (added NOT
 # VALID, no scan), then VALIDATE reads the table under a lock that lets writes through.
+# The swap waits for the table's lock at most LOCK_WAIT at a time (a worker's shutdown
+# may hold its rows for a lease; writes queued behind a waiting ALTER would stall every
+# worker meanwhile), and tries again, up to LOCK_TRIES times.
 
-from django.db import migrations
+import time
+
+from django.db import migrations, transaction
+from django.db.utils import OperationalError
+
+LOCK_WAIT = "2s"
+LOCK_TRIES = 30
 
 JOB_STATUSES = "'waiting', 'pending', 'running', 'completed', 'dead', 'cancelled'"
 ATTEMPT_STATUSES = "'running', 'succeeded', 'failed', 'lost', 'released', 'snoozed', 'interrupted'"
@@ -47,12 +59,33 @@ CHECKS = [
 ]
 
 
-def swap(table: str, name: str, check: str) -> list[str]:
-    return [
-        f"ALTER TABLE {table} DROP CONSTRAINT {name}, "
-        f"ADD CONSTRAINT {name} CHECK ({check}) NOT VALID",
-        f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}",
-    ]
+def swap(schema_editor, table: str, name: str, check: str) -> None:
+    alias = schema_editor.connection.alias
+    for attempt in range(1, LOCK_TRIES + 1):
+        try:
+            with transaction.atomic(using=alias), schema_editor.connection.cursor() as cursor:
+                cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT}'")
+                cursor.execute(
+                    f"ALTER TABLE {table} DROP CONSTRAINT {name}, "
+                    f"ADD CONSTRAINT {name} CHECK ({check}) NOT VALID"
+                )
+            break
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != "55P03" or attempt == LOCK_TRIES:
+                raise
+            time.sleep(1)
+    with schema_editor.connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}")
+
+
+def inline(apps, schema_editor) -> None:
+    for table, name, fast, call in CHECKS:
+        swap(schema_editor, table, name, f"({fast}) OR {call}")
+
+
+def functions_only(apps, schema_editor) -> None:
+    for table, name, _, call in CHECKS:
+        swap(schema_editor, table, name, call)
 
 
 class Migration(migrations.Migration):
@@ -62,10 +95,4 @@ class Migration(migrations.Migration):
         ("django_pgqueue", "0015_settle_generic_plans"),
     ]
 
-    operations = [
-        migrations.RunSQL(
-            sql=swap(table, name, f"({fast}) OR {call}"),
-            reverse_sql=swap(table, name, call),
-        )
-        for table, name, fast, call in CHECKS
-    ]
+    operations = [migrations.RunPython(inline, functions_only)]

@@ -84,6 +84,8 @@ class Session:
         """
         if now < self._plan_check_due or not self.prepared:
             return False
+        if self._conn is not None and self._conn.prepare_threshold is None:
+            return False  # preparing was turned off (a pooler): no plans are kept
         self._plan_check_due = now + PLAN_CHECK
         size = max(PLAN_FLOOR, int(self.run("plan_size_probe", {})[0][0]))
         known = self._planned_size

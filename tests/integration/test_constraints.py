@@ -239,3 +239,21 @@ def test_each_inline_check_takes_exactly_the_rows_its_function_takes(table, grid
     assert not all(row[-1] for row in rows)
     wrong = [row for row in rows if row[-2] != row[-1]]
     assert not wrong, f"{len(wrong)} of {len(rows)} rows judged otherwise, e.g. {wrong[:3]}"
+
+
+def test_each_inline_check_is_its_function_first_test():
+    """A rule changed in a function (CREATE OR REPLACE FUNCTION) and not in its
+    constraint's expression would let through what the function now refuses."""
+    import importlib
+    import re
+
+    checks = importlib.import_module("django_pgqueue.migrations.0016_checks_inline").CHECKS
+
+    def words(text: str) -> str:
+        return " ".join(text.replace("::text", "").split())
+
+    for _, name, fast, _ in checks:
+        [(body,)] = sql("SELECT pg_get_functiondef(%s::regproc)", [name])
+        first = re.search(r"\bIF (.*?) THEN", body, re.DOTALL)
+        assert first is not None, body
+        assert words(fast) == words(first.group(1)), name
