@@ -253,9 +253,19 @@ def enqueue_many(
     batch = store.Batch()
     payloads: list[Any] = []
     defaults = (queue, priority, run_at, delay, max_attempts)
+    # The common call: (type, payload) pairs of one type. A pair of the type the pair
+    # before had (the same str object) and no keys in the batch yet takes that pair's
+    # group without a lookup.
+    last_type: Any = None
+    last_group = 0
+    grouped = batch.groups.append
     for position, item in enumerate(jobs):
         if type(item) is tuple and len(item) == 2:
             type_, payload = item
+            if type_ is last_type and batch.idempotency_keys is None:
+                grouped(last_group)
+                payloads.append(payload)
+                continue
             options: tuple[Any, ...] = (type_, *defaults)
             key: Any = type_ if type(type_) is str else None
             keys: tuple[Any, Any] | None = None
@@ -296,6 +306,7 @@ def enqueue_many(
         except EnqueueError as exc:
             raise EnqueueError(f"enqueue_many item {position}: {exc}") from exc
         payloads.append(payload)
+        last_type, last_group = (type_, group) if keys is None and key is not None else (None, 0)
     if not payloads:
         return []
     texts = _texts(conf, payloads)
@@ -369,10 +380,31 @@ def _write_many(
             if created
         ]
         signals.send_on_commit(signals.job_enqueued, alias, events)
-    return [
-        EnqueuedJob(job_id, row[1], row[0], created)
-        for (job_id, created), row in zip(results, rows, strict=True)
-    ]
+    return _enqueued(results, rows)
+
+
+# EnqueuedJob's fields set straight through their slots: the frozen class's __init__
+# goes through object.__setattr__ per field, half the cost of a large enqueue_many's
+# results (10 of 160 ms at 20,000 jobs).
+_new_job = EnqueuedJob.__new__
+_set_fields = [
+    getattr(EnqueuedJob, name).__set__ for name in ("id", "queue", "type", "created", "created_at")
+]
+
+
+def _enqueued(results: list[tuple[int, bool]], rows: list[tuple[Any, ...]]) -> list[EnqueuedJob]:
+    """EnqueuedJob(id, queue, type, created) per result, as the constructor makes them."""
+    set_id, set_queue, set_type, set_created, set_created_at = _set_fields
+    jobs = []
+    for (job_id, created), row in zip(results, rows, strict=True):
+        job = _new_job(EnqueuedJob)
+        set_id(job, job_id)
+        set_queue(job, row[1])
+        set_type(job, row[0])
+        set_created(job, created)
+        set_created_at(job, None)
+        jobs.append(job)
+    return jobs
 
 
 def check_options(

@@ -164,6 +164,33 @@ def test_idempotency_key_in_enqueue_many():
     assert JobState.objects.filter(queue="q").count() == 3
 
 
+def test_enqueue_many_mixes_pairs_and_specs_in_order():
+    """Pairs of one type, then a spec with a key, then pairs again (of that type and of
+    another): each job keeps its own type, queue and place."""
+    pairs = [("qa.noop", {"n": n}) for n in range(3)]
+    jobs = enqueue_many(
+        [
+            *pairs,
+            JobSpec("qa.noop", {"n": 3}, idempotency_key="mixed", queue="other"),
+            *pairs,
+            ("qa.flaky", {"n": 7}),
+            ("qa.noop", {"n": 8}),
+        ],
+        queue="mixed",
+    )
+    assert [(job.type, job.queue) for job in jobs] == [
+        *[("qa.noop", "mixed")] * 3,
+        ("qa.noop", "other"),
+        *[("qa.noop", "mixed")] * 3,
+        ("qa.flaky", "mixed"),
+        ("qa.noop", "mixed"),
+    ]
+    stored = dict(Job.objects.values_list("id", "payload"))
+    assert [stored[job.id]["n"] for job in jobs] == [0, 1, 2, 3, 0, 1, 2, 7, 8]
+    keyed = Job.objects.filter(idempotency_key__isnull=False).values_list("id", flat=True)
+    assert list(keyed) == [jobs[3].id]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_enqueues_of_one_key_make_one_job():
     """Eight real connections race to enqueue the same key; one job results."""
