@@ -472,26 +472,36 @@ WITH expired AS MATERIALIZED (
     ORDER BY state.job_id
     LIMIT %(limit)s::integer
     FOR UPDATE OF state SKIP LOCKED
+), known AS MATERIALIZED (
+    -- Each expired row's lease version and whether it was interrupted, as one object
+    -- looked up per row (by key): joined to the rows updated, the CTE was scanned
+    -- whole for each of them (1,000 expired leases: 999,000 rows compared, 150 ms).
+    SELECT jsonb_object_agg(job_id::text, jsonb_build_array(lease_version, interrupted)) AS rows
+    FROM expired
 ), swept AS (
     UPDATE queue_job_state AS state
     -- A job an operator asked to cancel while it ran ends cancelled, not requeued.
     SET status = CASE
             WHEN state.cancel_requested_at IS NOT NULL THEN 'cancelled'
-            WHEN state.attempts >= state.max_attempts AND NOT expired.interrupted THEN 'dead'
+            WHEN state.attempts >= state.max_attempts
+                 AND NOT ((SELECT rows FROM known) -> state.job_id::text ->> 1)::boolean
+            THEN 'dead'
             ELSE 'pending'
         END,
         finished_at = CASE
             WHEN state.cancel_requested_at IS NOT NULL
-              OR (state.attempts >= state.max_attempts AND NOT expired.interrupted)
+              OR (state.attempts >= state.max_attempts
+                  AND NOT ((SELECT rows FROM known) -> state.job_id::text ->> 1)::boolean)
             THEN now()
         END,
         attempts = CASE
-            WHEN expired.interrupted AND state.cancel_requested_at IS NULL
+            WHEN ((SELECT rows FROM known) -> state.job_id::text ->> 1)::boolean
+                 AND state.cancel_requested_at IS NULL
             THEN state.attempts - 1 ELSE state.attempts
         END,
         lease_version = state.lease_version + 1,
         last_error = CASE
-            WHEN expired.interrupted
+            WHEN ((SELECT rows FROM known) -> state.job_id::text ->> 1)::boolean
             THEN 'interrupted: worker ' || state.locked_by
                  || ' stopped before the handler finished; the attempt was given back'
             ELSE 'lease expired: worker ' || state.locked_by
@@ -500,23 +510,22 @@ WITH expired AS MATERIALIZED (
         locked_by = NULL,
         locked_until = NULL,
         updated_at = now()
-    FROM expired
     WHERE state.job_id = ANY (ARRAY(SELECT job_id FROM expired))
-      AND state.job_id = expired.job_id
-      AND state.lease_version = expired.lease_version
+      AND state.lease_version = ((SELECT rows FROM known) -> state.job_id::text ->> 0)::bigint
       AND state.status = 'running'
       AND state.locked_until < now()
-    RETURNING state.job_id, state.queue, expired.lease_version AS lost_version, state.status,
+    -- lease_version is the new one here: the lost attempt's is one less.
+    RETURNING state.job_id, state.queue, state.lease_version - 1 AS lost_version, state.status,
               state.has_dependents
 ), lost AS (
+    -- The swept jobs' attempts by key, as above: no join to swept.
     UPDATE queue_attempts AS attempt
     SET status = 'lost',
         finished_at = now(),
         error_class = 'django_pgqueue.LeaseExpired',
         error_message = 'the lease ran out before the worker finished; the job was requeued'
-    FROM swept
-    WHERE attempt.job_id = swept.job_id
-      AND attempt.lease_version = swept.lost_version
+    WHERE attempt.job_id = ANY (ARRAY(SELECT job_id FROM swept))
+      AND attempt.lease_version = ((SELECT rows FROM known) -> attempt.job_id::text ->> 0)::bigint
       AND attempt.status = 'running'
 ), wake AS (
     SELECT count(pg_notify('pgqueue', queue)::text) AS queues
