@@ -31,6 +31,9 @@ enqueue_listener: ContextVar[Callable[[str, list[int]], None] | None] = ContextV
 )
 
 
+_NO_TYPE = object()  # enqueue_many's last pair's type before any pair of a str type
+
+
 @dataclass(frozen=True, slots=True)
 class EnqueuedJob:
     """A job as enqueue() left it. `created` is False when an idempotency key matched.
@@ -253,10 +256,9 @@ def enqueue_many(
     batch = store.Batch()
     payloads: list[Any] = []
     defaults = (queue, priority, run_at, delay, max_attempts)
-    # The common call: (type, payload) pairs of one type. A pair of the type the pair
-    # before had (the same str object) and no keys in the batch yet takes that pair's
-    # group without a lookup.
-    last_type: Any = None
+    # The common call, pairs of one type: a pair of the type (the same str object) of
+    # the pair before, no keys in the batch yet, takes that pair's group with no lookup.
+    last_type: Any = _NO_TYPE
     last_group = 0
     grouped = batch.groups.append
     for position, item in enumerate(jobs):
@@ -306,7 +308,8 @@ def enqueue_many(
         except EnqueueError as exc:
             raise EnqueueError(f"enqueue_many item {position}: {exc}") from exc
         payloads.append(payload)
-        last_type, last_group = (type_, group) if keys is None and key is not None else (None, 0)
+        fast = keys is None and key is not None  # a pair of a str type
+        last_type, last_group = (type_, group) if fast else (_NO_TYPE, 0)
     if not payloads:
         return []
     texts = _texts(conf, payloads)

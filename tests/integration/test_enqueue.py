@@ -164,6 +164,21 @@ def test_idempotency_key_in_enqueue_many():
     assert JobState.objects.filter(queue="q").count() == 3
 
 
+@pytest.mark.parametrize(
+    ("items", "position"),
+    [
+        ([(None, 1)], 0),
+        ([JobSpec("qa.noop", 0), (None, 1)], 1),
+        ([("qa.noop", 0), (5, 1), (None, 2)], 1),
+        ([("qa.noop", 0), ("qa.noop", 1), (None, 2)], 2),
+    ],
+)
+def test_enqueue_many_refuses_a_pair_without_a_type_wherever_it_stands(items, position):
+    with pytest.raises(EnqueueError, match=f"enqueue_many item {position}: .*type"):
+        enqueue_many(items, queue="typed")
+    assert not Job.objects.filter(queue="typed").exists()
+
+
 def test_enqueue_many_mixes_pairs_and_specs_in_order():
     """Pairs of one type, then a spec with a key, then pairs again (of that type and of
     another): each job keeps its own type, queue and place."""
