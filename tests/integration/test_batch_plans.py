@@ -11,7 +11,6 @@ batch of BATCH jobs, and what it reads and compares is counted from EXPLAIN ANAL
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
@@ -21,14 +20,13 @@ from django_pgqueue import enqueue_many
 from django_pgqueue.sql import QUERIES
 from tests.conftest import sql
 from tests.integration.test_plan_refresh import grow, never_analyzed
+from tests.plans import execute_args, prepare
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BATCH = 300
 # Rows a join may compare per job of the batch: a few, never the batch.
 PER_JOB = 10
-
-_PARAM = re.compile(r"%\((\w+)\)s::(\w+(?:\[\])?)")
 
 
 def nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
@@ -38,22 +36,18 @@ def nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
 def explain_generic(name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     """The nodes of `name`'s generic plan, run by EXPLAIN ANALYZE and rolled back."""
     import psycopg
-    from psycopg import sql as pgsql
 
     from django_pgqueue.store.connection import connection_params
 
-    text = QUERIES[name]
-    # Every parameter of the queries is cast where it stands: PREPARE takes those types.
-    types = dict(_PARAM.findall(text))
-    order = list(types)
-    text = re.sub(r"%\((\w+)\)s", lambda m: f"${order.index(m.group(1)) + 1}", text)
     with psycopg.connect(**connection_params("default", "batch plans")) as conn:
-        conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE probe ({', '.join(types.values())}) AS {text}")
-        query = pgsql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE probe ({})").format(
-            pgsql.SQL(", ").join(pgsql.Literal(params[key]) for key in order)
+        cursor = psycopg.ClientCursor(conn)  # EXECUTE's arguments bound as literals
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        names = prepare(cursor, "probe", QUERIES[name])
+        cursor.execute(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE probe({execute_args(names)})",
+            [params[n] for n in names],
         )
-        [(plan,)] = conn.execute(query).fetchall()
+        [(plan,)] = cursor.fetchall()
         conn.rollback()
     return nodes((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
 
