@@ -13,6 +13,7 @@ from django.utils import timezone
 
 import django_pgqueue
 from django_pgqueue import EnqueueError, JobSpec, PayloadError, enqueue, enqueue_many
+from django_pgqueue.enqueue import EnqueuedJob
 from django_pgqueue.models import Job, JobState
 from django_pgqueue.store.worker import connection_params
 from tests.conftest import sql
@@ -339,3 +340,13 @@ def test_enqueue_from_an_event_loop_is_refused_as_django_refuses_it(monkeypatch)
 
     with pytest.raises(SynchronousOnlyOperation):
         asyncio.run(view())
+
+
+def test_enqueue_many_results_equal_what_the_constructor_makes():
+    """The results are built through EnqueuedJob's slots: every field set, as
+    EnqueuedJob(...) sets them (a field added to the class and not there fails here)."""
+    [job] = enqueue_many([("qa.noop", {"n": 1})], queue="built")
+    made = EnqueuedJob(job.id, "built", "qa.noop", True)
+    assert job == made
+    assert hash(job) == hash(made)
+    assert repr(job) == repr(made)
