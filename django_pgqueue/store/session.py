@@ -34,6 +34,9 @@ LOST = "lost the database connection"
 # times within seconds of a burst: the look comes often.
 PLAN_CHECK = 1.0
 PLAN_GROWTH = 2.0
+# After PostgreSQL refused the look (a lock held on a table, a timeout), the next is
+# this far off: a refusal that lasts is then logged once a minute, not every second.
+PLAN_CHECK_REFUSED = 60.0
 # Below this size (bytes) any plan reads little: growth is counted from here.
 PLAN_FLOOR = 1 << 20
 
@@ -86,8 +89,9 @@ class Session:
             return False
         if self._conn is not None and self._conn.prepare_threshold is None:
             return False  # preparing was turned off (a pooler): no plans are kept
-        self._plan_check_due = now + PLAN_CHECK
+        self._plan_check_due = now + PLAN_CHECK_REFUSED  # until the probe answers
         size = max(PLAN_FLOOR, int(self.run("plan_size_probe", {})[0][0]))
+        self._plan_check_due = now + PLAN_CHECK
         known = self._planned_size
         self._planned_size = size if known is None else known
         if known is None or known / PLAN_GROWTH < size < known * PLAN_GROWTH:
@@ -99,6 +103,7 @@ class Session:
     def close(self) -> None:
         conn, self._conn = self._conn, None
         self._planned_size = None  # a new connection plans afresh
+        self._plan_check_due = 0.0  # and looks at the size at once
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()

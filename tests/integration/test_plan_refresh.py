@@ -11,9 +11,12 @@ import json
 import threading
 import time
 
+import psycopg
 import pytest
 
 from django_pgqueue import enqueue_many
+from django_pgqueue.store.connection import connection_params
+from django_pgqueue.store.session import PLAN_CHECK, PLAN_CHECK_REFUSED
 from django_pgqueue.store.worker import Store
 from tests.conftest import sql
 
@@ -132,3 +135,28 @@ def test_a_running_worker_plans_again_soon_after_a_burst_grew_the_tables(run_wor
     grow(60_000)
     assert discarded.wait(120), "the worker kept the plans it made on empty tables"
     worker.stop()
+
+
+def test_a_refused_look_at_the_tables_size_is_tried_again_after_a_pause():
+    """A look PostgreSQL refuses (here: a table locked by a long ALTER or VACUUM FULL)
+    is not tried again, and logged again, at every PLAN_CHECK while the cause lasts."""
+    store = Store("default", "probe refused")
+    locker = psycopg.connect(**connection_params("default", "table locker"), autocommit=True)
+    try:
+        assert store.refresh_plans(0.0) is False  # the size its plans are made at
+        store.raw.execute("SET lock_timeout = '100ms'", prepare=False)
+        locker.execute("BEGIN")
+        locker.execute("LOCK TABLE queue_attempts IN ACCESS EXCLUSIVE MODE")
+        now = store._plan_check_due
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            store.refresh_plans(now)
+        # Still locked: the looks due at the usual pace send nothing.
+        for later in (PLAN_CHECK, 10 * PLAN_CHECK, PLAN_CHECK_REFUSED - PLAN_CHECK):
+            assert store.refresh_plans(now + later) is False
+        locker.execute("ROLLBACK")
+        # The pause over, it looks again, and then at the usual pace.
+        assert store.refresh_plans(now + PLAN_CHECK_REFUSED) is False
+        assert store._plan_check_due == now + PLAN_CHECK_REFUSED + PLAN_CHECK
+    finally:
+        locker.close()
+        store.close()
