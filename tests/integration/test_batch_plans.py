@@ -14,10 +14,12 @@ import json
 import time
 from typing import Any
 
+import psycopg
 import pytest
 
 from django_pgqueue import enqueue_many
 from django_pgqueue.sql import QUERIES
+from django_pgqueue.store.connection import connection_params
 from tests.conftest import sql
 from tests.integration.test_plan_refresh import grow, never_analyzed
 from tests.plans import execute_args, prepare
@@ -35,10 +37,6 @@ def nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 def explain_generic(name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     """The nodes of `name`'s generic plan, run by EXPLAIN ANALYZE and rolled back."""
-    import psycopg
-
-    from django_pgqueue.store.connection import connection_params
-
     with psycopg.connect(**connection_params("default", "batch plans")) as conn:
         cursor = psycopg.ClientCursor(conn)  # EXECUTE's arguments bound as literals
         cursor.execute("SET plan_cache_mode = force_generic_plan")
