@@ -564,8 +564,10 @@ WHERE id = ANY (%(attempt_ids)s::bigint[]);
 -- jobs changed.
 -- Workflows: a step that still waits for a dependency (one unfinished, or retried in
 -- this same call) goes back to waiting, not pending; a dead or cancelled job retried
--- counts as unfinished again for its dependents, and those its failure cancelled go
--- back to waiting (pgqueue_unsettle, migration 0011), in this same statement.
+-- counts as unfinished again for its dependents, and every dependent that has not
+-- started waits for it again: pending ones, and those its failure cancelled; a retried
+-- step forgets what cancelled it (pgqueue_unsettle, migration 0016), in this same
+-- statement.
 WITH candidate AS MATERIALIZED (
     SELECT state.job_id, state.queue, state.idempotency_key, state.status
     FROM queue_job_state AS state
@@ -609,17 +611,25 @@ WITH candidate AS MATERIALIZED (
     FROM target
     WHERE state.job_id = target.job_id
       AND state.status IN ('dead', 'cancelled', 'pending')
-    RETURNING state.job_id, state.queue, state.has_dependents
+    RETURNING state.job_id, state.queue, state.has_dependents,
+              EXISTS (SELECT FROM queue_workflow_steps AS step
+                      WHERE step.job_id = state.job_id AND step.cancelled_by IS NOT NULL)
+                  AS cancelled_by_dependency
 ), wake AS (
     SELECT count(pg_notify('pgqueue', queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM retried) AS q
 ), unsettled AS (
-    SELECT pgqueue_unsettle(ARRAY(
-        SELECT retried.job_id FROM retried
-        JOIN candidate ON candidate.job_id = retried.job_id
-        WHERE retried.has_dependents AND candidate.status IN ('dead', 'cancelled')
-    )) AS steps
-    WHERE EXISTS (SELECT FROM retried WHERE has_dependents)
+    -- The step rows are written by the function alone, one statement after another:
+    -- a step row written twice in one statement (here and in the function) errors.
+    SELECT pgqueue_unsettle(
+        ARRAY(
+            SELECT retried.job_id FROM retried
+            JOIN candidate ON candidate.job_id = retried.job_id
+            WHERE retried.has_dependents AND candidate.status IN ('dead', 'cancelled')
+        ),
+        ARRAY(SELECT job_id FROM retried WHERE cancelled_by_dependency)
+    ) AS steps
+    WHERE EXISTS (SELECT FROM retried WHERE has_dependents OR cancelled_by_dependency)
 )
 SELECT retried.job_id FROM retried CROSS JOIN wake LEFT JOIN unsettled ON true;
 

@@ -15,9 +15,11 @@ import psycopg
 import pytest
 
 from django_pgqueue import Workflow, chain, chord, group, step
+from django_pgqueue.actions import retry_now
 from django_pgqueue.outcomes import Failure
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.store.worker import complete_params
+from django_pgqueue.workflows import cancel_workflow
 from tests.conftest import database_url, sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -206,3 +208,81 @@ def test_a_fan_in_completed_from_eight_threads_counts_each_member_once(stores, f
         [list(run.jobs.values())[:-1]],
     )[0][0]
     assert rows[0][0] >= last_member
+
+
+# -- operator retries and prune meet the settle -------------------------------------------
+
+
+def finish(store, rows, dead=()) -> None:
+    """End claimed rows: complete each (its result: {"of": its payload's job id}) or,
+    for those in `dead`, fail it for good."""
+    for row in rows:
+        if row.job_id in dead:
+            failure = Failure("X", "dies", "", permanent=True)
+            assert store.fail(row.job_id, row.lease_version, row.attempt_id, failure)[0] == "dead"
+        else:
+            done = [(row.job_id, row.lease_version, row.attempt_id, f'{{"of": {row.job_id}}}')]
+            assert store.complete(done) == {row.job_id}
+
+
+@pytest.mark.parametrize("on_failure", ["run", "error"])
+def test_a_retry_puts_a_dependent_made_due_but_not_started_back_to_waiting(stores, on_failure):
+    """bad died, so `after` (runs anyway, or only on a failure) became pending; before
+    any worker claims it, bad is retried: `after` waits for bad again, is not
+    claimable meanwhile, and runs once, after bad's new ending."""
+    flow = Workflow("due")
+    flow.add("bad", s("bad"))
+    flow.add("after", s("after", on_failure=on_failure), after=["bad"])
+    run = flow.enqueue()
+    bad, after = run.jobs["bad"], run.jobs["after"]
+    store = stores()
+    finish(store, store.claim(Q, 5, "w", 30), dead={bad})
+    assert (status(after), counters(after)) == ("pending", (0, 1))
+    assert retry_now([bad]).changed == [bad]
+    assert (status(after), counters(after)) == ("waiting", (1, 0))
+    rows = store.claim(Q, 5, "w", 30)
+    assert [row.job_id for row in rows] == [bad]
+    finish(store, rows, dead={bad})  # it dies again
+    assert (status(after), counters(after)) == ("pending", (0, 1))
+    finish(store, store.claim(Q, 5, "w", 30))
+    assert status(after) == "completed"
+    assert sql("SELECT count(*) FROM queue_attempts WHERE job_id = %s", [after]) == [(1,)]
+
+
+def test_a_step_retried_directly_is_no_longer_cancelled_by_its_dependency(stores):
+    """next was cancelled by bad's death; the operator retries next itself, then
+    cancels the workflow: a later retry of bad does not bring next back."""
+    flow = Workflow("direct")
+    flow.add("bad", s("bad"))
+    flow.add("next", s("next"), after=["bad"])
+    run = flow.enqueue()
+    bad, nxt = run.jobs["bad"], run.jobs["next"]
+    store = stores()
+    finish(store, store.claim(Q, 5, "w", 30), dead={bad})
+    assert status(nxt) == "cancelled"
+    assert retry_now([nxt]).changed == [nxt]
+    assert status(nxt) == "pending"
+    assert cancel_workflow(run.id).cancelled == [nxt]
+    assert retry_now([bad]).changed == [bad]
+    assert status(nxt) == "cancelled"
+    assert status(bad) == "pending"
+
+
+def test_a_step_retried_with_its_culprit_waits_and_is_cancelled_again_by_its_death(stores):
+    """bad and next retried in one call: next waits for bad; bad dies again and cancels
+    next again, so a further retry of bad puts next back once more."""
+    flow = Workflow("together")
+    flow.add("bad", s("bad"))
+    flow.add("next", s("next"), after=["bad"])
+    run = flow.enqueue()
+    bad, nxt = run.jobs["bad"], run.jobs["next"]
+    store = stores()
+    finish(store, store.claim(Q, 5, "w", 30), dead={bad})
+    assert retry_now([bad, nxt]).changed == [bad, nxt]
+    assert (status(bad), status(nxt), counters(nxt)) == ("pending", "waiting", (1, 0))
+    finish(store, store.claim(Q, 5, "w", 30), dead={bad})
+    assert (status(nxt), counters(nxt)) == ("cancelled", (0, 1))
+    assert retry_now([bad]).changed == [bad]
+    assert (status(nxt), counters(nxt)) == ("waiting", (1, 0))
+    finish(store, store.claim(Q, 5, "w", 30))
+    assert status(nxt) == "pending"
