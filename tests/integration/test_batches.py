@@ -538,3 +538,26 @@ def test_retrying_a_dead_member_puts_due_callbacks_back_to_waiting(stores):
     assert [row.job_id for row in rows] == [run.callbacks["on_finish"]]
     _end(store, rows)
     assert [attempts(job_id) for job_id in run.callbacks.values()] == [1, 0]
+
+
+def test_a_batch_that_ended_across_the_cutoff_is_pruned_whole_or_not_at_all(stores):
+    """One member completed a month ago, the other died an hour ago: a prune keeps the
+    whole batch, so a later retry of the dead member runs on_success with both counted."""
+    with batch(**callbacks(on_success=None)) as run:
+        early = enqueue("qa.noop", queue=Q).id
+        dead = enqueue("qa.noop", queue=Q).id
+    store = stores()
+    _end(store, store.claim(Q, 5, "w", 30), dead={dead})
+    assert status(run.callbacks["on_success"]) == "cancelled"
+    sql(
+        "UPDATE queue_job_state SET finished_at = now() - interval '30 days' WHERE job_id = %s",
+        [early],
+    )
+    _age_batches()
+    pruned = prune(dt.timedelta(days=7)).jobs
+    assert retry_now([dead]).changed == [dead]
+    _end(store, store.claim(Q, 5, "w", 30))
+    assert status(run.callbacks["on_success"]) == "pending"
+    counts = batch_status(run.id)
+    assert (counts.completed, counts.size) == (2, 2)
+    assert pruned == {}
