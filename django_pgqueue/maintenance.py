@@ -72,9 +72,9 @@ def prune(
     if dry_run:
         result.jobs = store.count_prunable(alias, cutoff, statuses)
         return result
-    after_id = 0
-    while True:
-        deleted, after_id = store.prune_batch(alias, cutoff, statuses, batch_size, after_id)
+    after_id, more = 0, True
+    while more:
+        deleted, after_id, more = store.prune_batch(alias, cutoff, statuses, batch_size, after_id)
         count = sum(deleted.values())
         if count:
             result.batches.append(count)
@@ -82,10 +82,8 @@ def prune(
                 result.jobs[status] = result.jobs.get(status, 0) + jobs
             if on_batch is not None:
                 on_batch(count)
-        # A short batch means nothing more is due, or only rows locked right now
-        # (being retried), which a later run will find.
-        if count < batch_size:
-            break
+        # The walk ends at the last finished job; a unit left because an operator holds
+        # one of its jobs right now (a retry) is found by a later run.
     after_id = 0
     while True:
         deleted, after_id = store.prune_workflow_batch(alias, cutoff, batch_size, after_id)

@@ -132,18 +132,6 @@ def type_limits(own: str, queue_update: str) -> str:
     return _replace_once(own, LIMITS_MARK, writes, "queue_type_control_update's limits mark")
 
 
-# job_prune_count counts what job_prune_batch would delete: its WHERE clause after the
-# statuses asked for, the rules of what may go, stands at the count's mark.
-PRUNE_MARK = "  -- job_prune_count: job_prune_batch's rules\n"
-PRUNE_RULES = ("      AND status = ANY(%(statuses)s::text[])\n", "    ORDER BY job_id\n")
-
-
-def prune_rules(own: str, prune: str) -> str:
-    """The prune's dry run `own` with the rules of the prune `prune` at its mark."""
-    rules = _between(prune, *PRUNE_RULES, "job_prune_batch's rules")
-    return _replace_once(own, PRUNE_MARK, rules, "job_prune_count's rules mark")
-
-
 QUERIES: dict[str, str] = load((Path(__file__).parent / "queries.sql").read_text("utf-8"))
 QUERIES["job_claim_after"] = resumed(QUERIES["job_claim"])
 QUERIES["job_claim_controlled"] = controlled(QUERIES["job_claim_controlled"], QUERIES["job_claim"])
@@ -153,4 +141,3 @@ QUERIES["job_enqueue_many_keyed"] = keyed(
 QUERIES["queue_type_control_update"] = type_limits(
     QUERIES["queue_type_control_update"], QUERIES["queue_control_update"]
 )
-QUERIES["job_prune_count"] = prune_rules(QUERIES["job_prune_count"], QUERIES["job_prune_batch"])

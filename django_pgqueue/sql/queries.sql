@@ -564,8 +564,10 @@ WHERE id = ANY (%(attempt_ids)s::bigint[]);
 -- jobs changed.
 -- Workflows: a step that still waits for a dependency (one unfinished, or retried in
 -- this same call) goes back to waiting, not pending; a dead or cancelled job retried
--- counts as unfinished again for its dependents, and those its failure cancelled go
--- back to waiting (pgqueue_unsettle, migration 0011), in this same statement.
+-- counts as unfinished again for its dependents, and every dependent that has not
+-- started waits for it again: pending ones, and those its failure cancelled; a retried
+-- step forgets what cancelled it (pgqueue_unsettle, migration 0016), in this same
+-- statement.
 WITH candidate AS MATERIALIZED (
     SELECT state.job_id, state.queue, state.idempotency_key, state.status
     FROM queue_job_state AS state
@@ -609,17 +611,25 @@ WITH candidate AS MATERIALIZED (
     FROM target
     WHERE state.job_id = target.job_id
       AND state.status IN ('dead', 'cancelled', 'pending')
-    RETURNING state.job_id, state.queue, state.has_dependents
+    RETURNING state.job_id, state.queue, state.has_dependents,
+              EXISTS (SELECT FROM queue_workflow_steps AS step
+                      WHERE step.job_id = state.job_id AND step.cancelled_by IS NOT NULL)
+                  AS cancelled_by_dependency
 ), wake AS (
     SELECT count(pg_notify('pgqueue', queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM retried) AS q
 ), unsettled AS (
-    SELECT pgqueue_unsettle(ARRAY(
-        SELECT retried.job_id FROM retried
-        JOIN candidate ON candidate.job_id = retried.job_id
-        WHERE retried.has_dependents AND candidate.status IN ('dead', 'cancelled')
-    )) AS steps
-    WHERE EXISTS (SELECT FROM retried WHERE has_dependents)
+    -- The step rows are written by the function alone, one statement after another:
+    -- a step row written twice in one statement (here and in the function) errors.
+    SELECT pgqueue_unsettle(
+        ARRAY(
+            SELECT retried.job_id FROM retried
+            JOIN candidate ON candidate.job_id = retried.job_id
+            WHERE retried.has_dependents AND candidate.status IN ('dead', 'cancelled')
+        ),
+        ARRAY(SELECT job_id FROM retried WHERE cancelled_by_dependency)
+    ) AS steps
+    WHERE EXISTS (SELECT FROM retried WHERE has_dependents OR cancelled_by_dependency)
 )
 SELECT retried.job_id FROM retried CROSS JOIN wake LEFT JOIN unsettled ON true;
 
@@ -883,20 +893,45 @@ SELECT now() - make_interval(secs => %(seconds)s::float8) AS at;
 
 
 -- name: job_prune_count
--- Count, by status, the finished jobs that finished before the cutoff (a prune's dry run).
--- Its rules are job_prune_batch's, put at the mark (sql/__init__.py): only finished jobs
--- ever qualify, and not while their workflow has a step to run or their batch has not
--- settled.
-SELECT status, count(*) AS jobs
-FROM queue_job_state
-WHERE status = ANY(%(statuses)s::text[])
-  -- job_prune_count: job_prune_batch's rules
-GROUP BY status;
+-- Count, by status, the jobs job_prune_batch would delete (a prune's dry run), in one
+-- statement over the whole table, judged on its snapshot: job_prune_batch's units (a
+-- batch's members and callbacks, a workflow's steps, or a plain job), each counted when
+-- every job of it finished before the cutoff in a status asked for. It takes no lock:
+-- a unit an operator holds at the moment of the prune is counted here and left by it.
+-- Set-based (hash joins): it reads every step and batch member once, not a probe each.
+WITH unit_job AS MATERIALIZED (
+    -- Every job stored with others, with its unit: a batch (its members, and its
+    -- callbacks: the steps of its workflow) as its id negated, else its workflow's id.
+    SELECT member.job_id, -member.batch_id AS unit
+    FROM queue_batch_jobs AS member
+    UNION ALL
+    SELECT step.job_id, coalesce(-batch.id, step.workflow_id)
+    FROM queue_workflow_steps AS step
+    LEFT JOIN queue_batches AS batch ON batch.workflow_id = step.workflow_id
+), judged AS MATERIALIZED (
+    SELECT state.job_id, state.status,
+           state.status = ANY(%(statuses)s::text[])
+               AND state.status IN ('completed', 'dead', 'cancelled')
+               AND state.finished_at < %(cutoff)s::timestamptz AS due
+    FROM queue_job_state AS state
+), whole AS (
+    SELECT unit_job.unit
+    FROM unit_job
+    JOIN judged USING (job_id)
+    GROUP BY unit_job.unit
+    HAVING bool_and(judged.due)
+)
+SELECT judged.status, count(*) AS jobs
+FROM judged
+LEFT JOIN unit_job USING (job_id)
+WHERE judged.due
+  AND (unit_job.unit IS NULL OR unit_job.unit IN (SELECT unit FROM whole))
+GROUP BY judged.status;
 
 
 -- name: workflow_prune_batch
 -- Delete at most `limit` workflows created before the cutoff whose steps are all gone
--- (their jobs pruned: a workflow's finished steps are kept until all of it finished),
+-- (their jobs pruned: job_prune_batch deletes a workflow's steps all together),
 -- walking the primary key upwards from after_id. A workflow's row and its steps are
 -- written in one transaction, so a committed workflow has no step-less moment; the
 -- cutoff keeps even a row mid-way out of reach. The steps' probe uses their
@@ -919,7 +954,7 @@ RETURNING wf.id;
 
 -- name: batch_prune_batch
 -- Delete at most `limit` batches created before the cutoff whose members and callbacks
--- are all gone (pruned: a batch's jobs are kept until all of them finished), walking
+-- are all gone (pruned: job_prune_batch deletes them all together), walking
 -- the primary key upwards from after_id; run after workflow_prune_batch, so a pruned
 -- batch's callbacks' workflow is gone too (its workflow_id set NULL) or step-less. A
 -- batch's row, members and callbacks are written in one transaction, and the cutoff
@@ -943,69 +978,134 @@ RETURNING batch.id;
 
 
 -- name: job_prune_batch
--- Delete at most `limit` jobs that finished before the cutoff, with their state and attempts.
--- The state rows go with the jobs through queue_jobs' AFTER DELETE trigger (migration
--- 0008), and the attempts with them through their ON DELETE CASCADE foreign key. Only
--- completed, dead and cancelled jobs qualify, whatever statuses the caller passes: a
--- pending or running job is never deleted. The state rows are locked with SKIP LOCKED,
--- so a job an operator is retrying at this moment is left for a later run, and a row
--- that changed status before the lock was taken is re-checked against the WHERE clause
--- and dropped. Each batch is one short statement in its own transaction: no lock
--- outlives it. Batches walk the primary key upwards from after_id (the last job the
--- previous batch deleted), so a whole prune reads the table once; no index over every
--- finished job is needed, which would weigh on the hot table. The finished steps of a
--- workflow are kept until every step of it has finished, a batch's members and
--- callbacks until every one of them has.
-WITH doomed AS MATERIALIZED (
-    SELECT job_id, status
+-- Delete the next finished jobs older than the cutoff, each with its whole unit, and
+-- their state and attempts; return (more, scanned_to, deleted by status).
+-- A unit is what a job is stored with: a batch's members and callbacks (the steps of
+-- the batch's workflow), else a workflow's steps, else the job alone. It goes whole or
+-- not at all, so a step's parents and a batch's members stay as long as anything of
+-- it does, and a step an operator's retry brings back finds them (invariant 4 of
+-- docs/concepts/workflows.md). It goes when every job of it is completed, dead or
+-- cancelled (whatever statuses the caller passes: a pending or running job is never
+-- deleted), in a status asked for, and finished before the cutoff: judged on the
+-- snapshot (whole), then on the rows the statement holds (held, doomed). Those are
+-- locked FOR UPDATE SKIP LOCKED, which reads a row's latest version: a row an
+-- operator's retry changed since the snapshot is judged on what the retry wrote, and
+-- a row a retry holds now leaves its whole unit for a later run. A retry that comes
+-- while a prune holds the unit waits (job_retry_now locks FOR UPDATE), then finds
+-- the unit's jobs gone.
+-- The walk goes up the primary key from after_id, `limit` candidates at a time; their
+-- units are taken in walk order while their jobs fit in `limit` (a larger one goes
+-- alone). scanned_to is where the next batch starts (the last candidate, or before the
+-- first unit left for lack of room), more whether one may follow. The state rows go
+-- with the jobs through queue_jobs' AFTER DELETE trigger (migration 0008), the
+-- attempts, edges, steps and memberships through their ON DELETE CASCADE foreign
+-- keys. Each batch is one short statement in its own transaction; no index over every
+-- finished job is needed, which would weigh on the hot table.
+WITH candidate AS MATERIALIZED (
+    SELECT job_id
     FROM queue_job_state
     WHERE job_id > %(after_id)s::bigint
       AND status = ANY(%(statuses)s::text[])
       AND status IN ('completed', 'dead', 'cancelled')
       AND finished_at < %(cutoff)s::timestamptz
-      -- A step of a workflow that has not finished stays: its results and edges are
-      -- what the steps still to run read. A plain job has no step row (one probe).
-      -- The "SELECT true ... LIMIT 1" tests are per-row probes that stop at the first
-      -- unfinished job: as EXISTS the planner may hash every unfinished job instead.
-      AND NOT EXISTS (
-          SELECT FROM queue_workflow_steps AS step
-          WHERE step.job_id = queue_job_state.job_id
-            AND ((SELECT true FROM queue_workflow_steps AS other
-                         JOIN queue_job_state AS live ON live.job_id = other.job_id
-                         WHERE other.workflow_id = step.workflow_id
-                           AND live.status IN ('waiting', 'pending', 'running') LIMIT 1)
-                 -- A batch's callback (a step of the batch's workflow) stays while a
-                 -- member runs too (on_success is cancelled early, by a member's death).
-                 OR (SELECT true FROM queue_batches AS batch
-                            JOIN queue_batch_jobs AS member ON member.batch_id = batch.id
-                            JOIN queue_job_state AS live ON live.job_id = member.job_id
-                            WHERE batch.workflow_id = step.workflow_id
-                              AND live.status IN ('waiting', 'pending', 'running') LIMIT 1))
-      )
-      -- A batch's member stays until the batch settled (every member and callback
-      -- finished): batch_status counts its members. A plain job has no member row (one
-      -- probe of queue_batch_jobs' primary key).
-      AND NOT EXISTS (
-          SELECT FROM queue_batch_jobs AS member
-          JOIN queue_batches AS batch ON batch.id = member.batch_id
-          WHERE member.job_id = queue_job_state.job_id
-            AND ((SELECT true FROM queue_batch_jobs AS other
-                         JOIN queue_job_state AS live ON live.job_id = other.job_id
-                         WHERE other.batch_id = member.batch_id
-                           AND live.status IN ('waiting', 'pending', 'running') LIMIT 1)
-                 OR (SELECT true FROM queue_workflow_steps AS callback
-                            JOIN queue_job_state AS live ON live.job_id = callback.job_id
-                            WHERE callback.workflow_id = batch.workflow_id
-                              AND live.status IN ('waiting', 'pending', 'running') LIMIT 1))
-      )
     ORDER BY job_id
     LIMIT %(limit)s::integer
+), placed AS MATERIALIZED (
+    -- Each candidate's batch (as a member, or as a callback: a step of the batch's
+    -- workflow) and workflow, each a probe by key (a scalar subquery per candidate,
+    -- never a hash of a whole table).
+    SELECT candidate.job_id, placed.step_of,
+           coalesce(placed.member_of, (SELECT batch.id FROM queue_batches AS batch
+                                       WHERE batch.workflow_id = placed.step_of)) AS batch_id
+    FROM candidate
+    CROSS JOIN LATERAL (
+        SELECT (SELECT member.batch_id FROM queue_batch_jobs AS member
+                WHERE member.job_id = candidate.job_id) AS member_of,
+               (SELECT step.workflow_id FROM queue_workflow_steps AS step
+                WHERE step.job_id = candidate.job_id) AS step_of
+        OFFSET 0  -- each probe runs once, not once per use of its value
+    ) AS placed
+), unit AS MATERIALIZED (
+    -- Each candidate's unit, named by its first candidate: its batch, else its
+    -- workflow, else the job alone.
+    SELECT min(job_id) AS first, batch_id,
+           CASE WHEN batch_id IS NULL THEN step_of END AS workflow_id,
+           CASE WHEN batch_id IS NULL AND step_of IS NULL THEN job_id END AS job_id
+    FROM placed
+    GROUP BY 2, 3, 4
+), unit_job AS MATERIALIZED (
+    -- Every job of each unit, by key: the steps through their (workflow_id, name)
+    -- index, the members through their batch_id index.
+    SELECT unit.first, job.id
+    FROM unit
+    CROSS JOIN LATERAL (
+        SELECT unit.job_id WHERE unit.job_id IS NOT NULL
+        UNION ALL
+        SELECT step.job_id FROM queue_workflow_steps AS step
+        WHERE step.workflow_id = unit.workflow_id
+        UNION ALL
+        SELECT member.job_id FROM queue_batch_jobs AS member
+        WHERE member.batch_id = unit.batch_id
+        UNION ALL
+        SELECT step.job_id FROM queue_workflow_steps AS step
+        WHERE step.workflow_id = (SELECT batch.workflow_id FROM queue_batches AS batch
+                                  WHERE batch.id = unit.batch_id)
+    ) AS job(id)
+), whole AS MATERIALIZED (
+    -- The units every job of which qualifies on the snapshot, with their size. Each
+    -- job's state row is one probe of its primary key (the scalar subquery).
+    SELECT unit_job.first, count(*) AS jobs
+    FROM unit_job
+    GROUP BY unit_job.first
+    HAVING bool_and(coalesce((
+        SELECT state.status = ANY(%(statuses)s::text[])
+               AND state.status IN ('completed', 'dead', 'cancelled')
+               AND state.finished_at < %(cutoff)s::timestamptz
+        FROM queue_job_state AS state
+        WHERE state.job_id = unit_job.id), false))
+), taken AS MATERIALIZED (
+    -- In walk order, while the jobs fit in `limit`; the first always.
+    SELECT first
+    FROM (SELECT first, jobs, sum(jobs) OVER (ORDER BY first) AS upto FROM whole) AS sized
+    WHERE upto <= %(limit)s::integer OR upto = jobs
+), held AS MATERIALIZED (
+    -- The taken units' state rows that still qualify, locked (see above).
+    SELECT state.job_id, state.status
+    FROM queue_job_state AS state
+    WHERE state.job_id = ANY (ARRAY(SELECT unit_job.id FROM unit_job JOIN taken USING (first)))
+      AND state.status = ANY(%(statuses)s::text[])
+      AND state.status IN ('completed', 'dead', 'cancelled')
+      AND state.finished_at < %(cutoff)s::timestamptz
+    ORDER BY state.job_id
     FOR UPDATE SKIP LOCKED
+), doomed AS MATERIALIZED (
+    -- The taken units whose every row the statement holds.
+    SELECT held.job_id, held.status
+    FROM unit_job
+    JOIN held ON held.job_id = unit_job.id
+    WHERE unit_job.first IN (
+        SELECT unit_job.first
+        FROM unit_job
+        JOIN taken USING (first)
+        LEFT JOIN held ON held.job_id = unit_job.id
+        GROUP BY unit_job.first
+        HAVING count(held.job_id) = count(*)
+    )
+), deleted AS (
+    DELETE FROM queue_jobs AS job
+    WHERE job.id = ANY (ARRAY(SELECT job_id FROM doomed))
+    RETURNING job.id
 )
-DELETE FROM queue_jobs AS job
-USING doomed
-WHERE job.id = doomed.job_id
-RETURNING doomed.job_id, doomed.status;
+SELECT (SELECT count(*) FROM candidate) = %(limit)s::integer
+           OR EXISTS (SELECT FROM whole WHERE first NOT IN (SELECT first FROM taken)) AS more,
+       least((SELECT max(job_id) FROM candidate),
+             (SELECT min(first) - 1 FROM whole WHERE first NOT IN (SELECT first FROM taken)))
+           AS scanned_to,
+       coalesce((SELECT jsonb_object_agg(status, jobs)
+                 FROM (SELECT doomed.status, count(*) AS jobs
+                       FROM deleted JOIN doomed ON doomed.job_id = deleted.id
+                       GROUP BY doomed.status) AS counted),
+                '{}') AS deleted;
 
 
 -- name: job_dead_page

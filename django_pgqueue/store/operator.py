@@ -3,8 +3,9 @@ the admin, the ops commands and the system checks, on the caller's Django connec
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..sql import QUERIES
 from .cursors import django_cursor, fetch_after, fetch_all
@@ -94,28 +95,34 @@ def clock_ago(alias: str, seconds: float) -> Any:
 
 
 def count_prunable(alias: str, cutoff: Any, statuses: Sequence[str]) -> dict[str, int]:
-    """Count, by status, the finished jobs that finished before `cutoff`."""
+    """Count, by status, the jobs a prune would delete now (`job_prune_count`)."""
     rows = fetch_all(alias, "job_prune_count", {"cutoff": cutoff, "statuses": list(statuses)})
     return {status: int(jobs) for status, jobs in rows}
 
 
+class PruneStep(NamedTuple):
+    """What one `job_prune_batch` did: the jobs deleted by status, where the walk goes
+    on, and whether there may be more to delete after it."""
+
+    jobs: dict[str, int]
+    after_id: int
+    more: bool
+
+
 def prune_batch(
     alias: str, cutoff: Any, statuses: Sequence[str], limit: int, after_id: int = 0
-) -> tuple[dict[str, int], int]:
-    """Delete at most `limit` finished jobs older than `cutoff` with ids above `after_id`.
-
-    Returns (counts by status, the highest job id deleted, or after_id if none).
-    """
-    rows = fetch_all(
+) -> PruneStep:
+    """Delete the next finished jobs older than `cutoff` with ids above `after_id`, each
+    with its workflow or batch whole, about `limit` jobs at most (a larger unit alone)."""
+    ((more, scanned_to, deleted),) = fetch_all(
         alias,
         "job_prune_batch",
         {"cutoff": cutoff, "statuses": list(statuses), "limit": limit, "after_id": after_id},
     )
-    counts: dict[str, int] = {}
-    for job_id, status in rows:
-        counts[status] = counts.get(status, 0) + 1
-        after_id = max(after_id, job_id)
-    return counts, after_id
+    # Django's cursor hands jsonb over as text.
+    deleted = json.loads(deleted) if isinstance(deleted, str) else deleted
+    jobs = {status: int(count) for status, count in deleted.items()}
+    return PruneStep(jobs, after_id if scanned_to is None else int(scanned_to), bool(more))
 
 
 def prune_workflow_batch(alias: str, cutoff: Any, limit: int, after_id: int = 0) -> tuple[int, int]:

@@ -506,3 +506,58 @@ def test_the_prune_command_says_how_many_batch_rows_it_deleted():
     assert "Deleted 1 batch (batch() rows) whose members and callbacks were all gone." in (
         out.getvalue()
     )
+
+
+def _end(store, rows, dead=()) -> None:
+    """Complete the claimed rows, or fail for good those in `dead`."""
+    for row in rows:
+        if row.job_id in dead:
+            failure = Failure("X", "dies", "", permanent=True)
+            assert store.fail(row.job_id, row.lease_version, row.attempt_id, failure)[0] == "dead"
+        else:
+            assert store.complete([(row.job_id, row.lease_version, row.attempt_id, None)])
+
+
+def test_retrying_a_dead_member_puts_due_callbacks_back_to_waiting(stores):
+    """The last member died: on_finish and on_discard are due. Retried before a worker
+    claims them, the member is unfinished again, so they wait for it again (not
+    claimable meanwhile), and each fires once, after the member's new ending."""
+    with batch(**callbacks(on_finish=None, on_discard=None)) as run:
+        enqueue("qa.noop", queue=Q)
+        dead = enqueue("qa.noop", queue=Q).id
+    store = stores()
+    _end(store, store.claim(Q, 5, "w", 30), dead={dead})
+    assert {status(job_id) for job_id in run.callbacks.values()} == {"pending"}
+    assert retry_now([dead]).changed == [dead]
+    assert {status(job_id) for job_id in run.callbacks.values()} == {"waiting"}
+    rows = store.claim(Q, 5, "w", 30)
+    assert [row.job_id for row in rows] == [dead]
+    _end(store, rows)  # it completes this time
+    assert status(run.callbacks["on_discard"]) == "cancelled"  # skipped: none failed now
+    rows = store.claim(Q, 5, "w", 30)
+    assert [row.job_id for row in rows] == [run.callbacks["on_finish"]]
+    _end(store, rows)
+    assert [attempts(job_id) for job_id in run.callbacks.values()] == [1, 0]
+
+
+def test_a_batch_that_ended_across_the_cutoff_is_pruned_whole_or_not_at_all(stores):
+    """One member completed a month ago, the other died an hour ago: a prune keeps the
+    whole batch, so a later retry of the dead member runs on_success with both counted."""
+    with batch(**callbacks(on_success=None)) as run:
+        early = enqueue("qa.noop", queue=Q).id
+        dead = enqueue("qa.noop", queue=Q).id
+    store = stores()
+    _end(store, store.claim(Q, 5, "w", 30), dead={dead})
+    assert status(run.callbacks["on_success"]) == "cancelled"
+    sql(
+        "UPDATE queue_job_state SET finished_at = now() - interval '30 days' WHERE job_id = %s",
+        [early],
+    )
+    _age_batches()
+    pruned = prune(dt.timedelta(days=7)).jobs
+    assert retry_now([dead]).changed == [dead]
+    _end(store, store.claim(Q, 5, "w", 30))
+    assert status(run.callbacks["on_success"]) == "pending"
+    counts = batch_status(run.id)
+    assert (counts.completed, counts.size) == (2, 2)
+    assert pruned == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from io import StringIO
@@ -21,6 +22,7 @@ from django_pgqueue import (
     group,
     step,
 )
+from django_pgqueue.maintenance import prune
 from django_pgqueue.metrics.collector import QueueCollector
 from django_pgqueue.models import Attempt, JobState
 from django_pgqueue.stats import collect
@@ -384,3 +386,24 @@ def test_pruning_keeps_a_workflows_finished_steps_until_the_whole_workflow_finis
     # The workflow's own row goes once its steps are gone: nothing is left of it.
     assert sql("SELECT id FROM queue_workflows") == [(young.id,)]
     assert "Deleted 1 workflow whose steps were all gone." in out.getvalue()
+
+
+def test_a_workflow_is_pruned_whole_in_one_statement_even_past_the_batch_size():
+    """Batches of 3: a plain job, then a chain of 5 steps (larger than a batch: it goes
+    alone, whole, in the next statement), then two plain jobs. Pruning completed jobs
+    only leaves a workflow with a dead step whole."""
+    old = "UPDATE queue_job_state SET status = %s, finished_at = now() - interval '30 days' "
+    first = enqueue_many([("qa.noop", None)], queue=Q)[0].id
+    run = chain(*(p(i) for i in range(5))).enqueue()
+    failed = chain(p("ok"), p("bad")).enqueue()
+    rest = [job.id for job in enqueue_many([("qa.noop", None)] * 2, queue=Q)]
+    sql(old + "WHERE job_id = ANY(%s)", ["completed", [first, *run.jobs.values(), *rest]])
+    sql(old + "WHERE job_id = ANY(%s)", ["completed", list(failed.jobs.values())])
+    sql(old + "WHERE job_id = %s", ["dead", list(failed.jobs.values())[-1]])
+    week = dt.timedelta(days=7)
+    assert prune(week, statuses=["completed"], dry_run=True).jobs == {"completed": 8}
+    result = prune(week, statuses=["completed"], batch_size=3)
+    assert result.batches == [1, 5, 2]
+    assert result.jobs == {"completed": 8}
+    assert sql("SELECT id FROM queue_jobs ORDER BY id") == [(j,) for j in failed.jobs.values()]
+    assert prune(week, batch_size=3).jobs == {"completed": 1, "dead": 1}

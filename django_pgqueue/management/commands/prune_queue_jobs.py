@@ -23,7 +23,8 @@ class Command(BaseCommand):
     help = (
         "Delete finished jobs (completed, dead, cancelled) that finished longer ago than "
         "--older-than, with their state and attempts, in short batches. Pending and "
-        "running jobs are never deleted."
+        "running jobs are never deleted; a workflow's or a batch's jobs go together, "
+        "once all of them qualify."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -49,7 +50,7 @@ class Command(BaseCommand):
         add_batch_options(
             parser,
             DEFAULT_PRUNE_BATCH,
-            "Most jobs one DELETE removes",
+            "Most jobs one DELETE removes (a larger workflow or batch goes whole, alone)",
             "Count what would be deleted; delete nothing.",
         )
         add_database_option(parser, "Only prune the jobs of this database alias")

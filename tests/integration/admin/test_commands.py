@@ -161,7 +161,7 @@ def test_the_prune_statement_itself_never_deletes_unfinished_jobs():
     pending = make_job("pending")
     running = make_job("running")
     cutoff = store.clock_ago("default", -3600)  # an hour in the future: everything is older
-    assert store.prune_batch("default", cutoff, ["pending", "running"], 100) == ({}, 0)
+    assert store.prune_batch("default", cutoff, ["pending", "running"], 100) == ({}, 0, False)
     assert exists(pending)
     assert exists(running)
 
