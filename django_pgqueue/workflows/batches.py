@@ -35,7 +35,7 @@ from .. import extensions, validation
 from ..conf import get_settings
 from ..enqueue import enqueue_listener
 from ..exceptions import BatchNotFound, EnqueueError, PayloadError
-from ..job_refs import job_reference
+from ..job_refs import carried_database, job_reference
 from ..store import batches as store
 from ..store import workflows as workflow_store
 from .steps import Step, _is_task, step
@@ -238,16 +238,17 @@ def batch_status(batch: Any, *, using: str | None = None) -> BatchStatus:
 
     A context is a `JobContext` or a Django ``TaskContext`` of a member or a callback
     (``batch_status(ctx)`` in a callback reads the final counts). BatchNotFound when
-    there is no such batch, or the job is in none.
+    there is no such batch, or the job is in none. A `BatchRun` and a context are read
+    on their database; a bare batch id on PGQUEUE["DATABASE"], or `using`.
     """
     alias = using or get_settings().DATABASE
     if isinstance(batch, BatchRun):
         batch_id: int | None = batch.id
-        alias = using or batch.using
+        alias = carried_database(batch.using, using, f"batch #{batch.id}", "batch_status()")
     elif hasattr(batch, "task_result") or hasattr(batch, "job_id"):
-        job, where = job_reference(batch, get_settings().DATABASE)
-        alias = using or where
-        batch_id = store.find_batch(alias, job)
+        job = job_reference(batch, using, caller="batch_status()")
+        alias = job.database
+        batch_id = store.find_batch(alias, job.id)
         if batch_id is None:
             raise BatchNotFound(f"job {job} is in no batch.")
     else:

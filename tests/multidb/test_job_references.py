@@ -1,0 +1,180 @@
+"""A job reference carries its database: every API that takes a job or its id reads
+that job's database from the reference, never PGQUEUE["DATABASE"] by default. Each
+test puts a job on `default` and one on `queues2` under the same id (each database
+numbers its own jobs), so an API that looks on the wrong database finds the other job
+and shows it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from django_pgqueue import (
+    EnqueuedJob,
+    JobCancelled,
+    JobDead,
+    WaitTimeout,
+    Workflow,
+    actions,
+    await_job,
+    enqueue,
+    enqueue_many,
+    step,
+    wait,
+)
+from django_pgqueue.testing import run_due_jobs
+from django_pgqueue.workflows import cancel_workflow
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "queues2"])
+
+HANG_GUARD = 60.0
+HOME, AWAY = "mail", "q2.work"  # a queue on default, one routed to queues2
+
+
+def same_ids(make_here: Any, make_there: Any) -> tuple[EnqueuedJob, EnqueuedJob]:
+    """A job `make_here()` writes on default and one `make_there()` writes on queues2,
+    under the same id (jobs of qa.noop fill the gap on the database behind)."""
+    here, there = make_here(), make_there()
+    for _ in range(10):
+        if here.id == there.id:
+            return here, there
+        if here.id < there.id:
+            enqueue_many([("qa.noop", None)] * (there.id - here.id - 1), queue=HOME)
+            here = make_here()
+        else:
+            enqueue_many([("qa.noop", None)] * (here.id - there.id - 1), queue=AWAY)
+            there = make_there()
+    raise AssertionError(f"no equal ids: {here.id} on default, {there.id} on queues2")
+
+
+def twins(type_: str = "qa.echo") -> tuple[EnqueuedJob, EnqueuedJob]:
+    """A job of `type_` on default and one on queues2 with the same id; each payload
+    names its database, so that qa.echo's result says which job was read."""
+    return same_ids(
+        lambda: enqueue(type_, {"database": "default"}, queue=HOME),
+        lambda: enqueue(type_, {"database": "queues2"}, queue=AWAY),
+    )
+
+
+def status(alias: str, job_id: int) -> str:
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT status FROM queue_job_state WHERE job_id = %s", [job_id])
+        (value,) = cursor.fetchone()
+    return value
+
+
+# -- wait and await_job -------------------------------------------------------------------
+
+
+def test_wait_reads_the_job_on_the_database_its_reference_names() -> None:
+    here, there = twins()
+    run_due_jobs()
+    assert wait(there, timeout=HANG_GUARD) == {"database": "queues2"}
+    assert wait(f"queues2:{there.id}", timeout=HANG_GUARD) == {"database": "queues2"}
+    assert there.wait(timeout=HANG_GUARD) == {"database": "queues2"}
+    # A bare id, or a result id without an alias, is a job of DATABASE.
+    assert wait(here.id, timeout=HANG_GUARD) == {"database": "default"}
+    assert wait(str(here.id), timeout=HANG_GUARD) == {"database": "default"}
+    assert wait(here, timeout=HANG_GUARD) == {"database": "default"}
+    # A bare id on another database names it with using=.
+    assert wait(there.id, timeout=HANG_GUARD, using="queues2") == {"database": "queues2"}
+
+
+def test_await_job_reads_the_job_on_the_database_its_reference_names() -> None:
+    here, there = twins()
+    run_due_jobs()
+
+    async def main() -> list[Any]:
+        return [
+            await await_job(there, timeout=HANG_GUARD),
+            await await_job(f"queues2:{there.id}", timeout=HANG_GUARD),
+            await there.wait_async(timeout=HANG_GUARD),
+            await await_job(here.id, timeout=HANG_GUARD),
+        ]
+
+    assert asyncio.run(main()) == [{"database": "queues2"}] * 3 + [{"database": "default"}]
+
+
+def test_a_wait_told_another_database_than_its_jobs_is_refused_naming_both() -> None:
+    _, there = twins()
+    with pytest.raises(ValueError, match=r"on database 'queues2'.*using='default'"):
+        wait(there, timeout=0, using="default")
+    with pytest.raises(ValueError, match=r"on database 'queues2'.*using='default'"):
+        asyncio.run(await_job(f"queues2:{there.id}", timeout=0, using="default"))
+    with pytest.raises(TypeError, match=r"takes a job id \(a bigint >= 1\), a result id"):
+        wait(1.5, timeout=0)
+
+
+def test_a_job_enqueued_with_using_is_waited_for_where_it_was_written() -> None:
+    # q2.work lives on queues2, but using= writes this one on default, where no worker
+    # serves q2.work: it stays pending. The queues2 job of the same id completes.
+    here, there = same_ids(
+        lambda: enqueue("qa.echo", {"database": "default"}, queue=AWAY, using="default"),
+        lambda: enqueue("qa.echo", {"database": "queues2"}, queue=AWAY),
+    )
+    run_due_jobs([AWAY])
+    assert (status("default", here.id), status("queues2", there.id)) == ("pending", "completed")
+    assert (here.database, there.database) == ("default", "queues2")
+    with pytest.raises(WaitTimeout):
+        here.wait(timeout=0)
+    with pytest.raises(WaitTimeout):
+        wait(here, timeout=0)
+
+
+# -- operator actions ------------------------------------------------------------------
+
+
+def test_cancel_and_retry_now_act_on_the_jobs_database() -> None:
+    here, there = twins("qa.noop")
+    report = actions.cancel([there])
+    assert report.changed == [there.id]
+    assert (status("queues2", there.id), status("default", here.id)) == ("cancelled", "pending")
+    with pytest.raises(JobCancelled):
+        wait(there, timeout=0)
+
+    assert actions.retry_now([f"queues2:{there.id}"]).changed == [there.id]
+    assert status("queues2", there.id) == "pending"
+    # A bare id is DATABASE's job, unless alias= names another.
+    assert actions.cancel([here.id]).changed == [here.id]
+    assert status("queues2", there.id) == "pending"
+    assert actions.cancel([there.id], alias="queues2").changed == [there.id]
+    assert status("queues2", there.id) == "cancelled"
+
+
+def test_an_action_given_jobs_of_two_databases_is_refused_and_changes_nothing() -> None:
+    here, there = twins("qa.noop")
+    with pytest.raises(ValueError, match=r"jobs of several databases \('default', 'queues2'\)"):
+        actions.cancel([here, there])
+    with pytest.raises(ValueError, match=r"on database 'queues2'.*alias='default'"):
+        actions.retry_now([there], alias="default")
+    assert (status("default", here.id), status("queues2", there.id)) == ("pending", "pending")
+
+
+# -- workflows -------------------------------------------------------------------------
+
+
+def flow(queue: str) -> Any:
+    built = Workflow("pair")
+    built.add("first", step("qa.fail", queue=queue, max_attempts=1))
+    built.add("second", step("qa.echo", {"on": queue}, queue=queue), after=["first"])
+    return built.enqueue()
+
+
+def test_a_workflow_run_names_its_database_to_cancel_and_to_wait() -> None:
+    home = flow(HOME)
+    away = flow(AWAY)
+    assert away.using == "queues2"
+    cancel_workflow(away)
+    assert {status("queues2", job_id) for job_id in away.jobs.values()} == {"cancelled"}
+    assert {status("default", job_id) for job_id in home.jobs.values()} == {"pending", "waiting"}
+    # Each step's job, as a reference that carries the workflow's database.
+    with pytest.raises(JobCancelled):
+        wait(away.job("second"), timeout=0)
+    run_due_jobs([HOME])
+    with pytest.raises(JobDead):
+        wait(home.job("first"), timeout=HANG_GUARD)
+    with pytest.raises(KeyError, match="no step 'third'"):
+        away.job("third")
