@@ -7,6 +7,7 @@ and shows it."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 import pytest
@@ -14,19 +15,23 @@ from django.db import connections
 
 from django_pgqueue import (
     EnqueuedJob,
+    EnqueueError,
     JobCancelled,
     JobDead,
     WaitTimeout,
     Workflow,
     actions,
     await_job,
+    batch,
     enqueue,
     enqueue_many,
     step,
     wait,
 )
+from django_pgqueue.models import Batch
 from django_pgqueue.testing import run_due_jobs
 from django_pgqueue.workflows import cancel_workflow
+from tests.multidb.conftest import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "queues2"])
 
@@ -178,3 +183,57 @@ def test_a_workflow_run_names_its_database_to_cancel_and_to_wait() -> None:
         wait(home.job("first"), timeout=HANG_GUARD)
     with pytest.raises(KeyError, match="no step 'third'"):
         away.job("third")
+
+
+# -- batches ---------------------------------------------------------------------------
+
+
+def nothing_written() -> None:
+    assert jobs("default") == []
+    assert jobs("queues2") == []
+    assert Batch.objects.using("default").count() == 0
+    assert Batch.objects.using("queues2").count() == 0
+
+
+def in_batch(*calls: Any, **options: Any) -> None:
+    """Make `calls` inside a batch "b" on default."""
+    with batch(name="b", **options):
+        for call in calls:
+            call()
+
+
+REFUSED_AWAY = r"queue 'q2\.work' \(database 'queues2'\).*batch 'b' \(database 'default'\)"
+REFUSED_USING = r"queue 'mail' \(database 'queues2'\).*batch 'b' \(database 'default'\)"
+
+
+def test_enqueue_on_commit_to_another_database_inside_a_batch_is_refused() -> None:
+    # on_commit would defer the job past the batch's commit: written out of the batch.
+    home = partial(enqueue, "qa.noop", queue=HOME)
+    away = partial(enqueue, "qa.noop", queue=AWAY, on_commit=True)
+    with pytest.raises(EnqueueError, match=REFUSED_AWAY):
+        in_batch(home, away, on_finish=step("qa.noop", queue=HOME))
+    nothing_written()
+    many = partial(enqueue_many, [("qa.noop", None)] * 2, queue=AWAY, on_commit=True)
+    with pytest.raises(EnqueueError, match=REFUSED_AWAY):
+        in_batch(home, many)
+    nothing_written()
+
+
+def test_a_batch_refuses_a_job_of_another_database_before_writing_it(settings: Any) -> None:
+    # Without routes, using= writes where it says; in autocommit there, the job would
+    # commit at once, whatever became of the batch.
+    settings.PGQUEUE = {**settings.PGQUEUE, "QUEUE_DATABASES": {}}
+    with pytest.raises(EnqueueError, match=REFUSED_USING):
+        in_batch(partial(enqueue, "qa.noop", queue=HOME, using="queues2"))
+    nothing_written()
+    many = partial(enqueue_many, [("qa.noop", None)], queue=HOME, using="queues2")
+    with pytest.raises(EnqueueError, match=REFUSED_USING):
+        in_batch(many)
+    nothing_written()
+
+
+def test_a_batch_on_queues2_gathers_its_jobs_enqueued_on_commit() -> None:
+    with batch(name="b", using="queues2") as run:
+        made = enqueue("qa.noop", queue=AWAY, on_commit=True)
+    assert made is not None  # the batch's transaction is open there: written now
+    assert run.jobs == [made.id]
