@@ -7,11 +7,13 @@ and shows it."""
 from __future__ import annotations
 
 import asyncio
+import re
 from functools import partial
 from typing import Any
 
 import pytest
 from django.db import connections
+from django.urls import reverse
 
 from django_pgqueue import (
     EnqueuedJob,
@@ -237,3 +239,20 @@ def test_a_batch_on_queues2_gathers_its_jobs_enqueued_on_commit() -> None:
         made = enqueue("qa.noop", queue=AWAY, on_commit=True)
     assert made is not None  # the batch's transaction is open there: written now
     assert run.jobs == [made.id]
+
+
+# -- the admin's links -----------------------------------------------------------------
+
+
+def test_the_jobs_lists_figures_link_to_the_lists_of_the_same_database(
+    operator_client: Any,
+) -> None:
+    enqueue("qa.noop", queue=AWAY)
+    listed = operator_client.get(
+        reverse("admin:django_pgqueue_job_changelist"), {"database": "queues2"}
+    ).content.decode()
+    glance = listed.split('id="pgqueue-glance-title"', 1)[1].split("</section>", 1)[0]
+    links = re.findall(r'href="([^"]*queue=q2\.work[^"]*)"', glance)
+    links += re.findall(r'href="([^"]*)">Dead jobs, newest first', glance)
+    assert len(links) == 5, glance  # the queue, its pending, running and dead; all dead
+    assert all("database=queues2" in link for link in links), links
