@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 from .conf import get_settings
 
 __all__ = [
@@ -110,6 +112,11 @@ def job_reference(
     found: tuple[int, str | None] | None = None
     if isinstance(job, str):
         found = parse_result_id(job, conf.DATABASE)
+        if found is not None and found[1] not in settings.DATABASES:
+            raise ValueError(
+                f"{caller} was given the result id {job!r}, whose database {found[1]!r} "
+                "is not one of settings.DATABASES."
+            )
     elif _job_row(job):  # read on READ_DATABASE: a job of DATABASE
         read = job._state.db
         found = (job.pk, None if read in (None, conf.READ_DATABASE) else read)

@@ -113,6 +113,8 @@ def test_a_wait_told_another_database_than_its_jobs_is_refused_naming_both() -> 
         asyncio.run(await_job(f"queues2:{there.id}", timeout=0, using="default"))
     with pytest.raises(TypeError, match=r"takes a job id \(a bigint >= 1\), a result id"):
         wait(1.5, timeout=0)
+    with pytest.raises(ValueError, match=r"database 'nowhere' is not one of settings.DATABASES"):
+        wait("nowhere:1", timeout=0)
 
 
 def test_a_job_enqueued_with_using_is_waited_for_where_it_was_written() -> None:
