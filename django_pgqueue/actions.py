@@ -16,11 +16,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import IntegrityError, transaction
 
 from . import signals
-from .conf import get_settings
+from .job_refs import resolve_jobs
 from .models import Job, JobState, Status
 from .store import operator as store
 
@@ -91,14 +92,13 @@ class ActionReport:
         return text + (": " + ", ".join(parts) if parts else "") + "."
 
 
-def _ids(job_ids: Iterable[int]) -> list[int]:
-    return sorted({int(job_id) for job_id in job_ids})
+def retry_now(job_ids: Iterable[Any], *, alias: str | None = None) -> ActionReport:
+    """Make dead, cancelled and pending jobs due now with fresh attempts (job_retry_now).
 
-
-def retry_now(job_ids: Iterable[int], *, alias: str | None = None) -> ActionReport:
-    """Make dead, cancelled and pending jobs due now with fresh attempts (job_retry_now)."""
-    alias = alias or get_settings().DATABASE
-    ids = _ids(job_ids)
+    `job_ids` are references of jobs of one database, read as `wait()` reads its job:
+    bare ids are jobs of PGQUEUE["DATABASE"], or of `alias`.
+    """
+    alias, ids = resolve_jobs(job_ids, alias, caller="retry_now()", keyword="alias")
     report = ActionReport("Retry now")
     with transaction.atomic(using=alias):
         before = {
@@ -128,14 +128,15 @@ def retry_now(job_ids: Iterable[int], *, alias: str | None = None) -> ActionRepo
     return report
 
 
-def cancel(job_ids: Iterable[int], *, alias: str | None = None) -> ActionReport:
+def cancel(job_ids: Iterable[Any], *, alias: str | None = None) -> ActionReport:
     """Cancel pending and waiting jobs (job_cancel) and ask running ones to stop
     (job_cancel_request).
 
     Every other job, and a running job already asked, is skipped and accounted for.
+    The jobs are read as `retry_now` reads them (one database; a bare id's is
+    PGQUEUE["DATABASE"], or `alias`).
     """
-    alias = alias or get_settings().DATABASE
-    ids = _ids(job_ids)
+    alias, ids = resolve_jobs(job_ids, alias, caller="cancel()", keyword="alias")
     report = ActionReport("Cancel")
     with transaction.atomic(using=alias):
         changed = store.cancel_jobs(alias, ids) if ids else set()

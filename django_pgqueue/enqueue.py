@@ -8,9 +8,8 @@ NOTIFY that PostgreSQL delivers only at that commit.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable
-from contextvars import ContextVar
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any, Literal, overload
 
@@ -20,16 +19,8 @@ from . import extensions, limits, routing, signals, validation, waiting
 from .conf import get_settings
 from .exceptions import EnqueueError
 from .registry import Handler, registry
+from .routing import EnqueueListener
 from .store import enqueue as store
-
-# The seam for a feature that gathers the jobs enqueued in a scope of the caller's
-# (a batch): set for the scope, it is called with (alias, new job ids) after each
-# enqueue() and enqueue_many() wrote its jobs, in the caller's transaction. Outside a
-# scope it costs one ContextVar read per call, and no statement.
-enqueue_listener: ContextVar[Callable[[str, list[int]], None] | None] = ContextVar(
-    "pgqueue_enqueue_listener", default=None
-)
-
 
 _NO_TYPE = object()  # enqueue_many's last pair's type before any pair of a str type
 
@@ -39,7 +30,8 @@ class EnqueuedJob:
     """A job as enqueue() left it. `created` is False when an idempotency key matched.
 
     `created_at` is the job's database timestamp (the enqueuing transaction's start);
-    enqueue() fills it, enqueue_many() leaves it None.
+    enqueue() fills it, enqueue_many() leaves it None. `database`: the alias it was
+    written on, where every API given this object reads it (None: its queue's).
     """
 
     id: int
@@ -47,19 +39,15 @@ class EnqueuedJob:
     type: str
     created: bool = True
     created_at: dt.datetime | None = None
+    database: str | None = None
 
-    def wait(self, timeout: float | None = None, *, using: str | None = None) -> Any:
-        """Wait for this job's result: `django_pgqueue.wait` (the same exceptions).
+    def wait(self, timeout: float | None = None) -> Any:
+        """Wait for this job's result on its database: `django_pgqueue.wait`."""
+        return waiting.wait(self, timeout)
 
-        On the job's queue's database unless `using` names another."""
-        return waiting.wait(self.id, timeout, using=using or self._database())
-
-    async def wait_async(self, timeout: float | None = None, *, using: str | None = None) -> Any:
-        """Await this job's result: `django_pgqueue.await_job` (the same exceptions)."""
-        return await waiting.await_job(self.id, timeout, using=using or self._database())
-
-    def _database(self) -> str:
-        return get_settings().database_for(self.queue)
+    async def wait_async(self, timeout: float | None = None) -> Any:
+        """Await this job's result on its database: `django_pgqueue.await_job`."""
+        return await waiting.await_job(self, timeout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,26 +165,30 @@ def enqueue(
     # Columns the installed features fill from the caller's context (the trace).
     params.update(extensions.enqueue_columns())
     if not conf.QUEUE_DATABASES:  # one database: the caller's transaction, if any
-        return _write(using or conf.DATABASE, params, payload)
+        alias = using or conf.DATABASE
+        return _write(alias, params, payload, routing.listener(alias, queue_name, on_commit))
     alias = using or conf.QUEUE_DATABASES.alias(queue_name, conf.DATABASE)
+    listener = routing.listener(alias, queue_name, on_commit)
     caller = routing.commit_to_wait_for(alias, queue_name, on_commit)
     if caller is None:
-        return _write(alias, params, payload)
+        return _write(alias, params, payload, listener)
+    # Never inside a listener's block (its transaction is open on `alias`): no listener.
     transaction.on_commit(partial(_write, alias, params, payload), using=caller)
     return None
 
 
-def _write(alias: str, params: dict[str, Any], payload: Any) -> EnqueuedJob:
+def _write(
+    alias: str, params: dict[str, Any], payload: Any, listener: EnqueueListener | None = None
+) -> EnqueuedJob:
     """Insert one validated job on `alias`; job_enqueued when its transaction commits."""
     job_id, created, created_at = store.insert_job(alias, params)
-    listener = enqueue_listener.get()
     if listener is not None and created:
-        listener(alias, [job_id])
+        listener.joined([job_id])
     if created:  # job_enqueued, when the caller's transaction commits
         event = {"job_id": job_id, "queue": params["queue"], "type": params["type"]}
         event.update(payload=payload, priority=params["priority"])
         signals.send_on_commit(signals.job_enqueued, alias, [event])
-    return EnqueuedJob(job_id, params["queue"], params["type"], created, created_at)
+    return EnqueuedJob(job_id, params["queue"], params["type"], created, created_at, alias)
 
 
 @overload
@@ -315,15 +307,19 @@ def enqueue_many(
     texts = _texts(conf, payloads)
     columns = extensions.enqueue_columns()
     if not conf.QUEUE_DATABASES:  # one database: the caller's transaction, if any
-        return _write_many(using or conf.DATABASE, batch, payloads, texts, columns)
+        alias = using or conf.DATABASE
+        listener = routing.listener(alias, batch.options[batch.groups[0]][1], on_commit)
+        return _write_many(alias, batch, payloads, texts, columns, listener)
     aliases = [
         using or conf.QUEUE_DATABASES.alias(options[1], conf.DATABASE) for options in batch.options
     ]
+    for group in dict.fromkeys(batch.groups):  # each group's first job, in order
+        listener = routing.listener(aliases[group], batch.options[group][1], on_commit)
     named = list(dict.fromkeys(aliases[group] for group in batch.groups))
     if len(named) == 1:
         queue_name = batch.options[batch.groups[0]][1]
         caller = routing.commit_to_wait_for(named[0], queue_name, on_commit)
-        write = partial(_write_many, named[0], batch, payloads, texts, columns)
+        write = partial(_write_many, named[0], batch, payloads, texts, columns, listener)
     else:
         caller = routing.many_commit_to_wait_for(named, on_commit)
         write = partial(_write_split, conf, named, aliases, batch, payloads, columns)
@@ -369,13 +365,13 @@ def _write_many(
     payloads: list[Any],
     texts: list[str],
     columns: dict[str, Any],
+    listener: EnqueueListener | None = None,
 ) -> list[EnqueuedJob]:
     """Insert validated jobs on `alias`; job_enqueued when its transaction commits."""
     results = store.insert_jobs(alias, batch, texts, columns.get("traceparent"))
     rows = [batch.options[group] for group in batch.groups]
-    listener = enqueue_listener.get()
     if listener is not None:
-        listener(alias, [job_id for job_id, created in results if created])
+        listener.joined([job_id for job_id, created in results if created])
     if signals.job_enqueued.receivers:  # job_enqueued, when the transaction commits
         events = [
             {"job_id": job_id, "queue": row[1], "type": row[0], "payload": p, "priority": row[2]}
@@ -383,17 +379,19 @@ def _write_many(
             if created
         ]
         signals.send_on_commit(signals.job_enqueued, alias, events)
-    return _enqueued(results, rows)
+    return _enqueued(results, rows, alias)
 
 
-_SLOTS = [getattr(EnqueuedJob, f).__set__ for f in ("id", "queue", "type", "created", "created_at")]
+_SLOTS = [getattr(EnqueuedJob, field.name).__set__ for field in fields(EnqueuedJob)]
 
 
-def _enqueued(results: list[tuple[int, bool]], rows: list[tuple[Any, ...]]) -> list[EnqueuedJob]:
-    """EnqueuedJob(id, queue, type, created) per result, set through the frozen class's
-    slots: its __init__ goes through object.__setattr__ per field, half the time of a
-    20,000-job call's results (10 of 160 ms)."""
-    set_id, set_queue, set_type, set_created, set_created_at = _SLOTS
+def _enqueued(
+    results: list[tuple[int, bool]], rows: list[tuple[Any, ...]], alias: str
+) -> list[EnqueuedJob]:
+    """EnqueuedJob(id, queue, type, created, None, alias) per result, set through the
+    frozen class's slots: its __init__ goes through object.__setattr__ per field, half
+    the time of a 20,000-job call's results (10 of 160 ms)."""
+    set_id, set_queue, set_type, set_created, set_created_at, set_database = _SLOTS
     jobs = []
     for (job_id, created), row in zip(results, rows, strict=True):
         job = EnqueuedJob.__new__(EnqueuedJob)
@@ -402,6 +400,7 @@ def _enqueued(results: list[tuple[int, bool]], rows: list[tuple[Any, ...]]) -> l
         set_type(job, row[0])
         set_created(job, created)
         set_created_at(job, None)
+        set_database(job, alias)
         jobs.append(job)
     return jobs
 

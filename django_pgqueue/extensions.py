@@ -5,7 +5,7 @@ A feature is an `Extension`, named by its dotted path in ``PGQUEUE["EXTENSIONS"]
 
 - fill columns of a job at enqueue, from the caller's context (`enqueue_columns`);
 - gather the jobs enqueued in a scope of the caller's (a batch): it sets
-  `enqueue.enqueue_listener` for the scope, and enqueue calls it with the new job ids;
+  `routing.enqueue_listener` for the scope, and enqueue tells it the new job ids;
 - give each worker process a `WorkerHooks` object (`worker_hooks`), whose methods the
   worker calls at fixed points: the claim of a queue, an outcome written, a heartbeat,
   a periodic pass, the worker's start.

@@ -5,16 +5,61 @@ the caller's transaction only when that transaction is on the queue's alias: a j
 enqueued inside ``transaction.atomic(using="other")`` alone would commit at once on its
 own database, whatever "other" does later. That is refused, unless the caller asks
 for the job to be enqueued when its transaction commits (after it, not atomically).
-Nothing here runs when QUEUE_DATABASES is empty: one database, today's semantics.
+Nothing of that runs when QUEUE_DATABASES is empty: one database, today's semantics.
+
+A block that gathers the jobs enqueued inside it (a batch, through `enqueue_listener`)
+is a transaction on one database: a job it cannot hold, of another database, is
+refused inside it, ``on_commit`` or not, before anything is written or deferred.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 from django.db import connections
 
 from .exceptions import EnqueueError
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueListener:
+    """A block of the caller's that gathers the jobs enqueued inside it (a batch).
+
+    A job enqueued inside it must be written on `database`, in the block's own
+    transaction there: `listener()` refuses any other (EnqueueError naming the block,
+    `name`). `joined` is called with the new job ids of each write, in that transaction.
+    """
+
+    name: str
+    database: str
+    joined: Callable[[list[int]], None]
+
+
+# The seam for a feature that gathers the jobs enqueued in a scope of the caller's (a
+# batch): set for the scope. Outside a scope it costs enqueue one ContextVar read per
+# call, and no statement.
+enqueue_listener: ContextVar[EnqueueListener | None] = ContextVar(
+    "pgqueue_enqueue_listener", default=None
+)
+
+
+def listener(alias: str, queue: str, on_commit: bool) -> EnqueueListener | None:
+    """The listener of the block the caller is in (None outside one), which a job of
+    `queue` written on `alias` joins; EnqueueError if it cannot: `alias` is not the
+    block's database (written outside its transaction, or with `on_commit` after its
+    commit). Called before anything is written or deferred."""
+    found = enqueue_listener.get()
+    if found is None or alias == found.database:
+        return found
+    how = "deferred past its commit (on_commit=True)" if on_commit else "written outside it"
+    raise EnqueueError(
+        f"A job of the queue {queue!r} (database {alias!r}) was enqueued inside "
+        f"{found.name} (database {found.database!r}): {how}, it could not join the "
+        f"transaction of the block. Enqueue it outside the block, or open the block on "
+        f"{alias!r}."
+    )
 
 
 def _open_elsewhere(aliases: Sequence[str]) -> list[str]:

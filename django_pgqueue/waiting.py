@@ -16,10 +16,10 @@ import asyncio
 import contextlib
 import math
 import time
-from typing import Any, Protocol
+from typing import Any
 
-from .conf import get_settings
 from .exceptions import JobCancelled, JobDead, JobNotFound, WaitTimeout
+from .job_refs import job_reference
 from .store.waiting import AsyncWaitSession, Outcome, WaitSession
 
 # The first look again after registering, and the longest pause between two looks.
@@ -27,18 +27,6 @@ FIRST_RECHECK = 0.05
 MAX_RECHECK = 5.0
 # How long a waiter's row outlives its last look: a crashed waiter's row goes then.
 HOLD = 60.0
-
-
-class HasJobId(Protocol):
-    @property
-    def id(self) -> int: ...
-
-
-def _job_id(job: int | HasJobId) -> int:
-    value = job if isinstance(job, int) else getattr(job, "id", None)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
-        raise TypeError(f"wait() takes a job id (a bigint >= 1) or an EnqueuedJob, got {job!r}")
-    return value
 
 
 def _timeout(timeout: float | None) -> float | None:
@@ -89,20 +77,24 @@ class _Clock:
         return min(pause, remaining)
 
 
-def wait(job: int | HasJobId, timeout: float | None = None, *, using: str | None = None) -> Any:
+def wait(job: Any, timeout: float | None = None, *, using: str | None = None) -> Any:
     """Wait until the job finishes; return its result (the handler's return value).
 
-    `job` is a job id or what `enqueue()` returned. Raises `WaitTimeout` (a
-    `TimeoutError`) if it has not finished within `timeout` seconds (None: no limit;
-    0: look once), `JobDead` (with the job's last error) if it died, `JobCancelled`
-    if it was cancelled, and `JobNotFound` if no such job is visible: a job enqueued
-    in a transaction must be committed before it can be waited for. Waiting leaves
-    the job as it was. It runs on a connection of its own, never in the caller's
-    transaction.
+    `job` is what `enqueue()` returned, a result id (``"42"``, ``"queues2:42"``), a
+    `JobRef`, a job's context, or a bare job id. The wait reads the job on the
+    database its reference names; a bare id is a job of PGQUEUE["DATABASE"], or of
+    `using` (``using=`` with a reference of another database is refused: the same id
+    there is another job). Raises `WaitTimeout` (a `TimeoutError`) if it has not
+    finished within `timeout` seconds (None: no limit; 0: look once), `JobDead` (with
+    the job's last error) if it died, `JobCancelled` if it was cancelled, and
+    `JobNotFound` if no such job is visible: a job enqueued in a transaction must be
+    committed before it can be waited for. Waiting leaves the job as it was. It runs
+    on a connection of its own, never in the caller's transaction.
     """
-    job_id, limit = _job_id(job), _timeout(timeout)
+    ref, limit = job_reference(job, using, caller="wait()"), _timeout(timeout)
+    job_id = ref.id
     clock = _Clock(job_id, limit)
-    session = WaitSession(using or get_settings().DATABASE)
+    session = WaitSession(ref.database)
     try:
         added = session.add(job_id, HOLD)
         if added is None:
@@ -122,17 +114,17 @@ def wait(job: int | HasJobId, timeout: float | None = None, *, using: str | None
         session.close()
 
 
-async def await_job(
-    job: int | HasJobId, timeout: float | None = None, *, using: str | None = None
-) -> Any:
+async def await_job(job: Any, timeout: float | None = None, *, using: str | None = None) -> Any:
     """`wait()` for asyncio: awaits the job's result without blocking the event loop.
 
-    The same arguments, result and exceptions; cancelling the awaiting task stops the
-    wait and leaves the job alone.
+    The same arguments, database (the one `job` names; a bare id's is
+    PGQUEUE["DATABASE"], or `using`), result and exceptions; cancelling the awaiting
+    task stops the wait and leaves the job alone.
     """
-    job_id, limit = _job_id(job), _timeout(timeout)
+    ref, limit = job_reference(job, using, caller="await_job()"), _timeout(timeout)
+    job_id = ref.id
     clock = _Clock(job_id, limit)
-    session = AsyncWaitSession(using or get_settings().DATABASE)
+    session = AsyncWaitSession(ref.database)
     await session.open()
     try:
         add = asyncio.ensure_future(session.add(job_id, HOLD))

@@ -123,6 +123,12 @@ def with_database(url: str, alias: str) -> str:
     return url + ("&" if "?" in url else "?") + urlencode({DATABASE_VAR: alias})
 
 
+def database_query(alias: str) -> str:
+    """``database=ALIAS&`` for a page's links to `alias`'s rows to begin their query with
+    ("" on DATABASE), as `with_database` adds it."""
+    return "" if alias == get_settings().DATABASE else urlencode({DATABASE_VAR: alias}) + "&"
+
+
 @dataclass(frozen=True)
 class DatabaseChoice:
     """The queue database a page shows, the others it offers, and how stale its reads are."""
@@ -145,8 +151,7 @@ def database_choice(request: HttpRequest, url: str) -> DatabaseChoice | None:
     conf = get_settings()
     read_from = conf.read_database(alias)
     choices = [(a, with_database(url, a), a == alias) for a in conf.queue_databases]
-    keep = "" if alias == conf.DATABASE else urlencode({DATABASE_VAR: alias}) + "&"
-    return DatabaseChoice(alias, read_from, staleness(read_from), choices, keep)
+    return DatabaseChoice(alias, read_from, staleness(read_from), choices, database_query(alias))
 
 
 class DatabaseFilter(admin.SimpleListFilter):

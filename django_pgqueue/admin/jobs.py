@@ -36,7 +36,7 @@ from .columns import (
     when,
     when_short,
 )
-from .databases import read_from_to_database, with_database
+from .databases import admin_database, database_query, read_from_to_database, with_database
 from .lists import (
     DatabaseFilter,
     EstimatedCountPaginator,
@@ -232,9 +232,13 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         self.prepare_action_post(request, "action")
+        alias = admin_database(request)
         context = {
             "pgqueue_snapshot": snapshot(request),
             "count_cap": stats.COUNT_CAP,
+            # The figures' links show the lists and pages of the database they count.
+            "pgqueue_keep": database_query(alias),
+            "pgqueue_suffix": with_database("", alias),
             **(extra_context or {}),
         }
         return super().changelist_view(request, extra_context=context)

@@ -18,13 +18,11 @@ from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.http import urlencode
 from django.utils.text import Truncator
 
 from .. import actions
-from ..conf import get_settings
 from ..models import JobState, Status
-from .databases import DATABASE_VAR, admin_database, read_alias
+from .databases import admin_database, read_alias, with_database
 
 OPERATE_PERMISSION = "django_pgqueue.operate_job"
 # Most jobs one action takes, so a "select all" over a million rows cannot lock them
@@ -171,9 +169,7 @@ class OperatorActionsMixin:
             # The job may have left this list (a retried dead job is not dead any more):
             # show it where it always is.
             page = reverse("admin:django_pgqueue_job_change", args=[ids[0]])
-            if alias != get_settings().DATABASE:
-                page += "?" + urlencode({DATABASE_VAR: alias})
-            return HttpResponseRedirect(page)
+            return HttpResponseRedirect(with_database(page, alias))
         return None
 
     def _confirmation(

@@ -11,25 +11,22 @@ from __future__ import annotations
 from typing import Any
 
 from .. import waiting
-from ..conf import get_settings
 from ..exceptions import JobFailed
-from ..job_refs import parse_result_id
+from ..job_refs import job_reference
 from .api import TaskResult, task_backends
 from .backend import PgQueueBackend
 
 
 def _result_job(result: TaskResult) -> tuple[int, str]:
-    """(job id, alias) of `result`'s job."""
+    """(job id, alias) of `result`'s job: its result id names both."""
     backend = task_backends[result.backend]
     if not isinstance(backend, PgQueueBackend):
         raise TypeError(
             f"wait_result() waits for results of PgQueueBackend; the result's backend "
             f"{result.backend!r} is a {type(backend).__name__}"
         )
-    found = parse_result_id(result.id, get_settings().DATABASE)
-    if found is None:
-        raise TypeError(f"wait_result() needs a result of this backend, got id {result.id!r}")
-    return found
+    job = job_reference(result.id, caller="wait_result()")
+    return job.id, job.database
 
 
 def wait_result(result: TaskResult, timeout: float | None = None) -> Any:

@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 from .. import context
-from ..conf import get_settings
 from ..job_refs import job_reference
 from ..store import workflows as store
 from .batches import BatchRun, BatchStatus, batch, batch_status
@@ -48,15 +47,16 @@ __all__ = [
 def parent_results(job: Any, *, using: str | None = None) -> dict[str, Any]:
     """The stored results of the jobs `job` waits for, by step name, in step order.
 
-    `job` is a job id, a `JobContext`, or a Django ``TaskContext`` (a ``@task`` with
-    ``takes_context=True``). Only completed parents are listed: one that ended dead
-    or cancelled (a step with on_failure "run" or a link_error step) is missing.
+    `job` is a `JobContext`, a Django ``TaskContext`` (a ``@task`` with
+    ``takes_context=True``), or any reference `wait()` takes, read on its database (a
+    bare job id on PGQUEUE["DATABASE"], or `using`). Only completed parents are listed:
+    one that ended dead or cancelled (a step with on_failure "run" or a link_error
+    step) is missing.
     """
-    job_id, alias = job_reference(job, get_settings().DATABASE)
-    alias = using or alias
+    ref = job_reference(job, using, caller="parent_results()")
     return {
         name: result
-        for name, _, status, result in store.parent_results(alias, job_id)
+        for name, _, status, result in store.parent_results(ref.database, ref.id)
         if status == "completed"
     }
 

@@ -1,7 +1,7 @@
 """Batches: the jobs enqueued in a ``with batch(...)`` block, and callbacks when all end.
 
 Every job that `enqueue`, `enqueue_many` or a Tasks ``.enqueue`` writes inside the
-block joins the batch (gathered through `enqueue.enqueue_listener`: outside a block
+block joins the batch (gathered through `routing.enqueue_listener`: outside a block
 enqueue pays one ContextVar read). The block is a ``transaction.atomic`` on the
 batch's database: its members, the batch and its callbacks commit together with the
 caller's transaction, or not at all, and no member can run before the batch exists.
@@ -33,9 +33,9 @@ from django.db import transaction
 
 from .. import extensions, validation
 from ..conf import get_settings
-from ..enqueue import enqueue_listener
 from ..exceptions import BatchNotFound, EnqueueError, PayloadError
-from ..job_refs import job_reference
+from ..job_refs import carried_database, job_reference
+from ..routing import EnqueueListener, enqueue_listener
 from ..store import batches as store
 from ..store import workflows as workflow_store
 from .steps import Step, _is_task, step
@@ -159,9 +159,10 @@ def batch(
 
     Callbacks are validated on entry, before anything is written: a bad one raises
     EnqueueError naming it. The block is atomic with the caller's transaction. A
-    job enqueued on another database than the batch's is refused (it could not commit
-    with it). An empty batch is finished when its block closes: its ``on_success``
-    and ``on_finish`` are due at once (``on_discard`` is never written).
+    job enqueued on another database than the batch's is refused before it is written,
+    ``on_commit=True`` or not (it could not commit with the batch). An empty batch is
+    finished when its block closes: its ``on_success`` and ``on_finish`` are due at
+    once (``on_discard`` is never written).
     """
     if not isinstance(name, str) or not name:
         raise EnqueueError(f"a batch's name must be a non-empty string, got {name!r}.")
@@ -193,17 +194,12 @@ def batch(
         rows.append((made, options))
     alias = using or conf.DATABASE
     run = BatchRun(name, alias)
-
-    def join(job_alias: str, job_ids: list[int]) -> None:
-        if job_alias != alias:
-            raise EnqueueError(
-                f"a job enqueued inside batch {name!r} (database {alias!r}) was written on "
-                f"database {job_alias!r}: it cannot commit with the batch."
-            )
-        run.jobs.extend(job_ids)
+    # Enqueue refuses a job of another database before writing it: only this
+    # database's jobs, written in the block's transaction, join.
+    listener = EnqueueListener(f"batch {name!r}", alias, run.jobs.extend)
 
     with transaction.atomic(using=alias):
-        opened, listening = _open.set(run), enqueue_listener.set(join)
+        opened, listening = _open.set(run), enqueue_listener.set(listener)
         try:
             yield run
         finally:
@@ -238,16 +234,17 @@ def batch_status(batch: Any, *, using: str | None = None) -> BatchStatus:
 
     A context is a `JobContext` or a Django ``TaskContext`` of a member or a callback
     (``batch_status(ctx)`` in a callback reads the final counts). BatchNotFound when
-    there is no such batch, or the job is in none.
+    there is no such batch, or the job is in none. A `BatchRun` and a context are read
+    on their database; a bare batch id on PGQUEUE["DATABASE"], or `using`.
     """
     alias = using or get_settings().DATABASE
     if isinstance(batch, BatchRun):
         batch_id: int | None = batch.id
-        alias = using or batch.using
+        alias = carried_database(batch.using, using, f"batch #{batch.id}", "batch_status()")
     elif hasattr(batch, "task_result") or hasattr(batch, "job_id"):
-        job, where = job_reference(batch, get_settings().DATABASE)
-        alias = using or where
-        batch_id = store.find_batch(alias, job)
+        job = job_reference(batch, using, caller="batch_status()")
+        alias = job.database
+        batch_id = store.find_batch(alias, job.id)
         if batch_id is None:
             raise BatchNotFound(f"job {job} is in no batch.")
     else:

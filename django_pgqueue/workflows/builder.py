@@ -11,6 +11,7 @@ from django.db import transaction
 from .. import extensions, routing, validation
 from ..conf import get_settings
 from ..exceptions import EnqueueError
+from ..job_refs import JobRef, carried_database
 from ..store import operator
 from ..store import workflows as store
 from .steps import Step, step
@@ -27,15 +28,27 @@ class Cancelled:
 
 @dataclass(frozen=True)
 class WorkflowRun:
-    """An enqueued workflow: its id and each step's job id, by step name."""
+    """An enqueued workflow: its id and each step's job id, by step name.
+
+    `using` is the alias of the database it was written on (None: PGQUEUE["DATABASE"]);
+    `job(name)` names a step's job with it, for `wait()` and the other APIs that take
+    a job (a bare id from `jobs` is read on DATABASE).
+    """
 
     id: int
     jobs: dict[str, int] = field(default_factory=dict)
     using: str | None = None
 
+    def job(self, name: str) -> JobRef:
+        """Step `name`'s job, with the workflow's database (for `wait()` and the rest)."""
+        if name not in self.jobs:
+            steps = ", ".join(repr(step) for step in self.jobs)
+            raise KeyError(f"workflow #{self.id} has no step {name!r} (its steps: {steps})")
+        return JobRef(self.jobs[name], self.using or get_settings().DATABASE)
+
     def cancel(self) -> Cancelled:
         """Cancel the workflow: its pending and waiting steps, and ask running ones to stop."""
-        return cancel_workflow(self.id, using=self.using)
+        return cancel_workflow(self)
 
 
 class Workflow:
@@ -203,14 +216,21 @@ def _topological(workflow: str, graph: dict[str, Sequence[str]]) -> list[str]:
     return order
 
 
-def cancel_workflow(workflow_id: int, *, using: str | None = None) -> Cancelled:
+def cancel_workflow(workflow: WorkflowRun | int, *, using: str | None = None) -> Cancelled:
     """Cancel a workflow's pending and waiting steps; ask its running steps to stop.
 
-    Finished steps are left as they are. One transaction: the cancelled steps settle
-    what waits on them in the same statement (job_cancel), then the running ones are
-    marked (job_cancel_request) and end cancelled when their worker writes them.
+    `workflow` is what `Workflow.enqueue()` returned, cancelled on its database, or a
+    workflow id, on PGQUEUE["DATABASE"] or `using`. Finished steps are left as they
+    are. One transaction: the cancelled steps settle what waits on them in the same
+    statement (job_cancel), then the running ones are marked (job_cancel_request) and
+    end cancelled when their worker writes them.
     """
-    alias = using or get_settings().DATABASE
+    if isinstance(workflow, WorkflowRun):
+        where = f"workflow #{workflow.id}"
+        alias = carried_database(workflow.using, using, where, "cancel_workflow()")
+        workflow_id = workflow.id
+    else:
+        alias, workflow_id = using or get_settings().DATABASE, workflow
     with transaction.atomic(using=alias):
         live = [
             job_id

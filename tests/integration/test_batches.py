@@ -27,7 +27,6 @@ from django_pgqueue import (
     step,
 )
 from django_pgqueue.actions import cancel, retry_now
-from django_pgqueue.enqueue import enqueue_listener
 from django_pgqueue.maintenance import prune
 from django_pgqueue.models import Attempt, Batch, BatchJob, JobState
 from django_pgqueue.outcomes import Failure
@@ -351,19 +350,26 @@ def test_bad_callbacks_are_refused_on_entry_naming_them():
     assert Batch.objects.count() == 0
 
 
-def _joins_from_another_database(run: list) -> None:
+def _joins_from_another_database(run: list, on_commit: bool) -> None:
     with batch(using="default") as opened:
         run.append(opened)
-        # What enqueue(using="other") calls after writing on that database.
-        enqueue_listener.get()("other", [1])
+        enqueue("qa.noop", queue=Q)
+        # Refused before anything touches "other" (no such alias here).
+        enqueue("qa.noop", queue=Q, using="other", on_commit=on_commit)
 
 
-def test_a_job_on_another_database_is_refused():
+@pytest.mark.parametrize("on_commit", [False, True])
+def test_a_job_on_another_database_is_refused_before_it_is_written(on_commit: bool):
     run: list = []
-    with pytest.raises(EnqueueError, match=r"database 'other'.*cannot commit with the batch"):
-        _joins_from_another_database(run)
+    with pytest.raises(
+        EnqueueError,
+        match=r"queue 'batch' \(database 'other'\) was enqueued inside batch 'batch' "
+        r"\(database 'default'\).*could not join the transaction of the block",
+    ):
+        _joins_from_another_database(run, on_commit)
     assert run[0].id is None
     assert Batch.objects.count() == 0
+    assert sql("SELECT count(*) FROM queue_jobs")[0][0] == 0
 
 
 def test_batch_status_reads_a_member_a_callback_or_an_id_and_refuses_others():

@@ -346,7 +346,7 @@ def test_enqueue_many_results_equal_what_the_constructor_makes():
     """The results are built through EnqueuedJob's slots: every field set, as
     EnqueuedJob(...) sets them (a field added to the class and not there fails here)."""
     [job] = enqueue_many([("qa.noop", {"n": 1})], queue="built")
-    made = EnqueuedJob(job.id, "built", "qa.noop", True)
+    made = EnqueuedJob(job.id, "built", "qa.noop", True, None, "default")
     assert job == made
     assert hash(job) == hash(made)
     assert repr(job) == repr(made)

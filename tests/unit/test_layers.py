@@ -35,7 +35,6 @@ FLOORS = {
     "models": FOUNDATIONS,
     "outcomes": FOUNDATIONS,
     "context": FOUNDATIONS,
-    "job_refs": FOUNDATIONS,
     "signals": FOUNDATIONS,
     "version": FOUNDATIONS,
     # The data layer: the only code that runs the SQL.
@@ -56,6 +55,7 @@ FLOORS = {
     "upkeep": CORE,
     "task_paths": CORE,
     "waiting": CORE,
+    "job_refs": CORE,
     # Features: they import the core, and nothing below the worker imports them.
     "control": FEATURES,
     "schedules": FEATURES,
