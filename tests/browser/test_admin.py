@@ -343,7 +343,8 @@ def test_the_lists_fit_a_laptop_screen_with_the_sidebar_open(
     # The dead jobs' final error breaks between words, never inside one.
     page.goto(f"{live_server.url}/admin/django_pgqueue/deadjob/")
     lines = page.evaluate(WORD_ON_ONE_LINE, ["td.field-final_error", "PermanentFailure"])
-    assert lines and set(lines) == {1}, lines
+    assert lines, lines
+    assert set(lines) == {1}, lines
     # With the sidebar closed the error gets the room it gave up.
     page.goto(f"{live_server.url}/admin/django_pgqueue/job/")
     page.click("#toggle-nav-sidebar")
