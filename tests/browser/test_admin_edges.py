@@ -274,3 +274,77 @@ def test_a_schedules_page_says_every_1m_and_how_its_runs_ended(
     assert [run.split("job #")[1].split(" ", 1)[1] for run in runs] == ["dead", "completed"]
     save_screenshot(page, tmp_path, f"schedule-page-{width}.png")
     page.context.close()
+
+
+def test_a_running_job_cancelled_from_its_page_says_cancel_requested(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    tmp_path: Path,
+) -> None:
+    job_id = make_job("running", queue="images", type="demo.resize_image")
+    make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
+    page = login(browser, live_server, "operator", width=1400)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/job/{job_id}/change/")
+    page.select_option("select[name='CHANGE_FORM-action']", "cancel")
+    page.click("#content-main .actions button[type=submit]")
+    page.click("input[type=submit][value='Yes, cancel them']")
+    page.wait_for_url(f"**/admin/django_pgqueue/job/{job_id}/change/")
+    # Still running (its worker ends it), and marked so right away.
+    status = page.inner_text(".field-status_badge .readonly")
+    assert status.split() == ["running", "cancel", "requested"], status
+    page.goto(f"{live_server.url}/admin/django_pgqueue/job/")
+    row = page.locator("#result_list tbody tr", has_text=str(job_id))
+    assert "cancel requested" in row.locator("td.field-status_column").inner_text()
+    box = row.bounding_box()
+    assert box["height"] <= 36, box  # the mark keeps the row on one line
+    save_screenshot(page, tmp_path, "jobs-cancel-requested-1400.png")
+    page.context.close()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_schedule_reads_its_cron_in_words_and_has_its_buttons(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    width: int,
+    tmp_path: Path,
+) -> None:
+    Schedule.objects.create(
+        name="sales.daily_report", type="demo.send_email", queue="reports", source="code",
+        payload={"to": "sales@example.com"}, cron="0 3 * * *", timezone="UTC",
+        next_tick=dt.datetime(2026, 12, 6, 3, 0, tzinfo=dt.UTC),
+    )  # fmt: skip
+    make_user("planner", "view_schedule", "change_schedule", "run_schedule", "view_job",
+              password=PASSWORD)  # fmt: skip
+    page = login(browser, live_server, "planner", width=width)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/schedule/")
+    assert page.inner_text("#content h1") == "Schedules"
+    timing = page.locator("td.field-timing")
+    assert timing.locator(".pgqueue-cron-words").inner_text() == "At 03:00 every day (UTC)"
+    # The expression is never broken: one line box.
+    cron = timing.locator("code.pgqueue-cron")
+    assert cron.inner_text() == "0 3 * * *"
+    assert page.evaluate("(el) => el.getClientRects().length", cron.element_handle()) == 1
+    listed = page.inner_text("td.field-next_run")
+    assert " ".join(listed.split()) == "2026-12-06 03:00:00 UTC"
+    save_screenshot(page, tmp_path, f"schedules-cron-{width}.png")
+
+    page.click("#result_list th.field-name_column a")
+    # The same point in time in the same format on the schedule's page.
+    assert page.inner_text(".field-next_run_at .readonly") == "2026-12-06 03:00:00 UTC"
+    buttons = page.locator("#pgqueue-schedule-buttons button").all_inner_texts()
+    assert buttons == ["Run now", "Disable"]
+    save_screenshot(page, tmp_path, f"schedule-buttons-{width}.png")
+    with page.expect_navigation():
+        page.click("#pgqueue-schedule-buttons button:text('Run now')")
+    assert "enqueued job" in page.inner_text(".messagelist")
+    assert sql("SELECT count(*) FROM queue_jobs WHERE queue = 'reports'") == [(1,)]
+    with page.expect_navigation():
+        page.click("#pgqueue-schedule-buttons button:text('Disable')")
+    assert "Disabled 1 schedule(s)." in page.inner_text(".messagelist")
+    assert not Schedule.objects.get(pk="sales.daily_report").enabled
+    buttons = page.locator("#pgqueue-schedule-buttons button").all_inner_texts()
+    assert buttons == ["Run now", "Enable"]
+    with page.expect_navigation():
+        page.click("#pgqueue-schedule-buttons button:text('Enable')")
+    assert Schedule.objects.get(pk="sales.daily_report").enabled
+    page.context.close()

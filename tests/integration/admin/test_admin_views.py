@@ -159,7 +159,12 @@ def test_filter_choices_never_scan_the_jobs_table(operator_client):
     make_job("pending", queue="mail")
     with CaptureQueriesContext(connection) as queries:
         operator_client.get(JOBS)
-    assert not [q for q in queries.captured_queries if "DISTINCT" in q["sql"].upper()]
+    # The page's last attempts are read with DISTINCT ON for the page's ids only.
+    assert not [
+        q
+        for q in queries.captured_queries
+        if "DISTINCT" in q["sql"].upper() and "queue_attempts" not in q["sql"]
+    ]
 
 
 def queue_choices(response) -> list[str]:
