@@ -139,9 +139,15 @@ def test_operator_pauses_a_queue_that_has_no_controls_from_the_queues_page(
     make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
     page = login(browser, live_server, "operator", width=width)
     page.goto(f"{live_server.url}/admin/django_pgqueue/queuecontrol/")
+    assert page.inner_text("#content h1") == "Queues"
+    # No empty list of controlled queues first: the known queues open the page.
+    assert "0 queues" not in page.inner_text("#content")
     others = page.locator("#pgqueue-other-queues")
     assert others.locator("tr[data-queue='payments']").count() == 1
     assert others.locator("tr[data-queue='email']").count() == 1
+    top = others.bounding_box()["y"]
+    assert top < page.locator("#content h1").bounding_box()["y"] + 120, top
+    assert page.inner_text(".object-tools") == "SET LIMITS ON A QUEUE"
     save_screenshot(page, tmp_path, f"queues-{width}.png")
     with page.expect_navigation():
         others.locator("tr[data-queue='payments'] button").click()
@@ -347,4 +353,36 @@ def test_a_schedule_reads_its_cron_in_words_and_has_its_buttons(
     with page.expect_navigation():
         page.click("#pgqueue-schedule-buttons button:text('Enable')")
     assert Schedule.objects.get(pk="sales.daily_report").enabled
+    page.context.close()
+
+
+def test_limits_are_set_on_a_known_queue_chosen_from_a_list(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    tmp_path: Path,
+) -> None:
+    make_job("pending", queue="email", type="demo.send_email")
+    make_job("pending", queue="payments", type="demo.charge_card")
+    make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
+    page = login(browser, live_server, "operator", width=1400)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/queuecontrol/")
+    page.click("text=Set limits on a queue")
+    assert page.inner_text("#content h1") == "Set limits on a queue"
+    options = page.locator("select#id_queue option").all_inner_texts()
+    assert options == ["---------", "email", "payments"]
+    # The key limit has its default and is not required.
+    assert page.input_value("#id_key_limit") == "1"
+    assert "required" not in (page.get_attribute("label[for=id_key_limit]", "class") or "")
+    page.select_option("select#id_queue", "payments")
+    page.fill("#id_concurrency_limit", "3")
+    page.fill("#id_key_limit", "")
+    save_screenshot(page, tmp_path, "queue-set-limits-1400.png")
+    with page.expect_navigation():
+        page.click("input[name=_save]")
+    assert sql(
+        "SELECT concurrency_limit, key_limit FROM queue_controls WHERE queue = 'payments'"
+    ) == [(3, 1)]
+    row = page.locator("#result_list tr", has_text="payments")
+    assert row.locator("td.field-limit_display").inner_text() == "3"
+    assert row.locator("td.field-rate_display").inner_text() == "—"
     page.context.close()
