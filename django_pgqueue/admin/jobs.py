@@ -321,11 +321,18 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
     def payload_matches(self, queryset: QuerySet[Any], term: str) -> list[int]:
         """Ids of the jobs, among the newest `PAYLOAD_SEARCH_ROWS` of `queryset`, whose
         payload (its JSON text) contains `term`, ignoring case; newest first."""
-        newest = queryset.order_by("-pk").values("pk")[:PAYLOAD_SEARCH_ROWS]
+        # The window's oldest id first (a backward walk of the primary key that stops
+        # after PAYLOAD_SEARCH_ROWS rows), then a range of the primary key from it: the
+        # payloads read are the window's only (an IN over a LIMIT subquery let the
+        # planner read every payload of the table instead).
+        oldest = list(
+            queryset.order_by("-pk").values_list("pk", flat=True)[
+                PAYLOAD_SEARCH_ROWS - 1 : PAYLOAD_SEARCH_ROWS
+            ]
+        )
+        window = queryset.filter(pk__gte=oldest[0]) if oldest else queryset
         return list(
-            Job.objects.using(queryset.db)
-            .filter(pk__in=newest)
-            .annotate(payload_text=Cast("payload", TextField()))
+            window.annotate(payload_text=Cast("payload", TextField()))
             .filter(payload_text__icontains=term)
             .order_by("-pk")
             .values_list("pk", flat=True)[:PAYLOAD_MATCHES]
