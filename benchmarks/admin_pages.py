@@ -96,6 +96,29 @@ def measure(client: Any, url: str, runs: int, expect: str) -> dict[str, Any]:
     }
 
 
+def sequential_scans(client: Any, urls: list[str]) -> list[str]:
+    """EXPLAIN every query the pages at `urls` run; name those that read queue_job_state
+    or queue_jobs by a sequential scan (url: the scanned table)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    found = []
+    for url in urls:
+        with CaptureQueriesContext(connection) as captured:
+            client.get(url)
+        for query in captured.captured_queries:
+            text = query["sql"]
+            if not text.lstrip().upper().startswith("SELECT"):
+                continue
+            with connection.cursor() as cursor:
+                cursor.execute("EXPLAIN " + text)
+                plan = "\n".join(row[0] for row in cursor.fetchall())
+            for table in ("queue_job_state", "queue_jobs "):
+                if f"Seq Scan on {table}" in plan + " ":
+                    found.append(f"{url}: {table.strip()}")
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1_000_000, help="jobs to load")
@@ -202,6 +225,20 @@ def main() -> int:
                 None,
             ),
             ("jobs list, page 20", "/admin/django_pgqueue/job/?p=20", "At a glance", None),
+            # A type's beginning (read through the type index) and a payload's text
+            # (read in the newest PAYLOAD_SEARCH_ROWS jobs only).
+            (
+                "jobs list, search a type prefix",
+                "/admin/django_pgqueue/job/?q=payments.",
+                "payments.",
+                budget,
+            ),
+            (
+                "jobs list, search a payload text",
+                "/admin/django_pgqueue/job/?q=cust-4242",
+                "cust-4242",
+                budget,
+            ),
         ]
         beat()
         results = []
@@ -215,6 +252,17 @@ def main() -> int:
             result["met"] = None if page_budget is None else result["median_ms"] <= page_budget
             results.append(result)
             print(f"  {label}: {result['median_ms']} ms, {result['queries']} queries", flush=True)
+        # The plans behind the default jobs list and its searches: none reads
+        # queue_job_state (or queue_jobs) by a sequential scan.
+        seq_scans = sequential_scans(
+            client,
+            [
+                "/admin/django_pgqueue/job/",
+                "/admin/django_pgqueue/job/?q=payments.",
+                "/admin/django_pgqueue/job/?q=cust-4242",
+            ],
+        )
+        print(f"sequential scans of the queue tables: {seq_scans or 'none'}", flush=True)
     finally:
         from django.db import connections
 
@@ -251,6 +299,10 @@ def main() -> int:
                 indent=2,
             )
         )
+    if seq_scans:
+        print(f"sequential scans: {seq_scans}", file=sys.stderr)
+        if args.check or args.max_ms is not None:
+            return 1
     slow = [r for r in results if r["met"] is False]
     if slow:
         names = ", ".join(f"{r['page']} ({r['median_ms']} > {r['budget_ms']:g} ms)" for r in slow)

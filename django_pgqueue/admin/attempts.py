@@ -17,9 +17,8 @@ from django.db.models.functions import RowNumber
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from ..durations import format_seconds
 from ..models import Attempt, Job, Status
-from .columns import EMPTY, column, when
+from .columns import EMPTY, column, span, when, when_text
 from .databases import read_alias
 
 
@@ -42,8 +41,10 @@ class NoEditing:
         return False
 
 
-class AttemptInline(NoEditing, admin.StackedInline):
-    """Every attempt of the job, oldest first, read-only; the fatal traceback is open."""
+class AttemptInline(NoEditing, admin.TabularInline):
+    """Every attempt of the job, oldest first, read-only, as one table (`template`): a
+    row per attempt, with what it returned and its traceback below it (the traceback
+    that killed a dead job open)."""
 
     model = Attempt
     fk_name = "job"
@@ -51,38 +52,27 @@ class AttemptInline(NoEditing, admin.StackedInline):
     max_num = 0
     can_delete = False
     ordering = ("lease_version",)
-    fieldsets = (
-        (
-            None,
-            {
-                "fields": (
-                    ("number", "budget", "lease_version", "outcome", "worker_id"),
-                    ("started", "finished", "duration"),
-                    "result_display",
-                    ("error_class", "error_message"),
-                    "traceback_display",
-                )
-            },
-        ),
-    )
-    readonly_fields = (
+    template = "admin/django_pgqueue/job/attempts.html"
+    empty_value_display = EMPTY
+    fields = (
         "number",
         "budget",
-        "lease_version",
         "outcome",
         "worker_id",
         "started",
-        "finished",
         "duration",
+        "lease_version",
+        "error",
         "result_display",
-        "error_class",
-        "error_message",
         "traceback_display",
     )
+    # Shown on a row of their own under the attempt's row, when they have a value.
+    detail_fields = ("result_display", "traceback_display")
+    columns = len(fields) - len(detail_fields)
+    readonly_fields = fields
 
     outcome = column("status", lambda attempt: attempt.get_status_display())
     started = column("started", "started_at", when)
-    finished = column("finished", "finished_at", when)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return (
@@ -107,32 +97,50 @@ class AttemptInline(NoEditing, admin.StackedInline):
 
     @admin.display(description="attempt")
     def number(self, attempt: Attempt) -> str:
-        return f"#{getattr(attempt, 'number_in_job', attempt.attempt_index)} of the job"
+        # Numbered across the job's whole history, operator retries included.
+        return f"attempt {getattr(attempt, 'number_in_job', attempt.attempt_index)}"
 
-    @admin.display(description="against max attempts")
+    @admin.display(description="counted as")
     def budget(self, attempt: Attempt) -> str:
         # attempt_index starts again at 1 after an operator retry (fresh attempts).
         allowed = getattr(attempt, "job_max_attempts", None)
         return f"{attempt.attempt_index} of {allowed}" if allowed else str(attempt.attempt_index)
 
+    @admin.display(description="error")
+    def error(self, attempt: Attempt) -> str:
+        if not attempt.error_class and not attempt.error_message:
+            return EMPTY
+        return format_html(
+            '<span class="pgqueue-error">{}</span>',
+            ": ".join(part for part in (attempt.error_class, attempt.error_message) if part),
+        )
+
     @admin.display(description="returned")
     def result_display(self, attempt: Attempt) -> str:
+        # Nothing (not the empty mark) when there is nothing: the row is left out then.
         if attempt.result is None:
-            return EMPTY
+            return ""
         text = json.dumps(attempt.result, indent=2, ensure_ascii=False)
-        return format_html('<pre class="pgqueue-result">{}</pre>', text)
+        return format_html(
+            '<span class="pgqueue-detail-label">returned</span><pre class="pgqueue-result">{}'
+            "</pre>",
+            text,
+        )
 
-    @admin.display(description="duration")
+    @admin.display(description="took")
     def duration(self, attempt: Attempt) -> str:
         if attempt.finished_at is None:
             return EMPTY
-        seconds = (attempt.finished_at - attempt.started_at).total_seconds()
-        return f"{seconds:.3f}s" if seconds < 60 else format_seconds(seconds)
+        return format_html(
+            '<span title="finished {}">{}</span>',
+            when_text(attempt.finished_at),
+            span((attempt.finished_at - attempt.started_at).total_seconds()),
+        )
 
     @admin.display(description="traceback")
     def traceback_display(self, attempt: Attempt) -> str:
         if not attempt.traceback:
-            return EMPTY
+            return ""
         # Open the traceback that killed a dead job (its final claim); the job's status
         # and lease version come with the attempts, in the same query.
         fatal = (

@@ -29,7 +29,7 @@ from django.utils.html import format_html, format_html_join
 
 from ..models import Batch, Job, WorkflowStep
 from .attempts import can
-from .columns import badge, when_short
+from .columns import EMPTY, badge, when_short
 from .databases import (
     DatabaseFilter,
     admin_database,
@@ -61,6 +61,7 @@ def member_counts(obj: Any) -> list[tuple[str, int]]:
 class BatchAdmin(admin.ModelAdmin):
     list_display = ("batch", "state", "progress", "members", "callbacks", "created")
     list_display_links = None
+    empty_value_display = EMPTY
     list_filter = (DatabaseFilter,)
     search_fields = ("name",)
     ordering = ("-id",)
@@ -173,7 +174,7 @@ class BatchAdmin(admin.ModelAdmin):
     @admin.display(description="callbacks")
     def callbacks(self, obj: Any) -> str:
         if not obj.callback_list:
-            return "-"
+            return EMPTY
         rows = [item.split(":") for item in obj.callback_list.split(",")]
         # The callbacks are the steps of one workflow: its page draws them.
         workflow = format_html(

@@ -1,11 +1,18 @@
 """Read-only display columns: one factory instead of a method per field.
 
 A column reads one value from the row (a job, its state row, an attempt) and shows
-it; a missing value (no state row, a NULL, an empty text) shows as a dash.
+it; a missing value (no state row, a NULL, an empty text) shows as `EMPTY`, the one
+mark for "no value" on every page of the queue's admin (the model admins set it as
+their ``empty_value_display`` too).
+
+Every point in time is shown in one format, `DATETIME_FORMAT`, in the admin's time
+zone and naming it ("2026-12-06 03:00:00 UTC"). A list that needs its room shows how
+long ago (or how soon) instead, with that time as the tooltip (`ago`).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Callable
 from operator import attrgetter
@@ -14,37 +21,86 @@ from typing import Any
 from django.contrib import admin
 from django.utils import timezone
 from django.utils.html import escape, format_html
-from django.utils.safestring import mark_safe
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
 from ..models import Job, JobState, Status
 
 EMPTY = "—"
+# The one format of a point in time (strftime): the admin's zone, named.
+DATETIME_FORMAT = "%Y-%m-%d %H:%M:%S %Z"
+# The same format for Django's `date` template filter (templates use it as written).
+TEMPLATE_DATETIME_FORMAT = "Y-m-d H:i:s T"
 
 
-def when(value: Any, *, zone: bool = True) -> str:
-    """Show a timestamp as operators read it: local time to the second (and the zone)."""
+def when_text(value: dt.datetime) -> str:
+    """Return `value` in the one format, as plain text."""
+    return timezone.localtime(value).strftime(DATETIME_FORMAT)
+
+
+def when(value: Any) -> str:
+    """Show a point in time in the one format (`EMPTY` for none)."""
     if value is None:
         return EMPTY
-    local = timezone.localtime(value)
-    if zone:
-        return local.strftime("%Y-%m-%d %H:%M:%S %Z")
-    return format_html(
-        '<span title="{}">{}</span>', local.strftime("%Z"), local.strftime("%Y-%m-%d %H:%M:%S")
-    )
+    return format_html('<time datetime="{}">{}</time>', value.isoformat(), when_text(value))
 
 
 def when_short(value: Any) -> str:
-    """Show a timestamp for a list column: date, then time (below it if the column is
-    narrow), the zone only as the tooltip."""
+    """Show a point in time for a list column: the one format, which may break between
+    the date and the time when the column is narrow."""
     if value is None:
         return EMPTY
-    local = timezone.localtime(value)
+    date, rest = when_text(value).split(" ", 1)
     return format_html(
-        '<span class="pgqueue-when" title="{}"><span>{}</span> <span>{}</span></span>',
-        local.strftime("%Z"),
-        local.strftime("%Y-%m-%d"),
-        local.strftime("%H:%M:%S"),
+        '<time class="pgqueue-when" datetime="{}"><span>{}</span> <span>{}</span></time>',
+        value.isoformat(),
+        date,
+        rest,
+    )
+
+
+def span(seconds: float) -> str:
+    """Say a length of time compactly: '250ms', '1.5s', '12s', '3m 4s', '2h 5m', '4d 1h'."""
+    seconds = max(0.0, seconds)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m {secs}s"
+    return f"{secs}s"
+
+
+def age(seconds: float) -> str:
+    """Say how long ago (or, negative, how soon) compactly, to one unit: '5s', '12m', '3h'."""
+    whole = abs(int(seconds))
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if whole >= size:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
+
+
+def ago(value: dt.datetime | None, now: dt.datetime, prefix: str = "") -> str:
+    """Show how long before `now` `value` was ('3m ago'), or how long after ('in 59m'),
+    with `value` in the one format as the tooltip. `now` is the database's clock."""
+    if value is None:
+        return EMPTY
+    seconds = (now - value).total_seconds()
+    text = f"{age(seconds)} ago" if seconds >= 0 else f"in {age(seconds)}"
+    return format_html(
+        '<time datetime="{}" title="{}">{}{}</time>',
+        value.isoformat(),
+        when_text(value),
+        prefix,
+        text,
     )
 
 
@@ -106,21 +162,38 @@ def badge(status: str) -> str:
     return format_html('<span class="pgqueue-status pgqueue-{}">{}</span>', status, status)
 
 
+def state_badge(state: JobState) -> str:
+    """Show a job's status as its badge, marked when an operator asked a running job to
+    stop: it stays running until its worker writes the attempt's end."""
+    if state.status == Status.RUNNING and state.cancel_requested_at is not None:
+        return format_html(
+            '{} <span class="pgqueue-cancel-requested" title="cancel requested at {}">'
+            "cancel requested</span>",
+            badge(state.status),
+            when_text(state.cancel_requested_at),
+        )
+    return badge(state.status)
+
+
 def attempts_of(state: JobState) -> str:
     """Show attempts spent out of the budget, e.g. '2/5'."""
     return f"{state.attempts}/{state.max_attempts}"
 
 
 def status_summary(state: JobState) -> str:
-    """Show the status badge, the attempts and a priority other than 0, for a narrow list."""
+    """Show the status badge, the attempts and a priority other than 0, on one line."""
     priority = (
-        format_html(' <span class="pgqueue-priority">priority {}</span>', state.priority)
+        format_html(
+            ' <span class="pgqueue-priority" title="priority {}">p{}</span>',
+            state.priority,
+            state.priority,
+        )
         if state.priority
         else ""
     )
     return format_html(
         '{} <span class="pgqueue-attempts" title="attempts used / allowed">{}</span>{}',
-        badge(state.status),
+        state_badge(state),
         attempts_of(state),
         priority,
     )
@@ -131,22 +204,27 @@ def breakable(name: str) -> str:
     return mark_safe(re.sub(r"([._])", r"\1<wbr>", escape(name)))
 
 
-def type_and_queue(job: Job) -> str:
-    """Show a job's type with its queue under it, for a narrow list."""
-    return format_html(
-        '{}<br><span class="pgqueue-queue" title="queue">{}</span>', breakable(job.type), job.queue
-    )
+def one_line(text: str) -> str:
+    """Show a name on one line, cut with an ellipsis by its column, whole as the tooltip."""
+    return format_html('<span class="pgqueue-cut" title="{}">{}</span>', text, text)
+
+
+# A dotted exception class at the start of an error: the list shows its last name only.
+DOTTED_CLASS = re.compile(r"^(?:[A-Za-z_][\w]*\.)+(?=[A-Za-z_]\w*(?::|$))")
 
 
 def error_preview(chars: int) -> Callable[[str], str]:
-    """Make a renderer of an error's first line, cut to `chars`, whole text as the tooltip."""
+    """Make a renderer of an error's first line for a list: its exception class without
+    the module path, cut to `chars`, the whole text as the tooltip. The line breaks
+    only between words, never inside one."""
 
     def show(error: str) -> str:
         lines = error.strip().splitlines()
+        first = DOTTED_CLASS.sub("", lines[0]) if lines else ""
         return format_html(
             '<span class="pgqueue-error" title="{}">{}</span>',
             error,
-            Truncator(lines[0] if lines else "").chars(chars),
+            Truncator(first).chars(chars),
         )
 
     return show
@@ -155,3 +233,17 @@ def error_preview(chars: int) -> Callable[[str], str]:
 def error_full(error: str) -> str:
     """Show a whole error text, wrapped."""
     return format_html('<pre class="pgqueue-error-full">{}</pre>', error)
+
+
+def duration_of(started: dt.datetime | None, finished: dt.datetime | None,
+                now: dt.datetime) -> SafeString | str:  # fmt: skip
+    """Show how long an attempt ran, or (in italics) has run so far by `now`."""
+    if started is None:
+        return EMPTY
+    if finished is None:
+        return format_html(
+            '<i class="pgqueue-so-far" title="running for {} so far">{}</i>',
+            span((now - started).total_seconds()),
+            span((now - started).total_seconds()),
+        )
+    return span((finished - started).total_seconds())

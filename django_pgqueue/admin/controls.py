@@ -36,6 +36,7 @@ from ..exceptions import ConfigurationError
 from ..limits import check_limit, describe_type, parse_rate
 from ..models import Job, JobState, QueueControl, QueueTypeControl, Status
 from ..validators import queue_name
+from .columns import EMPTY, column, when
 from .databases import (
     DatabaseFilter,
     admin_database,
@@ -49,12 +50,26 @@ OPERATE_PERMISSION = "django_pgqueue.operate_job"
 
 
 class QueueControlForm(forms.ModelForm):
-    """The editable controls; the rate is one field ('100/s'), empty for none."""
+    """The editable controls; the rate is one field ('100/s'), empty for none.
+
+    A new row is for one of the known queues that has none yet (a choice, not free
+    text: `QueueControlAdmin.get_form` gives the choices), the one asked for in the URL
+    (``?queue=``) included.
+    """
 
     rate = forms.CharField(
         required=False,
         help_text="At most N starts per period: '100/s', '5/m', '10/2.5s'. Empty: no limit.",
     )
+    key_limit = forms.IntegerField(
+        required=False,
+        min_value=1,
+        initial=1,
+        label="Key limit",
+        help_text="Most running jobs sharing one concurrency key. Empty: 1.",
+    )
+    # The queues a new row may be for (set by QueueControlAdmin.get_form).
+    queue_choices: list[str] = []
 
     class Meta:
         model = QueueControl
@@ -69,9 +84,22 @@ class QueueControlForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if self.instance.rate_count is not None:
             self.initial["rate"] = f"{self.instance.rate_count}/{self.instance.rate_period:g}s"
+        if "queue" in self.fields:
+            self.fields["queue"] = forms.ChoiceField(
+                choices=[("", "---------")] + [(q, q) for q in self.queue_choices],
+                help_text="A known queue that has no limits yet.",
+            )
+
+    def clean_queue(self) -> str:
+        try:
+            return queue_name(self.cleaned_data.get("queue"))
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from exc
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        if data.get("key_limit") is None:
+            data["key_limit"] = 1
         try:
             data["concurrency_limit"] = check_limit(data.get("concurrency_limit"), "limit")
             check_limit(data.get("key_limit"), "key limit", low=1)
@@ -91,14 +119,15 @@ class QueueControlAdmin(admin.ModelAdmin):
         "key_limit",
         "rate_display",
         "running",
-        "updated_at",
+        "updated",
     )
     list_display_links = ("queue",)
     ordering = ("queue",)
     # Offered once queues live on several databases: whose controls the list shows.
     list_filter = (DatabaseFilter,)
     actions = ("pause_selected", "resume_selected")
-    readonly_fields = ("type_limits", "configured", "updated_at")
+    readonly_fields = ("type_limits", "configured", "updated")
+    empty_value_display = EMPTY
     change_list_template = "admin/django_pgqueue/queuecontrol/change_list.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[QueueControl]:
@@ -149,6 +178,7 @@ class QueueControlAdmin(admin.ModelAdmin):
             "pgqueue_several_databases": several_databases(),
             "pgqueue_databases": database_rows(request) if several_databases() else [],
             "pgqueue_database": selected,
+            "title": "Queues",
             **(extra_context or {}),
         }
         return super().changelist_view(request, extra_context=context)
@@ -178,6 +208,30 @@ class QueueControlAdmin(admin.ModelAdmin):
             raise BadRequest(str(exc)) from exc
         self._set_paused_queues(request, [queue], paused == "1")
         return HttpResponseRedirect(reverse("admin:django_pgqueue_queuecontrol_changelist"))
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False,
+                 **kwargs: Any) -> Any:  # fmt: skip
+        form = super().get_form(request, obj, change, **kwargs)
+        if obj is not None:
+            return form
+        conf = get_settings()
+        controlled = {
+            (alias, queue)
+            for alias in conf.queue_databases
+            for queue in QueueControl.objects.using(conf.read_database(alias)).values_list(
+                "queue", flat=True
+            )
+        }
+        choices = {q for q in known_queues(request) if (conf.database_for(q), q) not in controlled}
+        wanted = request.GET.get("queue") or request.POST.get("queue")
+        if wanted:
+            choices.add(wanted)  # validated as a queue name by the form
+        return type(form.__name__, (form,), {"queue_choices": sorted(choices)})
+
+    def add_view(self, request: HttpRequest, form_url: str = "",
+                 extra_context: dict[str, Any] | None = None) -> HttpResponse:  # fmt: skip
+        context = {"title": "Set limits on a queue", **(extra_context or {})}
+        return super().add_view(request, form_url, context)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         return (*self.readonly_fields, "queue") if obj is not None else self.readonly_fields
@@ -213,12 +267,12 @@ class QueueControlAdmin(admin.ModelAdmin):
 
     @admin.display(description="limit")
     def limit_display(self, control: QueueControl) -> str:
-        return "-" if control.concurrency_limit is None else str(control.concurrency_limit)
+        return EMPTY if control.concurrency_limit is None else str(control.concurrency_limit)
 
     @admin.display(description="rate")
     def rate_display(self, control: QueueControl) -> str:
         if control.rate_count is None:
-            return "-"
+            return EMPTY
         return f"{control.rate_count} / {control.rate_period:g}s"
 
     @admin.display(description="per-type limits")
@@ -227,7 +281,9 @@ class QueueControlAdmin(admin.ModelAdmin):
         conf = get_settings()
         alias = conf.read_database(conf.database_for(control.queue))
         rows = QueueTypeControl.objects.using(alias).filter(queue=control.queue).order_by("type")
-        return "; ".join(describe_type(row) for row in rows.values()) or "-"
+        return "; ".join(describe_type(row) for row in rows.values()) or EMPTY
+
+    updated = column("updated", "updated_at", when)
 
     @admin.display(description="running")
     def running(self, control: QueueControl) -> int:

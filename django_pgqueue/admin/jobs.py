@@ -1,4 +1,13 @@
-"""The two model admins: all jobs, and the dead jobs among them."""
+"""The two model admins: all jobs, and the dead jobs among them.
+
+The jobs list shows one line per job, with the start, duration and worker of each
+job's current or last attempt, read for the page's rows in one query
+(`LastAttempts`). Its search finds a job by id, idempotency key, type or the start of
+a type (matched against the known types, then read through the type index), and by
+the text of its payload among the newest `PAYLOAD_SEARCH_ROWS` jobs the filters
+select: a payload is not indexed, so that part of a search reads a bounded number of
+rows whatever the table's size.
+"""
 
 from __future__ import annotations
 
@@ -8,41 +17,51 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin import helpers
+from django.contrib.admin.utils import flatten_fieldsets
+from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
-from django.db.models import QuerySet
+from django.db.models import Prefetch, Q, QuerySet, TextField, prefetch_related_objects
+from django.db.models.functions import Cast, Now
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.text import smart_split, unescape_string_literal
 from django.utils.translation import gettext
-from rangefilter.filters import DateTimeRangeFilter
 
 from .. import stats
 from ..conf import get_settings
-from ..models import Attempt, DeadJob, Job
+from ..models import Attempt, DeadJob, Job, Status
+from ..registry import registry
 from ..store import workflows
 from .attempts import AttemptInline, can
 from .columns import (
     EMPTY,
+    ago,
     attempts_of,
-    badge,
     column,
     current_error,
+    duration_of,
     error_full,
     error_preview,
+    one_line,
+    state_badge,
     state_field,
     state_of,
     status_summary,
-    type_and_queue,
     when,
     when_short,
 )
 from .databases import admin_database, database_query, read_from_to_database, with_database
 from .lists import (
+    EXACT_COUNT_LIMIT,
     DatabaseFilter,
     EstimatedCountPaginator,
     QueueFilter,
+    TimeRangeFilter,
     TypeFilter,
     WorkflowFilter,
+    known_names,
+    positive_id,
     read_alias,
     snapshot,
     unfiltered,
@@ -61,16 +80,58 @@ def workflow_of(job: Job) -> tuple[int, str, str] | None:
 # Characters of an error's first line a list shows (the whole text is the tooltip).
 ERROR_PREVIEW = 70
 FINAL_ERROR_PREVIEW = 160
+# The newest jobs (of those the filters select) whose payload a search reads, and the
+# most of them it keeps: the payload has no index, so this bounds a search's cost.
+PAYLOAD_SEARCH_ROWS = 10_000
+PAYLOAD_MATCHES = EXACT_COUNT_LIMIT + 1
+
+
+def last_attempts() -> Prefetch:
+    """Each job's current or last attempt (its highest lease version), for a page of jobs.
+
+    One query for the page: DISTINCT ON walks the (job_id, lease_version) unique index
+    for the page's ids. `now` is the database's clock, for the running ones.
+    """
+    attempts = (
+        Attempt.objects.order_by("job_id", "-lease_version")
+        .distinct("job_id")
+        .only("job_id", "lease_version", "worker_id", "status", "started_at", "finished_at")
+        .annotate(now=Now())
+    )
+    return Prefetch("attempts", queryset=attempts, to_attr="last_attempts")
+
+
+def last_attempt(job: Job) -> Attempt | None:
+    """The job's current or last attempt, as `LastAttempts` read it (None: never claimed)."""
+    found = getattr(job, "last_attempts", None)
+    return found[0] if found else None
+
+
+class LastAttempts(ChangeList):
+    """A jobs list that reads the page's last attempts in one query, and the database's
+    clock with its rows (the list says how long ago things happened by that clock)."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+        return super().get_queryset(request, exclude_parameters).annotate(shown_at=Now())
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        self.result_list = list(self.result_list)
+        prefetch_related_objects(self.result_list, last_attempts())
 
 
 @admin.register(Job)
 class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
+    # One line per job (the stylesheet cuts a long type, worker or error with an
+    # ellipsis, the whole text as its tooltip), so a screen holds about twenty jobs.
     list_display = (
         "id",
-        "job_column",
+        "type_column",
+        "queue_column",
         "status_column",
-        "run_at_column",
-        "created_column",
+        "started_column",
+        "duration_column",
+        "worker_column",
         "last_error_short",
     )
     list_display_links = ("id",)
@@ -79,13 +140,18 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
         QueueFilter,
         ("state__status", admin.ChoicesFieldListFilter),
         TypeFilter,
-        ("created_at", DateTimeRangeFilter),
-        ("state__run_at", DateTimeRangeFilter),
+        ("created_at", TimeRangeFilter),
+        ("state__run_at", TimeRangeFilter),
         WorkflowFilter,
     )
     list_select_related = ("state",)
-    search_fields = ("id__exact", "type__exact", "idempotency_key__exact")
-    search_help_text = "Exact job id, job type or idempotency key."
+    search_help_text = (
+        "A job id, an idempotency key, a job type or its beginning ('demo.' finds every "
+        f"demo.* type), or a text in the payload (searched in the newest "
+        f"{PAYLOAD_SEARCH_ROWS:,} jobs the filters select)."
+    )
+    # Not empty, so that Django shows the search box; get_search_results does the search.
+    search_fields = ("type",)
     ordering = ("-id",)
     # Only the primary key orders the whole table through an index.
     sortable_by = ("id",)
@@ -94,32 +160,25 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
     paginator = EstimatedCountPaginator
     actions = ("retry_now", "cancel")
     inlines = (AttemptInline,)
+    empty_value_display = EMPTY
+    # Several fields to a row: the whole job and its state fit a laptop's screen.
     fieldsets = (
-        (None, {"fields": ("id", "queue", "type", "key", "created")}),
+        (None, {"fields": (("id", "type", "queue"), ("key", "created"))}),
         (
             "State",
             {
                 "fields": (
-                    "status_badge",
-                    "priority",
-                    "attempts_detail",
-                    "run_at",
-                    "lease_version",
-                    "locked_by",
-                    "locked_until",
+                    ("status_badge", "attempts_detail", "priority"),
+                    ("run_at", "updated_at", "finished_at"),
+                    ("locked_by", "locked_until", "lease_version"),
                     "last_error_full",
-                    "updated_at",
-                    "finished_at",
                 )
             },
         ),
         ("Payload (immutable)", {"fields": ("payload_pretty",)}),
     )
     # Every field of the page is read-only: the operator actions are the only writes.
-    readonly_fields = (
-        *(name for _, options in fieldsets for name in options["fields"]),
-        "workflow_link",
-    )
+    readonly_fields = (*flatten_fieldsets(fieldsets), "workflow_link")
 
     class Media:
         css = {"all": ("django_pgqueue/admin.css",)}
@@ -127,24 +186,53 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
     # -- columns and fields ------------------------------------------------------------
 
     key = column("idempotency key", "idempotency_key")
-    job_column = column("type · queue", lambda job: job, type_and_queue)
     created = column("created", "created_at", when)
-    created_column = column("created", "created_at", when_short)
-    status_badge = column("status", state_field("status"), badge)
+    status_badge = column("status", state_of, state_badge)
     priority = column("priority", state_field("priority"))
     attempts_display = column("attempts", state_of, attempts_of)
     status_column = column("status · attempts", state_of, status_summary)
     run_at = column("run at", state_field("run_at"), when)
-    run_at_column = column("run at", state_field("run_at"), when_short)
     died_column = column("died at", state_field("finished_at"), when_short)
+    created_column = column("created", "created_at", when_short)
     lease_version = column("lease version", state_field("lease_version"))
     locked_by = column("locked by", state_field("locked_by"))
     locked_until = column("lease ends", state_field("locked_until"), when)
     updated_at = column("updated", state_field("updated_at"), when)
     finished_at = column("finished", state_field("finished_at"), when)
     # A completed job shows no error: an earlier attempt's stays in its attempt row.
-    last_error_short = column("last error", current_error, error_preview(ERROR_PREVIEW), empty="")
+    last_error_short = column("last error", current_error, error_preview(ERROR_PREVIEW))
     last_error_full = column("last error", current_error, error_full)
+    type_column = column("type", "type", one_line)
+    queue_column = column("queue", "queue", one_line)
+
+    @admin.display(description="started · due")
+    def started_column(self, job: Job) -> str:
+        """When the current or last attempt started; for a job waiting its turn
+        (pending), when it is due."""
+        state = state_of(job)
+        now = getattr(job, "shown_at", None)
+        if state is None or now is None:
+            return EMPTY
+        if state.status == Status.PENDING:
+            return ago(state.run_at, now, prefix="due ")
+        attempt = last_attempt(job)
+        if attempt is None or state.status == Status.WAITING:
+            return EMPTY
+        return ago(attempt.started_at, now)
+
+    @admin.display(description="took")
+    def duration_column(self, job: Job) -> str:
+        """How long the current or last attempt ran (so far, in italics, while it runs)."""
+        attempt = last_attempt(job)
+        if attempt is None:
+            return EMPTY
+        return duration_of(attempt.started_at, attempt.finished_at, attempt.now)
+
+    @admin.display(description="worker")
+    def worker_column(self, job: Job) -> str:
+        """The worker of the current or last attempt."""
+        attempt = last_attempt(job)
+        return EMPTY if attempt is None else one_line(attempt.worker_id)
 
     @admin.display(description="attempts")
     def attempts_detail(self, job: Job) -> str:
@@ -200,6 +288,56 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
 
     # -- what can be done --------------------------------------------------------------
 
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        # Only a list that shows the attempts' columns reads them.
+        if {"started_column", "duration_column", "worker_column"} & set(self.list_display):
+            return LastAttempts
+        return super().get_changelist(request, **kwargs)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        """Find each term (all of them, as Django's search does) by id, idempotency key,
+        type or type prefix through their indexes, or in the payload of the newest
+        `PAYLOAD_SEARCH_ROWS` jobs the filters select."""
+        types = None
+        for raw in smart_split(search_term):
+            term = unescape_string_literal(raw) if raw[:1] in "\"'" and raw[-1:] == raw[:1] else raw
+            if not term:
+                continue
+            if types is None:
+                registry.autodiscover()
+                types = sorted({*registry.types(), *known_names(request)[0]})
+            prefixed = [name for name in types if name.startswith(term)]
+            match = Q(type__in=[term, *prefixed]) | Q(idempotency_key=term)
+            if positive_id(term) is not None:
+                match |= Q(pk=int(term))
+            found = self.payload_matches(queryset, term)
+            if found:
+                match |= Q(pk__in=found)
+            queryset = queryset.filter(match)
+        return queryset, False
+
+    def payload_matches(self, queryset: QuerySet[Any], term: str) -> list[int]:
+        """Ids of the jobs, among the newest `PAYLOAD_SEARCH_ROWS` of `queryset`, whose
+        payload (its JSON text) contains `term`, ignoring case; newest first."""
+        # The window's oldest id first (a backward walk of the primary key that stops
+        # after PAYLOAD_SEARCH_ROWS rows), then a range of the primary key from it: the
+        # payloads read are the window's only (an IN over a LIMIT subquery let the
+        # planner read every payload of the table instead).
+        oldest = list(
+            queryset.order_by("-pk").values_list("pk", flat=True)[
+                PAYLOAD_SEARCH_ROWS - 1 : PAYLOAD_SEARCH_ROWS
+            ]
+        )
+        window = queryset.filter(pk__gte=oldest[0]) if oldest else queryset
+        return list(
+            window.annotate(payload_text=Cast("payload", TextField()))
+            .filter(payload_text__icontains=term)
+            .order_by("-pk")
+            .values_list("pk", flat=True)[:PAYLOAD_MATCHES]
+        )
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         # One queue database at a time (?database=), read from its replica if it has one.
         return super().get_queryset(request).using(read_alias(request)).select_related("state")
@@ -239,6 +377,7 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
             # The figures' links show the lists and pages of the database they count.
             "pgqueue_keep": database_query(alias),
             "pgqueue_suffix": with_database("", alias),
+            "title": self.model._meta.verbose_name_plural.capitalize(),
             **(extra_context or {}),
         }
         return super().changelist_view(request, extra_context=context)
@@ -259,7 +398,8 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
 class DeadJobAdmin(JobAdmin):
     list_display = (
         "id",
-        "job_column",
+        "type_column",
+        "queue_column",
         "attempts_display",
         "died_column",
         "created_column",
@@ -269,8 +409,8 @@ class DeadJobAdmin(JobAdmin):
         DatabaseFilter,
         QueueFilter,
         TypeFilter,
-        ("state__finished_at", DateTimeRangeFilter),
-        ("created_at", DateTimeRangeFilter),
+        ("state__finished_at", TimeRangeFilter),
+        ("created_at", TimeRangeFilter),
     )
     ordering = ("-state__finished_at",)
     sortable_by = ()
@@ -278,7 +418,7 @@ class DeadJobAdmin(JobAdmin):
 
     finished_at = column("died at", state_field("finished_at"), when)
     final_error = column(
-        "final error", state_field("last_error"), error_preview(FINAL_ERROR_PREVIEW), empty=""
+        "final error", state_field("last_error"), error_preview(FINAL_ERROR_PREVIEW)
     )
 
     def unfiltered_total(self, request: HttpRequest) -> tuple[int | None, bool]:

@@ -21,11 +21,19 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.urls import reverse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 
 from ..conf import get_settings
@@ -34,7 +42,8 @@ from ..models import JobState, Schedule, ScheduleTick, Source
 from ..registry import registry
 from ..schedules.operations import LATE_POLL_INTERVALS, run_now
 from ..schedules.spec import ScheduleSpec
-from .columns import badge, breakable, when, when_short
+from ..schedules.ticks import describe_cron
+from .columns import EMPTY, badge, breakable, when, when_short
 from .databases import (
     DatabaseFilter,
     admin_database,
@@ -49,14 +58,22 @@ RECENT_TICKS = 10
 
 
 def describe_timing(obj: Schedule) -> str:
-    """Say when a schedule runs, as the list and its page both show it ('every 1m')."""
+    """Say when a schedule runs, as the list and its page both show it: 'every 1m', or a
+    cron expression read out in words with its zone, the expression itself below."""
     if obj.cron:
-        return f"{obj.cron} ({obj.timezone})"
+        return format_html(
+            '<span class="pgqueue-cron-words">{} ({})</span> <code class="pgqueue-cron">{}</code>',
+            describe_cron(obj.cron),
+            obj.timezone,
+            obj.cron,
+        )
     seconds = int(obj.every.total_seconds()) if obj.every else 0
     for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
         if seconds and seconds % size == 0:
-            return f"every {seconds // size}{unit}"
-    return f"every {seconds}s"
+            return format_html(
+                '<span class="pgqueue-nowrap">every {}{}</span>', seconds // size, unit
+            )
+    return format_html('<span class="pgqueue-nowrap">every {}s</span>', seconds)
 
 
 class ScheduleForm(forms.ModelForm):
@@ -138,7 +155,9 @@ class ScheduleAdmin(admin.ModelAdmin):
     list_filter = (DatabaseFilter, "enabled", "source", "queue")
     search_fields = ("name", "type")
     actions = ("enable", "disable", "run_now_action")
-    readonly_fields = ("source", "timing", "next_tick", "last_tick", "recent_runs")
+    readonly_fields = ("source", "timing", "next_run_at", "last_run_at", "recent_runs")
+    empty_value_display = EMPTY
+    change_form_template = "admin/django_pgqueue/schedule/change_form.html"
 
     class Media:
         css = {"all": ("django_pgqueue/admin.css",)}
@@ -147,12 +166,13 @@ class ScheduleAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "type", "queue", "payload", "enabled", "source")}),
         ("When", {"fields": ("cron", "every", "timezone", "catch_up")}),
         ("Jobs", {"fields": ("priority", "max_attempts")}),
-        ("Runs", {"fields": ("next_tick", "last_tick", "recent_runs")}),
+        ("Runs", {"fields": (("next_run_at", "last_run_at"), "recent_runs")}),
     )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is not None and obj.source != Source.DB:
-            return [f.name for f in Schedule._meta.concrete_fields] + ["timing", "recent_runs"]
+            fields = [f.name for f in Schedule._meta.concrete_fields]
+            return [*fields, "timing", "next_run_at", "last_run_at", "recent_runs"]
         if obj is not None:
             return (*self.readonly_fields, "name")
         return self.readonly_fields
@@ -215,9 +235,81 @@ class ScheduleAdmin(admin.ModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         request._pgqueue_listing = True  # type: ignore[attr-defined]  # read from the replica
         choice = database_choice(request, request.path)
-        return super().changelist_view(
-            request, {"database_choice": choice, **(extra_context or {})}
-        )
+        # "Schedules", not Django's "Select schedule to change": most are read-only.
+        context = {"database_choice": choice, "title": "Schedules", **(extra_context or {})}
+        return super().changelist_view(request, context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        schedule = self.get_object(request, unquote(object_id))
+        buttons = [] if schedule is None else self.buttons(request, schedule)
+        context = {"pgqueue_buttons": buttons, **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, context)
+
+    def buttons(self, request: HttpRequest, schedule: Schedule) -> list[dict[str, str]]:
+        """The schedule page's buttons the user may press: Run now, then Enable or Disable."""
+        found = []
+        alias = admin_database(request)
+        if self.has_run_permission(request):
+            found.append({"label": "Run now", "verb": "run-now", "help": "enqueue one job now"})
+        # Model-wide change permission: code schedules too are enabled and disabled.
+        if super().has_change_permission(request) and schedule.source != Source.REMOVED:
+            if schedule.enabled:
+                found.append({"label": "Disable", "verb": "disable", "help": "no more ticks"})
+            else:
+                found.append({"label": "Enable", "verb": "enable", "help": "from its next tick on"})
+        for button in found:
+            url = reverse(f"admin:django_pgqueue_schedule_{button['verb'].replace('-', '_')}",
+                          args=[quote(schedule.pk)])  # fmt: skip
+            button["url"] = with_database(url, alias)
+        return found
+
+    def get_urls(self) -> list[URLPattern]:
+        verbs = (("run-now", self.run_now_view), ("enable", self.enable_view),
+                 ("disable", self.disable_view))  # fmt: skip
+        own = [
+            path(
+                f"<path:object_id>/{verb}/",
+                self.admin_site.admin_view(view),
+                name=f"django_pgqueue_schedule_{verb.replace('-', '_')}",
+            )
+            for verb, view in verbs
+        ]
+        return [*own, *super().get_urls()]
+
+    def _button(
+        self, request: HttpRequest, object_id: str, allowed: bool, act: Any
+    ) -> HttpResponse:
+        """Run one of the page's buttons (a POST) on its schedule, then show its page."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not allowed:
+            raise PermissionDenied
+        alias = admin_database(request)  # the schedule's database itself, never a replica
+        name = unquote(object_id)  # the admin's quoting of a primary key in a URL
+        queryset = Schedule.objects.using(alias).filter(pk=name)
+        if not queryset.exists():
+            raise Http404(f"No schedule named {name!r} on the database {alias!r}.")
+        act(request, queryset)
+        page = reverse("admin:django_pgqueue_schedule_change", args=[quote(name)])
+        return HttpResponseRedirect(with_database(page, alias))
+
+    def run_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._button(request, object_id, self.has_run_permission(request),
+                            self.run_now_action)  # fmt: skip
+
+    def enable_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._button(request, object_id, super().has_change_permission(request),
+                            self.enable)  # fmt: skip
+
+    def disable_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._button(request, object_id, super().has_change_permission(request),
+                            self.disable)  # fmt: skip
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
         # The list reads the page's database's replica, if it has one; a schedule's page,
@@ -257,8 +349,18 @@ class ScheduleAdmin(admin.ModelAdmin):
     @admin.display(description="next run", ordering="next_tick")
     def next_run(self, obj: Schedule) -> str:
         if not obj.enabled:
-            return "— (disabled)"
+            return f"{EMPTY} (disabled)"
         return when_short(obj.next_tick) if obj.next_tick else "at its next tick"
+
+    @admin.display(description="next run")
+    def next_run_at(self, obj: Schedule) -> str:
+        if not obj.enabled:
+            return f"{EMPTY} (disabled)"
+        return when(obj.next_tick) if obj.next_tick else "at its next tick"
+
+    @admin.display(description="last run")
+    def last_run_at(self, obj: Schedule) -> str:
+        return when(obj.last_tick)
 
     @admin.display(description="last run", ordering="last_tick")
     def last_run(self, obj: Schedule) -> str:

@@ -11,10 +11,12 @@ replica if it has one, and cancel on the database itself.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models.functions import Now
 from django.http import (
     Http404,
     HttpRequest,
@@ -23,11 +25,15 @@ from django.http import (
     HttpResponseRedirect,
 )
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.text import Truncator
 
-from ..models import Batch, Workflow
+from ..models import Attempt, Batch, Workflow
 from ..store import workflows as store
 from ..workflows import cancel_workflow
 from ..workflows.graph import Node, graph_svg
+from .columns import EMPTY, duration_of
 from .databases import admin_database, database_choice, read_alias, with_database
 from .lists import positive_id
 from .observability import ReadOnlyPage
@@ -65,11 +71,17 @@ def waits_for(detail: store.StepDetail, names: dict[int, str]) -> str:
     return ", ".join(shown) + (f" and {more} more" if more else "")
 
 
+# Characters of a step's result its row shows (the whole JSON is the tooltip).
+RESULT_CHARS = 60
+
+
 def row(summary: store.WorkflowSummary, alias: str) -> dict[str, Any]:
     """What the list and the header show of one workflow (of the queue database `alias`)."""
     return {
         "summary": summary,
         "counts": step_counts(summary),
+        # From its first start to its end (so far, while it runs).
+        "took": duration_of(summary.started_at, summary.finished_at, timezone.now()),
         "url": with_database(
             reverse("admin:django_pgqueue_workflow_change", args=[summary.id]), alias
         ),
@@ -117,6 +129,11 @@ class WorkflowAdmin(ReadOnlyPage):
         if summary is None:
             raise Http404(f"No workflow with id {object_id!r} on the database {alias!r}.")
         steps = store.step_details(read_from, summary.id, STEP_LIMIT)
+        attempts = last_attempts(read_from, [s.job_id for s in steps])
+
+        def outcome(job_id: int) -> dict[str, Any]:
+            return step_outcome(attempts.get(job_id))
+
         drawn = steps[:DRAW_LIMIT]
         names = {s.job_id: s.name for s in steps}
         batch = Batch.objects.using(read_from).filter(workflow_id=summary.id).first()
@@ -139,7 +156,9 @@ class WorkflowAdmin(ReadOnlyPage):
             database_choice=choice,
             database_suffix=with_database("", alias),
             workflow=row(summary, alias),
-            steps=[{"step": s, "waits_for": waits_for(s, names)} for s in steps],
+            steps=[
+                {"step": s, "waits_for": waits_for(s, names), **outcome(s.job_id)} for s in steps
+            ],
             steps_not_listed=max(0, summary.present - len(steps)),
             graph=graph_svg(f"The steps of workflow {summary.name}", nodes),
             drawn=len(drawn),
@@ -206,3 +225,36 @@ class WorkflowAdmin(ReadOnlyPage):
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(OPERATE_PERMISSION)
+
+
+def last_attempts(alias: str, job_ids: list[int]) -> dict[int, Attempt]:
+    """Each job's current or last attempt, by job id: one query (DISTINCT ON over the
+    (job_id, lease_version) unique index), the database's clock with each."""
+    if not job_ids:
+        return {}
+    found = (
+        Attempt.objects.using(alias)
+        .filter(job_id__in=job_ids)
+        .order_by("job_id", "-lease_version")
+        .distinct("job_id")
+        .only("job_id", "lease_version", "started_at", "finished_at", "result")
+        .annotate(now=Now())
+    )
+    return {attempt.job_id: attempt for attempt in found}
+
+
+def step_outcome(attempt: Attempt | None) -> dict[str, Any]:
+    """A step's row's last attempt: how long it ran and what it returned (cut, whole as
+    the tooltip)."""
+    if attempt is None:
+        return {"took": EMPTY, "result": EMPTY}
+    took = duration_of(attempt.started_at, attempt.finished_at, attempt.now)
+    if attempt.result is None:
+        return {"took": took, "result": EMPTY}
+    text = json.dumps(attempt.result, ensure_ascii=False)
+    result = format_html(
+        '<code class="pgqueue-step-result" title="{}">{}</code>',
+        text,
+        Truncator(text).chars(RESULT_CHARS),
+    )
+    return {"took": took, "result": result}

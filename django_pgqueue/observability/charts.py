@@ -1,7 +1,9 @@
 """Line charts as server-side SVG: plain Python, no JavaScript, no build step.
 
 `line_chart` draws one or more series over the minutes of a `rollup.Window`; gaps
-(None) break a line instead of drawing it down to zero. Every label is escaped.
+(None) break a line instead of drawing it down to zero. Each point is marked while
+they are few enough to tell apart (`MARKED_POINTS`), so a lone point reads as a
+point of its line; counts get whole-number ticks. Every label is escaped.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from django.utils.safestring import SafeString, mark_safe
 WIDTH = 620
 HEIGHT = 210
 LEFT, RIGHT, TOP, BOTTOM = 58, 14, 26, 30
+# Most points a line has for each to be marked (a day in 5-minute points is 288).
+MARKED_POINTS = 90
+# Most horizontal grid lines above zero.
+GRID_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,19 @@ def nice_ceiling(value: float) -> float:
         if value <= step * power:
             return step * power
     return 10 * power
+
+
+def count_ticks(value: float) -> tuple[float, float]:
+    """(top, step) of a count axis: whole-number ticks, at most GRID_ROWS above zero."""
+    whole = max(1, math.ceil(value))
+    if whole <= GRID_ROWS:
+        return float(whole), 1.0
+    power = 10 ** math.floor(math.log10(whole / GRID_ROWS))
+    # Whole steps of 1, 2, 2.5 or 5 times a power of ten; the one whose top is lowest.
+    steps = [base * power for base in (1, 2, 2.5, 5, 10) if (base * power) % 1 == 0]
+    fitting = [step for step in steps if 2 <= math.ceil(whole / step) <= GRID_ROWS]
+    step = min(fitting, key=lambda step: (step * math.ceil(whole / step), step))
+    return float(step * math.ceil(whole / step)), float(step)
 
 
 def count_label(value: float) -> str:
@@ -63,7 +82,12 @@ def line_chart(
 ) -> SafeString:
     """An SVG line chart of `series`, one point per `step` minutes from `start`."""
     minutes = max((len(s.values) for s in series), default=0)  # points, in fact
-    top = nice_ceiling(max((v for s in series for v in s.values if v is not None), default=0))
+    highest = max((v for s in series for v in s.values if v is not None), default=0)
+    if label is count_label:
+        top, tick = count_ticks(highest)
+    else:
+        top = nice_ceiling(highest)
+        tick = top / GRID_ROWS
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
     xs = [LEFT + plot_w * index / max(minutes - 1, 1) for index in range(minutes)]
@@ -81,8 +105,8 @@ def line_chart(
         f"<title>{escape(title)}</title>",
         f'<text x="{LEFT}" y="16" class="pgqueue-chart-title">{escape(title)}</text>',
     ]
-    for row in range(5):  # horizontal grid lines with their values (`step` is the x step)
-        value = top * row / 4
+    for row in range(round(top / tick) + 1):  # grid lines with their values
+        value = tick * row
         py = y(value)
         parts.append(
             f'<line x1="{LEFT}" y1="{py:.1f}" x2="{WIDTH - RIGHT}" y2="{py:.1f}" '
@@ -113,14 +137,18 @@ def line_chart(
             points = " ".join(
                 f"{xs[i]:.1f},{TOP + plot_h - scale * min(v, top):.1f}" for i, v in run
             )
-            if len(run) == 1:
-                i, v = run[0]
-                parts.append(f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2" fill="{s.color}"/>')
-            else:
+            if len(run) > 1:
                 parts.append(
                     f'<polyline points="{points}" fill="none" stroke="{s.color}" '
                     f'stroke-width="1.6" stroke-linejoin="round"/>'
                 )
+            if len(run) == 1 or minutes <= MARKED_POINTS:
+                for i, v in run:
+                    parts.append(
+                        f'<circle class="pgqueue-chart-point" cx="{x(i):.1f}" cy="{y(v):.1f}" '
+                        f'r="{3.5 if len(run) == 1 else 2.5}" fill="{s.color}">'
+                        f"<title>{escape(s.label)}: {escape(label(v))}</title></circle>"
+                    )
     legend_x = WIDTH - RIGHT
     for s in reversed(series):
         text = escape(s.label)

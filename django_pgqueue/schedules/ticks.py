@@ -110,3 +110,12 @@ class Ticks:
             found.append(tick)
             tick = self.after(tick)
         return found
+
+
+def describe_cron(expr: str) -> str:
+    """Read a cron expression out in words, as cronsim explains it: '0 3 * * *' is
+    'At 03:00 every day'. The expression itself for one cronsim cannot read."""
+    try:
+        return CronSim(expr, dt.datetime(2000, 1, 1)).explain()
+    except (CronSimError, ValueError, AttributeError):
+        return expr

@@ -139,9 +139,15 @@ def test_operator_pauses_a_queue_that_has_no_controls_from_the_queues_page(
     make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
     page = login(browser, live_server, "operator", width=width)
     page.goto(f"{live_server.url}/admin/django_pgqueue/queuecontrol/")
+    assert page.inner_text("#content h1") == "Queues"
+    # No empty list of controlled queues first: the known queues open the page.
+    assert "0 queues" not in page.inner_text("#content")
     others = page.locator("#pgqueue-other-queues")
     assert others.locator("tr[data-queue='payments']").count() == 1
     assert others.locator("tr[data-queue='email']").count() == 1
+    top = others.bounding_box()["y"]
+    assert top < page.locator("#content h1").bounding_box()["y"] + 120, top
+    assert page.inner_text(".object-tools") == "SET LIMITS ON A QUEUE"
     save_screenshot(page, tmp_path, f"queues-{width}.png")
     with page.expect_navigation():
         others.locator("tr[data-queue='payments'] button").click()
@@ -179,16 +185,24 @@ def test_a_jobs_page_shows_results_and_numbers_attempts_across_a_retry(
     page.goto(f"{live_server.url}/admin/django_pgqueue/job/{job_id}/change/")
     save_screenshot(page, tmp_path, f"job-{width}.png")
     assert page.inner_text(".field-last_error_full .readonly") == "—"
-    headings = page.locator(".inline-related h3").all_inner_texts()
-    assert [h.split("(")[0].split(":")[-1].strip() for h in headings] == [
-        f"attempt 1 of job #{job_id}",
-        f"attempt 2 of job #{job_id}",
-    ]
-    budgets = page.locator(".fieldBox.field-budget .readonly").all_inner_texts()
-    assert budgets == ["1 of 1", "1 of 1"]
+    # Compact: several fields to a row, the attempts one table; the whole page fits
+    # about one and a half screens (it took 2,600 px with a field per row).
+    height = page.evaluate("document.documentElement.scrollHeight")
+    assert height <= 1400, height
+    first_row = page.locator(".form-row").first
+    assert first_row.locator(".fieldBox").count() == 3  # id, type, queue
+    # One wording for an attempt ("attempt 2"), with what it counted against the budget.
+    rows = page.locator("tr.pgqueue-attempt")
+    assert rows.locator("td.field-number").all_inner_texts() == ["attempt 1", "attempt 2"]
+    assert rows.locator("td.field-budget").all_inner_texts() == ["1 of 1", "1 of 1"]
+    assert page.locator(".inline-related h3").count() == 0
     results = page.locator("pre.pgqueue-result").all_inner_texts()
     assert results == [f'{{\n  "ok": {job_id}\n}}']
     assert "the card service is down" in page.inner_text(".inline-group")
+    # One mark for no value: never Django's "-".
+    values = page.locator(".readonly, tr.pgqueue-attempt td").all_inner_texts()
+    assert "—" in values
+    assert "-" not in values, values
     page.context.close()
 
 
@@ -265,4 +279,110 @@ def test_a_schedules_page_says_every_1m_and_how_its_runs_ended(
     # Newest first: the dead run a minute ago, the completed one before it.
     assert [run.split("job #")[1].split(" ", 1)[1] for run in runs] == ["dead", "completed"]
     save_screenshot(page, tmp_path, f"schedule-page-{width}.png")
+    page.context.close()
+
+
+def test_a_running_job_cancelled_from_its_page_says_cancel_requested(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    tmp_path: Path,
+) -> None:
+    job_id = make_job("running", queue="images", type="demo.resize_image")
+    make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
+    page = login(browser, live_server, "operator", width=1400)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/job/{job_id}/change/")
+    page.select_option("select[name='CHANGE_FORM-action']", "cancel")
+    page.click("#content-main .actions button[type=submit]")
+    page.click("input[type=submit][value='Yes, cancel them']")
+    page.wait_for_url(f"**/admin/django_pgqueue/job/{job_id}/change/")
+    # Still running (its worker ends it), and marked so right away.
+    status = page.inner_text(".field-status_badge .readonly")
+    assert status.split() == ["running", "cancel", "requested"], status
+    page.goto(f"{live_server.url}/admin/django_pgqueue/job/")
+    row = page.locator("#result_list tbody tr", has_text=str(job_id))
+    assert "cancel requested" in row.locator("td.field-status_column").inner_text()
+    box = row.bounding_box()
+    assert box["height"] <= 36, box  # the mark keeps the row on one line
+    save_screenshot(page, tmp_path, "jobs-cancel-requested-1400.png")
+    page.context.close()
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_schedule_reads_its_cron_in_words_and_has_its_buttons(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    width: int,
+    tmp_path: Path,
+) -> None:
+    Schedule.objects.create(
+        name="sales.daily_report", type="demo.send_email", queue="reports", source="code",
+        payload={"to": "sales@example.com"}, cron="0 3 * * *", timezone="UTC",
+        next_tick=dt.datetime(2026, 12, 6, 3, 0, tzinfo=dt.UTC),
+    )  # fmt: skip
+    make_user("planner", "view_schedule", "change_schedule", "run_schedule", "view_job",
+              password=PASSWORD)  # fmt: skip
+    page = login(browser, live_server, "planner", width=width)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/schedule/")
+    assert page.inner_text("#content h1") == "Schedules"
+    timing = page.locator("td.field-timing")
+    assert timing.locator(".pgqueue-cron-words").inner_text() == "At 03:00 every day (UTC)"
+    # The expression is never broken: one line box.
+    cron = timing.locator("code.pgqueue-cron")
+    assert cron.inner_text() == "0 3 * * *"
+    assert page.evaluate("(el) => el.getClientRects().length", cron.element_handle()) == 1
+    listed = page.inner_text("td.field-next_run")
+    assert " ".join(listed.split()) == "2026-12-06 03:00:00 UTC"
+    save_screenshot(page, tmp_path, f"schedules-cron-{width}.png")
+
+    page.click("#result_list th.field-name_column a")
+    # The same point in time in the same format on the schedule's page.
+    assert page.inner_text(".field-next_run_at .readonly") == "2026-12-06 03:00:00 UTC"
+    buttons = page.locator("#pgqueue-schedule-buttons button").all_inner_texts()
+    assert buttons == ["Run now", "Disable"]
+    save_screenshot(page, tmp_path, f"schedule-buttons-{width}.png")
+    with page.expect_navigation():
+        page.click("#pgqueue-schedule-buttons button:text('Run now')")
+    assert "enqueued job" in page.inner_text(".messagelist")
+    assert sql("SELECT count(*) FROM queue_jobs WHERE queue = 'reports'") == [(1,)]
+    with page.expect_navigation():
+        page.click("#pgqueue-schedule-buttons button:text('Disable')")
+    assert "Disabled 1 schedule(s)." in page.inner_text(".messagelist")
+    assert not Schedule.objects.get(pk="sales.daily_report").enabled
+    buttons = page.locator("#pgqueue-schedule-buttons button").all_inner_texts()
+    assert buttons == ["Run now", "Enable"]
+    with page.expect_navigation():
+        page.click("#pgqueue-schedule-buttons button:text('Enable')")
+    assert Schedule.objects.get(pk="sales.daily_report").enabled
+    page.context.close()
+
+
+def test_limits_are_set_on_a_known_queue_chosen_from_a_list(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    tmp_path: Path,
+) -> None:
+    make_job("pending", queue="email", type="demo.send_email")
+    make_job("pending", queue="payments", type="demo.charge_card")
+    make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
+    page = login(browser, live_server, "operator", width=1400)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/queuecontrol/")
+    page.click("text=Set limits on a queue")
+    assert page.inner_text("#content h1") == "Set limits on a queue"
+    options = page.locator("select#id_queue option").all_inner_texts()
+    assert options == ["---------", "email", "payments"]
+    # The key limit has its default and is not required.
+    assert page.input_value("#id_key_limit") == "1"
+    assert "required" not in (page.get_attribute("label[for=id_key_limit]", "class") or "")
+    page.select_option("select#id_queue", "payments")
+    page.fill("#id_concurrency_limit", "3")
+    page.fill("#id_key_limit", "")
+    save_screenshot(page, tmp_path, "queue-set-limits-1400.png")
+    with page.expect_navigation():
+        page.click("input[name=_save]")
+    assert sql(
+        "SELECT concurrency_limit, key_limit FROM queue_controls WHERE queue = 'payments'"
+    ) == [(3, 1)]
+    row = page.locator("#result_list tr", has_text="payments")
+    assert row.locator("td.field-limit_display").inner_text() == "3"
+    assert row.locator("td.field-rate_display").inner_text() == "—"
     page.context.close()

@@ -82,8 +82,10 @@ def test_operator_lists_disables_and_runs_a_schedule_now(
     page.goto(f"{live_server.url}/admin/django_pgqueue/schedule/")
     page.click("#toggle-nav-sidebar")  # more room for the table
     rows = page.inner_text("#result_list")
-    for expected in ("ops.digest", "every 2s", "reports.daily", "0 6 * * * (Europe/Berlin)",
-                     "invoices.remind", "database", "code"):  # fmt: skip
+    for expected in ("ops.digest", "every 2s", "reports.daily",
+                     "At 06:00 every day (Europe/Berlin)", "0 6 * * *", "invoices.remind",
+                     "At 09:30 on Monday through Friday (America/New_York)", "database",
+                     "code"):  # fmt: skip
         assert expected in rows
     assert page.locator("#result_list tr:has-text('thumbnails.warm') .pgqueue-late").count() == 1
     last_run = page.inner_text("#result_list tr:has-text('ops.digest') td.field-last_run")

@@ -7,6 +7,7 @@ docs/images/admin-workflows.png and docs/images/admin-workflow.png.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,8 @@ def advance(store: Any, queue: str, complete: int, fail: int = 0, limit: int = 1
     next `fail` for good, and leave the rest running."""
     for index, row in enumerate(store.claim(queue, limit, "web-1:4242:5e1f0a", 300)):
         if index < complete:
-            assert store.complete([(row.job_id, row.lease_version, row.attempt_id, None)])
+            result = json.dumps({"step_ok": row.job_id})
+            assert store.complete([(row.job_id, row.lease_version, row.attempt_id, result)])
         elif index < complete + fail:
             assert store.fail(row.job_id, row.lease_version, row.attempt_id, DECLINED)
 
@@ -162,6 +164,13 @@ def test_operator_sees_the_workflows_and_one_workflows_graph(
     make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
     page = login(browser, live_server, "operator", width=1400)
     page.goto(f"{live_server.url}/admin/django_pgqueue/workflow/")
+    # With the sidebar open, the list stays within the page (it ran past the right edge).
+    assert page.locator("#nav-sidebar").is_visible()
+    table = page.locator(".pgqueue-workflows > table").bounding_box()
+    content = page.locator("#content").bounding_box()
+    assert table["x"] + table["width"] <= content["x"] + content["width"] + 1, (table, content)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1400
+    page.screenshot(path=str(tmp_path / "workflows-sidebar-1400.png"))
     page.click("#toggle-nav-sidebar")  # more room for the table (the browser remembers)
     rows = page.locator(".pgqueue-workflows tbody tr")
     assert rows.count() == 5
@@ -192,6 +201,14 @@ def test_operator_sees_the_workflows_and_one_workflows_graph(
         assert graph.locator(f".pgqueue-node-{status}").count() == count, status
     assert graph.locator("path.pgqueue-edge").count() == 5
     assert page.locator("button", has_text="Cancel workflow").is_visible()
+    # Each step's last attempt: how long it ran, what it returned.
+    charge = page.locator(".pgqueue-steps tbody tr").first
+    cells = charge.locator("td").all_inner_texts()
+    assert cells[0] == "charge-card", cells
+    assert cells[-2].startswith('{"step_ok": '), cells
+    assert cells[-3].endswith(("ms", "s")), cells
+    waiting = page.locator(".pgqueue-steps tbody tr").last
+    assert waiting.locator("td").all_inner_texts()[-3:-1] == ["—", "—"]
     save_screenshot(page, tmp_path, "admin-workflow.png")
 
     # A node is a link to its job's page, which links back.

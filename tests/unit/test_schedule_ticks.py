@@ -12,7 +12,7 @@ import pytest
 from django_pgqueue.context import JobContext
 from django_pgqueue.schedules.firing import BURST_LIMIT, MISSED_COUNT_CAP, plan, tick_key
 from django_pgqueue.schedules.spec import ScheduleSpec, from_handler, from_mapping
-from django_pgqueue.schedules.ticks import Ticks
+from django_pgqueue.schedules.ticks import Ticks, describe_cron
 
 UTC = dt.UTC
 
@@ -242,3 +242,21 @@ def test_a_cron_catch_up_walks_a_bounded_number_of_ticks():
     [(tick, _, missed)] = once.fires
     assert (tick, missed) == (minute, MISSED_COUNT_CAP - 1)
     assert ticks.walked < 1_100
+
+
+@pytest.mark.parametrize(
+    ("expr", "words"),
+    [
+        ("0 3 * * *", "At 03:00 every day"),
+        ("30 9 * * 1-5", "At 09:30 on Monday through Friday"),
+        ("*/5 * * * *", "Every fifth minute of every hour"),
+        ("0 0 1 * *", "At 00:00 on the first day of every month"),
+        ("5 4 * * sun", "At 04:05 on Sunday"),
+    ],
+)
+def test_a_cron_expression_is_read_out_in_words(expr: str, words: str) -> None:
+    assert describe_cron(expr) == words
+
+
+def test_an_expression_that_cannot_be_read_is_shown_as_written() -> None:
+    assert describe_cron("61 * * * *") == "61 * * * *"

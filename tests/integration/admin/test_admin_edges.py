@@ -60,7 +60,7 @@ def test_a_jobs_page_shows_what_each_attempt_returned(
     html = operator_client.get(job_page(job.id)).content.decode()
     assert 'class="pgqueue-result"' in html
     assert f"&quot;ok&quot;: {job.id}" in html
-    assert "Returned: {" in text_of(html)
+    assert "returned {" in text_of(html)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -107,13 +107,12 @@ def test_attempts_are_numbered_across_an_operator_retry(
     assert sql("SELECT attempt_index FROM queue_attempts WHERE job_id = %s ORDER BY lease_version",
                [job.id]) == [(1,), (1,)]  # fmt: skip
     html = operator_client.get(job_page(job.id)).content.decode()
-    numbers = [text_of(m).strip() for m in re.findall(r'field-number">.*?</div>', html, re.S)]
-    assert [n.endswith(f"#{i} of the job") for i, n in enumerate(numbers, 1)] == [True, True]
-    budgets = re.findall(r'field-budget">.*?</div>', html, re.S)
-    assert [text_of(b).strip().endswith("1 of 3") for b in budgets] == [True, True]
-    # Each attempt's heading numbers it in the whole history too.
-    assert f"attempt 1 of job #{job.id} (failed)" in html
-    assert f"attempt 2 of job #{job.id} (failed)" in html
+    # One wording: "attempt N" across the whole history, each counted as 1 of 3.
+    numbers = re.findall(r'<td class="field-number">(.*?)</td>', html, re.S)
+    assert numbers == ["attempt 1", "attempt 2"]
+    budgets = re.findall(r'<td class="field-budget">(.*?)</td>', html, re.S)
+    assert budgets == ["1 of 3", "1 of 3"]
+    assert "of the job" not in html
     assert "1/3 counted against max attempts · 2 recorded in all" in text_of(html)
 
 

@@ -53,9 +53,38 @@ def test_list_shows_timing_next_and_last_run_and_source(admin_client_):
     schedule("fast", cron=None, every=dt.timedelta(seconds=30), source="code")
     # The page's text: a time is put under its date in a narrow column (two spans).
     text = re.sub(r"<[^>]+>", "", admin_client_.get(LIST).content.decode())
-    for expected in ("daily", "0 6 * * * (UTC)", "2030-01-02 06:00:00", "2030-01-01 06:00:00",
+    for expected in ("daily", "At 06:00 every day (UTC)", "0 6 * * *",
+                     "2030-01-02 06:00:00 UTC", "2030-01-01 06:00:00 UTC",
                      "every 30s", "code", "database"):  # fmt: skip
         assert expected in text
+
+
+def test_a_schedules_page_has_buttons_that_need_their_permissions(client):
+    from tests.factories import make_user
+
+    schedule("daily", source="code")
+    page = reverse("admin:django_pgqueue_schedule_change", args=["daily"])
+    viewer = make_user("viewer", "view_schedule", "view_job")
+    client.force_login(viewer)
+    html = client.get(page).content.decode()
+    assert "pgqueue-schedule-buttons" not in html
+    # A POST without the permission is refused, whatever the page shows.
+    assert client.post(page.replace("/change/", "/run-now/")).status_code == 403
+    assert client.post(page.replace("/change/", "/disable/")).status_code == 403
+    assert client.get(page.replace("/change/", "/disable/")).status_code == 405
+    planner = make_user("planner", "view_schedule", "change_schedule", "run_schedule")
+    client.force_login(planner)
+    html = client.get(page).content.decode()
+    assert ">Run now</button>" in html
+    assert ">Disable</button>" in html
+    response = client.post(page.replace("/change/", "/disable/"))
+    assert response.status_code == 302
+    assert response["Location"] == page
+    assert not Schedule.objects.get(pk="daily").enabled
+    assert (
+        client.post(page.replace("daily", "nothing").replace("/change/", "/enable/")).status_code
+        == 404
+    )
 
 
 def test_a_database_schedule_is_created_and_edited_with_validation(admin_client_):
