@@ -172,6 +172,7 @@ class Freeze:
         self.slot = slot
         self.worker_id = worker_id
         self.worker = worker
+        self.sessions = [f"pgqueue {role} {worker_id}" for role in SESSIONS]
         worker.proc.send_signal(signal.SIGSTOP)
         # Reported to the parent once every thread of the process has stopped.
         _, status = os.waitpid(worker.proc.pid, os.WUNTRACED)
@@ -196,14 +197,30 @@ class Freeze:
         )
         return {(int(job), int(version)): (status, ended) for job, version, status, ended in rows}
 
+    def inside_a_transaction(self) -> bool:
+        """Whether it stopped inside a transaction: a session of it holds one open and
+        waits for its next message (a pipeline is one transaction until its Sync).
+
+        Then the rows that transaction wrote or claimed stay locked while it is frozen,
+        and the sweep passes over locked rows: none of their leases can be taken from
+        it. (PostgreSQL's idle_in_transaction_session_timeout is armed only once a Sync
+        came, so it does not end such a session either.)
+        """
+        return bool(
+            self.server.sql(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY (%s) "
+                "AND xact_start IS NOT NULL AND wait_event = 'ClientRead'",
+                [self.sessions],
+            )[0][0]
+        )
+
     def resume_if_swept(self) -> bool:
         """SIGCONT it once no statement of it runs and no attempt of it is running (the
         sweep took them), and record what it held; False while it is not yet so."""
-        names = [f"pgqueue {role} {self.worker_id}" for role in SESSIONS]
         busy = self.server.sql(
             "SELECT count(*) FROM pg_stat_activity "
             "WHERE application_name = ANY (%s) AND state <> 'idle'",
-            [names],
+            [self.sessions],
         )[0][0]
         if busy:
             return False
@@ -260,6 +277,7 @@ def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, rep
     rng = random.Random()
     workers = Slots(server)
     frozen: Freeze | None = None
+    retried = {"inside a transaction": 0, "holding nothing": 0}  # freezes given up
     restart: dict[str, float] = {}
     try:
         started = time.monotonic()
@@ -285,10 +303,16 @@ def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, rep
                         frozen = Freeze(server, slot, worker_id, worker)
                         break
             elif frozen is not None and frozen.resumed is None:
-                # Past its lease: resumed once the sweep has taken every step it held
-                # (none: its own writes on the wire ended them all; another freeze later).
-                resumed = frozen.resume_if_swept()
-                if resumed and not frozen.held:
+                # Past its lease: resumed once the sweep has taken every step it held.
+                # Given up for another freeze later if nothing of it can be swept while
+                # it is frozen (it stopped inside a transaction: resumed at once), or
+                # nothing was (its own writes on the wire ended every step it had).
+                if frozen.inside_a_transaction():
+                    frozen.worker.proc.send_signal(signal.SIGCONT)
+                    retried["inside a transaction"] += 1
+                    frozen = None
+                elif frozen.resume_if_swept() and not frozen.held:
+                    retried["holding nothing"] += 1
                     frozen = None
             if time.monotonic() >= next_kill and done < jobs:
                 # The frozen worker is never killed: its late writes are the point.
@@ -427,6 +451,7 @@ def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, rep
         late_writes_refused=len(refused_late),
         late_writes_already_lost_when_frozen=len(refused_late - held),
         leases_lost_after_it_resumed=len(refused_after - refused_late),
+        freezes_given_up=retried,
         drain_s=round(drain_s, 1),
         notes=f"a random worker SIGKILLed every ~2 s (lease {LEASE:g} s, sweep 1 s); one "
         "database restart (pg_ctl stop -m fast, start) mid-run; one worker SIGSTOPped "
