@@ -9,16 +9,22 @@ nothing. Whatever the faults interrupt, each fan-in must count every member once
 0 callbacks made pending twice or run twice to success, 0 never fired, 0 steps started
 before all their dependencies completed, 0 jobs lost. A trigger records every committed
 move of a step out of waiting, so "made pending twice" is read, not inferred.
+
+What the frozen worker held is read from the database, on the database's clock (see
+`Freeze`): the attempts it had open when it stopped, each ended while it was frozen,
+by the sweep (what it held) or by a write of its own already on the wire. Its late
+writes are the refusals it logs after the SIGCONT.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
 import random
 import re
 import signal
 import time
-from typing import Any
 
 from tests.reliability.conftest import ledger_counts, outcome, size
 from tests.reliability.pgserver import PgServer, pg_server  # noqa: F401 (a fixture)
@@ -129,18 +135,134 @@ class Slots:
             worker.log.close()
 
 
-def held_attempts(server: PgServer, worker_id: str, since: float) -> set[tuple[int, int]]:
-    """(job_id, lease_version) of the attempts `worker_id` is running, if it claimed them
-    all after `since` (Unix time): none is left from before the restart, whose writes
-    would be in doubt and read back after a reconnect."""
+def claimed_since(server: PgServer, worker_id: str, since: float) -> bool:
+    """Whether `worker_id` runs steps and claimed them all after `since` (Unix time).
+
+    Only which worker to freeze: one reconnected since the restart and claiming again
+    knows every attempt it holds (a claim whose answer the restart lost was handed
+    back at its reconnect), so each gets a write once it resumes.
+    """
     rows = server.sql(
-        "SELECT job_id, lease_version, started_at > to_timestamp(%s) FROM queue_attempts "
+        "SELECT started_at > to_timestamp(%s) FROM queue_attempts "
         "WHERE worker_id = %s AND status = 'running'",
         [since, worker_id],
     )
-    if not all(after for _, _, after in rows):
-        return set()
-    return {(int(job), int(version)) for job, version, _ in rows}
+    return bool(rows) and all(after for (after,) in rows)
+
+
+Attempt = tuple[int, int]  # (job_id, lease_version)
+
+
+class Freeze:
+    """One worker SIGSTOPped until the sweep has taken what it held, then SIGCONTed.
+
+    What it held is read from the database, on the clock its attempts' started_at
+    (the claim's clock) and finished_at (the ending transaction's now()) are read on:
+    `stopped_at` is read once every thread of the worker has stopped, so a
+    transaction of it that begins later was sent before the stop;
+    `resumed_at` once no statement of it runs and none of its attempts is running,
+    just before the SIGCONT. The attempts it had open when it stopped are those claimed
+    before `resumed_at` (a claim already on the wire counts) and not ended before
+    `stopped_at`; each ended while it was frozen, taken by the sweep (`held`) or
+    written by a statement of its own already on the wire (`written`).
+    """
+
+    def __init__(self, server: PgServer, slot: int, worker_id: str, worker: FaultWorker) -> None:
+        self.server = server
+        self.slot = slot
+        self.worker_id = worker_id
+        self.worker = worker
+        self.sessions = [f"pgqueue {role} {worker_id}" for role in SESSIONS]
+        worker.proc.send_signal(signal.SIGSTOP)
+        # Reported to the parent once every thread of the process has stopped.
+        _, status = os.waitpid(worker.proc.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), f"{worker_id} ended instead of stopping ({status})"
+        self.at = time.monotonic()
+        self.stopped_at: dt.datetime = server.sql("SELECT now()")[0][0]
+        self.resumed_at: dt.datetime | None = None
+        self.resumed: float | None = None
+        self.log_cut = 0  # its output up to here was written before the SIGSTOP
+        self.open_at_stop: dict[Attempt, tuple[str, bool]] = {}
+        self.held: set[Attempt] = set()
+        self.written: set[Attempt] = set()
+
+    def attempts_open_at_stop(self) -> dict[Attempt, tuple[str, bool]]:
+        """Its attempts claimed before `resumed_at` and not ended before `stopped_at`:
+        each one's status and whether it ended before `resumed_at`."""
+        rows = self.server.sql(
+            "SELECT job_id, lease_version, status, finished_at < %(resumed)s IS TRUE "
+            "FROM queue_attempts WHERE worker_id = %(worker)s AND started_at < %(resumed)s "
+            "AND (finished_at IS NULL OR finished_at >= %(stopped)s)",
+            {"worker": self.worker_id, "resumed": self.resumed_at, "stopped": self.stopped_at},
+        )
+        return {(int(job), int(version)): (status, ended) for job, version, status, ended in rows}
+
+    def inside_a_transaction(self) -> bool:
+        """Whether it stopped inside a transaction: a session of it holds one open and
+        waits for its next message (a pipeline is one transaction until its Sync).
+
+        Then the rows that transaction wrote or claimed stay locked while it is frozen,
+        and the sweep passes over locked rows: none of their leases can be taken from
+        it. (PostgreSQL's idle_in_transaction_session_timeout is armed only once a Sync
+        came, so it does not end such a session either.)
+        """
+        return bool(
+            self.server.sql(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY (%s) "
+                "AND xact_start IS NOT NULL AND wait_event = 'ClientRead'",
+                [self.sessions],
+            )[0][0]
+        )
+
+    def resume_if_swept(self) -> bool:
+        """SIGCONT it once no statement of it runs and no attempt of it is running (the
+        sweep took them), and record what it held; False while it is not yet so."""
+        busy = self.server.sql(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = ANY (%s) AND state <> 'idle'",
+            [self.sessions],
+        )[0][0]
+        if busy:
+            return False
+        # Read after the look at its sessions: none of its transactions was open then.
+        resumed_at, running = self.server.sql(
+            "SELECT now(), count(*) FROM queue_attempts WHERE worker_id = %s "
+            "AND status = 'running'",
+            [self.worker_id],
+        )[0]
+        if running:
+            return False
+        self.resumed_at = resumed_at
+        self.open_at_stop = self.attempts_open_at_stop()
+        self.held = {key for key, (status, _) in self.open_at_stop.items() if status == "lost"}
+        self.written = set(self.open_at_stop) - self.held
+        self.log_cut = self.worker.output().rfind("\n") + 1
+        self.worker.proc.send_signal(signal.SIGCONT)
+        self.resumed = time.monotonic()
+        return True
+
+    def refusals(self) -> tuple[set[tuple[str, int, int]], set[tuple[str, int, int]]]:
+        """The refused writes it logged (kind, job_id, lease_version): before the
+        SIGSTOP, and after the SIGCONT (its late writes)."""
+        output = self.worker.output()
+
+        def found(text: str) -> set[tuple[str, int, int]]:
+            return {(kind, int(job), int(version)) for kind, job, version in STALE_RE.findall(text)}
+
+        return found(output[: self.log_cut]), found(output[self.log_cut :])
+
+    def history(self) -> dict[Attempt, tuple[str, bool, bool]]:
+        """Each of its attempts: its status, whether it was claimed before `resumed_at`,
+        and whether it ended before `stopped_at`."""
+        rows = self.server.sql(
+            "SELECT job_id, lease_version, status, started_at < %(resumed)s, "
+            "finished_at < %(stopped)s IS TRUE FROM queue_attempts WHERE worker_id = %(worker)s",
+            {"worker": self.worker_id, "resumed": self.resumed_at, "stopped": self.stopped_at},
+        )
+        return {
+            (int(job), int(version)): (status, claimed, ended)
+            for job, version, status, claimed, ended in rows
+        }
 
 
 def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, report):  # noqa: F811
@@ -154,7 +276,8 @@ def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, rep
 
     rng = random.Random()
     workers = Slots(server)
-    frozen: dict[str, Any] = {}  # the SIGSTOPped worker: slot, id, attempts held, times
+    frozen: Freeze | None = None
+    retried = {"inside a transaction": 0, "holding nothing": 0}  # freezes given up
     restart: dict[str, float] = {}
     try:
         started = time.monotonic()
@@ -163,61 +286,52 @@ def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, rep
         next_kill = started + rng.uniform(0.5, 1.0)  # the first kill early: CI drains fast
         while True:
             done = completed(server)
-            if done == jobs and "resumed" in frozen:
+            if done == jobs and frozen is not None and frozen.resumed is not None:
                 break
             assert time.monotonic() < deadline, f"not drained in time ({done}/{jobs})"
-            assert done < jobs or frozen, "the workflows finished before the SIGSTOP"
+            assert done < jobs or frozen is not None, "the workflows finished before the SIGSTOP"
             if not restart and done >= jobs // 20:
                 # One database restart mid-run: the workers reconnect, lose nothing.
                 restart["done_before"] = done
                 restart["at"] = time.time()
                 restart["back"] = server.restart("fast")
-            elif restart and not frozen and completed(server) > restart["done_before"]:
+            elif restart and frozen is None and completed(server) > restart["done_before"]:
                 # Back after the restart: freeze a worker that holds running steps.
                 for slot in rng.sample(range(WORKERS), WORKERS):
                     worker_id, worker = workers.slots[slot]
-                    if held_attempts(server, worker_id, restart["back"]):
-                        worker.proc.send_signal(signal.SIGSTOP)
-                        frozen.update(slot=slot, worker_id=worker_id, worker=worker)
-                        frozen["at"] = time.monotonic()
-                        time.sleep(0.3)  # statements already on the wire run to their end
-                        frozen["held"] = held_attempts(server, worker_id, restart["back"])
+                    if claimed_since(server, worker_id, restart["back"]):
+                        frozen = Freeze(server, slot, worker_id, worker)
                         break
-                if frozen and not frozen["held"]:
-                    frozen["worker"].proc.send_signal(signal.SIGCONT)  # finished meanwhile
-                    frozen.clear()
-            elif frozen and "resumed" not in frozen:
+            elif frozen is not None and frozen.resumed is None:
                 # Past its lease: resumed once the sweep has taken every step it held.
-                lost = server.sql(
-                    "SELECT count(*) FROM queue_attempts WHERE worker_id = %s "
-                    "AND status = 'lost' AND (job_id, lease_version) IN "
-                    "(SELECT * FROM unnest(%s::bigint[], %s::bigint[]))",
-                    [
-                        frozen["worker_id"],
-                        [job for job, _ in frozen["held"]],
-                        [version for _, version in frozen["held"]],
-                    ],
-                )[0][0]
-                if lost == len(frozen["held"]):
-                    frozen["worker"].proc.send_signal(signal.SIGCONT)
-                    frozen["resumed"] = time.monotonic()
+                # Given up for another freeze later if nothing of it can be swept while
+                # it is frozen (it stopped inside a transaction: resumed at once), or
+                # nothing was (its own writes on the wire ended every step it had).
+                if frozen.inside_a_transaction():
+                    frozen.worker.proc.send_signal(signal.SIGCONT)
+                    retried["inside a transaction"] += 1
+                    frozen = None
+                elif frozen.resume_if_swept() and not frozen.held:
+                    retried["holding nothing"] += 1
+                    frozen = None
             if time.monotonic() >= next_kill and done < jobs:
                 # The frozen worker is never killed: its late writes are the point.
-                slot = rng.choice([s for s in range(WORKERS) if s != frozen.get("slot")])
+                spared = frozen.slot if frozen is not None else None
+                slot = rng.choice([s for s in range(WORKERS) if s != spared])
                 workers.kill(slot)
                 kills += 1
                 next_kill = time.monotonic() + rng.uniform(1.5, 2.5)
             time.sleep(0.05)
         drain_s = time.monotonic() - started
-        # The frozen worker's handlers end and write with the tokens the sweep retired.
-        stale: set[tuple[str, int, int]] = set()
+        assert frozen is not None
+        assert frozen.resumed is not None
+        # The frozen worker's handlers end and write with the tokens the sweep retired:
+        # one late write for each step it held.
         guard = time.monotonic() + 60
-        while not stale and time.monotonic() < guard:
+        while time.monotonic() < guard:
+            if frozen.held <= {(job, version) for _, job, version in frozen.refusals()[1]}:
+                break
             time.sleep(0.2)
-            stale = {
-                (kind, int(job), int(version))
-                for kind, job, version in STALE_RE.findall(frozen["worker"].output())
-            }
         # Each worker up (the last ones started may still be booting) before its SIGTERM.
         wait_for(
             server,
@@ -228,6 +342,7 @@ def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, rep
             lambda n: n == WORKERS,
         )
         outputs = stop_all([worker for _, worker in workers.slots])
+        refused_before, late = frozen.refusals()  # its log is gone once closed
     finally:
         workers.close()
 
@@ -238,20 +353,33 @@ def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, rep
     assert counts["completed_without_success"] == 0, counts
     assert kills >= 1, "the workflows finished before the chaos started"
     assert restart["done_before"] < jobs, "the restart was not mid-run"
-    # The frozen worker: every step it held was swept from it, none ended succeeded by
-    # its hand, and each late write it tried was refused (it tried at least one).
-    held = frozen["held"]
-    refused = {(job, version) for _, job, version in stale}
-    assert refused, outputs[frozen["slot"]][-3000:]
-    assert refused <= held, (refused, held)
-    assert {kind for kind, _, _ in stale} <= {"complete", "fail", "write after reconnect"}, stale
-    # (It may have claimed some of those steps again once resumed: a new attempt.)
-    not_lost = server.sql(
-        "SELECT count(*) FROM queue_attempts WHERE status <> 'lost' AND (job_id, lease_version) "
-        "IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[]))",
-        [[job for job, _ in held], [version for _, version in held]],
-    )[0][0]
-    assert not_lost == 0
+    # The frozen worker. Every attempt it had open when it stopped ended while it was
+    # frozen: taken by the sweep (what it held) or written by a statement of its own
+    # already on the wire. At the end the database says of each what it said at the
+    # SIGCONT: no late write changed one (it may have claimed some of those steps
+    # again once resumed: a new attempt).
+    held = frozen.held
+    assert held, "the sweep took nothing from the frozen worker"
+    assert frozen.attempts_open_at_stop() == frozen.open_at_stop
+    assert all(ended for _, ended in frozen.open_at_stop.values()), frozen.open_at_stop
+    # Each write of it that was refused, whenever, named an attempt the sweep had
+    # taken from it.
+    history = frozen.history()
+    lost = {key for key, (status, _, _) in history.items() if status == "lost"}
+    refused_early = {(job, version) for _, job, version in refused_before}
+    refused_after = {(job, version) for _, job, version in late}
+    assert refused_early | refused_after <= lost, (refused_early | refused_after) - lost
+    kinds = {kind for kind, _, _ in refused_before | late}
+    assert kinds <= {"complete", "fail", "write after reconnect"}, kinds
+    # Its late writes: the refusals after the SIGCONT about attempts claimed before it
+    # (one claimed later and lost later is another loss, its refusal checked above).
+    # Each step it held got one. Any other was about an attempt it still had in hand
+    # when it stopped (no write of it refused yet) whose lease the sweep had taken
+    # before: its heartbeat cut off, as by the restart.
+    refused_late = {key for key in refused_after if history[key][1]}
+    assert held <= refused_late, (held - refused_late, outputs[frozen.slot][-3000:])
+    in_hand = {key for key in lost if history[key][1] and history[key][2]} - refused_early
+    assert refused_late - held <= in_hand, (refused_late - held, in_hand)
     # Each finished dependency counted once: no step waits for anything, none failed.
     assert server.sql(
         "SELECT count(*) FROM queue_workflow_steps s JOIN queue_jobs j ON j.id = s.job_id "
@@ -318,13 +446,18 @@ def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, rep
         kills=kills,
         completed_before_restart=restart["done_before"],
         frozen_steps_swept=len(held),
-        frozen_for_s=round(frozen["resumed"] - frozen["at"], 1),
-        late_writes_refused=len(refused),
+        frozen_steps_written_on_the_wire=len(frozen.written),
+        frozen_for_s=round(frozen.resumed - frozen.at, 1),
+        late_writes_refused=len(refused_late),
+        late_writes_already_lost_when_frozen=len(refused_late - held),
+        leases_lost_after_it_resumed=len(refused_after - refused_late),
+        freezes_given_up=retried,
         drain_s=round(drain_s, 1),
         notes=f"a random worker SIGKILLed every ~2 s (lease {LEASE:g} s, sweep 1 s); one "
         "database restart (pg_ctl stop -m fast, start) mid-run; one worker SIGSTOPped "
-        "until the sweep took every step it held, then SIGCONTed: its late writes were "
-        "refused and settled nothing; each settle counted once (every step's counters "
-        "end at 0, each step moved out of waiting once); recovery: restart to the first "
-        "completion after it",
+        "until the sweep took every step it held (its attempts open when it stopped, "
+        "read on the database's clock, a claim still on the wire included), then "
+        "SIGCONTed: each step it held got a late write, refused, settling nothing; each "
+        "settle counted once (every step's counters end at 0, each step moved out of "
+        "waiting once); recovery: restart to the first completion after it",
     )
