@@ -1,10 +1,12 @@
-"""The statements in queries.sql, by name.
+"""The statements in this folder's .sql files, by name: one file per feature (core,
+control, workflows, schedules, observability, admin), one name space.
 
 A block starts with a line ``-- name: <name>``; the statement runs until the next
 block. The name line is kept, so the statement names itself in pg_stat_activity and
 the server's logs; the comment lines after it, which explain the statement to readers
 of the file, are not sent (on a single enqueue they were most of the text to encode,
-send and scan). Comment lines inside the statement are kept.
+send and scan). Comment lines inside the statement are kept. A name defined twice, in
+one file or in two, is an error at import.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from pathlib import Path
 _HEADER = re.compile(r"^-- name: ([a-z][a-z_]*)$", re.MULTILINE)
 
 
-def load(text: str) -> dict[str, str]:
-    """Split a queries file into {name: statement}."""
+def load(text: str, source: str = "queries") -> dict[str, str]:
+    """Split the text of a .sql file into {name: statement}; `source` names it in errors."""
     queries: dict[str, str] = {}
     matches = list(_HEADER.finditer(text))
     for match, following in zip(matches, [*matches[1:], None], strict=True):
@@ -32,9 +34,9 @@ def load(text: str) -> dict[str, str]:
             if line.strip() and not line.lstrip().startswith("--")
         ]
         if not semicolon or stray:
-            raise ValueError(f"queries.sql block {name!r} must end with ';' (then comments only)")
+            raise ValueError(f"{source}: block {name!r} must end with ';' (then comments only)")
         if name in queries:
-            raise ValueError(f"queries.sql defines {name!r} twice")
+            raise ValueError(f"{source} defines {name!r} twice")
         header, _, statement = body.strip().partition("\n")
         lines = statement.splitlines()
         while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
@@ -132,7 +134,20 @@ def type_limits(own: str, queue_update: str) -> str:
     return _replace_once(own, LIMITS_MARK, writes, "queue_type_control_update's limits mark")
 
 
-QUERIES: dict[str, str] = load((Path(__file__).parent / "queries.sql").read_text("utf-8"))
+def load_folder(folder: Path) -> dict[str, str]:
+    """Every statement of the .sql files in `folder`; a name defined in two is an error."""
+    queries: dict[str, str] = {}
+    where: dict[str, str] = {}
+    for path in sorted(folder.glob("*.sql")):
+        for name, statement in load(path.read_text("utf-8"), path.name).items():
+            if name in queries:
+                raise ValueError(f"{path.name} defines {name!r}, which {where[name]} defines")
+            queries[name] = statement
+            where[name] = path.name
+    return queries
+
+
+QUERIES: dict[str, str] = load_folder(Path(__file__).parent)
 QUERIES["job_claim_after"] = resumed(QUERIES["job_claim"])
 QUERIES["job_claim_controlled"] = controlled(QUERIES["job_claim_controlled"], QUERIES["job_claim"])
 QUERIES["job_enqueue_many_keyed"] = keyed(

@@ -1,4 +1,4 @@
-"""The data layer: the only code that runs the queue's SQL (`sql/queries.sql`).
+"""The data layer: the only code that runs the queue's SQL (the statements of `sql/`).
 
 Split by who calls it and on which connection:
 

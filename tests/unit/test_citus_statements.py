@@ -1,4 +1,4 @@
-"""Which statements of queries.sql filter on the queue, the distribution column of the Citus design.
+"""Which statements of sql/ filter on the queue, the distribution column of the Citus design.
 
 docs/howto/scaling-out.md lays out the design: queue_jobs, queue_job_state and
 queue_attempts distributed by queue. A statement runs on one node (a router query,
