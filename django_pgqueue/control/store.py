@@ -67,28 +67,26 @@ def update_control(
     rate: tuple[int, float] | None = UNSET,
 ) -> dict[str, Any]:
     """Change a queue's controls (arguments left out stay as they are); return its row."""
-    params = {
-        "queue": queue,
-        "paused": paused,
-        "set_limit": concurrency_limit is not UNSET,
-        "concurrency_limit": None if concurrency_limit is UNSET else concurrency_limit,
-        **_limit_params(key_limit, rate),
-    }
+    changes = _limit_changes(key_limit, rate)
+    if paused is not None:
+        changes["paused"] = paused
+    if concurrency_limit is not UNSET:
+        changes["concurrency_limit"] = concurrency_limit
+    params = {"queue": queue, "changes": json.dumps(changes)}
     with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["queue_control_update"], params)
         names = [column.name for column in cursor.description]
         return dict(zip(names, cursor.fetchone(), strict=True))
 
 
-def _limit_params(key_limit: Any, rate: Any) -> dict[str, Any]:
-    """The key-limit and rate parameters of an update: set_* says whether each changes."""
-    return {
-        "set_key_limit": key_limit is not UNSET,
-        "key_limit": None if key_limit is UNSET else key_limit,
-        "set_rate": rate is not UNSET,
-        "rate_count": None if rate is UNSET or rate is None else rate[0],
-        "rate_period": None if rate is UNSET or rate is None else rate[1],
-    }
+def _limit_changes(key_limit: Any, rate: Any) -> dict[str, Any]:
+    """The key-limit and rate columns an update writes: only those given (None removes)."""
+    changes: dict[str, Any] = {}
+    if key_limit is not UNSET:
+        changes["key_limit"] = key_limit
+    if rate is not UNSET:
+        changes["rate_count"], changes["rate_period"] = rate if rate is not None else (None, None)
+    return changes
 
 
 def update_type_control(
@@ -104,11 +102,7 @@ def update_type_control(
     The queue gets a queue_controls row if it has none: its claims lock that row, which
     is what keeps the type's rate window exact. A type left with no limit is removed.
     """
-    params = {
-        "queue": queue,
-        "type": type_,
-        **_limit_params(key_limit, rate),
-    }
+    params = {"queue": queue, "type": type_, "changes": json.dumps(_limit_changes(key_limit, rate))}
     with transaction.atomic(using=alias):
         update_control(alias, queue)
         with django_cursor(alias) as cursor:

@@ -121,19 +121,6 @@ def keyed(own: str, many: str) -> str:
     return _replace_once(own, NUMBERED_MARK, rows + "\n", "job_enqueue_many_keyed's rows mark")
 
 
-# queue_type_control_update writes a type's key limit and rate as queue_control_update
-# writes a queue's: each when its set_* flag says so, else kept. Both statements name
-# the row they update c, so the one text serves both.
-LIMITS_MARK = "    -- queue_type_control_update: queue_control_update's key limit and rate\n"
-LIMITS = ("ELSE c.concurrency_limit END,\n", "RETURNING ")
-
-
-def type_limits(own: str, queue_update: str) -> str:
-    """The type's update `own` with the key limit and rate writes of `queue_update`."""
-    writes = _between(queue_update, *LIMITS, "queue_control_update's key limit and rate")
-    return _replace_once(own, LIMITS_MARK, writes, "queue_type_control_update's limits mark")
-
-
 def load_folder(folder: Path) -> dict[str, str]:
     """Every statement of the .sql files in `folder`; a name defined in two is an error."""
     queries: dict[str, str] = {}
@@ -152,7 +139,4 @@ QUERIES["job_claim_after"] = resumed(QUERIES["job_claim"])
 QUERIES["job_claim_controlled"] = controlled(QUERIES["job_claim_controlled"], QUERIES["job_claim"])
 QUERIES["job_enqueue_many_keyed"] = keyed(
     QUERIES["job_enqueue_many_keyed"], QUERIES["job_enqueue_many"]
-)
-QUERIES["queue_type_control_update"] = type_limits(
-    QUERIES["queue_type_control_update"], QUERIES["queue_control_update"]
 )

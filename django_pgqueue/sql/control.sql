@@ -260,33 +260,27 @@ RETURNING queue;
 
 
 -- name: queue_control_update
--- Change a queue's controls at run time, creating its row if needed.
--- Each set_* flag says whether its value is written (a NULL value removes that limit);
--- paused is written unless NULL. Returns the row as it now is. queue_type_control_update
--- writes a type's key limit and rate with this statement's text for them.
+-- Change a queue's controls at run time, creating its row if needed; return the row.
+-- `changes` is a JSON object of the columns to write (paused, concurrency_limit,
+-- key_limit, rate_count, rate_period): a key given is written (null removes that
+-- limit), a column not named keeps its value. jsonb_populate_record fills a row from
+-- the keys it has and takes the others from the row it is given: the existing row, or
+-- for a new one an unpaused queue with a key limit of 1.
 INSERT INTO queue_controls AS c (
     queue, paused, concurrency_limit, key_limit, rate_count, rate_period, rate_starts,
     keyed, updated_at
 )
-VALUES (
-    %(queue)s::text, coalesce(%(paused)s::boolean, false),
-    CASE WHEN %(set_limit)s::boolean THEN %(concurrency_limit)s::integer END,
-    CASE WHEN %(set_key_limit)s::boolean THEN %(key_limit)s::integer ELSE 1 END,
-    CASE WHEN %(set_rate)s::boolean THEN %(rate_count)s::integer END,
-    CASE WHEN %(set_rate)s::boolean THEN %(rate_period)s::float8 END,
-    '{}', false, now()
-)
+SELECT %(queue)s::text, new.paused, new.concurrency_limit, new.key_limit, new.rate_count,
+       new.rate_period, '{}', false, now()
+FROM jsonb_populate_record(
+    NULL::queue_controls, '{"paused": false, "key_limit": 1}' || %(changes)s::jsonb
+) AS new
 ON CONFLICT (queue) DO UPDATE
-SET paused = coalesce(%(paused)s::boolean, c.paused),
-    concurrency_limit = CASE WHEN %(set_limit)s::boolean THEN %(concurrency_limit)s::integer
-                             ELSE c.concurrency_limit END,
-    key_limit = CASE WHEN %(set_key_limit)s::boolean THEN %(key_limit)s::integer
-                     ELSE c.key_limit END,
-    rate_count = CASE WHEN %(set_rate)s::boolean THEN %(rate_count)s::integer
-                      ELSE c.rate_count END,
-    rate_period = CASE WHEN %(set_rate)s::boolean THEN %(rate_period)s::float8
-                       ELSE c.rate_period END,
-    updated_at = now()
+SET (paused, concurrency_limit, key_limit, rate_count, rate_period, updated_at) = (
+    SELECT changed.paused, changed.concurrency_limit, changed.key_limit,
+           changed.rate_count, changed.rate_period, now()
+    FROM jsonb_populate_record(c, %(changes)s::jsonb) AS changed
+)
 RETURNING c.queue, c.paused, c.concurrency_limit, c.key_limit, c.rate_count, c.rate_period;
 
 
@@ -334,24 +328,20 @@ SET key_limit = excluded.key_limit,
 
 
 -- name: queue_type_control_update
--- Change one type's limits within a queue at run time, creating its row if needed.
--- Like queue_control_update: each set_* flag says whether its value is written (NULL
--- removes that limit). Returns the row as it now is.
--- The key limit and rate are written as queue_control_update writes them (sql/__init__.py
--- puts its text at the mark); the row is c there too.
+-- Change one type's limits within a queue at run time, creating its row if needed;
+-- return the row. `changes` names the columns to write (key_limit, rate_count,
+-- rate_period) as in queue_control_update; a new row limits nothing it is not given.
 INSERT INTO queue_type_controls AS c (
     queue, type, key_limit, rate_count, rate_period, rate_starts, updated_at
 )
-VALUES (
-    %(queue)s::text, %(type)s::text,
-    CASE WHEN %(set_key_limit)s::boolean THEN %(key_limit)s::integer END,
-    CASE WHEN %(set_rate)s::boolean THEN %(rate_count)s::integer END,
-    CASE WHEN %(set_rate)s::boolean THEN %(rate_period)s::float8 END,
-    '{}', now()
-)
+SELECT %(queue)s::text, %(type)s::text, new.key_limit, new.rate_count, new.rate_period,
+       '{}', now()
+FROM jsonb_populate_record(NULL::queue_type_controls, %(changes)s::jsonb) AS new
 ON CONFLICT (queue, type) DO UPDATE
-SET
-    -- queue_type_control_update: queue_control_update's key limit and rate
+SET (key_limit, rate_count, rate_period, updated_at) = (
+    SELECT changed.key_limit, changed.rate_count, changed.rate_period, now()
+    FROM jsonb_populate_record(c, %(changes)s::jsonb) AS changed
+)
 RETURNING c.queue, c.type, c.key_limit, c.rate_count, c.rate_period;
 
 

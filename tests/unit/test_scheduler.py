@@ -74,18 +74,13 @@ def test_the_controlled_claim_takes_jobs_with_the_claims_own_steps():
         sql_module.controlled("-- name: job_claim_controlled\nSELECT 1", claim)
 
 
-def test_the_keyed_bulk_insert_and_the_type_update_take_their_shared_text():
-    keyed, types = QUERIES["job_enqueue_many_keyed"], QUERIES["queue_type_control_update"]
-    many = QUERIES["job_enqueue_many"]
+def test_the_keyed_bulk_insert_takes_the_bulk_inserts_rows():
+    keyed, many = QUERIES["job_enqueue_many_keyed"], QUERIES["job_enqueue_many"]
     assert many[many.index("    SELECT nextval(") : many.index("        jsonb_array")] in keyed
     assert "unnest(%(idempotency_keys)s::text[]), unnest(%(concurrency_keys)s::text[]),\n" in keyed
-    assert "ELSE c.rate_period END,\n    updated_at = now()\nRETURNING c.queue, c.type" in types
-    assert "_update: queue_control" not in types
     assert "_keyed: job_enqueue_many" not in keyed
     with pytest.raises(ValueError, match="rows mark"):
         sql_module.keyed("-- name: job_enqueue_many_keyed\nSELECT 1", many)
-    with pytest.raises(ValueError, match="not found"):
-        sql_module.type_limits(types, "-- name: queue_control_update\nSELECT 1")
 
 
 def test_loader_refuses_duplicates():
