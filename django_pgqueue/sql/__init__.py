@@ -102,25 +102,6 @@ def controlled(own: str, claim: str) -> str:
     return own.removesuffix(ROWS_MARK) + rows
 
 
-# job_enqueue_many_keyed numbers its rows as job_enqueue_many does, with the two key
-# arrays zipped in before the payloads: its numbered step is job_enqueue_many's, with
-# the keys added, in place of its mark.
-NUMBERED_MARK = "    -- job_enqueue_many_keyed: job_enqueue_many's numbered rows, with the keys\n"
-NUMBERED = ("WITH numbered AS MATERIALIZED (\n", "\n), job AS (")
-PAYLOADS = "        jsonb_array_elements(%(payloads)s::jsonb)\n"
-KEY_ARRAYS = "        unnest(%(idempotency_keys)s::text[]), unnest(%(concurrency_keys)s::text[]),\n"
-COLUMNS = "max_attempts, payload, position)"
-KEY_COLUMNS = "max_attempts, idempotency_key,\n             concurrency_key, payload, position)"
-
-
-def keyed(own: str, many: str) -> str:
-    """The keyed bulk insert `own` with the numbered rows of `many`, plus the keys, at its mark."""
-    rows = _between(many, *NUMBERED, "job_enqueue_many's numbered rows")
-    rows = _replace_once(rows, PAYLOADS, KEY_ARRAYS + PAYLOADS, "job_enqueue_many's payloads")
-    rows = _replace_once(rows, COLUMNS, KEY_COLUMNS, "job_enqueue_many's row columns")
-    return _replace_once(own, NUMBERED_MARK, rows + "\n", "job_enqueue_many_keyed's rows mark")
-
-
 def load_folder(folder: Path) -> dict[str, str]:
     """Every statement of the .sql files in `folder`; a name defined in two is an error."""
     queries: dict[str, str] = {}
@@ -137,6 +118,3 @@ def load_folder(folder: Path) -> dict[str, str]:
 QUERIES: dict[str, str] = load_folder(Path(__file__).parent)
 QUERIES["job_claim_after"] = resumed(QUERIES["job_claim"])
 QUERIES["job_claim_controlled"] = controlled(QUERIES["job_claim_controlled"], QUERIES["job_claim"])
-QUERIES["job_enqueue_many_keyed"] = keyed(
-    QUERIES["job_enqueue_many_keyed"], QUERIES["job_enqueue_many"]
-)

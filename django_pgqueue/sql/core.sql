@@ -48,7 +48,7 @@ FROM pgqueue_enqueue(
 -- be filled from the same rows (the sequence is looked up once, not per row). Kept
 -- simple on purpose: its estimated cost must stay far below jit_above_cost, or
 -- PostgreSQL spends longer compiling it than running it. job_enqueue_many_keyed
--- numbers its rows with this same text, plus the keys.
+-- numbers its rows the same way, with the keys.
 WITH numbered AS MATERIALIZED (
     SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*
     FROM ROWS FROM (
@@ -120,10 +120,21 @@ FROM numbered;
 -- repeated within the call. The state row goes first so ON CONFLICT can skip the
 -- whole job (see pgqueue_enqueue). A queue that receives a job with a concurrency key
 -- is marked keyed in queue_controls (the first time only), as job_enqueue does.
--- Its rows are job_enqueue_many's, with the two key arrays zipped in before the
--- payloads (sql/__init__.py puts them at the mark).
+-- Its rows are numbered as job_enqueue_many's are, with the two key arrays zipped in
+-- before the payloads. The two statements stay apart: jobs without keys taken through
+-- this one (ON CONFLICT, the state rows first) were inserted 1.3x slower at 20 jobs a
+-- statement and 3.8x at 20,000.
 WITH numbered AS MATERIALIZED (
-    -- job_enqueue_many_keyed: job_enqueue_many's numbered rows, with the keys
+    SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*
+    FROM ROWS FROM (
+        unnest(%(queues)s::text[]), unnest(%(types)s::text[]),
+        unnest(%(priorities)s::smallint[]), unnest(%(run_ats)s::timestamptz[]),
+        unnest(%(delays)s::float8[]), unnest(%(max_attempts)s::integer[]),
+        unnest(%(idempotency_keys)s::text[]), unnest(%(concurrency_keys)s::text[]),
+        jsonb_array_elements(%(payloads)s::jsonb)
+    ) WITH ORDINALITY
+        AS i(queue, type, priority, run_at, delay, max_attempts, idempotency_key,
+             concurrency_key, payload, position)
 ), state AS (
     INSERT INTO queue_job_state AS s (
         job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,

@@ -74,15 +74,6 @@ def test_the_controlled_claim_takes_jobs_with_the_claims_own_steps():
         sql_module.controlled("-- name: job_claim_controlled\nSELECT 1", claim)
 
 
-def test_the_keyed_bulk_insert_takes_the_bulk_inserts_rows():
-    keyed, many = QUERIES["job_enqueue_many_keyed"], QUERIES["job_enqueue_many"]
-    assert many[many.index("    SELECT nextval(") : many.index("        jsonb_array")] in keyed
-    assert "unnest(%(idempotency_keys)s::text[]), unnest(%(concurrency_keys)s::text[]),\n" in keyed
-    assert "_keyed: job_enqueue_many" not in keyed
-    with pytest.raises(ValueError, match="rows mark"):
-        sql_module.keyed("-- name: job_enqueue_many_keyed\nSELECT 1", many)
-
-
 def test_loader_refuses_duplicates():
     with pytest.raises(ValueError, match="twice"):
         load("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;")
