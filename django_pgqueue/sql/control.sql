@@ -46,11 +46,9 @@ SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true
 -- window keeps the last start times in queue_controls.rate_starts, oldest first: a
 -- start at t is allowed only while fewer than rate_count starts are later than
 -- t - rate_period, which is exact for every window of that length because t comes
--- from clock_timestamp() under the queue lock (it only grows). started_at of the
--- attempts is that same t. Rows come back unordered, like job_claim's.
--- Only the controlled steps stand here: sql/__init__.py puts job_claim's claimed and
--- opened steps (the attempts starting at budget.at) and its rows at the two marks,
--- so both claims take a job the same way.
+-- from clock_timestamp() under the queue lock (it only grows). The jobs are taken by
+-- pgqueue_claim (migration 0017), as job_claim's are, their attempts starting at that
+-- same t. Rows come back unordered, like job_claim's.
 WITH budget AS MATERIALIZED (
     SELECT CASE WHEN c.paused THEN 0 ELSE GREATEST(0, LEAST(
                %(limit)s::integer,
@@ -155,7 +153,11 @@ WITH budget AS MATERIALIZED (
       AND queue = %(queue)s::text  -- the shard, on Citus; here a check of the row found
       AND status = 'pending'
     FOR UPDATE SKIP LOCKED
--- job_claim_controlled: job_claim's claimed and opened steps
+), claimed AS MATERIALIZED (
+    SELECT * FROM pgqueue_claim(
+        ARRAY(SELECT job_id FROM candidates), %(queue)s::text, %(worker_id)s::text,
+        %(lease)s::float8, (SELECT at FROM budget)
+    )
 ), started AS (
     -- The rate window: the starts still inside it, then this claim's, oldest first.
     -- Rewritten when this claim started jobs, or when its oldest start has left the
@@ -186,8 +188,7 @@ WITH budget AS MATERIALIZED (
       AND (t.type IN (SELECT walk.type FROM claimed JOIN walk ON walk.job_id = claimed.job_id)
            OR t.rate_starts[1] <= budget.at - make_interval(secs => t.rate_period))
 )
--- job_claim_controlled: job_claim's rows
-;
+SELECT * FROM claimed;
 
 
 -- name: queue_control_state

@@ -212,11 +212,10 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 -- asked. With queue = <one value>, PostgreSQL walks queue_job_state_claim_idx in
 -- ORDER BY order and stops after `limit` unlocked rows: no sort, whatever the
 -- table size. Row locks last only for this statement; handlers run outside it.
+-- The jobs walked are taken by pgqueue_claim (migration 0017), as every claim's are:
+-- each runs under a new lease (lease_version + 1) with an attempt opened, and its row
+-- comes back with the attempt's id (later writes address the attempt by primary key).
 -- Rows come back unordered (ordering here would add a Sort node); sort in the caller.
--- Each row carries its attempt's id: later writes address the attempt by primary key.
--- job_claim_after (built from this statement in sql/__init__.py) starts the walk
--- after a key the worker claimed before: see RESUME_TTL in worker/scheduler.py.
--- job_claim_controlled takes its steps from claimed on and its rows.
 WITH candidates AS MATERIALIZED (
     SELECT job_id
     FROM queue_job_state
@@ -228,54 +227,43 @@ WITH candidates AS MATERIALIZED (
       -- queue's controls, and meanwhile must not run two jobs of one key. The walk
       -- stays ordered when most rows have a key (see test_claim_plan).
       AND concurrency_key IS NULL
-      -- job_claim_after: resume after a key
     ORDER BY priority DESC, run_at, job_id
     LIMIT %(limit)s::integer
     FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE queue_job_state AS state
-    SET status = 'running',
-        attempts = state.attempts + 1,
-        lease_version = state.lease_version + 1,
-        locked_by = %(worker_id)s::text,
-        locked_until = now() + make_interval(secs => %(lease)s::float8),
-        updated_at = now()
-    -- An array of ids, not a join: a join can turn into a sequential scan of the whole
-    -- table when the statistics are stale (and autovacuum may be off). The rows are
-    -- fetched by primary key, except from a table of a few dozen pages, which the
-    -- planner reads whole as cheaper than the probes (the soak at 1,000 rows: 30
-    -- pages, 0.2 ms). The queue is not repeated here: a filter on it lowers the
-    -- planner's estimate of the rows updated, which changes the joins below.
-    WHERE state.job_id = ANY (ARRAY(SELECT job_id FROM candidates))
-    RETURNING state.job_id, state.queue, state.priority, state.run_at, state.attempts,
-              state.max_attempts, state.lease_version
-), opened AS (
-    -- started_at is the clock when the row is claimed, not now(): now() is the
-    -- transaction's start, before this statement took its snapshot, so a job that a
-    -- sweep requeued in between would show its new attempt starting before the lost
-    -- one ended (seen in the claims-racing-sweeps scenario).
-    INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id, status, started_at)
-    SELECT job_id, lease_version, attempts, %(worker_id)s::text, 'running', clock_timestamp()
-    FROM claimed
-    RETURNING id, job_id
 )
-SELECT claimed.job_id, claimed.queue, job.type, job.payload, claimed.priority,
-       claimed.attempts, claimed.max_attempts, claimed.lease_version, opened.id,
-       job.idempotency_key, job.created_at, claimed.run_at, job.traceparent
-FROM claimed
-JOIN opened ON opened.job_id = claimed.job_id
--- LIMIT 1 keeps this subquery from being flattened into a join: one primary-key probe
--- per claimed row, instead of a hash join that reads all of queue_jobs when the
--- planner underestimates how cheap the probes are.
-CROSS JOIN LATERAL (
-    SELECT j.type, j.payload::text AS payload, j.idempotency_key, j.created_at, j.traceparent
-    FROM queue_jobs AS j
-    WHERE j.id = claimed.job_id
-      -- The queue names the shard where the tables are distributed by it (Citus, see
-      -- docs/howto/scaling-out.md); here it only checks the row the key found.
-      AND j.queue = %(queue)s::text
-    LIMIT 1
-) AS job;
+SELECT * FROM pgqueue_claim(
+    ARRAY(SELECT job_id FROM candidates), %(queue)s::text, %(worker_id)s::text,
+    %(lease)s::float8, NULL
+);
+
+
+-- name: job_claim_after
+-- job_claim resumed after the key (priority, run_at, job_id) of a row claimed before:
+-- the same priority, later in the claim index's order. The walk starts at that key
+-- instead of the left end of the queue's entries, where the entries of claimed jobs
+-- pile up, dead, until VACUUM removes them (see RESUME_TTL in worker/scheduler.py).
+-- It is job_claim's walk with the key's two conditions, written again: one statement
+-- for both would bound the walk by a range of priorities, and a walk bounded so cannot
+-- stop at the first job not due yet: it reads on through the rest of its priority
+-- (measured: a resumed claim that came back short beside 50,000 jobs due tomorrow
+-- took 6.1 ms against 0.27 ms).
+WITH candidates AS MATERIALIZED (
+    SELECT job_id
+    FROM queue_job_state
+    WHERE queue = %(queue)s::text
+      AND status = 'pending'
+      AND run_at <= now()
+      AND concurrency_key IS NULL  -- as in job_claim
+      AND priority = %(after_priority)s::smallint
+      AND (run_at, job_id) > (%(after_run_at)s::timestamptz, %(after_job_id)s::bigint)
+    ORDER BY priority DESC, run_at, job_id
+    LIMIT %(limit)s::integer
+    FOR UPDATE SKIP LOCKED
+)
+SELECT * FROM pgqueue_claim(
+    ARRAY(SELECT job_id FROM candidates), %(queue)s::text, %(worker_id)s::text,
+    %(lease)s::float8, NULL
+);
 
 
 -- name: job_complete

@@ -218,7 +218,13 @@ def test_the_any_predicate_of_the_article_loses_the_ordered_walk():
     with connection.cursor() as cursor:
         cursor.execute(
             "EXPLAIN (FORMAT JSON) " + any_claim,
-            {"queues": ["payments", "email"], "limit": 20, "worker_id": "x", "lease": 30.0},
+            {
+                "queues": ["payments", "email"],
+                "queue": "payments",  # pgqueue_claim's probe of the job rows
+                "limit": 20,
+                "worker_id": "x",
+                "lease": 30.0,
+            },
         )
         plan = cursor.fetchone()[0]
     plan = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
