@@ -111,20 +111,6 @@ JOIN queue_job_state AS state ON state.job_id = step.job_id
 WHERE step.workflow_id = %(workflow_id)s::bigint;
 
 
--- name: workflow_steps
--- A workflow's steps with their job's type, status and what each waits for, in step order.
-SELECT step.job_id, step.name, job.type, state.status, step.on_failure, step.waiting_for,
-       step.failed, coalesce(array_agg(dep.depends_on ORDER BY dep.depends_on)
-                             FILTER (WHERE dep.depends_on IS NOT NULL), '{}') AS parents
-FROM queue_workflow_steps AS step
-JOIN queue_jobs AS job ON job.id = step.job_id
-JOIN queue_job_state AS state ON state.job_id = step.job_id
-LEFT JOIN queue_job_deps AS dep ON dep.job_id = step.job_id
-WHERE step.workflow_id = %(workflow_id)s::bigint
-GROUP BY step.job_id, job.type, state.status
-ORDER BY step.job_id;
-
-
 -- name: workflow_page
 -- One keyset page of workflows, newest first, for the admin: (id, name, steps, created_at,
 -- waiting, pending, running, completed, dead, cancelled, skipped, started_at,

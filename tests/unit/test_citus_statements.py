@@ -133,7 +133,6 @@ EXEMPT = {
     "job_waiter_check": "wait() is given a job id by its caller, not its queue",
     "workflow_parent_results": "a step's parents may be in other queues",
     "workflow_jobs": "a workflow's steps may be in several queues",
-    "workflow_steps": "a workflow's steps may be in several queues",
     "workflow_page": "the admin's Workflows list: workflows whose steps span queues",
     "workflow_step_details": "the admin's workflow page: steps in several queues",
     "batch_insert": "a batch gathers the jobs its block enqueued, of any queues",
