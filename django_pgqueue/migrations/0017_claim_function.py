@@ -9,11 +9,12 @@
 # PostgreSQL plans a PL/pgSQL function's statements once per session and keeps the
 # plans: with the generic plan forced, the claim's update, attempt insert and job probes
 # are planned once per connection, also behind a pooler that allows no prepared
-# statements (measured there: 1.08 ms a claim of 10 against 1.34 ms when the whole
-# claim was planned at every call). Sequential scans are off in it, so the plan kept is
-# the primary-key probes at every size, even one built while the tables were empty.
-# On a worker's prepared claim it costs about 25 us of the server's time a claim of 10
-# (0.49 ms against 0.465 ms, medians of 1,500 alternating runs).
+# statements (measured there, a claim of 10 as the worker sends it: 1.27 ms against
+# 1.54 ms when the whole claim was planned at every call). Sequential scans are off in
+# it, so the plan kept is the primary-key probes at every size, even one built while
+# the tables were empty. On a worker's prepared claim the call costs 30-45 us of the
+# server's time a claim of 10 (5-7%), 2-4% of the claim's round trip; the controlled
+# claim, planned at every call, got 3% faster (medians of 600-1,000 alternating runs).
 
 from django.db import migrations
 
