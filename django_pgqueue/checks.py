@@ -8,13 +8,13 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError, connections
+from django.db import DatabaseError
 from django.db.utils import load_backend
 
 from .conf import validate
 from .exceptions import ConfigurationError
 from .stats import stranded_jobs
-from .store.operator import autovacuum_settings
+from .store.operator import autovacuum_settings, missing_tables
 
 # The tag of the queue's own checks: run_queue_worker runs only these at its start.
 TAG = "pgqueue"
@@ -109,10 +109,10 @@ def check_queue_tables(
         if alias not in databases:
             continue
         try:
-            tables = connections[alias].introspection.table_names()
+            missing = missing_tables(alias, ("queue_jobs", "queue_job_state"))
         except DatabaseError:
             continue  # an unreachable database is reported by Django's own checks
-        if "queue_jobs" not in tables or "queue_job_state" not in tables:
+        if missing:
             warnings.append(
                 checks.Warning(
                     f"PGQUEUE['QUEUE_DATABASES'] puts queues on the database {alias!r}, "

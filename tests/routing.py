@@ -107,21 +107,23 @@ def _name_steps(scope: Scope, step: str) -> None:
         pending = None
 
 
-def _queue_equalities(scope: Scope) -> list[str | None]:
+def _queue_equalities(scope: Scope, parameters: frozenset[str]) -> list[str | None]:
     """Qualifiers of `queue` columns compared by equality to a parameter or a queue column.
 
     Looks in `scope` and in its parenthesized groups that are not queries of their own.
+    `parameters` are names that stand for parameters (a function's arguments).
     """
     found: list[str | None] = []
     items = scope.items
     for i, item in enumerate(items):
         if isinstance(item, Scope):
             if not item.is_query():
-                found += _queue_equalities(item)
+                found += _queue_equalities(item, parameters)
             continue
         if item.value != "=" or item.kind not in T.Operator.Comparison:
             continue
-        left, right = _operand_before(items, i), _value(items, i + 1)
+        left = _operand_before(items, i, parameters)
+        right = _value(items, i + 1, parameters)
         if left and right:
             # alias.queue = <param or x.queue>, or <param or x.queue> = alias.queue
             if left[1] == "queue" and right[0] in {"param", "queue"}:
@@ -131,12 +133,14 @@ def _queue_equalities(scope: Scope) -> list[str | None]:
     return found
 
 
-def _value(items: list[Token | Scope], i: int) -> tuple[str, str | None] | None:
+def _value(
+    items: list[Token | Scope], i: int, parameters: frozenset[str]
+) -> tuple[str, str | None] | None:
     """The operand starting at items[i]: ('param', None), ('queue', qualifier) or None."""
     item = items[i] if i < len(items) else None
     if not isinstance(item, Token):
         return None
-    if item.kind in T.Name.Placeholder:
+    if item.kind in T.Name.Placeholder or item.value in parameters:
         return "param", None
     dot, column = [*items[i + 1 : i + 3], None, None][:2]
     if item.kind in T.Name and dot == DOT and isinstance(column, Token):
@@ -144,7 +148,9 @@ def _value(items: list[Token | Scope], i: int) -> tuple[str, str | None] | None:
     return None
 
 
-def _operand_before(items: list[Token | Scope], i: int) -> tuple[str | None, str] | None:
+def _operand_before(
+    items: list[Token | Scope], i: int, parameters: frozenset[str]
+) -> tuple[str | None, str] | None:
     """The operand ending before items[i]: (qualifier or None, column), or (None, 'param').
 
     A cast after it (`%(queue)s::text`) is skipped.
@@ -155,7 +161,7 @@ def _operand_before(items: list[Token | Scope], i: int) -> tuple[str | None, str
     item = items[j] if j >= 0 else None
     if not isinstance(item, Token):
         return None
-    if item.kind in T.Name.Placeholder:
+    if item.kind in T.Name.Placeholder or item.value in parameters:
         return None, "param"
     if item.kind not in T.Name:
         return None
@@ -205,10 +211,10 @@ def _inserts_queue(scope: Scope, index: int) -> bool:
     return False
 
 
-def _walk(scope: Scope) -> list[Problem]:
+def _walk(scope: Scope, parameters: frozenset[str]) -> list[Problem]:
     problems = []
     refs = _references(scope)
-    equalities = _queue_equalities(scope)
+    equalities = _queue_equalities(scope, parameters)
     for kind, table, alias, index in refs:
         if kind == "insert":
             if not _inserts_queue(scope, index):
@@ -223,13 +229,17 @@ def _walk(scope: Scope) -> list[Problem]:
             problems.append(Problem(scope.step, table, f"{kind} without a queue equality"))
     for item in scope.items:
         if isinstance(item, Scope):
-            problems += _walk(item)
+            problems += _walk(item, parameters)
     return problems
 
 
-def unrouted(sql: str) -> list[Problem]:
-    """The references to distributed tables in `sql` that no queue equality routes."""
-    return _walk(_scopes(_tokens(sql)))
+def unrouted(sql: str, parameters: tuple[str, ...] = ()) -> list[Problem]:
+    """The references to distributed tables in `sql` that no queue equality routes.
+
+    `parameters` names what stands for a parameter besides %(name)s placeholders: the
+    arguments of a function whose statement `sql` is.
+    """
+    return _walk(_scopes(_tokens(sql)), frozenset(parameters))
 
 
 def touches_job_tables(sql: str) -> bool:

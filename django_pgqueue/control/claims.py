@@ -19,15 +19,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import psycopg
 
 from ..claimed import InFlight
 from ..extensions import Claimed, WorkerHooks
 from ..outcomes import Outcome
-from ..sql import QUERIES
-from ..store.worker import ClaimedRow, ClaimRequest, Completion, Store, complete_params
+from ..store import control as control_store
+from ..store.worker import ClaimRequest, Completion, Store
 from ..worker_config import WorkerConfig
 from .store import sync_queue_controls
 
@@ -113,8 +110,7 @@ class ControlledClaims(WorkerHooks):
         the plain claim took nothing from it if it became keyed, so the scheduler tries
         it again at once, with the controlled claim.
         """
-        rows = self.store.run("queue_control_list", {})
-        fresh = frozenset(row[0] for row in rows)
+        fresh = control_store.controlled_queues(self.store)
         became = fresh - self._controlled
         self._controlled = fresh
         self._controls_due = now + self.poll_interval / 2
@@ -161,13 +157,12 @@ class ControlledClaims(WorkerHooks):
             "worker_id": worker_id,
             "lease": lease,
         }
-        with store.holding("job_claim_controlled") as conn:
-            done_rows, rows, state = _pipeline(store, conn, done, queue, claim)
+        completed, rows, state = control_store.claim_controlled(store, done, claim, LOCK_IDLE_MS)
         if state is not None:
             self.states[queue] = ControlState(
                 bool(state[0]), bool(state[1]), state[2], bool(state[3]), len(rows)
             )
-        return store.completed(done_rows), rows
+        return completed, rows
 
     def resumable(self, queue: str) -> bool:
         """A controlled queue's claim always walks from the start, under its lock."""
@@ -202,30 +197,3 @@ class ControlledClaims(WorkerHooks):
     def write_now(self, queue: str) -> bool:
         """An outcome of a controlled queue holds a slot: write it without batching delay."""
         return queue in self._controlled
-
-
-def _pipeline(
-    store: Store,
-    conn: psycopg.Connection[Any],
-    done: Sequence[Completion] | None,
-    queue: str,
-    claim: dict[str, Any],
-) -> tuple[list[tuple[Any, ...]], list[ClaimedRow], tuple[Any, ...] | None]:
-    # One pipeline, one implicit transaction (no Sync until it ends): the completions
-    # (whose slots this claim may reuse), the queue lock, the claim under it, and the
-    # state after it. The lock ends with it.
-    cursors = [conn.cursor() for _ in range(5)]
-    try:
-        with store.pipelined(conn, "job_claim_controlled"):
-            cursors[4].execute(QUERIES["transaction_guard"], {"idle_ms": LOCK_IDLE_MS})
-            if done:
-                cursors[0].execute(QUERIES["job_complete"], complete_params(done))
-            cursors[1].execute(QUERIES["queue_control_lock"], {"queue": queue})
-            cursors[2].execute(QUERIES["job_claim_controlled"], claim)
-            cursors[3].execute(QUERIES["queue_control_state"], {"queue": queue})
-        done_rows = cursors[0].fetchall() if done else []
-        rows = [ClaimedRow._make(row) for row in cursors[2].fetchall()]
-        return done_rows, rows, cursors[3].fetchone()
-    finally:
-        for cursor in cursors:
-            cursor.close()

@@ -1,9 +1,10 @@
-"""The control writes and reads, on the caller's Django connection: the only code
-that runs their SQL outside the worker's claim (which is in `claims`).
+"""What the operator changes in queue control, in the store's terms, and the settings
+written at worker start.
 
-`sync_settings` writes PGQUEUE["QUEUES"] into queue_controls (at worker start, through
-`sync_queue_controls`); `update_control`, `update_type_control` and `show_controls`
-are the operator's, for `api`, the admin and the ``queue_control`` command.
+`update_control`, `update_type_control` and `show_controls` are the operator's, for
+`api`, the admin and the ``queue_control`` command: arguments left out stay as they
+are. `sync_queue_controls` writes PGQUEUE["QUEUES"] into queue_controls at worker
+start (through `sync_settings`). The statements are `store.control`'s.
 """
 
 from __future__ import annotations
@@ -12,16 +13,13 @@ import json
 import logging
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, connections
 
 from ..conf import get_settings
 from ..limits import QueueLimits
-from ..sql import QUERIES
-from ..store.cursors import django_cursor
+from ..store import control as control_store
 
 logger = logging.getLogger(__name__)
-
-# -- operator writes and reads, on the caller's Django connection ----------------------
 
 
 def sync_settings(alias: str, queues: dict[str, QueueLimits]) -> list[str]:
@@ -30,28 +28,19 @@ def sync_settings(alias: str, queues: dict[str, QueueLimits]) -> list[str]:
     A queue's row is rewritten only when its setting differs from the one written
     last time, so run-time edits stand until the setting itself changes.
     """
-    changed = []
-    with transaction.atomic(using=alias), django_cursor(alias) as cursor:
-        for queue, limits in sorted(queues.items()):
-            cursor.execute(
-                QUERIES["queue_control_sync"],
-                {
-                    "queue": queue,
-                    "concurrency_limit": limits.limit,
-                    "key_limit": limits.key_limit,
-                    "rate_count": limits.rate_count,
-                    "rate_period": limits.rate_period,
-                    "configured": json.dumps(limits.as_json(), sort_keys=True),
-                },
-            )
-            if not cursor.fetchall():
-                continue
-            changed.append(queue)
-            types = {name: t.as_json() for name, t in limits.types.items()}
-            cursor.execute(
-                QUERIES["queue_type_control_sync"], {"queue": queue, "types": json.dumps(types)}
-            )
-    return changed
+    entries = [
+        {
+            "queue": queue,
+            "concurrency_limit": limits.limit,
+            "key_limit": limits.key_limit,
+            "rate_count": limits.rate_count,
+            "rate_period": limits.rate_period,
+            "configured": json.dumps(limits.as_json(), sort_keys=True),
+            "types": {name: t.as_json() for name, t in limits.types.items()},
+        }
+        for queue, limits in sorted(queues.items())
+    ]
+    return control_store.sync_settings(alias, entries)
 
 
 UNSET: Any = object()
@@ -67,28 +56,22 @@ def update_control(
     rate: tuple[int, float] | None = UNSET,
 ) -> dict[str, Any]:
     """Change a queue's controls (arguments left out stay as they are); return its row."""
-    params = {
-        "queue": queue,
-        "paused": paused,
-        "set_limit": concurrency_limit is not UNSET,
-        "concurrency_limit": None if concurrency_limit is UNSET else concurrency_limit,
-        **_limit_params(key_limit, rate),
-    }
-    with django_cursor(alias) as cursor:
-        cursor.execute(QUERIES["queue_control_update"], params)
-        names = [column.name for column in cursor.description]
-        return dict(zip(names, cursor.fetchone(), strict=True))
+    changes = _limit_changes(key_limit, rate)
+    if paused is not None:
+        changes["paused"] = paused
+    if concurrency_limit is not UNSET:
+        changes["concurrency_limit"] = concurrency_limit
+    return control_store.update_control(alias, queue, changes)
 
 
-def _limit_params(key_limit: Any, rate: Any) -> dict[str, Any]:
-    """The key-limit and rate parameters of an update: set_* says whether each changes."""
-    return {
-        "set_key_limit": key_limit is not UNSET,
-        "key_limit": None if key_limit is UNSET else key_limit,
-        "set_rate": rate is not UNSET,
-        "rate_count": None if rate is UNSET or rate is None else rate[0],
-        "rate_period": None if rate is UNSET or rate is None else rate[1],
-    }
+def _limit_changes(key_limit: Any, rate: Any) -> dict[str, Any]:
+    """The key-limit and rate columns an update writes: only those given (None removes)."""
+    changes: dict[str, Any] = {}
+    if key_limit is not UNSET:
+        changes["key_limit"] = key_limit
+    if rate is not UNSET:
+        changes["rate_count"], changes["rate_period"] = rate if rate is not None else (None, None)
+    return changes
 
 
 def update_type_control(
@@ -104,30 +87,12 @@ def update_type_control(
     The queue gets a queue_controls row if it has none: its claims lock that row, which
     is what keeps the type's rate window exact. A type left with no limit is removed.
     """
-    params = {
-        "queue": queue,
-        "type": type_,
-        **_limit_params(key_limit, rate),
-    }
-    with transaction.atomic(using=alias):
-        update_control(alias, queue)
-        with django_cursor(alias) as cursor:
-            cursor.execute(QUERIES["queue_type_control_update"], params)
-            names = [column.name for column in cursor.description]
-            row = dict(zip(names, cursor.fetchone(), strict=True))
-            cursor.execute(QUERIES["queue_type_control_prune"], {"queue": queue, "type": type_})
-    return row
+    return control_store.update_type_control(alias, queue, type_, _limit_changes(key_limit, rate))
 
 
 def show_controls(alias: str) -> list[dict[str, Any]]:
     """Every controlled queue with its settings, running jobs, recent starts and types."""
-    with django_cursor(alias) as cursor:
-        cursor.execute(QUERIES["queue_control_show"], {})
-        names = [column.name for column in cursor.description]
-        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-    for row in rows:
-        row["types"] = json.loads(row["types"])
-    return rows
+    return control_store.show_controls(alias)
 
 
 def sync_queue_controls(alias: str) -> None:

@@ -3,7 +3,7 @@
 # enqueue no longer pays for planning two INSERTs every time (Django binds parameters
 # on the client and turns psycopg's prepared statements off, and a transaction-mode
 # pooler may not allow them anyway; a function call needs neither). The call is the
-# job_enqueue statement in sql/queries.sql.
+# job_enqueue statement in sql/core.sql.
 
 from django.db import migrations
 

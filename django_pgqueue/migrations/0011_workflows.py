@@ -1,7 +1,7 @@
 # Workflows: job dependencies as data. A job may wait for others (status 'waiting':
 # in no claim index); its step row counts the dependencies not finished yet and those
 # that failed. pgqueue_settle is called by the statements that end a job (job_complete,
-# job_fail, job_cancel, lease_sweep, job_release, job_give_back in sql/queries.sql) in
+# job_fail, job_cancel, lease_sweep, job_release, job_give_back in sql/core.sql) in
 # the same statement, so a dependent is made pending, or cancelled, in the transaction
 # that finished its last dependency: a refused (stale) write settles nothing, a crash
 # before the commit settles nothing. pgqueue_unsettle is job_retry_now's: an operator

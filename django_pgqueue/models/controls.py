@@ -5,7 +5,7 @@
 - `QueueTypeControl` (``queue_type_controls``): one job type's limits within a
   controlled queue.
 
-Written by the controlled claim (``job_claim_controlled`` in ``sql/queries.sql``), by a
+Written by the controlled claim (``job_claim_controlled`` in ``sql/control.sql``), by a
 worker start syncing ``PGQUEUE["QUEUES"]``, and by the Queues admin page and the
 Python API of `django_pgqueue.control`.
 """

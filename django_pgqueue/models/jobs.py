@@ -7,7 +7,7 @@
 - `DeadJob`: a proxy of `Job` limited to dead jobs, for their own admin page.
 
 Workers never write these through the ORM: every state change is a fenced statement in
-`django_pgqueue/sql/queries.sql`. The relations are declared with
+`django_pgqueue/sql/core.sql`. The relations are declared with
 ``db_constraint=False`` because the migrations hold them in the database
 themselves: the attempts' foreign key to the state row, with ``ON DELETE CASCADE``;
 the state row's job by construction (every statement that inserts a state row

@@ -1,6 +1,6 @@
 """The worker registry (``queue_workers``) and the per-minute rollup (``queue_stats_minutely``).
 
-Both are written only by workers, through the statements in ``sql/queries.sql``
+Both are written only by workers, through the statements in ``sql/observability.sql``
 (``worker_upsert``, ``worker_mark_gone``, ``worker_prune``, ``stats_minute_add``);
 the ORM only reads them. The observability feature (`django_pgqueue.observability`)
 writes them; the admin's Workers and Charts pages read them.

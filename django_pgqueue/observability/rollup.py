@@ -19,9 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..sql import QUERIES
+from ..store import observability as store_observability
 from ..store.arrays import int_array, repeated_text_array
-from ..store.cursors import django_cursor
 from ..store.worker import Store
 
 logger = logging.getLogger(__name__)
@@ -56,7 +55,7 @@ class RollupBuffer:
         if not items:
             return 0
         try:
-            store.run("stats_minute_add", _params(items))
+            store_observability.add_minutes(store, _params(items))
         except BaseException:
             with self._lock:
                 self._items = (items + self._items)[-BUFFER_LIMIT:]
@@ -127,9 +126,7 @@ def read_window(alias: str, minutes: int, step: int = 1) -> Window:
     """
     if minutes < 1 or step < 1 or minutes % step:
         raise ValueError(f"minutes ({minutes}) must be a positive multiple of step ({step})")
-    with django_cursor(alias) as cursor:
-        cursor.execute(QUERIES["stats_minute_range"], {"minutes": minutes})
-        rows = cursor.fetchall()
+    rows = store_observability.read_minutes(alias, minutes)
     if not rows:
         return Window(None, minutes, [], step)
     points = minutes // step

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..durations import format_seconds
-from ..sql import QUERIES
-from ..store.cursors import django_cursor
+from ..store import observability as store_observability
 from ..store.worker import Store
 
 # Gone workers stay listed this long (seconds) before a heartbeat prunes them.
@@ -93,8 +92,8 @@ class WorkerInfo:
 
 def record_beat(store: Store, me: Identity, running: int) -> None:
     """Upsert this worker's row: alive now, running `running` jobs (one statement)."""
-    store.run(
-        "worker_upsert",
+    store_observability.record_beat(
+        store,
         {
             "id": me.id,
             "host": me.host,
@@ -110,20 +109,19 @@ def record_beat(store: Store, me: Identity, running: int) -> None:
 
 def record_stop(store: Store, worker_id: str) -> None:
     """Mark this worker gone as it stops."""
-    store.run("worker_stopped", {"id": worker_id})
+    store_observability.record_stop(store, worker_id)
 
 
 def mark_gone(store: Store) -> list[str]:
     """Mark gone the workers not seen for two of their leases; return their ids."""
-    return [row[0] for row in store.run("worker_mark_gone", {})]
+    return store_observability.mark_gone(store)
 
 
 def prune(
     store: Store, keep_seconds: float = KEEP_GONE, keep_minutes: int = KEEP_MINUTES
 ) -> tuple[int, int]:
     """Delete long-gone workers and old rollup minutes; return how many of each."""
-    rows = store.run("worker_prune", {"keep_seconds": keep_seconds, "keep_minutes": keep_minutes})
-    return int(rows[0][0]), int(rows[0][1])
+    return store_observability.prune(store, keep_seconds, keep_minutes)
 
 
 def list_workers(
@@ -134,27 +132,20 @@ def list_workers(
     Read on `alias`; `database` names the queue database they registered on, when
     `alias` is its replica (default: `alias`).
     """
-    with django_cursor(alias) as cursor:
-        cursor.execute(QUERIES["worker_list"], {"limit": LIST_LIMIT})
-        workers = [WorkerInfo(*row, database=database or alias) for row in cursor.fetchall()]
-        for worker in workers:
-            if isinstance(worker.queues, str):  # Django's connection leaves jsonb as text
-                worker.queues = json.loads(worker.queues)
-        # Gone workers too: a job a dead worker held stays running until the sweep.
-        by_id = {w.id: w for w in workers}
-        if with_jobs and by_id:
-            cursor.execute(
-                QUERIES["worker_running_jobs"],
-                {"worker_ids": list(by_id), "per_worker": JOBS_PER_WORKER},
-            )
-            for locked_by, *job in cursor.fetchall():
-                by_id[locked_by].jobs.append(RunningJob(*job))
+    # Gone workers too: a job a dead worker held stays running until the sweep.
+    rows, jobs = store_observability.list_workers(
+        alias, LIST_LIMIT, JOBS_PER_WORKER if with_jobs else None
+    )
+    workers = [WorkerInfo(*row, database=database or alias) for row in rows]
+    for worker in workers:
+        if isinstance(worker.queues, str):  # Django's connection leaves jsonb as text
+            worker.queues = json.loads(worker.queues)
+    by_id = {w.id: w for w in workers}
+    for locked_by, *job in jobs:
+        by_id[locked_by].jobs.append(RunningJob(*job))
     return workers
 
 
 def count_workers(alias: str) -> tuple[int, int]:
     """(alive, gone) registered workers."""
-    with django_cursor(alias) as cursor:
-        cursor.execute(QUERIES["worker_counts"])
-        alive, gone = cursor.fetchone()
-    return int(alive), int(gone)
+    return store_observability.count_workers(alias)

@@ -30,6 +30,7 @@ import psycopg
 
 from ..conf import get_settings
 from ..registry import registry
+from ..store import schedules as store_schedules
 from ..store.worker import Store
 from .checks import schedule_problems
 from .spec import code_schedules
@@ -111,7 +112,7 @@ def fire_due(store: Store, queues: Sequence[str]) -> float | None:
     schedule is logged and leaves the others firing; a lost connection propagates
     (DatabaseUnavailable), like any other worker statement.
     """
-    rows = [DueRow(*row) for row in store.run("schedule_list_for_queues", {"queues": queues})]
+    rows = [DueRow(*row) for row in store_schedules.due_schedules(store, queues)]
     wait: float | None = None
     for row in rows:
         try:
@@ -131,16 +132,13 @@ def _fire_schedule(store: Store, row: DueRow) -> dt.datetime | None:
     """Carry out the plan of one schedule; its next tick, or None if another worker moved it."""
     decided = plan(row.ticks(), row.next_tick, row.db_now, row.catch_up)
     if decided.advance is not None and not decided.fires:
-        moved = store.run(
-            "schedule_advance",
-            {"name": row.name, "next_tick": decided.advance, "expected": row.next_tick},
-        )
+        moved = store_schedules.advance(store, row.name, decided.advance, row.next_tick)
         return decided.advance if moved else None
     expected = row.next_tick
     max_attempts = get_settings().MAX_ATTEMPTS
     for tick, following, missed in decided.fires:
-        fired = store.run(
-            "schedule_fire",
+        job_id = store_schedules.fire(
+            store,
             {
                 "name": row.name,
                 "tick_at": tick,
@@ -151,14 +149,15 @@ def _fire_schedule(store: Store, row: DueRow) -> dt.datetime | None:
                 "default_max_attempts": max_attempts,
             },
         )
-        if not fired:
+        if job_id is None:
             return None  # another worker fired it (or moved the schedule): read again
         logger.info(
             "schedule %s: tick %s fired as job %d%s",
             row.name,
             tick.isoformat(),
-            fired[0][0],
+            job_id,
             f" (catching up {missed} missed ticks)" if missed else "",
+            extra={"job_id": job_id, "queue": row.queue},
         )
         expected = following
     return expected
@@ -204,8 +203,7 @@ def code_set() -> CodeSet:
 
 def code_set_newest(store: Store, code: CodeSet) -> bool:
     """Note that this worker runs `code` now; whether it is the newest set still running."""
-    params = {"fingerprint": code.fingerprint, "alive": CODE_ALIVE}
-    return bool(store.run("schedule_code_newest", params)[0][0])
+    return store_schedules.code_set_newest(store, code.fingerprint, CODE_ALIVE)
 
 
 def sync_code_schedules(store: Store) -> list[str] | None:
@@ -230,11 +228,11 @@ def sync_code_schedules(store: Store) -> list[str] | None:
         if conf.QUEUE_DATABASES and conf.database_for(params["queue"]) != store.alias:
             continue  # its queue lives on another database: that database's workers sync it
         try:
-            row = store.run("schedule_sync", params)
+            written = store_schedules.sync_schedule(store, params)
         except psycopg.Error as exc:
             logger.error("schedule %s not synced: %s", spec.name, exc)
             continue
-        if row:
+        if written:
             synced.append(spec.name)
         else:
             logger.warning(
@@ -243,7 +241,7 @@ def sync_code_schedules(store: Store) -> list[str] | None:
                 spec.origin,
             )
     if code.complete:
-        for (name,) in store.run("schedule_disable_removed", {"names": code.names}):
+        for name in store_schedules.disable_removed(store, code.names):
             logger.warning("schedule %s is no longer declared in code: disabled", name)
     return synced
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..conf import get_settings
 from ..durations import format_seconds
 from ..enqueue import EnqueuedJob, enqueue
-from ..store.cursors import fetch_all
+from ..store import schedules as store_schedules
 from .firing import RUN_NOW
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def late_schedules(alias: str | None = None) -> list[LateSchedule]:
     """Schedules whose due tick waited more than 2 poll intervals: no worker fired it."""
     conf = get_settings()
     seconds = LATE_POLL_INTERVALS * conf.POLL_INTERVAL
-    rows = fetch_all(alias or conf.DATABASE, "schedule_late", {"seconds": seconds})
+    rows = store_schedules.late_schedules(alias or conf.DATABASE, seconds)
     return [LateSchedule(name, queue, due_at, late) for name, queue, due_at, late in rows]
 
 

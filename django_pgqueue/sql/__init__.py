@@ -1,10 +1,12 @@
-"""The statements in queries.sql, by name.
+"""The statements in this folder's .sql files, by name: one file per feature (core,
+control, workflows, schedules, observability, admin), one name space.
 
 A block starts with a line ``-- name: <name>``; the statement runs until the next
 block. The name line is kept, so the statement names itself in pg_stat_activity and
 the server's logs; the comment lines after it, which explain the statement to readers
 of the file, are not sent (on a single enqueue they were most of the text to encode,
-send and scan). Comment lines inside the statement are kept.
+send and scan). Comment lines inside the statement are kept. A name defined twice, in
+one file or in two, is an error at import.
 """
 
 from __future__ import annotations
@@ -15,10 +17,16 @@ from pathlib import Path
 _HEADER = re.compile(r"^-- name: ([a-z][a-z_]*)$", re.MULTILINE)
 
 
-def load(text: str) -> dict[str, str]:
-    """Split a queries file into {name: statement}."""
+def load(text: str, source: str = "<text>") -> dict[str, str]:
+    """Split the text of a .sql file into {name: statement}; `source` names it in errors.
+
+    Only comments may stand before the first block.
+    """
     queries: dict[str, str] = {}
     matches = list(_HEADER.finditer(text))
+    before = text[: matches[0].start()] if matches else text
+    if any(line.strip() and not line.lstrip().startswith("--") for line in before.splitlines()):
+        raise ValueError(f"{source}: only comments may stand before the first block")
     for match, following in zip(matches, [*matches[1:], None], strict=True):
         end = following.start() if following else len(text)
         block = text[match.start() : end]
@@ -32,9 +40,9 @@ def load(text: str) -> dict[str, str]:
             if line.strip() and not line.lstrip().startswith("--")
         ]
         if not semicolon or stray:
-            raise ValueError(f"queries.sql block {name!r} must end with ';' (then comments only)")
+            raise ValueError(f"{source}: block {name!r} must end with ';' (then comments only)")
         if name in queries:
-            raise ValueError(f"queries.sql defines {name!r} twice")
+            raise ValueError(f"{source} defines {name!r} twice")
         header, _, statement = body.strip().partition("\n")
         lines = statement.splitlines()
         while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
@@ -43,101 +51,17 @@ def load(text: str) -> dict[str, str]:
     return queries
 
 
-def _between(text: str, start: str, end: str, what: str) -> str:
-    """The text after `start` up to the first `end` that follows it."""
-    _, started, rest = text.partition(start)
-    part, ended, _ = rest.partition(end)
-    if not (started and ended):
-        raise ValueError(f"queries.sql: {what} is not found")
-    return part
+def load_folder(folder: Path) -> dict[str, str]:
+    """Every statement of the .sql files in `folder`; a name defined in two is an error."""
+    queries: dict[str, str] = {}
+    where: dict[str, str] = {}
+    for path in sorted(folder.glob("*.sql")):
+        for name, statement in load(path.read_text("utf-8"), path.name).items():
+            if name in queries:
+                raise ValueError(f"{path.name} defines {name!r}, which {where[name]} defines")
+            queries[name] = statement
+            where[name] = path.name
+    return queries
 
 
-def _replace_once(text: str, old: str, new: str, what: str) -> str:
-    """`text` with `new` in place of `old`, which must stand in it exactly once."""
-    if text.count(old) != 1:
-        raise ValueError(f"queries.sql: {what} must stand in it exactly once")
-    return text.replace(old, new)
-
-
-# job_claim resumed after the key (priority, run_at, job_id) of a row claimed before:
-# the same priority, later in the claim index's order. The walk starts at that key
-# instead of the left end of the queue's entries, where the entries of claimed jobs
-# pile up, dead, until VACUUM removes them.
-RESUME_MARK = "      -- job_claim_after: resume after a key\n"
-RESUME_CONDITION = (
-    "      AND priority = %(after_priority)s::smallint\n"
-    "      AND (run_at, job_id) > (%(after_run_at)s::timestamptz, %(after_job_id)s::bigint)\n"
-)
-
-
-def resumed(claim: str) -> str:
-    """The claim statement `claim` with the resume condition in place of its mark."""
-    header, newline, body = claim.partition("\n")
-    body = _replace_once(body, RESUME_MARK, RESUME_CONDITION, "job_claim's resume mark")
-    return f"{header}_after{newline}{body}"
-
-
-# job_claim_controlled holds only the controlled queue's steps (its budget, walk and
-# candidates, then the rate window's update); job_claim's steps from claimed on and
-# its rows stand at its marks, so both claims take a job with one text. Its attempts
-# start at the budget's clock (the rate window's time), not at clock_timestamp().
-STEPS_MARK = "-- job_claim_controlled: job_claim's claimed and opened steps\n"
-ROWS_MARK = "-- job_claim_controlled: job_claim's rows"
-CLAIMED = "), claimed AS (\n"
-ROWS = ")\nSELECT claimed.job_id"
-CLAIM_CLOCK = "clock_timestamp()"
-BUDGET_CLOCK = "(SELECT at FROM budget)"
-
-
-def controlled(own: str, claim: str) -> str:
-    """The controlled claim `own` with the steps and rows of `claim` at its marks."""
-    steps = _between(claim, CLAIMED, ROWS, "job_claim's claimed, opened and rows")
-    steps = _replace_once(steps, CLAIM_CLOCK, BUDGET_CLOCK, "job_claim's opened step's clock")
-    rows = ROWS.removeprefix(")\n") + claim.partition(ROWS)[2]
-    if not own.endswith(ROWS_MARK):
-        raise ValueError("queries.sql: job_claim_controlled must end with its rows mark")
-    own = _replace_once(own, STEPS_MARK, CLAIMED + steps, "job_claim_controlled's steps mark")
-    return own.removesuffix(ROWS_MARK) + rows
-
-
-# job_enqueue_many_keyed numbers its rows as job_enqueue_many does, with the two key
-# arrays zipped in before the payloads: its numbered step is job_enqueue_many's, with
-# the keys added, in place of its mark.
-NUMBERED_MARK = "    -- job_enqueue_many_keyed: job_enqueue_many's numbered rows, with the keys\n"
-NUMBERED = ("WITH numbered AS MATERIALIZED (\n", "\n), job AS (")
-PAYLOADS = "        jsonb_array_elements(%(payloads)s::jsonb)\n"
-KEY_ARRAYS = "        unnest(%(idempotency_keys)s::text[]), unnest(%(concurrency_keys)s::text[]),\n"
-COLUMNS = "max_attempts, payload, position)"
-KEY_COLUMNS = "max_attempts, idempotency_key,\n             concurrency_key, payload, position)"
-
-
-def keyed(own: str, many: str) -> str:
-    """The keyed bulk insert `own` with the numbered rows of `many`, plus the keys, at its mark."""
-    rows = _between(many, *NUMBERED, "job_enqueue_many's numbered rows")
-    rows = _replace_once(rows, PAYLOADS, KEY_ARRAYS + PAYLOADS, "job_enqueue_many's payloads")
-    rows = _replace_once(rows, COLUMNS, KEY_COLUMNS, "job_enqueue_many's row columns")
-    return _replace_once(own, NUMBERED_MARK, rows + "\n", "job_enqueue_many_keyed's rows mark")
-
-
-# queue_type_control_update writes a type's key limit and rate as queue_control_update
-# writes a queue's: each when its set_* flag says so, else kept. Both statements name
-# the row they update c, so the one text serves both.
-LIMITS_MARK = "    -- queue_type_control_update: queue_control_update's key limit and rate\n"
-LIMITS = ("ELSE c.concurrency_limit END,\n", "RETURNING ")
-
-
-def type_limits(own: str, queue_update: str) -> str:
-    """The type's update `own` with the key limit and rate writes of `queue_update`."""
-    writes = _between(queue_update, *LIMITS, "queue_control_update's key limit and rate")
-    return _replace_once(own, LIMITS_MARK, writes, "queue_type_control_update's limits mark")
-
-
-QUERIES: dict[str, str] = load((Path(__file__).parent / "queries.sql").read_text("utf-8"))
-QUERIES["job_claim_after"] = resumed(QUERIES["job_claim"])
-QUERIES["job_claim_controlled"] = controlled(QUERIES["job_claim_controlled"], QUERIES["job_claim"])
-QUERIES["job_enqueue_many_keyed"] = keyed(
-    QUERIES["job_enqueue_many_keyed"], QUERIES["job_enqueue_many"]
-)
-QUERIES["queue_type_control_update"] = type_limits(
-    QUERIES["queue_type_control_update"], QUERIES["queue_control_update"]
-)
+QUERIES: dict[str, str] = load_folder(Path(__file__).parent)

@@ -4,7 +4,7 @@
 database settings but outside Django's connection handling, so CONN_MAX_AGE never
 closes it between jobs; its statements are prepared unless
 PGQUEUE["WORKER_PREPARED_STATEMENTS"] is False. Each method runs one statement from
-`sql/queries.sql`, or a claim's pipeline of them; a lost connection surfaces as
+`sql/core.sql`, or a claim's pipeline of them; a lost connection surfaces as
 `DatabaseUnavailable` and the next call reconnects (`store.connection.wait_for`, with
 jittered backoff).
 """

@@ -104,12 +104,6 @@ def workflow_jobs(alias: str, workflow_id: int) -> list[tuple[int, str]]:
     return [(int(j), s) for j, s in fetch_all(alias, "workflow_jobs", {"workflow_id": workflow_id})]
 
 
-def workflow_steps(alias: str, workflow_id: int) -> list[tuple[Any, ...]]:
-    """A workflow's steps: (job id, name, type, status, on_failure, waiting_for, failed,
-    parents)."""
-    return fetch_all(alias, "workflow_steps", {"workflow_id": workflow_id})
-
-
 class WorkflowSummary(NamedTuple):
     """A workflow as the admin lists it: its steps counted by status, and its times."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import psycopg
 import pytest
 from django.db import connection
 
@@ -218,7 +219,13 @@ def test_the_any_predicate_of_the_article_loses_the_ordered_walk():
     with connection.cursor() as cursor:
         cursor.execute(
             "EXPLAIN (FORMAT JSON) " + any_claim,
-            {"queues": ["payments", "email"], "limit": 20, "worker_id": "x", "lease": 30.0},
+            {
+                "queues": ["payments", "email"],
+                "queue": "payments",  # pgqueue_claim's probe of the job rows
+                "limit": 20,
+                "worker_id": "x",
+                "lease": 30.0,
+            },
         )
         plan = cursor.fetchone()[0]
     plan = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
@@ -256,3 +263,46 @@ def test_claim_plan_holds_when_most_rows_have_a_concurrency_key(generic):
     scan = candidate_scan(plan)
     assert (scan["Node Type"], scan["Index Name"]) == ("Index Scan", "queue_job_state_claim_idx")
     assert "Sort" not in {node["Node Type"] for node in nodes(plan)}
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["as-is", "sequential-scans-on"])
+def test_pgqueue_claim_keeps_a_plan_of_key_probes_made_on_empty_tables(guarded):
+    """The function that takes every claim's jobs plans its statement once per session
+    (also without claim_plan_generic: a worker behind a pooler) and keeps the plan while
+    the tables grow. Built on empty tables, the plan PostgreSQL would keep reads
+    queue_job_state whole; the function runs with sequential scans off, so the kept
+    plan probes the rows by primary key."""
+    plans: list[str] = []
+    with connection.cursor() as cursor:
+        if not guarded:  # what the function's own setting rules out (undone with the test)
+            cursor.execute(
+                "ALTER FUNCTION pgqueue_claim(bigint[], text, text, float8, timestamptz) "
+                "RESET enable_seqscan"
+            )
+        cursor.execute("TRUNCATE queue_attempts, queue_job_state, queue_jobs CASCADE")
+        cursor.execute("ANALYZE queue_job_state")
+        cursor.execute("ANALYZE queue_jobs")
+        claim = {"queue": "payments", "limit": 20, "worker_id": "w", "lease": 30.0}
+        cursor.execute(QUERIES["job_claim"], claim)  # planned here, on empty tables
+        assert cursor.fetchall() == []
+        load_jobs(pending=30_000, analyze=False)
+        cursor.execute("LOAD 'auto_explain'")
+        for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_level = notice"):
+            cursor.execute(f"SET LOCAL auto_explain.{setting}")
+
+        def note(diagnostic: psycopg.errors.Diagnostic) -> None:
+            plans.append(diagnostic.message_primary or "")
+
+        connection.connection.add_notice_handler(note)
+        try:
+            cursor.execute(QUERIES["job_claim"], claim)
+            assert len(cursor.fetchall()) == 20
+        finally:
+            connection.connection.remove_notice_handler(note)
+    [taken] = [plan for plan in plans if "WITH claimed AS (" in plan]
+    update = taken[taken.index("Update on queue_job_state") :].splitlines()[1]
+    if guarded:
+        assert "Index Scan using queue_job_state_pkey" in update, taken
+        assert "Seq Scan" not in taken, taken
+    else:
+        assert "Seq Scan on queue_job_state" in update, taken

@@ -445,3 +445,31 @@ def test_the_worker_claims_on_a_generic_plan_planned_once(stores):
         assert cursor.fetchone() == ("auto",)
     assert plans["-- name: job_claim"] == (8, 0)
     assert plans["-- name: job_claim_after"] == (8, 0)
+
+
+@pytest.mark.parametrize("prepared", [True, False])
+def test_the_claims_take_their_jobs_on_a_plan_kept_for_the_session(stores, prepared):
+    """pgqueue_claim, which every claim calls, plans its statement once per session and
+    keeps the plan, with prepared statements and without (behind a pooler): a kept
+    plan stays in the session's memory between claims, where a plan made for one call
+    is freed after it."""
+    enqueue_many([("qa.noop", None)] * 12, queue="kept")
+    store = stores(prepared=prepared)
+
+    def kept_plans() -> list[tuple[str, int]]:
+        with store.raw.cursor() as cursor:
+            cursor.execute(
+                "SELECT name, count(*)::int FROM pg_backend_memory_contexts"
+                " WHERE name IN ('CachedPlan', 'CachedPlanSource')"
+                " AND ident LIKE 'WITH claimed AS (%%UPDATE queue_job_state AS state%%'"
+                " GROUP BY name ORDER BY name"
+            )
+            return cursor.fetchall()
+
+    claimed = store.claim("kept", 2, "w", 30)
+    assert kept_plans() == [("CachedPlan", 1), ("CachedPlanSource", 1)]
+    for _ in range(4):
+        last = max(claimed, key=lambda row: row.order())
+        claimed += store.claim("kept", 2, "w", 30, after=(last.priority, last.run_at, last.job_id))
+    assert len({row.job_id for row in claimed}) == 10
+    assert kept_plans() == [("CachedPlan", 1), ("CachedPlanSource", 1)]

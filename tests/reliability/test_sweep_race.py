@@ -1,6 +1,6 @@
 """Scenario 4: the lease sweep against completions, claims and other sweeps.
 
-The sweep (queries.sql "lease_sweep") is one statement: it locks expired rows with
+The sweep (core.sql "lease_sweep") is one statement: it locks expired rows with
 FOR UPDATE SKIP LOCKED and its UPDATE re-checks status, lease_version and the expiry
 on the row it changes. These tests drive the production statements (Store.sweep,
 Store.claim, the job_complete statement) from real threads and connections.

@@ -1,4 +1,4 @@
-"""Which statements of queries.sql filter on the queue, the distribution column of the Citus design.
+"""Which statements of sql/ filter on the queue, the distribution column of the Citus design.
 
 docs/howto/scaling-out.md lays out the design: queue_jobs, queue_job_state and
 queue_attempts distributed by queue. A statement runs on one node (a router query,
@@ -11,6 +11,9 @@ be placed in it:
 - ROUTED: every step filters on the queue (the claims, enqueue), except the steps
   listed in UNROUTED_STEPS with why: the attempt rows (queue_attempts has no queue
   column yet, which the design adds first) and the claim's update by primary key.
+  The claims' walks are statements of sql/; the jobs they walked are taken by the
+  function pgqueue_claim (migration 0017), whose statement is read here too, with its
+  queue argument (p_queue) standing for the parameter.
 - BY_JOB_ID: worker statements that still address their rows by job id alone; they
   would run on every shard. Each says why the queue is not passed yet.
 - EXEMPT: operator, admin and multi-queue maintenance statements, with the reason
@@ -23,10 +26,26 @@ cannot pass by reading nothing.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from django_pgqueue.sql import QUERIES
 from tests.routing import references, touches_job_tables, unrouted
+
+
+def _function_statement(migration: str, constant: str) -> str:
+    """The statement a PL/pgSQL function of `migration` returns (RETURN QUERY ... ;)."""
+    text = getattr(importlib.import_module(f"django_pgqueue.migrations.{migration}"), constant)
+    return text.split("RETURN QUERY", 1)[1].split(";\nEND", 1)[0]
+
+
+# The functions' statements, with the arguments that stand for parameters in them.
+FUNCTIONS = {
+    "pgqueue_claim": (_function_statement("0017_claim_function", "CLAIM"), ("p_queue",)),
+}
+STATEMENTS = {**QUERIES, **{name: text for name, (text, _) in FUNCTIONS.items()}}
+PARAMETERS = {name: parameters for name, (_, parameters) in FUNCTIONS.items()}
 
 ROUTED = {
     # The claims: their walk and their probes name the one queue they claim from (but
@@ -34,6 +53,7 @@ ROUTED = {
     "job_claim",
     "job_claim_after",
     "job_claim_controlled",
+    "pgqueue_claim",
     "queue_next_due",
     "queue_control_state",
     # Counts each control row's running jobs on that row's queue: one shard per row
@@ -60,15 +80,7 @@ _ATTEMPTS = "queue_attempts has no queue column yet"
 # kept as it is. On Citus this step needs the filter, and the plan a check there anyway.
 _CLAIMED = "the filter would change the claim's plan (see above)"
 UNROUTED_STEPS = {
-    "job_claim": {
-        ("opened", "queue_attempts"): _ATTEMPTS,
-        ("claimed", "queue_job_state"): _CLAIMED,
-    },
-    "job_claim_after": {
-        ("opened", "queue_attempts"): _ATTEMPTS,
-        ("claimed", "queue_job_state"): _CLAIMED,
-    },
-    "job_claim_controlled": {
+    "pgqueue_claim": {
         ("opened", "queue_attempts"): _ATTEMPTS,
         ("claimed", "queue_job_state"): _CLAIMED,
     },
@@ -121,7 +133,6 @@ EXEMPT = {
     "job_waiter_check": "wait() is given a job id by its caller, not its queue",
     "workflow_parent_results": "a step's parents may be in other queues",
     "workflow_jobs": "a workflow's steps may be in several queues",
-    "workflow_steps": "a workflow's steps may be in several queues",
     "workflow_page": "the admin's Workflows list: workflows whose steps span queues",
     "workflow_step_details": "the admin's workflow page: steps in several queues",
     "batch_insert": "a batch gathers the jobs its block enqueued, of any queues",
@@ -131,7 +142,7 @@ EXEMPT = {
 
 
 def test_every_statement_on_the_job_tables_is_classified_once() -> None:
-    touching = {name for name, text in QUERIES.items() if touches_job_tables(text)}
+    touching = {name for name, text in STATEMENTS.items() if touches_job_tables(text)}
     classes = [ROUTED, set(BY_JOB_ID), set(EXEMPT)]
     assert sum(len(c) for c in classes) == len(set().union(*classes)), "classified twice"
     assert set().union(*classes) == touching
@@ -142,7 +153,7 @@ def test_every_statement_on_the_job_tables_is_classified_once() -> None:
 
 @pytest.mark.parametrize("name", sorted(ROUTED))
 def test_routed_statements_filter_on_the_queue_in_every_step(name: str) -> None:
-    problems = {(p.step, p.table) for p in unrouted(QUERIES[name])}
+    problems = {(p.step, p.table) for p in unrouted(STATEMENTS[name], PARAMETERS.get(name, ()))}
     assert problems == set(UNROUTED_STEPS.get(name, {}))
 
 
@@ -154,20 +165,26 @@ def test_the_statements_let_off_do_not_filter_on_the_queue(name: str) -> None:
 
 def test_the_claim_is_read_step_by_step() -> None:
     # The checker saw each step of the claim and each table it touches (nothing passes
-    # for having been skipped): the walk, the update, the attempts and the job rows.
-    expected = {
-        ("candidates", "queue_job_state"),
+    # for having been skipped): the walk, then in pgqueue_claim the update, the
+    # attempts and the job rows.
+    walk = {("candidates", "queue_job_state")}
+    assert set(references(QUERIES["job_claim"])) == walk
+    assert set(references(QUERIES["job_claim_after"])) == walk
+    controlled = set(references(QUERIES["job_claim_controlled"]))
+    assert walk | {("budget", "queue_job_state"), ("walk", "queue_jobs")} <= controlled
+    assert set(references(STATEMENTS["pgqueue_claim"])) == {
         ("claimed", "queue_job_state"),
         ("opened", "queue_attempts"),
         ("(main)", "queue_jobs"),
     }
-    assert set(references(QUERIES["job_claim"])) == expected
-    controlled = set(references(QUERIES["job_claim_controlled"]))
-    assert expected | {("budget", "queue_job_state"), ("walk", "queue_jobs")} <= controlled
+    # Each claim hands the jobs it walked to pgqueue_claim, with its queue.
+    call = "pgqueue_claim( ARRAY(SELECT job_id FROM candidates), %(queue)s::text,"
+    for name in ("job_claim", "job_claim_after", "job_claim_controlled"):
+        assert call in " ".join(QUERIES[name].split()), name
 
 
 CLAIM_WALK = "WHERE queue = %(queue)s::text\n      AND status = 'pending'"
-JOB_PROBE = "\n      AND j.queue = %(queue)s::text"
+JOB_PROBE = "\n          AND j.queue = p_queue"
 TYPE_PROBE = "WHERE j.id = s.job_id AND j.queue = %(queue)s::text"
 CONTROLLED_CANDIDATES = "      AND queue = %(queue)s::text  -- the shard"
 ALIKE_STATE = "job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version"
@@ -206,9 +223,16 @@ MUTATIONS = [
         "candidates",
         "queue_job_state",
     ),
-    ("job_claim", JOB_PROBE, "", "(main)", "queue_jobs"),
+    ("pgqueue_claim", JOB_PROBE, "", "(main)", "queue_jobs"),
+    (
+        # A name that is not the function's queue argument is no parameter.
+        "pgqueue_claim",
+        JOB_PROBE,
+        "\n          AND j.queue = p_worker_id",
+        "(main)",
+        "queue_jobs",
+    ),
     ("job_claim_after", CLAIM_WALK, "WHERE status = 'pending'", "candidates", "queue_job_state"),
-    ("job_claim_after", JOB_PROBE, "", "(main)", "queue_jobs"),
     ("job_claim_controlled", TYPE_PROBE, "WHERE j.id = s.job_id", "walk", "queue_jobs"),
     (
         "job_claim_controlled",
@@ -247,11 +271,11 @@ MUTATIONS = [
 def test_a_statement_whose_queue_filter_is_taken_away_is_flagged(
     name: str, old: str, new: str, step: str, table: str
 ) -> None:
-    text = QUERIES[name]
+    text, parameters = STATEMENTS[name], PARAMETERS.get(name, ())
     assert text.count(old) == 1, f"{name}: the text to mutate is not in it exactly once"
-    flagged = {(p.step, p.table) for p in unrouted(text)}
+    flagged = {(p.step, p.table) for p in unrouted(text, parameters)}
     assert (step, table) not in flagged
-    mutated = {(p.step, p.table) for p in unrouted(text.replace(old, new))}
+    mutated = {(p.step, p.table) for p in unrouted(text.replace(old, new), parameters)}
     assert (step, table) in mutated
 
 

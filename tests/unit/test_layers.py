@@ -78,6 +78,13 @@ FLOORS = {
     "__init__": INTEGRATIONS,
 }
 MAX_LOCAL_IMPORTS = 5
+# Rooms that may execute SQL: the store runs it, sql/ loads it (migrations are not rooms).
+RUNS_SQL = {"store", "sql"}
+# Calls that execute SQL or hand out what does: a cursor's or connection's execute, a
+# cursor, a session's raw connection, pipeline or hold, the ORM's raw SQL.
+EXECUTING_CALLS = {"execute", "executemany", "cursor", "raw", "holding", "pipelined"}
+# The store's own helpers that run a statement given by name on Django's connection.
+STORE_HELPERS = {"django_cursor", "fetch_all", "fetch_one", "fetch_after"}
 ISSUE_REFERENCE = re.compile(r"#.*\bissue \d+|\(issue \d+\)", re.IGNORECASE)
 
 
@@ -107,9 +114,9 @@ def _parse(path: Path) -> ast.Module:
         return pickle.loads(done.stdout)
 
 
-def _imports(path: Path) -> list[tuple[str, ast.stmt, bool]]:
+def _imports(path: Path, root: Path = ROOT) -> list[tuple[str, ast.stmt, bool]]:
     """(target module, statement, inside a function) for each own-package import."""
-    module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    module = ".".join(path.relative_to(root).with_suffix("").parts)
     package = module.split(".")[:-1]
     tree = _parse(path)
     functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
@@ -186,6 +193,68 @@ def test_no_import_cycle_between_rooms():
 def test_the_cycle_check_finds_a_loop():
     assert _cycle({"a": {"b": ""}, "b": {"c": ""}, "c": {"a": ""}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b": ""}, "b": {}, "c": {"a": ""}}) is None
+
+
+def _sql_executions(path: Path, root: Path = ROOT) -> list[str]:
+    """Where the module at `path` executes SQL itself, as 'module:line what'."""
+    module = ".".join(path.relative_to(root).with_suffix("").parts)
+    found = []
+    for target, node, _ in _imports(path, root):
+        # The statements (django_pgqueue.sql.QUERIES) or the store's cursor helpers.
+        if _room(target) == "sql" or target.startswith("django_pgqueue.store.cursors"):
+            found.append((node.lineno, f"imports {target}"))
+    for node in ast.walk(_parse(path)):
+        if isinstance(node, ast.Attribute) and node.attr in {"raw", "introspection"}:
+            found.append((node.lineno, f".{node.attr}"))  # a raw connection, a query
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        first = node.args[0] if node.args else None
+        by_name = isinstance(first, ast.Constant) and isinstance(first.value, str)
+        if name in EXECUTING_CALLS - {"raw"} or name in STORE_HELPERS:
+            found.append((node.lineno, f"{name}()"))
+        elif name == "run" and by_name:
+            found.append((node.lineno, f"run({first.value!r})"))  # a session's statement
+    return [f"{module}:{line} {what}" for line, what in sorted(set(found))]
+
+
+def test_only_the_store_executes_sql():
+    """A module outside store/ runs no statement itself: it calls the store."""
+    outside = [
+        place
+        for path in _sources()
+        if _room(".".join(path.relative_to(ROOT).with_suffix("").parts)) not in RUNS_SQL
+        for place in _sql_executions(path)
+    ]
+    assert outside == []
+
+
+def test_the_sql_check_finds_each_way_of_running_sql(tmp_path):
+    module = tmp_path / "django_pgqueue" / "probe.py"
+    module.parent.mkdir()
+    module.write_text(
+        "from .sql import QUERIES\n"
+        "from .store.cursors import fetch_all\n"
+        "def f(conn, store, connection):\n"
+        "    conn.execute(QUERIES['job_claim'])\n"
+        "    store.run('job_claim', {})\n"
+        "    connection.cursor()\n"
+        "    store.raw\n"
+        "    fetch_all('default', 'names_known')\n"
+        "    worker.run()\n",  # a worker's run loop is not SQL
+        "utf-8",
+    )
+    found = [place.split(" ", 1)[1] for place in _sql_executions(module, tmp_path)]
+    assert found == [
+        "imports django_pgqueue.sql",
+        "imports django_pgqueue.store.cursors",
+        "execute()",
+        "run('job_claim')",
+        "cursor()",
+        ".raw",
+        "fetch_all()",
+    ]
 
 
 def test_local_imports_are_few_and_say_why():

@@ -2,9 +2,7 @@ from collections import Counter
 
 import pytest
 
-from django_pgqueue import sql as sql_module
 from django_pgqueue.exceptions import ConfigurationError
-from django_pgqueue.sql import QUERIES, load
 from django_pgqueue.worker import QueueScheduler, WorkerConfig
 
 
@@ -45,52 +43,6 @@ def test_worker_config_is_validated(queues, options, message):
 def test_heartbeat_follows_a_short_lease():
     config = WorkerConfig.build(["a"], lease=2)
     assert config.heartbeat_interval == pytest.approx(2 / 3)
-
-
-def test_queries_file_loads_every_statement():
-    assert {"job_claim", "job_complete", "job_fail", "lease_renew", "lease_sweep"} <= set(QUERIES)
-    for name, text in QUERIES.items():
-        assert text.startswith(f"-- name: {name}")
-        assert not text.rstrip().endswith(";")
-
-
-def test_the_resumed_claim_is_the_claim_with_the_resume_condition():
-    claim, resumed = QUERIES["job_claim"], QUERIES["job_claim_after"]
-    assert resumed.startswith("-- name: job_claim_after\n")
-    assert "(run_at, job_id) > (%(after_run_at)s::timestamptz" in resumed
-    assert "%(after" not in claim
-    with pytest.raises(ValueError, match="resume mark"):
-        sql_module.resumed("-- name: job_claim\nSELECT 1")
-
-
-def test_the_controlled_claim_takes_jobs_with_the_claims_own_steps():
-    claim, controlled = QUERIES["job_claim"], QUERIES["job_claim_controlled"]
-    assert controlled.startswith("-- name: job_claim_controlled\n")
-    steps = claim[claim.index("), claimed AS (") : claim.index(")\nSELECT claimed.job_id")]
-    assert steps.replace("clock_timestamp()", "(SELECT at FROM budget)") in controlled
-    assert controlled.endswith(claim[claim.index("SELECT claimed.job_id") :])
-    assert "-- job_claim_controlled:" not in controlled
-    with pytest.raises(ValueError, match="mark"):
-        sql_module.controlled("-- name: job_claim_controlled\nSELECT 1", claim)
-
-
-def test_the_keyed_bulk_insert_and_the_type_update_take_their_shared_text():
-    keyed, types = QUERIES["job_enqueue_many_keyed"], QUERIES["queue_type_control_update"]
-    many = QUERIES["job_enqueue_many"]
-    assert many[many.index("    SELECT nextval(") : many.index("        jsonb_array")] in keyed
-    assert "unnest(%(idempotency_keys)s::text[]), unnest(%(concurrency_keys)s::text[]),\n" in keyed
-    assert "ELSE c.rate_period END,\n    updated_at = now()\nRETURNING c.queue, c.type" in types
-    assert "_update: queue_control" not in types
-    assert "_keyed: job_enqueue_many" not in keyed
-    with pytest.raises(ValueError, match="rows mark"):
-        sql_module.keyed("-- name: job_enqueue_many_keyed\nSELECT 1", many)
-    with pytest.raises(ValueError, match="not found"):
-        sql_module.type_limits(types, "-- name: queue_control_update\nSELECT 1")
-
-
-def test_loader_refuses_duplicates():
-    with pytest.raises(ValueError, match="twice"):
-        load("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;")
 
 
 def test_a_retry_due_before_the_poll_is_looked_for_and_keeps_a_burst_worker():

@@ -1,0 +1,175 @@
+-- The worker registry and the per-minute rollup (django_pgqueue.observability).
+-- Observation only: nothing here decides who owns a job (leases do).
+
+
+-- name: worker_upsert
+-- Record that a worker is alive (its heartbeat runs this every cycle), with how many jobs it runs.
+-- One statement on the heartbeat's own connection; last_seen_at is the database's
+-- clock. A worker marked gone that reports again (a partition healed) is alive again.
+INSERT INTO queue_workers AS w (
+    id, host, pid, queues, concurrency, lease_seconds, version, running,
+    started_at, last_seen_at, gone_at
+)
+VALUES (
+    %(id)s::text, %(host)s::text, %(pid)s::integer, %(queues)s::jsonb, %(concurrency)s::integer,
+    %(lease)s::float8, %(version)s::text, %(running)s::integer, now(), now(), NULL
+)
+ON CONFLICT (id) DO UPDATE
+SET last_seen_at = now(), running = excluded.running, gone_at = NULL;
+
+
+-- name: worker_stopped
+-- Mark a worker gone as it stops (its own shutdown); its row stays until worker_prune.
+UPDATE queue_workers
+SET gone_at = now(), last_seen_at = now(), running = 0
+WHERE id = %(id)s::text;
+
+
+-- name: worker_mark_gone
+-- Mark gone the workers whose heartbeat has not been seen for two of their leases.
+-- Any worker's heartbeat may run it; the table holds one row per worker process, so
+-- reading it whole is cheap. Returns the ids marked.
+UPDATE queue_workers
+SET gone_at = now()
+WHERE gone_at IS NULL
+  AND last_seen_at < now() - make_interval(secs => 2 * lease_seconds)
+RETURNING id;
+
+
+-- name: worker_prune
+-- Delete workers gone for longer than keep_seconds, and rollup minutes older than keep_minutes.
+WITH workers AS (
+    DELETE FROM queue_workers
+    WHERE gone_at < now() - make_interval(secs => %(keep_seconds)s::float8)
+    RETURNING id
+), minutes AS (
+    DELETE FROM queue_stats_minutely
+    WHERE minute < now() - make_interval(mins => %(keep_minutes)s::integer)
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM workers), (SELECT count(*) FROM minutes);
+
+
+-- name: worker_list
+-- List the registered workers, live ones first, with whether each is alive now.
+-- Alive means not marked gone and seen within two of its leases (a worker that died
+-- without a word counts as gone before any heartbeat has marked it).
+SELECT id, host, pid, queues, concurrency, lease_seconds, version, running,
+       started_at, last_seen_at, gone_at,
+       (gone_at IS NULL AND last_seen_at >= now() - make_interval(secs => 2 * lease_seconds))
+           AS alive,
+       extract(epoch FROM now() - last_seen_at)::float8 AS seen_seconds_ago
+FROM queue_workers
+ORDER BY alive DESC, last_seen_at DESC, id
+LIMIT %(limit)s::integer;
+
+
+-- name: worker_running_jobs
+-- The jobs the given workers hold, at most per_worker of each (oldest job first).
+-- Reads queue_job_state_running_idx (only running rows: bounded by the workers'
+-- concurrency, whatever the table size) and picks each worker's first rows before
+-- anything else: the job's type (a primary-key probe) and the attempt's start (a
+-- unique-index probe) are read for the rows shown only.
+WITH held AS (
+    SELECT state.locked_by, state.job_id, state.queue, state.attempts, state.max_attempts,
+           state.lease_version, state.locked_until,
+           row_number() OVER (PARTITION BY state.locked_by ORDER BY state.job_id) AS n
+    FROM queue_job_state AS state
+    WHERE state.status = 'running'
+      AND state.locked_by = ANY (%(worker_ids)s::text[])
+)
+SELECT held.locked_by, held.job_id, held.queue, job.type, held.attempts,
+       held.max_attempts, held.lease_version, attempt.started_at,
+       extract(epoch FROM held.locked_until - now())::float8 AS lease_left_seconds
+FROM held
+CROSS JOIN LATERAL (
+    SELECT j.type FROM queue_jobs AS j WHERE j.id = held.job_id LIMIT 1
+) AS job
+LEFT JOIN LATERAL (
+    SELECT a.started_at FROM queue_attempts AS a
+    WHERE a.job_id = held.job_id AND a.lease_version = held.lease_version
+    LIMIT 1
+) AS attempt ON true
+WHERE held.n <= %(per_worker)s::integer
+ORDER BY held.locked_by, held.job_id;
+
+
+-- name: worker_counts
+-- Count the registered workers alive and gone, for the metrics.
+SELECT count(*) FILTER (
+           WHERE gone_at IS NULL
+             AND last_seen_at >= now() - make_interval(secs => 2 * lease_seconds)
+       ) AS alive,
+       count(*) FILTER (
+           WHERE NOT (gone_at IS NULL
+                      AND last_seen_at >= now() - make_interval(secs => 2 * lease_seconds))
+       ) AS gone
+FROM queue_workers;
+
+
+-- name: stats_minute_add
+-- Add the attempts a worker finished to their minute's rollup rows, one upsert for a batch.
+-- The arrays are parallel, one element per attempt whose outcome was written: its id,
+-- queue, run_at as claimed, and outcome (succeeded, retried or dead). The wait is the
+-- attempt's start (the database's clock at the claim) minus the run_at it was claimed
+-- at, counted into the buckets of `bounds` (width_bucket: 0 below the first bound).
+-- Each attempt is read by primary key. Two workers adding to one minute serialize on
+-- its row for the length of this statement only.
+WITH finished AS (
+    SELECT date_trunc('minute', a.finished_at) AS minute, i.queue, i.outcome,
+           greatest(extract(epoch FROM a.started_at - i.run_at)::float8, 0) AS wait
+    FROM unnest(
+        %(attempt_ids)s::bigint[], %(queues)s::text[], %(run_ats)s::timestamptz[],
+        %(outcomes)s::text[]
+    ) AS i(attempt_id, queue, run_at, outcome)
+    JOIN queue_attempts AS a ON a.id = i.attempt_id
+    WHERE a.finished_at IS NOT NULL
+), per_bucket AS (
+    SELECT minute, queue, width_bucket(wait, %(bounds)s::float8[]) AS bucket,
+           count(*) AS attempts,
+           count(*) FILTER (WHERE outcome = 'succeeded') AS completed,
+           count(*) FILTER (WHERE outcome = 'retried') AS retried,
+           count(*) FILTER (WHERE outcome = 'dead') AS dead,
+           sum(wait) AS wait_sum
+    FROM finished
+    GROUP BY 1, 2, 3
+), per_minute AS (
+    SELECT k.minute, k.queue,
+           coalesce(sum(p.completed), 0)::integer AS completed,
+           coalesce(sum(p.retried), 0)::integer AS retried,
+           coalesce(sum(p.dead), 0)::integer AS dead,
+           coalesce(sum(p.wait_sum), 0)::float8 AS wait_sum,
+           array_agg(coalesce(p.attempts, 0)::integer ORDER BY b.bucket) AS buckets
+    FROM (SELECT DISTINCT minute, queue FROM per_bucket) AS k
+    CROSS JOIN generate_series(0, cardinality(%(bounds)s::float8[])) AS b(bucket)
+    LEFT JOIN per_bucket AS p
+        ON p.minute = k.minute AND p.queue = k.queue AND p.bucket = b.bucket
+    GROUP BY k.minute, k.queue
+)
+INSERT INTO queue_stats_minutely AS r (
+    minute, queue, completed, retried, dead, wait_seconds_sum, wait_buckets
+)
+SELECT minute, queue, completed, retried, dead, wait_sum, buckets
+FROM per_minute
+ORDER BY minute, queue
+ON CONFLICT (minute, queue) DO UPDATE
+SET completed = r.completed + excluded.completed,
+    retried = r.retried + excluded.retried,
+    dead = r.dead + excluded.dead,
+    wait_seconds_sum = r.wait_seconds_sum + excluded.wait_seconds_sum,
+    wait_buckets = ARRAY(
+        SELECT old + new
+        FROM unnest(r.wait_buckets, excluded.wait_buckets) WITH ORDINALITY AS u(old, new, n)
+        ORDER BY n
+    );
+
+
+-- name: stats_minute_range
+-- Read the rollup rows of the last `minutes` minutes, oldest first, with the current minute.
+-- A range walk of queue_stats_minutely_key (minute, queue), in its order: no sort,
+-- never a read of queue_attempts.
+SELECT date_trunc('minute', now()) AS now_minute, r.minute, r.queue, r.completed, r.retried,
+       r.dead, r.wait_seconds_sum, r.wait_buckets
+FROM queue_stats_minutely AS r
+WHERE r.minute > date_trunc('minute', now()) - make_interval(mins => %(minutes)s::integer)
+ORDER BY r.minute, r.queue;

@@ -1,0 +1,77 @@
+"""The worker registry's and the per-minute rollup's statements.
+
+Written from a worker's heartbeat, on its connection (``worker_upsert``,
+``worker_stopped``, ``worker_mark_gone``, ``worker_prune``, ``stats_minute_add``);
+read on Django's connection for the admin's Workers and Charts pages, ``queue_stats``
+and the metrics. Observation only: a job belongs to whoever holds its lease, whatever
+these tables say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..sql import QUERIES
+from .cursors import django_cursor
+from .session import Session
+
+
+def record_beat(session: Session, params: dict[str, Any]) -> None:
+    """Upsert a worker's row (``worker_upsert``'s parameters): alive now."""
+    session.run("worker_upsert", params)
+
+
+def record_stop(session: Session, worker_id: str) -> None:
+    """Mark a worker gone as it stops."""
+    session.run("worker_stopped", {"id": worker_id})
+
+
+def mark_gone(session: Session) -> list[str]:
+    """Mark gone the workers not seen for two of their leases; return their ids."""
+    return [row[0] for row in session.run("worker_mark_gone", {})]
+
+
+def prune(session: Session, keep_seconds: float, keep_minutes: int) -> tuple[int, int]:
+    """Delete workers gone longer than `keep_seconds` and rollup minutes older than
+    `keep_minutes`; return how many of each."""
+    rows = session.run("worker_prune", {"keep_seconds": keep_seconds, "keep_minutes": keep_minutes})
+    return int(rows[0][0]), int(rows[0][1])
+
+
+def list_workers(
+    alias: str, limit: int, jobs_per_worker: int | None
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Up to `limit` registered workers, alive first, and (unless `jobs_per_worker` is
+    None) up to that many of the jobs each holds, as (worker id, job columns ...)."""
+    with django_cursor(alias) as cursor:
+        cursor.execute(QUERIES["worker_list"], {"limit": limit})
+        workers = cursor.fetchall()
+        if jobs_per_worker is None or not workers:
+            return workers, []
+        cursor.execute(
+            QUERIES["worker_running_jobs"],
+            {"worker_ids": [row[0] for row in workers], "per_worker": jobs_per_worker},
+        )
+        return workers, cursor.fetchall()
+
+
+def count_workers(alias: str) -> tuple[int, int]:
+    """(alive, gone) registered workers."""
+    with django_cursor(alias) as cursor:
+        cursor.execute(QUERIES["worker_counts"])
+        alive, gone = cursor.fetchone()
+    return int(alive), int(gone)
+
+
+def add_minutes(session: Session, params: dict[str, Any]) -> None:
+    """Add finished attempts to the per-minute rollup (``stats_minute_add``'s parameters)."""
+    session.run("stats_minute_add", params)
+
+
+def read_minutes(alias: str, minutes: int) -> Sequence[tuple[Any, ...]]:
+    """The rollup rows of the last `minutes` minutes, oldest first, each with the
+    database's current minute first (``stats_minute_range``)."""
+    with django_cursor(alias) as cursor:
+        cursor.execute(QUERIES["stats_minute_range"], {"minutes": minutes})
+        return cursor.fetchall()
