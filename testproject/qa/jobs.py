@@ -479,3 +479,96 @@ def sustained(ctx: JobContext) -> None:
     time.sleep(0.001)
     if "port" in payload:
         _starts().sendto(struct.pack("!dd", payload["t"], started), ("127.0.0.1", payload["port"]))
+
+
+# -- tests/integration/test_hold_and_capacity.py: which handlers execute when, in this
+# process ---------------------------------------------------------------------------------
+
+
+class Executions:
+    """The handlers of this process executing now, by kind ("sync", "async"), the most
+    at once, and each execution's (start, end) in time.monotonic(), by job id."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.now: dict[str, int] = {"sync": 0, "async": 0}
+        self.most: dict[str, int] = {"sync": 0, "async": 0}
+        self.spans: dict[int, list[list[float | None]]] = {}
+
+    def reset(self) -> None:
+        with self._lock:
+            self.now = {"sync": 0, "async": 0}
+            self.most = {"sync": 0, "async": 0}
+            self.spans = {}
+
+    def enter(self, kind: str, job_id: int) -> list[float | None]:
+        span: list[float | None] = [time.monotonic(), None]
+        with self._lock:
+            self.now[kind] += 1
+            self.most[kind] = max(self.most[kind], self.now[kind])
+            self.spans.setdefault(job_id, []).append(span)
+        return span
+
+    def exit(self, kind: str, span: list[float | None]) -> None:
+        with self._lock:
+            self.now[kind] -= 1
+            span[1] = time.monotonic()
+
+    def executing(self, job_id: int) -> bool:
+        with self._lock:
+            return any(end is None for _, end in self.spans.get(job_id, ()))
+
+    def started(self, job_id: int) -> bool:
+        with self._lock:
+            return bool(self.spans.get(job_id))
+
+
+EXECUTIONS = Executions()
+
+
+def _span_seconds(ctx: JobContext) -> float:
+    """payload["seconds"] on the first attempt, payload["later"] (default 0) after."""
+    key = "seconds" if ctx.attempt == 1 else "later"
+    return float(ctx.payload.get(key, 0))
+
+
+@django_pgqueue.handler("qa.span", max_attempts=3, retry=FixedDelay(0.05))
+def span(ctx: JobContext) -> int:
+    """Execute for `_span_seconds`, recorded in EXECUTIONS: in one time.sleep call when
+    payload["c"] (a call in C, which a timeout's exception reaches only once it returns),
+    else in short sleeps."""
+    entry = EXECUTIONS.enter("sync", ctx.job_id)
+    try:
+        seconds = _span_seconds(ctx)
+        if ctx.payload.get("c"):
+            time.sleep(seconds)
+        else:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        return ctx.job_id
+    finally:
+        EXECUTIONS.exit("sync", entry)
+
+
+@django_pgqueue.handler("qa.aspan", max_attempts=3, retry=FixedDelay(0.05))
+async def aspan(ctx: JobContext) -> int:
+    """The async `span`: awaits `_span_seconds`, or with payload["block"] holds the
+    event loop that long in a sync call; payload["swallow"] ignores cancellations."""
+    entry = EXECUTIONS.enter("async", ctx.job_id)
+    try:
+        seconds = _span_seconds(ctx)
+        if ctx.payload.get("block"):
+            time.sleep(seconds)
+        elif ctx.payload.get("swallow"):
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                try:
+                    await asyncio.sleep(0.02)
+                except asyncio.CancelledError:
+                    continue
+        else:
+            await asyncio.sleep(seconds)
+        return ctx.job_id
+    finally:
+        EXECUTIONS.exit("async", entry)
