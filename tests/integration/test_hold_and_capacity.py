@@ -12,13 +12,14 @@ with what the database said meanwhile, never with a wall-clock bound.
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
+from qa.jobs import EXECUTIONS
 
 from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.control.api import set_queue_limit
-from qa.jobs import EXECUTIONS
 from tests.integration.test_worker import wait_until
 from tests.integration.test_worker_faults import status
 
@@ -43,7 +44,7 @@ def overlapping(spans: list[list[float | None]]) -> list[tuple[list, list]]:
     ordered = sorted(spans, key=lambda span: span[0])
     return [
         (first, second)
-        for first, second in zip(ordered, ordered[1:], strict=False)
+        for first, second in itertools.pairwise(ordered)
         if first[1] is None or second[0] < first[1]
     ]
 
@@ -89,10 +90,11 @@ def test_async_concurrency_is_a_hard_limit_whatever_the_threads(run_worker, thre
 
 
 def test_a_sync_timeout_holds_the_handler_slot_until_the_handler_returns(run_worker):
-    # Each handler outlives its timeout, and its lease, in one C call; with one thread,
-    # the second job may start only once the first call really returned.
-    jobs = enqueue_many([("qa.span", {"seconds": 2.5, "c": True})] * 2, queue="stime")
-    run_worker(["stime"], concurrency=1, job_timeout=0.3, lease=1.0)
+    # Each handler outlives its timeout by more than a lease (not by as much again: it
+    # never counts as stuck) in one C call; with one thread, the second job may start
+    # only once the first call really returned.
+    jobs = enqueue_many([("qa.span", {"seconds": 3.4, "c": True})] * 2, queue="stime")
+    run_worker(["stime"], concurrency=1, job_timeout=2.0, lease=1.0)
     wait_until(lambda: finished(*(job.id for job in jobs)), timeout=HANG_GUARD)
     assert EXECUTIONS.most["sync"] == 1
 
@@ -108,7 +110,8 @@ def test_an_async_handler_blocking_the_loop_keeps_its_row_and_queue_slot(run_wor
         run_worker(["ablock"], concurrency=2, async_concurrency=2, job_timeout=0.5)
         wait_until(lambda: finished(blocking.id, behind.id), timeout=HANG_GUARD)
     assert watch.violations == []
-    [(_, blocked_until)] = EXECUTIONS.spans[blocking.id]
+    # Its first run timed out (the job was retried once the blocking call returned).
+    blocked_until = EXECUTIONS.spans[blocking.id][0][1]
     [(behind_from, _)] = EXECUTIONS.spans[behind.id]
     assert behind_from >= blocked_until
 
