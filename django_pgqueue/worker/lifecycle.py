@@ -190,10 +190,16 @@ class Worker:
         # run, their outcomes say so.
         dispatcher.aio.stop()
         dispatcher.collect_outcomes()
-        interrupted = [item for item in self._inflight if not item.resolved]
-        hold = self._hold(interrupted)
-        for item in interrupted:
+        executing = [item for item in self._inflight if not item.resolved]
+        hold = self._hold(executing)
+        # A handler past its timeout has its verdict: written once it returned (on the
+        # hold), or by the sweep once the process is gone, never now. The others are
+        # interrupted: their attempts given back.
+        timed = [item for item in executing if item.verdict is not None]
+        interrupted = [item for item in executing if item.verdict is None]
+        for item in executing:
             item.resolved = True
+        for item in interrupted:
             self._writer.add([(item, _interrupted(cfg.worker_id, held=hold is not None))])
         self._inflight.clear()
         if interrupted:
@@ -202,6 +208,13 @@ class Worker:
                 "their jobs due again %s",
                 len(interrupted),
                 "once the handlers returned or this process ended" if hold else "now",
+            )
+        if timed:
+            logger.warning(
+                "shutdown: %d handler(s) past their timeout still running; their timeouts "
+                "are written once they returned, or the sweep takes the jobs once this "
+                "process ended",
+                len(timed),
             )
         try:
             if not self._store.connected:
@@ -225,8 +238,8 @@ class Worker:
             )
         if hold is not None:
             threading.Thread(
-                target=_give_back_when_returned,
-                args=(hold, interrupted, _interrupted(cfg.worker_id)),
+                target=_finish_when_returned,
+                args=(hold, interrupted, timed, _interrupted(cfg.worker_id)),
                 name="pgqueue-hold",
                 daemon=True,
             ).start()
@@ -254,14 +267,22 @@ class Worker:
         return hold if hold.take(rows) else None
 
 
-def _give_back_when_returned(hold: RowHold, items: list[InFlight], why: Failure) -> None:
-    """Give the held jobs back once every one of their handlers ended (returned, or
-    its thread is gone). A process that exits first ends this thread and the hold."""
-    while not all(item.ended for item in items):
+def _finish_when_returned(
+    hold: RowHold, interrupted: list[InFlight], timed: list[InFlight], why: Failure
+) -> None:
+    """Once every held job's handler ended (returned, or its thread is gone), give the
+    interrupted jobs back and write the timed-out ones' verdicts. A process that exits
+    first ends this thread and the hold."""
+    while not all(item.ended for item in (*interrupted, *timed)):
         time.sleep(0.05)
-    rows = [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in items]
-    given = hold.give_back(rows, why.message, why.error_class)
-    logger.info("shutdown: %d interrupted job(s) given back, due again now", given)
+    rows = [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in interrupted]
+    failed = [
+        (item.ctx.job_id, item.ctx.lease_version, item.attempt_id, item.verdict)
+        for item in timed
+        if isinstance(item.verdict, Failure)
+    ]
+    written = hold.finish(rows, failed, why.message, why.error_class)
+    logger.info("shutdown: %d held job(s) written, due again now or failed", written)
 
 
 def _interrupted(worker_id: str, *, held: bool = False) -> Failure:
