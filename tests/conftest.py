@@ -105,6 +105,16 @@ def run_worker() -> Iterator[Any]:
         if worker.thread.is_alive():
             worker.worker.stop(force=True)
             worker.thread.join(30)
+    # Handlers that hang return now; the jobs their workers held at shutdown are
+    # written before the test database is flushed (which their row locks would block).
+    from qa.jobs import RELEASE  # the test project's handlers, loaded with Django
+
+    RELEASE.set()
+    try:
+        for worker in started:
+            assert worker.worker.wait_for_held(60), "a held job's handler did not return"
+    finally:
+        RELEASE.clear()
 
 
 class WorkerProcess:

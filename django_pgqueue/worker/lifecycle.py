@@ -61,6 +61,7 @@ class Worker:
         self._service_stop = threading.Event()  # ends the heartbeat and the listener
         self._threads: list[threading.Thread] = []  # signals, heartbeat, listener
         self._heartbeat_thread: threading.Thread | None = None
+        self._held: threading.Thread | None = None  # writes the jobs held at shutdown
         self._dispatcher = dispatcher = Dispatcher(cfg, self.registry, self._switch, self.stats)
         # The installed features' hooks (django_pgqueue.extensions), built by the dispatcher.
         self.hooks = dispatcher.hooks
@@ -141,6 +142,16 @@ class Worker:
             self.stats["async_cancel_ignored"] = aio.ignored_cancel
         logger.info("worker %s stopped: %s", cfg.worker_id, dict(self.stats))
         return self.exit_code
+
+    def wait_for_held(self, timeout: float | None = None) -> bool:
+        """After `run` returned: wait until the jobs held at shutdown (their handlers
+        still ran) were written, their handlers having ended; False if they still
+        run after `timeout` seconds. A process that exits needs not wait: its end lets
+        go of them (the sweep takes them back)."""
+        if self._held is not None:
+            self._held.join(timeout)
+            return not self._held.is_alive()
+        return True
 
     def _start_service(self, target: Callable[[], None], name: str) -> threading.Thread:
         thread = threading.Thread(target=target, name=f"pgqueue-{name}", daemon=True)
@@ -237,12 +248,13 @@ class Worker:
                 exc,
             )
         if hold is not None:
-            threading.Thread(
+            self._held = threading.Thread(
                 target=_finish_when_returned,
                 args=(hold, interrupted, timed, _interrupted(cfg.worker_id)),
                 name="pgqueue-hold",
                 daemon=True,
-            ).start()
+            )
+            self._held.start()
         self._service_stop.set()
         self._listener.interrupt()
         self._signals.close()

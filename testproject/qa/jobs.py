@@ -46,6 +46,11 @@ def _ledger_end(entry: tuple[str, int]) -> None:
         )
 
 
+# Set by the test fixtures when a test ends: handlers that hang return, so a worker
+# running in the test's process lets go of the jobs it held (see Worker.wait_for_held).
+RELEASE = threading.Event()
+
+
 @django_pgqueue.handler("qa.noop")
 def noop(ctx: JobContext) -> None:
     return None
@@ -130,8 +135,8 @@ def kill_process(ctx: JobContext) -> None:
 
 @django_pgqueue.handler("qa.hang")
 def hang(ctx: JobContext) -> None:
-    """Never returns on its own."""
-    threading.Event().wait()
+    """Never returns on its own (in a test's own process: until the test ends)."""
+    RELEASE.wait()
 
 
 @django_pgqueue.handler("qa.bad_result")
@@ -231,9 +236,10 @@ def stale(ctx: JobContext) -> None:
 
 @django_pgqueue.handler("qa.hang_retry", max_attempts=2, retry=FixedDelay(0.05))
 def hang_retry(ctx: JobContext) -> None:
-    """Never returns (blocked in C, where the timeout's exception cannot reach it)."""
+    """Never returns (blocked in C, where the timeout's exception cannot reach it; in a
+    test's own process: until the test ends)."""
     _ledger_start(ctx)
-    threading.Event().wait()
+    RELEASE.wait()
 
 
 @django_pgqueue.handler("qa.spin")
@@ -280,7 +286,7 @@ def outcome(ctx: JobContext) -> Any:
     if do == "memory":
         raise MemoryError("qa.outcome")
     if do == "hang":
-        threading.Event().wait(float(ctx.payload.get("seconds", 30)))
+        RELEASE.wait(float(ctx.payload.get("seconds", 30)))
         return None
     if do == "unstorable":
         return {"nan": float("nan")}
