@@ -10,8 +10,10 @@ never start more than their limit whatever a claim brought, so the limits are ha
 
 Which kinds a queue's jobs are is learned from its claims. A queue not claimed from
 yet is sized as a sync one when no async handler is registered, else to what both
-pools have free with one job at most waiting for a full pool: a claim whose jobs turn
-out to be of a kind whose pool is full leaves them waiting, unstarted, in that pool.
+pools have free. A queue that brought one kind claims one job more, to find out
+whether it has the other kind too, while the other pool has room and its own holds no
+job waiting. A claim whose jobs turn out to be of a kind whose pool is full leaves
+them waiting, unstarted, in that pool: at most one such job per queue.
 
 Used by the dispatcher thread only.
 """
@@ -67,14 +69,20 @@ class InFlightJobs:
             room = min(sync, tasks) or int(sync > 0 or tasks > 0)
             return min(batch, room)
         room = sum(max(0, self.free(kind)) for kind in kinds)
-        if len(kinds) == 1:
-            [kind] = kinds
-            other = "async" if kind == "sync" else "sync"
-            # One job more to find out whether the queue has the other kind too, while
-            # that pool has room and this one holds no job waiting.
-            if (other == "sync" or self.async_handlers) and self.free(other) > 0:
-                room += int(self.free(kind) >= 0)
+        if kinds == {"sync"}:
+            # One job more to find out whether the queue has async handlers too, once
+            # the event loop is in use, while it has room and no sync job waits.
+            if self._looped() and self.free("async") > 0 and self.free("sync") >= 0:
+                room += 1
+        elif kinds == {"async"}:
+            # And whether an async queue has sync ones, while a thread is free.
+            if self.free("sync") > 0 and self.free("async") >= 0:
+                room += 1
         return min(batch, room)
+
+    def _looped(self) -> bool:
+        """Some queue's claims brought an async handler: the event loop is in use."""
+        return any("async" in kinds for kinds in self._kinds.values())
 
     def add_all(self, items: list[InFlight]) -> None:
         """`items` were claimed and go to their pools."""

@@ -63,10 +63,11 @@ def echo(ctx: JobContext) -> Any:
 
 @django_pgqueue.handler("qa.sleep")
 def sleep(ctx: JobContext) -> None:
-    """Sleep payload['seconds'], recording the run in the ledger."""
+    """Sleep payload['seconds'] (in a test's own process: at most until the test ends),
+    recording the run in the ledger."""
     entry = _ledger_start(ctx)
     deadline = time.monotonic() + float(ctx.payload.get("seconds", 1.0))
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not RELEASE.is_set():
         time.sleep(0.01)
     _ledger_end(entry)
 
@@ -94,8 +95,9 @@ def offline(ctx: JobContext) -> None:
 
 @django_pgqueue.handler("qa.nap")
 def nap(ctx: JobContext) -> None:
-    """Sleep payload['seconds'] and write nothing (the bloat soak's steady load)."""
-    time.sleep(float(ctx.payload.get("seconds", 0.02)))
+    """Sleep payload['seconds'] (in a test's own process: at most until the test ends)
+    and write nothing (the bloat soak's steady load)."""
+    RELEASE.wait(float(ctx.payload.get("seconds", 0.02)))
 
 
 @django_pgqueue.handler("qa.fail", max_attempts=3)

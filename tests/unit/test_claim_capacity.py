@@ -54,7 +54,7 @@ def test_a_queue_not_claimed_from_yet_takes_what_both_pools_have_free():
 @pytest.mark.parametrize(
     ("kinds", "sync", "on_loop", "size"),
     [
-        (["sync"], 4, 0, 6 + 1),  # the threads' room, and one to find out about async
+        (["sync"], 4, 0, 6),  # the loop is not in use: no async handler to look for
         (["sync"], 12, 0, 0),  # two sync jobs wait for a thread: nothing more
         (["async"], 0, 30, 70 + 1),  # the loop's room, and one to find out about sync
         (["async"], 10, 30, 70),  # threads full: nothing to find out with
@@ -68,6 +68,15 @@ def test_a_queue_counts_the_pools_of_the_kinds_it_brought(kinds, sync, on_loop, 
         inflight.drop_all(running(inflight, "q", kind == "sync", kind == "async"))
     running(inflight, "other", sync, on_loop)
     assert inflight.claim_size("q", 1000) == size
+
+
+def test_a_sync_queue_looks_for_async_handlers_once_the_loop_is_in_use():
+    inflight = table()
+    inflight.drop_all(running(inflight, "q", sync=1, on_loop=0))
+    running(inflight, "r", sync=4, on_loop=30)
+    assert inflight.claim_size("q", 100) == 6 + 1
+    running(inflight, "r", sync=7, on_loop=0)  # a thread job already waits: no probe
+    assert inflight.claim_size("q", 100) == 0
 
 
 def test_a_sync_queue_never_looks_for_async_handlers_when_none_is_registered():
