@@ -495,26 +495,28 @@ def sustained(ctx: JobContext) -> None:
 
 class Executions:
     """The handlers of this process executing now, by kind ("sync", "async"), the most
-    at once, and each execution's (start, end) in time.monotonic(), by job id."""
+    at once, and each execution's (start, end) in time.monotonic(), by job id; with
+    `runs` each execution's worker, kind, queue and concurrency key (payload["key"])."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.now: dict[str, int] = {"sync": 0, "async": 0}
-        self.most: dict[str, int] = {"sync": 0, "async": 0}
-        self.spans: dict[int, list[list[float | None]]] = {}
+        self.reset()
 
     def reset(self) -> None:
         with self._lock:
-            self.now = {"sync": 0, "async": 0}
-            self.most = {"sync": 0, "async": 0}
-            self.spans = {}
+            self.now: dict[str, int] = {"sync": 0, "async": 0}
+            self.most: dict[str, int] = {"sync": 0, "async": 0}
+            self.spans: dict[int, list[list[float | None]]] = {}
+            self.runs: list[tuple[int, str, str, str, str | None, list[float | None]]] = []
 
-    def enter(self, kind: str, job_id: int) -> list[float | None]:
+    def enter(self, kind: str, ctx: JobContext) -> list[float | None]:
         span: list[float | None] = [time.monotonic(), None]
+        key = ctx.payload.get("key") if isinstance(ctx.payload, dict) else None
         with self._lock:
             self.now[kind] += 1
             self.most[kind] = max(self.most[kind], self.now[kind])
-            self.spans.setdefault(job_id, []).append(span)
+            self.spans.setdefault(ctx.job_id, []).append(span)
+            self.runs.append((ctx.job_id, ctx.worker_id, kind, ctx.queue, key, span))
         return span
 
     def exit(self, kind: str, span: list[float | None]) -> None:
@@ -529,6 +531,11 @@ class Executions:
     def started(self, job_id: int) -> bool:
         with self._lock:
             return bool(self.spans.get(job_id))
+
+    def snapshot(self) -> list[tuple[int, str, str, str, str | None, float, float | None]]:
+        """Every execution so far: (job, worker, kind, queue, key, start, end or None)."""
+        with self._lock:
+            return [(*run[:5], run[5][0], run[5][1]) for run in self.runs]  # type: ignore[misc]
 
 
 EXECUTIONS = Executions()
@@ -545,7 +552,7 @@ def span(ctx: JobContext) -> int:
     """Execute for `_span_seconds`, recorded in EXECUTIONS: in one time.sleep call when
     payload["c"] (a call in C, which a timeout's exception reaches only once it returns),
     else in short sleeps."""
-    entry = EXECUTIONS.enter("sync", ctx.job_id)
+    entry = EXECUTIONS.enter("sync", ctx)
     try:
         seconds = _span_seconds(ctx)
         if ctx.payload.get("c"):
@@ -563,7 +570,7 @@ def span(ctx: JobContext) -> int:
 async def aspan(ctx: JobContext) -> int:
     """The async `span`: awaits `_span_seconds`, or with payload["block"] holds the
     event loop that long in a sync call; payload["swallow"] ignores cancellations."""
-    entry = EXECUTIONS.enter("async", ctx.job_id)
+    entry = EXECUTIONS.enter("async", ctx)
     try:
         seconds = _span_seconds(ctx)
         if ctx.payload.get("block"):
