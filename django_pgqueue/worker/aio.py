@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import queue as queue_module
@@ -29,7 +30,7 @@ import time
 from collections import deque
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, ThreadSensitiveContext, sync_to_async
 from django.db import connections
 
 from .. import executor
@@ -84,6 +85,14 @@ class AsyncPool:
         self.ignored_cancel = 0  # handlers that swallowed their CancelledError
         self._probe_seen = time.monotonic()
         self._blocked_now = False
+        # The tasks' context: not the dispatcher's (whose thread may be one of
+        # asgiref's, when the worker was started from async code through
+        # sync_to_async: a task's thread-sensitive sync_to_async call would then be sent
+        # to that thread, which runs the worker, and wait for ever), but one whose
+        # thread-sensitive calls all go to one executor thread of the loop's own.
+        self._sync_context = ThreadSensitiveContext()
+        self._context = contextvars.Context()
+        self._context.run(SyncToAsync.thread_sensitive_context.set, self._sync_context)
 
     # -- the dispatcher's side ----------------------------------------------------
 
@@ -187,10 +196,20 @@ class AsyncPool:
             try:
                 # Django's async ORM and thread-sensitive sync_to_async calls ran on
                 # one executor thread: close that thread's connections as the loop ends.
-                loop.run_until_complete(sync_to_async(connections.close_all)())
+                closing = self._in_own_context(sync_to_async(connections.close_all)())
+                loop.run_until_complete(closing)
             except Exception:
                 logger.exception("closing the event loop's Django connections failed")
+            finally:
+                executor = SyncToAsync.context_to_thread_executor.pop(self._sync_context, None)
+                if executor is not None:
+                    executor.shutdown(wait=False)
             loop.close()
+
+    def _in_own_context(self, coro: Any, name: str | None = None) -> asyncio.Task[Any]:
+        """A task of `coro` in the loop's own context (see `_context`)."""
+        assert self._loop is not None
+        return self._context.run(self._loop.create_task, coro, name=name)
 
     def _admit(self, items: list[InFlight]) -> None:
         if self._stop.is_set():  # stopping: stop_taking hands them back
@@ -208,7 +227,7 @@ class AsyncPool:
             item.started = time.monotonic()
             with self._lock:
                 self._live.add(item)
-            task = loop.create_task(self._run(item), name=f"pgqueue job {item.ctx.job_id}")
+            task = self._in_own_context(self._run(item), f"pgqueue job {item.ctx.job_id}")
             self._tasks[item] = task
             timer = None
             if item.timeout is not None:

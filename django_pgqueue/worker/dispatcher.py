@@ -235,7 +235,8 @@ class Dispatcher:
         stopping = self._switch.stopping
         flush_due = self.writer.flush_due(now, running=bool(self.inflight))
         claim_ok = (
-            not stopping.is_set()
+            self.inflight.room()
+            and not stopping.is_set()
             and (flush_due or not self.writer.pending)
             and self.claims.refresh(now)
         )

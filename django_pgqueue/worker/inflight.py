@@ -10,7 +10,8 @@ never start more than their limit whatever a claim brought, so the limits are ha
 
 Which kinds a queue's jobs are is learned from its claims. A queue not claimed from
 yet is sized as a sync one when no async handler is registered, else to what both
-pools have free. A queue that brought one kind claims one job more, to find out
+pools have free (and, once the event loop is in use, one job when only one pool has
+room). A queue that brought one kind claims one job more, to find out
 whether it has the other kind too, while the other pool has room and its own holds no
 job waiting. A claim whose jobs turn out to be of a kind whose pool is full leaves
 them waiting, unstarted, in that pool: at most one such job per queue.
@@ -57,6 +58,11 @@ class InFlightJobs:
         """Slots of `kind` not taken (negative while a claim brought more than free)."""
         return self.limits[kind] - self._counts[kind]
 
+    def room(self) -> bool:
+        """Whether any claim could take a job now: a free thread, or a free task slot
+        once the event loop is in use."""
+        return self.free("sync") > 0 or (self._looped() and self.free("async") > 0)
+
     def claim_size(self, queue: str, batch: int) -> int:
         """How many jobs a claim from `queue` may take now, at most `batch`."""
         kinds = self._kinds.get(queue)
@@ -64,9 +70,11 @@ class InFlightJobs:
         if kinds is None:
             if not self.async_handlers:
                 return min(batch, sync)
-            # Unknown kinds: what both pools have free, or one job to find out which
-            # kind the queue has when one pool alone has room.
-            room = min(sync, tasks) or int(sync > 0 or tasks > 0)
+            # Unknown kinds: what both pools have free; once the event loop is in use,
+            # one job to find out which kind the queue has when one pool alone has room.
+            room = min(sync, tasks)
+            if not room and self._looped():
+                room = int(sync > 0 or tasks > 0)
             return min(batch, room)
         room = sum(max(0, self.free(kind)) for kind in kinds)
         if kinds == {"sync"}:

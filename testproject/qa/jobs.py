@@ -380,9 +380,9 @@ async def aoutcome(ctx: JobContext) -> Any:
     if do == "hang":
         await asyncio.sleep(seconds)
         return None
-    if do == "swallow":  # ignores its cancellation and goes on
+    if do == "swallow":  # ignores its cancellation and goes on (until RELEASE)
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not RELEASE.is_set():
             try:
                 await asyncio.sleep(0.05)
             except asyncio.CancelledError:

@@ -45,9 +45,11 @@ def test_a_queue_not_claimed_from_yet_without_async_handlers_takes_the_free_thre
 def test_a_queue_not_claimed_from_yet_takes_what_both_pools_have_free():
     inflight = table(threads=10, loop=3)
     assert inflight.claim_size("q", 100) == 3
-    running(inflight, "other", sync=0, on_loop=3)  # the loop is full: one to find out
-    assert inflight.claim_size("q", 100) == 1
-    running(inflight, "other", sync=10, on_loop=0)  # both full
+    running(inflight, "other", sync=10, on_loop=0)  # threads full, the loop unused
+    assert inflight.claim_size("q", 100) == 0
+    inflight.drop_all(running(inflight, "r", sync=0, on_loop=1))  # the loop in use
+    assert inflight.claim_size("q", 100) == 1  # one, to find out
+    running(inflight, "other", sync=0, on_loop=3)  # both full
     assert inflight.claim_size("q", 100) == 0
 
 
@@ -97,3 +99,12 @@ def test_a_job_counts_until_it_is_dropped_whatever_it_did_meanwhile():
     inflight.drop(items[0])  # dropped once: counted once
     assert (inflight.free("sync"), inflight.free("async")) == (1, 0)
     assert len(inflight) == 2
+
+
+def test_there_is_room_for_a_claim_while_a_thread_or_a_used_loop_has_a_slot():
+    inflight = table(threads=1, loop=2)
+    assert inflight.room()
+    running(inflight, "q", sync=1, on_loop=0)
+    assert not inflight.room()  # the loop is not in use: it gives no room yet
+    running(inflight, "r", sync=0, on_loop=1)
+    assert inflight.room()
