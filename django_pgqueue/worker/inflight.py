@@ -77,15 +77,13 @@ class InFlightJobs:
                 room = int(sync > 0 or tasks > 0)
             return min(batch, room)
         room = sum(max(0, self.free(kind)) for kind in kinds)
+        # One job more to find out whether the queue has the other kind too: async
+        # handlers once the event loop is in use, while it has room and no sync job
+        # waits; sync ones while a thread is free and no async job waits.
         if kinds == {"sync"}:
-            # One job more to find out whether the queue has async handlers too, once
-            # the event loop is in use, while it has room and no sync job waits.
-            if self._looped() and self.free("async") > 0 and self.free("sync") >= 0:
-                room += 1
+            room += self._looped() and self.free("async") > 0 and self.free("sync") >= 0
         elif kinds == {"async"}:
-            # And whether an async queue has sync ones, while a thread is free.
-            if self.free("sync") > 0 and self.free("async") >= 0:
-                room += 1
+            room += self.free("sync") > 0 and self.free("async") >= 0
         return min(batch, room)
 
     def _looped(self) -> bool:
