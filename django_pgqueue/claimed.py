@@ -1,8 +1,13 @@
-"""A claimed job in a worker, from its start until its outcome is written.
+"""A claimed job in a worker, from its claim until its handler really ended.
 
 `InFlight` is what the worker's parts pass between them (and what the worker's hooks
 are told of): the handler's `JobContext`, the lease the heartbeat renews, the attempt
 row, the handler and its retry policy.
+
+The hold: an in-flight job keeps its lease, its row and its slots until its handler's
+code really returned (or its thread, or its event loop, is gone). Whatever decides the
+job's fate before that (a timeout) sets its `verdict`, which is reported in place of
+the handler's own outcome once the code ended; nothing is written before.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .context import JobContext, Lease
+from .outcomes import Outcome
 from .registry import Handler
 from .retry import RetryPolicy
 from .store.worker import ClaimedRow
@@ -31,17 +37,52 @@ class InFlight:
     # When it was due, as claimed (the rollup's wait); None once its lease is lost.
     run_at: Any = None
     traceparent: str | None = None  # the enqueuer's W3C trace context, for its span
-    # Set by its handler thread when the handler starts.
+    # "async" for a coroutine handler (the event loop runs it), else "sync" (a thread).
+    kind: str = "sync"
+    # Set when the handler starts: when, and the thread running it (the event loop's
+    # thread for an async handler).
     started: float | None = field(default=None, init=False)
     thread: threading.Thread | None = field(default=None, init=False)
-    # Set by its handler thread when the handler returns (see HandlerPool._handoff).
+    # Set when the handler's code returned (see HandlerPool._handoff).
     returned: bool = field(default=False, init=False)
-    # Set by the dispatcher: the handler ran past its timeout; the outcome is known.
+    # The handler ran past its timeout (time.monotonic() when that was decided); its
+    # outcome is its `verdict`, reported once the code really ended.
     timed_out: bool = field(default=False, init=False)
+    timed_out_at: float | None = field(default=None, init=False)
+    verdict: Outcome | None = field(default=None, init=False)
+    # Set by the dispatcher once it took the outcome in.
     resolved: bool = field(default=False, init=False)
-    # Set by its handler thread just before it hands the outcome over.
+    # Set just before the outcome is handed over: the handler's code has ended.
     reported: bool = field(default=False, init=False)
     runtime: float | None = field(default=None, init=False)  # seconds the handler ran
+
+    def decide(self, verdict: Outcome, now: float) -> None:
+        """The job's outcome is `verdict` whatever the handler returns (a timeout):
+        reported once the code ended. Its lease reads as lost to the handler from now
+        (the heartbeat renews it for the worker until the outcome is written)."""
+        self.verdict = verdict
+        self.timed_out = True
+        self.timed_out_at = now
+        self.lease.timed_out = True
+
+    def log_extra(self) -> dict[str, Any]:
+        """The `extra=` of a log line about this job: its id, queue, type, attempt and
+        the worker running it."""
+        ctx = self.ctx
+        return {
+            "job_id": ctx.job_id,
+            "queue": ctx.queue,
+            "job_type": ctx.type,
+            "attempt": ctx.attempt,
+            "worker_id": ctx.worker_id,
+        }
+
+    @property
+    def ended(self) -> bool:
+        """The handler's code is not running any more: it returned, or the thread (or
+        the event loop's thread) that ran it is gone."""
+        thread = self.thread
+        return self.reported or (thread is not None and not thread.is_alive())
 
     @classmethod
     def claimed(
@@ -87,4 +128,5 @@ class InFlight:
             timeout,
             row.run_at,
             row.traceparent,
+            "async" if handler is not None and handler.coroutine is not None else "sync",
         )

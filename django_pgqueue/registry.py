@@ -122,6 +122,14 @@ class Registry:
     def types(self) -> list[str]:
         return sorted(self._handlers)
 
+    def may_have_async_handlers(self) -> bool:
+        """Whether a job of a type not seen yet may have an async handler: one is
+        registered, or a resolver (the Tasks backend's) may make one."""
+        with self._lock:
+            return bool(self._resolvers) or any(
+                spec.coroutine is not None for spec in self._handlers.values()
+            )
+
     def autodiscover(self) -> None:
         """Import the ``jobs`` module of every installed app, once per process."""
         if self._discovered:  # the common case, without the lock (enqueue asks each time)

@@ -30,16 +30,20 @@ from django_pgqueue.registry import registry
 from django_pgqueue.schedules.firing import tick_key
 from django_pgqueue.schedules.spec import ScheduleSpec, code_schedules
 from django_pgqueue.schedules.ticks import Ticks
-from django_pgqueue.worker import worker_for
+from django_pgqueue.worker import Worker
+from django_pgqueue.worker_config import queues_by_database
 
 
 def run_due_jobs(queues: Iterable[str] | None = None, **options: Any) -> Counter[str]:
-    """Run every due job of `queues` (default: all) with a burst worker; return its counts.
+    """Run every due job of `queues` (default: every queue with a pending job, on every
+    queue database) with burst workers, until none is due; return their counts.
 
-    Jobs enqueued by the handlers and due at once run too; a job scheduled for later (a
-    retry's backoff, a future ``run_at``) is left pending. Queues on several databases
-    (``QUEUE_DATABASES``) run in one worker over all of them. `options` are those of
-    :class:`~django_pgqueue.worker.Worker` (``concurrency``, ``lease``, ...).
+    Jobs enqueued by the handlers and due at once run too, in the same call: a
+    workflow's next step, a batch's callback, a job a handler enqueues, in the queues
+    given, or in any queue when `queues` is None. A job scheduled for later (a retry's
+    backoff, a future ``run_at``) is left pending. Each queue database is worked by a
+    worker of its own, in turn, until a round of them finds nothing due. `options` are
+    those of :class:`~django_pgqueue.worker.Worker` (``concurrency``, ``lease``, ...).
     """
     conf = get_settings()
     aliases = conf.queue_databases
@@ -50,25 +54,34 @@ def run_due_jobs(queues: Iterable[str] | None = None, **options: Any) -> Counter
                 "the worker's own connections cannot see jobs enqueued in it. Use "
                 "TransactionTestCase, or @pytest.mark.django_db(transaction=True)."
             )
-    if queues is None:  # every queue database's (PGQUEUE["QUEUE_DATABASES"])
-        queues = [
-            queue
-            for alias in aliases
-            for queue in JobState.objects.using(alias)
-            .filter(status="pending")
-            .order_by("queue")
-            .values_list("queue", flat=True)
-            .distinct()
-            if conf.database_for(queue) == alias
-        ]
-    names = list(dict.fromkeys(queues))
-    if not names:
-        return Counter()
+    given = None if queues is None else list(dict.fromkeys(queues))
     options.setdefault("concurrency", 1)
     options.setdefault("poll_interval", 0.05)
-    worker = worker_for(names, install_signal_handlers=False, burst=True, **options)
-    worker.run()
-    return Counter(worker.stats)
+    total: Counter[str] = Counter()
+    while True:
+        names = given if given is not None else _pending_queues(conf)
+        claimed = 0
+        for mine in queues_by_database(names).values():
+            worker = Worker(mine, install_signal_handlers=False, burst=True, **options)
+            worker.run()
+            total.update(worker.stats)
+            claimed += worker.stats["claimed"]
+        if not claimed:
+            return total
+
+
+def _pending_queues(conf: Any) -> list[str]:
+    """Every queue with a pending job, on the queue database it lives on."""
+    return [
+        queue
+        for alias in conf.queue_databases
+        for queue in JobState.objects.using(alias)
+        .filter(status="pending")
+        .order_by("queue")
+        .values_list("queue", flat=True)
+        .distinct()
+        if conf.database_for(queue) == alias
+    ]
 
 
 def _count(value: Any, name: str, low: int) -> int:

@@ -156,8 +156,8 @@ def _database_of(conf: Any, queues: tuple[str, ...]) -> str:
     """The one alias all of `queues` live on (PGQUEUE["QUEUE_DATABASES"]).
 
     A `Worker` claims, heartbeats and completes on one database: queues on several are
-    refused at start rather than served from the wrong one (`SeveralDatabases` serves
-    them, a `Worker` per database).
+    refused at start rather than served from the wrong one (run_queue_worker serves
+    them, a worker process per database).
     """
     if not conf.QUEUE_DATABASES:
         return str(conf.DATABASE)
@@ -169,7 +169,6 @@ def _database_of(conf: Any, queues: tuple[str, ...]) -> str:
     )
     raise ConfigurationError(
         f"The worker's queues live on several databases ({where}; see "
-        "PGQUEUE['QUEUE_DATABASES']): a Worker serves one database. Use "
-        "django_pgqueue.worker.worker_for(), or run_queue_worker, which run a Worker per "
-        "database in one process."
+        "PGQUEUE['QUEUE_DATABASES']): a Worker serves one database. Run one Worker per "
+        "database, or run_queue_worker, which starts a worker process per database."
     )

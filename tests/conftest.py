@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from django_pgqueue.worker import worker_for
+from django_pgqueue.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 MANAGE = ROOT / "testproject" / "manage.py"
@@ -39,12 +39,11 @@ def database_url() -> str:
 
 
 class WorkerThread:
-    """A worker (a `Worker`, or a `SeveralDatabases` when the queues live on several
-    databases) running in a real thread of this process, with its own connections."""
+    """A `Worker` running in a real thread of this process, with its own connections."""
 
     def __init__(self, queues: list[str], **options: Any) -> None:
         options.setdefault("poll_interval", 0.1)
-        self.worker = worker_for(queues, install_signal_handlers=False, **options)
+        self.worker = Worker(queues, install_signal_handlers=False, **options)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -106,6 +105,16 @@ def run_worker() -> Iterator[Any]:
         if worker.thread.is_alive():
             worker.worker.stop(force=True)
             worker.thread.join(30)
+    # Handlers that hang return now; the jobs their workers held at shutdown are
+    # written before the test database is flushed (which their row locks would block).
+    from qa.jobs import RELEASE  # the test project's handlers, loaded with Django
+
+    RELEASE.set()
+    try:
+        for worker in started:
+            assert worker.worker.wait_for_held(60), "a held job's handler did not return"
+    finally:
+        RELEASE.clear()
 
 
 class WorkerProcess:

@@ -9,6 +9,11 @@ each row running with its lease ended. The sweep passes over locked rows. Once t
 handlers returned, the worker gives the jobs back on this connection (`job_give_back`)
 and commits; a process that ends first takes its session and the locks with it, and
 the sweep gives the attempts back.
+
+A held job whose handler had already timed out is not interrupted: its attempt stays
+running, and once the handler returned its timeout is written on this connection
+(`job_fail`: the attempt spent); a process that ends first leaves it to the sweep,
+which records the attempt lost (spent too).
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from typing import Any
 import psycopg
 from django.db import connections
 
+from ..outcomes import Failure
 from ..sql import QUERIES
 from . import errors
 from .arrays import int_array
 from .connection import configure_session, connection_params
+from .worker import failure_statement
 
 logger = logging.getLogger(__name__)
 
@@ -68,41 +75,39 @@ class RowHold:
             return False
         return True
 
-    def give_back(self, rows: Sequence[tuple[int, int, int]], reason: str, error_class: str) -> int:
-        """Give the held jobs of (job_id, lease_version, attempt_id) back, due at once, and
-        let go of the rows; how many were given back (the others had moved on)."""
+    def finish(
+        self,
+        given_back: Sequence[tuple[int, int, int]],
+        failed: Sequence[tuple[int, int, int, Failure]],
+        reason: str,
+        error_class: str,
+    ) -> int:
+        """Give the interrupted jobs of (job_id, lease_version, attempt_id) back, due at
+        once, write the failures of the timed-out ones, and let go of the rows; how many
+        jobs were written (the others had moved on)."""
         if self._conn is None:
             return 0
-        given = 0
+        written = 0
+        statements = [
+            failure_statement(job_id, lease_version, attempt_id, _give_back(reason, error_class))
+            for job_id, lease_version, attempt_id in given_back
+        ] + [failure_statement(*row) for row in failed]
         try:
             with self._conn.cursor() as cursor:
-                for job_id, lease_version, attempt_id in rows:
-                    cursor.execute(
-                        QUERIES["job_give_back"],
-                        {
-                            "job_id": job_id,
-                            "lease_version": lease_version,
-                            "attempt_id": attempt_id,
-                            "delay": 0.0,
-                            "reason": reason,
-                            "attempt_status": "interrupted",
-                            "error_class": error_class,
-                        },
-                        prepare=False,
-                    )
-                    given += len(cursor.fetchall())
+                for name, params in statements:
+                    cursor.execute(QUERIES[name], params, prepare=False)
+                    written += len(cursor.fetchall())
             self._conn.commit()
         except psycopg.Error as exc:
             logger.warning(
-                "shutdown: giving back %d interrupted job(s) failed (%s); the sweep gives "
-                "their attempts back",
-                len(rows),
+                "shutdown: writing %d held job(s) failed (%s); the sweep takes them back",
+                len(statements),
                 errors.describe(exc),
             )
-            given = 0
+            written = 0
         finally:
             self.close()
-        return given
+        return written
 
     def close(self) -> None:
         """Let go of the rows without writing (the sweep gives the attempts back)."""
@@ -110,3 +115,8 @@ class RowHold:
         if conn is not None:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
+
+
+def _give_back(reason: str, error_class: str) -> Failure:
+    """The give-back of an interrupted job whose handler returned (`job_give_back`)."""
+    return Failure(error_class, reason, "", permanent=False, delay=0.0, interrupted=True)

@@ -116,6 +116,38 @@ def complete_params(done: Sequence[Completion]) -> dict[str, str]:
     }
 
 
+def failure_statement(
+    job_id: int, lease_version: int, attempt_id: int, failure: Failure
+) -> tuple[str, dict[str, Any]]:
+    """The statement that records `failure` of an attempt, with its parameters:
+    ``job_give_back`` for a snooze or an interruption by the worker's shutdown,
+    ``job_interrupt`` for one whose row the stopping worker holds, else ``job_fail``."""
+    attempt = {"job_id": job_id, "lease_version": lease_version, "attempt_id": attempt_id}
+    if failure.interrupted and failure.held:
+        return "job_interrupt", {
+            **attempt,
+            "reason": failure.message,
+            "error_class": failure.error_class,
+        }
+    if failure.snoozed or failure.interrupted:
+        return "job_give_back", {
+            **attempt,
+            "delay": failure.delay,
+            "reason": failure.message,
+            "attempt_status": "snoozed" if failure.snoozed else "interrupted",
+            "error_class": failure.error_class,
+        }
+    return "job_fail", {
+        **attempt,
+        "permanent": failure.permanent,
+        "delay": failure.delay,
+        "error_class": failure.error_class,
+        "error_message": failure.message,
+        "traceback": failure.traceback,
+        "last_error": failure.last_error,
+    }
+
+
 # A claim a feature runs instead of the plain one (extensions.WorkerHooks.claim):
 # (store, completions or None, request) -> (job ids completed, rows) or None.
 Claimer = Callable[["Store", "Sequence[Completion] | None", "ClaimRequest"], Any]
@@ -233,32 +265,9 @@ class Store(Session):
         self, job_id: int, lease_version: int, attempt_id: int, failure: Failure
     ) -> tuple[str, Any] | None:
         """Record a failed attempt; return (new status, run_at), or None if the lease was lost."""
-        name, params = self._failure(failure)
-        attempt = {"job_id": job_id, "lease_version": lease_version, "attempt_id": attempt_id}
-        rows = self.run(name, {**attempt, **params})
+        name, params = failure_statement(job_id, lease_version, attempt_id, failure)
+        rows = self.run(name, params)
         return (rows[0][0], rows[0][1]) if rows else None
-
-    def _failure(self, failure: Failure) -> tuple[str, dict[str, Any]]:
-        """The statement that records `failure` (``job_give_back`` for a snooze or an
-        interruption by the worker's shutdown; ``job_interrupt`` for one whose row the
-        stopping worker holds), with its own parameters."""
-        if failure.interrupted and failure.held:
-            return "job_interrupt", {"reason": failure.message, "error_class": failure.error_class}
-        if failure.snoozed or failure.interrupted:
-            return "job_give_back", {
-                "delay": failure.delay,
-                "reason": failure.message,
-                "attempt_status": "snoozed" if failure.snoozed else "interrupted",
-                "error_class": failure.error_class,
-            }
-        return "job_fail", {
-            "permanent": failure.permanent,
-            "delay": failure.delay,
-            "error_class": failure.error_class,
-            "error_message": failure.message,
-            "traceback": failure.traceback,
-            "last_error": failure.last_error,
-        }
 
     def renew(self, held: Sequence[tuple[int, int]], lease: float) -> set[int]:
         """Extend the leases of (job_id, lease_version) pairs; return the job ids still held.

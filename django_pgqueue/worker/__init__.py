@@ -13,8 +13,8 @@ Threads of one worker process, each with its own database connection:
 - the signal thread (`signals.py`, when the worker installs signal handlers): acts on
   SIGTERM/SIGINT, which the handler itself only queues.
 
-Queues on several databases: `SeveralDatabases` (`several.py`) runs a `Worker` per
-database in one process, sharing its handler slots (`slots.py`); `worker_for` picks.
+A worker serves one database. `run_queue_worker` given queues on several databases
+runs a worker process per database under a supervisor (`supervisor.py`).
 
 The dispatcher's parts, each in its own module: `config` (WorkerConfig), `scheduler`
 (queue order, weights, empty marks, resume keys), `intake` (claimed rows to the
@@ -32,14 +32,11 @@ from ..claimed import InFlight
 from ..worker_config import WorkerConfig
 from .lifecycle import Worker
 from .scheduler import RESUME_TTL, QueueScheduler
-from .several import SeveralDatabases, worker_for
 
 __all__ = [
     "RESUME_TTL",
     "InFlight",
     "QueueScheduler",
-    "SeveralDatabases",
     "Worker",
     "WorkerConfig",
-    "worker_for",
 ]

@@ -1,34 +1,36 @@
 """The event loop: async handlers as tasks on one loop thread the worker owns.
 
 An ``async def`` handler (or an async ``django.tasks`` Task) runs as an asyncio task on
-this pool's loop, up to ASYNC_CONCURRENCY at once, apart from the handler threads. The
-loop never touches the queue's tables: it puts (job, outcome) on a queue the dispatcher
-collects, once per job (`_report`, under `_lock`), whoever comes first: the task ending,
-its timeout, or the watchdog.
+this pool's loop, at most ASYNC_CONCURRENCY at once (the others handed over wait,
+unstarted, until a task ends), apart from the handler threads. The loop never touches
+the queue's tables: each job's outcome goes on a queue the dispatcher collects, once,
+when the job's task has really ended (`_report`): the hold of `claimed.InFlight`.
 
-- A timeout cancels the task at the timeout (a timer on the loop) and records one
-  JobTimeout failure once the task has ended.
+- A timeout decides the job's outcome (a JobTimeout failure) and cancels the task; the
+  outcome is reported once the task ended.
 - An operator's cancel request and a lost lease (seen at a renewal) cancel it too.
 - A handler that swallows the CancelledError is detected: it ended without raising it,
   or it still runs CANCEL_GRACE after the cancel. Either way it is logged with its job
-  type and counted, and its outcome is recorded without waiting for it.
+  type and counted; its job keeps its slot until the task ends.
 - The watchdog thread (`loopwatch.py`) measures the loop's lag from a probe the loop
   runs every LAG_PROBE seconds, names the job whose sync call holds the loop, and
-  while the loop is held records the timeouts that fall due (the loop cannot).
+  while the loop is held decides the timeouts that fall due (the loop's timers cannot).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import queue as queue_module
 import threading
 import time
+from collections import deque
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, ThreadSensitiveContext, sync_to_async
 from django.db import connections
 
 from .. import executor
@@ -47,7 +49,7 @@ TIMEOUT, CANCEL, LOST, SHUTDOWN = "timeout", "cancel requested", "lease lost", "
 
 
 class AsyncPool:
-    """Runs async handlers on one event loop thread, `concurrency` in flight at most."""
+    """Runs async handlers on one event loop thread, `concurrency` executing at most."""
 
     def __init__(
         self, concurrency: int, wake: threading.Event, worker_id: str, hooks: Hooks | WorkerHooks
@@ -56,18 +58,20 @@ class AsyncPool:
         self.worker_id = worker_id
         self.hooks = hooks
         self._wake = wake
-        self._outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome, bool]] = (
+        self._outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]] = (
             queue_module.SimpleQueue()
         )
-        # Decides who reports a job (its task, its timer, the watchdog): exactly one.
+        # Decides who reports a job, and its verdict against its outcome: exactly once.
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._watchdog: threading.Thread | None = None
         self._stop = threading.Event()
+        self._waiting: deque[InFlight] = deque()  # handed over, not started (loop thread)
         self._tasks: dict[InFlight, asyncio.Task[None]] = {}  # the loop thread's only
         self._why: dict[InFlight, str] = {}  # why a task was cancelled (loop thread)
         self._live: set[InFlight] = set()  # started, not reported (under _lock)
+        self._warned: set[InFlight] = set()  # logged as ignoring its cancel (loop thread)
         # The dispatcher's count: jobs handed over and not collected yet.
         self.in_flight = 0
         self._handed = 0  # under _lock, with _reported
@@ -81,6 +85,14 @@ class AsyncPool:
         self.ignored_cancel = 0  # handlers that swallowed their CancelledError
         self._probe_seen = time.monotonic()
         self._blocked_now = False
+        # The tasks' context: not the dispatcher's (whose thread may be one of
+        # asgiref's, when the worker was started from async code through
+        # sync_to_async: a task's thread-sensitive sync_to_async call would then be sent
+        # to that thread, which runs the worker, and wait for ever), but one whose
+        # thread-sensitive calls all go to one executor thread of the loop's own.
+        self._sync_context = ThreadSensitiveContext()
+        self._context = contextvars.Context()
+        self._context.run(SyncToAsync.thread_sensitive_context.set, self._sync_context)
 
     # -- the dispatcher's side ----------------------------------------------------
 
@@ -98,25 +110,22 @@ class AsyncPool:
         )
         self._watchdog.start()
 
-    @property
-    def free(self) -> int:
-        """How many more jobs the loop takes now."""
-        return self.concurrency - self.in_flight
-
     def submit(self, items: list[InFlight]) -> None:
-        """Start `items` as tasks on the loop, in order."""
+        """Hand `items` to the loop, in order: each starts once a task slot is free."""
         if not items:
             return
         if self._loop is None:  # a worker with no async handler runs no loop
             self.start()
         assert self._loop is not None
+        for item in items:
+            item.thread = self._thread  # its code runs on the loop thread (see ended)
         self.in_flight += len(items)
         with self._lock:
             self._handed += len(items)
-        self._loop.call_soon_threadsafe(self._start_all, items)
+        self._loop.call_soon_threadsafe(self._admit, items)
 
-    def finished(self) -> list[tuple[InFlight, Outcome, bool]]:
-        """(job, outcome, timed out) of the jobs reported since the last call."""
+    def finished(self) -> list[tuple[InFlight, Outcome]]:
+        """(job, outcome) of the jobs whose tasks ended since the last call."""
         self._signalled = False  # before the drain: an outcome put meanwhile wakes again
         out = []
         while True:
@@ -136,9 +145,35 @@ class AsyncPool:
     def started(self) -> bool:
         return self._loop is not None
 
+    def stop_taking(self) -> list[InFlight]:
+        """Start no more jobs; return those handed over and not started (handed back by
+        the worker's shutdown)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return []
+        unstarted: list[InFlight] = []
+        done = threading.Event()
+
+        def take() -> None:
+            self._stop.set()
+            unstarted.extend(self._waiting)
+            self._waiting.clear()
+            done.set()
+
+        loop.call_soon_threadsafe(take)
+        # The loop thread may be held by a blocking handler: then nothing more starts
+        # there before the worker's shutdown ends, and nothing is handed back.
+        if not done.wait(CANCEL_GRACE):
+            return []
+        self.in_flight -= len(unstarted)
+        with self._lock:
+            self._handed -= len(unstarted)
+        return unstarted
+
     def stop(self) -> None:
         """Cancel what still runs, give it CANCEL_GRACE to end, and end the loop thread
-        (the worker's shutdown gave the handlers their grace before)."""
+        (the worker's shutdown gave the handlers their grace before). A task still
+        running then is never resumed: the loop stops under it."""
         loop = self._loop
         self._stop.set()
         if loop is None or self._thread is None:
@@ -161,29 +196,51 @@ class AsyncPool:
             try:
                 # Django's async ORM and thread-sensitive sync_to_async calls ran on
                 # one executor thread: close that thread's connections as the loop ends.
-                loop.run_until_complete(sync_to_async(connections.close_all)())
+                closing = self._in_own_context(sync_to_async(connections.close_all)())
+                loop.run_until_complete(closing)
             except Exception:
                 logger.exception("closing the event loop's Django connections failed")
+            finally:
+                executor = SyncToAsync.context_to_thread_executor.pop(self._sync_context, None)
+                if executor is not None:
+                    executor.shutdown(wait=False)
             loop.close()
 
-    def _start_all(self, items: list[InFlight]) -> None:
+    def _in_own_context(self, coro: Any, name: str | None = None) -> asyncio.Task[Any]:
+        """A task of `coro` in the loop's own context (see `_context`)."""
+        assert self._loop is not None
+        return self._context.run(self._loop.create_task, coro, name=name)
+
+    def _admit(self, items: list[InFlight]) -> None:
+        if self._stop.is_set():  # stopping: stop_taking hands them back
+            self._waiting.extend(items)
+            return
+        self._waiting.extend(items)
+        self._start_waiting()
+
+    def _start_waiting(self) -> None:
+        """Start waiting jobs while fewer than `concurrency` tasks run."""
         loop = self._loop
         assert loop is not None
-        for item in items:
+        while self._waiting and len(self._tasks) < self.concurrency and not self._stop.is_set():
+            item = self._waiting.popleft()
             item.started = time.monotonic()
             with self._lock:
                 self._live.add(item)
-            task = loop.create_task(self._run(item), name=f"pgqueue job {item.ctx.job_id}")
+            task = self._in_own_context(self._run(item), f"pgqueue job {item.ctx.job_id}")
             self._tasks[item] = task
-            if item.timeout is None:
-                task.add_done_callback(lambda _t, item=item: self._tasks.pop(item, None))
-                continue
-            timer = loop.call_at(item.started + item.timeout, self._cancel, item, TIMEOUT)
+            timer = None
+            if item.timeout is not None:
+                timer = loop.call_at(item.started + item.timeout, self._cancel, item, TIMEOUT)
             task.add_done_callback(lambda _t, item=item, timer=timer: self._ended(item, timer))
 
-    def _ended(self, item: InFlight, timer: asyncio.TimerHandle) -> None:
+    def _ended(self, item: InFlight, timer: asyncio.TimerHandle | None) -> None:
+        """`item`'s task is done: its slot is free for the next waiting job."""
         self._tasks.pop(item, None)
-        timer.cancel()  # no timer outlives its job
+        self._warned.discard(item)
+        if timer is not None:
+            timer.cancel()  # no timer outlives its job
+        self._start_waiting()
 
     async def _run(self, item: InFlight) -> None:
         try:
@@ -205,7 +262,7 @@ class AsyncPool:
             assert outcome is not None
             self._report(item, outcome)
             return
-        if swallowed:
+        if swallowed and item not in self._warned:
             self.ignored_cancel += 1
             _ignored(item, why, "it swallowed the CancelledError and returned")
         self._report(item, outcome if why == CANCEL and outcome else cancelled_outcome(item, why))
@@ -216,30 +273,40 @@ class AsyncPool:
         if task is None or item.reported or item in self._why:
             return
         self._why[item] = why
-        if why == TIMEOUT:
-            item.timed_out = True
-            # A handler that keeps running must see its lease as lost; the heartbeat
-            # renews it until the failure is written.
-            item.lease.timed_out = True
+        if why == TIMEOUT and self._decide_timeout(item):
             logger.error(
-                "job %d (%s) exceeded its timeout of %gs; its task is cancelled",
+                "job %d (%s) exceeded its timeout of %gs; its task is cancelled, and the "
+                "job failed once it ended (its row and slots held until then)",
                 item.ctx.job_id,
                 item.ctx.type,
                 item.timeout,
+                extra=item.log_extra(),
             )
         task.cancel(f"pgqueue: {why}")
         assert self._loop is not None
         self._loop.call_later(CANCEL_GRACE, self._overdue, item, why)
 
+    def _decide_timeout(self, item: InFlight) -> bool:
+        """Decide `item`'s timeout (from the loop, or the watchdog while the loop is
+        held), unless its outcome is reported or decided already; True if decided."""
+        assert item.timeout is not None
+        with self._lock:
+            if item.reported or item.timed_out:
+                return False
+            item.decide(executor.timed_out(item.ctx, item.timeout, item.policy), time.monotonic())
+            return True
+
     def _overdue(self, item: InFlight, why: str) -> None:
-        """A cancelled task still runs after CANCEL_GRACE: report it without it."""
+        """A cancelled task still runs after CANCEL_GRACE: say so (its job keeps its slot
+        until it ends), and cancel it once more in case it listens the second time."""
         task = self._tasks.get(item)
         if task is None or task.done() or item.reported:
             return
-        self.ignored_cancel += 1
-        _ignored(item, why, f"it still runs {CANCEL_GRACE:g}s after its cancellation")
-        self._report(item, cancelled_outcome(item, why))
-        task.cancel(f"pgqueue: {why}")  # once more, in case it listens the second time
+        if item not in self._warned:
+            self._warned.add(item)
+            self.ignored_cancel += 1
+            _ignored(item, why, f"it still runs {CANCEL_GRACE:g}s after its cancellation")
+        task.cancel(f"pgqueue: {why}")
 
     def _scan(self) -> None:
         """Cancel the tasks whose job an operator cancelled or whose lease was lost."""
@@ -276,29 +343,35 @@ class AsyncPool:
 
     # -- both sides -------------------------------------------------------------------
 
-    def _report(self, item: InFlight, outcome: Outcome, *, timed_out: bool | None = None) -> bool:
-        """Hand `item`'s outcome to the dispatcher, once; False if it was already."""
+    def _report(self, item: InFlight, outcome: Outcome) -> None:
+        """Hand `item`'s outcome (its verdict, if one was decided) to the dispatcher,
+        once: its task has ended."""
         now = time.monotonic()
         with self._lock:
             if item.reported:
-                return False
+                return
             item.reported = True
             self._live.discard(item)
             self._reported += 1
             last = self._reported == self._handed
+            outcome = item.verdict or outcome
         if item.started is not None:
             item.runtime = now - item.started
-        self._outcomes.put((item, outcome, item.timed_out if timed_out is None else timed_out))
+        self._outcomes.put((item, outcome))
         if last or (self._wake_first and not self._signalled):
             self._signalled = True
             self._wake.set()
-        return True
 
-    def _cancel_reported(self, item: InFlight) -> None:
-        task = self._tasks.get(item)
-        if task is not None and item not in self._why:
-            self._why[item] = TIMEOUT
-            task.cancel(f"pgqueue: {TIMEOUT}")
+    def live(self) -> list[InFlight]:
+        """The jobs whose tasks started and have not ended (for the watchdog)."""
+        with self._lock:
+            return list(self._live)
+
+    def cancel_timed_out_soon(self, item: InFlight) -> None:
+        """Cancel the task of `item`, past its timeout, once the loop runs again (the
+        watchdog's call, from its own thread)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._cancel, item, TIMEOUT)
 
 
 async def _stop_after(loop: asyncio.AbstractEventLoop, waiting: asyncio.Future[Any]) -> None:
@@ -323,11 +396,12 @@ def cancelled_outcome(item: InFlight, why: str) -> Outcome:
 def _ignored(item: InFlight, why: str, what: str) -> None:
     logger.warning(
         "job %d (%s) was cancelled (%s) and %s: a handler must let CancelledError "
-        "propagate; its outcome is recorded without waiting for it",
+        "propagate; its job keeps its row and slots until the task ends",
         item.ctx.job_id,
         item.ctx.type,
         why,
         what,
+        extra=item.log_extra(),
     )
 
 

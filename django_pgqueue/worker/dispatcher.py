@@ -33,7 +33,6 @@ from .leases import LeaseBook, UnknownClaims, sweep_expired
 from .pool import HandlerPool
 from .scheduler import ClaimScheduler
 from .signals import StopSwitch
-from .slots import SharedSlots
 from .writer import FLUSH_DELAY, Claim, OutcomeWriter, Written
 
 logger = logging.getLogger(__name__)
@@ -60,7 +59,6 @@ class Dispatcher:
         registry: Registry,
         switch: StopSwitch,
         stats: Counter[str],
-        slots: SharedSlots | None = None,
     ) -> None:
         self.config = config
         self.stats = stats
@@ -71,23 +69,16 @@ class Dispatcher:
         self.store = Store(config.database, name, prepared=config.prepared_statements)
         self.hooks = hooks = extensions.worker_hooks(config, self.store)
         self.claims = ClaimScheduler(config.queues, config.weights, config.poll_interval, hooks)
-        self.inflight = InFlightJobs()
+        # The one count of the handlers this process runs (see inflight.py).
+        self.inflight = InFlightJobs(config.concurrency, config.async_concurrency)
+        self.registry = registry
         self.leases = LeaseBook(config.lease)
         self.writer = OutcomeWriter(self.store, self.leases, stats, config, hooks)
-        self.pool = HandlerPool(
-            config.concurrency, switch.wake, config.worker_id, hooks, hold=config.lease
-        )
+        self.pool = HandlerPool(config.concurrency, switch.wake, config.worker_id, hooks)
         # Async handlers' event loop, started with the first async job it is given.
         self.aio = AsyncPool(config.async_concurrency, switch.wake, config.worker_id, hooks)
         parts = (self.store, self.claims, self.inflight, self.leases, self.pool)
-        seat = None
-        if slots is not None:  # a worker over several databases: see slots.py
-            seat = slots.seat(config.database, self.pool.tally.busy, switch.wake)
-            self.pool.tally.on_return = slots.freed
-            self.pool.tally.gate = slots.gate
-        self.intake = Intake(
-            config, registry, *parts, stats, switch.stopping, hooks, aio=self.aio, seat=seat
-        )
+        self.intake = Intake(config, registry, *parts, stats, switch.stopping, hooks, aio=self.aio)
         self._switch = switch
         self._wake = switch.wake
         self._backoff = Backoff(config.reconnect_max_delay)
@@ -99,6 +90,8 @@ class Dispatcher:
         cfg = self.config
         stopping = self._switch.stopping
         next_sweep = 0.0
+        # The handlers are registered by now (the worker's autodiscovery).
+        self.inflight.async_handlers = self.registry.may_have_async_handlers()
         while not stopping.is_set():
             try:
                 if not self.store.connected:
@@ -150,7 +143,6 @@ class Dispatcher:
         `deadline`.
         """
         switch = self._switch
-        self.intake.away()  # its share of shared slots goes to the databases that answer
         stop = switch.force if self.inflight else switch.stopping
         if not wait_for(
             self.store, stop, self._backoff, f"worker {self.config.worker_id}", deadline
@@ -240,90 +232,73 @@ class Dispatcher:
         transaction completes many jobs and claims the next batch in the same round
         trip; a claim waits for pending outcomes for the same reason.
         """
-        cfg = self.config
         stopping = self._switch.stopping
-        free = self.intake.free()
         flush_due = self.writer.flush_due(now, running=bool(self.inflight))
         claim_ok = (
-            free > 0
+            self.inflight.room()
             and not stopping.is_set()
             and (flush_due or not self.writer.pending)
             and self.claims.refresh(now)
         )
-        if not (flush_due or claim_ok):
-            return False
-        # The queues whose kinds of handler have room (threads, the event loop).
+        # The queues with room for a claim, in the scheduler's order.
         order = self.claims.order() if claim_ok else []
-        order = [name for name in order if self.intake.free(name) > 0]
-        limit = 0
-        while order and not limit:  # held from the slots shared with other databases'
-            limit = self.intake.grant(order[0], min(cfg.batch_size, self.intake.free(order[0])))
-            order = order if limit else order[1:]
-        if not (flush_due or limit):  # a refused grant wakes it when slots free up
+        order = [name for name in order if self.intake.claim_size(name) > 0]
+        if not (flush_due or order):
             return False
-        after = self.claims.resume_after(order[0], now) if limit else None
-        claim = (order[0], limit, cfg.worker_id, cfg.lease, after) if limit else None
+        claim = None
+        if order:
+            limit = self.intake.claim_size(order[0])
+            after = self.claims.resume_after(order[0], now)
+            claim = (order[0], limit, self.config.worker_id, self.config.lease, after)
         sent = time.monotonic()
         running = len(self.inflight)
-        try:
-            rows = self._write(self.writer.take() if flush_due else [], claim)
-            if claim is not None:
-                if rows is None:
-                    rows = self.intake.claim(order[0], limit, after)
-                self.intake.take(order[0], limit, after, rows, sent)
-                self.intake.granted()
-                for name in order[1:]:
-                    if stopping.is_set():
-                        break
-                    self._claim_more(name)
-        finally:
-            self.intake.granted()
+        rows = self._write(self.writer.take() if flush_due else [], claim)
+        if claim is not None:
+            queue, limit, _, _, after = claim
+            if rows is None:
+                rows = self.intake.claim(queue, limit, after)
+            self.intake.take(queue, limit, after, rows, sent)
+            for name in order[1:]:
+                if stopping.is_set():
+                    break
+                self._claim_more(name)
         if len(self.inflight) > running:  # jobs just started: see _wait
             self._claimed_since_wait = True
         return True
 
     def _claim_more(self, queue: str) -> None:
         """A cycle's claim from a queue after the first, if it has room."""
-        free = self.intake.free(queue)
-        limit = self.intake.grant(queue, min(self.config.batch_size, free)) if free > 0 else 0
+        limit = self.intake.claim_size(queue)
         if limit <= 0:
             return
         sent = time.monotonic()
         after = self.claims.resume_after(queue, sent)
         rows = self.intake.claim(queue, limit, after)
         self.intake.take(queue, limit, after, rows, sent)
-        self.intake.granted()
 
     # -- outcomes, timeouts, sweep --------------------------------------------------
 
     def collect_outcomes(self) -> None:
-        """Move the outcomes handlers returned from the pool to the writer's batch."""
+        """Move the outcomes of the handlers that ended from the pools to the writer's
+        batch; their slots are free from now."""
         finished = self.pool.finished()
         if self.aio.in_flight:
             finished.extend(_async_outcomes(self.aio, self.hooks, self.stats))
         if finished:
             self.inflight.drop_all([item for item, _ in finished])
+            self.stats["timed_out"] += sum(1 for item, _ in finished if item.timed_out)
             self.writer.add(finished)
 
     def check_timeouts(self) -> None:
-        """Record the failures of handlers past their timeout or whose thread died; stop if
-        too many are stuck."""
-        timeouts = self.pool.check_timeouts()
-        self.fail_timed_out(timeouts.failed)
-        for item, failure in self.pool.check_threads():
-            self.inflight.drop(item)
-            self.stats["threads_died"] += 1
-            self.writer.add([(item, failure)])
-        for _ in range(timeouts.over_limit):
+        """Decide the timeouts of handlers past theirs; report the jobs of handler threads
+        that died; stop when every handler thread is stuck."""
+        if self.pool.check_timeouts():
             self.exit_code = 1
             self._switch.request()
-
-    def fail_timed_out(self, failed: list[Written]) -> None:
-        """Record the failures of jobs whose handlers ran past their timeout."""
-        for item, failure in failed:
+        for item, outcome in self.pool.check_threads():
             self.inflight.drop(item)
-            self.stats["timed_out"] += 1
-            self.writer.add([(item, failure)])
+            self.stats["threads_died"] += 1
+            self.writer.add([(item, outcome)])
 
     def _write(self, batch: list[Written], claim: Claim | None) -> list[ClaimedRow] | None:
         """Write outcomes (see OutcomeWriter.write); then tell the scheduler of retries."""
@@ -346,16 +321,14 @@ class Dispatcher:
 
 
 def _async_outcomes(aio: AsyncPool, hooks: Hooks, stats: Counter[str]) -> list[Written]:
-    """The outcomes the event loop reported, each job's once."""
+    """The outcomes of the async jobs whose tasks ended, each job's once."""
     returned = aio.finished()
-    hooks.executed([item for item, _, _ in returned])
+    hooks.executed([item for item, _ in returned])
     fresh = []
-    for item, outcome, timed_out in returned:
-        if item.resolved:  # failed already (the worker's shutdown)
+    for item, outcome in returned:
+        if item.resolved:  # recorded already (the worker's shutdown)
             continue
         item.resolved = True
-        if timed_out:
-            stats["timed_out"] += 1
         fresh.append((item, outcome))
     return fresh
 

@@ -5,7 +5,8 @@ takes the rows in, through one pipeline: `take` (what the claim taught the
 scheduler; a short resumed claim is topped up by a walk from the start) -> `_admit`
 (hand back at once when stopping) -> `_launch` (in-flight job, lease, handler pool).
 It also hands back claimed jobs no handler started (`release`), for `_admit` and for
-the worker's shutdown. It never calls the dispatcher.
+the worker's shutdown. Claims are sized by the in-flight jobs (`claim_size`). It never
+calls the dispatcher.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from .inflight import InFlightJobs
 from .leases import LeaseBook
 from .pool import HandlerPool
 from .scheduler import ClaimScheduler
-from .slots import Seat
 
 logger = logging.getLogger(__name__)
 
@@ -50,67 +50,12 @@ class Intake:
     stats: Counter[str]
     stopping: threading.Event
     hooks: Hooks  # told of claims and releases
-    aio: AsyncPool | None = None  # the event loop of async handlers
+    aio: AsyncPool  # the event loop of async handlers
     policy: RetryPolicy = field(default_factory=default_policy)
-    # Which kinds of handler ("sync", "async") each queue's claims have brought: a
-    # claim counts the free capacity of those kinds only.
-    kinds: dict[str, set[str]] = field(default_factory=dict)
-    # The handler slots shared with the dispatchers of the worker's other databases.
-    seat: Seat | None = None
 
-    def free(self, queue: str | None = None) -> int:
-        """How many jobs a claim from `queue` may take now (any queue's most: None).
-
-        The handler threads' free slots count for a queue whose claims brought sync
-        handlers, the event loop's for one whose claims brought async handlers. A queue
-        not claimed from yet is sized to the free threads, as if it had only sync
-        handlers (a worker starts with all its threads free): its claims teach which
-        kinds it has. A queue that brought one kind only claims one job more while the
-        other pool has room and its own pool holds no job waiting, to find out whether
-        it has the other kind too. So a worker holds at most one job per queue waiting
-        for a full pool, and never more jobs than both pools together.
-        """
-        running = len(self.inflight)
-        if self.aio is None:
-            return self.config.concurrency - running
-        async_free = self.aio.free
-        sync_free = self.config.concurrency - (running - self.aio.in_flight)
-        looped = any("async" in kinds for kinds in self.kinds.values())
-        if queue is None:  # the loop counts once a queue brought an async handler
-            return sync_free + (async_free if looped else 0)
-        kinds = self.kinds.get(queue)
-        if not kinds:
-            return sync_free
-        if len(kinds) == 2:
-            return sync_free + async_free
-        if "sync" in kinds:
-            probe = looped and async_free > 0 and sync_free >= 0
-            return max(sync_free, 0) + int(probe)
-        probe = sync_free > 0 and async_free >= 0
-        return max(async_free, 0) + int(probe)
-
-    def grant(self, queue: str, limit: int) -> int:
-        """The size of a claim from `queue` of at most `limit`: as many of the handler
-        slots shared with the other databases' dispatchers as it gets, held until
-        `granted` (all of `limit` without shared slots, or for async handlers only,
-        whose event loop is this database's own)."""
-        seat = self._seat(queue)
-        return limit if seat is None else seat.grant(queue, limit)
-
-    def _seat(self, queue: str) -> Seat | None:
-        """The shared slots a claim from `queue` holds, if any (none for a queue whose
-        claims brought async handlers only: the event loop is this database's own)."""
-        return None if self.kinds.get(queue) == {"async"} else self.seat
-
-    def granted(self) -> None:
-        """The claims of a cycle are in (or failed): their shared slots' hold ends."""
-        if self.seat is not None:
-            self.seat.done()
-
-    def away(self) -> None:
-        """The database is out of reach: want no shared slot until it is back."""
-        if self.seat is not None:
-            self.seat.away()
+    def claim_size(self, queue: str) -> int:
+        """How many jobs a claim from `queue` may take now (see `InFlightJobs`)."""
+        return self.inflight.claim_size(queue, self.config.batch_size)
 
     def claim(self, queue: str, limit: int, after: ClaimKey | None = None) -> list[ClaimedRow]:
         """Claim; a refused claim (not a lost connection) is logged and claims nothing:
@@ -130,21 +75,16 @@ class Intake:
         with a walk from the start, which may find jobs that sort before its key."""
         if after is not None:
             self.stats["claims_resumed"] += 1
-        seat = self._seat(queue)  # as the claim was granted, before its rows teach more
         _in_claim_order(rows)
         self.claims.claimed(queue, limit, after, rows, sent)
         self._admit(queue, rows, sent)
         if after is None or len(rows) >= limit or self.stopping.is_set():
-            if seat is not None:
-                seat.claimed(queue, limit, len(rows))
             return
         rest = limit - len(rows)
         sent = time.monotonic()
         more = _in_claim_order(self.claim(queue, rest))
         self.claims.claimed(queue, rest, None, more, sent)
         self._admit(queue, more, sent)
-        if seat is not None:
-            seat.claimed(queue, rest, len(more))
 
     def _admit(self, queue: str, rows: list[ClaimedRow], sent: float) -> None:
         """Launch claimed rows, or hand them back if a stop came while the claim ran."""
@@ -179,18 +119,12 @@ class Intake:
         self.inflight.add_all(items)
         self.leases.hold([item.lease for item in items])
         self.hooks.claimed(items)  # leases a renewal may find lost
-        if self.aio is None:
-            self.pool.submit(items)
-            return
-        on_loop = [item for item in items if item.handler and item.handler.coroutine]
-        on_threads = [item for item in items if not (item.handler and item.handler.coroutine)]
-        kinds = self.kinds.setdefault(rows[0].queue, set())
+        on_loop = [item for item in items if item.kind == "async"]
         if on_loop:
-            kinds.add("async")
             self.aio.submit(on_loop)
-        if on_threads:
-            kinds.add("sync")
-            self.pool.submit(on_threads)
+            self.pool.submit([item for item in items if item.kind == "sync"])
+        else:
+            self.pool.submit(items)
 
     def release(self, held: list[tuple[int, int, int]]) -> None:
         """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""

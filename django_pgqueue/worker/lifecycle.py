@@ -1,10 +1,11 @@
 """The `Worker`: builds the parts, starts the threads, runs the dispatcher, shuts down.
 
-Shutdown, in order: hand back the jobs no handler started; give running handlers
-SHUTDOWN_GRACE to finish while their outcomes are written; record the ones still
-running as interrupted (their attempts given back), their rows held until the handlers
-returned or the process is gone (`store.hold`); write what is left; stop the other
-threads.
+Shutdown, in order: hand back the jobs no handler started; give the handlers still
+executing (a timed-out one included: its code still runs) SHUTDOWN_GRACE to end while
+their outcomes are written; record the ones still executing then as interrupted (their
+attempts given back), their rows held until the handlers returned or the process is
+gone (`store.hold`): the one hold of `claimed.InFlight`; write what is left; stop the
+other threads.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from .dispatcher import Dispatcher
 from .leases import Heartbeat
 from .listener import Listener
 from .signals import SignalRelay, StopSwitch
-from .slots import SharedSlots
 from .upkeep import IndexUpkeep
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,6 @@ class Worker:
         *,
         registry: Registry | None = None,
         install_signal_handlers: bool = True,
-        slots: SharedSlots | None = None,
         **options: Any,
     ) -> None:
         self.config = cfg = WorkerConfig.build(queues, **options)
@@ -62,9 +61,8 @@ class Worker:
         self._service_stop = threading.Event()  # ends the heartbeat and the listener
         self._threads: list[threading.Thread] = []  # signals, heartbeat, listener
         self._heartbeat_thread: threading.Thread | None = None
-        self._dispatcher = dispatcher = Dispatcher(
-            cfg, self.registry, self._switch, self.stats, slots
-        )
+        self._held: threading.Thread | None = None  # writes the jobs held at shutdown
+        self._dispatcher = dispatcher = Dispatcher(cfg, self.registry, self._switch, self.stats)
         # The installed features' hooks (django_pgqueue.extensions), built by the dispatcher.
         self.hooks = dispatcher.hooks
         self._store = dispatcher.store
@@ -145,6 +143,16 @@ class Worker:
         logger.info("worker %s stopped: %s", cfg.worker_id, dict(self.stats))
         return self.exit_code
 
+    def wait_for_held(self, timeout: float | None = None) -> bool:
+        """After `run` returned: wait until the jobs held at shutdown (their handlers
+        still ran) were written, their handlers having ended; False if they still
+        run after `timeout` seconds. A process that exits needs not wait: its end lets
+        go of them (the sweep takes them back)."""
+        if self._held is not None:
+            self._held.join(timeout)
+            return not self._held.is_alive()
+        return True
+
     def _start_service(self, target: Callable[[], None], name: str) -> threading.Thread:
         thread = threading.Thread(target=target, name=f"pgqueue-{name}", daemon=True)
         self._threads.append(thread)
@@ -158,7 +166,7 @@ class Worker:
     def _shutdown(self) -> None:
         cfg = self.config
         dispatcher = self._dispatcher
-        unstarted = self._pool.stop()
+        unstarted = self._pool.stop() + dispatcher.aio.stop_taking()
         for item in unstarted:
             item.resolved = True
             self._inflight.drop(item)
@@ -167,9 +175,6 @@ class Worker:
                 [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in unstarted]
             )
 
-        # Jobs held past their timeout are failed now: the grace is for handlers that
-        # may still finish, and the process ends their threads as it exits.
-        dispatcher.fail_timed_out(self._pool.overdue.release())
         deadline = time.monotonic() + cfg.shutdown_grace
         # Handlers still run, or outcomes wait and the database answers: give them the
         # grace period. With no handler running and the database gone, stop now.
@@ -192,15 +197,20 @@ class Worker:
                 logger.warning("shutdown: %s", exc)
                 self._switch.force.wait(min(0.5, max(0.0, deadline - time.monotonic())))
 
-        # And any that timed out during the grace. Async handlers still running are
-        # cancelled now: their tasks' finally blocks run, their outcomes say so.
-        dispatcher.fail_timed_out(self._pool.overdue.release())
+        # Async handlers still running are cancelled now: their tasks' finally blocks
+        # run, their outcomes say so.
         dispatcher.aio.stop()
         dispatcher.collect_outcomes()
-        interrupted = [item for item in self._inflight if not item.resolved]
-        hold = self._hold(interrupted)
-        for item in interrupted:
+        executing = [item for item in self._inflight if not item.resolved]
+        hold = self._hold(executing)
+        # A handler past its timeout has its verdict: written once it returned (on the
+        # hold), or by the sweep once the process is gone, never now. The others are
+        # interrupted: their attempts given back.
+        timed = [item for item in executing if item.verdict is not None]
+        interrupted = [item for item in executing if item.verdict is None]
+        for item in executing:
             item.resolved = True
+        for item in interrupted:
             self._writer.add([(item, _interrupted(cfg.worker_id, held=hold is not None))])
         self._inflight.clear()
         if interrupted:
@@ -209,6 +219,13 @@ class Worker:
                 "their jobs due again %s",
                 len(interrupted),
                 "once the handlers returned or this process ended" if hold else "now",
+            )
+        if timed:
+            logger.warning(
+                "shutdown: %d handler(s) past their timeout still running; their timeouts "
+                "are written once they returned, or the sweep takes the jobs once this "
+                "process ended",
+                len(timed),
             )
         try:
             if not self._store.connected:
@@ -231,12 +248,13 @@ class Worker:
                 exc,
             )
         if hold is not None:
-            threading.Thread(
-                target=_give_back_when_returned,
-                args=(hold, interrupted, _interrupted(cfg.worker_id), cfg.lease),
+            self._held = threading.Thread(
+                target=_finish_when_returned,
+                args=(hold, interrupted, timed, _interrupted(cfg.worker_id)),
                 name="pgqueue-hold",
                 daemon=True,
-            ).start()
+            )
+            self._held.start()
         self._service_stop.set()
         self._listener.interrupt()
         self._signals.close()
@@ -261,23 +279,22 @@ class Worker:
         return hold if hold.take(rows) else None
 
 
-def _give_back_when_returned(
-    hold: RowHold, items: list[InFlight], why: Failure, most: float
+def _finish_when_returned(
+    hold: RowHold, interrupted: list[InFlight], timed: list[InFlight], why: Failure
 ) -> None:
-    """Give the held jobs back once every one of their handlers returned (or its thread
-    ended), or after `most` seconds (a lease: a handler that never returns is let go
-    like a timed-out one). A process that exits first ends this thread and the hold."""
-    deadline = time.monotonic() + most
-    while time.monotonic() < deadline and not all(_returned(item) for item in items):
+    """Once every held job's handler ended (returned, or its thread is gone), give the
+    interrupted jobs back and write the timed-out ones' verdicts. A process that exits
+    first ends this thread and the hold."""
+    while not all(item.ended for item in (*interrupted, *timed)):
         time.sleep(0.05)
-    rows = [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in items]
-    given = hold.give_back(rows, why.message, why.error_class)
-    logger.info("shutdown: %d interrupted job(s) given back, due again now", given)
-
-
-def _returned(item: InFlight) -> bool:
-    thread = item.thread
-    return item.reported or (thread is not None and not thread.is_alive())
+    rows = [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in interrupted]
+    failed = [
+        (item.ctx.job_id, item.ctx.lease_version, item.attempt_id, item.verdict)
+        for item in timed
+        if isinstance(item.verdict, Failure)
+    ]
+    written = hold.finish(rows, failed, why.message, why.error_class)
+    logger.info("shutdown: %d held job(s) written, due again now or failed", written)
 
 
 def _interrupted(worker_id: str, *, held: bool = False) -> Failure:

@@ -5,7 +5,7 @@ A thread of its own looks at the loop every LAG_PROBE / 2 seconds: the loop's pr
 The job whose coroutine is on the loop thread's stack at every look meanwhile is the
 one blocking it (a sync call); a loop late with a different job at each look is
 overloaded instead. Either way, the timeouts that fall due while the loop is held are
-recorded from here.
+decided from here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import time
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING
 
-from .. import executor
 from ..claimed import InFlight
 
 if TYPE_CHECKING:
@@ -80,29 +79,26 @@ class Watchdog:
             self.time_out_blocked()
 
     def time_out_blocked(self) -> None:
-        """While the loop is blocked, record the timeouts its timers cannot."""
+        """While the loop is blocked, decide the timeouts its timers cannot (the jobs'
+        outcomes are reported once their tasks end: the loop must run for that)."""
         now = time.monotonic()
         pool = self.pool
-        with pool._lock:
-            live = list(pool._live)
-        for item in live:
+        for item in pool.live():
             if item.timeout is None or item.started is None or item.timed_out:
                 continue
             if now < item.started + item.timeout:
                 continue
-            failure = executor.timed_out(item.ctx, item.timeout, item.policy)
-            if pool._report(item, failure, timed_out=True):
-                item.timed_out = True
-                item.lease.timed_out = True
+            if pool._decide_timeout(item):
                 logger.error(
                     "job %d (%s) exceeded its timeout of %gs while the event loop was "
-                    "blocked; recorded now, its task cancelled once the loop runs",
+                    "blocked; its task is cancelled once the loop runs, and the job "
+                    "failed once the task ended (its row and slots held until then)",
                     item.ctx.job_id,
                     item.ctx.type,
                     item.timeout,
+                    extra=item.log_extra(),
                 )
-                assert pool._loop is not None
-                pool._loop.call_soon_threadsafe(pool._cancel_reported, item)
+                pool.cancel_timed_out_soon(item)
 
 
 def _frame(thread: threading.Thread | None) -> FrameType | None:

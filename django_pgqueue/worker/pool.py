@@ -34,7 +34,7 @@ from .hygiene import (
     reset_django_connections,
 )
 from .tally import Tally
-from .timeouts import Overdue, Timeouts, first_deadline, time_out
+from .timeouts import all_stuck, first_deadline, stuck, time_out
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,12 @@ THREAD_SCAN = 1.0
 
 
 class HandlerPool:
-    """`concurrency` handler threads, replaced when a handler hangs past its timeout."""
+    """`concurrency` handler threads: at most that many handlers execute at once.
+
+    A handler past its timeout keeps its thread (and so its slot) until its code
+    returns: its job's outcome is then its timeout (see `timeouts`). A thread that
+    crashed is replaced; none is replaced while it may still run a handler.
+    """
 
     def __init__(
         self,
@@ -55,11 +60,8 @@ class HandlerPool:
         wake: threading.Event,
         worker_id: str,
         hooks: Hooks | WorkerHooks,
-        *,
-        hold: float = 0.0,
     ) -> None:
         self.concurrency = concurrency
-        self.overdue = Overdue(hold)
         self.worker_id = worker_id
         self.hooks = hooks  # an attempt runs inside run_attempt; run times to executed
         self._wake = wake
@@ -71,13 +73,14 @@ class HandlerPool:
         self._take_lock = threading.Lock()
         self._waking = 0
         self._outcomes: queue_module.SimpleQueue[Returned] = queue_module.SimpleQueue()
-        self._threads: list[threading.Thread] = []  # the live pool, not the retired
+        self._threads: list[threading.Thread] = []
         self._current: dict[threading.Thread, InFlight] = {}  # the job each thread runs
         self._stopping = False
         self._names = itertools.count()
-        self._timed: dict[int, InFlight] = {}  # handed out with a timeout, by job id
+        # Handed out with a timeout, until their handlers ended.
+        self._timed: dict[InFlight, None] = {}
         # Under it, a handler thread sets `returned` (if its job has a timeout) and
-        # `time_out` sets `timed_out` only if not returned: exactly one decides.
+        # `time_out` decides the timeout only if not returned: exactly one decides.
         self._handoff = threading.Lock()
         # Jobs handed to handler threads and returned by them (see wait).
         self.tally = Tally(wake)
@@ -101,7 +104,7 @@ class HandlerPool:
         """Hand jobs to the handler threads, in order."""
         for item in items:
             if item.timeout is not None:
-                self._timed[item.ctx.job_id] = item
+                self._timed[item] = None
         self.tally.handed(len(items))
         self._work.extend(items)
         self._kick()
@@ -116,8 +119,8 @@ class HandlerPool:
         parked.release()
 
     def finished(self) -> list[tuple[InFlight, Outcome]]:
-        """The outcomes handlers returned since the last call, each job's once (not a
-        timed-out handler's that came back after its failure was recorded)."""
+        """The outcomes of the handlers that ended since the last call, each job's once
+        (not one the worker's shutdown recorded already)."""
         returned = _drain(self._outcomes)
         self.hooks.executed([item for item, _ in returned])
         fresh = [(item, outcome) for item, outcome in returned if not item.resolved]
@@ -144,52 +147,40 @@ class HandlerPool:
         self._db_epoch += 1
 
     def next_timeout(self) -> float | None:
-        """When the first running handler reaches its timeout, or a held one is let go."""
-        return first_deadline(self.overdue, self._timed.values())
+        """When the first running handler reaches its timeout."""
+        return first_deadline(self._timed)
 
-    def check_timeouts(self) -> Timeouts:
-        """Fail the handlers past their timeout and replace their threads.
+    def check_timeouts(self) -> bool:
+        """Decide the timeouts of the handlers past theirs (see `timeouts`); True when
+        every handler thread is stuck and the worker should exit.
 
-        The handoff is decided under `_handoff`: a handler that has returned is
-        never timed out (its outcome is on its way), and a job timed out here is never
-        reported by its thread, which then ends (see `_run`).
+        The handoff is decided under `_handoff`: a handler that has returned is never
+        timed out (its outcome is on its way).
         """
-        now = time.monotonic()
-        over_limit = int(self.overdue.too_many_stuck(self.concurrency, self.worker_id, now))
-        failed = self.overdue.release(now)
         if not self._timed:
-            return Timeouts(failed, over_limit)
-        for item in list(self._timed.values()):
-            if item.resolved:
-                del self._timed[item.ctx.job_id]
+            return False
+        now = time.monotonic()
+        for item in list(self._timed):
+            if item.reported:
+                del self._timed[item]
                 continue
-            if item.started is None or item.timed_out or now - item.started < item.timeout:
+            if item.started is None or item.timed_out or now - item.started < item.timeout:  # type: ignore[operator]
                 continue
-            thread = item.thread
-            if not time_out(item, self._handoff):
+            if not time_out(item, self._handoff, now):
                 continue
-            item.resolved = True
-            del self._timed[item.ctx.job_id]
             logger.error(
-                "job %d (%s) exceeded its timeout of %gs; replacing its thread, and failing "
-                "it once the handler returns (its slot held meanwhile, at most %gs)",
+                "job %d (%s) exceeded its timeout of %gs; failing it once its handler "
+                "returns (its row and slots held until then)",
                 item.ctx.job_id,
                 item.ctx.type,
                 item.timeout,
-                self.overdue.hold,
+                extra=item.log_extra(),
             )
-            failure = executor.timed_out(item.ctx, item.timeout, item.policy)
-            if not self.overdue.keep(item, failure, now):
-                failed.append((item, failure))
-            if thread in self._threads:  # retired: it ends once the handler returns
-                self._threads.remove(thread)
-            self.overdue.retire(thread, now + item.timeout)
-            if not over_limit:
-                self._spawn()
-        return Timeouts(failed, over_limit)
+        return all_stuck(stuck(self._timed, now), self.concurrency, self.worker_id)
 
-    def check_threads(self) -> list[tuple[InFlight, Failure]]:
-        """Replace handler threads that died; fail the job each left without an outcome.
+    def check_threads(self) -> list[tuple[InFlight, Outcome]]:
+        """Replace handler threads that died; the outcome of the job each left without one
+        (its verdict, or the thread's death).
 
         The threads are looked at while one that crashed is not replaced yet, else at
         most every THREAD_SCAN seconds (not at every cycle: the pool may be large).
@@ -198,7 +189,7 @@ class HandlerPool:
         if not self._crashes and now < self._next_scan:
             return []
         self._next_scan = now + THREAD_SCAN
-        failed = []
+        ended = []
         for thread in [t for t in self._threads if not t.is_alive()]:
             if self._stopping:
                 break
@@ -209,10 +200,10 @@ class HandlerPool:
             logger.error("handler thread %s died; starting a replacement", thread.name)
             if item is not None and not item.resolved and not item.reported:
                 item.resolved = True
-                self._timed.pop(item.ctx.job_id, None)
-                failed.append((item, _thread_died()))
+                self._timed.pop(item, None)
+                ended.append((item, item.verdict or _thread_died()))
             self._spawn()
-        return failed
+        return ended
 
     def stop(self) -> list[InFlight]:
         """Stop the handler threads once their current job ends; return the jobs that
@@ -284,48 +275,43 @@ class HandlerPool:
                     # nothing (and kill one with a single attempt). Replace it first.
                     epoch = self._db_epoch
                     close_unusable_django_connections()
-                if not self._run_one(me, item):
-                    return  # timed out: a replacement runs the next jobs
+                self._run_one(me, item)
                 item = None
         except BaseException:
-            if item is not None and not item.reported:  # it ended, reported or not
-                self.tally.returned(entered=item.thread is me)
-            if not (item is not None and item.timed_out):
-                logger.exception("executor thread crashed")
-                with self._crash_lock:
-                    self._crashes += 1
-                self._wake.set()  # check_threads fails its job and replaces it
+            if item is not None and not item.reported:  # it ended without an outcome
+                self.tally.returned()
+            logger.exception("executor thread crashed")
+            with self._crash_lock:
+                self._crashes += 1
+            self._wake.set()  # check_threads reports its job and replaces it
         finally:
             connections.close_all()
 
-    def _run_one(self, me: threading.Thread, item: InFlight) -> bool:
-        """Run one job and hand its outcome over; False if it timed out meanwhile."""
-        self.tally.enter()
+    def _run_one(self, me: threading.Thread, item: InFlight) -> None:
+        """Run one job and hand its outcome over once the handler's code returned."""
         item.thread = me
-        item.started = time.monotonic()
-        outcome = _execute(item, self.hooks)
-        timed_out = False
-        if item.timeout is None:
-            item.returned = True  # no timeout: the dispatcher never decides for it
-        else:
+        outcome: Outcome | None = None
+        try:
+            item.started = time.monotonic()
+            outcome = _execute(item, self.hooks)
             with self._handoff:
                 item.returned = True  # from now on the dispatcher cannot time it out
                 timed_out = item.timed_out
+            if timed_out:
+                # A JobTimeout not raised yet must not land later, in the next job.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me.ident), None)
+        except executor.JobTimeout:
+            # The timeout was decided as the handler returned, and its exception landed
+            # here, in the worker's own code: the verdict stands.
+            item.returned = True
         item.runtime = time.monotonic() - item.started  # counted by `finished`
-        if timed_out:
-            # Its failure is written: a JobTimeout not delivered yet must not land later.
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me.ident), None)
-        else:  # no timeout can land in the reset now (it would stop it half-way)
-            _reset_connections(item)
+        _reset_connections(item)
         # Reported before it is put: a thread that dies now leaves its outcome
-        # queued, and check_threads must not fail the job a second time.
+        # queued, and check_threads must not report the job a second time.
         item.reported = True
-        self._outcomes.put((item, outcome))
-        if timed_out:
-            self._wake.set()  # its job is held until now: the dispatcher fails it
+        self._outcomes.put((item, item.verdict or outcome or _thread_died()))
         self._current.pop(me, None)
         self.tally.returned()
-        return not timed_out
 
 
 def _drain(outcomes: queue_module.SimpleQueue[Returned]) -> list[Returned]:

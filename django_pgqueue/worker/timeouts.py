@@ -1,5 +1,13 @@
-"""Handlers past their timeout: the jobs held until their handler returns, and the
-threads retired with them, counted as stuck while their handlers still run."""
+"""Handlers past their timeout: the verdict decided, the exception raised in a sync
+handler, and when so many are stuck that the worker must exit.
+
+A timeout decides the job's outcome (a JobTimeout failure, retried by its policy) but
+frees nothing: the job keeps its row, its lease and its slots until the handler's code
+really returned (see `claimed.InFlight`). A handler blocked in C code cannot be
+reached: once it outlives its timeout by as much again it counts as stuck, and a
+worker whose threads are all stuck exits (code 1), so that its supervisor starts a
+fresh process and the sweep takes the jobs back once the process is gone.
+"""
 
 from __future__ import annotations
 
@@ -7,90 +15,23 @@ import ctypes
 import logging
 import threading
 from collections.abc import Iterable
-from typing import NamedTuple
 
 from .. import executor
 from ..claimed import InFlight
-from ..outcomes import Failure
 
 logger = logging.getLogger(__name__)
 
 
-class Timeouts(NamedTuple):
-    """What a timeout check found."""
-
-    failed: list[tuple[InFlight, Failure]]  # jobs past their timeout, and their failure
-    over_limit: int  # 1 when more handlers are stuck at once than the pool has threads
-
-
-class Overdue:
-    """The jobs and threads a timeout left behind.
-
-    A job whose handler ran past its timeout stays claimed (its lease renewed, its slot
-    in the queue's limits taken) until its handler returns, at most `hold` seconds; its
-    failure is written once released. Its thread is retired; it counts as stuck once it
-    outlives the timeout by as much again, and leaves the count when it ends.
-    """
-
-    def __init__(self, hold: float) -> None:
-        self.hold = hold
-        self._held: list[tuple[InFlight, Failure, float]] = []  # (item, failure, until)
-        self._stuck: list[tuple[threading.Thread, float]] = []  # (thread, stuck from)
-
-    def keep(self, item: InFlight, failure: Failure, now: float) -> bool:
-        """Hold `item` (timed out at `now`) with its failure; False when nothing is held."""
-        if self.hold <= 0:
-            return False
-        self._held.append((item, failure, now + self.hold))
-        return True
-
-    def next_release(self) -> float | None:
-        return min((until for _, _, until in self._held), default=None)
-
-    def release(self, now: float | None = None) -> list[tuple[InFlight, Failure]]:
-        """The jobs to fail now: their handler returned (or its thread ended), or they were
-        held long enough (all of them when `now` is None: the worker is stopping)."""
-        if not self._held:
-            return []
-        out, keep = [], []
-        for item, failure, until in self._held:
-            ended = item.thread is not None and not item.thread.is_alive()
-            done = now is None or item.returned or ended or now >= until
-            (out if done else keep).append((item, failure, until))
-        self._held = keep
-        return [(item, failure) for item, failure, _ in out]
-
-    def retire(self, thread: threading.Thread | None, stuck_from: float) -> None:
-        """`thread`'s job timed out; it counts as stuck from `stuck_from` while it lives."""
-        if thread is not None:
-            self._stuck.append((thread, stuck_from))
-
-    def too_many_stuck(self, concurrency: int, worker_id: str, now: float) -> bool:
-        """More handlers stuck right now than the pool has threads: time to exit."""
-        self._stuck = [(t, since) for t, since in self._stuck if t.is_alive()]
-        stuck = sum(1 for _, since in self._stuck if now >= since)
-        if stuck <= concurrency:
-            return False
-        logger.critical(
-            "worker %s: %d handlers are stuck past their timeout; exiting so a supervisor "
-            "can restart the process",
-            worker_id,
-            stuck,
-        )
-        return True
-
-
-def time_out(item: InFlight, handoff: threading.Lock) -> bool:
-    """Time out `item`'s handler unless it returned first; True if it was timed out."""
+def time_out(item: InFlight, handoff: threading.Lock, now: float) -> bool:
+    """Decide the timeout of `item`'s sync handler unless it returned first, and raise
+    JobTimeout in it; True if it was timed out."""
+    assert item.timeout is not None
+    verdict = executor.timed_out(item.ctx, item.timeout, item.policy)
     thread = item.thread
     with handoff:
         if item.returned:
             return False
-        item.timed_out = True
-        # Its failure is written once it returns (or is held too long), and the job may
-        # then run elsewhere: a handler that keeps running must see its lease as lost.
-        # The heartbeat renews it meanwhile, so the job stays this worker's.
-        item.lease.timed_out = True
+        item.decide(verdict, now)
         if thread is not None and thread.ident is not None:
             # Raises JobTimeout in the handler at its next bytecode. A handler blocked
             # in C code only notices when that call returns.
@@ -100,12 +41,37 @@ def time_out(item: InFlight, handoff: threading.Lock) -> bool:
     return True
 
 
-def first_deadline(overdue: Overdue, timed: Iterable[InFlight]) -> float | None:
-    """When the first of the `timed` running handlers reaches its timeout, or the first
-    held one is let go."""
-    deadline = overdue.next_release()
+def first_deadline(timed: Iterable[InFlight]) -> float | None:
+    """When the first of the `timed` running handlers reaches its timeout."""
+    deadline = None
     for item in timed:
         if item.timeout is not None and item.started is not None and not item.timed_out:
             end = item.started + item.timeout
             deadline = end if deadline is None else min(deadline, end)
     return deadline
+
+
+def stuck(items: Iterable[InFlight], now: float) -> int:
+    """How many of `items` outlived their timeout by as much again and still run."""
+    return sum(
+        1
+        for item in items
+        if item.timed_out_at is not None
+        and item.timeout is not None
+        and now >= item.timed_out_at + item.timeout
+        and not item.ended
+    )
+
+
+def all_stuck(count: int, slots: int, worker_id: str) -> bool:
+    """Every one of the `slots` handler threads is stuck (`count`): time to exit."""
+    if count < slots:
+        return False
+    logger.critical(
+        "worker %s: all %d handler threads are stuck past their timeout; exiting so a "
+        "supervisor can restart the process",
+        worker_id,
+        count,
+        extra={"worker_id": worker_id},
+    )
+    return True

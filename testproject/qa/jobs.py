@@ -46,6 +46,11 @@ def _ledger_end(entry: tuple[str, int]) -> None:
         )
 
 
+# Set by the test fixtures when a test ends: handlers that hang return, so a worker
+# running in the test's process lets go of the jobs it held (see Worker.wait_for_held).
+RELEASE = threading.Event()
+
+
 @django_pgqueue.handler("qa.noop")
 def noop(ctx: JobContext) -> None:
     return None
@@ -58,10 +63,11 @@ def echo(ctx: JobContext) -> Any:
 
 @django_pgqueue.handler("qa.sleep")
 def sleep(ctx: JobContext) -> None:
-    """Sleep payload['seconds'], recording the run in the ledger."""
+    """Sleep payload['seconds'] (in a test's own process: at most until the test ends),
+    recording the run in the ledger."""
     entry = _ledger_start(ctx)
     deadline = time.monotonic() + float(ctx.payload.get("seconds", 1.0))
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not RELEASE.is_set():
         time.sleep(0.01)
     _ledger_end(entry)
 
@@ -89,8 +95,9 @@ def offline(ctx: JobContext) -> None:
 
 @django_pgqueue.handler("qa.nap")
 def nap(ctx: JobContext) -> None:
-    """Sleep payload['seconds'] and write nothing (the bloat soak's steady load)."""
-    time.sleep(float(ctx.payload.get("seconds", 0.02)))
+    """Sleep payload['seconds'] (in a test's own process: at most until the test ends)
+    and write nothing (the bloat soak's steady load)."""
+    RELEASE.wait(float(ctx.payload.get("seconds", 0.02)))
 
 
 @django_pgqueue.handler("qa.fail", max_attempts=3)
@@ -130,8 +137,8 @@ def kill_process(ctx: JobContext) -> None:
 
 @django_pgqueue.handler("qa.hang")
 def hang(ctx: JobContext) -> None:
-    """Never returns on its own."""
-    threading.Event().wait()
+    """Never returns on its own (in a test's own process: until the test ends)."""
+    RELEASE.wait()
 
 
 @django_pgqueue.handler("qa.bad_result")
@@ -231,9 +238,10 @@ def stale(ctx: JobContext) -> None:
 
 @django_pgqueue.handler("qa.hang_retry", max_attempts=2, retry=FixedDelay(0.05))
 def hang_retry(ctx: JobContext) -> None:
-    """Never returns (blocked in C, where the timeout's exception cannot reach it)."""
+    """Never returns (blocked in C, where the timeout's exception cannot reach it; in a
+    test's own process: until the test ends)."""
     _ledger_start(ctx)
-    threading.Event().wait()
+    RELEASE.wait()
 
 
 @django_pgqueue.handler("qa.spin")
@@ -280,7 +288,7 @@ def outcome(ctx: JobContext) -> Any:
     if do == "memory":
         raise MemoryError("qa.outcome")
     if do == "hang":
-        threading.Event().wait(float(ctx.payload.get("seconds", 30)))
+        RELEASE.wait(float(ctx.payload.get("seconds", 30)))
         return None
     if do == "unstorable":
         return {"nan": float("nan")}
@@ -372,9 +380,9 @@ async def aoutcome(ctx: JobContext) -> Any:
     if do == "hang":
         await asyncio.sleep(seconds)
         return None
-    if do == "swallow":  # ignores its cancellation and goes on
+    if do == "swallow":  # ignores its cancellation and goes on (until RELEASE)
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not RELEASE.is_set():
             try:
                 await asyncio.sleep(0.05)
             except asyncio.CancelledError:
@@ -479,3 +487,103 @@ def sustained(ctx: JobContext) -> None:
     time.sleep(0.001)
     if "port" in payload:
         _starts().sendto(struct.pack("!dd", payload["t"], started), ("127.0.0.1", payload["port"]))
+
+
+# -- tests/integration/test_hold_and_capacity.py: which handlers execute when, in this
+# process ---------------------------------------------------------------------------------
+
+
+class Executions:
+    """The handlers of this process executing now, by kind ("sync", "async"), the most
+    at once, and each execution's (start, end) in time.monotonic(), by job id; with
+    `runs` each execution's worker, kind, queue and concurrency key (payload["key"])."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.now: dict[str, int] = {"sync": 0, "async": 0}
+            self.most: dict[str, int] = {"sync": 0, "async": 0}
+            self.spans: dict[int, list[list[float | None]]] = {}
+            self.runs: list[tuple[int, str, str, str, str | None, list[float | None]]] = []
+
+    def enter(self, kind: str, ctx: JobContext) -> list[float | None]:
+        span: list[float | None] = [time.monotonic(), None]
+        key = ctx.payload.get("key") if isinstance(ctx.payload, dict) else None
+        with self._lock:
+            self.now[kind] += 1
+            self.most[kind] = max(self.most[kind], self.now[kind])
+            self.spans.setdefault(ctx.job_id, []).append(span)
+            self.runs.append((ctx.job_id, ctx.worker_id, kind, ctx.queue, key, span))
+        return span
+
+    def exit(self, kind: str, span: list[float | None]) -> None:
+        with self._lock:
+            self.now[kind] -= 1
+            span[1] = time.monotonic()
+
+    def executing(self, job_id: int) -> bool:
+        with self._lock:
+            return any(end is None for _, end in self.spans.get(job_id, ()))
+
+    def started(self, job_id: int) -> bool:
+        with self._lock:
+            return bool(self.spans.get(job_id))
+
+    def snapshot(self) -> list[tuple[int, str, str, str, str | None, float, float | None]]:
+        """Every execution so far: (job, worker, kind, queue, key, start, end or None)."""
+        with self._lock:
+            return [(*run[:5], run[5][0], run[5][1]) for run in self.runs]  # type: ignore[misc]
+
+
+EXECUTIONS = Executions()
+
+
+def _span_seconds(ctx: JobContext) -> float:
+    """payload["seconds"] on the first attempt, payload["later"] (default 0) after."""
+    key = "seconds" if ctx.attempt == 1 else "later"
+    return float(ctx.payload.get(key, 0))
+
+
+@django_pgqueue.handler("qa.span", max_attempts=3, retry=FixedDelay(0.05))
+def span(ctx: JobContext) -> int:
+    """Execute for `_span_seconds`, recorded in EXECUTIONS: in one time.sleep call when
+    payload["c"] (a call in C, which a timeout's exception reaches only once it returns),
+    else in short sleeps."""
+    entry = EXECUTIONS.enter("sync", ctx)
+    try:
+        seconds = _span_seconds(ctx)
+        if ctx.payload.get("c"):
+            time.sleep(seconds)
+        else:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+        return ctx.job_id
+    finally:
+        EXECUTIONS.exit("sync", entry)
+
+
+@django_pgqueue.handler("qa.aspan", max_attempts=3, retry=FixedDelay(0.05))
+async def aspan(ctx: JobContext) -> int:
+    """The async `span`: awaits `_span_seconds`, or with payload["block"] holds the
+    event loop that long in a sync call; payload["swallow"] ignores cancellations."""
+    entry = EXECUTIONS.enter("async", ctx)
+    try:
+        seconds = _span_seconds(ctx)
+        if ctx.payload.get("block"):
+            time.sleep(seconds)
+        elif ctx.payload.get("swallow"):
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                try:
+                    await asyncio.sleep(0.02)
+                except asyncio.CancelledError:
+                    continue
+        else:
+            await asyncio.sleep(seconds)
+        return ctx.job_id
+    finally:
+        EXECUTIONS.exit("async", entry)

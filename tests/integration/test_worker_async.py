@@ -4,12 +4,17 @@ async ORM, and a worker serving async and sync handlers at once."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
+from qa.jobs import RELEASE
 
 from django_pgqueue import actions, enqueue, enqueue_many
 from django_pgqueue.models import Attempt, JobState
+from django_pgqueue.testing import run_due_jobs
 from tests.conftest import sql
 from tests.integration.test_worker import wait_until
 from tests.integration.test_worker_faults import status
@@ -83,19 +88,27 @@ def test_an_async_handler_past_its_timeout_is_cancelled_and_failed_once(run_work
 
 
 @pytest.mark.parametrize("do", ["swallow", "swallow_return"])
-def test_an_async_handler_that_swallows_its_cancellation_is_reported_and_its_job_ends(
+def test_an_async_handler_that_swallows_its_cancellation_is_reported_and_its_job_held(
     run_worker, caplog, do
 ):
+    # It ignores the cancellation its timeout sent: it is named and counted, and its job
+    # keeps its row until the task really ended (the hold); then it is failed once.
     job = enqueue("qa.aoutcome", {"do": do, "seconds": 600}, queue="aswl", max_attempts=1)
     caplog.set_level(logging.WARNING, logger="django_pgqueue.worker.aio")
     worker = run_worker(["aswl"], poll_interval=0.1, job_timeout=1.0)
-    wait_until(lambda: status(job.id) == "dead", timeout=HANG_GUARD)
-    [attempt] = attempts(job.id)
-    assert attempt.error_class == "django_pgqueue.exceptions.JobTimeout"
-    assert worker.worker._dispatcher.aio.ignored_cancel == 1
+    wait_until(lambda: worker.worker._dispatcher.aio.ignored_cancel == 1, timeout=HANG_GUARD)
     warned = [r.getMessage() for r in caplog.records if "CancelledError" in r.getMessage()]
     assert warned, caplog.text
     assert "qa.aoutcome" in warned[0]
+    if do == "swallow":  # still running: held meanwhile, until it ends
+        assert status(job.id) == "running"
+        RELEASE.set()
+    try:
+        wait_until(lambda: status(job.id) == "dead", timeout=HANG_GUARD)
+    finally:
+        RELEASE.clear()
+    [attempt] = attempts(job.id)
+    assert attempt.error_class == "django_pgqueue.exceptions.JobTimeout"
     # The worker goes on running async jobs.
     later = enqueue("qa.aoutcome", {"do": "return"}, queue="aswl")
     wait_until(lambda: status(later.id) == "completed", timeout=HANG_GUARD)
@@ -223,3 +236,18 @@ def test_a_stopping_worker_cancels_its_async_handlers_and_gives_their_attempts_b
     state = JobState.objects.get(pk=job.id)
     assert (state.status, state.attempts) == ("pending", 0)
     assert not worker.worker.event_loop._thread.is_alive()
+
+
+def test_a_worker_run_from_async_code_completes_an_async_task():
+    # As Django's own Tasks tests run a worker: from async code, through sync_to_async.
+    # The task's own sync_to_async calls must not be sent to the calling thread (it is
+    # inside the worker): the worker's tasks run in a context of their own.
+    job = enqueue("qa.aoutcome", {"do": "return"}, queue="afromasync")
+
+    async def main() -> Any:
+        run = sync_to_async(run_due_jobs)
+        return await asyncio.wait_for(run(["afromasync"], concurrency=1), HANG_GUARD)
+
+    counts = asyncio.run(main())
+    assert counts["completed"] == 1
+    assert status(job.id) == "completed"

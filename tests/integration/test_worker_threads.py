@@ -4,6 +4,7 @@ every claimed job ends with an attempt saying why, and the worker keeps its thre
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -103,7 +104,9 @@ SEEN: dict[int, dict[str, object]] = {}
 @django_pgqueue.handler("test.outlives_timeout", max_attempts=1)
 def outlives_timeout(ctx):
     """Swallows the timeout's exception and keeps running, noting what it sees."""
-    seen = SEEN.setdefault(ctx.job_id, {"thread": threading.current_thread().name})
+    seen = SEEN.setdefault(
+        ctx.job_id, {"thread": threading.current_thread().name, "start": time.monotonic()}
+    )
     deadline = time.monotonic() + float(ctx.payload["seconds"])
     while time.monotonic() < deadline:
         try:
@@ -112,6 +115,7 @@ def outlives_timeout(ctx):
             seen["timeout"] = time.monotonic()
         if "timeout" in seen and ctx.lease_lost():
             seen["lease_lost"] = True
+    seen["end"] = time.monotonic()
     seen["thread_after"] = threading.current_thread().name
 
 
@@ -124,22 +128,20 @@ def test_a_timed_out_handler_sees_its_lease_lost(run_worker):
     assert SEEN[job.id].get("lease_lost") is True
 
 
-def test_stuck_handlers_that_finally_return_no_longer_count_as_stuck(run_worker):
-    """More timeouts over a worker's life than threads, never more stuck at once."""
-    # Each handler outlives its timeout (0.5 s) by 0.5 s: the dispatcher has that long
-    # to time it out before it returns (0.1 s before). The next job starts on a new
-    # thread at 0.5 s, times out at 1.0 s and counts as stuck from 1.5 s, 0.5 s after
-    # the retired thread ended: two stuck at once only after a 0.5 s stall.
-    jobs = [enqueue("test.outlives_timeout", {"seconds": 1.0}, queue="to") for _ in range(4)]
+def test_a_handler_past_its_timeout_keeps_its_thread_until_it_returns(run_worker):
+    """A handler past its timeout holds its slot: with one thread, the next job starts
+    only once it returned, on the same thread; none counts as stuck (each returns
+    before it outlived its timeout by as much again), so the worker goes on."""
+    jobs = [enqueue("test.outlives_timeout", {"seconds": 0.8}, queue="to") for _ in range(4)]
     worker = run_worker(["to"], concurrency=1, job_timeout=0.5, poll_interval=0.1)
     wait_until(lambda: all("thread_after" in SEEN.get(j.id, {}) for j in jobs), timeout=120)
     last = enqueue("qa.outcome", {"do": "return"}, queue="to")
     wait_until(lambda: status(last.id) == "completed", timeout=120)
     assert worker.worker.stats["timed_out"] == 4
     assert worker.worker.exit_code == 0
-    # A thread whose job timed out never took another job.
-    threads = [SEEN[j.id]["thread"] for j in jobs]
-    assert len(set(threads)) == 4
+    spans = sorted((SEEN[j.id]["start"], SEEN[j.id]["end"]) for j in jobs)
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans))
+    assert len({SEEN[j.id]["thread"] for j in jobs}) == 1
 
 
 def test_a_handler_that_returned_is_never_timed_out():
@@ -160,7 +162,7 @@ def test_a_handler_that_returned_is_never_timed_out():
     item.started = time.monotonic() - 1  # past its timeout, but its handler returned
     with pool._handoff:  # as its handler thread does
         item.returned = True
-    assert pool.check_timeouts().failed == []
+    assert pool.check_timeouts() is False  # nothing stuck
     assert not item.timed_out
 
 
@@ -191,12 +193,12 @@ def test_a_timeout_due_while_connections_are_reset_never_lands_after_the_handler
     assert worker.worker.stats["threads_died"] == 0
 
 
-def test_more_handlers_stuck_at_once_than_threads_ends_the_worker(run_worker):
+def test_all_handler_threads_stuck_ends_the_worker(run_worker):
     for _ in range(2):
         enqueue("qa.hang", queue="wedged", max_attempts=1)  # blocked in C for good
-    # A job timed out is held (its slot taken) until its handler returns or a lease has
-    # passed: the short lease lets the second job start on the replacement thread.
-    worker = run_worker(["wedged"], concurrency=1, job_timeout=0.2, poll_interval=0.1, lease=1.0)
+    # A job timed out keeps its thread until its handler returns: the one thread is stuck
+    # once the handler outlived its timeout by as much again, and the worker exits.
+    worker = run_worker(["wedged"], concurrency=1, job_timeout=0.2, poll_interval=0.1)
     worker.thread.join(15)
     assert not worker.thread.is_alive()
     assert worker.worker.exit_code == 1

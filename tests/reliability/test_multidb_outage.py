@@ -2,9 +2,9 @@
 
 Two throwaway servers (pgserver.py; the shared one is never stopped): queue `a.MODE`
 lives on server 1 (`default`), queue `b.MODE` on server 2 (the alias `queues2`, routed
-with PGQUEUE["QUEUE_DATABASES"]). Either one `run_queue_worker` process per database,
-or one process serving both queues (a `Worker` per database sharing the handler
-slots); a producer process enqueues to both at a steady rate. Server 2 is stopped for a
+with PGQUEUE["QUEUE_DATABASES"]). Either one `run_queue_worker` per database, or one
+given both queues (a supervisor with a worker process per database); a producer process
+enqueues to both at a steady rate. Server 2 is stopped for a
 few seconds and started again.
 
 The qa.ledger handler writes its ledger on the job's own database, so each server's
@@ -157,15 +157,19 @@ def check(server: PgServer, queue: str, acked: list[int]) -> dict[str, int]:
     return counts
 
 
-# (scenario, pg_ctl stop mode, one worker process over both databases)
+# (scenario, pg_ctl stop mode, one run_queue_worker over both databases)
 LAYOUTS = [("16a", "fast", False), ("16b", "immediate", False), ("16c", "fast", True)]
 
 
 @pytest.mark.parametrize(("scenario", "mode", "one_process"), LAYOUTS)
 def test_second_database_outage(scenario, mode, one_process, servers, procs, report):
-    """16a/16b/16c. Two queue databases, the second stopped (fast / immediate; a worker
-    process per database / one over both)"""
-    layout = "one worker process over both" if one_process else "a worker process per database"
+    """16a/16b/16c. Two queue databases, the second stopped (fast / immediate; a
+    run_queue_worker per database / one over both, a supervisor with a process each)"""
+    layout = (
+        "one run_queue_worker over both (a process per database)"
+        if one_process
+        else "a run_queue_worker per database"
+    )
     report(
         scenario=f"{scenario}. Two queue databases, {layout}: the second server stopped "
         f"({mode}) under load, the first's queue keeps working"
@@ -183,7 +187,7 @@ def test_second_database_outage(scenario, mode, one_process, servers, procs, rep
         "MDR_QUEUE_A": queue_a,
         "MDR_QUEUE_B": queue_b,
     }
-    if one_process:  # its 8 handler slots shared, where each worker below has 4
+    if one_process:  # a supervisor: a child per database, 4 handler threads each
         workers = {
             "both": Proc(
                 env,
@@ -192,7 +196,7 @@ def test_second_database_outage(scenario, mode, one_process, servers, procs, rep
                 queue_b,
                 *WORKER_ARGS,
                 "--concurrency",
-                "8",
+                "4",
                 "--worker-id",
                 f"multidb-{scenario}",
             )
@@ -264,7 +268,11 @@ def test_second_database_outage(scenario, mode, one_process, servers, procs, rep
         assert ratio >= MIN_THROUGHPUT_RATIO, (a_before, a_during)
     report(
         size=f"{RATE} jobs/s per queue, {len(acked['a'])} + {len(acked['b'])} jobs, "
-        + ("1 worker x 8 over both" if one_process else "1 worker x 4 per database"),
+        + (
+            "1 command over both, 1 process x 4 per database"
+            if one_process
+            else "1 worker x 4 per database"
+        ),
         **{
             key: counts_a[key] + counts_b[key]
             for key in ("lost", "completed_twice", "re_executions")

@@ -1,5 +1,6 @@
-"""What a timeout leaves behind: a held job is let go when its handler returns, when
-its thread ends, or one hold after the timeout; and a keyed queue's short claims."""
+"""What a timeout decides: the job's verdict, its handler counted as stuck once it
+outlived the timeout by as much again and still runs, the worker told to exit when all
+its threads are stuck; and a keyed queue's short claims."""
 
 from __future__ import annotations
 
@@ -10,34 +11,42 @@ from django_pgqueue.control.claims import FULL_RECHECK, ControlledClaims, Contro
 from django_pgqueue.outcomes import Failure
 from django_pgqueue.retry import FixedDelay
 from django_pgqueue.store.worker import ClaimedRow
-from django_pgqueue.worker.timeouts import Overdue
+from django_pgqueue.worker.timeouts import all_stuck, stuck
 
 FAILURE = Failure("django_pgqueue.JobTimeout", "timed out", "", permanent=False)
 
 
 def item(job_id: int) -> InFlight:
     row = ClaimedRow(job_id, "q", "t", "{}", 0, 1, 1, 1, job_id, None, None, None)
-    return InFlight.claimed(row, None, FixedDelay(1), 0.1, "w", 1e12)
+    return InFlight.claimed(row, None, FixedDelay(1), 10.0, "w", 1e12)
 
 
-def test_a_held_job_is_let_go_when_its_handler_returns_its_thread_ends_or_time_is_up():
-    returned, ended, running, late = item(1), item(2), item(3), item(4)
-    returned.returned = True
-    ended.thread = threading.Thread(target=lambda: None)
-    ended.thread.start()
-    ended.thread.join()
+def test_a_decided_timeout_is_the_verdict_and_the_lease_reads_lost_to_the_handler():
+    timed = item(1)
+    timed.decide(FAILURE, now=100.0)
+    assert (timed.verdict, timed.timed_out, timed.timed_out_at) == (FAILURE, True, 100.0)
+    assert timed.ctx.lease_lost()
+
+
+def test_a_handler_is_stuck_once_it_outlived_its_timeout_by_as_much_again_and_runs():
+    running, returned, ended, fresh = item(1), item(2), item(3), item(4)
     alive = threading.Event()
     running.thread = threading.Thread(target=alive.wait, daemon=True)
     running.thread.start()
-    overdue = Overdue(hold=10.0)
-    for held in (returned, ended, running):
-        assert overdue.keep(held, FAILURE, now=100.0)
-    assert overdue.keep(late, FAILURE, now=95.0)
-    assert {i.ctx.job_id for i, _ in overdue.release(now=105.0)} == {1, 2, 4}
-    assert overdue.next_release() == 110.0
-    assert [i.ctx.job_id for i, _ in overdue.release(now=None)] == [3]  # stopping
-    alive.set()
-    assert not Overdue(hold=0.0).keep(item(5), FAILURE, now=0.0)  # nothing held
+    ended.thread = threading.Thread(target=lambda: None)
+    ended.thread.start()
+    ended.thread.join()
+    returned.reported = True
+    for timed in (running, returned, ended):
+        timed.decide(FAILURE, now=100.0)
+    fresh.decide(FAILURE, now=105.0)  # timed out later: not stuck yet
+    try:
+        assert stuck([running, returned, ended, fresh], now=110.0) == 1
+        assert stuck([running], now=109.0) == 0
+    finally:
+        alive.set()
+    assert not all_stuck(1, 2, "w")
+    assert all_stuck(2, 2, "w")
 
 
 def test_a_keyed_queues_short_claims_back_off_only_while_they_take_nothing():

@@ -47,7 +47,7 @@ SECONDS = r"must be a finite number of seconds > 0 and at most 316,224,000 \(10 
         (["--processes", "257"], "--processes must be an integer from 1 to 256, got 257"),
         (["--processes", "1.5"], "--processes: expected a number of processes"),
         # Refused by the supervisor, before any child starts.
-        (["--processes", "2", "--weights", "email=2"], "Weight given for 'email'"),
+        (["--processes", "2", "--weights", "email=2"], "weight given for 'email'"),
         (["--processes", "2", "--lease", "3", "--heartbeat-interval", "2"], "heartbeat_interval"),
         (["--processes", "3", "--metrics-port", "65534"], "the port is at most 65533"),
     ],

@@ -1,5 +1,6 @@
 """manage.py run_queue_worker QUEUE [QUEUE ...]: run a worker in this process, or
-`--processes N` of them under a supervisor (django_pgqueue.supervisor)."""
+several under a supervisor (django_pgqueue.supervisor): `--processes N` of them, and
+one (or N) per database when the queues live on several (PGQUEUE["QUEUE_DATABASES"])."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from django_pgqueue.checks import TAG as CHECK_TAG
 from django_pgqueue.checks import autovacuum_problem
 from django_pgqueue.exceptions import ConfigurationError
 from django_pgqueue.store.operator import missing_tables
-from django_pgqueue.worker import SeveralDatabases, Worker, WorkerConfig, worker_for
+from django_pgqueue.worker import Worker, WorkerConfig
 from django_pgqueue.worker_config import queues_by_database
 
 
@@ -177,11 +178,13 @@ class Command(BaseCommand):
         try:
             processes = supervisor.parse_processes(options["processes"])
             config = _worker_options(options, weights)
-            if processes > 1 and options["control_fd"] is None:
-                aliases = list(queues_by_database(options["queues"]))
+            placed = queues_by_database(options["queues"])
+            _check_weights(weights, options["queues"])
+            if (processes > 1 or len(placed) > 1) and options["control_fd"] is None:
                 # Bad options refused once, here, not by every child.
-                WorkerConfig.build(options["queues"], **config, database=aliases[0])
-                code = _supervise(processes, options, aliases)
+                for alias, queues in placed.items():
+                    WorkerConfig.build(queues, **_own_weights(config, queues), database=alias)
+                code = _supervise(processes, options, placed)
             else:
                 code = self._run_worker(options, config)
         except ConfigurationError as exc:
@@ -191,10 +194,9 @@ class Command(BaseCommand):
 
     def _run_worker(self, options: dict[str, Any], config: dict[str, Any]) -> int:
         """Run one worker in this process; its exit code."""
-        worker = worker_for(options["queues"], **config)
+        worker = Worker(options["queues"], **config)
         if options["child_index"] is None:  # a supervisor's children were checked by it
-            for alias in queues_by_database(options["queues"]):
-                _check_database(alias)
+            _check_database(worker.config.database)
         if options["metrics_port"] is not None:
             _serve_metrics(worker, options["metrics_port"], options["metrics_addr"])
         if options["control_fd"] is not None:
@@ -228,7 +230,8 @@ def _worker_options(options: dict[str, Any], weights: dict[str, int]) -> dict[st
     }
 
 
-# The options a child gets as they were given to the supervisor.
+# The options a child gets as they were given to the supervisor (its queues, and their
+# weights, are its database's).
 CHILD_OPTIONS = (
     "concurrency",
     "async_concurrency",
@@ -237,25 +240,44 @@ CHILD_OPTIONS = (
     "heartbeat_interval",
     "sweep_interval",
     "job_timeout",
-    "weights",
     "poll_interval",
     "shutdown_grace",
     "metrics_addr",
 )
 
 
-def _supervise(processes: int, options: dict[str, Any], aliases: list[str]) -> int:
-    """Run `processes` copies of this command as children of a supervisor; its exit code.
+def _check_weights(weights: dict[str, int], queues: list[str]) -> None:
+    """Refuse a weight given for a queue the worker does not serve."""
+    for name in weights:
+        if name not in queues:
+            raise CommandError(
+                f"--weights: weight given for {name!r}, which is not one of the worker's "
+                f"queues ({', '.join(queues)})."
+            )
 
-    Bad options and a database never migrated are refused here, once, not by every child.
+
+def _own_weights(config: dict[str, Any], queues: tuple[str, ...]) -> dict[str, Any]:
+    """`config` with only the weights of `queues` (one database's)."""
+    weights = {queue: weight for queue, weight in config["weights"].items() if queue in queues}
+    return {**config, "weights": weights}
+
+
+def _supervise(processes: int, options: dict[str, Any], placed: dict[str, tuple[str, ...]]) -> int:
+    """Run this command's workers as children of a supervisor; its exit code.
+
+    `processes` children per database, each serving that database's queues with its own
+    `--concurrency` (a worker process serves one database). Bad options and a database
+    never migrated are refused here, once, not by every child.
     """
+    groups = [queues for queues in placed.values() for _ in range(processes)]
+    children = len(groups)
     port = options["metrics_port"]
     if port is not None:
-        if port and port + processes - 1 > 65535:
+        if port and port + children - 1 > 65535:
             raise CommandError(
-                f"--metrics-port: child {processes - 1} would listen on port "
-                f"{port + processes - 1}; with --processes {processes} the port is at most "
-                f"{65536 - processes}."
+                f"--metrics-port: child {children - 1} would listen on port "
+                f"{port + children - 1}; with {children} worker processes the port is at "
+                f"most {65536 - children}."
             )
         try:
             # Local: the optional extra; refused here once rather than by every child.
@@ -265,7 +287,7 @@ def _supervise(processes: int, options: dict[str, Any], aliases: list[str]) -> i
                 "--metrics-port needs prometheus-client: "
                 "pip install 'django-pgqueue-jobs[prometheus]'."
             ) from None
-    common = ["manage.py", "run_queue_worker", *options["queues"]]
+    common = []
     for key in CHILD_OPTIONS:
         if options[key] is not None:
             common += [_flag(key), str(options[key])]
@@ -278,21 +300,27 @@ def _supervise(processes: int, options: dict[str, Any], aliases: list[str]) -> i
         if options.get(flag[2:].replace("-", "_"))
     ]
 
+    weights = parse_weights(options["weights"]) if options["weights"] else {}
+
     def child_argv(index: int, generation: int) -> list[str]:
-        argv = [*common, "--child-index", str(index)]
+        queues = groups[index]
+        argv = ["manage.py", "run_queue_worker", *queues, *common, "--child-index", str(index)]
+        own = [f"{queue}={weights[queue]}" for queue in queues if queue in weights]
+        if own:
+            argv += ["--weights", ",".join(own)]
         if options["worker_id"]:  # unique per process: the child and its restart count
             argv += ["--worker-id", f"{options['worker_id']}-{index}.{generation}"]
         if port is not None:  # child i on port + i (0: each on a free port)
             argv += ["--metrics-port", str(port + index if port else 0)]
         return argv
 
-    supervising = supervisor.Supervisor(processes, child_argv, burst=options["burst"])
-    for alias in aliases:
+    supervising = supervisor.Supervisor(children, child_argv, burst=options["burst"])
+    for alias in placed:
         _check_database(alias)
     return supervising.run()
 
 
-def _serve_metrics(worker: Worker | SeveralDatabases, port: int, addr: str) -> None:
+def _serve_metrics(worker: Worker, port: int, addr: str) -> None:
     """Start the /metrics server in this process, or refuse clearly."""
     try:
         # Local: prometheus-client is an optional extra, imported only when asked for.

@@ -1,0 +1,133 @@
+"""The hold and the capacity count, with real worker threads and connections.
+
+One hold: while a handler may still execute (past its timeout, an event loop blocked
+past it, a shutdown past its grace), its job keeps its row and its slots until the code
+really returned. One capacity count: `concurrency` handler threads and
+`async_concurrency` event-loop tasks are hard limits that no claim can pass.
+
+What executes when is recorded by the handlers themselves (`qa.jobs.EXECUTIONS`, in
+this process's monotonic clock); the tests compare those records with each other and
+with what the database said meanwhile, never with a wall-clock bound.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+from qa.jobs import EXECUTIONS
+
+from django_pgqueue import enqueue, enqueue_many
+from django_pgqueue.control.api import set_queue_limit
+from tests.integration.test_worker import wait_until
+from tests.integration.test_worker_faults import status
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HANG_GUARD = 60.0  # seconds: a hang guard, not a bound the tests measure
+
+
+@pytest.fixture(autouse=True)
+def executions():
+    EXECUTIONS.reset()
+    yield EXECUTIONS
+    EXECUTIONS.reset()
+
+
+def finished(*job_ids: int) -> bool:
+    return all(status(job_id) in ("completed", "dead", "cancelled") for job_id in job_ids)
+
+
+def overlapping(spans: list[list[float | None]]) -> list[tuple[list, list]]:
+    """The pairs of executions of one job that ran at the same time."""
+    ordered = sorted(spans, key=lambda span: span[0])
+    return [
+        (first, second)
+        for first, second in itertools.pairwise(ordered)
+        if first[1] is None or second[0] < first[1]
+    ]
+
+
+class RowWatch:
+    """Samples, from the test's side, whether a job's row was out of `running` while its
+    handler still executed (read: started before the status was read, still executing
+    after)."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        self.violations: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RowWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(HANG_GUARD)
+
+    def _run(self) -> None:
+        from django.db import connection
+
+        try:
+            while not self._stop.wait(0.02):
+                started = EXECUTIONS.started(self.job_id)
+                row = status(self.job_id)
+                if started and row != "running" and EXECUTIONS.executing(self.job_id):
+                    self.violations.append(row)
+        finally:
+            connection.close()
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_async_concurrency_is_a_hard_limit_whatever_the_threads(run_worker, threads):
+    jobs = enqueue_many([("qa.aspan", {"seconds": 0.2})] * 6, queue="acap")
+    run_worker(["acap"], concurrency=threads, async_concurrency=1)
+    wait_until(lambda: finished(*(job.id for job in jobs)), timeout=HANG_GUARD)
+    assert EXECUTIONS.most["async"] == 1
+
+
+def test_a_sync_timeout_holds_the_handler_slot_until_the_handler_returns(run_worker):
+    # Each handler outlives its timeout by more than a lease (not by as much again: it
+    # never counts as stuck) in one C call; with one thread, the second job may start
+    # only once the first call really returned.
+    jobs = enqueue_many([("qa.span", {"seconds": 3.4, "c": True})] * 2, queue="stime")
+    run_worker(["stime"], concurrency=1, job_timeout=2.0, lease=1.0)
+    wait_until(lambda: finished(*(job.id for job in jobs)), timeout=HANG_GUARD)
+    assert EXECUTIONS.most["sync"] == 1
+
+
+def test_an_async_handler_blocking_the_loop_keeps_its_row_and_queue_slot(run_worker):
+    # A queue of limit 1: the async job blocks the event loop past its timeout; the sync
+    # job behind it may start only once the blocking call returned, and the async job's
+    # row stays running until then.
+    set_queue_limit("ablock", 1)
+    blocking = enqueue("qa.aspan", {"seconds": 2.0, "block": True}, queue="ablock")
+    behind = enqueue("qa.span", {"seconds": 0.1}, queue="ablock")
+    with RowWatch(blocking.id) as watch:
+        run_worker(["ablock"], concurrency=2, async_concurrency=2, job_timeout=0.5)
+        wait_until(lambda: finished(blocking.id, behind.id), timeout=HANG_GUARD)
+    assert watch.violations == []
+    # Its first run timed out (the job was retried once the blocking call returned).
+    blocked_until = EXECUTIONS.spans[blocking.id][0][1]
+    [(behind_from, _)] = EXECUTIONS.spans[behind.id]
+    assert behind_from >= blocked_until
+
+
+def test_a_stopping_worker_holds_a_timed_out_job_until_its_handler_returns(run_worker):
+    # Worker A's handler outlives its timeout in one C call when A is asked to stop;
+    # worker B serves the same queue. The job runs again (its timeout spent an attempt)
+    # only once A's call returned.
+    job = enqueue("qa.span", {"seconds": 2.0, "c": True, "later": 0.05}, queue="sdhold")
+    first = run_worker(["sdhold"], concurrency=1, job_timeout=0.3, shutdown_grace=10)
+    wait_until(lambda: EXECUTIONS.started(job.id), timeout=HANG_GUARD)
+    dispatcher = first.worker._dispatcher
+    wait_until(lambda: any(item.timed_out for item in dispatcher.inflight), timeout=HANG_GUARD)
+    run_worker(["sdhold"], concurrency=1)
+    first.worker.stop_gracefully()
+    wait_until(lambda: finished(job.id), timeout=HANG_GUARD)
+    first.join(HANG_GUARD)
+    assert len(EXECUTIONS.spans[job.id]) == 2
+    assert overlapping(EXECUTIONS.spans[job.id]) == []
