@@ -54,13 +54,8 @@ def failure(*, permanent: bool = False, interrupted: bool = False) -> Any:
     )
 
 
-# Each store's controlled claims, kept across rounds as a worker keeps them.
-CONTROLLED: dict[int, Any] = {}
-
-
 def one_round(store: Any) -> dict[str, float]:
     """Each statement once, in a worker's order; seconds per statement."""
-    from django_pgqueue.control.claims import ControlledClaims
     from django_pgqueue.store.worker import ClaimedRow, ClaimRequest
 
     took: dict[str, float] = {}
@@ -88,10 +83,9 @@ def one_round(store: Any) -> dict[str, float]:
         lambda: store.complete_and_claim(done[4:6], QUEUE, 2, "bench", 30),
     )
     rows += more
-    controlled = CONTROLLED.setdefault(id(store), ControlledClaims(store, 1.0))
     _, limited = timed(
         "job_claim_controlled",
-        lambda: controlled.claim(store, None, ClaimRequest(LIMITED, 2, "bench", 30, None)),
+        lambda: store.claims.claim(None, ClaimRequest(LIMITED, 2, "bench", 30, None)),
     )
     rows += limited
     fail = [(row.job_id, row.lease_version, row.attempt_id) for row in rows]
@@ -186,8 +180,8 @@ def glance_ms() -> dict[str, float]:
 
 
 def glance(jobs: int) -> dict[str, Any]:
+    from django_pgqueue.index_upkeep import keep_indexes_small
     from django_pgqueue.store.session import Session
-    from django_pgqueue.upkeep import keep_indexes_small
 
     truncate()
     load_jobs(jobs, jobs, queues=(QUEUE, "email"), analyze=True)

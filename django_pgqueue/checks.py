@@ -11,8 +11,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from django.db.utils import load_backend
 
+from . import extensions
 from .conf import validate
+from .control.extension import QueueControl
 from .exceptions import ConfigurationError
+from .schedules.extension import Schedules
+from .schedules.spec import code_schedules
 from .stats import stranded_jobs
 from .store.operator import autovacuum_settings, missing_tables
 
@@ -134,6 +138,43 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     except ConfigurationError as exc:
         return [checks.Error(str(exc), id="pgqueue.E002")]
     return []
+
+
+@checks.register(TAG)
+def check_features_installed(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """pgqueue.E008, E009: what needs a feature left out of PGQUEUE["EXTENSIONS"]."""
+    try:
+        conf = validate(getattr(settings, "PGQUEUE", None))
+        installed = extensions.installed()
+    except ConfigurationError:
+        return []  # reported by check_settings
+    errors = []
+    declared = code_schedules().specs
+    if declared and not any(isinstance(e, Schedules) for e in installed):
+        names = ", ".join(repr(spec.name) for spec in declared[:3])
+        errors.append(
+            checks.Error(
+                f"Schedules are declared in code ({names}{', ...' if len(declared) > 3 else ''}) "
+                "but the schedules feature is not in PGQUEUE['EXTENSIONS']: no worker would "
+                "fire their ticks.",
+                hint="Add 'django_pgqueue.schedules.extension.Schedules' to "
+                "PGQUEUE['EXTENSIONS'], or remove the schedules.",
+                id="pgqueue.E008",
+            )
+        )
+    if conf.QUEUES and not any(isinstance(e, QueueControl) for e in installed):
+        errors.append(
+            checks.Error(
+                f"PGQUEUE['QUEUES'] sets limits for {', '.join(map(repr, sorted(conf.QUEUES)))} "
+                "but queue control is not in PGQUEUE['EXTENSIONS']: no worker would write "
+                "them.",
+                hint="Add 'django_pgqueue.control.extension.QueueControl' to "
+                "PGQUEUE['EXTENSIONS'], or set the limits at run time (queue_control, "
+                "the admin's Queues page).",
+                id="pgqueue.E009",
+            )
+        )
+    return errors
 
 
 def autovacuum_problem(alias: str) -> str | None:

@@ -55,6 +55,8 @@ class InFlight:
     # Set just before the outcome is handed over: the handler's code has ended.
     reported: bool = field(default=False, init=False)
     runtime: float | None = field(default=None, init=False)  # seconds the handler ran
+    # The observers were told its lease was lost (once per attempt).
+    lost_told: bool = field(default=False, init=False)
 
     def decide(self, verdict: Outcome, now: float) -> None:
         """The job's outcome is `verdict` whatever the handler returns (a timeout):

@@ -1,165 +1,167 @@
-"""The seam features plug into: enqueue and the worker call hooks, never a feature.
+"""The seams features plug into, and the extensions that use them.
 
 A feature is an `Extension`, named by its dotted path in ``PGQUEUE["EXTENSIONS"]``
-(queue control, schedules and observability by default). It may
+(queue control, schedules and observability by default). It may give:
 
-- fill columns of a job at enqueue, from the caller's context (`enqueue_columns`);
-- gather the jobs enqueued in a scope of the caller's (a batch): it sets
-  `routing.enqueue_listener` for the scope, and enqueue tells it the new job ids;
-- give each worker process a `WorkerHooks` object (`worker_hooks`), whose methods the
-  worker calls at fixed points: the claim of a queue, an outcome written, a heartbeat,
-  a periodic pass, the worker's start.
+- columns of a job, filled at enqueue from the caller's context (`enqueue_columns`:
+  observability stores the enqueuing span's trace);
+- job-event observers (`JobObserver`): told what became of the jobs a worker claimed
+  (the core's Django signals are one; observability's per-minute rollup another);
+- run middleware (`RunMiddleware`): around each attempt's run (observability's span;
+  the core's ``job_started`` signal);
+- periodic services (`PeriodicService`): work a worker does now and then on a
+  connection of the services' own (schedules fire their ticks, observability keeps the
+  worker registry, the core keeps the hot indexes small, queue control writes
+  ``PGQUEUE["QUEUES"]`` at start).
 
-The worker sorts the hooks by point once, at start (`Hooks`): a point nobody hooks
-costs nothing, one hooked once costs one call.
+The claim is no seam: the store owns it, by a strategy per queue (the plain claim, or
+the controlled one for a queue with controls or keyed jobs: `store.claims`).
 
-What a hook may do: observe, and add work of its own (its own statements on the store
-it is given, jobs of its own). What it may not:
+What a part may do: observe, and add work of its own (its own statements on the
+session it is given, jobs of its own). What it may not: decide who owns a job (leases
+do: every write about a claimed job is one of the core's fenced statements); raise into
+the worker (each part guards its own failures: the worker logs what escapes and goes
+on); block the dispatcher or a handler on slow work (observers run on the dispatcher
+thread between two claims; slow work belongs in a service or a job of its own).
 
-- decide who owns a job. Leases do: every write about a claimed job stays one of the
-  core's fenced statements, and a hook that takes over a claim (`WorkerHooks.claim`)
-  runs the same claim rules (one queue, SKIP LOCKED, a new lease version);
-- raise into the worker: a hook guards its own failures (logs them and goes on);
-- block the dispatcher on slow work: the claim path and the periodic pass run on the
-  dispatcher thread, between two claims. Slow work belongs in a job of its own.
+A feature left out of ``PGQUEUE["EXTENSIONS"]`` is not needed for anything else to
+work; what would need it (schedules declared, ``PGQUEUE["QUEUES"]`` set) is refused at
+start by a system check that says so (`checks.py`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from django.utils.module_loading import import_string
 
 from .claimed import InFlight
 from .conf import get_settings
-from .context import Lease
 from .exceptions import ConfigurationError
 from .outcomes import Failure, Outcome
-from .store.worker import ClaimedRow, ClaimRequest, Completion, Store
+from .store.session import Session
 from .worker_config import WorkerConfig
 
 # What runs an attempt: the executor's ``run(ctx, handler, policy)``.
 Runner = Callable[..., Outcome]
 # What runs an async handler's attempt: the executor's ``arun(ctx, handler, policy)``.
 AsyncRunner = Callable[..., Awaitable[Outcome]]
-Claimed = tuple[set[int], list[ClaimedRow]]
-H = TypeVar("H", bound="WorkerHooks")
 
 
-class WorkerHooks:
-    """A feature's part in one worker process: override the points it needs.
+@dataclass(frozen=True, slots=True)
+class JobEnd:
+    """What became of a claimed job once its outcome was written.
 
-    Each method says which thread calls it. Every default does nothing.
+    `end` is "completed", "retried", "dead", "cancelled", "snoozed" or "interrupted";
+    `result` the stored result's JSON (completed), `failure` what failed (the others),
+    `run_at` when a retried job is due again.
     """
 
-    # -- the worker's start (the thread that calls Worker.run) -------------------------
+    item: InFlight
+    end: str
+    result: str | None = None
+    failure: Failure | None = None
+    run_at: Any = None
 
-    def starting(self) -> None:
-        """Before the first claim. A database error is the hook's to log: the worker
-        starts anyway and reconnects."""
 
-    # -- the claim of a queue (dispatcher thread) ---------------------------------------
+class JobObserver:
+    """Told what became of the jobs a worker claimed; override what it needs.
 
-    def claim(
-        self, store: Store, done: Sequence[Completion] | None, request: ClaimRequest
-    ) -> Claimed | None:
-        """Claim for `request` instead of the plain claim (with `done`'s completions in
-        the same transaction), or None to leave it to the plain claim. At most one
-        feature hooks this point."""
-        return None
+    Every method is called on the dispatcher thread, in batches where it can: keep them
+    short (a counter, a buffer; no statement).
+    """
 
-    def resumable(self, queue: str) -> bool:
-        """Whether the next claim of `queue` may resume after the last row claimed."""
-        return True
+    def jobs_claimed(self, items: Sequence[InFlight]) -> None:
+        """`items` were claimed and handed to the handlers."""
 
-    def ready(self) -> set[str]:
-        """Queues worth claiming at once (no NOTIFY announces what freed them)."""
-        return set()
+    def jobs_released(self, items: Sequence[InFlight]) -> None:
+        """`items` were handed back unstarted (their attempts given back)."""
 
-    def short_claim(self, queue: str, poll_interval: float) -> float | None:
-        """Seconds before a claim of `queue` that came back short is worth trying again
-        (None: when the core would)."""
-        return None
+    def jobs_executed(self, items: Sequence[InFlight]) -> None:
+        """The handlers of `items` ended (each `runtime` is set)."""
 
-    def settled(self) -> bool:
-        """Burst mode: whether the worker may call its queues empty."""
-        return True
-
-    # -- outcomes (dispatcher thread) ---------------------------------------------------
-
-    def outcomes_added(self, written: Sequence[tuple[InFlight, Outcome]]) -> None:
-        """Handlers finished: their (item, outcome) pairs wait to be written."""
-
-    def write_now(self, queue: str) -> bool:
-        """Whether an outcome of `queue` is written at once, not batched."""
-        return False
-
-    def claimed(self, items: Sequence[InFlight]) -> None:
-        """`items` were claimed and handed to handlers."""
-
-    def released(self, held: Sequence[tuple[int, int, int]]) -> None:
-        """Claimed jobs were handed back unstarted: (job_id, lease_version, attempt_id)."""
-
-    def completed(self, done: Sequence[tuple[InFlight, str | None]]) -> None:
-        """The completions of `done`, (item, result JSON) each, were written."""
-
-    def failed(self, item: InFlight, failure: Failure, status: str, run_at: Any) -> None:
-        """The failure of `item` was written: the job is `status` (pending or dead)."""
-
-    def cancelled(self, item: InFlight) -> None:
-        """`item` ended cancelled (an operator asked while it ran)."""
-
-    def snoozed(self, item: InFlight) -> None:
-        """`item` snoozed: the job is pending again, its attempt given back."""
+    def jobs_ended(self, ends: Sequence[JobEnd]) -> None:
+        """The outcomes of these jobs were written."""
 
     def lease_lost(self, item: InFlight, detected_by: str) -> None:
-        """`item`'s lease was found lost, by a "renewal" or a fenced "write"."""
+        """`item`'s lease was found lost, by a "renewal" or a fenced "write": another
+        worker may own the job. Told once per attempt."""
 
-    def executed(self, items: Sequence[InFlight]) -> None:
-        """The handlers of `items` returned (their run times are set)."""
 
-    # -- an attempt (handler threads) ---------------------------------------------------
+class RunMiddleware:
+    """Around each attempt's run: call ``run(item.ctx, item.handler, item.policy)`` once
+    and return its outcome (with a span around it, a signal before it)."""
 
-    def run_attempt(self, item: InFlight, run: Runner) -> Outcome:
-        """Run `item`'s attempt: call ``run(item.ctx, item.handler, item.policy)``, once,
-        and return its outcome (a span around it, say)."""
+    def run(self, item: InFlight, run: Runner) -> Outcome:
+        """The sync handler's attempt, on its handler thread."""
         return run(item.ctx, item.handler, item.policy)
 
-    async def arun_attempt(self, item: InFlight, run: AsyncRunner) -> Outcome:
-        """`run_attempt` for an async handler, on the worker's event loop: await
-        ``run(item.ctx, item.handler, item.policy)`` once. Never block the loop here."""
+    async def arun(self, item: InFlight, run: AsyncRunner) -> Outcome:
+        """The async handler's attempt, on the worker's event loop: never block it."""
         return await run(item.ctx, item.handler, item.policy)
 
-    # -- the heartbeat (its thread; `renewed` also on the dispatcher's reconnect) -------
 
-    def renewed(self, held: Sequence[Lease]) -> None:
-        """A renewal of `held` found some lost (their `lost` is set)."""
+class WorkerView(Protocol):
+    """What a service may know of the worker it runs in."""
 
-    def beat(self, store: Store, running: int) -> None:
-        """After each renewal, on the heartbeat's own connection."""
+    config: WorkerConfig
 
-    def stopped(self, store: Store) -> None:
-        """The heartbeat stops: the worker is shutting down."""
+    def running(self) -> int:
+        """How many jobs the worker holds now (their leases)."""
+        ...
 
-    # -- a periodic pass (dispatcher thread) --------------------------------------------
 
-    def next_pass(self) -> float:
-        """time.monotonic() at which `periodic` is due next."""
+class PeriodicService:
+    """Work a worker does now and then, on a session of the services' own.
+
+    The worker calls `start` once, then `run` whenever `next_due` (time.monotonic()) has
+    come, and `stop` as it shuts down; all on the services' thread, or on a thread and
+    session of its own when `runs_long` (a rebuild that takes minutes must not hold the
+    others up). A lost connection (`DatabaseUnavailable`) may leave any of them: the
+    session reconnects before the next call. Anything else a service raises is logged
+    and the service is called again at its next due time.
+    """
+
+    name = "service"
+    runs_long = False
+
+    def start(self, session: Session) -> None:
+        """Before the first pass."""
+
+    def next_due(self) -> float:
+        """time.monotonic() at which `run` is due next (inf: never again)."""
         return math.inf
 
-    def periodic(self, now: float) -> None:
-        """Do the periodic work that is due (its own statements on the dispatcher's store)."""
+    def run(self, session: Session, now: float) -> None:
+        """Do the work that is due at `now`."""
 
-
-# The answers of a point no feature hooks.
-_NO_HOOKS = WorkerHooks()
+    def stop(self, session: Session) -> None:
+        """The worker stops (the session may be out of reach: then nothing is written)."""
 
 
 # The columns of queue_jobs a feature may fill at enqueue (both enqueue statements
 # write them); the others are the core's, validated before anything is written.
 ENQUEUE_COLUMNS = frozenset({"traceparent"})
+
+
+@dataclass(frozen=True)
+class WorkerParts:
+    """What a feature (or the core) adds to one worker: job-event observers, run
+    middleware (the first listed runs outermost) and periodic services."""
+
+    observers: tuple[JobObserver, ...] = ()
+    middleware: tuple[RunMiddleware, ...] = ()
+    services: tuple[PeriodicService, ...] = ()
+
+    def __add__(self, other: WorkerParts) -> WorkerParts:
+        return WorkerParts(
+            (*self.observers, *other.observers),
+            (*self.middleware, *other.middleware),
+            (*self.services, *other.services),
+        )
 
 
 class Extension:
@@ -170,185 +172,13 @@ class Extension:
         among `ENQUEUE_COLUMNS`."""
         return {}
 
-    def worker_hooks(self, config: WorkerConfig, store: Store) -> WorkerHooks | None:
-        """This feature's part in a worker; `store` is the dispatcher's connection."""
-        return None
+    def worker_parts(self, config: WorkerConfig, view: WorkerView) -> WorkerParts:
+        """This feature's observers, middleware and services in one worker."""
+        return WorkerParts()
 
 
 def _overrides(obj: object, name: str, base: type) -> bool:
     return getattr(type(obj), name) is not getattr(base, name)
-
-
-# The points where every feature that hooks them is told, in order, and nothing is
-# returned: `Hooks` calls them through one fan-out each.
-NOTICES = (
-    "starting",
-    "outcomes_added",
-    "claimed",
-    "released",
-    "completed",
-    "failed",
-    "cancelled",
-    "snoozed",
-    "lease_lost",
-    "executed",
-    "renewed",
-    "beat",
-    "stopped",
-)
-
-
-# The points whose answers combine when several features hook them.
-ANSWERS: dict[str, Callable[[list[Any]], Any]] = {
-    "resumable": all,  # a queue's walk resumes only if every feature lets it
-    "ready": lambda answers: set().union(*answers),
-    "short_claim": lambda answers: min((a for a in answers if a is not None), default=None),
-    "settled": all,
-    "next_pass": lambda answers: min(answers, default=math.inf),
-}
-
-
-class Hooks:
-    """The hooks of a worker's features, sorted by point once, called by the worker.
-
-    Each notice point (`NOTICES`) and answer point (`ANSWERS`) is an attribute: the
-    default of `WorkerHooks` when no feature hooks it, the one feature's method when one
-    does, a fan-out (combining the answers) when several do.
-    """
-
-    starting: Callable[[], None]
-    outcomes_added: Callable[[Sequence[tuple[InFlight, Outcome]]], None]
-    claimed: Callable[[Sequence[InFlight]], None]
-    released: Callable[[Sequence[tuple[int, int, int]]], None]
-    completed: Callable[[Sequence[tuple[InFlight, str | None]]], None]
-    failed: Callable[[InFlight, Failure, str, Any], None]
-    cancelled: Callable[[InFlight], None]
-    snoozed: Callable[[InFlight], None]
-    lease_lost: Callable[[InFlight, str], None]
-    executed: Callable[[Sequence[InFlight]], None]
-    renewed: Callable[[Sequence[Lease]], None]
-    beat: Callable[[Store, int], None]
-    stopped: Callable[[Store], None]
-    resumable: Callable[[str], bool]
-    ready: Callable[[], set[str]]
-    short_claim: Callable[[str, float], float | None]
-    settled: Callable[[], bool]
-    next_pass: Callable[[], float]
-
-    def __init__(self, parts: Sequence[WorkerHooks]) -> None:
-        self.parts = tuple(parts)
-        claims = self._by("claim")
-        if len(claims) > 1:
-            raise ConfigurationError(
-                "Two extensions take over the claim: "
-                + ", ".join(type(fn.__self__).__name__ for fn in claims)
-            )
-        self.claimer = claims[0] if claims else None
-        for name in NOTICES:
-            setattr(self, name, _fan_out(self._by(name)))
-        for name, combine in ANSWERS.items():
-            setattr(self, name, _answer(self._by(name), getattr(_NO_HOOKS, name), combine))
-        writes = self._by("write_now")
-        # None when no feature writes any outcome at once: the writer skips the check.
-        self.write_now = (lambda queue: any(fn(queue) for fn in writes)) if writes else None
-        self._periodic = [p for p in self.parts if _overrides(p, "periodic", WorkerHooks)]
-        # Only a part with a periodic pass says when it is due (a next_pass alone would
-        # be due for ever, its pass never run).
-        nexts = [p.next_pass for p in self._periodic]
-        self.next_pass = _answer(nexts, _NO_HOOKS.next_pass, ANSWERS["next_pass"])
-        self.run_attempt = _nest(self._by("run_attempt"))
-        self.arun_attempt = _anest(self._by("arun_attempt"))
-
-    def _by(self, name: str) -> list[Any]:
-        """The parts' methods for the point `name`, of those that override it."""
-        return [getattr(p, name) for p in self.parts if _overrides(p, name, WorkerHooks)]
-
-    def find(self, kind: type[H]) -> H | None:
-        """The first part that is a `kind` (the Observer, say), or None."""
-        return next((part for part in self.parts if isinstance(part, kind)), None)
-
-    def periodic(self, now: float) -> None:
-        """Run the periodic passes that are due at `now`."""
-        for part in self._periodic:
-            if now >= part.next_pass():
-                part.periodic(now)
-
-
-def _answer(fns: list[Callable[..., Any]], default: Any, combine: Any) -> Callable[..., Any]:
-    """One callable for an answer point: the default, the one method, or all combined."""
-    if not fns:
-        return default  # type: ignore[no-any-return]
-    if len(fns) == 1:
-        return fns[0]
-    return lambda *args: combine([fn(*args) for fn in fns])
-
-
-def _nothing(*args: Any) -> None:
-    """A notice no feature hooks."""
-
-
-def _fan_out(fns: list[Callable[..., None]]) -> Callable[..., None]:
-    """One callable for a notice point: a no-op, the one method, or each in turn."""
-    if not fns:
-        return _nothing
-    if len(fns) == 1:
-        return fns[0]
-
-    def each(*args: Any) -> None:
-        for fn in fns:
-            fn(*args)
-
-    return each
-
-
-def _run(item: InFlight, run: Runner) -> Outcome:
-    return run(item.ctx, item.handler, item.policy)
-
-
-def _nest(wrappers: list[Callable[[InFlight, Runner], Outcome]]) -> Callable[..., Outcome]:
-    """One `run_attempt` out of several: the first listed runs outermost."""
-    if not wrappers:
-        return _run
-    if len(wrappers) == 1:
-        return wrappers[0]
-
-    def nested(item: InFlight, run: Runner) -> Outcome:
-        for wrapper in reversed(wrappers[1:]):
-            run = _bind(wrapper, item, run)
-        return wrappers[0](item, run)
-
-    return nested
-
-
-def _bind(wrapper: Callable[[InFlight, Runner], Outcome], item: InFlight, run: Runner) -> Runner:
-    return lambda ctx, handler, policy: wrapper(item, run)
-
-
-async def _arun(item: InFlight, run: AsyncRunner) -> Outcome:
-    return await run(item.ctx, item.handler, item.policy)
-
-
-def _anest(
-    wrappers: list[Callable[[InFlight, AsyncRunner], Awaitable[Outcome]]],
-) -> Callable[[InFlight, AsyncRunner], Awaitable[Outcome]]:
-    """One `arun_attempt` out of several: the first listed runs outermost."""
-    if not wrappers:
-        return _arun
-    if len(wrappers) == 1:
-        return wrappers[0]
-
-    def nested(item: InFlight, run: AsyncRunner) -> Awaitable[Outcome]:
-        for wrapper in reversed(wrappers[1:]):
-            run = _abind(wrapper, item, run)
-        return wrappers[0](item, run)
-
-    return nested
-
-
-def _abind(
-    wrapper: Callable[[InFlight, AsyncRunner], Awaitable[Outcome]], item: InFlight, run: AsyncRunner
-) -> AsyncRunner:
-    return lambda ctx, handler, policy: wrapper(item, run)
 
 
 class _Loaded:
@@ -409,10 +239,11 @@ def enqueue_columns() -> dict[str, Any]:
     return columns
 
 
-def worker_hooks(config: WorkerConfig, store: Store) -> Hooks:
-    """The hooks of every installed extension for one worker; a feature that takes over
-    claims does so on `store` (the dispatcher's connection)."""
-    parts = [extension.worker_hooks(config, store) for extension in installed()]
-    hooks = Hooks([part for part in parts if part is not None])
-    store.claimer = hooks.claimer
-    return hooks
+def worker_parts(
+    config: WorkerConfig, view: WorkerView, extensions: Sequence[Extension] | None = None
+) -> WorkerParts:
+    """The parts the installed extensions (or `extensions`) add to a worker, in order."""
+    parts = WorkerParts()
+    for extension in installed() if extensions is None else extensions:
+        parts += extension.worker_parts(config, view)
+    return parts

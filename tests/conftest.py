@@ -41,9 +41,11 @@ def database_url() -> str:
 class WorkerThread:
     """A `Worker` running in a real thread of this process, with its own connections."""
 
-    def __init__(self, queues: list[str], **options: Any) -> None:
+    def __init__(self, queues: list[str], *, observers: Any = (), **options: Any) -> None:
         options.setdefault("poll_interval", 0.1)
         self.worker = Worker(queues, install_signal_handlers=False, **options)
+        for observer in observers:  # told of the jobs' events from the start
+            self.worker.add_observer(observer)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
 

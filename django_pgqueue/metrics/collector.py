@@ -20,7 +20,7 @@ from .. import stats
 from ..conf import get_settings
 from ..models import QueueControl
 from ..observability import workers
-from ..observability.counters import RUNTIME_BOUNDS, WorkerCounters
+from .counters import RUNTIME_BOUNDS, WorkerCounters
 
 logger = logging.getLogger(__name__)
 

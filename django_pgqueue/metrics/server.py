@@ -6,17 +6,17 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from ..observability.hooks import Observer
 from .collector import EventLoopCollector, QueueCollector, WorkerCollector
+from .counters import WorkerCounters
 
 
 def serve(worker: Any, port: int, addr: str = "127.0.0.1") -> Any:
     """Serve `worker`'s counters, its event loop and its queues' figures on
     http://addr:port/metrics."""
     registry = CollectorRegistry(auto_describe=False)
-    observer = worker.hooks.find(Observer)  # None when observability is not installed
-    if observer is not None:
-        registry.register(WorkerCollector(observer.counters, worker.worker_id))
+    counters = WorkerCounters()
+    worker.add_observer(counters)  # before it runs: it counts its attempts from the start
+    registry.register(WorkerCollector(counters, worker.worker_id))
     # The server answers on its own threads: each scrape closes the Django connection
     # it opened, so no connection is left behind per request thread.
     registry.register(EventLoopCollector(worker.event_loop))

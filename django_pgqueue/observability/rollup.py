@@ -21,7 +21,7 @@ from typing import Any
 
 from ..store import observability as store_observability
 from ..store.arrays import int_array, repeated_text_array
-from ..store.worker import Store
+from ..store.session import Session
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class RollupBuffer:
     def __len__(self) -> int:
         return len(self._items)
 
-    def flush(self, store: Store) -> int:
+    def flush(self, store: Session) -> int:
         """Add the noted attempts to the rollup in one statement; return how many."""
         with self._lock:
             items, self._items = self._items, []

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..durations import format_seconds
 from ..store import observability as store_observability
-from ..store.worker import Store
+from ..store.session import Session
 
 # Gone workers stay listed this long (seconds) before a heartbeat prunes them.
 KEEP_GONE = 24 * 3600.0
@@ -90,7 +90,7 @@ class WorkerInfo:
         return data
 
 
-def record_beat(store: Store, me: Identity, running: int) -> None:
+def record_beat(store: Session, me: Identity, running: int) -> None:
     """Upsert this worker's row: alive now, running `running` jobs (one statement)."""
     store_observability.record_beat(
         store,
@@ -107,18 +107,18 @@ def record_beat(store: Store, me: Identity, running: int) -> None:
     )
 
 
-def record_stop(store: Store, worker_id: str) -> None:
+def record_stop(store: Session, worker_id: str) -> None:
     """Mark this worker gone as it stops."""
     store_observability.record_stop(store, worker_id)
 
 
-def mark_gone(store: Store) -> list[str]:
+def mark_gone(store: Session) -> list[str]:
     """Mark gone the workers not seen for two of their leases; return their ids."""
     return store_observability.mark_gone(store)
 
 
 def prune(
-    store: Store, keep_seconds: float = KEEP_GONE, keep_minutes: int = KEEP_MINUTES
+    store: Session, keep_seconds: float = KEEP_GONE, keep_minutes: int = KEEP_MINUTES
 ) -> tuple[int, int]:
     """Delete long-gone workers and old rollup minutes; return how many of each."""
     return store_observability.prune(store, keep_seconds, keep_minutes)

@@ -31,7 +31,7 @@ import psycopg
 from ..conf import get_settings
 from ..registry import registry
 from ..store import schedules as store_schedules
-from ..store.worker import Store
+from ..store.session import Session
 from .checks import schedule_problems
 from .spec import code_schedules
 from .ticks import Ticks
@@ -105,7 +105,7 @@ class DueRow:
         return Ticks(cron=self.cron, every=every, timezone=self.timezone)
 
 
-def fire_due(store: Store, queues: Sequence[str]) -> float | None:
+def fire_due(store: Session, queues: Sequence[str]) -> float | None:
     """Fire the due ticks of the schedules of `queues`; return seconds until the next one.
 
     None when no enabled schedule serves these queues. A statement error on one
@@ -128,7 +128,7 @@ def fire_due(store: Store, queues: Sequence[str]) -> float | None:
     return None if wait is None else max(0.0, wait)
 
 
-def _fire_schedule(store: Store, row: DueRow) -> dt.datetime | None:
+def _fire_schedule(store: Session, row: DueRow) -> dt.datetime | None:
     """Carry out the plan of one schedule; its next tick, or None if another worker moved it."""
     decided = plan(row.ticks(), row.next_tick, row.db_now, row.catch_up)
     if decided.advance is not None and not decided.fires:
@@ -201,12 +201,12 @@ def code_set() -> CodeSet:
     return CodeSet(writes, names, complete, fingerprint, rejected)
 
 
-def code_set_newest(store: Store, code: CodeSet) -> bool:
+def code_set_newest(store: Session, code: CodeSet) -> bool:
     """Note that this worker runs `code` now; whether it is the newest set still running."""
     return store_schedules.code_set_newest(store, code.fingerprint, CODE_ALIVE)
 
 
-def sync_code_schedules(store: Store) -> list[str] | None:
+def sync_code_schedules(store: Session) -> list[str] | None:
     """Upsert the schedules declared in code and disable those removed; return the names
     synced, or None when a newer set of code schedules still runs (nothing written).
 

@@ -16,8 +16,8 @@ from django.db import transaction
 
 from ..sql import QUERIES
 from .cursors import django_cursor
+from .rows import ClaimedRow, Completion, complete_params
 from .session import Session
-from .worker import ClaimedRow, Completion, Store, complete_params
 
 
 def controlled_queues(session: Session) -> frozenset[str]:
@@ -26,26 +26,26 @@ def controlled_queues(session: Session) -> frozenset[str]:
 
 
 def claim_controlled(
-    store: Store,
+    session: Session,
     done: Sequence[Completion] | None,
     claim: dict[str, Any],
     idle_ms: int,
-) -> tuple[set[int], list[ClaimedRow], tuple[Any, ...] | None]:
+) -> tuple[list[tuple[Any, ...]], list[ClaimedRow], tuple[Any, ...] | None]:
     """Complete `done` (None: nothing) and claim from a controlled queue, in one pipeline.
 
     `claim` holds job_claim_controlled's parameters; `idle_ms` bounds how long the
-    transaction may wait on this client (``transaction_guard``). Returns the jobs
-    completed, the rows claimed and ``queue_control_state``'s row: why a claim may have
-    come back short.
+    transaction may wait on this client (``transaction_guard``). Returns job_complete's
+    rows, the rows claimed and ``queue_control_state``'s row: why a claim may have come
+    back short.
     """
     queue = claim["queue"]
-    with store.holding("job_claim_controlled") as conn:
+    with session.holding("job_claim_controlled") as conn:
         # One pipeline, one implicit transaction (no Sync until it ends): the
         # completions (whose slots this claim may reuse), the queue lock, the claim
         # under it, and the state after it. The lock ends with it.
         cursors = [conn.cursor() for _ in range(5)]
         try:
-            with store.pipelined(conn, "job_claim_controlled"):
+            with session.pipelined(conn, "job_claim_controlled"):
                 cursors[4].execute(QUERIES["transaction_guard"], {"idle_ms": idle_ms})
                 if done:
                     cursors[0].execute(QUERIES["job_complete"], complete_params(done))
@@ -58,7 +58,7 @@ def claim_controlled(
         finally:
             for cursor in cursors:
                 cursor.close()
-    return store.completed(done_rows), rows, state
+    return done_rows, rows, state
 
 
 # -- the operator's writes and reads, on the caller's Django connection ----------------

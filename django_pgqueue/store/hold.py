@@ -31,7 +31,7 @@ from ..sql import QUERIES
 from . import errors
 from .arrays import int_array
 from .connection import configure_session, connection_params
-from .worker import failure_statement
+from .rows import failure_statement
 
 logger = logging.getLogger(__name__)
 

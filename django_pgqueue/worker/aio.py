@@ -35,9 +35,9 @@ from django.db import connections
 
 from .. import executor
 from ..claimed import InFlight
-from ..extensions import Hooks, WorkerHooks
 from ..outcomes import Failure, Outcome
 from .loopwatch import LAG_PROBE, Watchdog
+from .observing import AsyncRun, athrough
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +52,15 @@ class AsyncPool:
     """Runs async handlers on one event loop thread, `concurrency` executing at most."""
 
     def __init__(
-        self, concurrency: int, wake: threading.Event, worker_id: str, hooks: Hooks | WorkerHooks
+        self,
+        concurrency: int,
+        wake: threading.Event,
+        worker_id: str,
+        arun: AsyncRun | None = None,
     ) -> None:
         self.concurrency = concurrency
         self.worker_id = worker_id
-        self.hooks = hooks
+        self.arun = arun or athrough(())  # an attempt's run through the middleware
         self._wake = wake
         self._outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]] = (
             queue_module.SimpleQueue()
@@ -250,11 +254,11 @@ class AsyncPool:
             return
         swallowed = False
         try:
-            outcome = await self.hooks.arun_attempt(item, executor.arun)
+            outcome = await self.arun(item, executor.arun)
             swallowed = item in self._why  # cancelled, yet it returned
         except asyncio.CancelledError:
             outcome = None
-        except BaseException as exc:  # a hook that raised: still an outcome
+        except BaseException as exc:  # a middleware that raised: still an outcome
             outcome = executor.fallback_failure(exc)
         item.returned = True
         why = self._why.pop(item, None)

@@ -18,9 +18,8 @@ from collections import Counter
 
 import psycopg
 
-from .. import extensions
 from ..exceptions import DatabaseUnavailable
-from ..extensions import Hooks
+from ..extensions import WorkerParts
 from ..registry import Registry
 from ..store import errors
 from ..store.connection import Backoff, wait_for
@@ -30,6 +29,7 @@ from .aio import AsyncPool
 from .inflight import InFlightJobs
 from .intake import Intake
 from .leases import LeaseBook, UnknownClaims, sweep_expired
+from .observing import Observers, athrough, through
 from .pool import HandlerPool
 from .scheduler import ClaimScheduler
 from .signals import StopSwitch
@@ -49,8 +49,9 @@ SWEEP_RETRY = 0.2
 class Dispatcher:
     """Claims, hands out, collects and writes, on the worker's own connection.
 
-    The features plug in through `hooks` (see `django_pgqueue.extensions`), built from
-    the installed extensions: the dispatcher names none of them.
+    What it tells the job-event observers and runs through the middleware comes from
+    `parts` (`django_pgqueue.extensions`): the dispatcher names no feature. How each
+    queue is claimed is the store's (`Store.claims`).
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class Dispatcher:
         registry: Registry,
         switch: StopSwitch,
         stats: Counter[str],
+        parts: WorkerParts,
     ) -> None:
         self.config = config
         self.stats = stats
@@ -66,19 +68,29 @@ class Dispatcher:
         # The parts; the Worker starts the heartbeat on `leases` and the listener on
         # `claims`, and shuts the others down.
         name = f"pgqueue worker {config.worker_id}"
-        self.store = Store(config.database, name, prepared=config.prepared_statements)
-        self.hooks = hooks = extensions.worker_hooks(config, self.store)
-        self.claims = ClaimScheduler(config.queues, config.weights, config.poll_interval, hooks)
+        self.store = Store(
+            config.database,
+            name,
+            prepared=config.prepared_statements,
+            view_every=config.poll_interval / 2,
+        )
+        self.observers = Observers(parts.observers)
+        self.claims = ClaimScheduler(
+            config.queues, config.weights, config.poll_interval, self.store.claims
+        )
         # The one count of the handlers this process runs (see inflight.py).
         self.inflight = InFlightJobs(config.concurrency, config.async_concurrency)
         self.registry = registry
         self.leases = LeaseBook(config.lease)
-        self.writer = OutcomeWriter(self.store, self.leases, stats, config, hooks)
-        self.pool = HandlerPool(config.concurrency, switch.wake, config.worker_id, hooks)
+        self.writer = OutcomeWriter(self.store, self.leases, stats, config, self.observers)
+        run, arun = through(parts.middleware), athrough(parts.middleware)
+        self.pool = HandlerPool(config.concurrency, switch.wake, config.worker_id, run)
         # Async handlers' event loop, started with the first async job it is given.
-        self.aio = AsyncPool(config.async_concurrency, switch.wake, config.worker_id, hooks)
-        parts = (self.store, self.claims, self.inflight, self.leases, self.pool)
-        self.intake = Intake(config, registry, *parts, stats, switch.stopping, hooks, aio=self.aio)
+        self.aio = AsyncPool(config.async_concurrency, switch.wake, config.worker_id, arun)
+        taking = (self.store, self.claims, self.inflight, self.leases, self.pool)
+        self.intake = Intake(
+            config, registry, *taking, stats, switch.stopping, self.observers, aio=self.aio
+        )
         self._switch = switch
         self._wake = switch.wake
         self._backoff = Backoff(config.reconnect_max_delay)
@@ -104,6 +116,7 @@ class Dispatcher:
                     self._release_unknown_claims()
                 self.collect_outcomes()
                 self.check_timeouts()
+                self.announce_lost_leases()
                 if stopping.is_set():
                     break
                 now = time.monotonic()
@@ -114,9 +127,6 @@ class Dispatcher:
                 if now >= next_sweep:
                     swept = self._sweep()
                     next_sweep = now + (cfg.sweep_interval if swept else SWEEP_RETRY)
-                    busy = True
-                if now >= self.hooks.next_pass():  # the features' periodic work
-                    self.hooks.periodic(now)
                     busy = True
                 if busy:
                     continue
@@ -168,7 +178,7 @@ class Dispatcher:
             else:
                 if lost:
                     self.stats["leases_lost"] += lost
-                    self.hooks.renewed(held)  # job_lease_lost
+                    self.announce_lost_leases()
 
     def _release_unknown_claims(self) -> None:
         released = self.unknown_claims.release(self.store)
@@ -215,7 +225,7 @@ class Dispatcher:
         # timeout deadline known yet).
         idle = not self.inflight and not self.writer.pending
         cap = max(self.config.poll_interval, IDLE_POLL) if idle else self.config.poll_interval
-        deadline = min(next_sweep, now + cap, self.hooks.next_pass())
+        deadline = min(next_sweep, now + cap)
         for due in (
             self.writer.flush_deadline(),
             self.claims.next_look(),
@@ -283,11 +293,23 @@ class Dispatcher:
         batch; their slots are free from now."""
         finished = self.pool.finished()
         if self.aio.in_flight:
-            finished.extend(_async_outcomes(self.aio, self.hooks, self.stats))
+            finished.extend(_async_outcomes(self.aio))
         if finished:
+            self.observers.jobs_executed([item for item, _ in finished])
             self.inflight.drop_all([item for item, _ in finished])
-            self.stats["timed_out"] += sum(1 for item, _ in finished if item.timed_out)
+            timed_out = sum(1 for item, _ in finished if item.timed_out)
+            if timed_out:
+                self.stats["timed_out"] += timed_out
             self.writer.add(finished)
+
+    def announce_lost_leases(self) -> None:
+        """Tell the observers of the leases renewals found lost (once per attempt)."""
+        lost = self.leases.take_lost()
+        if lost:
+            ids = {id(lease) for lease in lost}
+            for item in self.inflight:
+                if id(item.lease) in ids:
+                    self.observers.lease_lost(item, "renewal")
 
     def check_timeouts(self) -> None:
         """Decide the timeouts of handlers past theirs; report the jobs of handler threads
@@ -320,10 +342,9 @@ class Dispatcher:
         return _sweep(self.store, self.claims, self.stats)
 
 
-def _async_outcomes(aio: AsyncPool, hooks: Hooks, stats: Counter[str]) -> list[Written]:
+def _async_outcomes(aio: AsyncPool) -> list[Written]:
     """The outcomes of the async jobs whose tasks ended, each job's once."""
     returned = aio.finished()
-    hooks.executed([item for item, _ in returned])
     fresh = []
     for item, outcome in returned:
         if item.resolved:  # recorded already (the worker's shutdown)

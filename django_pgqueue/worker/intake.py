@@ -21,7 +21,6 @@ import psycopg
 
 from ..claimed import InFlight
 from ..conf import get_settings
-from ..extensions import Hooks
 from ..registry import Registry
 from ..retry import RetryPolicy, default_policy
 from ..store import errors
@@ -30,6 +29,7 @@ from ..worker_config import WorkerConfig
 from .aio import AsyncPool
 from .inflight import InFlightJobs
 from .leases import LeaseBook
+from .observing import Observers
 from .pool import HandlerPool
 from .scheduler import ClaimScheduler
 
@@ -49,7 +49,7 @@ class Intake:
     pool: HandlerPool
     stats: Counter[str]
     stopping: threading.Event
-    hooks: Hooks  # told of claims and releases
+    observers: Observers  # told of the jobs claimed
     aio: AsyncPool  # the event loop of async handlers
     policy: RetryPolicy = field(default_factory=default_policy)
 
@@ -118,7 +118,7 @@ class Intake:
         ]
         self.inflight.add_all(items)
         self.leases.hold([item.lease for item in items])
-        self.hooks.claimed(items)  # leases a renewal may find lost
+        self.observers.jobs_claimed(items)
         on_loop = [item for item in items if item.kind == "async"]
         if on_loop:
             self.aio.submit(on_loop)
@@ -128,7 +128,6 @@ class Intake:
 
     def release(self, held: list[tuple[int, int, int]]) -> None:
         """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""
-        self.hooks.released(held)
         released = self.leases.hand_back(self.store, held)
         if released is not None:
             self.stats["released"] += len(released)

@@ -14,7 +14,6 @@ import psycopg
 
 from ..context import Lease
 from ..exceptions import DatabaseUnavailable
-from ..extensions import Hooks
 from ..store import errors
 from ..store.connection import Backoff, wait_for
 from ..store.worker import Store
@@ -36,6 +35,7 @@ class LeaseBook:
         self.seconds = seconds
         self._leases: dict[int, Lease] = {}
         self._lock = threading.Lock()
+        self._lost: list[Lease] = []  # found lost by renewals, not taken yet
 
     def hold(self, leases: Iterable[Lease]) -> None:
         with self._lock:
@@ -82,11 +82,20 @@ class LeaseBook:
             elif not lease.lost and not lease.finishing:
                 lease.lost = True
                 lost += 1
+                with self._lock:
+                    self._lost.append(lease)
                 logger.warning(
                     "lease lost: job %d (lease_version %d) is no longer this worker's",
                     lease.job_id,
                     lease.lease_version,
+                    extra={"job_id": lease.job_id, "lease_version": lease.lease_version},
                 )
+        return lost
+
+    def take_lost(self) -> list[Lease]:
+        """The leases renewals found lost since the last call (for the observers)."""
+        with self._lock:
+            lost, self._lost = self._lost, []
         return lost
 
     def hand_back(self, store: Store, held: Sequence[tuple[int, int, int]]) -> set[int] | None:
@@ -192,15 +201,15 @@ class Heartbeat:
     """The heartbeat thread: renews every held lease in one statement per interval.
 
     It has its own connection, so a busy dispatcher or handler cannot starve it.
-    After each renewal it tells the features' heartbeat hooks (the worker registry and
-    the rollup), and once more as it stops.
+    Leases it finds lost are marked (`Lease.lost`) and left for the dispatcher to
+    announce (`LeaseBook.take_lost`).
     """
 
     config: WorkerConfig
     leases: LeaseBook
     stop: threading.Event
     stats: Counter[str]
-    hooks: Hooks
+    wake: threading.Event | None = None  # the dispatcher's: told of leases found lost
     # Seconds between renewals that worked: the latest GAPS_KEPT of them.
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAPS_KEPT), init=False)
 
@@ -247,14 +256,13 @@ class Heartbeat:
                     failures = 0
                     if lost:
                         self.stats["leases_lost"] += lost
-                        self.hooks.renewed(held)  # job_lease_lost
+                        if self.wake is not None:
+                            self.wake.set()  # the dispatcher tells the observers
                     self.gaps.append(sent - last)
                     last = sent
                 _refresh_plans(store)
-                self.hooks.beat(store, len(held))  # the worker registry, the rollup
                 wait = max(0.0, started + cfg.heartbeat_interval - time.monotonic())
         finally:
-            self.hooks.stopped(store)  # flush the rollup, mark this worker gone
             store.close()
 
 

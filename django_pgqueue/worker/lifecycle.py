@@ -19,9 +19,13 @@ from typing import Any
 
 import psycopg
 
+from .. import extensions
 from ..claimed import InFlight
 from ..conf import get_settings
 from ..exceptions import DatabaseUnavailable
+from ..extensions import Extension, JobObserver, WorkerParts
+from ..index_upkeep import IndexUpkeep
+from ..lifecycle_signals import LifecycleSignals
 from ..outcomes import Failure
 from ..registry import Registry
 from ..registry import registry as default_registry
@@ -30,8 +34,8 @@ from ..worker_config import WorkerConfig
 from .dispatcher import Dispatcher
 from .leases import Heartbeat
 from .listener import Listener
+from .services import ServiceThread, service_threads
 from .signals import SignalRelay, StopSwitch
-from .upkeep import IndexUpkeep
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +45,13 @@ EXIT_UNREACHABLE = 69
 
 
 class Worker:
-    """Runs jobs from one or more queues until stopped (or, in burst mode, until idle)."""
+    """Runs jobs from one or more queues until stopped (or, in burst mode, until idle).
+
+    Its parts: the core's (the lifecycle signals, the index upkeep) and those of
+    `extensions` (default: PGQUEUE["EXTENSIONS"]'s), and the observers added before it
+    runs (`add_observer`: the metrics server's counters). The core's middleware runs
+    innermost, its observers and services first.
+    """
 
     def __init__(
         self,
@@ -49,6 +59,7 @@ class Worker:
         *,
         registry: Registry | None = None,
         install_signal_handlers: bool = True,
+        extensions: Iterable[Extension] | None = None,
         **options: Any,
     ) -> None:
         self.config = cfg = WorkerConfig.build(queues, **options)
@@ -59,22 +70,49 @@ class Worker:
         self._switch = StopSwitch(self._wake)
         self._unreachable = False  # it stopped without reaching the database
         self._service_stop = threading.Event()  # ends the heartbeat and the listener
+        self._services_stop = threading.Event()  # ends the periodic services
         self._threads: list[threading.Thread] = []  # signals, heartbeat, listener
         self._heartbeat_thread: threading.Thread | None = None
         self._held: threading.Thread | None = None  # writes the jobs held at shutdown
-        self._dispatcher = dispatcher = Dispatcher(cfg, self.registry, self._switch, self.stats)
-        # The installed features' hooks (django_pgqueue.extensions), built by the dispatcher.
-        self.hooks = dispatcher.hooks
+        core, added = self._core_parts(), extensions_parts(cfg, self, extensions)
+        # The core's middleware innermost: job_started is sent inside a feature's span.
+        self.parts = WorkerParts(
+            observers=core.observers + added.observers,
+            middleware=added.middleware + core.middleware,
+            services=core.services + added.services,
+        )
+        self._dispatcher = dispatcher = Dispatcher(
+            cfg, self.registry, self._switch, self.stats, self.parts
+        )
         self._store = dispatcher.store
         self._inflight = dispatcher.inflight
         self._writer = dispatcher.writer
         self._pool = dispatcher.pool
         self._heartbeat = Heartbeat(
-            cfg, dispatcher.leases, self._service_stop, self.stats, dispatcher.hooks
+            cfg, dispatcher.leases, self._service_stop, self.stats, self._wake
+        )
+        self._services: list[ServiceThread] = service_threads(
+            cfg, self.parts.services, self._services_stop
         )
         self.heartbeat_gaps = self._heartbeat.gaps
         self._listener = Listener(cfg, dispatcher.claims, self._wake, self._service_stop)
         self._signals = SignalRelay(self._switch, cfg.shutdown_grace)
+
+    def _core_parts(self) -> WorkerParts:
+        """What every worker has: the lifecycle signals, and the index upkeep unless it
+        is off (PGQUEUE["INDEX_UPKEEP_INTERVAL"] None) or the worker works in bursts."""
+        signals = LifecycleSignals()
+        upkeep = get_settings().INDEX_UPKEEP_INTERVAL
+        services = (IndexUpkeep(upkeep),) if upkeep is not None and not self.config.burst else ()
+        return WorkerParts(observers=(signals,), middleware=(signals,), services=services)
+
+    def add_observer(self, observer: JobObserver) -> None:
+        """Tell `observer` too of the jobs' events (before `run`)."""
+        self._dispatcher.observers.add(observer)
+
+    def running(self) -> int:
+        """How many jobs this worker holds now (their leases; for the registry)."""
+        return len(self._dispatcher.leases.held())
 
     @property
     def worker_id(self) -> str:
@@ -118,16 +156,13 @@ class Worker:
             cfg.lease,
             cfg.heartbeat_interval,
         )
-        self.hooks.starting()  # e.g. PGQUEUE["QUEUES"] into queue_controls
+        for services in self._services:
+            services.begin()  # e.g. PGQUEUE["QUEUES"] into queue_controls, before a claim
         self._pool.start()
         self._heartbeat_thread = self._start_service(self._heartbeat.run, "heartbeat")
         self._start_service(self._listener.run, "listener")
-        upkeep = get_settings().INDEX_UPKEEP_INTERVAL
-        if upkeep is not None and not cfg.burst:
-            # Not joined at shutdown: a rebuild the exit interrupts leaves a copy that
-            # the next look, here or in another worker, drops.
-            index_upkeep = IndexUpkeep(cfg.database, cfg.worker_id, upkeep, self._service_stop)
-            threading.Thread(target=index_upkeep.run, name="pgqueue-upkeep", daemon=True).start()
+        for services in self._services:
+            services.start()
         try:
             self._dispatcher.run()
         finally:
@@ -256,10 +291,16 @@ class Worker:
             )
             self._held.start()
         self._service_stop.set()
+        self._services_stop.set()  # last: the registry's last word follows every write
         self._listener.interrupt()
         self._signals.close()
         for thread in self._threads:
             thread.join(timeout=5)
+        # A long service (an index rebuild) is not waited for: a rebuild the exit
+        # interrupts leaves a copy that the next look, here or in another worker, drops.
+        for services in self._services:
+            if not any(service.runs_long for service in services.services):
+                services.thread.join(timeout=5)
         self._store.close()
 
     def _hold(self, interrupted: list[InFlight]) -> RowHold | None:
@@ -277,6 +318,13 @@ class Worker:
         hold = RowHold(self.config.database, f"pgqueue hold {self.config.worker_id}")
         rows = [(item.ctx.job_id, item.ctx.lease_version) for item in interrupted]
         return hold if hold.take(rows) else None
+
+
+def extensions_parts(
+    config: WorkerConfig, worker: Worker, chosen: Iterable[Extension] | None
+) -> WorkerParts:
+    """The parts the extensions add to `worker` (PGQUEUE["EXTENSIONS"]'s by default)."""
+    return extensions.worker_parts(config, worker, None if chosen is None else tuple(chosen))
 
 
 def _finish_when_returned(

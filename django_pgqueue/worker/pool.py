@@ -26,13 +26,13 @@ from django.db import connections
 
 from .. import executor
 from ..claimed import InFlight
-from ..extensions import Hooks, WorkerHooks
 from ..outcomes import Failure, Outcome
 from .hygiene import (
     close_unusable_django_connections,
     health_check_on_first_use,
     reset_django_connections,
 )
+from .observing import Run, through
 from .tally import Tally
 from .timeouts import all_stuck, first_deadline, stuck, time_out
 
@@ -59,11 +59,11 @@ class HandlerPool:
         concurrency: int,
         wake: threading.Event,
         worker_id: str,
-        hooks: Hooks | WorkerHooks,
+        run: Run | None = None,
     ) -> None:
         self.concurrency = concurrency
         self.worker_id = worker_id
-        self.hooks = hooks  # an attempt runs inside run_attempt; run times to executed
+        self.run = run or through(())  # an attempt's run through the worker's middleware
         self._wake = wake
         # The jobs handed over and not taken yet; the idle threads, each parked on a lock
         # of its own, the latest to park last (it is woken first: its Django connection
@@ -122,7 +122,6 @@ class HandlerPool:
         """The outcomes of the handlers that ended since the last call, each job's once
         (not one the worker's shutdown recorded already)."""
         returned = _drain(self._outcomes)
-        self.hooks.executed([item for item, _ in returned])
         fresh = [(item, outcome) for item, outcome in returned if not item.resolved]
         for item, _ in fresh:
             item.resolved = True
@@ -293,7 +292,7 @@ class HandlerPool:
         outcome: Outcome | None = None
         try:
             item.started = time.monotonic()
-            outcome = _execute(item, self.hooks)
+            outcome = _execute(item, self.run)
             with self._handoff:
                 item.returned = True  # from now on the dispatcher cannot time it out
                 timed_out = item.timed_out
@@ -323,15 +322,20 @@ def _drain(outcomes: queue_module.SimpleQueue[Returned]) -> list[Returned]:
     return returned
 
 
-def _execute(item: InFlight, hooks: Hooks | WorkerHooks) -> Outcome:
+def _execute(item: InFlight, run: Run) -> Outcome:
     """Run one job; whatever happens, return its outcome (never raise for the job)."""
     ctx = item.ctx
     try:
         ctx.payload = json.loads(item.payload_text)
     except BaseException as exc:  # ValueError; RecursionError when nested deep
         return executor.decode_failure(exc)
-    # The features' wrappers (job_started, an OpenTelemetry span) around the run.
-    return hooks.run_attempt(item, executor.run)
+    # Through the middleware (job_started, an OpenTelemetry span) around the executor.
+    try:
+        return run(item, executor.run)
+    except executor.JobTimeout:
+        raise  # the pool's own (see _run_one)
+    except BaseException as exc:  # a middleware that raised: still an outcome
+        return executor.fallback_failure(exc)
 
 
 def _reset_connections(item: InFlight) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from ..extensions import Hooks
+from ..store.claims import QueueClaims
 from ..store.worker import ClaimedRow, ClaimKey
 
 # How long a claim may resume after the last key this worker claimed from a queue
@@ -46,9 +46,9 @@ class ClaimScheduler:
     """The dispatcher's claim plan: queue turns, empty marks and resume keys.
 
     Only the dispatcher thread calls it, except `notify` (the listener thread). The
-    features' claim hooks (`hooks`) may say a queue is worth claiming at once, that its
-    walk must not resume, when a short claim of it is worth trying again, and whether a
-    burst worker's queues are really empty.
+    store's claims (`claims`, see `store.claims`) say which queues are worth claiming
+    at once, whose walk must not resume, when a short claim is worth trying again, and
+    whether a burst worker's queues are really empty.
     """
 
     def __init__(
@@ -56,11 +56,11 @@ class ClaimScheduler:
         queues: tuple[str, ...],
         weights: Mapping[str, int],
         poll_interval: float,
-        hooks: Hooks | None = None,
+        claims: QueueClaims | None = None,
     ) -> None:
         self.queues = queues
         self.poll_interval = poll_interval
-        self.hooks = hooks or Hooks(())
+        self.claims = claims
         self._rotation = QueueScheduler(queues, weights)
         # Per queue: until when it counts as empty (skipped by claims).
         self._empty_until: dict[str, float] = {}
@@ -80,9 +80,10 @@ class ClaimScheduler:
         self._notified.update(names)
 
     def refresh(self, now: float) -> bool:
-        """Forget 'empty' marks that expired or were contradicted by a NOTIFY (or by a
-        feature: a slot freed); any left to try?"""
-        self.notify(self.hooks.ready())
+        """Forget 'empty' marks that expired or were contradicted by a NOTIFY (or by the
+        claims: a slot of a controlled queue freed); any left to try?"""
+        if self.claims is not None:
+            self.notify(self.claims.ready())
         if self._notified:
             notified, self._notified = self._notified, set()
             for name in notified:
@@ -99,9 +100,9 @@ class ClaimScheduler:
         return [name for name in self._rotation.order() if name not in self._empty_until]
 
     def resume_after(self, queue: str, now: float) -> ClaimKey | None:
-        """The key a claim from `queue` may resume after, if one is still fresh (and a
-        feature lets it resume)."""
-        if not self.hooks.resumable(queue):
+        """The key a claim from `queue` may resume after, if one is still fresh (and its
+        claim lets it resume)."""
+        if self.claims is not None and not self.claims.resumable(queue):
             return None
         resume = self._resume.get(queue)
         return resume[0] if resume is not None and now < resume[1] else None
@@ -118,8 +119,12 @@ class ClaimScheduler:
             if after is None:
                 self.mark_empty(queue, sent, sent + self.poll_interval)
                 self._resume.pop(queue, None)  # a full walk found the queue drained
-                wait = self.hooks.short_claim(queue, self.poll_interval)
-                if wait is not None:  # a feature knows when it could succeed
+                wait = (
+                    None
+                    if self.claims is None
+                    else self.claims.retry_short(queue, self.poll_interval)
+                )
+                if wait is not None:  # its claim knows when it could succeed
                     self.mark_empty(queue, sent, sent + wait)
             return  # a short resumed claim: the walk from the start that follows decides
         last = rows[-1]
@@ -180,11 +185,11 @@ class ClaimScheduler:
     def idle(self, now: float) -> bool:
         """Every queue found empty by a claim whose mark still holds, and no retry this
         worker wrote is about to be due (one that is due waits for the next claim), and
-        the features agree (see `WorkerHooks.settled`)."""
+        the claims agree (see `QueueClaims.settled`)."""
         empty = (
             now >= self._retry_due
             and all(self._empty_until.get(name, now) > now for name in self.queues)
-            and self.hooks.settled()
+            and (self.claims is None or self.claims.settled(self.queues))
         )
         if not empty or self._looked_again:
             return empty

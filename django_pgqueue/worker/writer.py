@@ -17,7 +17,7 @@ import psycopg
 
 from ..claimed import InFlight
 from ..exceptions import DatabaseUnavailable
-from ..extensions import Hooks
+from ..extensions import JobEnd
 from ..outcomes import (
     ERROR_CLASS_LIMIT,
     Failure,
@@ -31,6 +31,7 @@ from ..store import errors
 from ..store.worker import ClaimedRow, ClaimKey, Store
 from ..worker_config import WorkerConfig
 from .leases import LeaseBook
+from .observing import Observers
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +64,10 @@ class OutcomeWriter:
     """Holds finished jobs' outcomes until they are written; writes them fenced.
 
     Used by the dispatcher thread only. Facts for the claim scheduler (retries due
-    soon) wait in `take_retries`. The features' hooks are told of every outcome added
-    and written (or stale), and may have one written at once (`WorkerHooks.write_now`).
+    soon) wait in `take_retries`. The store's claims hear of every outcome added (a
+    controlled queue's job frees a slot, and its outcome is written at once:
+    `QueueClaims.write_at_once`); the observers, of every outcome written, and of every
+    write refused as stale.
     """
 
     def __init__(
@@ -73,13 +76,13 @@ class OutcomeWriter:
         leases: LeaseBook,
         stats: Counter[str],
         config: WorkerConfig,
-        hooks: Hooks,
+        observers: Observers,
     ) -> None:
         self.store = store
         self.leases = leases
         self.stats = stats
         self.config = config
-        self.hooks = hooks
+        self.observers = observers
         self._unwritten: list[Written] = []
         self._unwritten_since = 0.0
         # Written when the connection died: did the COMMIT happen? (resolve_uncertain)
@@ -109,7 +112,7 @@ class OutcomeWriter:
         if not self._unwritten:
             self._unwritten_since = _first_return(written)
         self._unwritten.extend(written)
-        self.hooks.outcomes_added(written)
+        self.store.claims.finished([item.ctx.queue for item, _ in written])
 
     def take(self) -> list[Written]:
         batch, self._unwritten = self._unwritten, []
@@ -126,8 +129,8 @@ class OutcomeWriter:
             or now - self._unwritten_since >= FLUSH_DELAY
         ):
             return True
-        write_now = self.hooks.write_now
-        return write_now is not None and any(write_now(i.ctx.queue) for i, _ in self._unwritten)
+        write_now = self.store.claims.write_at_once
+        return any(write_now(i.ctx.queue) for i, _ in self._unwritten)
 
     def flush_deadline(self) -> float | None:
         """When the waiting batch is due to be written, if one waits."""
@@ -192,19 +195,18 @@ class OutcomeWriter:
 
     def _account_completions(self, successes: list[Written], completed: set[int]) -> None:
         cancelled = self.store.take_cancelled()  # an operator asked while they ran
-        done: list[tuple[InFlight, str | None]] = []
+        ends: list[JobEnd] = []
         for item, outcome in successes:
             if item.ctx.job_id in cancelled:
                 self.stats["cancelled"] += 1
-                self.hooks.cancelled(item)
+                ends.append(JobEnd(item, "cancelled"))
             elif item.ctx.job_id in completed:
-                done.append((item, outcome.result))  # type: ignore[union-attr]
+                ends.append(JobEnd(item, "completed", result=outcome.result))  # type: ignore[union-attr]
             elif item.ctx.job_id not in self._failed_instead:
                 self._stale(item, "complete")
         self.leases.forget_all([item.lease for item, _ in successes])
-        if done:
-            self.stats["completed"] += len(done)
-            self.hooks.completed(done)
+        self.stats["completed"] += sum(1 for ended in ends if ended.end == "completed")
+        self.observers.jobs_ended(ends)
 
     def _complete(self, successes: list[Written]) -> set[int]:
         """Complete the batch's successes; one by one if the batch is refused."""
@@ -296,20 +298,15 @@ class OutcomeWriter:
             return
         status, run_at = result
         kind = _kind(outcome, status)
-        if kind == "snoozed":
-            self.hooks.snoozed(item)
-        elif kind == "cancelled":
-            self.hooks.cancelled(item)
-        else:  # told as a failure, retried or dead (an interruption is due again now)
-            self.hooks.failed(item, outcome, status, run_at)
-            if kind == "retried" and outcome.delay <= self.config.poll_interval:
-                self._retries.append((ctx.queue, time.monotonic() + outcome.delay))
+        if kind == "retried" and outcome.delay <= self.config.poll_interval:
+            self._retries.append((ctx.queue, time.monotonic() + outcome.delay))
+        self.observers.jobs_ended([JobEnd(item, kind, failure=outcome, run_at=run_at)])
         self.stats[kind] += 1
         _log_written(kind, ctx, outcome)
 
     def _stale(self, item: InFlight, what: str) -> None:
         self.stats["stale_writes"] += 1
-        self.hooks.lease_lost(item, "write")
+        self.observers.lease_lost(item, "write")
         logger.warning(
             "stale write rejected: %s of job %d with lease_version %d changed nothing; "
             "another worker owns it now",

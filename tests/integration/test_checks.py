@@ -112,3 +112,31 @@ def test_a_workers_start_checks_open_no_database_connection():
     Command().check(tags=Command.requires_system_checks)
     assert [alias for alias in connections if connections[alias].connection is not None] == []
     call_command("check", "--database", "default")  # the full check still reaches it
+
+
+DEFAULT_FEATURES = {
+    "control": "django_pgqueue.control.extension.QueueControl",
+    "schedules": "django_pgqueue.schedules.extension.Schedules",
+    "observability": "django_pgqueue.observability.extension.Observability",
+}
+
+
+def test_what_needs_a_feature_left_out_is_refused_naming_it(settings):
+    from django_pgqueue.checks import check_features_installed
+
+    declared = {"nightly": {"type": "qa.noop", "cron": "0 3 * * *", "queue": "reports"}}
+    settings.PGQUEUE = {"SCHEDULES": declared, "QUEUES": {"reports": {"limit": 1}}}
+    assert check_features_installed() == []  # every feature installed
+    without = [p for name, p in DEFAULT_FEATURES.items() if name != "schedules"]
+    settings.PGQUEUE = {"SCHEDULES": declared, "EXTENSIONS": without}
+    (error,) = check_features_installed()
+    assert error.id == "pgqueue.E008"
+    assert "'nightly'" in error.msg
+    without = [p for name, p in DEFAULT_FEATURES.items() if name != "control"]
+    settings.PGQUEUE = {"QUEUES": {"reports": {"limit": 1}}, "EXTENSIONS": without}
+    (error,) = check_features_installed()
+    assert error.id == "pgqueue.E009"
+    assert "'reports'" in error.msg
+    # Left out, and nothing needing it: nothing to say.
+    settings.PGQUEUE = {"EXTENSIONS": []}
+    assert check_features_installed() == []

@@ -13,9 +13,9 @@ import psycopg
 import pytest
 
 from django_pgqueue import enqueue, enqueue_many
+from django_pgqueue.index_upkeep import FLOOR_PAGES, keep_indexes_small
 from django_pgqueue.store import indexes
 from django_pgqueue.store.session import Session
-from django_pgqueue.upkeep import FLOOR_PAGES, keep_indexes_small
 from tests.conftest import database_url, sql
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -23,7 +23,6 @@ from django_pgqueue import (
 )
 from django_pgqueue.conf import get_settings
 from django_pgqueue.control import api
-from django_pgqueue.control.claims import ControlledClaims
 from django_pgqueue.control.store import sync_settings, update_control
 from django_pgqueue.limits import QueueLimits
 from django_pgqueue.sql import QUERIES
@@ -34,11 +33,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def controlled_store(alias: str, name: str) -> Store:
-    """A worker Store whose claims go under queue control; its view is `store.control`."""
-    store = Store(alias, name)
-    store.control = ControlledClaims(store, get_settings().POLL_INTERVAL)  # type: ignore[attr-defined]
-    store.claimer = store.control.claim  # type: ignore[attr-defined]
-    return store
+    """A worker Store, as a worker makes it: its claims' view is `store.claims`."""
+    return Store(alias, name, view_every=get_settings().POLL_INTERVAL / 2)
 
 
 @pytest.fixture
@@ -162,7 +158,7 @@ def test_global_limit_is_never_exceeded_by_racing_claimers(stores):
 def test_an_unlimited_queue_claims_with_the_plain_statement(stores):
     enqueue_many([("qa.noop", {}) for _ in range(5)], queue="free")
     store = stores()
-    assert not store.control.controlled("free")
+    assert not store.claims.controlled("free")
     assert len(store.claim("free", 10, "w", 30)) == 5
     assert sql("SELECT count(*) FROM queue_controls")[0][0] == 0
 
@@ -220,7 +216,7 @@ def test_rate_window_is_exact(stores):
         store.complete([(r.job_id, r.lease_version, r.attempt_id, None) for r in rows])
         claimed += len(rows)
         if not rows:
-            wait = store.control.recheck_after("rated", 1.0)
+            wait = store.claims.retry_short("rated", 1.0)
             assert 0 <= wait <= 1.0
             time.sleep(max(wait, 0.001))
     starts = [
@@ -248,7 +244,7 @@ def test_pause_claims_nothing_and_resume_claims_again(stores):
     pause_queue("mail")
     store = stores()
     assert store.claim("mail", 10, "w", 30) == []
-    assert store.control.recheck_after("mail", 1.0) == 1.0
+    assert store.claims.retry_short("mail", 1.0) == 1.0
     enqueue("qa.noop", queue="mail")  # enqueue still works
     resume_queue("mail")
     assert len(store.claim("mail", 10, "w", 30)) == 4
@@ -279,7 +275,7 @@ def test_the_sweep_frees_the_slots_of_an_expired_lease(stores):
     rows = crashed.claim("two", 10, "crashed", 30)
     assert len(rows) == 2
     assert alive.claim("two", 10, "alive", 30) == []
-    assert alive.control.recheck_after("two", 1.0) < 0.1  # full: try again soon
+    assert alive.claims.retry_short("two", 1.0) < 0.1  # full: try again soon
     expire_and_sweep(alive, [r.job_id for r in rows])
     assert len(alive.claim("two", 10, "alive", 30)) == 2
 

@@ -57,7 +57,7 @@ def test_a_type_rate_window_is_exact_and_other_types_run_past_it(stores):
     assert sorted(types_of(first)).count("qa.echo") == 5
     assert sorted(types_of(first)).count("qa.noop") == 20
     assert store.claim("rt", 30, "w", 30) == []  # the type's window is full
-    wait = store.control.recheck_after("rt", 10.0)
+    wait = store.claims.retry_short("rt", 10.0)
     assert 0 < wait <= 0.5  # retried when the window admits the next start
 
     def echo_starts() -> int:
@@ -70,7 +70,7 @@ def test_a_type_rate_window_is_exact_and_other_types_run_past_it(stores):
     while echo_starts() < 20:
         assert time.monotonic() < deadline, f"{echo_starts()} starts in 120 s"
         if not store.claim("rt", 30, "w", 30):
-            time.sleep(max(store.control.recheck_after("rt", 10.0), 0.001))
+            time.sleep(max(store.claims.retry_short("rt", 10.0), 0.001))
     starts = [
         row[0]
         for row in sql(
@@ -92,7 +92,7 @@ def test_a_drained_rate_limited_queue_is_not_claimed_in_a_loop(stores):
     assert len(store.claim("calm", 10, "w", 30)) == 2
     time.sleep(0.3)
     assert store.claim("calm", 10, "w", 30) == []  # drained, windows empty again
-    assert store.control.recheck_after("calm", 1.0) == 1.0
+    assert store.claims.retry_short("calm", 1.0) == 1.0
 
 
 def test_a_window_full_at_the_claim_is_retried_at_once_when_it_has_room(stores):

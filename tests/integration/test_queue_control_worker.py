@@ -20,9 +20,7 @@ from django_pgqueue import (
     set_queue_limit,
     signals,
 )
-from django_pgqueue.control.claims import ControlledClaims
-from django_pgqueue.extensions import Hooks
-from django_pgqueue.observability.hooks import Observer
+from django_pgqueue.metrics.counters import WorkerCounters
 from django_pgqueue.store.worker import Store
 from django_pgqueue.worker.scheduler import ClaimScheduler
 from django_pgqueue.worker_config import WorkerConfig
@@ -135,7 +133,8 @@ def test_a_running_job_that_ends_cancelled_sends_job_cancelled(run_worker):
         signal.connect(receive, weak=False)
     try:
         job = enqueue("qa.cancellable", {"seconds": 30}, queue="long")
-        worker = run_worker(["long"], lease=1.5)
+        counters = WorkerCounters()
+        worker = run_worker(["long"], lease=1.5, observers=[counters])
         wait_until(lambda: status(job.id) == "running")
         actions.cancel([job.id])
         wait_until(lambda: status(job.id) == "cancelled", timeout=120)
@@ -159,7 +158,7 @@ def test_a_running_job_that_ends_cancelled_sends_job_cancelled(run_worker):
     ]
     assert worker.worker.stats["cancelled"] == 1
     assert worker.worker.stats["completed"] == 0
-    counts = worker.worker.hooks.find(Observer).counters.attempts()
+    counts = counters.attempts()
     assert counts == {("long", "qa.cancellable", "cancelled"): 1}
 
 
@@ -183,13 +182,11 @@ def test_a_burst_worker_looks_at_the_controls_before_calling_a_queue_empty():
     """A queue that became keyed since the worker's last view held keyed jobs its plain
     claim had to leave: the burst exit test must not count it as empty."""
     config = WorkerConfig.build(["late"], poll_interval=10.0, burst=True)
-    store = Store("default", "burst check")
+    store = Store("default", "burst check", view_every=config.poll_interval / 2)
     store.connect()
     try:
-        control = ControlledClaims.for_worker(config, store)
-        claims = ClaimScheduler(
-            config.queues, config.weights, config.poll_interval, Hooks([control])
-        )
+        control = store.claims
+        claims = ClaimScheduler(config.queues, config.weights, config.poll_interval, control)
         assert not control.controlled("late")  # the view, taken before the keyed enqueue
         now = time.monotonic()
         claims.mark_empty("late", now, now + 10.0)  # what the short plain claim left

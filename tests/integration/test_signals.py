@@ -13,8 +13,8 @@ import pytest
 from django.db import transaction
 
 from django_pgqueue import actions, enqueue, enqueue_many, signals
+from django_pgqueue.metrics.counters import WorkerCounters
 from django_pgqueue.models import Job, JobState
-from django_pgqueue.observability.hooks import Observer
 from tests.conftest import sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -180,7 +180,8 @@ def test_a_renewal_finds_the_lease_lost_while_the_handler_runs(
     recorder: Recorder, run_worker: Any
 ) -> None:
     job = enqueue("qa.sleep", {"seconds": 4}, queue="sig")
-    worker = run_worker(["sig"], lease=2, heartbeat_interval=0.2)
+    counters = WorkerCounters()
+    worker = run_worker(["sig"], lease=2, heartbeat_interval=0.2, observers=[counters])
     wait_until(lambda: recorder.of("job_started", job.id))
     sql(
         "UPDATE queue_job_state SET status = 'pending', locked_by = NULL, "
@@ -194,7 +195,7 @@ def test_a_renewal_finds_the_lease_lost_while_the_handler_runs(
     assert lost["detected_by"] == "renewal"
     assert lost["attempt"] == 1
     assert lost["worker_id"] == worker.worker.worker_id
-    counts = worker.worker.hooks.find(Observer).counters.attempts()
+    counts = counters.attempts()
     assert counts == {("sig", "qa.sleep", "lease_lost"): 1}
 
 

@@ -154,10 +154,7 @@ def test_a_handler_that_returned_is_never_timed_out():
     row = ClaimedRow(1, "q", "t", "{}", 0, 1, 1, 1, 1, None, None, None)
     item = InFlight.claimed(row, None, FixedDelay(1), 0.1, "w", time.monotonic() + 30)
     assert isinstance(item.lease, Lease)
-    from django_pgqueue.observability.hooks import Observer
-    from django_pgqueue.worker_config import WorkerConfig
-
-    pool = HandlerPool(1, threading.Event(), "w", Observer(WorkerConfig.build(["q"])))
+    pool = HandlerPool(1, threading.Event(), "w")
     pool.submit([item])
     item.started = time.monotonic() - 1  # past its timeout, but its handler returned
     with pool._handoff:  # as its handler thread does

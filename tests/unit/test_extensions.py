@@ -1,91 +1,98 @@
-"""The extension seam: hooks sorted by point once, loaded from PGQUEUE["EXTENSIONS"]."""
+"""The seams: extensions loaded from PGQUEUE["EXTENSIONS"], the observers told in turn
+(one that raises never stops the others), the middleware nested in order."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 
 from django_pgqueue import extensions
 from django_pgqueue.exceptions import ConfigurationError
-from django_pgqueue.extensions import Extension, Hooks, WorkerHooks
+from django_pgqueue.extensions import (
+    Extension,
+    JobObserver,
+    PeriodicService,
+    RunMiddleware,
+    WorkerParts,
+)
+from django_pgqueue.worker.observing import Observers, through
 
 
-class Recorder(WorkerHooks):
+class Recorder(JobObserver, RunMiddleware):
     def __init__(self, name: str, log: list[tuple[str, object]]) -> None:
         self.name, self.log = name, log
 
-    def completed(self, done):
-        self.log.append((self.name, list(done)))
+    def jobs_ended(self, ends):
+        self.log.append((self.name, list(ends)))
 
-    def run_attempt(self, item, run):
+    def run(self, item, run):
         self.log.append((self.name, "before"))
         outcome = run(item.ctx, item.handler, item.policy)
         self.log.append((self.name, "after"))
         return outcome
 
-    def short_claim(self, queue, poll_interval):
-        return {"a": 0.5, "b": 0.2}[self.name]
+
+class Raises(JobObserver):
+    def jobs_ended(self, ends):
+        raise RuntimeError("an observer's own bug")
 
 
 class Item:
     ctx, handler, policy = "ctx", "handler", "policy"
+    lost_told = False
 
 
-def test_a_point_nobody_hooks_is_a_no_op_and_one_hook_is_called_directly():
-    hooks = Hooks([])
-    hooks.completed([1])  # nothing to call, nothing raised
-    assert hooks.claimer is None
-    assert hooks.write_now is None
-    assert hooks.next_pass() == math.inf
-    assert hooks.settled()
-    assert hooks.resumable("q")
+def test_every_observer_is_told_in_order_even_after_one_raised(caplog):
     log: list[tuple[str, object]] = []
-    one = Recorder("a", log)
-    hooks = Hooks([one])
-    assert hooks.completed == one.completed  # the bound method itself, no fan-out
-    hooks.completed([1])
-    assert log == [("a", [1])]
-
-
-def test_every_hook_of_a_point_is_called_in_order_and_answers_combine():
-    log: list[tuple[str, object]] = []
-    hooks = Hooks([Recorder("a", log), Recorder("b", log)])
-    hooks.completed([7])
+    observers = Observers([Recorder("a", log), Raises(), Recorder("b", log)])
+    observers.jobs_ended([7])
     assert log == [("a", [7]), ("b", [7])]
-    assert hooks.short_claim("q", 1.0) == 0.2  # the soonest retry wins
-    log.clear()
-    outcome = hooks.run_attempt(Item(), lambda ctx, handler, policy: (ctx, handler, policy))
+    assert "an observer's own bug" in caplog.text
+    observers.jobs_ended([])  # nothing ended: nobody is told
+    assert len(log) == 2
+
+
+def test_a_lost_lease_is_told_once_per_attempt():
+    told = []
+
+    class Losses(JobObserver):
+        def lease_lost(self, item, detected_by):
+            told.append(detected_by)
+
+    observers = Observers([Losses()])
+    item = Item()
+    observers.lease_lost(item, "renewal")
+    observers.lease_lost(item, "write")
+    assert told == ["renewal"]
+
+
+def test_middleware_nests_the_first_listed_outermost():
+    log: list[tuple[str, object]] = []
+    run = through([Recorder("a", log), Recorder("b", log)])
+    outcome = run(Item(), lambda ctx, handler, policy: (ctx, handler, policy))
     assert outcome == ("ctx", "handler", "policy")
     assert log == [("a", "before"), ("b", "before"), ("b", "after"), ("a", "after")]
+    assert through([])(Item(), lambda *args: args) == ("ctx", "handler", "policy")
 
 
-def test_two_features_cannot_both_take_over_the_claim():
-    class Claiming(WorkerHooks):
-        def claim(self, store, done, request):
-            return None
-
-    with pytest.raises(ConfigurationError, match="Two extensions take over the claim"):
-        Hooks([Claiming(), Claiming()])
+def test_a_service_is_never_due_unless_it_says_so():
+    assert PeriodicService().next_due() == float("inf")
 
 
-def test_a_periodic_pass_runs_only_when_due():
-    ran = []
+def test_worker_parts_add_up_in_the_extensions_order():
+    a, b = Recorder("a", []), Recorder("b", [])
 
-    class Pass(WorkerHooks):
-        def __init__(self, due: float) -> None:
-            self.due = due
+    class One(Extension):
+        def worker_parts(self, config, view):
+            return WorkerParts(observers=(a,), middleware=(a,))
 
-        def next_pass(self):
-            return self.due
+    class Two(Extension):
+        def worker_parts(self, config, view):
+            return WorkerParts(observers=(b,))
 
-        def periodic(self, now):
-            ran.append(self.due)
-
-    hooks = Hooks([Pass(5.0), Pass(10.0)])
-    assert hooks.next_pass() == 5.0
-    hooks.periodic(7.0)
-    assert ran == [5.0]
+    parts = extensions.worker_parts(None, None, [One(), Two()])  # type: ignore[arg-type]
+    assert parts.observers == (a, b)
+    assert parts.middleware == (a,)
+    assert parts.services == ()
 
 
 class Stamp(Extension):
@@ -125,14 +132,6 @@ def test_the_setting_must_be_a_list_of_paths(settings):
     settings.PGQUEUE = {"EXTENSIONS": "django_pgqueue.control.extension.QueueControl"}
     with pytest.raises(ConfigurationError, match="EXTENSIONS"):
         extensions.installed()
-
-
-def test_a_next_pass_without_a_periodic_pass_is_never_due():
-    class Clock(WorkerHooks):
-        def next_pass(self):
-            return 0.0  # would be due for ever: nothing would ever run its pass
-
-    assert Hooks([Clock()]).next_pass() == math.inf
 
 
 class Overreach(Extension):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 
 from django_pgqueue.claimed import InFlight
-from django_pgqueue.control.claims import FULL_RECHECK, ControlledClaims, ControlState
 from django_pgqueue.outcomes import Failure
 from django_pgqueue.retry import FixedDelay
+from django_pgqueue.store.claims import FULL_RECHECK, ControlState, QueueClaims
 from django_pgqueue.store.worker import ClaimedRow
 from django_pgqueue.worker.timeouts import all_stuck, stuck
 
@@ -50,11 +50,14 @@ def test_a_handler_is_stuck_once_it_outlived_its_timeout_by_as_much_again_and_ru
 
 
 def test_a_keyed_queues_short_claims_back_off_only_while_they_take_nothing():
-    claims = ControlledClaims(store=None, poll_interval=1.0)  # type: ignore[arg-type]
+    claims = QueueClaims(session=None, view_every=0.5)  # type: ignore[arg-type]
+    claims._controlled = frozenset({"q"})
 
     def after(took: int) -> float:
         claims.states["q"] = ControlState(False, False, None, keyed=True, took=took)
-        return claims.recheck_after("q", 1.0)
+        wait = claims.retry_short("q", 1.0)
+        assert wait is not None
+        return wait
 
     assert [after(0) for _ in range(3)] == [FULL_RECHECK, FULL_RECHECK * 2, FULL_RECHECK * 4]
     assert after(2) == FULL_RECHECK  # this claim took jobs: the wait starts over

@@ -1,7 +1,8 @@
 """Counters a worker process keeps about its own attempts, for its /metrics endpoint.
 
 Plain Python (prometheus_client is optional): attempts by queue, type and outcome,
-and handler run times per queue and type as a cumulative histogram.
+and handler run times per queue and type as a cumulative histogram. `WorkerCounters`
+is a job-event observer the worker's ``--metrics-port`` adds to it (`server.serve`).
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+from ..claimed import InFlight
+from ..extensions import JobEnd, JobObserver
 
 # Upper bounds (seconds) of the run-time histogram's buckets (+Inf is implied).
 RUNTIME_BOUNDS: tuple[float, ...] = (
@@ -30,6 +34,15 @@ RUNTIME_BOUNDS: tuple[float, ...] = (
     300,
 )
 OUTCOMES = ("succeeded", "retried", "dead", "cancelled", "snoozed", "lease_lost")
+# The outcome counted for each end of a job (an interruption is retried at once).
+COUNTED = {
+    "completed": "succeeded",
+    "retried": "retried",
+    "interrupted": "retried",
+    "dead": "dead",
+    "cancelled": "cancelled",
+    "snoozed": "snoozed",
+}
 
 
 @dataclass
@@ -41,7 +54,7 @@ class Runtime:
     count: int = 0
 
 
-class WorkerCounters:
+class WorkerCounters(JobObserver):
     """Attempts by outcome and handler run times, updated from any worker thread."""
 
     def __init__(self) -> None:
@@ -73,6 +86,21 @@ class WorkerCounters:
                 runtime.buckets[index] += 1
                 runtime.total += seconds
                 runtime.count += 1
+
+    # -- as a job-event observer ------------------------------------------------------
+
+    def jobs_ended(self, ends: Sequence[JobEnd]) -> None:
+        counts = Counter((e.item.ctx.queue, e.item.ctx.type, COUNTED[e.end]) for e in ends)
+        with self._lock:
+            self._attempts.update(counts)
+
+    def lease_lost(self, item: InFlight, detected_by: str) -> None:
+        self.attempt(item.ctx.queue, item.ctx.type, "lease_lost")
+
+    def jobs_executed(self, items: Sequence[InFlight]) -> None:
+        self.runtimes_ran(
+            [(i.ctx.queue, i.ctx.type, i.runtime) for i in items if i.runtime is not None]
+        )
 
     def attempts(self) -> dict[tuple[str, str, str], int]:
         """A copy of the attempt counts by (queue, type, outcome)."""

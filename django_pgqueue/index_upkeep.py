@@ -7,16 +7,19 @@ walk it in order and stay fast, but the planner costs the at-a-glance counts by 
 pages and turns them into scans of the whole table. `keep_indexes_small` finds an index
 whose pages its live entries could fill less than a BLOAT_FACTOR-th of, and rebuilds it
 with REINDEX INDEX CONCURRENTLY, which never blocks inserts, claims or completions.
-A worker's upkeep thread runs it every PGQUEUE["INDEX_UPKEEP_INTERVAL"] seconds; an
-operator may call it once (`python manage.py shell`, a cron job).
+Every worker runs it every PGQUEUE["INDEX_UPKEEP_INTERVAL"] seconds, a periodic service
+of the core's (`IndexUpkeep`); an operator may call it once (`python manage.py shell`, a
+cron job).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import dataclass
 
+from .extensions import PeriodicService
 from .store import indexes
 from .store.session import Session
 
@@ -91,3 +94,32 @@ def _drop(session: Session, index: indexes.IndexSize) -> Rebuilt:
         index.pages,
     )
     return Rebuilt(index.name, index.pages, 0, 0, time.monotonic() - started, dropped=True)
+
+
+# The first look comes this soon after the start (a worker restarted after a big drain
+# finds the bloat at once), jittered so that workers started together look apart.
+FIRST_LOOK = 60.0
+
+
+class IndexUpkeep(PeriodicService):
+    """Every `interval` seconds (jittered), rebuild the hot indexes that bloated.
+
+    On a thread and a session of its own (`runs_long`): a rebuild takes as long as the
+    index is large, and REINDEX CONCURRENTLY cannot share a connection that runs
+    statements meanwhile. Every worker runs one; a rebuild in progress anywhere makes
+    the others pass.
+    """
+
+    name = "index upkeep"
+    runs_long = True
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._due = time.monotonic() + random.uniform(0.5, 1.5) * min(interval, FIRST_LOOK)
+
+    def next_due(self) -> float:
+        return self._due
+
+    def run(self, session: Session, now: float) -> None:
+        self._due = now + random.uniform(0.8, 1.2) * self.interval
+        keep_indexes_small(session)

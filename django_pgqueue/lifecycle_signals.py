@@ -1,0 +1,77 @@
+"""The core's Django signals of a job's life, sent by every worker.
+
+`LifecycleSignals` is the worker's own observer and middleware (`extensions`): it sends
+``job_started`` before a handler runs, and ``job_succeeded``, ``job_retried``,
+``job_failed``, ``job_cancelled`` and ``job_lease_lost`` once the worker knows them.
+Each event is built only when a receiver listens; a receiver that raises is logged and
+never fails the job (`signals.send`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.dispatch import Signal
+
+from . import signals
+from .claimed import InFlight
+from .extensions import AsyncRunner, JobEnd, JobObserver, RunMiddleware, Runner
+from .outcomes import Outcome
+
+
+def event(item: InFlight) -> dict[str, Any]:
+    """The arguments every lifecycle signal carries about `item`."""
+    ctx = item.ctx
+    return {
+        "job_id": ctx.job_id,
+        "queue": ctx.queue,
+        "type": ctx.type,
+        "attempt": ctx.attempt,
+        "lease_version": ctx.lease_version,
+        "worker_id": ctx.worker_id,
+    }
+
+
+def _tell(signal: Signal, item: InFlight, **extra: Any) -> None:
+    if signal.receivers:
+        signals.send(signal, **event(item), **extra)
+
+
+class LifecycleSignals(JobObserver, RunMiddleware):
+    """Sends the job lifecycle signals of one worker."""
+
+    def run(self, item: InFlight, run: Runner) -> Outcome:
+        _started(item)
+        return run(item.ctx, item.handler, item.policy)
+
+    async def arun(self, item: InFlight, run: AsyncRunner) -> Outcome:
+        _started(item)
+        return await run(item.ctx, item.handler, item.policy)
+
+    def jobs_ended(self, ends: Sequence[JobEnd]) -> None:
+        for ended in ends:
+            item, failure = ended.item, ended.failure
+            if ended.end == "completed":
+                _tell(signals.job_succeeded, item, result=ended.result)
+            elif ended.end == "dead" and failure is not None:
+                _tell(signals.job_failed, item, error=failure.last_error)
+            elif ended.end in ("retried", "interrupted") and failure is not None:
+                _tell(
+                    signals.job_retried,
+                    item,
+                    delay=failure.delay,
+                    run_at=ended.run_at,
+                    error=failure.last_error,
+                )
+            elif ended.end == "cancelled":
+                _tell(signals.job_cancelled, item)
+
+    def lease_lost(self, item: InFlight, detected_by: str) -> None:
+        _tell(signals.job_lease_lost, item, detected_by=detected_by)
+
+
+def _started(item: InFlight) -> None:
+    if signals.job_started.receivers:
+        ctx = item.ctx
+        signals.send(signals.job_started, **event(item), max_attempts=ctx.max_attempts, context=ctx)

@@ -1,0 +1,74 @@
+"""The worker registry and the per-minute rollup, kept by a periodic service of each
+worker (`WorkerRegistry`).
+
+Every BEAT_EVERY seconds (or half a lease, if shorter), on the services' connection:
+this worker's row says it is alive and how many jobs it holds, the attempts noted since
+(`observer.RollupObserver`) are added to the rollup, and now and then the workers not
+seen for two leases are marked gone and old rows pruned. As the worker stops: the rollup
+flushed, its row marked gone. Observation only: a job belongs to whoever holds its
+lease, whatever this table says.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from ..extensions import PeriodicService, WorkerView
+from ..store.session import Session
+from ..version import __version__
+from . import workers
+from .rollup import RollupBuffer
+
+logger = logging.getLogger(__name__)
+
+# Seconds between two registry reports (and rollup flushes) of a worker, at most.
+BEAT_EVERY = 5.0
+# Reports between two passes that mark silent workers gone and prune old rows.
+HOUSEKEEPING_EVERY = 6
+
+
+class WorkerRegistry(PeriodicService):
+    """This worker's row in the registry, and the rollup's flushes."""
+
+    name = "worker registry"
+
+    def __init__(self, view: WorkerView, rollup: RollupBuffer) -> None:
+        config = view.config
+        self.view = view
+        self.rollup = rollup
+        self.identity = workers.Identity(
+            id=config.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=tuple(config.queues),
+            concurrency=config.concurrency,
+            lease=config.lease,
+            version=__version__,
+        )
+        self.every = min(BEAT_EVERY, config.lease / 2)
+        self._beats = 0
+        self._due = 0.0  # the first report at once: the registry hears of it at start
+
+    def next_due(self) -> float:
+        return self._due
+
+    def run(self, session: Session, now: float) -> None:
+        """Report this worker alive and flush the rollup; now and then, tidy the registry."""
+        self._due = now + self.every
+        workers.record_beat(session, self.identity, self.view.running())
+        self.rollup.flush(session)
+        if self._beats % HOUSEKEEPING_EVERY == 0:
+            gone = workers.mark_gone(session)
+            if gone:
+                logger.warning("workers not seen for two leases, marked gone: %s", gone)
+            workers.prune(session)
+        self._beats += 1
+
+    def stop(self, session: Session) -> None:
+        """Flush the rollup and mark this worker gone, as it stops."""
+        if not session.connected:
+            return  # the database is away: the row goes gone by worker_mark_gone instead
+        self.rollup.flush(session)
+        workers.record_stop(session, self.identity.id)

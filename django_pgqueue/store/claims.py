@@ -1,0 +1,234 @@
+"""The claim of each queue: the plain claim, or the controlled one, and what they teach.
+
+A queue with a row in queue_controls (a pause, a concurrency limit, a key limit or a
+rate, or keyed jobs: their first enqueue writes the row) is claimed by the controlled
+claim (``transaction_guard``, the completions whose slots it may reuse,
+``queue_control_lock``, ``job_claim_controlled``, ``queue_control_state``: one pipeline,
+one transaction); every other queue by the plain claim (the completions, then
+``job_claim`` or ``job_claim_after``), which leaves keyed jobs to the controlled one.
+Which queues are controlled is read every `view_every` seconds (half the worker's poll
+interval): a pause or a limit set on a queue holds within it.
+
+What each claim teaches the worker's scheduler: a controlled queue's walk always starts
+from the start (under its lock), a short controlled claim is worth retrying as soon as
+it could succeed (a slot of a limit frees, a rate window opens) rather than after the
+poll interval, and a finished job of a controlled queue frees a slot: its outcome is
+written at once and the queue claimed again.
+
+The store owns this (`Store.claims`); the worker asks it. Used by the dispatcher thread
+only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from ..sql import QUERIES
+from . import control
+from .rows import ClaimedRow, ClaimRequest, Completion, claim_statement, complete_params
+from .session import Session
+
+# How soon a worker tries again a queue whose claim was cut by its concurrency limit:
+# a slot frees when another worker's job ends, which no NOTIFY announces. The wait
+# doubles while the queue stays full (long jobs), up to the poll interval, so full
+# queues are not polled hundreds of times a second; a worker that frees a slot itself
+# claims again at once (see `finished`).
+FULL_RECHECK = 0.005
+FULL_BACKOFF_STEPS = 8
+# How many pending jobs a controlled claim may walk past, per job asked for, looking
+# for keys under their limit.
+SCAN_FACTOR = 8
+MAX_SCAN = 1000
+# How many pending jobs a controlled claim may read in all, passing over those of keys
+# at their limit: beyond this many jobs of saturated keys, the others wait their turn.
+MAX_READ = 10_000
+# How long a controlled claim's transaction may wait on its own client (see
+# transaction_guard): the longest a frozen worker can stall a queue's claims.
+LOCK_IDLE_MS = 1000
+
+# What a claim pipeline returns: job_complete's rows (none without completions) and the
+# rows claimed.
+Claimed = tuple[list[tuple[Any, ...]], list[ClaimedRow]]
+
+
+@dataclass(frozen=True)
+class ControlState:
+    """Why a controlled claim may have come back short."""
+
+    paused: bool
+    full: bool
+    rate_wait: float | None
+    # The queue has keyed jobs: a short claim may have passed over keys at their limit,
+    # whose slots free when another worker's job of that key ends (no NOTIFY says so).
+    keyed: bool = False
+    took: int = 0  # how many jobs the claim took
+
+    def recheck_after(self, poll_interval: float, full_streak: int = 0) -> float:
+        """Seconds until a claim of this queue could take a job again."""
+        if self.paused:
+            return poll_interval
+        waits = [poll_interval]
+        if self.rate_wait is not None:
+            waits.append(self.rate_wait)
+        if self.full or self.keyed:
+            waits.append(FULL_RECHECK * 2 ** min(full_streak, FULL_BACKOFF_STEPS))
+        return max(0.0, min(waits))
+
+
+def scan_size(limit: int) -> int:
+    """Pending jobs a controlled claim of `limit` jobs may walk."""
+    return min(MAX_SCAN, max(limit, limit * SCAN_FACTOR))
+
+
+class QueueClaims:
+    """Which claim each queue takes, the claims themselves, and what they taught."""
+
+    def __init__(self, session: Session, view_every: float) -> None:
+        self.session = session
+        self.view_every = view_every
+        self._controlled: frozenset[str] = frozenset()
+        self._view_due = 0.0
+        self.states: dict[str, ControlState] = {}
+        self._full_streak: dict[str, int] = {}
+        # Controlled queues where a job ended since the scheduler last asked.
+        self._freed: set[str] = set()
+
+    # -- which claim ------------------------------------------------------------------
+
+    def controlled(self, queue: str) -> bool:
+        """Whether claims of `queue` go through the controlled claim (the view, read again
+        when it is `view_every` old)."""
+        now = time.monotonic()
+        if now >= self._view_due:
+            self.refresh_view(now)
+        return queue in self._controlled
+
+    def refresh_view(self, now: float) -> frozenset[str]:
+        """Read which queues are controlled now; return those that were not before.
+
+        A queue that became controlled counts as one where a slot freed (see `ready`):
+        the plain claim took nothing from it if it became keyed, so the scheduler tries
+        it again at once, with the controlled claim.
+        """
+        fresh = control.controlled_queues(self.session)
+        became = fresh - self._controlled
+        self._controlled = fresh
+        self._view_due = now + self.view_every
+        self._freed |= became
+        return became
+
+    # -- the claims -------------------------------------------------------------------
+
+    def claim(self, done: Sequence[Completion] | None, request: ClaimRequest) -> Claimed:
+        """Complete `done` (None: nothing) and claim for `request`, in one pipeline and
+        one transaction, by the queue's claim."""
+        if self.controlled(request.queue):
+            return self._controlled_claim(done, request)
+        return self._plain_claim(done, request)
+
+    def _controlled_claim(
+        self, done: Sequence[Completion] | None, request: ClaimRequest
+    ) -> Claimed:
+        queue, limit, worker_id, lease, _ = request
+        claim = {
+            "queue": queue,
+            "limit": limit,
+            "scan": scan_size(limit),
+            "read": MAX_READ,
+            "worker_id": worker_id,
+            "lease": lease,
+        }
+        done_rows, rows, state = control.claim_controlled(self.session, done, claim, LOCK_IDLE_MS)
+        if state is not None:
+            self.states[queue] = ControlState(
+                bool(state[0]), bool(state[1]), state[2], bool(state[3]), len(rows)
+            )
+        return done_rows, rows
+
+    def _plain_claim(self, done: Sequence[Completion] | None, request: ClaimRequest) -> Claimed:
+        """The plain claim, after the completions. Prepared, it runs on its generic plan
+        (`claim_plan_generic`), planned once, not again at every claim."""
+        session = self.session
+        name, params = claim_statement(request)
+        what = name if done is None else f"job_complete + {name}"
+        with session.holding(what) as conn:
+            prepared = conn.prepare_threshold is not None
+            try:
+                return _plain_pipeline(session, conn, done, name, params, prepared)
+            except psycopg.Error:
+                if done is not None or not prepared or conn.prepare_threshold is not None:
+                    raise  # with completions: the caller writes them apart
+        # The server did not know a statement this worker prepared (a transaction-mode
+        # pooler; preparation is off from now on): the claim alone once more.
+        return [], [ClaimedRow._make(row) for row in session.run(name, params)]
+
+    # -- what they taught -------------------------------------------------------------
+
+    def resumable(self, queue: str) -> bool:
+        """Whether the next claim of `queue` may resume after the last row claimed: a
+        controlled queue's walk always starts from the start, under its lock."""
+        return queue not in self._controlled
+
+    def write_at_once(self, queue: str) -> bool:
+        """Whether an outcome of `queue` is written at once, not batched: a controlled
+        queue's job holds a slot of its limits until its outcome is written."""
+        return queue in self._controlled
+
+    def finished(self, queues: Iterable[str]) -> None:
+        """Jobs of `queues` ended here: a controlled one has a slot free to claim again."""
+        if self._controlled:
+            self._freed.update(queue for queue in queues if queue in self._controlled)
+
+    def ready(self) -> set[str]:
+        """The controlled queues worth claiming at once (a slot freed, or the queue just
+        became controlled) since the last call."""
+        freed, self._freed = self._freed, set()
+        return freed
+
+    def retry_short(self, queue: str, poll_interval: float) -> float | None:
+        """Seconds before a short claim of `queue` is worth trying again (None: after
+        the poll interval, as any queue's)."""
+        if queue not in self._controlled:
+            return None
+        state = self.states.pop(queue, None)
+        if state is None:
+            return poll_interval
+        streak = self._full_streak.get(queue, 0)
+        # The wait grows while the queue stays full, or while a keyed queue's claims take
+        # nothing; a keyed claim that took jobs starts it again from the shortest.
+        grows = state.full or (state.keyed and not state.took)
+        streak = streak if grows else 0
+        self._full_streak[queue] = streak + 1 if grows else 0
+        return state.recheck_after(poll_interval, streak)
+
+    def settled(self, queues: Iterable[str]) -> bool:
+        """Burst mode: whether `queues` may be called empty. One more look at which
+        queues are controlled first: a queue that just became keyed holds jobs the plain
+        claim had to leave."""
+        became = self.refresh_view(time.monotonic())
+        return not any(queue in became for queue in queues)
+
+
+def _plain_pipeline(
+    session: Session,
+    conn: psycopg.Connection[Any],
+    done: Sequence[Completion] | None,
+    name: str,
+    params: dict[str, Any],
+    generic: bool,
+) -> Claimed:
+    what = name if done is None else f"job_complete + {name}"
+    with conn.cursor() as done_cur, conn.cursor() as claim_cur:
+        with session.pipelined(conn, what):
+            if done is not None:
+                done_cur.execute(QUERIES["job_complete"], complete_params(done))
+            if generic:
+                conn.execute(QUERIES["claim_plan_generic"])
+            claim_cur.execute(QUERIES[name], params)
+        done_rows = done_cur.fetchall() if done is not None else []
+        return done_rows, [ClaimedRow._make(row) for row in claim_cur.fetchall()]
