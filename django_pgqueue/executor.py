@@ -29,7 +29,7 @@ from .outcomes import (
     unstorable_result,
 )
 from .registry import Handler
-from .retry import RetryPolicy
+from .retry import RetryOn, RetryPolicy
 
 _dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
 
@@ -75,7 +75,7 @@ def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcom
                 raise UnknownJobType(f"No handler is registered for job type {ctx.type!r}.")
             value = handler.func(ctx)
         except BaseException as exc:
-            return classify(exc, ctx, policy)
+            return classify(exc, ctx, policy, _retry_on(handler))
         return success(value)
     except BaseException as exc:  # classifying itself failed: still an outcome
         return fallback_failure(exc)
@@ -97,9 +97,9 @@ async def arun(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) ->
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise
-            return classify(exc, ctx, policy)
+            return classify(exc, ctx, policy, _retry_on(handler))
         except BaseException as exc:
-            return classify(exc, ctx, policy)
+            return classify(exc, ctx, policy, _retry_on(handler))
         return success(value)
     except asyncio.CancelledError:
         raise
@@ -107,16 +107,43 @@ async def arun(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) ->
         return fallback_failure(exc)
 
 
-def classify(exc: BaseException, ctx: JobContext, policy: RetryPolicy) -> Failure:
-    """The failure of a handler that raised `exc` (Snooze, RetryLater, permanent, other)."""
+def _retry_on(handler: Handler | None) -> RetryOn | None:
+    return None if handler is None else handler.retry_on
+
+
+def classify(
+    exc: BaseException, ctx: JobContext, policy: RetryPolicy, retry_on: RetryOn | None = None
+) -> Failure:
+    """The failure of a handler that raised `exc` (Snooze, RetryLater, permanent, other);
+    `retry_on`: the exceptions its handler retries (None: every one)."""
     if isinstance(exc, Snooze):  # pending again later, its attempt given back
         return snoozed(exc)
     if isinstance(exc, RetryLater):
         cls, message, trace = describe(exc)
         return Failure(cls, message, trace, permanent=False, delay=exc.delay)
-    if isinstance(exc, PermanentFailure | UnknownJobType):
+    if permanent(exc, retry_on):
         return _logged(Failure(*describe(exc), permanent=True), exc)
     return _logged(retryable(exc, ctx, policy), exc)
+
+
+def permanent(exc: BaseException, retry_on: RetryOn | None = None) -> bool:
+    """Whether a handler that raised `exc` fails its job for good: `PermanentFailure`, an
+    unknown type, or an exception its handler does not retry (`retry_on`). `RetryLater`
+    and `Snooze` never are."""
+    if isinstance(exc, PermanentFailure | UnknownJobType):
+        return True
+    if isinstance(exc, RetryLater | Snooze):
+        return False
+    return retry_on is not None and not retry_on.retries(exc)
+
+
+def ends_job(exc: BaseException, ctx: JobContext, retry_on: RetryOn | None = None) -> bool:
+    """Whether the attempt that raised `exc` ends its job (dead), as `classify` decides:
+    a permanent failure, or any failure but a `Snooze` (which spends no attempt) on the
+    job's last attempt."""
+    if isinstance(exc, Snooze):
+        return False
+    return permanent(exc, retry_on) or ctx.is_last_attempt
 
 
 def decode_failure(exc: BaseException) -> Failure:

@@ -107,6 +107,8 @@ class PgQueueBackend(BaseTaskBackend):
         return queue
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """pgqueue.E004: the app is installed; pgqueue.E007: every exception class a
+        task's autoretry_for or dont_autoretry_for names imports."""
         if not apps.is_installed("django_pgqueue"):
             return [
                 checks.Error(
@@ -117,7 +119,20 @@ class PgQueueBackend(BaseTaskBackend):
                     id="pgqueue.E004",
                 )
             ]
-        return []
+        errors: list[checks.CheckMessage] = []
+        for options in self._per_task.values():
+            try:
+                if options.retry_on is not None:
+                    options.retry_on.resolve()
+            except ConfigurationError as exc:
+                errors.append(
+                    checks.Error(
+                        str(exc),
+                        hint="The worker fails every job of that task until it imports.",
+                        id="pgqueue.E007",
+                    )
+                )
+        return errors
 
     # -- enqueue -------------------------------------------------------------------------
 

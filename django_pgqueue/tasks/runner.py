@@ -32,10 +32,11 @@ from django.utils import timezone
 
 from ..conf import get_settings
 from ..context import JobContext
-from ..exceptions import PermanentFailure, UnknownJobType
-from ..executor import Failure, describe, mark_logged, success
+from ..exceptions import ConfigurationError, PermanentFailure, UnknownJobType
+from ..executor import Failure, describe, ends_job, mark_logged, success
 from ..models import Attempt
 from ..registry import Handler, registry
+from ..retry import RetryOn
 from ..task_paths import import_task
 from .api import (
     Task,
@@ -70,7 +71,19 @@ def resolve_task(type_: str) -> Handler | None:
     if task is None:
         return None
     options = _options(task)
-    return Handler(type_, TaskRunner(task), options.max_attempts, options.retry, options.timeout)
+    try:
+        retry_on = options.retry_on.resolve() if options.retry_on is not None else None
+    except ConfigurationError as exc:  # an autoretry_for path that does not import
+        logger.exception("task %s: its retry options are invalid", type_)
+        return Handler(type_, _always_raise(UnknownJobType(f"task {type_!r}: {exc}")))
+    return Handler(
+        type_,
+        TaskRunner(task, retry_on),
+        options.max_attempts,
+        options.retry,
+        options.timeout,
+        retry_on=retry_on,
+    )
 
 
 def _options(task: Task) -> TaskOptions:
@@ -94,8 +107,10 @@ def _always_raise(exc: Exception) -> Callable[[JobContext], Any]:
 class TaskRunner:
     """The handler of one task's jobs: call the task as Django's ImmediateBackend would."""
 
-    def __init__(self, task: Task) -> None:
+    def __init__(self, task: Task, retry_on: RetryOn | None = None) -> None:
         self.task = task
+        # The exceptions its jobs are retried for: a failure with another ends the task.
+        self.retry_on = retry_on
         # Task.using() validates on every call: keep the few variants jobs ask for.
         self._variants: dict[tuple[Any, ...], Task] = {}
         self._lock = threading.Lock()
@@ -169,7 +184,7 @@ class TaskRunner:
 
     def _failed(self, ctx: JobContext, result: TaskResult, exc: BaseException) -> None:
         """An attempt raised `exc`: task_finished if the task ends with it."""
-        if isinstance(exc, PermanentFailure) or ctx.is_last_attempt:
+        if ends_job(exc, ctx, self.retry_on):
             error_class, _message, trace = describe(exc)
             result.errors.append(
                 TaskError(exception_class_path=error_class_path(error_class), traceback=trace)

@@ -56,6 +56,22 @@ def flaky(context: TaskContext, failures: int) -> dict[str, Any]:
     return {"attempt": context.attempt, "worker_ids": context.task_result.worker_ids}
 
 
+class Transient(Exception):
+    """The one failure `picky` is retried for: settings.TASKS names it by its path."""
+
+
+@task(queue_name="qa-tasks", takes_context=True)
+def picky(context: TaskContext, kind: str) -> int:
+    """Raise Transient ("transient") or ValueError ("invalid"), else return the attempt;
+    record every attempt. Its options say autoretry_for=["qa.tasks.Transient"]."""
+    _record(f"picky:{kind}", context.attempt)
+    if kind == "transient":
+        raise Transient(f"the service is down (attempt {context.attempt})")
+    if kind == "invalid":
+        raise ValueError("an invalid request: retrying cannot help")
+    return context.attempt
+
+
 @task(queue_name="qa-tasks")
 def refuse(reason: str) -> None:
     raise PermanentFailure(reason)
