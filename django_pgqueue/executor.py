@@ -62,6 +62,20 @@ def mark_logged(exc: BaseException) -> None:
         setattr(exc, LOGGED, True)
 
 
+# The attribute a handler's runner sets on an exception that must not be retried,
+# whatever its class (see `mark_permanent`).
+PERMANENT = "_pgqueue_permanent"
+
+
+def mark_permanent(exc: BaseException) -> None:
+    """Make the failure that raised `exc` permanent, its class recorded as it is: for a
+    runner whose framework names the error (Django's TypeError for a task's return
+    value that cannot be stored), when the code already ran and a retry would run it
+    again."""
+    with contextlib.suppress(AttributeError, TypeError):  # one that takes no attributes
+        setattr(exc, PERMANENT, True)
+
+
 def _logged(failure: Failure, exc: BaseException) -> Failure:
     failure.logged = getattr(exc, LOGGED, False) is True
     return failure
@@ -128,9 +142,9 @@ def classify(
 
 def permanent(exc: BaseException, retry_on: RetryOn | None = None) -> bool:
     """Whether a handler that raised `exc` fails its job for good: `PermanentFailure`, an
-    unknown type, or an exception its handler does not retry (`retry_on`). `RetryLater`
-    and `Snooze` never are."""
-    if isinstance(exc, PermanentFailure | UnknownJobType):
+    unknown type, an exception marked permanent (`mark_permanent`), or one its handler
+    does not retry (`retry_on`). `RetryLater` and `Snooze` never are."""
+    if isinstance(exc, PermanentFailure | UnknownJobType) or getattr(exc, PERMANENT, False) is True:
         return True
     if isinstance(exc, RetryLater | Snooze):
         return False

@@ -11,6 +11,8 @@ a ``TaskContext`` when the task takes one); coroutine functions run on the worke
 event loop; ``task_started`` is sent before and ``task_finished`` after the
 attempt that ends the task (success, permanent failure, or the last attempt failing).
 A failure that will be retried sends no ``task_finished``: the task is READY again.
+The return value is normalized as Django's own backends do (``normalize_json``); one
+Django refuses fails the task with Django's error (a TypeError), for good.
 
 The app's ``ready()`` imports this module, once the models are loaded; unlike
 `backend`, which a ``@task`` definition may import earlier, it imports them at the top.
@@ -33,7 +35,7 @@ from django.utils import timezone
 from ..conf import get_settings
 from ..context import JobContext
 from ..exceptions import ConfigurationError, PermanentFailure, UnknownJobType
-from ..executor import Failure, describe, ends_job, mark_logged, success
+from ..executor import Failure, describe, ends_job, mark_logged, mark_permanent, success
 from ..models import Attempt
 from ..registry import Handler, registry
 from ..retry import RetryOn
@@ -44,6 +46,7 @@ from .api import (
     TaskError,
     TaskResult,
     TaskResultStatus,
+    normalize_json,
     task_backends,
     task_finished,
     task_started,
@@ -125,6 +128,7 @@ class TaskRunner:
                 value = self.task.call(TaskContext(task_result=result), *call.args, **call.kwargs)
             else:
                 value = self.task.call(*call.args, **call.kwargs)
+            value = _returned(value)
         except BaseException as exc:
             # Sent from inside the except block, so receivers (Django's logger among
             # them) see the exception in sys.exc_info().
@@ -153,6 +157,7 @@ class TaskRunner:
                 )
             else:
                 value = await self.task.func(*call.args, **call.kwargs)
+            value = _returned(value)
         except asyncio.CancelledError:
             raise  # the worker cancelled it, and records why
         except BaseException as exc:
@@ -257,6 +262,19 @@ class TaskRunner:
             backend=alias,
             attempts=attempts,
         )
+
+
+def _returned(value: Any) -> Any:
+    """A task's return value as Django stores one (`normalize_json`: tuples as lists,
+    UTF-8 bytes as text). A value Django refuses raises Django's error (TypeError
+    "Unsupported type", or ValueError for bytes that are not UTF-8), and the task fails
+    with it, as with Django's own backends; the failure is permanent, since the task
+    ran and a retry would run it again."""
+    try:
+        return normalize_json(value)
+    except Exception as exc:  # a RecursionError of a value that contains itself too
+        mark_permanent(exc)
+        raise
 
 
 def _send(signal: Signal, result: TaskResult) -> None:

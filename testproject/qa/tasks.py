@@ -88,6 +88,24 @@ def unstorable() -> object:
     return object()
 
 
+# What `returns(kind)` returns: values Django normalizes, refuses, or PostgreSQL refuses.
+RETURNED = {
+    "lambda": lambda: True,  # not JSON, not picklable: Django's own test of this
+    "tuple": (1, (2, 3)),
+    "utf8_bytes": b"caf\xc3\xa9",
+    "latin1_bytes": b"caf\xe9",
+    "a_set": {1},
+    "nul": "bad \x00 text",
+    "nan": float("nan"),
+}
+
+
+@task(queue_name="qa-tasks")
+def returns(kind: str) -> Any:
+    _record(f"returns:{kind}")
+    return RETURNED[kind]
+
+
 @task(queue_name="qa-tasks", takes_context=True)
 def batch_report(context: TaskContext) -> dict[str, Any]:
     """A batch callback as a task: the batch's counts read through its context."""
