@@ -15,7 +15,7 @@ import json
 import traceback as tb
 from typing import Any
 
-from .context import JobContext
+from .context import JobContext, async_handler_job
 from .exceptions import JobTimeout, PermanentFailure, RetryLater, Snooze, UnknownJobType
 from .outcomes import (
     ERROR_CLASS_LIMIT,
@@ -106,6 +106,8 @@ async def arun(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) ->
         try:
             if handler is None or handler.coroutine is None:
                 raise UnknownJobType(f"No async handler is registered for job type {ctx.type!r}.")
+            # This job's task runs in a context of its own: the mark stays with it.
+            async_handler_job.set(ctx.job_id)
             value = await handler.coroutine(ctx)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()

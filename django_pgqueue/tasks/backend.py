@@ -29,6 +29,7 @@ from django.core import checks
 from django.db import transaction
 
 from .. import validation
+from ..aenqueue import call_sync
 from ..conf import get_settings
 from ..enqueue import enqueue
 from ..exceptions import ConfigurationError, EnqueueError
@@ -187,8 +188,9 @@ class PgQueueBackend(BaseTaskBackend):
     async def aenqueue(
         self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> TaskResult:
-        """enqueue() from async code, on the thread that owns the caller's connection."""
-        return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
+        """enqueue() from async code, on the thread that owns the caller's connection
+        (in its `aatomic` block, if any, as `django_pgqueue.aenqueue`)."""
+        return await call_sync(self.enqueue, task, args, kwargs)
 
     # -- results -------------------------------------------------------------------------
 
