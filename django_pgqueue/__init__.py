@@ -5,6 +5,7 @@ with leases renewed by a heartbeat, and finish them with writes fenced by a leas
 version, so a stale worker can never overwrite a newer owner's result.
 """
 
+from .aenqueue import aatomic, aenqueue, aenqueue_many
 from .context import JobContext
 from .control.api import (
     pause_queue,
@@ -42,6 +43,7 @@ from .waiting import await_job, wait
 from .workflows import (
     Step,
     Workflow,
+    abatch,
     batch,
     batch_status,
     chain,
@@ -78,6 +80,10 @@ __all__ = [
     "WaitTimeout",
     "WorkerShutdown",
     "Workflow",
+    "aatomic",
+    "abatch",
+    "aenqueue",
+    "aenqueue_many",
     "await_job",
     "batch",
     "batch_status",

@@ -1,10 +1,12 @@
-"""What a handler receives: the job, its attempt, and whether its lease is still held."""
+"""What a handler receives: the job, its attempt, and whether its lease is still held;
+and whether the running coroutine is a worker's async handler."""
 
 from __future__ import annotations
 
 import datetime as dt
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
@@ -13,6 +15,12 @@ from typing import Any
 parent_results_reader: Callable[[Any], dict[str, Any]] | None = None
 # Reads the counts of the batch a job is in (the workflows feature sets it too).
 batch_reader: Callable[[Any], Any] | None = None
+
+# The job whose async handler runs in this context (set by the executor around the
+# handler's coroutine, in the job's own task), else None. The worker's async handlers
+# share one thread for Django's thread-sensitive calls, and so one connection:
+# `aatomic` refuses to hold a transaction open across awaits there.
+async_handler_job: ContextVar[int | None] = ContextVar("pgqueue_async_handler_job", default=None)
 
 
 class Lease:

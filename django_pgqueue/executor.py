@@ -15,7 +15,7 @@ import json
 import traceback as tb
 from typing import Any
 
-from .context import JobContext
+from .context import JobContext, async_handler_job
 from .exceptions import JobTimeout, PermanentFailure, RetryLater, Snooze, UnknownJobType
 from .outcomes import (
     ERROR_CLASS_LIMIT,
@@ -29,7 +29,7 @@ from .outcomes import (
     unstorable_result,
 )
 from .registry import Handler
-from .retry import RetryPolicy
+from .retry import RetryOn, RetryPolicy
 
 _dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
 
@@ -62,6 +62,20 @@ def mark_logged(exc: BaseException) -> None:
         setattr(exc, LOGGED, True)
 
 
+# The attribute a handler's runner sets on an exception that must not be retried,
+# whatever its class (see `mark_permanent`).
+PERMANENT = "_pgqueue_permanent"
+
+
+def mark_permanent(exc: BaseException) -> None:
+    """Make the failure that raised `exc` permanent, its class recorded as it is: for a
+    runner whose framework names the error (Django's TypeError for a task's return
+    value that cannot be stored), when the code already ran and a retry would run it
+    again."""
+    with contextlib.suppress(AttributeError, TypeError):  # one that takes no attributes
+        setattr(exc, PERMANENT, True)
+
+
 def _logged(failure: Failure, exc: BaseException) -> Failure:
     failure.logged = getattr(exc, LOGGED, False) is True
     return failure
@@ -75,7 +89,7 @@ def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcom
                 raise UnknownJobType(f"No handler is registered for job type {ctx.type!r}.")
             value = handler.func(ctx)
         except BaseException as exc:
-            return classify(exc, ctx, policy)
+            return classify(exc, ctx, policy, _retry_on(handler))
         return success(value)
     except BaseException as exc:  # classifying itself failed: still an outcome
         return fallback_failure(exc)
@@ -92,14 +106,16 @@ async def arun(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) ->
         try:
             if handler is None or handler.coroutine is None:
                 raise UnknownJobType(f"No async handler is registered for job type {ctx.type!r}.")
+            # This job's task runs in a context of its own: the mark stays with it.
+            async_handler_job.set(ctx.job_id)
             value = await handler.coroutine(ctx)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise
-            return classify(exc, ctx, policy)
+            return classify(exc, ctx, policy, _retry_on(handler))
         except BaseException as exc:
-            return classify(exc, ctx, policy)
+            return classify(exc, ctx, policy, _retry_on(handler))
         return success(value)
     except asyncio.CancelledError:
         raise
@@ -107,16 +123,43 @@ async def arun(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) ->
         return fallback_failure(exc)
 
 
-def classify(exc: BaseException, ctx: JobContext, policy: RetryPolicy) -> Failure:
-    """The failure of a handler that raised `exc` (Snooze, RetryLater, permanent, other)."""
+def _retry_on(handler: Handler | None) -> RetryOn | None:
+    return None if handler is None else handler.retry_on
+
+
+def classify(
+    exc: BaseException, ctx: JobContext, policy: RetryPolicy, retry_on: RetryOn | None = None
+) -> Failure:
+    """The failure of a handler that raised `exc` (Snooze, RetryLater, permanent, other);
+    `retry_on`: the exceptions its handler retries (None: every one)."""
     if isinstance(exc, Snooze):  # pending again later, its attempt given back
         return snoozed(exc)
     if isinstance(exc, RetryLater):
         cls, message, trace = describe(exc)
         return Failure(cls, message, trace, permanent=False, delay=exc.delay)
-    if isinstance(exc, PermanentFailure | UnknownJobType):
+    if permanent(exc, retry_on):
         return _logged(Failure(*describe(exc), permanent=True), exc)
     return _logged(retryable(exc, ctx, policy), exc)
+
+
+def permanent(exc: BaseException, retry_on: RetryOn | None = None) -> bool:
+    """Whether a handler that raised `exc` fails its job for good: `PermanentFailure`, an
+    unknown type, an exception marked permanent (`mark_permanent`), or one its handler
+    does not retry (`retry_on`). `RetryLater` and `Snooze` never are."""
+    if isinstance(exc, PermanentFailure | UnknownJobType) or getattr(exc, PERMANENT, False) is True:
+        return True
+    if isinstance(exc, RetryLater | Snooze):
+        return False
+    return retry_on is not None and not retry_on.retries(exc)
+
+
+def ends_job(exc: BaseException, ctx: JobContext, retry_on: RetryOn | None = None) -> bool:
+    """Whether the attempt that raised `exc` ends its job (dead), as `classify` decides:
+    a permanent failure, or any failure but a `Snooze` (which spends no attempt) on the
+    job's last attempt."""
+    if isinstance(exc, Snooze):
+        return False
+    return permanent(exc, retry_on) or ctx.is_last_attempt
 
 
 def decode_failure(exc: BaseException) -> Failure:

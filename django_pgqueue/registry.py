@@ -22,7 +22,7 @@ from django.utils.module_loading import autodiscover_modules
 
 from . import validators
 from .exceptions import ConfigurationError
-from .retry import RetryPolicy, bounded
+from .retry import RetryOn, RetryPolicy, bounded, celery_backoff, retry_on
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -44,6 +44,9 @@ class Handler:
     # The queue enqueue() uses for this type when the call names none and no
     # PGQUEUE["ROUTES"] entry matches it.
     queue: str | None = None
+    # The exceptions its jobs are retried for (autoretry_for, dont_autoretry_for);
+    # None: every exception. Read by the executor's classification.
+    retry_on: RetryOn | None = None
     # The coroutine function the worker's event loop awaits for this type, or None for
     # a handler that runs on a handler thread: the function itself when it is an
     # ``async def``, else its ``async_handler`` (an async ``django.tasks`` Task's runner).
@@ -156,6 +159,11 @@ def handler(
     timeout: float | None = None,
     schedule: Any = None,
     queue: str | None = None,
+    autoretry_for: Any = None,
+    dont_autoretry_for: Any = None,
+    retry_backoff: bool | float | None = None,
+    retry_backoff_max: float | None = None,
+    retry_jitter: bool | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as the handler of job type `type`.
 
@@ -169,6 +177,13 @@ def handler(
     on every tick. `queue` is the queue enqueue() puts jobs of this type in when
     the call names none (a ``queue=`` argument wins; so does a PGQUEUE["ROUTES"]
     entry, the project's own say).
+
+    Celery's options: with `autoretry_for` (exception classes, or their dotted paths)
+    only those exceptions are retried, and `dont_autoretry_for` are never retried; any
+    other exception makes the job dead at once, its error recorded. `retry_backoff`
+    (True: a first delay of 1 s; or that delay in seconds), `retry_backoff_max`
+    (default 600 s) and `retry_jitter` (default True) are an `ExponentialBackoff`, in
+    place of `retry`. Every option is checked here: ConfigurationError names a bad one.
     """
     where = f"@handler({type!r})"
     validators.type_name(type, f"{where}: type", error=ConfigurationError)
@@ -189,11 +204,19 @@ def handler(
         validators.seconds(timeout, f"{where}: timeout", error=ConfigurationError)
     if queue is not None:
         validators.queue_name(queue, f"{where}: queue", error=ConfigurationError)
+    backoff = celery_backoff(retry_backoff, retry_backoff_max, retry_jitter, where)
+    if backoff is not None and retry is not None:
+        raise ConfigurationError(
+            f"{where}: give retry or retry_backoff, not both (retry_backoff is an "
+            "ExponentialBackoff policy)."
+        )
+    on = retry_on(autoretry_for, dont_autoretry_for, where)
 
     def decorate(func: F) -> F:
         if not callable(func):
             raise ConfigurationError(f"@handler({type!r}) must decorate a callable.")
-        registry.register(Handler(type, func, max_attempts, retry, timeout, schedule, queue))
+        policy = retry or backoff
+        registry.register(Handler(type, func, max_attempts, policy, timeout, schedule, queue, on))
         return func
 
     return decorate

@@ -9,6 +9,9 @@ same on both.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 try:
     from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
     from django.tasks.backends.base import BaseTaskBackend
@@ -50,6 +53,30 @@ except ImportError:  # Django 5.2: the backport
             "which installs django-tasks)."
         ) from exc
 
+try:  # Django 6.0+: what a task's return value becomes before it is stored
+    from django.utils.json import normalize_json
+except ImportError:  # Django 5.2
+    normalize_json = None  # type: ignore[assignment]
+if normalize_json is None:
+
+    def normalize_json(obj: Any) -> Any:  # type: ignore[no-redef]
+        """A value as JSON types, by Django 6's rule: mappings and sequences walked
+        (tuples become lists), UTF-8 bytes decoded; ValueError for other bytes,
+        TypeError ("Unsupported type") for any other type."""
+        if isinstance(obj, Mapping):
+            return {normalize_json(key): normalize_json(value) for key, value in obj.items()}
+        if isinstance(obj, bytes):
+            try:
+                return obj.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"Unsupported value: {type(obj)}") from None
+        if obj is None or isinstance(obj, str | int | float | bool):
+            return obj
+        if isinstance(obj, Sequence):
+            return [normalize_json(item) for item in obj]
+        raise TypeError(f"Unsupported type: {type(obj)}")
+
+
 __all__ = [
     "DEFAULT_TASK_QUEUE_NAME",
     "SOURCE",
@@ -62,6 +89,7 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "normalize_json",
     "task_backends",
     "task_enqueued",
     "task_finished",

@@ -29,6 +29,7 @@ from django.core import checks
 from django.db import transaction
 
 from .. import validation
+from ..aenqueue import call_sync
 from ..conf import get_settings
 from ..enqueue import enqueue
 from ..exceptions import ConfigurationError, EnqueueError
@@ -107,6 +108,8 @@ class PgQueueBackend(BaseTaskBackend):
         return queue
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """pgqueue.E004: the app is installed; pgqueue.E007: every exception class a
+        task's autoretry_for or dont_autoretry_for names imports."""
         if not apps.is_installed("django_pgqueue"):
             return [
                 checks.Error(
@@ -117,7 +120,20 @@ class PgQueueBackend(BaseTaskBackend):
                     id="pgqueue.E004",
                 )
             ]
-        return []
+        errors: list[checks.CheckMessage] = []
+        for options in self._per_task.values():
+            try:
+                if options.retry_on is not None:
+                    options.retry_on.resolve()
+            except ConfigurationError as exc:
+                errors.append(
+                    checks.Error(
+                        str(exc),
+                        hint="The worker fails every job of that task until it imports.",
+                        id="pgqueue.E007",
+                    )
+                )
+        return errors
 
     # -- enqueue -------------------------------------------------------------------------
 
@@ -172,8 +188,9 @@ class PgQueueBackend(BaseTaskBackend):
     async def aenqueue(
         self, task: Task, args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> TaskResult:
-        """enqueue() from async code, on the thread that owns the caller's connection."""
-        return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
+        """enqueue() from async code, on the thread that owns the caller's connection
+        (in its `aatomic` block, if any, as `django_pgqueue.aenqueue`)."""
+        return await call_sync(self.enqueue, task, args, kwargs)
 
     # -- results -------------------------------------------------------------------------
 

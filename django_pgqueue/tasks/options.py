@@ -11,7 +11,15 @@ from typing import Any
 
 from .. import validation, validators
 from ..exceptions import ConfigurationError, EnqueueError
-from ..retry import ExponentialBackoff, FixedDelay, RetryPolicy
+from ..retry import (
+    ExponentialBackoff,
+    FixedDelay,
+    RetryOn,
+    RetryPolicy,
+    celery_backoff,
+    exception_entries,
+    retry_on,
+)
 from ..task_paths import TASK_PATH_RE
 
 # Keys of a PgQueueBackend's OPTIONS, and of each entry of OPTIONS["TASKS"]. The
@@ -20,10 +28,21 @@ OPTIONS: dict[str, str] = {
     "MAX_ATTEMPTS": "Attempts each task gets; default PGQUEUE['MAX_ATTEMPTS'].",
     "RETRY": "Retry policy of every task; default full jitter from PGQUEUE's RETRY_BACKOFF_*.",
     "TIMEOUT": "Seconds a task may run before it is failed and retried; default JOB_TIMEOUT.",
-    "TASKS": "Per-task overrides: {module path: {max_attempts, retry, timeout, concurrency_key}}.",
+    "TASKS": "Per-task overrides: {module path: {max_attempts, retry, timeout, ...}}.",
     "SCHEDULES": "Recurring @task calls: {name: {task, cron or every, args, kwargs, ...}}.",
 }
-TASK_OPTIONS = ("max_attempts", "retry", "timeout", "concurrency_key")
+TASK_OPTIONS = (
+    "max_attempts",
+    "retry",
+    "timeout",
+    "concurrency_key",
+    # Celery's names, per task: which exceptions retry, and the backoff's shape.
+    "autoretry_for",
+    "dont_autoretry_for",
+    "retry_backoff",
+    "retry_backoff_max",
+    "retry_jitter",
+)
 
 # A task's concurrency key: a template formatted with the call's arguments
 # ("customer:{customer_id}", "report:{0}"), or a callable taking them like the task.
@@ -33,14 +52,31 @@ _FIELD_RE = re.compile(r"\A(?:[A-Za-z_]\w*|\d+)\Z", re.ASCII)
 
 
 @dataclass(frozen=True)
+class RetryOnPaths:
+    """A task's autoretry_for and dont_autoretry_for as configured: exception classes or
+    dotted paths, checked in shape when the backend is made and imported by `resolve`
+    once the apps are loaded (a task module may make the backend while it is imported,
+    before the exceptions it defines exist)."""
+
+    autoretry_for: tuple[Any, ...] | None
+    dont_autoretry_for: tuple[Any, ...] | None
+    where: str
+
+    def resolve(self) -> RetryOn | None:
+        """The `RetryOn` of these lists; ConfigurationError when an entry does not import."""
+        return retry_on(self.autoretry_for, self.dont_autoretry_for, self.where)
+
+
+@dataclass(frozen=True)
 class TaskOptions:
-    """How one task is retried (None fields fall back to the PGQUEUE settings) and
-    which concurrency key its jobs get (per task only)."""
+    """How one task is retried (None fields fall back to the PGQUEUE settings), and, per
+    task only, which concurrency key its jobs get and which exceptions retry them."""
 
     max_attempts: int | None = None
     retry: RetryPolicy | None = None
     timeout: float | None = None
     concurrency_key: ConcurrencyKey | None = None
+    retry_on: RetryOnPaths | None = None
 
     def over(self, defaults: TaskOptions) -> TaskOptions:
         """These options, with their unset fields taken from `defaults`."""
@@ -49,6 +85,7 @@ class TaskOptions:
             self.retry if self.retry is not None else defaults.retry,
             self.timeout if self.timeout is not None else defaults.timeout,
             self.concurrency_key,
+            self.retry_on,
         )
 
     def key_for(
@@ -149,15 +186,38 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
     timeout = raw.get(timeout_key)
     if timeout is not None:
         timeout = validators.seconds(timeout, f"{where}[{timeout_key!r}]", error=ConfigurationError)
-    key = None
-    if "concurrency_key" in keys:
+    retry = retry_policy(raw.get(retry_key), f"{where}[{retry_key!r}]")
+    key = on = None
+    if "concurrency_key" in keys:  # a task's own entry
         key = concurrency_key_option(raw.get("concurrency_key"), f"{where}['concurrency_key']")
+        on = _retry_on_paths(raw.get("autoretry_for"), raw.get("dont_autoretry_for"), where)
+        backoff = celery_backoff(
+            raw.get("retry_backoff"), raw.get("retry_backoff_max"), raw.get("retry_jitter"), where
+        )
+        if backoff is not None and retry is not None:
+            raise ConfigurationError(
+                f"{where}: give 'retry' or 'retry_backoff', not both (retry_backoff is an "
+                "ExponentialBackoff policy)."
+            )
+        retry = retry or backoff
     return TaskOptions(
         max_attempts=max_attempts,
-        retry=retry_policy(raw.get(retry_key), f"{where}[{retry_key!r}]"),
+        retry=retry,
         timeout=timeout,
         concurrency_key=key,
+        retry_on=on,
     )
+
+
+def _retry_on_paths(autoretry_for: Any, dont_autoretry_for: Any, where: str) -> RetryOnPaths | None:
+    if autoretry_for is None and dont_autoretry_for is None:
+        return None
+    only = never = None
+    if autoretry_for is not None:
+        only = exception_entries(autoretry_for, f"{where}: autoretry_for")
+    if dont_autoretry_for is not None:
+        never = exception_entries(dont_autoretry_for, f"{where}: dont_autoretry_for")
+    return RetryOnPaths(only, never, where)
 
 
 def parse_options(raw: Any, where: str) -> tuple[TaskOptions, dict[str, TaskOptions]]:

@@ -11,6 +11,8 @@ a ``TaskContext`` when the task takes one); coroutine functions run on the worke
 event loop; ``task_started`` is sent before and ``task_finished`` after the
 attempt that ends the task (success, permanent failure, or the last attempt failing).
 A failure that will be retried sends no ``task_finished``: the task is READY again.
+The return value is normalized as Django's own backends do (``normalize_json``); one
+Django refuses fails the task with Django's error (a TypeError), for good.
 
 The app's ``ready()`` imports this module, once the models are loaded; unlike
 `backend`, which a ``@task`` definition may import earlier, it imports them at the top.
@@ -32,10 +34,11 @@ from django.utils import timezone
 
 from ..conf import get_settings
 from ..context import JobContext
-from ..exceptions import PermanentFailure, UnknownJobType
-from ..executor import Failure, describe, mark_logged, success
+from ..exceptions import ConfigurationError, PermanentFailure, UnknownJobType
+from ..executor import Failure, describe, ends_job, mark_logged, mark_permanent, success
 from ..models import Attempt
 from ..registry import Handler, registry
+from ..retry import RetryOn
 from ..task_paths import import_task
 from .api import (
     Task,
@@ -43,6 +46,7 @@ from .api import (
     TaskError,
     TaskResult,
     TaskResultStatus,
+    normalize_json,
     task_backends,
     task_finished,
     task_started,
@@ -70,7 +74,19 @@ def resolve_task(type_: str) -> Handler | None:
     if task is None:
         return None
     options = _options(task)
-    return Handler(type_, TaskRunner(task), options.max_attempts, options.retry, options.timeout)
+    try:
+        retry_on = options.retry_on.resolve() if options.retry_on is not None else None
+    except ConfigurationError as exc:  # an autoretry_for path that does not import
+        logger.exception("task %s: its retry options are invalid", type_)
+        return Handler(type_, _always_raise(UnknownJobType(f"task {type_!r}: {exc}")))
+    return Handler(
+        type_,
+        TaskRunner(task, retry_on),
+        options.max_attempts,
+        options.retry,
+        options.timeout,
+        retry_on=retry_on,
+    )
 
 
 def _options(task: Task) -> TaskOptions:
@@ -94,8 +110,10 @@ def _always_raise(exc: Exception) -> Callable[[JobContext], Any]:
 class TaskRunner:
     """The handler of one task's jobs: call the task as Django's ImmediateBackend would."""
 
-    def __init__(self, task: Task) -> None:
+    def __init__(self, task: Task, retry_on: RetryOn | None = None) -> None:
         self.task = task
+        # The exceptions its jobs are retried for: a failure with another ends the task.
+        self.retry_on = retry_on
         # Task.using() validates on every call: keep the few variants jobs ask for.
         self._variants: dict[tuple[Any, ...], Task] = {}
         self._lock = threading.Lock()
@@ -110,6 +128,7 @@ class TaskRunner:
                 value = self.task.call(TaskContext(task_result=result), *call.args, **call.kwargs)
             else:
                 value = self.task.call(*call.args, **call.kwargs)
+            value = _returned(value)
         except BaseException as exc:
             # Sent from inside the except block, so receivers (Django's logger among
             # them) see the exception in sys.exc_info().
@@ -138,6 +157,7 @@ class TaskRunner:
                 )
             else:
                 value = await self.task.func(*call.args, **call.kwargs)
+            value = _returned(value)
         except asyncio.CancelledError:
             raise  # the worker cancelled it, and records why
         except BaseException as exc:
@@ -169,7 +189,7 @@ class TaskRunner:
 
     def _failed(self, ctx: JobContext, result: TaskResult, exc: BaseException) -> None:
         """An attempt raised `exc`: task_finished if the task ends with it."""
-        if isinstance(exc, PermanentFailure) or ctx.is_last_attempt:
+        if ends_job(exc, ctx, self.retry_on):
             error_class, _message, trace = describe(exc)
             result.errors.append(
                 TaskError(exception_class_path=error_class_path(error_class), traceback=trace)
@@ -242,6 +262,19 @@ class TaskRunner:
             backend=alias,
             attempts=attempts,
         )
+
+
+def _returned(value: Any) -> Any:
+    """A task's return value as Django stores one (`normalize_json`: tuples as lists,
+    UTF-8 bytes as text). A value Django refuses raises Django's error (TypeError
+    "Unsupported type", or ValueError for bytes that are not UTF-8), and the task fails
+    with it, as with Django's own backends; the failure is permanent, since the task
+    ran and a retry would run it again."""
+    try:
+        return normalize_json(value)
+    except Exception as exc:  # a RecursionError of a value that contains itself too
+        mark_permanent(exc)
+        raise
 
 
 def _send(signal: Signal, result: TaskResult) -> None:

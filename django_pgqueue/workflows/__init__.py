@@ -5,7 +5,8 @@
   `cancel_workflow`;
 - `canvas`: Celery's `chain`, `group` and `chord` on top of it;
 - `batches`: `batch`, a block whose enqueued jobs form a batch with callbacks
-  (``on_success``, ``on_finish``, ``on_discard``), and `batch_status`.
+  (``on_success``, ``on_finish``, ``on_discard``), its async spelling `abatch`, and
+  `batch_status`.
 
 The waiting itself is data (``queue_job_deps``, ``queue_workflow_steps``): the core's
 statements that end a job settle its dependents in the same statement, so nothing
@@ -20,7 +21,7 @@ from typing import Any
 from .. import context
 from ..job_refs import job_reference
 from ..store import workflows as store
-from .batches import BatchRun, BatchStatus, batch, batch_status
+from .batches import BatchRun, BatchStatus, abatch, batch, batch_status
 from .builder import Workflow, WorkflowRun, cancel_workflow
 from .canvas import Canvas, chain, chord, group
 from .steps import ON_FAILURE, Step, step
@@ -33,6 +34,7 @@ __all__ = [
     "Step",
     "Workflow",
     "WorkflowRun",
+    "abatch",
     "batch",
     "batch_status",
     "cancel_workflow",

@@ -23,8 +23,8 @@ A callback reads the counts with `batch_status` (``batch_status(ctx)``).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -32,6 +32,7 @@ from typing import Any
 from django.db import transaction
 
 from .. import extensions, validation
+from ..aenqueue import aatomic, call_sync
 from ..conf import get_settings
 from ..exceptions import BatchNotFound, EnqueueError, PayloadError
 from ..job_refs import carried_database, job_reference
@@ -164,6 +165,48 @@ def batch(
     finished when its block closes: its ``on_success`` and ``on_finish`` are due at
     once (``on_discard`` is never written).
     """
+    run, rows, listener = _opening(on_success, on_finish, on_discard, name, using)
+    with transaction.atomic(using=run.using):
+        opened, listening = _open.set(run), enqueue_listener.set(listener)
+        try:
+            yield run
+        finally:
+            enqueue_listener.reset(listening)
+            _open.reset(opened)
+        _close(run, rows)
+
+
+@asynccontextmanager
+async def abatch(
+    *,
+    on_success: Any = None,
+    on_finish: Any = None,
+    on_discard: Any = None,
+    name: str = "batch",
+    using: str | None = None,
+) -> AsyncIterator[BatchRun]:
+    """`batch` for async code: ``async with abatch(...) as run:``.
+
+    The jobs `aenqueue`, `aenqueue_many` or a task's ``aenqueue`` write in the block
+    join the batch; the block is an `aatomic` block, atomic with the caller's.
+    """
+    run, rows, listener = _opening(on_success, on_finish, on_discard, name, using)
+    async with aatomic(using=run.using):
+        # Each awaited enqueue runs in a copy of this context: it sees the listener.
+        opened, listening = _open.set(run), enqueue_listener.set(listener)
+        try:
+            yield run
+        finally:
+            enqueue_listener.reset(listening)
+            _open.reset(opened)
+        await call_sync(_close, run, rows)
+
+
+def _opening(
+    on_success: Any, on_finish: Any, on_discard: Any, name: str, using: str | None
+) -> tuple[BatchRun, list[tuple[Step, tuple[Any, ...]]], EnqueueListener]:
+    """A batch about to open: its run, its callbacks validated (nothing written yet),
+    and the listener that gathers the jobs enqueued in its block."""
     if not isinstance(name, str) or not name:
         raise EnqueueError(f"a batch's name must be a non-empty string, got {name!r}.")
     outer = _open.get()
@@ -192,20 +235,11 @@ def batch(
         except EnqueueError as exc:
             raise EnqueueError(f"batch {name!r}, {made.name}: {exc}") from exc
         rows.append((made, options))
-    alias = using or conf.DATABASE
-    run = BatchRun(name, alias)
+    run = BatchRun(name, using or conf.DATABASE)
     # Enqueue refuses a job of another database before writing it: only this
     # database's jobs, written in the block's transaction, join.
-    listener = EnqueueListener(f"batch {name!r}", alias, run.jobs.extend)
-
-    with transaction.atomic(using=alias):
-        opened, listening = _open.set(run), enqueue_listener.set(listener)
-        try:
-            yield run
-        finally:
-            enqueue_listener.reset(listening)
-            _open.reset(opened)
-        _close(run, rows)
+    listener = EnqueueListener(f"batch {name!r}", run.using, run.jobs.extend)
+    return run, rows, listener
 
 
 def _close(run: BatchRun, rows: list[tuple[Step, tuple[Any, ...]]]) -> None:

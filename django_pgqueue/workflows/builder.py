@@ -9,6 +9,7 @@ from typing import Any
 from django.db import transaction
 
 from .. import extensions, routing, validation
+from ..aenqueue import call_sync
 from ..conf import get_settings
 from ..exceptions import EnqueueError
 from ..job_refs import JobRef, carried_database
@@ -161,6 +162,10 @@ class Workflow:
         )
         where = None if alias == conf.DATABASE else alias
         return WorkflowRun(workflow_id, dict(zip(names, job_ids, strict=True)), where)
+
+    async def aenqueue(self, *, using: str | None = None) -> WorkflowRun:
+        """`enqueue` from async code, in the caller's transaction (`aatomic`)."""
+        return await call_sync(self.enqueue, using=using)
 
     def _database(self, rows: Sequence[store.StepRow]) -> str:
         """The database the steps' queues live on (QUEUE_DATABASES); EnqueueError when

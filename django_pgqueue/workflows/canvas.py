@@ -27,6 +27,10 @@ class Canvas:
         """Enqueue it as one workflow, in the caller's transaction (all or nothing)."""
         return self.workflow(name).enqueue(using=using)
 
+    async def aenqueue(self, *, name: str | None = None, using: str | None = None) -> WorkflowRun:
+        """`enqueue` from async code, in the caller's transaction (`aatomic`)."""
+        return await self.workflow(name).aenqueue(using=using)
+
     def workflow(self, name: str | None = None) -> Workflow:
         """The `Workflow` this canvas stands for (to add steps to, or to inspect)."""
         flow = Workflow(name or self.kind)

@@ -56,6 +56,22 @@ def flaky(context: TaskContext, failures: int) -> dict[str, Any]:
     return {"attempt": context.attempt, "worker_ids": context.task_result.worker_ids}
 
 
+class Transient(Exception):
+    """The one failure `picky` is retried for: settings.TASKS names it by its path."""
+
+
+@task(queue_name="qa-tasks", takes_context=True)
+def picky(context: TaskContext, kind: str) -> int:
+    """Raise Transient ("transient") or ValueError ("invalid"), else return the attempt;
+    record every attempt. Its options say autoretry_for=["qa.tasks.Transient"]."""
+    _record(f"picky:{kind}", context.attempt)
+    if kind == "transient":
+        raise Transient(f"the service is down (attempt {context.attempt})")
+    if kind == "invalid":
+        raise ValueError("an invalid request: retrying cannot help")
+    return context.attempt
+
+
 @task(queue_name="qa-tasks")
 def refuse(reason: str) -> None:
     raise PermanentFailure(reason)
@@ -70,6 +86,24 @@ async def async_add(a: int, b: int) -> int:
 @task(queue_name="qa-tasks")
 def unstorable() -> object:
     return object()
+
+
+# What `returns(kind)` returns: values Django normalizes, refuses, or PostgreSQL refuses.
+RETURNED = {
+    "lambda": lambda: True,  # not JSON, not picklable: Django's own test of this
+    "tuple": (1, (2, 3)),
+    "utf8_bytes": b"caf\xc3\xa9",
+    "latin1_bytes": b"caf\xe9",
+    "a_set": {1},
+    "nul": "bad \x00 text",
+    "nan": float("nan"),
+}
+
+
+@task(queue_name="qa-tasks")
+def returns(kind: str) -> Any:
+    _record(f"returns:{kind}")
+    return RETURNED[kind]
 
 
 @task(queue_name="qa-tasks", takes_context=True)

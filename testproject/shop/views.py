@@ -1,12 +1,18 @@
-"""Place an order: the order, its payment job and its email job commit together or not at all."""
+"""Place an order: the order, its payment job and its email job commit together or not at all.
+
+Adjust a product's stock from an async view: the update and the job that pushes the new
+stock to the storefront commit together too (`aatomic`, `aenqueue`).
+"""
 
 from __future__ import annotations
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
-from django.http import HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET, require_POST
+
+import django_pgqueue
 
 from .models import Order, Product
 from .tasks import charge_order, send_order_confirmation
@@ -68,3 +74,23 @@ def order_status(request: HttpRequest, pk: int) -> JsonResponse:
             "return_value": result.return_value if result.status == "SUCCESSFUL" else None,
         }
     return JsonResponse({"order": order.pk, "status": order.status, "tasks": tasks})
+
+
+@require_POST
+async def adjust_stock(request: HttpRequest, sku: str) -> JsonResponse:
+    """POST change (+5, -2): 200 with the new stock and its sync job, 409 below zero."""
+    try:
+        change = int(request.POST.get("change", ""))
+    except ValueError:
+        return JsonResponse({"error": "change must be an integer"}, status=400)
+    try:
+        async with django_pgqueue.aatomic():
+            # Enqueued first: the update below may be refused, and takes the job with it.
+            job = await django_pgqueue.aenqueue("shop.sync_stock", {"sku": sku})
+            updated = await Product.objects.filter(sku=sku).aupdate(stock=F("stock") + change)
+            if not updated:
+                raise Http404(f"no product {sku!r}")
+    except IntegrityError:  # the CHECK (stock >= 0)
+        return JsonResponse({"error": f"{sku} has too little stock"}, status=409)
+    product = await Product.objects.aget(sku=sku)
+    return JsonResponse({"sku": sku, "stock": product.stock, "sync_job": job.id})

@@ -118,6 +118,13 @@ TASKS = {
                 "shop.tasks.charge_order": {"max_attempts": 6},
                 "qa.tasks.flaky": {"max_attempts": 5, "retry": {"policy": "fixed", "seconds": 0}},
                 "qa.tasks.explode": {"max_attempts": 2, "retry": {"policy": "fixed", "seconds": 0}},
+                # Celery's options, an exception of the task's own module by its path.
+                "qa.tasks.picky": {
+                    "max_attempts": 3,
+                    "autoretry_for": ["qa.tasks.Transient"],
+                    "retry_backoff": 0.01,
+                    "retry_jitter": False,
+                },
             },
         },
     }

@@ -110,10 +110,21 @@ def test_the_page_runs_and_does_what_it_says(settings):
     enqueue = namespace["django_pgqueue"].enqueue
     no_sku = enqueue("stock.sync", {}, queue="stock")
     busy = enqueue("stock.sync", {"sku": "LAMP", "warehouse": "busy"}, queue="stock")
+    down = enqueue("stock.sync", {"sku": "LAMP", "warehouse": "down"}, queue="stock")
+    negative = enqueue("stock.sync", {"sku": "LAMP", "count": -1}, queue="stock")
     fine = enqueue("stock.sync", {"sku": "LAMP"}, queue="stock")
     run_due_jobs(["stock"])
     assert state(no_sku).status == "dead"
     assert state(no_sku).max_attempts == 4  # max_retries=3
+    # autoretry_for: a ConnectionError waits for the backoff (2 s at most, first);
+    # a ValueError is not in the list: dead after its one attempt.
+    down_state = state(down)
+    assert (down_state.status, down_state.attempts) == ("pending", 1)
+    (down_attempt,) = Attempt.objects.filter(job_id=down.id)
+    assert down_state.run_at - down_attempt.finished_at <= dt.timedelta(seconds=2.01)
+    negative_state = state(negative)
+    assert (negative_state.status, negative_state.attempts) == ("dead", 1)
+    assert negative_state.last_error == "ValueError: a negative count"
     busy_state = state(busy)
     assert (busy_state.status, busy_state.attempts) == ("pending", 1)
     (attempt,) = Attempt.objects.filter(job_id=busy.id)

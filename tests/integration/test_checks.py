@@ -140,3 +140,64 @@ def test_what_needs_a_feature_left_out_is_refused_naming_it(settings):
     # Left out, and nothing needing it: nothing to say.
     settings.PGQUEUE = {"EXTENSIONS": []}
     assert check_features_installed() == []
+
+
+# Run in a fresh interpreter on a fresh database: migrate as `manage.py migrate` does it
+# (its system checks first, with database access), printing each statement the server
+# refused. A refused statement is an ERROR line in the server's log, even when the code
+# that sent it catches the exception.
+MIGRATE_WATCHING_ERRORS = """
+import json
+import django
+django.setup()
+from django.core.management import call_command
+from django.db import DatabaseError, connections
+refused = []
+def watch(execute, sql, params, many, context):
+    try:
+        return execute(sql, params, many, context)
+    except DatabaseError as exc:
+        refused.append(f"{str(exc).splitlines()[0]} <- {' '.join(str(sql).split())[:300]}")
+        raise
+with connections["default"].execute_wrapper(watch):
+    call_command("migrate", verbosity=0, skip_checks=False)
+tables = connections["default"].introspection.table_names()
+print(json.dumps({"refused": refused, "migrated": "queue_job_state" in tables}))
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migrate_on_a_fresh_database_sends_no_statement_the_server_refuses():
+    import json
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from django.db import connection
+
+    from tests.conftest import ROOT, database_url
+
+    fresh = f"{connection.settings_dict['NAME']}_fresh_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{fresh}"')
+    try:
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url().rsplit("/", 1)[0] + f"/{fresh}",
+            "DJANGO_SETTINGS_MODULE": "testproject.settings",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "testproject")]),
+        }
+        done = subprocess.run(
+            [sys.executable, "-c", MIGRATE_WATCHING_ERRORS],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        ran = json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')
+    assert ran == {"refused": [], "migrated": True}

@@ -36,11 +36,11 @@ def page_namespace() -> dict[str, Any]:
 
 
 def test_the_page_has_its_blocks():
-    assert len(BLOCKS) == 4
+    assert len(BLOCKS) == 5
 
 
 def test_the_page_registers_async_handlers(page_namespace):
-    for type_ in ("accounts.greet", "invoices.render", "webhooks.deliver"):
+    for type_ in ("accounts.greet", "accounts.welcome", "invoices.render", "webhooks.deliver"):
         handler = registry.find(type_)
         assert handler is not None, type_
         assert handler.coroutine is not None, type_
@@ -84,3 +84,18 @@ def _line_server() -> tuple[int, list[bytes]]:
 
     threading.Thread(target=serve, daemon=True).start()
     return listener.getsockname()[1], served
+
+
+def test_the_page_enqueues_from_an_async_handler(page_namespace, run_worker):
+    from django_pgqueue.models import Job
+
+    user = User.objects.create(username="bo", is_active=False)
+    job = enqueue("accounts.welcome", {"user_id": user.pk}, queue="docs_async")
+    run_worker(["docs_async", "default"], burst=True).join()  # greet: the default queue
+    assert JobState.objects.get(pk=job.id).status == "completed"
+    user.refresh_from_db()
+    assert user.is_active
+    greets = Job.objects.filter(type="accounts.greet", payload={"user_id": user.pk})
+    states = sorted(JobState.objects.filter(pk__in=greets).values_list("status", flat=True))
+    # The one enqueued with the update ran; the reminder waits for its week.
+    assert states == ["completed", "pending"]

@@ -49,6 +49,7 @@ FLOORS = {
     "claimed": CORE,
     "extensions": CORE,
     "enqueue": CORE,
+    "aenqueue": CORE,
     "routing": CORE,
     "actions": CORE,
     "maintenance": CORE,

@@ -138,7 +138,7 @@ def render_member(cls: type, name: str) -> str:
         func = member.__func__ if isinstance(member, staticmethod | classmethod) else member
         drop = not isinstance(member, staticmethod)
         text = f"- `{signature_of(name, func, drop_self=drop).replace(chr(10), ' ')}`"
-        text = re.sub(r"\(\s+", "(", text).replace(",)", ")").replace("    ", "")
+        text = re.sub(r",\s*\)", ")", re.sub(r"\(\s+", "(", text).replace("    ", ""))
         doc = summary_of(func)
     return f"{text}: {doc}" if doc else text
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,11 +22,12 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.utils import timezone
-from qa.tasks import add, async_add, echo, explode, flaky, refuse
+from qa.tasks import add, async_add, echo, explode, flaky, refuse, returns
 
 import django_pgqueue
 from django_pgqueue.backends import PgQueueBackend
 from django_pgqueue.models import Job
+from django_pgqueue.tasks.api import SOURCE
 
 from .api import (
     InvalidTask,
@@ -189,6 +191,64 @@ def test_a_failed_task_keeps_each_error_class_and_traceback(run_worker):
     [sent] = [sent for sent in seen if sent.result.id == result.id]
     assert (sent.name, sent.status, sent.handling) == ("finished", "FAILED", ValueError)
     assert [e.exception_class for e in sent.result.errors] == [ValueError, ValueError]
+
+
+def test_a_return_value_django_cannot_store_fails_with_djangos_type_error(run_worker, caplog):
+    # Django's own test of its backends (test_complex_return_value): a task returning
+    # something neither JSON nor picklable ends FAILED with a TypeError whose
+    # traceback says "Unsupported type", logged at ERROR on "django.tasks".
+    result = returns.enqueue("lambda")
+    with received(task_finished) as seen, caplog.at_level(logging.ERROR, logger=SOURCE):
+        run_worker([QUEUE], burst=True).join()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.started_at is not None
+    assert result.last_attempted_at is not None
+    assert result.finished_at is not None
+    assert result.started_at >= result.enqueued_at
+    assert result.finished_at >= result.started_at
+    assert result._return_value is None
+    [error] = result.errors
+    assert error.exception_class is TypeError
+    assert "Unsupported type" in error.traceback
+    assert [r.name for r in caplog.records if r.levelno >= logging.ERROR] == [SOURCE]
+    [sent] = [sent for sent in seen if sent.result.id == result.id]
+    assert (sent.name, sent.status, sent.handling) == ("finished", "FAILED", TypeError)
+    # Our choice: the task ran, so it is not retried (a retry would run it again).
+    assert result.attempts == 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "stored"),
+    [("tuple", [1, [2, 3]]), ("utf8_bytes", "caf\u00e9")],
+)
+def test_a_return_value_is_stored_as_django_normalizes_it(run_worker, kind, stored):
+    result = returns.enqueue(kind)
+    run_worker([QUEUE], burst=True).join()
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, stored)
+
+
+@pytest.mark.parametrize(
+    ("kind", "error_class", "words"),
+    [
+        ("a_set", TypeError, "Unsupported type"),
+        ("latin1_bytes", ValueError, "Unsupported value"),
+        # Django stores these; PostgreSQL's jsonb cannot: the queue's own error.
+        ("nul", django_pgqueue.ResultNotStorable, "NUL character"),
+        ("nan", django_pgqueue.ResultNotStorable, "cannot be stored as JSON"),
+    ],
+)
+def test_a_return_value_that_cannot_be_stored_fails_the_task_once(
+    run_worker, kind, error_class, words
+):
+    result = returns.enqueue(kind)
+    run_worker([QUEUE], burst=True).join()
+    result.refresh()
+    assert (result.status, result.attempts) == (TaskResultStatus.FAILED, 1)
+    [error] = result.errors
+    assert error.exception_class is error_class
+    assert words in error.traceback
 
 
 def test_our_choice_permanent_failure_ends_the_task_without_retrying(run_worker):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from qa.tasks import add, explode, unstorable
+from qa.tasks import add, explode, returns, unstorable
 
 import django_pgqueue
 from django_pgqueue.tasks.api import SOURCE
@@ -59,7 +59,16 @@ def test_a_recorded_failure_imports_as_its_exception_class(stored, expected):
     assert error.traceback == f"{stored}: what happened"
 
 
-def test_an_unstorable_return_value_finishes_failed_in_the_signal_as_in_the_result(run_worker):
+@pytest.mark.parametrize(
+    ("task", "args", "error_class"),
+    [
+        (unstorable, (), TypeError),  # object(): Django's rule refuses it
+        (returns, ("nul",), django_pgqueue.ResultNotStorable),  # jsonb refuses it
+    ],
+)
+def test_an_unstorable_return_value_finishes_failed_in_the_signal_as_in_the_result(
+    run_worker, task, args, error_class
+):
     finished: list[tuple[str, list[type]]] = []
 
     def on_finished(sender, task_result, **kwargs):
@@ -68,15 +77,15 @@ def test_an_unstorable_return_value_finishes_failed_in_the_signal_as_in_the_resu
 
     task_finished.connect(on_finished, weak=False)
     try:
-        result = unstorable.enqueue()
+        result = task.enqueue(*args)
         run_worker([QUEUE], burst=True).join()
     finally:
         task_finished.disconnect(on_finished)
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     [error] = result.errors
-    assert error.exception_class is django_pgqueue.ResultNotStorable
-    assert finished == [("FAILED", [django_pgqueue.ResultNotStorable])]
+    assert error.exception_class is error_class
+    assert finished == [("FAILED", [error_class])]
 
 
 def test_a_failed_task_is_logged_once_with_djangos_own_line_kept(run_worker, caplog):
