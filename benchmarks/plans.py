@@ -47,11 +47,11 @@ TARGET = 1.5
 
 
 def failure(*, permanent: bool = False, interrupted: bool = False) -> Any:
-    from django_pgqueue.outcomes import Failure
+    from django_pgqueue.outcomes import Dead, Interrupted, Retry
 
-    return Failure(
-        "bench.Error", "m", "", permanent=permanent, delay=3600.0, interrupted=interrupted
-    )
+    if interrupted:
+        return Interrupted("bench.Error", "m")
+    return Dead("bench.Error", "m") if permanent else Retry("bench.Error", "m", delay=3600.0)
 
 
 def one_round(store: Any) -> dict[str, float]:

@@ -22,8 +22,11 @@ from .outcomes import (
     MESSAGE_LIMIT,
     NO_RESULT,
     TRACEBACK_LIMIT,
+    Dead,
     Failure,
     Outcome,
+    Retry,
+    Snoozed,
     Success,
     storable,
     unstorable_result,
@@ -136,9 +139,9 @@ def classify(
         return snoozed(exc)
     if isinstance(exc, RetryLater):
         cls, message, trace = describe(exc)
-        return Failure(cls, message, trace, permanent=False, delay=exc.delay)
+        return Retry(cls, message, trace, delay=exc.delay)
     if permanent(exc, retry_on):
-        return _logged(Failure(*describe(exc), permanent=True), exc)
+        return _logged(Dead(*describe(exc)), exc)
     return _logged(retryable(exc, ctx, policy), exc)
 
 
@@ -165,7 +168,7 @@ def ends_job(exc: BaseException, ctx: JobContext, retry_on: RetryOn | None = Non
 def decode_failure(exc: BaseException) -> Failure:
     """The permanent failure of a payload that cannot be decoded (it never will be)."""
     try:
-        return Failure(*describe(exc), permanent=True)
+        return Dead(*describe(exc))
     except BaseException:
         return fallback_failure(exc, permanent=True)
 
@@ -173,23 +176,17 @@ def decode_failure(exc: BaseException) -> Failure:
 def fallback_failure(exc: BaseException, *, permanent: bool = False) -> Failure:
     """A failure built from the exception's class alone, when describing it failed too."""
     cls = type(exc)
-    return Failure(
+    end = Dead if permanent else Retry
+    return end(
         storable(f"{cls.__module__}.{cls.__qualname__}", ERROR_CLASS_LIMIT),
         "the outcome of the handler could not be described",
-        "",
-        permanent=permanent,
     )
 
 
 def snoozed(snooze: Snooze) -> Failure:
     """The outcome of a handler that raised or returned Snooze."""
-    return Failure(
-        "django_pgqueue.Snooze",
-        storable(str(snooze), MESSAGE_LIMIT),
-        "",
-        False,
-        delay=snooze.seconds,
-        snoozed=True,
+    return Snoozed(
+        "django_pgqueue.Snooze", storable(str(snooze), MESSAGE_LIMIT), delay=snooze.seconds
     )
 
 
@@ -238,7 +235,7 @@ def retryable(exc: BaseException, ctx: JobContext, policy: RetryPolicy) -> Failu
         delay = max(0.0, float(policy.delay(ctx.attempt)))
     except Exception:
         delay = 0.0
-    return Failure(cls, message, trace, permanent=False, delay=delay)
+    return Retry(cls, message, trace, delay=delay)
 
 
 def timed_out(ctx: JobContext, seconds: float, policy: RetryPolicy) -> Failure:

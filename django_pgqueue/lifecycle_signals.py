@@ -60,7 +60,7 @@ class LifecycleSignals(JobObserver, RunMiddleware):
                 _tell(
                     signals.job_retried,
                     item,
-                    delay=failure.delay,
+                    delay=getattr(failure, "delay", 0.0),  # an interruption: due at once
                     run_at=ended.run_at,
                     error=failure.last_error,
                 )

@@ -1,7 +1,20 @@
 """What an attempt ended with, and what of it PostgreSQL can store.
 
-Both the executor (which classifies a handler's result) and the data layer (which
-writes it) use these types; neither imports the other for them.
+One type per end of an attempt, each written by one statement of the store:
+
+- `Success`: the job is completed, with the handler's result (``job_complete``);
+- `Retry`: it failed and is due again after `delay`, or dead once its attempts are
+  spent (``job_fail``);
+- `Dead`: it failed for good (``job_fail``, permanent);
+- `Snoozed`: pending again after `delay`, its attempt given back (``job_give_back``);
+- `Interrupted`: the worker's own shutdown stopped the handler: due again at once, its
+  attempt given back (``job_give_back``);
+- `InterruptedHeld`: the same, while the stopping worker holds the row because the
+  handler may still run (``job_interrupt``; given back once it returned).
+
+A job handed back before its handler started is neither: ``job_release``. Both the
+executor (which classifies a handler's result) and the data layer (which writes it) use
+these types; neither imports the other for them.
 """
 
 from __future__ import annotations
@@ -27,19 +40,11 @@ NO_RESULT = Success()  # a handler that returned None
 
 @dataclass(slots=True)
 class Failure:
+    """What failed in an attempt; its subclass is the end it leads the job to."""
+
     error_class: str
     message: str
-    traceback: str
-    permanent: bool
-    delay: float = 0.0
-    # A Snooze, written with job_give_back (no attempt spent), not job_fail.
-    snoozed: bool = False
-    # The worker's own shutdown stopped the handler: its attempt is given back too, and
-    # the job is due again at once (never dead for it).
-    interrupted: bool = False
-    # Interrupted, and its row held by the stopping worker while the handler may still
-    # run (store.hold): written with job_interrupt, the row left running, its slot held.
-    held: bool = False
+    traceback: str = ""
     # The framework the handler runs in logged this failure already, with its traceback
     # (Django's Tasks framework logs a failed task): the worker's own line is INFO.
     logged: bool = False
@@ -47,6 +52,42 @@ class Failure:
     @property
     def last_error(self) -> str:
         return storable(f"{self.error_class}: {self.message}", LAST_ERROR_LIMIT)
+
+    @property
+    def permanent(self) -> bool:
+        """Whether it ends the job for good (dead), whatever attempts are left."""
+        return isinstance(self, Dead)
+
+
+@dataclass(slots=True)
+class Retry(Failure):
+    """Failed: due again after `delay` seconds, or dead once its attempts are spent."""
+
+    delay: float = 0.0
+
+
+@dataclass(slots=True)
+class Dead(Failure):
+    """Failed for good: dead, whatever attempts are left."""
+
+
+@dataclass(slots=True)
+class Snoozed(Failure):
+    """Not done yet (a Snooze): pending again after `delay`, its attempt given back."""
+
+    delay: float = 0.0
+
+
+@dataclass(slots=True)
+class Interrupted(Failure):
+    """The worker's own shutdown stopped the handler: due again at once, its attempt
+    given back (never dead for it)."""
+
+
+@dataclass(slots=True)
+class InterruptedHeld(Interrupted):
+    """Interrupted while its handler may still run: the stopping worker holds its row
+    (and its slots) until the handler returned or the process is gone (`store.hold`)."""
 
 
 Outcome = Success | Failure
@@ -65,16 +106,18 @@ def storable(text: str, limit: int) -> str:
     return text
 
 
-def plainer(failure: Failure) -> Failure:
+def as_plain_text(failure: Failure) -> Failure:
     """The same failure as plain text with a delay PostgreSQL can add to now(), for
     when PostgreSQL refused the original (its text, or a delay out of range)."""
-    return dataclasses.replace(
+    plain = dataclasses.replace(
         failure,
         error_class=storable(failure.error_class, ERROR_CLASS_LIMIT),
         message=storable(repr(failure.message), MESSAGE_LIMIT),
         traceback="",
-        delay=bounded_delay(failure.delay),
     )
+    if isinstance(plain, Retry | Snoozed):
+        plain.delay = bounded_delay(plain.delay)
+    return plain
 
 
 # The longest retry delay written: a century; now() + more than about 292,000 years is
@@ -91,7 +134,7 @@ def bounded_delay(delay: float) -> float:
 
 def unstorable_result(value: Any, exc: BaseException) -> Failure:
     """The failure recorded when a handler's return value cannot be stored."""
-    return Failure(
+    return Dead(
         "django_pgqueue.ResultNotStorable",
         storable(
             f"the handler returned {type(value).__name__} {_safe_repr(value)}, which cannot "
@@ -99,8 +142,6 @@ def unstorable_result(value: Any, exc: BaseException) -> Failure:
             "not re-run",
             MESSAGE_LIMIT,
         ),
-        "",
-        permanent=True,
     )
 
 

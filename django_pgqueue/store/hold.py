@@ -26,7 +26,7 @@ from typing import Any
 import psycopg
 from django.db import connections
 
-from ..outcomes import Failure
+from ..outcomes import Failure, Interrupted
 from ..sql import QUERIES
 from . import errors
 from .arrays import int_array
@@ -117,6 +117,6 @@ class RowHold:
                 conn.close()
 
 
-def _give_back(reason: str, error_class: str) -> Failure:
+def _give_back(reason: str, error_class: str) -> Interrupted:
     """The give-back of an interrupted job whose handler returned (`job_give_back`)."""
-    return Failure(error_class, reason, "", permanent=False, delay=0.0, interrupted=True)
+    return Interrupted(error_class, reason)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from ..outcomes import Failure
+from ..outcomes import Dead, Failure, Interrupted, InterruptedHeld, Retry, Snoozed
 from .arrays import int_array
 
 
@@ -89,28 +89,29 @@ def complete_params(done: Sequence[Completion]) -> dict[str, str]:
 def failure_statement(
     job_id: int, lease_version: int, attempt_id: int, failure: Failure
 ) -> tuple[str, dict[str, Any]]:
-    """The statement that records `failure` of an attempt, with its parameters:
-    ``job_give_back`` for a snooze or an interruption by the worker's shutdown,
-    ``job_interrupt`` for one whose row the stopping worker holds, else ``job_fail``."""
+    """The statement that writes the end `failure` leads the attempt to, with its
+    parameters (see `outcomes`): ``job_interrupt`` for an interruption whose row the
+    stopping worker holds, ``job_give_back`` for a snooze or another interruption,
+    ``job_fail`` for a retry or a death."""
     attempt = {"job_id": job_id, "lease_version": lease_version, "attempt_id": attempt_id}
-    if failure.interrupted and failure.held:
+    if isinstance(failure, InterruptedHeld):
         return "job_interrupt", {
             **attempt,
             "reason": failure.message,
             "error_class": failure.error_class,
         }
-    if failure.snoozed or failure.interrupted:
+    if isinstance(failure, Snoozed | Interrupted):
         return "job_give_back", {
             **attempt,
-            "delay": failure.delay,
+            "delay": failure.delay if isinstance(failure, Snoozed) else 0.0,
             "reason": failure.message,
-            "attempt_status": "snoozed" if failure.snoozed else "interrupted",
+            "attempt_status": "snoozed" if isinstance(failure, Snoozed) else "interrupted",
             "error_class": failure.error_class,
         }
     return "job_fail", {
         **attempt,
-        "permanent": failure.permanent,
-        "delay": failure.delay,
+        "permanent": isinstance(failure, Dead),
+        "delay": failure.delay if isinstance(failure, Retry) else 0.0,
         "error_class": failure.error_class,
         "error_message": failure.message,
         "traceback": failure.traceback,

@@ -35,7 +35,7 @@ from django.db import connections
 
 from .. import executor
 from ..claimed import InFlight
-from ..outcomes import Failure, Outcome
+from ..outcomes import Interrupted, Outcome, Retry
 from .loopwatch import LAG_PROBE, Watchdog
 from .observing import AsyncRun, athrough
 
@@ -391,10 +391,10 @@ def cancelled_outcome(item: InFlight, why: str) -> Outcome:
         assert item.timeout is not None
         return executor.timed_out(item.ctx, item.timeout, item.policy)
     if why == SHUTDOWN:
-        return _failure("django_pgqueue.WorkerShutdown", "the worker stopped", interrupted=True)
+        return Interrupted("django_pgqueue.WorkerShutdown", "the worker stopped")
     if why == CANCEL:  # the writer ends it cancelled, whatever failure it is
-        return _failure("asyncio.CancelledError", "an operator cancelled the running job")
-    return _failure("asyncio.CancelledError", "the lease was lost; the task was cancelled")
+        return Retry("asyncio.CancelledError", "an operator cancelled the running job")
+    return Retry("asyncio.CancelledError", "the lease was lost; the task was cancelled")
 
 
 def _ignored(item: InFlight, why: str, what: str) -> None:
@@ -407,7 +407,3 @@ def _ignored(item: InFlight, why: str, what: str) -> None:
         what,
         extra=item.log_extra(),
     )
-
-
-def _failure(error_class: str, message: str, *, interrupted: bool = False) -> Failure:
-    return Failure(error_class, message, "", permanent=False, delay=0.0, interrupted=interrupted)

@@ -26,7 +26,7 @@ from ..exceptions import DatabaseUnavailable
 from ..extensions import Extension, JobObserver, WorkerParts
 from ..index_upkeep import IndexUpkeep
 from ..lifecycle_signals import LifecycleSignals
-from ..outcomes import Failure
+from ..outcomes import Failure, Interrupted, InterruptedHeld
 from ..registry import Registry
 from ..registry import registry as default_registry
 from ..store.hold import RowHold
@@ -345,14 +345,10 @@ def _finish_when_returned(
     logger.info("shutdown: %d held job(s) written, due again now or failed", written)
 
 
-def _interrupted(worker_id: str, *, held: bool = False) -> Failure:
-    """The failure of a job whose handler still ran when the worker stopped."""
-    return Failure(
-        "django_pgqueue.WorkerShutdown",
-        f"worker {worker_id} stopped before the handler finished",
-        "",
-        permanent=False,
-        delay=0.0,
-        interrupted=True,
-        held=held,
+def _interrupted(worker_id: str, *, held: bool = False) -> Interrupted:
+    """The end of a job whose handler still ran when the worker stopped (its row held
+    while the handler may run, when `held`)."""
+    end = InterruptedHeld if held else Interrupted
+    return end(
+        "django_pgqueue.WorkerShutdown", f"worker {worker_id} stopped before the handler finished"
     )

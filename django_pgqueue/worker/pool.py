@@ -26,7 +26,7 @@ from django.db import connections
 
 from .. import executor
 from ..claimed import InFlight
-from ..outcomes import Failure, Outcome
+from ..outcomes import Failure, Outcome, Retry
 from .hygiene import (
     close_unusable_django_connections,
     health_check_on_first_use,
@@ -348,9 +348,7 @@ def _reset_connections(item: InFlight) -> None:
 
 def _thread_died() -> Failure:
     """The failure of a job whose handler thread ended without reporting an outcome."""
-    return Failure(
+    return Retry(
         "django_pgqueue.HandlerThreadDied",
         "the handler thread ended without reporting the job's outcome; see the worker's log",
-        "",
-        permanent=False,
     )

@@ -21,9 +21,12 @@ from ..extensions import JobEnd
 from ..outcomes import (
     ERROR_CLASS_LIMIT,
     Failure,
+    Interrupted,
     Outcome,
+    Retry,
+    Snoozed,
     Success,
-    plainer,
+    as_plain_text,
     storable,
     unstorable_result,
 )
@@ -152,7 +155,7 @@ class OutcomeWriter:
         claim is the caller's to send.
 
         Only `DatabaseUnavailable` leaves it (what was being written is then in doubt):
-        a write PostgreSQL refuses is written again, plainer, or given up on (its lease
+        a write PostgreSQL refuses is written again, as plain text, or given up on (its lease
         let go, for the sweep), and never keeps the rest of the batch from being written.
         """
         successes = [(item, out) for item, out in batch if isinstance(out, Success)]
@@ -214,7 +217,7 @@ class OutcomeWriter:
             return set()
         done = _done(successes)
         try:
-            return _again(f"completing {len(done)} job(s)", lambda: self.store.complete(done))
+            return with_retries(f"completing {len(done)} job(s)", lambda: self.store.complete(done))
         except psycopg.Error as exc:
             if len(successes) == 1:
                 return self._complete_refused(successes[0], exc)
@@ -226,7 +229,7 @@ class OutcomeWriter:
         completed: set[int] = set()
         for written in successes:
             try:
-                completed |= _again(
+                completed |= with_retries(
                     f"completing job {written[0].ctx.job_id}",
                     lambda w=written: self.store.complete(_done([w])),
                 )
@@ -251,19 +254,17 @@ class OutcomeWriter:
                 item.ctx.job_id,
                 errors.describe(exc),
             )
-            failure = Failure(
+            failure = Retry(
                 storable(errors.class_path(exc), ERROR_CLASS_LIMIT),
                 storable(f"recording the job's success failed: {errors.describe(exc)}", 4000),
-                "",
-                permanent=False,
             )
         self._failed_instead.add(item.ctx.job_id)
         self._log_failure(item, failure, self._fail(item, failure))
         return set()
 
     def _fail(self, item: InFlight, outcome: Failure) -> tuple[str, Any] | Abandoned | None:
-        """Write one failure; if PostgreSQL refuses it, a plainer one (plain text, a
-        bounded delay); if that too, give the job up to the sweep."""
+        """Write one failure; if PostgreSQL refuses it, the same as plain text with a
+        bounded delay (`as_plain_text`); if that too, give the job up to the sweep."""
         ctx = item.ctx
 
         def write(failure: Failure) -> tuple[str, Any] | None:
@@ -271,11 +272,13 @@ class OutcomeWriter:
 
         what = f"recording the failure of job {ctx.job_id}"
         try:
-            return _again(what, lambda: write(outcome), other=False)
+            return with_retries(what, lambda: write(outcome), other=False)
         except psycopg.Error as exc:
-            logger.error("%s was refused (%s); writing it plainer", what, errors.describe(exc))
+            logger.error(
+                "%s was refused (%s); writing it as plain text", what, errors.describe(exc)
+            )
         try:
-            return _again(what, lambda: write(plainer(outcome)))
+            return with_retries(what, lambda: write(as_plain_text(outcome)))
         except psycopg.Error as exc:
             logger.error(
                 "job %d: %s was refused again (%s); its lease is let go and the sweep will "
@@ -298,8 +301,9 @@ class OutcomeWriter:
             return
         status, run_at = result
         kind = _kind(outcome, status)
-        if kind == "retried" and outcome.delay <= self.config.poll_interval:
-            self._retries.append((ctx.queue, time.monotonic() + outcome.delay))
+        soon = isinstance(outcome, Retry) and outcome.delay <= self.config.poll_interval
+        if kind == "retried" and soon:
+            self._retries.append((ctx.queue, time.monotonic() + outcome.delay))  # type: ignore[union-attr]
         self.observers.jobs_ended([JobEnd(item, kind, failure=outcome, run_at=run_at)])
         self.stats[kind] += 1
         _log_written(kind, ctx, outcome)
@@ -360,7 +364,7 @@ def _done(successes: list[Written]) -> list[tuple[int, int, int, str | None]]:
     ]
 
 
-def _again(what: str, write: Callable[[], T], *, other: bool = True) -> T:
+def with_retries(what: str, write: Callable[[], T], *, other: bool = True) -> T:
     """Run `write`, again after a pause while PostgreSQL refuses it for a transient
     reason (or, with `other`, one it cannot classify), at most WRITE_TRIES times.
 
@@ -393,9 +397,9 @@ def _kind(outcome: Failure, status: str) -> str:
     operator asked to cancel while it ran; else it is retried or dead."""
     if status in ("dead", "cancelled"):
         return status
-    if outcome.snoozed:
+    if isinstance(outcome, Snoozed):
         return "snoozed"
-    return "interrupted" if outcome.interrupted else "retried"
+    return "interrupted" if isinstance(outcome, Interrupted) else "retried"
 
 
 def _log_written(kind: str, ctx: Any, outcome: Failure) -> None:
@@ -418,7 +422,7 @@ def _log_written(kind: str, ctx: Any, outcome: Failure) -> None:
             ctx.type,
             ctx.attempt,
             ctx.max_attempts,
-            outcome.delay,
+            outcome.delay if isinstance(outcome, Retry) else 0.0,
             outcome.last_error,
         )
     elif kind == "interrupted":

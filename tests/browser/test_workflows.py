@@ -16,7 +16,7 @@ from django.db import connection
 from shop.tasks import charge_order, send_order_confirmation
 
 from django_pgqueue import Workflow, chain, chord, group, step
-from django_pgqueue.outcomes import Failure
+from django_pgqueue.outcomes import Dead
 from django_pgqueue.workflows import cancel_workflow
 from tests.browser.test_admin import (  # noqa: F401 - fixtures
     PASSWORD,
@@ -30,7 +30,7 @@ from tests.factories import OPERATOR_PERMISSIONS, make_user
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-DECLINED = Failure("PermanentFailure", "card declined by the issuer: do not retry", "", True)
+DECLINED = Dead("PermanentFailure", "card declined by the issuer: do not retry", "")
 
 
 def advance(store: Any, queue: str, complete: int, fail: int = 0, limit: int = 100) -> None:

@@ -29,7 +29,7 @@ from django_pgqueue import (
 from django_pgqueue.actions import cancel, retry_now
 from django_pgqueue.maintenance import prune
 from django_pgqueue.models import Attempt, Batch, BatchJob, JobState
-from django_pgqueue.outcomes import Failure
+from django_pgqueue.outcomes import Dead
 from tests.conftest import sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -190,7 +190,7 @@ def test_members_ended_by_two_workers_at_once_fire_each_callback_once(stores, fa
                     if row.job_id not in members:
                         continue  # a callback made pending: counted below
                     if row.job_id in doomed:
-                        failure = Failure("X", "dies", "", permanent=True)
+                        failure = Dead("X", "dies", "")
                         store.fail(row.job_id, row.lease_version, row.attempt_id, failure)
                     else:
                         done.append((row.job_id, row.lease_version, row.attempt_id, None))
@@ -518,7 +518,7 @@ def _end(store, rows, dead=()) -> None:
     """Complete the claimed rows, or fail for good those in `dead`."""
     for row in rows:
         if row.job_id in dead:
-            failure = Failure("X", "dies", "", permanent=True)
+            failure = Dead("X", "dies", "")
             assert store.fail(row.job_id, row.lease_version, row.attempt_id, failure)[0] == "dead"
         else:
             assert store.complete([(row.job_id, row.lease_version, row.attempt_id, None)])

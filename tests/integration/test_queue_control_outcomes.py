@@ -6,7 +6,8 @@ import pytest
 
 from django_pgqueue import actions, enqueue
 from django_pgqueue.exceptions import Snooze
-from django_pgqueue.executor import Failure, snoozed
+from django_pgqueue.executor import snoozed
+from django_pgqueue.outcomes import Retry
 from django_pgqueue.validators import MAX_SECONDS
 from tests.conftest import sql
 from tests.integration.test_queue_control import expire_and_sweep
@@ -88,7 +89,7 @@ def test_a_cancel_requested_job_is_never_retried(stores, ending):
     [row] = store.claim("cancel", 1, "w", 30)
     actions.cancel([job.id])
     if ending == "fail":
-        store.fail(row.job_id, row.lease_version, row.attempt_id, Failure("E", "m", "", False))
+        store.fail(row.job_id, row.lease_version, row.attempt_id, Retry("E", "m", ""))
     elif ending == "snooze":
         store.fail(row.job_id, row.lease_version, row.attempt_id, snoozed(Snooze(5)))
     elif ending == "sweep":

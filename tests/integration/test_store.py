@@ -5,13 +5,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from functools import partial
 
 import psycopg
 import pytest
 from django.db import connection
 
 from django_pgqueue import enqueue, enqueue_many
-from django_pgqueue.outcomes import Failure
+from django_pgqueue.outcomes import Dead, Retry
 from django_pgqueue.store.operator import retry_jobs
 from django_pgqueue.worker_config import WorkerConfig
 from tests.conftest import sql
@@ -123,7 +124,7 @@ def test_completion_with_an_old_lease_version_changes_nothing(stores):
             job.id,
             first.lease_version,
             first.attempt_id,
-            Failure("X", "stale", "", permanent=True, delay=0),
+            Dead("X", "stale", ""),
         )
         is None
     )
@@ -275,12 +276,8 @@ def test_fail_retries_with_a_delay_then_dies_when_attempts_run_out(stores):
             row.job_id,
             row.lease_version,
             row.attempt_id,
-            Failure(
-                "ValueError",
-                f"attempt {row.attempt}",
-                "Traceback ...",
-                permanent=permanent,
-                delay=30,
+            (Dead if permanent else partial(Retry, delay=30))(
+                "ValueError", f"attempt {row.attempt}", "Traceback ..."
             ),
         )
 
@@ -310,7 +307,7 @@ def test_permanent_failure_goes_straight_to_dead(stores):
         job.id,
         row.lease_version,
         row.attempt_id,
-        Failure("PermanentFailure", "no", "", permanent=True, delay=0),
+        Dead("PermanentFailure", "no", ""),
     )
     assert result[0] == "dead"
     assert state(job.id)["attempts"] == 1

@@ -107,12 +107,12 @@ def test_a_result_postgresql_refuses_as_a_value_is_unstorable(run_worker, refuse
 def test_a_failure_write_refused_never_drops_the_rest_of_its_batch():
     """A retry delay too large for now() + delay ("timestamp out of range"): the failure
     is written with a bounded delay, and the other outcomes of the batch are written."""
-    from django_pgqueue.outcomes import MAX_RETRY_DELAY, Failure, Success
+    from django_pgqueue.outcomes import MAX_RETRY_DELAY, Retry, Success
 
     jobs = [enqueue("qa.outcome", {"do": "return"}, queue="far") for _ in range(3)]
     outcomes = {
-        jobs[0].id: Failure("RetryLater", "in a long while", "", permanent=False, delay=1e13),
-        jobs[1].id: Failure("ValueError", "soon", "", permanent=False, delay=float("inf")),
+        jobs[0].id: Retry("RetryLater", "in a long while", "", delay=1e13),
+        jobs[1].id: Retry("ValueError", "soon", "", delay=float("inf")),
         jobs[2].id: Success('{"ok": true}'),
     }
     worker = write_claimed("far", 3, lambda row: outcomes[row.job_id])

@@ -19,7 +19,7 @@ from django.db import connection, transaction
 from django_pgqueue import Workflow, chain, chord, group, parent_results, step
 from django_pgqueue.actions import retry_now
 from django_pgqueue.maintenance import prune
-from django_pgqueue.outcomes import Failure
+from django_pgqueue.outcomes import Dead, Retry
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.store.worker import complete_params
 from django_pgqueue.workflows import cancel_workflow
@@ -96,11 +96,11 @@ def test_a_retryable_failure_settles_nothing_a_permanent_one_does(stores):
     a_id, b_id = run.jobs.values()
     store = stores()
     first = store.claim(Q, 1, "w", 30)[0]
-    retry = Failure("ValueError", "once", "", permanent=False, delay=0)
+    retry = Retry("ValueError", "once", "", delay=0)
     assert store.fail(a_id, first.lease_version, first.attempt_id, retry)[0] == "pending"
     assert (status(b_id), counters(b_id)) == ("waiting", (1, 0))
     second = store.claim(Q, 1, "w", 30)[0]
-    permanent = Failure("ValueError", "for good", "", permanent=True)
+    permanent = Dead("ValueError", "for good", "")
     assert store.fail(a_id, second.lease_version, second.attempt_id, permanent)[0] == "dead"
     # on_failure="run": it runs anyway, once its dependency finished.
     assert (status(b_id), counters(b_id)) == ("pending", (0, 1))
@@ -186,7 +186,7 @@ def test_a_fan_in_completed_from_eight_threads_counts_each_member_once(stores, f
                             row.job_id,
                             row.lease_version,
                             row.attempt_id,
-                            Failure("X", "dies", "", permanent=True),
+                            Dead("X", "dies", ""),
                         )
                     else:
                         done.append((row.job_id, row.lease_version, row.attempt_id, None))
@@ -221,7 +221,7 @@ def finish(store, rows, dead=()) -> None:
     for those in `dead`, fail it for good."""
     for row in rows:
         if row.job_id in dead:
-            failure = Failure("X", "dies", "", permanent=True)
+            failure = Dead("X", "dies", "")
             assert store.fail(row.job_id, row.lease_version, row.attempt_id, failure)[0] == "dead"
         else:
             done = [(row.job_id, row.lease_version, row.attempt_id, f'{{"of": {row.job_id}}}')]

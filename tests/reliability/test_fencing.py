@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from django_pgqueue import enqueue, enqueue_many
-from django_pgqueue.outcomes import Failure
+from django_pgqueue.outcomes import Retry
 from django_pgqueue.store.operator import retry_jobs
 from django_pgqueue.store.worker import Store
 from tests.conftest import sql
@@ -47,7 +47,7 @@ def test_stale_writes_change_nothing_at_the_store_level(report):
     a, b, c = (Store("default", f"fencing {name}") for name in "abc")
     versions = [state(job.id)[1]]
     rejected = {"renew": 0, "complete": 0, "fail": 0}
-    failure = Failure("RuntimeError", "stale", "", permanent=False, delay=0.0)
+    failure = Retry("RuntimeError", "stale", "", delay=0.0)
 
     def stale_writes(store: Store, version: int, attempt_id: int) -> None:
         """Try all three writes with a token that is no longer the job's; each must miss."""

@@ -108,12 +108,17 @@ def test_a_backslash_before_u0000_is_storable_and_a_real_nul_is_not():
         assert "NUL" in outcome.message
 
 
-def test_the_plainer_rewrite_of_a_refused_failure_keeps_what_kind_it_is():
+def test_the_plain_text_rewrite_of_a_refused_failure_keeps_its_end():
     """A failure PostgreSQL refused is written again as plain text: still a snooze or an
     interruption (its attempt given back), still logged where it ran."""
-    for flags in ({"snoozed": True}, {"interrupted": True}, {"logged": True}):
-        again = outcomes.plainer(
-            outcomes.Failure("E\x00", "bad\x00", "trace", permanent=False, delay=1.0, **flags)
-        )
-        assert {name: getattr(again, name) for name in flags} == flags
+    for failure in (
+        outcomes.Snoozed("E\x00", "bad\x00", "trace", delay=1e30),
+        outcomes.Interrupted("E\x00", "bad\x00", "trace"),
+        outcomes.Retry("E\x00", "bad\x00", "trace", logged=True, delay=float("inf")),
+    ):
+        again = outcomes.as_plain_text(failure)
+        assert type(again) is type(failure)
+        assert again.logged == failure.logged
         assert again.traceback == ""
+        assert "\x00" not in again.error_class
+        assert getattr(again, "delay", 0.0) <= outcomes.MAX_RETRY_DELAY

@@ -12,6 +12,7 @@ from django_pgqueue import executor
 from django_pgqueue.backends import PgQueueBackend
 from django_pgqueue.context import JobContext
 from django_pgqueue.exceptions import ConfigurationError, PermanentFailure, RetryLater, Snooze
+from django_pgqueue.outcomes import Snoozed
 from django_pgqueue.registry import Handler, registry
 from django_pgqueue.retry import ExponentialBackoff, FixedDelay, RetryOn, celery_backoff
 
@@ -88,7 +89,7 @@ def test_the_steering_exceptions_keep_their_meaning_whatever_the_lists_say():
     later = run(RetryLater(42), nothing)
     assert (later.permanent, later.delay) == (False, 42)
     snoozed = run(Snooze(5), nothing)
-    assert snoozed.snoozed
+    assert isinstance(snoozed, Snoozed)
     assert not snoozed.permanent
     assert run(PermanentFailure("no"), RetryOn(autoretry_for=(Exception,))).permanent
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import threading
 
 from django_pgqueue.claimed import InFlight
-from django_pgqueue.outcomes import Failure
+from django_pgqueue.outcomes import Retry
 from django_pgqueue.retry import FixedDelay
 from django_pgqueue.store.claims import FULL_RECHECK, ControlState, QueueClaims
 from django_pgqueue.store.worker import ClaimedRow
 from django_pgqueue.worker.timeouts import all_stuck, stuck
 
-FAILURE = Failure("django_pgqueue.JobTimeout", "timed out", "", permanent=False)
+FAILURE = Retry("django_pgqueue.JobTimeout", "timed out", "")
 
 
 def item(job_id: int) -> InFlight:

@@ -16,7 +16,7 @@ from django.urls import reverse
 
 from django_pgqueue import Workflow, chain, chord, group, step
 from django_pgqueue.admin import workflows as admin_workflows
-from django_pgqueue.outcomes import Failure
+from django_pgqueue.outcomes import Dead
 from django_pgqueue.workflows import cancel_workflow
 from tests.conftest import sql
 from tests.factories import OPERATOR_PERMISSIONS, VIEWER_PERMISSIONS, make_job, make_user
@@ -59,7 +59,7 @@ def advance(store, outcomes: dict[int, str], queue: str = Q) -> None:
         if outcome == "completed":
             assert store.complete([(row.job_id, row.lease_version, row.attempt_id, None)])
         elif outcome == "dead":
-            failure = Failure("ValueError", "broken", "", permanent=True)
+            failure = Dead("ValueError", "broken", "")
             assert store.fail(row.job_id, row.lease_version, row.attempt_id, failure)[0] == "dead"
 
 
