@@ -1,6 +1,6 @@
 """A claimed job in a worker, from its claim until its handler really ended.
 
-`InFlight` is what the worker's parts pass between them (and what the worker's hooks
+`ClaimedJob` is what the worker's parts pass between them (and what the worker's hooks
 are told of): the handler's `JobContext`, the lease the heartbeat renews, the attempt
 row, the handler and its retry policy.
 
@@ -24,7 +24,7 @@ from .store.worker import ClaimedRow
 
 
 @dataclass(slots=True, eq=False)
-class InFlight:
+class ClaimedJob:
     """A claimed job from its start until its outcome is written."""
 
     ctx: JobContext
@@ -96,7 +96,7 @@ class InFlight:
         worker_id: str,
         expires: float,
         database: str | None = None,
-    ) -> InFlight:
+    ) -> ClaimedJob:
         """The in-flight job of a claimed row, its lease held until `expires`; `database`
         is its queue database's alias, None for PGQUEUE["DATABASE"]."""
         lease = Lease(row.job_id, row.lease_version, expires)

@@ -15,11 +15,11 @@ from typing import Any, Literal, overload
 
 from django.db import transaction
 
-from . import extensions, limits, routing, signals, validation, waiting
+from . import enqueue_scope, extensions, limits, signals, validation, waiting
 from .conf import get_settings
+from .enqueue_scope import EnqueueListener
 from .exceptions import EnqueueError
 from .registry import Handler, registry
-from .routing import EnqueueListener
 from .store import enqueue as store
 
 _NO_TYPE = object()  # enqueue_many's last pair's type before any pair of a str type
@@ -166,10 +166,10 @@ def enqueue(
     params.update(extensions.enqueue_columns())
     if not conf.QUEUE_DATABASES:  # one database: the caller's transaction, if any
         alias = using or conf.DATABASE
-        return _write(alias, params, payload, routing.listener(alias, queue_name, on_commit))
+        return _write(alias, params, payload, enqueue_scope.listener(alias, queue_name, on_commit))
     alias = using or conf.QUEUE_DATABASES.alias(queue_name, conf.DATABASE)
-    listener = routing.listener(alias, queue_name, on_commit)
-    caller = routing.commit_to_wait_for(alias, queue_name, on_commit)
+    listener = enqueue_scope.listener(alias, queue_name, on_commit)
+    caller = enqueue_scope.commit_to_wait_for(alias, queue_name, on_commit)
     if caller is None:
         return _write(alias, params, payload, listener)
     # Never inside a listener's block (its transaction is open on `alias`): no listener.
@@ -308,20 +308,20 @@ def enqueue_many(
     columns = extensions.enqueue_columns()
     if not conf.QUEUE_DATABASES:  # one database: the caller's transaction, if any
         alias = using or conf.DATABASE
-        listener = routing.listener(alias, batch.options[batch.groups[0]][1], on_commit)
+        listener = enqueue_scope.listener(alias, batch.options[batch.groups[0]][1], on_commit)
         return _write_many(alias, batch, payloads, texts, columns, listener)
     aliases = [
         using or conf.QUEUE_DATABASES.alias(options[1], conf.DATABASE) for options in batch.options
     ]
     for group in dict.fromkeys(batch.groups):  # each group's first job, in order
-        listener = routing.listener(aliases[group], batch.options[group][1], on_commit)
+        listener = enqueue_scope.listener(aliases[group], batch.options[group][1], on_commit)
     named = list(dict.fromkeys(aliases[group] for group in batch.groups))
     if len(named) == 1:
         queue_name = batch.options[batch.groups[0]][1]
-        caller = routing.commit_to_wait_for(named[0], queue_name, on_commit)
+        caller = enqueue_scope.commit_to_wait_for(named[0], queue_name, on_commit)
         write = partial(_write_many, named[0], batch, payloads, texts, columns, listener)
     else:
-        caller = routing.many_commit_to_wait_for(named, on_commit)
+        caller = enqueue_scope.many_commit_to_wait_for(named, on_commit)
         write = partial(_write_split, conf, named, aliases, batch, payloads, columns)
     if caller is None:
         return write()

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 from django.utils.module_loading import import_string
 
-from .claimed import InFlight
+from .claimed import ClaimedJob
 from .conf import get_settings
 from .exceptions import ConfigurationError
 from .outcomes import Failure, Outcome
@@ -60,7 +60,7 @@ class JobEnd:
     `run_at` when a retried job is due again.
     """
 
-    item: InFlight
+    item: ClaimedJob
     end: str
     result: str | None = None
     failure: Failure | None = None
@@ -74,19 +74,19 @@ class JobObserver:
     short (a counter, a buffer; no statement).
     """
 
-    def jobs_claimed(self, items: Sequence[InFlight]) -> None:
+    def jobs_claimed(self, items: Sequence[ClaimedJob]) -> None:
         """`items` were claimed and handed to the handlers."""
 
-    def jobs_released(self, items: Sequence[InFlight]) -> None:
+    def jobs_released(self, items: Sequence[ClaimedJob]) -> None:
         """`items` were handed back unstarted (their attempts given back)."""
 
-    def jobs_executed(self, items: Sequence[InFlight]) -> None:
+    def jobs_executed(self, items: Sequence[ClaimedJob]) -> None:
         """The handlers of `items` ended (each `runtime` is set)."""
 
     def jobs_ended(self, ends: Sequence[JobEnd]) -> None:
         """The outcomes of these jobs were written."""
 
-    def lease_lost(self, item: InFlight, detected_by: str) -> None:
+    def lease_lost(self, item: ClaimedJob, detected_by: str) -> None:
         """`item`'s lease was found lost, by a "renewal" or a fenced "write": another
         worker may own the job. Told once per attempt."""
 
@@ -95,11 +95,11 @@ class RunMiddleware:
     """Around each attempt's run: call ``run(item.ctx, item.handler, item.policy)`` once
     and return its outcome (with a span around it, a signal before it)."""
 
-    def run(self, item: InFlight, run: Runner) -> Outcome:
+    def run(self, item: ClaimedJob, run: Runner) -> Outcome:
         """The sync handler's attempt, on its handler thread."""
         return run(item.ctx, item.handler, item.policy)
 
-    async def arun(self, item: InFlight, run: AsyncRunner) -> Outcome:
+    async def arun(self, item: ClaimedJob, run: AsyncRunner) -> Outcome:
         """The async handler's attempt, on the worker's event loop: never block it."""
         return await run(item.ctx, item.handler, item.policy)
 

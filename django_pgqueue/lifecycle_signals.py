@@ -15,12 +15,12 @@ from typing import Any
 from django.dispatch import Signal
 
 from . import signals
-from .claimed import InFlight
+from .claimed import ClaimedJob
 from .extensions import AsyncRunner, JobEnd, JobObserver, RunMiddleware, Runner
 from .outcomes import Outcome
 
 
-def event(item: InFlight) -> dict[str, Any]:
+def event(item: ClaimedJob) -> dict[str, Any]:
     """The arguments every lifecycle signal carries about `item`."""
     ctx = item.ctx
     return {
@@ -33,7 +33,7 @@ def event(item: InFlight) -> dict[str, Any]:
     }
 
 
-def _tell(signal: Signal, item: InFlight, **extra: Any) -> None:
+def _tell(signal: Signal, item: ClaimedJob, **extra: Any) -> None:
     if signal.receivers:
         signals.send(signal, **event(item), **extra)
 
@@ -41,11 +41,11 @@ def _tell(signal: Signal, item: InFlight, **extra: Any) -> None:
 class LifecycleSignals(JobObserver, RunMiddleware):
     """Sends the job lifecycle signals of one worker."""
 
-    def run(self, item: InFlight, run: Runner) -> Outcome:
+    def run(self, item: ClaimedJob, run: Runner) -> Outcome:
         _started(item)
         return run(item.ctx, item.handler, item.policy)
 
-    async def arun(self, item: InFlight, run: AsyncRunner) -> Outcome:
+    async def arun(self, item: ClaimedJob, run: AsyncRunner) -> Outcome:
         _started(item)
         return await run(item.ctx, item.handler, item.policy)
 
@@ -67,11 +67,11 @@ class LifecycleSignals(JobObserver, RunMiddleware):
             elif ended.end == "cancelled":
                 _tell(signals.job_cancelled, item)
 
-    def lease_lost(self, item: InFlight, detected_by: str) -> None:
+    def lease_lost(self, item: ClaimedJob, detected_by: str) -> None:
         _tell(signals.job_lease_lost, item, detected_by=detected_by)
 
 
-def _started(item: InFlight) -> None:
+def _started(item: ClaimedJob) -> None:
     if signals.job_started.receivers:
         ctx = item.ctx
         signals.send(signals.job_started, **event(item), max_attempts=ctx.max_attempts, context=ctx)

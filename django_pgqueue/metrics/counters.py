@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..claimed import InFlight
+from ..claimed import ClaimedJob
 from ..extensions import JobEnd, JobObserver
 
 # Upper bounds (seconds) of the run-time histogram's buckets (+Inf is implied).
@@ -94,10 +94,10 @@ class WorkerCounters(JobObserver):
         with self._lock:
             self._attempts.update(counts)
 
-    def lease_lost(self, item: InFlight, detected_by: str) -> None:
+    def lease_lost(self, item: ClaimedJob, detected_by: str) -> None:
         self.attempt(item.ctx.queue, item.ctx.type, "lease_lost")
 
-    def jobs_executed(self, items: Sequence[InFlight]) -> None:
+    def jobs_executed(self, items: Sequence[ClaimedJob]) -> None:
         self.runtimes_ran(
             [(i.ctx.queue, i.ctx.type, i.runtime) for i in items if i.runtime is not None]
         )

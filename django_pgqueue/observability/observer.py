@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..claimed import InFlight
+from ..claimed import ClaimedJob
 from ..extensions import AsyncRunner, JobEnd, JobObserver, RunMiddleware, Runner
 from ..outcomes import Failure, Outcome, Success
 from . import tracing
@@ -45,14 +45,14 @@ class RollupObserver(JobObserver):
         for outcome, attempts in by_outcome.items():
             self.rollup.add(attempts, outcome)
 
-    def lease_lost(self, item: InFlight, detected_by: str) -> None:
+    def lease_lost(self, item: ClaimedJob, detected_by: str) -> None:
         item.run_at = None  # no longer this worker's attempt to add to the rollup
 
 
 class AttemptSpans(RunMiddleware):
     """Runs each attempt in an OpenTelemetry span when a tracer provider is set."""
 
-    def run(self, item: InFlight, run: Runner) -> Outcome:
+    def run(self, item: ClaimedJob, run: Runner) -> Outcome:
         if not tracing.recording():
             return run(item.ctx, item.handler, item.policy)
         with tracing.attempt_span(item.traceparent, attributes(item), item.ctx.type) as span:
@@ -60,7 +60,7 @@ class AttemptSpans(RunMiddleware):
             span_outcome(span, outcome)
         return outcome
 
-    async def arun(self, item: InFlight, run: AsyncRunner) -> Outcome:
+    async def arun(self, item: ClaimedJob, run: AsyncRunner) -> Outcome:
         """The span is the task's current span: OpenTelemetry keeps it in a context
         variable."""
         if not tracing.recording():
@@ -71,7 +71,7 @@ class AttemptSpans(RunMiddleware):
         return outcome
 
 
-def attributes(item: InFlight) -> dict[str, Any]:
+def attributes(item: ClaimedJob) -> dict[str, Any]:
     """The span attributes of `item`'s attempt."""
     ctx = item.ctx
     return {

@@ -4,7 +4,7 @@ An ``async def`` handler (or an async ``django.tasks`` Task) runs as an asyncio 
 this pool's loop, at most ASYNC_CONCURRENCY at once (the others handed over wait,
 unstarted, until a task ends), apart from the handler threads. The loop never touches
 the queue's tables: each job's outcome goes on a queue the dispatcher collects, once,
-when the job's task has really ended (`_report`): the hold of `claimed.InFlight`.
+when the job's task has really ended (`_report`): the hold of `claimed.ClaimedJob`.
 
 - A timeout decides the job's outcome (a JobTimeout failure) and cancels the task; the
   outcome is reported once the task ended.
@@ -34,7 +34,7 @@ from asgiref.sync import SyncToAsync, ThreadSensitiveContext, sync_to_async
 from django.db import connections
 
 from .. import executor
-from ..claimed import InFlight
+from ..claimed import ClaimedJob
 from ..outcomes import Interrupted, Outcome, Retry
 from .loopwatch import LAG_PROBE, Watchdog
 from .observing import AsyncRun, athrough
@@ -62,7 +62,7 @@ class AsyncPool:
         self.worker_id = worker_id
         self.arun = arun or athrough(())  # an attempt's run through the middleware
         self._wake = wake
-        self._outcomes: queue_module.SimpleQueue[tuple[InFlight, Outcome]] = (
+        self._outcomes: queue_module.SimpleQueue[tuple[ClaimedJob, Outcome]] = (
             queue_module.SimpleQueue()
         )
         # Decides who reports a job, and its verdict against its outcome: exactly once.
@@ -71,11 +71,11 @@ class AsyncPool:
         self._thread: threading.Thread | None = None
         self._watchdog: threading.Thread | None = None
         self._stop = threading.Event()
-        self._waiting: deque[InFlight] = deque()  # handed over, not started (loop thread)
-        self._tasks: dict[InFlight, asyncio.Task[None]] = {}  # the loop thread's only
-        self._why: dict[InFlight, str] = {}  # why a task was cancelled (loop thread)
-        self._live: set[InFlight] = set()  # started, not reported (under _lock)
-        self._warned: set[InFlight] = set()  # logged as ignoring its cancel (loop thread)
+        self._waiting: deque[ClaimedJob] = deque()  # handed over, not started (loop thread)
+        self._tasks: dict[ClaimedJob, asyncio.Task[None]] = {}  # the loop thread's only
+        self._why: dict[ClaimedJob, str] = {}  # why a task was cancelled (loop thread)
+        self._live: set[ClaimedJob] = set()  # started, not reported (under _lock)
+        self._warned: set[ClaimedJob] = set()  # logged as ignoring its cancel (loop thread)
         # The dispatcher's count: jobs handed over and not collected yet.
         self.in_flight = 0
         self._handed = 0  # under _lock, with _reported
@@ -114,7 +114,7 @@ class AsyncPool:
         )
         self._watchdog.start()
 
-    def submit(self, items: list[InFlight]) -> None:
+    def submit(self, items: list[ClaimedJob]) -> None:
         """Hand `items` to the loop, in order: each starts once a task slot is free."""
         if not items:
             return
@@ -128,7 +128,7 @@ class AsyncPool:
             self._handed += len(items)
         self._loop.call_soon_threadsafe(self._admit, items)
 
-    def finished(self) -> list[tuple[InFlight, Outcome]]:
+    def finished(self) -> list[tuple[ClaimedJob, Outcome]]:
         """(job, outcome) of the jobs whose tasks ended since the last call."""
         self._signalled = False  # before the drain: an outcome put meanwhile wakes again
         out = []
@@ -149,13 +149,13 @@ class AsyncPool:
     def started(self) -> bool:
         return self._loop is not None
 
-    def stop_taking(self) -> list[InFlight]:
+    def stop_taking(self) -> list[ClaimedJob]:
         """Start no more jobs; return those handed over and not started (handed back by
         the worker's shutdown)."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return []
-        unstarted: list[InFlight] = []
+        unstarted: list[ClaimedJob] = []
         done = threading.Event()
 
         def take() -> None:
@@ -215,7 +215,7 @@ class AsyncPool:
         assert self._loop is not None
         return self._context.run(self._loop.create_task, coro, name=name)
 
-    def _admit(self, items: list[InFlight]) -> None:
+    def _admit(self, items: list[ClaimedJob]) -> None:
         if self._stop.is_set():  # stopping: stop_taking hands them back
             self._waiting.extend(items)
             return
@@ -238,7 +238,7 @@ class AsyncPool:
                 timer = loop.call_at(item.started + item.timeout, self._cancel, item, TIMEOUT)
             task.add_done_callback(lambda _t, item=item, timer=timer: self._ended(item, timer))
 
-    def _ended(self, item: InFlight, timer: asyncio.TimerHandle | None) -> None:
+    def _ended(self, item: ClaimedJob, timer: asyncio.TimerHandle | None) -> None:
         """`item`'s task is done: its slot is free for the next waiting job."""
         self._tasks.pop(item, None)
         self._warned.discard(item)
@@ -246,7 +246,7 @@ class AsyncPool:
             timer.cancel()  # no timer outlives its job
         self._start_waiting()
 
-    async def _run(self, item: InFlight) -> None:
+    async def _run(self, item: ClaimedJob) -> None:
         try:
             item.ctx.payload = json.loads(item.payload_text)
         except BaseException as exc:  # ValueError; RecursionError when nested deep
@@ -271,7 +271,7 @@ class AsyncPool:
             _ignored(item, why, "it swallowed the CancelledError and returned")
         self._report(item, outcome if why == CANCEL and outcome else cancelled_outcome(item, why))
 
-    def _cancel(self, item: InFlight, why: str) -> None:
+    def _cancel(self, item: ClaimedJob, why: str) -> None:
         """Cancel `item`'s task for `why`, unless it ended or was cancelled already."""
         task = self._tasks.get(item)
         if task is None or item.reported or item in self._why:
@@ -290,7 +290,7 @@ class AsyncPool:
         assert self._loop is not None
         self._loop.call_later(CANCEL_GRACE, self._overdue, item, why)
 
-    def _decide_timeout(self, item: InFlight) -> bool:
+    def _decide_timeout(self, item: ClaimedJob) -> bool:
         """Decide `item`'s timeout (from the loop, or the watchdog while the loop is
         held), unless its outcome is reported or decided already; True if decided."""
         assert item.timeout is not None
@@ -300,7 +300,7 @@ class AsyncPool:
             item.decide(executor.timed_out(item.ctx, item.timeout, item.policy), time.monotonic())
             return True
 
-    def _overdue(self, item: InFlight, why: str) -> None:
+    def _overdue(self, item: ClaimedJob, why: str) -> None:
         """A cancelled task still runs after CANCEL_GRACE: say so (its job keeps its slot
         until it ends), and cancel it once more in case it listens the second time."""
         task = self._tasks.get(item)
@@ -347,7 +347,7 @@ class AsyncPool:
 
     # -- both sides -------------------------------------------------------------------
 
-    def _report(self, item: InFlight, outcome: Outcome) -> None:
+    def _report(self, item: ClaimedJob, outcome: Outcome) -> None:
         """Hand `item`'s outcome (its verdict, if one was decided) to the dispatcher,
         once: its task has ended."""
         now = time.monotonic()
@@ -366,12 +366,12 @@ class AsyncPool:
             self._signalled = True
             self._wake.set()
 
-    def live(self) -> list[InFlight]:
+    def live(self) -> list[ClaimedJob]:
         """The jobs whose tasks started and have not ended (for the watchdog)."""
         with self._lock:
             return list(self._live)
 
-    def cancel_timed_out_soon(self, item: InFlight) -> None:
+    def cancel_timed_out_soon(self, item: ClaimedJob) -> None:
         """Cancel the task of `item`, past its timeout, once the loop runs again (the
         watchdog's call, from its own thread)."""
         assert self._loop is not None
@@ -385,7 +385,7 @@ async def _stop_after(loop: asyncio.AbstractEventLoop, waiting: asyncio.Future[A
     loop.stop()
 
 
-def cancelled_outcome(item: InFlight, why: str) -> Outcome:
+def cancelled_outcome(item: ClaimedJob, why: str) -> Outcome:
     """The outcome of a job whose task was cancelled for `why`."""
     if why == TIMEOUT:
         assert item.timeout is not None
@@ -397,7 +397,7 @@ def cancelled_outcome(item: InFlight, why: str) -> Outcome:
     return Retry("asyncio.CancelledError", "the lease was lost; the task was cancelled")
 
 
-def _ignored(item: InFlight, why: str, what: str) -> None:
+def _ignored(item: ClaimedJob, why: str, what: str) -> None:
     logger.warning(
         "job %d (%s) was cancelled (%s) and %s: a handler must let CancelledError "
         "propagate; its job keeps its row and slots until the task ends",

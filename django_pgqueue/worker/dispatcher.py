@@ -26,7 +26,7 @@ from ..store.connection import Backoff, wait_for
 from ..store.worker import ClaimedRow, Store
 from ..worker_config import WorkerConfig
 from .aio import AsyncPool
-from .inflight import InFlightJobs
+from .capacity import Capacity
 from .intake import Intake
 from .leases import LeaseBook, UnknownClaims, sweep_expired
 from .observing import Observers, athrough, through
@@ -78,8 +78,8 @@ class Dispatcher:
         self.claims = ClaimScheduler(
             config.queues, config.weights, config.poll_interval, self.store.claims
         )
-        # The one count of the handlers this process runs (see inflight.py).
-        self.inflight = InFlightJobs(config.concurrency, config.async_concurrency)
+        # The one count of the handlers this process runs (see capacity.py).
+        self.capacity = Capacity(config.concurrency, config.async_concurrency)
         self.registry = registry
         self.leases = LeaseBook(config.lease)
         self.writer = OutcomeWriter(self.store, self.leases, stats, config, self.observers)
@@ -87,7 +87,7 @@ class Dispatcher:
         self.pool = HandlerPool(config.concurrency, switch.wake, config.worker_id, run)
         # Async handlers' event loop, started with the first async job it is given.
         self.aio = AsyncPool(config.async_concurrency, switch.wake, config.worker_id, arun)
-        taking = (self.store, self.claims, self.inflight, self.leases, self.pool)
+        taking = (self.store, self.claims, self.capacity, self.leases, self.pool)
         self.intake = Intake(
             config, registry, *taking, stats, switch.stopping, self.observers, aio=self.aio
         )
@@ -103,7 +103,7 @@ class Dispatcher:
         stopping = self._switch.stopping
         next_sweep = 0.0
         # The handlers are registered by now (the worker's autodiscovery).
-        self.inflight.async_handlers = self.registry.may_have_async_handlers()
+        self.capacity.async_handlers = self.registry.may_have_async_handlers()
         while not stopping.is_set():
             try:
                 if not self.store.connected:
@@ -133,7 +133,7 @@ class Dispatcher:
                 if cfg.burst and self._idle(now):
                     logger.info("worker %s: queues empty, burst done", cfg.worker_id)
                     return
-                if not self.inflight and not self.writer.pending and not self.writer.in_doubt:
+                if not self.capacity and not self.writer.pending and not self.writer.in_doubt:
                     _sleep_long(self.store, self.claims, time.monotonic())
                 self._wait(next_sweep)
             except DatabaseUnavailable as exc:
@@ -153,7 +153,7 @@ class Dispatcher:
         `deadline`.
         """
         switch = self._switch
-        stop = switch.force if self.inflight else switch.stopping
+        stop = switch.force if self.capacity else switch.stopping
         if not wait_for(
             self.store, stop, self._backoff, f"worker {self.config.worker_id}", deadline
         ):
@@ -191,7 +191,7 @@ class Dispatcher:
         """Burst mode's exit test after the cycle run at `now`: nothing running, nothing
         due, no retry about to be."""
         return (
-            not self.inflight
+            not self.capacity
             and not self.unknown_claims
             and not self.writer.pending
             and not self.writer.in_doubt
@@ -209,10 +209,10 @@ class Dispatcher:
         with nothing returned means longer jobs: the next waits for the first again.
         """
         pending = self.writer.pending
-        until_last = pending and bool(self.inflight)
+        until_last = pending and bool(self.capacity)
         self.aio.arm(until_last=until_last)
         timeout = self._idle_timeout(next_sweep)
-        if pending or not self.inflight or not self._claimed_since_wait:
+        if pending or not self.capacity or not self._claimed_since_wait:
             self.pool.wait(timeout, until_last=until_last)
             return
         self._claimed_since_wait = False
@@ -223,7 +223,7 @@ class Dispatcher:
         # Idle: the empty marks (see _sleep_long) and the sweep say when to look again.
         # Busy: at least every POLL_INTERVAL (a handler that just started has no
         # timeout deadline known yet).
-        idle = not self.inflight and not self.writer.pending
+        idle = not self.capacity and not self.writer.pending
         cap = max(self.config.poll_interval, IDLE_POLL) if idle else self.config.poll_interval
         deadline = min(next_sweep, now + cap)
         for due in (
@@ -243,9 +243,9 @@ class Dispatcher:
         trip; a claim waits for pending outcomes for the same reason.
         """
         stopping = self._switch.stopping
-        flush_due = self.writer.flush_due(now, running=bool(self.inflight))
+        flush_due = self.writer.flush_due(now, running=bool(self.capacity))
         claim_ok = (
-            self.inflight.room()
+            self.capacity.room()
             and not stopping.is_set()
             and (flush_due or not self.writer.pending)
             and self.claims.refresh(now)
@@ -261,7 +261,7 @@ class Dispatcher:
             after = self.claims.resume_after(order[0], now)
             claim = (order[0], limit, self.config.worker_id, self.config.lease, after)
         sent = time.monotonic()
-        running = len(self.inflight)
+        running = len(self.capacity)
         rows = self._write(self.writer.take() if flush_due else [], claim)
         if claim is not None:
             queue, limit, _, _, after = claim
@@ -272,7 +272,7 @@ class Dispatcher:
                 if stopping.is_set():
                     break
                 self._claim_more(name)
-        if len(self.inflight) > running:  # jobs just started: see _wait
+        if len(self.capacity) > running:  # jobs just started: see _wait
             self._claimed_since_wait = True
         return True
 
@@ -296,7 +296,7 @@ class Dispatcher:
             finished.extend(_async_outcomes(self.aio))
         if finished:
             self.observers.jobs_executed([item for item, _ in finished])
-            self.inflight.drop_all([item for item, _ in finished])
+            self.capacity.drop_all([item for item, _ in finished])
             timed_out = sum(1 for item, _ in finished if item.timed_out)
             if timed_out:
                 self.stats["timed_out"] += timed_out
@@ -307,7 +307,7 @@ class Dispatcher:
         lost = self.leases.take_lost()
         if lost:
             ids = {id(lease) for lease in lost}
-            for item in self.inflight:
+            for item in self.capacity:
                 if id(item.lease) in ids:
                     self.observers.lease_lost(item, "renewal")
 
@@ -318,7 +318,7 @@ class Dispatcher:
             self.exit_code = 1
             self._switch.request()
         for item, outcome in self.pool.check_threads():
-            self.inflight.drop(item)
+            self.capacity.drop(item)
             self.stats["threads_died"] += 1
             self.writer.add([(item, outcome)])
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from ..claimed import InFlight
+from ..claimed import ClaimedJob
 from ..conf import get_settings
 from ..registry import Registry
 from ..retry import RetryPolicy, default_policy
@@ -27,7 +27,7 @@ from ..store import errors
 from ..store.worker import ClaimedRow, ClaimKey, Store
 from ..worker_config import WorkerConfig
 from .aio import AsyncPool
-from .inflight import InFlightJobs
+from .capacity import Capacity
 from .leases import LeaseBook
 from .observing import Observers
 from .pool import HandlerPool
@@ -44,7 +44,7 @@ class Intake:
     registry: Registry
     store: Store
     claims: ClaimScheduler
-    inflight: InFlightJobs
+    capacity: Capacity
     leases: LeaseBook
     pool: HandlerPool
     stats: Counter[str]
@@ -54,8 +54,8 @@ class Intake:
     policy: RetryPolicy = field(default_factory=default_policy)
 
     def claim_size(self, queue: str) -> int:
-        """How many jobs a claim from `queue` may take now (see `InFlightJobs`)."""
-        return self.inflight.claim_size(queue, self.config.batch_size)
+        """How many jobs a claim from `queue` may take now (see `Capacity`)."""
+        return self.capacity.claim_size(queue, self.config.batch_size)
 
     def claim(self, queue: str, limit: int, after: ClaimKey | None = None) -> list[ClaimedRow]:
         """Claim; a refused claim (not a lost connection) is logged and claims nothing:
@@ -105,7 +105,7 @@ class Intake:
         self.stats["claimed"] += len(rows)
         database = None if self.store.alias == get_settings().DATABASE else self.store.alias
         items = [
-            InFlight.claimed(
+            ClaimedJob.claimed(
                 row,
                 self.registry.find(row.type),
                 self.policy,
@@ -116,7 +116,7 @@ class Intake:
             )
             for row in rows
         ]
-        self.inflight.add_all(items)
+        self.capacity.add_all(items)
         self.leases.hold([item.lease for item in items])
         self.observers.jobs_claimed(items)
         on_loop = [item for item in items if item.kind == "async"]

@@ -4,7 +4,7 @@ Shutdown, in order: hand back the jobs no handler started; give the handlers sti
 executing (a timed-out one included: its code still runs) SHUTDOWN_GRACE to end while
 their outcomes are written; record the ones still executing then as interrupted (their
 attempts given back), their rows held until the handlers returned or the process is
-gone (`store.hold`): the one hold of `claimed.InFlight`; write what is left; stop the
+gone (`store.hold`): the one hold of `claimed.ClaimedJob`; write what is left; stop the
 other threads.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import psycopg
 
 from .. import extensions
-from ..claimed import InFlight
+from ..claimed import ClaimedJob
 from ..conf import get_settings
 from ..exceptions import DatabaseUnavailable
 from ..extensions import Extension, JobObserver, WorkerParts
@@ -85,7 +85,7 @@ class Worker:
             cfg, self.registry, self._switch, self.stats, self.parts
         )
         self._store = dispatcher.store
-        self._inflight = dispatcher.inflight
+        self._capacity = dispatcher.capacity
         self._writer = dispatcher.writer
         self._pool = dispatcher.pool
         self._heartbeat = Heartbeat(
@@ -196,7 +196,7 @@ class Worker:
 
     def _busy(self) -> bool:
         """Jobs still run, or outcomes wait to be written or read back."""
-        return bool(self._inflight) or self._writer.pending or self._writer.in_doubt
+        return bool(self._capacity) or self._writer.pending or self._writer.in_doubt
 
     def _shutdown(self) -> None:
         cfg = self.config
@@ -204,7 +204,7 @@ class Worker:
         unstarted = self._pool.stop() + dispatcher.aio.stop_taking()
         for item in unstarted:
             item.resolved = True
-            self._inflight.drop(item)
+            self._capacity.drop(item)
         if unstarted:
             dispatcher.intake.release(
                 [(item.ctx.job_id, item.ctx.lease_version, item.attempt_id) for item in unstarted]
@@ -213,7 +213,7 @@ class Worker:
         deadline = time.monotonic() + cfg.shutdown_grace
         # Handlers still run, or outcomes wait and the database answers: give them the
         # grace period. With no handler running and the database gone, stop now.
-        while self._inflight or (self._busy() and self._store.connected):
+        while self._capacity or (self._busy() and self._store.connected):
             if self._switch.force.is_set() or time.monotonic() >= deadline:
                 break
             self._wake.wait(0.05)
@@ -236,7 +236,7 @@ class Worker:
         # run, their outcomes say so.
         dispatcher.aio.stop()
         dispatcher.collect_outcomes()
-        executing = [item for item in self._inflight if not item.resolved]
+        executing = [item for item in self._capacity if not item.resolved]
         hold = self._hold(executing)
         # A handler past its timeout has its verdict: written once it returned (on the
         # hold), or by the sweep once the process is gone, never now. The others are
@@ -247,7 +247,7 @@ class Worker:
             item.resolved = True
         for item in interrupted:
             self._writer.add([(item, _interrupted(cfg.worker_id, held=hold is not None))])
-        self._inflight.clear()
+        self._capacity.clear()
         if interrupted:
             logger.warning(
                 "shutdown: %d handler(s) still running; their attempts are given back, "
@@ -303,7 +303,7 @@ class Worker:
                 services.thread.join(timeout=5)
         self._store.close()
 
-    def _hold(self, interrupted: list[InFlight]) -> RowHold | None:
+    def _hold(self, interrupted: list[ClaimedJob]) -> RowHold | None:
         """Hold the rows of the jobs whose handlers still run (see `store.hold`); None
         when there are none, or the hold could not be had (they are given back now).
 
@@ -328,7 +328,7 @@ def extensions_parts(
 
 
 def _finish_when_returned(
-    hold: RowHold, interrupted: list[InFlight], timed: list[InFlight], why: Failure
+    hold: RowHold, interrupted: list[ClaimedJob], timed: list[ClaimedJob], why: Failure
 ) -> None:
     """Once every held job's handler ended (returned, or its thread is gone), give the
     interrupted jobs back and write the timed-out ones' verdicts. A process that exits

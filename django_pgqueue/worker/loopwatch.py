@@ -18,7 +18,7 @@ import time
 from types import CodeType, FrameType
 from typing import TYPE_CHECKING
 
-from ..claimed import InFlight
+from ..claimed import ClaimedJob
 
 if TYPE_CHECKING:
     from .aio import AsyncPool
@@ -106,11 +106,11 @@ def _frame(thread: threading.Thread | None) -> FrameType | None:
     return sys._current_frames().get(thread.ident) if thread and thread.ident else None
 
 
-def _running_item(frame: FrameType | None, code: CodeType) -> InFlight | None:
-    """The InFlight of the innermost frame of `code` on a thread's stack, if any."""
+def _running_item(frame: FrameType | None, code: CodeType) -> ClaimedJob | None:
+    """The ClaimedJob of the innermost frame of `code` on a thread's stack, if any."""
     while frame is not None:
         if frame.f_code is code:
             found = frame.f_locals.get("item")
-            return found if isinstance(found, InFlight) else None
+            return found if isinstance(found, ClaimedJob) else None
         frame = frame.f_back
     return None

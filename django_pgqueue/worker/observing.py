@@ -13,15 +13,15 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from ..claimed import InFlight
+from ..claimed import ClaimedJob
 from ..extensions import AsyncRunner, JobEnd, JobObserver, RunMiddleware, Runner
 from ..outcomes import Outcome
 
 logger = logging.getLogger(__name__)
 
 # An attempt's run through the middleware: (item, the executor's run) -> outcome.
-Run = Callable[[InFlight, Runner], Outcome]
-AsyncRun = Callable[[InFlight, AsyncRunner], Awaitable[Outcome]]
+Run = Callable[[ClaimedJob, Runner], Outcome]
+AsyncRun = Callable[[ClaimedJob, AsyncRunner], Awaitable[Outcome]]
 
 
 class Observers:
@@ -40,15 +40,15 @@ class Observers:
             except Exception:
                 logger.exception("job observer %r failed in %s", observer, method)
 
-    def jobs_claimed(self, items: Sequence[InFlight]) -> None:
+    def jobs_claimed(self, items: Sequence[ClaimedJob]) -> None:
         if items:
             self._tell("jobs_claimed", items)
 
-    def jobs_released(self, items: Sequence[InFlight]) -> None:
+    def jobs_released(self, items: Sequence[ClaimedJob]) -> None:
         if items:
             self._tell("jobs_released", items)
 
-    def jobs_executed(self, items: Sequence[InFlight]) -> None:
+    def jobs_executed(self, items: Sequence[ClaimedJob]) -> None:
         if items:
             self._tell("jobs_executed", items)
 
@@ -56,18 +56,18 @@ class Observers:
         if ends:
             self._tell("jobs_ended", ends)
 
-    def lease_lost(self, item: InFlight, detected_by: str) -> None:
+    def lease_lost(self, item: ClaimedJob, detected_by: str) -> None:
         """Told once per attempt, whoever finds it first (a renewal, a fenced write)."""
         if not item.lost_told:
             item.lost_told = True
             self._tell("lease_lost", item, detected_by)
 
 
-def _run(item: InFlight, run: Runner) -> Outcome:
+def _run(item: ClaimedJob, run: Runner) -> Outcome:
     return run(item.ctx, item.handler, item.policy)
 
 
-async def _arun(item: InFlight, run: AsyncRunner) -> Outcome:
+async def _arun(item: ClaimedJob, run: AsyncRunner) -> Outcome:
     return await run(item.ctx, item.handler, item.policy)
 
 
@@ -80,7 +80,7 @@ def through(middleware: Sequence[RunMiddleware]) -> Run:
 
 
 def _wrap(outer: RunMiddleware, inner: Run) -> Run:
-    def run(item: InFlight, executor_run: Runner) -> Outcome:
+    def run(item: ClaimedJob, executor_run: Runner) -> Outcome:
         return outer.run(item, lambda ctx, handler, policy: inner(item, executor_run))
 
     return run
@@ -95,7 +95,7 @@ def athrough(middleware: Sequence[RunMiddleware]) -> AsyncRun:
 
 
 def _awrap(outer: RunMiddleware, inner: AsyncRun) -> AsyncRun:
-    def run(item: InFlight, executor_run: AsyncRunner) -> Awaitable[Outcome]:
+    def run(item: ClaimedJob, executor_run: AsyncRunner) -> Awaitable[Outcome]:
         return outer.arun(item, lambda ctx, handler, policy: inner(item, executor_run))
 
     return run

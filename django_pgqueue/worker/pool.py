@@ -1,5 +1,5 @@
-"""The handler pool: threads that run handlers, and their timeouts (the hygiene of the
-Django connections handlers use is in `hygiene`).
+"""The handler pool: threads that run handlers, and their timeouts (what a handler
+thread does with its Django connections between jobs is `handler_connections`).
 
 Handler threads take jobs from a shared list and put (job, outcome) on a queue; none of
 them touches the queue's tables. A batch handed over wakes one idle thread (the one
@@ -25,21 +25,21 @@ from collections import deque
 from django.db import connections
 
 from .. import executor
-from ..claimed import InFlight
+from ..claimed import ClaimedJob
 from ..outcomes import Failure, Outcome, Retry
-from .hygiene import (
+from .handler_connections import (
     close_unusable_django_connections,
     health_check_on_first_use,
     reset_django_connections,
 )
 from .observing import Run, through
-from .tally import Tally
 from .timeouts import all_stuck, first_deadline, stuck, time_out
+from .wake_mark import WakeMark
 
 logger = logging.getLogger(__name__)
 
 # A job and the outcome its handler returned.
-Returned = tuple[InFlight, Outcome]
+Returned = tuple[ClaimedJob, Outcome]
 
 # Seconds between two looks at whether every handler thread is alive, while none is
 # known to have crashed.
@@ -68,22 +68,22 @@ class HandlerPool:
         # The jobs handed over and not taken yet; the idle threads, each parked on a lock
         # of its own, the latest to park last (it is woken first: its Django connection
         # and its backend are the warmest); idle threads woken and not running yet.
-        self._work: deque[InFlight] = deque()
+        self._work: deque[ClaimedJob] = deque()
         self._idle: list[threading.Lock] = []
         self._take_lock = threading.Lock()
         self._waking = 0
         self._outcomes: queue_module.SimpleQueue[Returned] = queue_module.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self._current: dict[threading.Thread, InFlight] = {}  # the job each thread runs
+        self._current: dict[threading.Thread, ClaimedJob] = {}  # the job each thread runs
         self._stopping = False
         self._names = itertools.count()
         # Handed out with a timeout, until their handlers ended.
-        self._timed: dict[InFlight, None] = {}
+        self._timed: dict[ClaimedJob, None] = {}
         # Under it, a handler thread sets `returned` (if its job has a timeout) and
         # `time_out` decides the timeout only if not returned: exactly one decides.
         self._handoff = threading.Lock()
         # Jobs handed to handler threads and returned by them (see wait).
-        self.tally = Tally(wake)
+        self.wake_mark = WakeMark(wake)
         self._crash_lock = threading.Lock()
         # Handler threads that crashed and were not replaced yet; the next look at all
         # of them (see check_threads).
@@ -100,12 +100,12 @@ class HandlerPool:
         for _ in range(self.concurrency):
             self._spawn()
 
-    def submit(self, items: list[InFlight]) -> None:
+    def submit(self, items: list[ClaimedJob]) -> None:
         """Hand jobs to the handler threads, in order."""
         for item in items:
             if item.timeout is not None:
                 self._timed[item] = None
-        self.tally.handed(len(items))
+        self.wake_mark.handed(len(items))
         self._work.extend(items)
         self._kick()
 
@@ -118,7 +118,7 @@ class HandlerPool:
             parked = self._idle.pop()
         parked.release()
 
-    def finished(self) -> list[tuple[InFlight, Outcome]]:
+    def finished(self) -> list[tuple[ClaimedJob, Outcome]]:
         """The outcomes of the handlers that ended since the last call, each job's once
         (not one the worker's shutdown recorded already)."""
         returned = _drain(self._outcomes)
@@ -132,11 +132,11 @@ class HandlerPool:
         a signal).
 
         Handler threads wake the dispatcher only when the count of returned jobs
-        reaches a mark (see `Tally`): the last job in flight (`until_last`: outcomes
+        reaches a mark (see `WakeMark`): the last job in flight (`until_last`: outcomes
         already wait and more jobs run), else the first outcome after a flush (it
         starts the FLUSH_DELAY clock).
         """
-        self.tally.arm(until_last=until_last)
+        self.wake_mark.arm(until_last=until_last)
         # A handler that finished before the line above put its outcome first.
         if self._outcomes.empty():
             self._wake.wait(timeout)
@@ -177,7 +177,7 @@ class HandlerPool:
             )
         return all_stuck(stuck(self._timed, now), self.concurrency, self.worker_id)
 
-    def check_threads(self) -> list[tuple[InFlight, Outcome]]:
+    def check_threads(self) -> list[tuple[ClaimedJob, Outcome]]:
         """Replace handler threads that died; the outcome of the job each left without one
         (its verdict, or the thread's death).
 
@@ -204,7 +204,7 @@ class HandlerPool:
             self._spawn()
         return ended
 
-    def stop(self) -> list[InFlight]:
+    def stop(self) -> list[ClaimedJob]:
         """Stop the handler threads once their current job ends; return the jobs that
         never started."""
         with self._take_lock:
@@ -226,7 +226,7 @@ class HandlerPool:
         self._threads.append(thread)
         thread.start()
 
-    def _take(self, park: threading.Lock) -> InFlight | None:
+    def _take(self, park: threading.Lock) -> ClaimedJob | None:
         """The next waiting job, and another idle thread woken if more jobs wait; None
         if none waits (this thread is then parked on `park`, to be released by a wake-up).
 
@@ -250,7 +250,7 @@ class HandlerPool:
     def _run(self) -> None:
         epoch = self._db_epoch
         me = threading.current_thread()
-        item: InFlight | None = None
+        item: ClaimedJob | None = None
         park = threading.Lock()
         park.acquire()
         idled = False
@@ -278,7 +278,7 @@ class HandlerPool:
                 item = None
         except BaseException:
             if item is not None and not item.reported:  # it ended without an outcome
-                self.tally.returned()
+                self.wake_mark.returned()
             logger.exception("executor thread crashed")
             with self._crash_lock:
                 self._crashes += 1
@@ -286,7 +286,7 @@ class HandlerPool:
         finally:
             connections.close_all()
 
-    def _run_one(self, me: threading.Thread, item: InFlight) -> None:
+    def _run_one(self, me: threading.Thread, item: ClaimedJob) -> None:
         """Run one job and hand its outcome over once the handler's code returned."""
         item.thread = me
         outcome: Outcome | None = None
@@ -310,7 +310,7 @@ class HandlerPool:
         item.reported = True
         self._outcomes.put((item, item.verdict or outcome or _thread_died()))
         self._current.pop(me, None)
-        self.tally.returned()
+        self.wake_mark.returned()
 
 
 def _drain(outcomes: queue_module.SimpleQueue[Returned]) -> list[Returned]:
@@ -322,7 +322,7 @@ def _drain(outcomes: queue_module.SimpleQueue[Returned]) -> list[Returned]:
     return returned
 
 
-def _execute(item: InFlight, run: Run) -> Outcome:
+def _execute(item: ClaimedJob, run: Run) -> Outcome:
     """Run one job; whatever happens, return its outcome (never raise for the job)."""
     ctx = item.ctx
     try:
@@ -338,8 +338,8 @@ def _execute(item: InFlight, run: Run) -> Outcome:
         return executor.fallback_failure(exc)
 
 
-def _reset_connections(item: InFlight) -> None:
-    """Ready the thread's Django connections for its next job (see `hygiene`)."""
+def _reset_connections(item: ClaimedJob) -> None:
+    """Ready the thread's Django connections for its next job (see `handler_connections`)."""
     try:
         reset_django_connections()
     except Exception:

@@ -3,7 +3,7 @@ handler, and when so many are stuck that the worker must exit.
 
 A timeout decides the job's outcome (a JobTimeout failure, retried by its policy) but
 frees nothing: the job keeps its row, its lease and its slots until the handler's code
-really returned (see `claimed.InFlight`). A handler blocked in C code cannot be
+really returned (see `claimed.ClaimedJob`). A handler blocked in C code cannot be
 reached: once it outlives its timeout by as much again it counts as stuck, and a
 worker whose threads are all stuck exits (code 1), so that its supervisor starts a
 fresh process and the sweep takes the jobs back once the process is gone.
@@ -17,12 +17,12 @@ import threading
 from collections.abc import Iterable
 
 from .. import executor
-from ..claimed import InFlight
+from ..claimed import ClaimedJob
 
 logger = logging.getLogger(__name__)
 
 
-def time_out(item: InFlight, handoff: threading.Lock, now: float) -> bool:
+def time_out(item: ClaimedJob, handoff: threading.Lock, now: float) -> bool:
     """Decide the timeout of `item`'s sync handler unless it returned first, and raise
     JobTimeout in it; True if it was timed out."""
     assert item.timeout is not None
@@ -41,7 +41,7 @@ def time_out(item: InFlight, handoff: threading.Lock, now: float) -> bool:
     return True
 
 
-def first_deadline(timed: Iterable[InFlight]) -> float | None:
+def first_deadline(timed: Iterable[ClaimedJob]) -> float | None:
     """When the first of the `timed` running handlers reaches its timeout."""
     deadline = None
     for item in timed:
@@ -51,7 +51,7 @@ def first_deadline(timed: Iterable[InFlight]) -> float | None:
     return deadline
 
 
-def stuck(items: Iterable[InFlight], now: float) -> int:
+def stuck(items: Iterable[ClaimedJob], now: float) -> int:
     """How many of `items` outlived their timeout by as much again and still run."""
     return sum(
         1

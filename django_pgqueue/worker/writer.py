@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 
 import psycopg
 
-from ..claimed import InFlight
+from ..claimed import ClaimedJob
 from ..exceptions import DatabaseUnavailable
 from ..extensions import JobEnd
 from ..outcomes import (
@@ -58,7 +58,7 @@ class _Abandoned(enum.Enum):
 Abandoned = Literal[_Abandoned.ABANDONED]
 ABANDONED: Abandoned = _Abandoned.ABANDONED
 
-Written = tuple[InFlight, Outcome]
+Written = tuple[ClaimedJob, Outcome]
 # (queue, limit, worker_id, lease seconds, resume key): a claim to send with completions.
 Claim = tuple[str, int, str, float, ClaimKey | None]
 
@@ -262,7 +262,7 @@ class OutcomeWriter:
         self._log_failure(item, failure, self._fail(item, failure))
         return set()
 
-    def _fail(self, item: InFlight, outcome: Failure) -> tuple[str, Any] | Abandoned | None:
+    def _fail(self, item: ClaimedJob, outcome: Failure) -> tuple[str, Any] | Abandoned | None:
         """Write one failure; if PostgreSQL refuses it, the same as plain text with a
         bounded delay (`as_plain_text`); if that too, give the job up to the sweep."""
         ctx = item.ctx
@@ -291,7 +291,7 @@ class OutcomeWriter:
             return ABANDONED
 
     def _log_failure(
-        self, item: InFlight, outcome: Failure, result: tuple[str, Any] | Abandoned | None
+        self, item: ClaimedJob, outcome: Failure, result: tuple[str, Any] | Abandoned | None
     ) -> None:
         ctx = item.ctx
         if result is ABANDONED:
@@ -308,7 +308,7 @@ class OutcomeWriter:
         self.stats[kind] += 1
         _log_written(kind, ctx, outcome)
 
-    def _stale(self, item: InFlight, what: str) -> None:
+    def _stale(self, item: ClaimedJob, what: str) -> None:
         self.stats["stale_writes"] += 1
         self.observers.lease_lost(item, "write")
         logger.warning(

@@ -1,7 +1,7 @@
 """Batches: the jobs enqueued in a ``with batch(...)`` block, and callbacks when all end.
 
 Every job that `enqueue`, `enqueue_many` or a Tasks ``.enqueue`` writes inside the
-block joins the batch (gathered through `routing.enqueue_listener`: outside a block
+block joins the batch (gathered through `enqueue_scope.enqueue_listener`: outside a block
 enqueue pays one ContextVar read). The block is a ``transaction.atomic`` on the
 batch's database: its members, the batch and its callbacks commit together with the
 caller's transaction, or not at all, and no member can run before the batch exists.
@@ -34,9 +34,9 @@ from django.db import transaction
 from .. import extensions, validation
 from ..aenqueue import aatomic, call_sync
 from ..conf import get_settings
+from ..enqueue_scope import EnqueueListener, enqueue_listener
 from ..exceptions import BatchNotFound, EnqueueError, PayloadError
 from ..job_refs import carried_database, job_reference
-from ..routing import EnqueueListener, enqueue_listener
 from ..store import batches as store
 from ..store import workflows as workflow_store
 from .steps import Step, _is_task, step

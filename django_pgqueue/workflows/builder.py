@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import extensions, routing, validation
+from .. import enqueue_scope, extensions, validation
 from ..aenqueue import call_sync
 from ..conf import get_settings
 from ..exceptions import EnqueueError
@@ -155,7 +155,7 @@ class Workflow:
             raise EnqueueError(f"workflow {self.name!r}: {exc} (the step order: {names})") from exc
         alias = using or self._database(rows)
         # Inside a transaction on another database only, it could not be atomic with it.
-        routing.commit_to_wait_for(alias, rows[0].queue, on_commit=False)
+        enqueue_scope.commit_to_wait_for(alias, rows[0].queue, on_commit=False)
         traceparent = extensions.enqueue_columns().get("traceparent")
         workflow_id, job_ids = store.insert_workflow(
             alias, self.name, rows, text, edges, traceparent

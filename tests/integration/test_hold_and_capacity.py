@@ -124,7 +124,7 @@ def test_a_stopping_worker_holds_a_timed_out_job_until_its_handler_returns(run_w
     first = run_worker(["sdhold"], concurrency=1, job_timeout=0.3, shutdown_grace=10)
     wait_until(lambda: EXECUTIONS.started(job.id), timeout=HANG_GUARD)
     dispatcher = first.worker._dispatcher
-    wait_until(lambda: any(item.timed_out for item in dispatcher.inflight), timeout=HANG_GUARD)
+    wait_until(lambda: any(item.timed_out for item in dispatcher.capacity), timeout=HANG_GUARD)
     run_worker(["sdhold"], concurrency=1)
     first.worker.stop_gracefully()
     wait_until(lambda: finished(job.id), timeout=HANG_GUARD)

@@ -376,12 +376,12 @@ def write_claimed(queue: str, count: int, outcome_of):
     """Claim `count` jobs of `queue` for a new Worker and write, as one batch, the
     outcome `outcome_of(row)` gives each (rows in job id order); return the Worker."""
     from django_pgqueue.retry import FixedDelay
-    from django_pgqueue.worker import InFlight, Worker
+    from django_pgqueue.worker import ClaimedJob, Worker
 
     worker = Worker([queue], install_signal_handlers=False)
     rows = sorted(worker._store.claim(queue, count, worker.worker_id, 30), key=lambda r: r.job_id)
     batch = [
-        (InFlight.claimed(row, None, FixedDelay(1), None, worker.worker_id, 0), outcome_of(row))
+        (ClaimedJob.claimed(row, None, FixedDelay(1), None, worker.worker_id, 0), outcome_of(row))
         for row in rows
     ]
     try:

@@ -145,14 +145,14 @@ def test_a_handler_past_its_timeout_keeps_its_thread_until_it_returns(run_worker
 
 
 def test_a_handler_that_returned_is_never_timed_out():
-    from django_pgqueue.claimed import InFlight
+    from django_pgqueue.claimed import ClaimedJob
     from django_pgqueue.context import Lease
     from django_pgqueue.retry import FixedDelay
     from django_pgqueue.store.worker import ClaimedRow
     from django_pgqueue.worker.pool import HandlerPool
 
     row = ClaimedRow(1, "q", "t", "{}", 0, 1, 1, 1, 1, None, None, None)
-    item = InFlight.claimed(row, None, FixedDelay(1), 0.1, "w", time.monotonic() + 30)
+    item = ClaimedJob.claimed(row, None, FixedDelay(1), 0.1, "w", time.monotonic() + 30)
     assert isinstance(item.lease, Lease)
     pool = HandlerPool(1, threading.Event(), "w")
     pool.submit([item])

@@ -1,5 +1,5 @@
 """How many jobs a claim takes from a queue: the free slots of the kinds of handler
-(threads, the event loop) the queue's claims have brought (`InFlightJobs.claim_size`),
+(threads, the event loop) the queue's claims have brought (`Capacity.claim_size`),
 counted from the jobs in flight until their handlers ended."""
 
 from __future__ import annotations
@@ -8,27 +8,27 @@ import itertools
 
 import pytest
 
-from django_pgqueue.claimed import InFlight
+from django_pgqueue.claimed import ClaimedJob
 from django_pgqueue.retry import FixedDelay
 from django_pgqueue.store.worker import ClaimedRow
-from django_pgqueue.worker.inflight import InFlightJobs
+from django_pgqueue.worker.capacity import Capacity
 
 ids = itertools.count(1)
 
 
-def job(queue: str, kind: str) -> InFlight:
+def job(queue: str, kind: str) -> ClaimedJob:
     job_id = next(ids)
     row = ClaimedRow(job_id, queue, "t", "{}", 0, 1, 1, 1, job_id, None, None, None)
-    item = InFlight.claimed(row, None, FixedDelay(1), None, "w", 1e12)
+    item = ClaimedJob.claimed(row, None, FixedDelay(1), None, "w", 1e12)
     item.kind = kind
     return item
 
 
-def table(threads: int = 10, loop: int = 100, *, async_handlers: bool = True) -> InFlightJobs:
-    return InFlightJobs(threads, loop, async_handlers=async_handlers)
+def table(threads: int = 10, loop: int = 100, *, async_handlers: bool = True) -> Capacity:
+    return Capacity(threads, loop, async_handlers=async_handlers)
 
 
-def running(inflight: InFlightJobs, queue: str, sync: int, on_loop: int) -> list:
+def running(inflight: Capacity, queue: str, sync: int, on_loop: int) -> list:
     items = [job(queue, "sync") for _ in range(sync)] + [
         job(queue, "async") for _ in range(on_loop)
     ]

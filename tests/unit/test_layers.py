@@ -50,7 +50,7 @@ FLOORS = {
     "extensions": CORE,
     "enqueue": CORE,
     "aenqueue": CORE,
-    "routing": CORE,
+    "enqueue_scope": CORE,
     "actions": CORE,
     "maintenance": CORE,
     "index_upkeep": CORE,

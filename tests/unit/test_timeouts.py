@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from django_pgqueue.claimed import InFlight
+from django_pgqueue.claimed import ClaimedJob
 from django_pgqueue.outcomes import Retry
 from django_pgqueue.retry import FixedDelay
 from django_pgqueue.store.claims import FULL_RECHECK, ControlState, QueueClaims
@@ -16,9 +16,9 @@ from django_pgqueue.worker.timeouts import all_stuck, stuck
 FAILURE = Retry("django_pgqueue.JobTimeout", "timed out", "")
 
 
-def item(job_id: int) -> InFlight:
+def item(job_id: int) -> ClaimedJob:
     row = ClaimedRow(job_id, "q", "t", "{}", 0, 1, 1, 1, job_id, None, None, None)
-    return InFlight.claimed(row, None, FixedDelay(1), 10.0, "w", 1e12)
+    return ClaimedJob.claimed(row, None, FixedDelay(1), 10.0, "w", 1e12)
 
 
 def test_a_decided_timeout_is_the_verdict_and_the_lease_reads_lost_to_the_handler():

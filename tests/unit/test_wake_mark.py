@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import threading
 
-from django_pgqueue.worker.tally import Tally
+from django_pgqueue.worker.wake_mark import WakeMark
 
 
 def test_busy_counts_the_jobs_handed_and_not_returned() -> None:
-    tally = Tally(threading.Event())
-    tally.handed(3)
-    tally.returned()
-    assert tally.busy() == 2
+    mark = WakeMark(threading.Event())
+    mark.handed(3)
+    mark.returned()
+    assert mark.busy() == 2
 
 
 def test_the_dispatcher_is_woken_at_the_mark_only() -> None:
     wake = threading.Event()
-    tally = Tally(wake)
-    tally.handed(3)
-    tally.arm(until_last=True)
-    tally.returned()
-    tally.returned()
+    mark = WakeMark(wake)
+    mark.handed(3)
+    mark.arm(until_last=True)
+    mark.returned()
+    mark.returned()
     assert not wake.is_set()
-    tally.returned()
+    mark.returned()
     assert wake.is_set()

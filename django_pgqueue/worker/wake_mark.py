@@ -11,8 +11,9 @@ from __future__ import annotations
 import threading
 
 
-class Tally:
-    """Jobs handed to the handler threads and returned by them."""
+class WakeMark:
+    """The jobs handed to the handler threads and returned by them, and the count of
+    returns at which the dispatcher is woken."""
 
     def __init__(self, wake: threading.Event) -> None:
         self._wake = wake

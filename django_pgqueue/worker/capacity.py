@@ -2,7 +2,7 @@
 it leaves for claims.
 
 A claimed job counts from the moment its claim brought it in until its handler's code
-really ended (see `claimed.InFlight`): a handler past its timeout, on a blocked event
+really ended (see `claimed.ClaimedJob`): a handler past its timeout, on a blocked event
 loop, or cancelled and still running keeps its slot. Counted by kind: "sync" handlers
 run on the `concurrency` handler threads, "async" ones as tasks on the event loop, up
 to `async_concurrency`. Every claim is sized here (`claim_size`), and the two pools
@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..claimed import InFlight
+from ..claimed import ClaimedJob
 
 KINDS = ("sync", "async")
 
 
-class InFlightJobs:
+class Capacity:
     """The claimed jobs whose handlers have not ended, counted by kind.
 
     A job claimed again while an older handler of it still runs (its lease was lost)
@@ -36,7 +36,7 @@ class InFlightJobs:
 
     def __init__(self, threads: int, tasks: int, *, async_handlers: bool = True) -> None:
         self.limits = {"sync": threads, "async": tasks}
-        self._items: dict[InFlight, None] = {}
+        self._items: dict[ClaimedJob, None] = {}
         self._counts = dict.fromkeys(KINDS, 0)
         # Which kinds each queue's claims have brought.
         self._kinds: dict[str, set[str]] = {}
@@ -47,7 +47,7 @@ class InFlightJobs:
     def __len__(self) -> int:
         return len(self._items)
 
-    def __iter__(self) -> Iterator[InFlight]:
+    def __iter__(self) -> Iterator[ClaimedJob]:
         return iter(list(self._items))
 
     def running(self, kind: str) -> int:
@@ -90,18 +90,18 @@ class InFlightJobs:
         """Some queue's claims brought an async handler: the event loop is in use."""
         return any("async" in kinds for kinds in self._kinds.values())
 
-    def add_all(self, items: list[InFlight]) -> None:
+    def add_all(self, items: list[ClaimedJob]) -> None:
         """`items` were claimed and go to their pools."""
         for item in items:
             self._items[item] = None
             self._counts[item.kind] += 1
             self._kinds.setdefault(item.ctx.queue, set()).add(item.kind)
 
-    def drop(self, item: InFlight) -> None:
+    def drop(self, item: ClaimedJob) -> None:
         """Forget `item`: its handler ended (or it never started)."""
         self.drop_all([item])
 
-    def drop_all(self, items: list[InFlight]) -> None:
+    def drop_all(self, items: list[ClaimedJob]) -> None:
         """`drop` each of `items` (one not in the table is passed over)."""
         entries = self._items
         for item in items:
