@@ -286,3 +286,20 @@ def test_no_comment_names_an_issue():
 def test_the_version_is_the_distributions():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
     assert django_pgqueue.__version__ == project["version"]
+
+
+def test_the_architecture_page_names_every_room_and_every_part_of_the_worker():
+    """docs/architecture.md stays true to the code: every room stands on its floor
+    there, and every module of worker/ has its row in the worker's table."""
+    page = (ROOT / "docs" / "architecture.md").read_text("utf-8")
+    floors = page.split("## The floors", 1)[1].split("## ", 1)[0]
+    missing_rooms = [
+        room
+        for room in FLOORS
+        if room not in ("__init__", "apps")
+        and not re.search(rf"\b{re.escape(room)}(/|\.py)", floors)
+    ]
+    assert missing_rooms == [], "rooms missing from the floors drawing"
+    parts = sorted(p.stem for p in (PACKAGE / "worker").glob("*.py") if p.stem != "__init__")
+    missing_parts = [part for part in parts if f"| `{part}.py` |" not in page]
+    assert missing_parts == [], "worker modules missing from the worker's table"
