@@ -192,6 +192,7 @@ def sweep_expired(store: Store) -> list[str]:
             queue,
             lost_version,
             "requeued" if status == "pending" else "attempts spent, job is dead",
+            extra={"job_id": job_id, "queue": queue, "lease_version": lost_version},
         )
     return queues
 

@@ -66,6 +66,7 @@ class Watchdog:
                     now - since,
                     suspect.ctx.job_id,
                     suspect.ctx.type,
+                    extra=suspect.log_extra(),
                 )
             elif suspect is None and late >= 2 * LAG_WARNING and now - overloaded_at > 60:
                 overloaded_at = now

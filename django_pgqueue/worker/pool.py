@@ -343,7 +343,11 @@ def _reset_connections(item: ClaimedJob) -> None:
     try:
         reset_django_connections()
     except Exception:
-        logger.exception("job %d: resetting the Django connections failed", item.ctx.job_id)
+        logger.exception(
+            "job %d: resetting the Django connections failed",
+            item.ctx.job_id,
+            extra=item.log_extra(),
+        )
 
 
 def _thread_died() -> Failure:

@@ -253,6 +253,7 @@ class OutcomeWriter:
                 "job %d: completing it was refused (%s); recording a retryable failure",
                 item.ctx.job_id,
                 errors.describe(exc),
+                extra=item.log_extra(),
             )
             failure = Retry(
                 storable(errors.class_path(exc), ERROR_CLASS_LIMIT),
@@ -286,6 +287,7 @@ class OutcomeWriter:
                 ctx.job_id,
                 what,
                 errors.describe(exc),
+                extra=item.log_extra(),
             )
             self.stats["writes_abandoned"] += 1
             return ABANDONED
@@ -306,7 +308,7 @@ class OutcomeWriter:
             self._retries.append((ctx.queue, time.monotonic() + outcome.delay))  # type: ignore[union-attr]
         self.observers.jobs_ended([JobEnd(item, kind, failure=outcome, run_at=run_at)])
         self.stats[kind] += 1
-        _log_written(kind, ctx, outcome)
+        _log_written(kind, item, outcome)
 
     def _stale(self, item: ClaimedJob, what: str) -> None:
         self.stats["stale_writes"] += 1
@@ -317,6 +319,7 @@ class OutcomeWriter:
             what,
             item.ctx.job_id,
             item.ctx.lease_version,
+            extra=item.log_extra(),
         )
 
     # -- writes in doubt ----------------------------------------------------------
@@ -344,12 +347,16 @@ class OutcomeWriter:
                 logger.warning(
                     "job %d: the write in doubt had not landed; writing it again",
                     item.ctx.job_id,
+                    extra=item.log_extra(),
                 )
             elif status in ("succeeded", "failed"):
                 self.stats["completed" if status == "succeeded" else "failed_written"] += 1
                 self.leases.forget(item.lease)
                 logger.warning(
-                    "job %d: the write in doubt had landed (%s)", item.ctx.job_id, status
+                    "job %d: the write in doubt had landed (%s)",
+                    item.ctx.job_id,
+                    status,
+                    extra=item.log_extra(),
                 )
             else:
                 self.leases.forget(item.lease)
@@ -402,8 +409,9 @@ def _kind(outcome: Failure, status: str) -> str:
     return "interrupted" if isinstance(outcome, Interrupted) else "retried"
 
 
-def _log_written(kind: str, ctx: Any, outcome: Failure) -> None:
+def _log_written(kind: str, item: ClaimedJob, outcome: Failure) -> None:
     """The log line of a failure written as `kind` (dead, retried, snoozed, cancelled)."""
+    ctx, extra = item.ctx, item.log_extra()
     if kind == "dead":
         logger.log(
             # Logged already with its traceback where it ran (a failed @task): not twice.
@@ -414,6 +422,7 @@ def _log_written(kind: str, ctx: Any, outcome: Failure) -> None:
             ctx.attempt,
             ctx.max_attempts,
             outcome.last_error,
+            extra=extra,
         )
     elif kind == "retried":
         logger.warning(
@@ -424,6 +433,7 @@ def _log_written(kind: str, ctx: Any, outcome: Failure) -> None:
             ctx.max_attempts,
             outcome.delay if isinstance(outcome, Retry) else 0.0,
             outcome.last_error,
+            extra=extra,
         )
     elif kind == "interrupted":
         logger.warning(
@@ -433,9 +443,10 @@ def _log_written(kind: str, ctx: Any, outcome: Failure) -> None:
             ctx.attempt,
             ctx.max_attempts,
             outcome.message,
+            extra=extra,
         )
     else:
-        logger.info("job %d (%s) %s: %s", ctx.job_id, ctx.type, kind, outcome.message)
+        logger.info("job %d (%s) %s: %s", ctx.job_id, ctx.type, kind, outcome.message, extra=extra)
 
 
 def _first_return(written: list[Written]) -> float:
