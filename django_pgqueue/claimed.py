@@ -67,15 +67,17 @@ class ClaimedJob:
         self.timed_out_at = now
         self.lease.timed_out = True
 
-    def log_extra(self) -> dict[str, Any]:
-        """The `extra=` of a log line about this job: its id, queue, type, attempt and
-        the worker running it."""
+    def facts(self) -> dict[str, Any]:
+        """What identifies this attempt: the job's id, queue and type, the attempt, its
+        lease version and the worker running it. The lifecycle signals' arguments, a
+        log line's `extra=`, a span's attributes."""
         ctx = self.ctx
         return {
             "job_id": ctx.job_id,
             "queue": ctx.queue,
-            "job_type": ctx.type,
+            "type": ctx.type,
             "attempt": ctx.attempt,
+            "lease_version": ctx.lease_version,
             "worker_id": ctx.worker_id,
         }
 

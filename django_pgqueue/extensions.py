@@ -66,6 +66,23 @@ class JobEnd:
     failure: Failure | None = None
     run_at: Any = None
 
+    @property
+    def outcome(self) -> str:
+        """The attempt's outcome as the counters and the rollup name it: succeeded,
+        retried (an interruption too: due again at once), dead, cancelled, snoozed."""
+        return ATTEMPT_OUTCOMES[self.end]
+
+
+# The attempt's outcome of each end of a job.
+ATTEMPT_OUTCOMES = {
+    "completed": "succeeded",
+    "retried": "retried",
+    "interrupted": "retried",
+    "dead": "dead",
+    "cancelled": "cancelled",
+    "snoozed": "snoozed",
+}
+
 
 class JobObserver:
     """Told what became of the jobs a worker claimed; override what it needs.

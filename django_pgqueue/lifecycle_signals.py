@@ -20,22 +20,10 @@ from .extensions import AsyncRunner, JobEnd, JobObserver, RunMiddleware, Runner
 from .outcomes import Outcome
 
 
-def event(item: ClaimedJob) -> dict[str, Any]:
-    """The arguments every lifecycle signal carries about `item`."""
-    ctx = item.ctx
-    return {
-        "job_id": ctx.job_id,
-        "queue": ctx.queue,
-        "type": ctx.type,
-        "attempt": ctx.attempt,
-        "lease_version": ctx.lease_version,
-        "worker_id": ctx.worker_id,
-    }
-
-
 def _tell(signal: Signal, item: ClaimedJob, **extra: Any) -> None:
+    """Send `signal` with the arguments every lifecycle signal carries about `item`."""
     if signal.receivers:
-        signals.send(signal, **event(item), **extra)
+        signals.send(signal, **item.facts(), **extra)
 
 
 class LifecycleSignals(JobObserver, RunMiddleware):
@@ -74,4 +62,6 @@ class LifecycleSignals(JobObserver, RunMiddleware):
 def _started(item: ClaimedJob) -> None:
     if signals.job_started.receivers:
         ctx = item.ctx
-        signals.send(signals.job_started, **event(item), max_attempts=ctx.max_attempts, context=ctx)
+        signals.send(
+            signals.job_started, **item.facts(), max_attempts=ctx.max_attempts, context=ctx
+        )

@@ -34,15 +34,6 @@ RUNTIME_BOUNDS: tuple[float, ...] = (
     300,
 )
 OUTCOMES = ("succeeded", "retried", "dead", "cancelled", "snoozed", "lease_lost")
-# The outcome counted for each end of a job (an interruption is retried at once).
-COUNTED = {
-    "completed": "succeeded",
-    "retried": "retried",
-    "interrupted": "retried",
-    "dead": "dead",
-    "cancelled": "cancelled",
-    "snoozed": "snoozed",
-}
 
 
 @dataclass
@@ -90,7 +81,7 @@ class WorkerCounters(JobObserver):
     # -- as a job-event observer ------------------------------------------------------
 
     def jobs_ended(self, ends: Sequence[JobEnd]) -> None:
-        counts = Counter((e.item.ctx.queue, e.item.ctx.type, COUNTED[e.end]) for e in ends)
+        counts = Counter((e.item.ctx.queue, e.item.ctx.type, e.outcome) for e in ends)
         with self._lock:
             self._attempts.update(counts)
 

@@ -18,16 +18,6 @@ from ..outcomes import Failure, Outcome, Success
 from . import tracing
 from .rollup import RollupBuffer
 
-# The rollup's outcome of each end of a job (an interruption is retried at once).
-ROLLED_UP = {
-    "completed": "succeeded",
-    "retried": "retried",
-    "interrupted": "retried",
-    "dead": "dead",
-    "cancelled": "cancelled",
-    "snoozed": "snoozed",
-}
-
 
 class RollupObserver(JobObserver):
     """Notes each attempt whose outcome was written, for the per-minute rollup."""
@@ -41,7 +31,7 @@ class RollupObserver(JobObserver):
             item = ended.item
             if item.run_at is not None:  # None: a lost lease's attempt is not this worker's
                 attempt = (item.attempt_id, item.ctx.queue, item.run_at)
-                by_outcome.setdefault(ROLLED_UP[ended.end], []).append(attempt)
+                by_outcome.setdefault(ended.outcome, []).append(attempt)
         for outcome, attempts in by_outcome.items():
             self.rollup.add(attempts, outcome)
 
@@ -72,16 +62,8 @@ class AttemptSpans(RunMiddleware):
 
 
 def attributes(item: ClaimedJob) -> dict[str, Any]:
-    """The span attributes of `item`'s attempt."""
-    ctx = item.ctx
-    return {
-        "pgqueue.job_id": ctx.job_id,
-        "pgqueue.type": ctx.type,
-        "pgqueue.queue": ctx.queue,
-        "pgqueue.attempt": ctx.attempt,
-        "pgqueue.lease_version": ctx.lease_version,
-        "pgqueue.worker_id": ctx.worker_id,
-    }
+    """The span attributes of `item`'s attempt: its facts, named pgqueue.*."""
+    return {f"pgqueue.{name}": value for name, value in item.facts().items()}
 
 
 def span_outcome(span: Any, outcome: Success | Failure) -> None:

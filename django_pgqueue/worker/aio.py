@@ -284,7 +284,7 @@ class AsyncPool:
                 item.ctx.job_id,
                 item.ctx.type,
                 item.timeout,
-                extra=item.log_extra(),
+                extra=item.facts(),
             )
         task.cancel(f"pgqueue: {why}")
         assert self._loop is not None
@@ -405,5 +405,5 @@ def _ignored(item: ClaimedJob, why: str, what: str) -> None:
         item.ctx.type,
         why,
         what,
-        extra=item.log_extra(),
+        extra=item.facts(),
     )

@@ -66,7 +66,7 @@ class Watchdog:
                     now - since,
                     suspect.ctx.job_id,
                     suspect.ctx.type,
-                    extra=suspect.log_extra(),
+                    extra=suspect.facts(),
                 )
             elif suspect is None and late >= 2 * LAG_WARNING and now - overloaded_at > 60:
                 overloaded_at = now
@@ -97,7 +97,7 @@ class Watchdog:
                     item.ctx.job_id,
                     item.ctx.type,
                     item.timeout,
-                    extra=item.log_extra(),
+                    extra=item.facts(),
                 )
                 pool.cancel_timed_out_soon(item)
 

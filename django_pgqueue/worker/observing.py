@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 from ..claimed import ClaimedJob
@@ -75,14 +76,7 @@ def through(middleware: Sequence[RunMiddleware]) -> Run:
     """One run of an attempt through `middleware` (the first listed outermost)."""
     run: Run = _run
     for outer in reversed(middleware):
-        run = _wrap(outer, run)
-    return run
-
-
-def _wrap(outer: RunMiddleware, inner: Run) -> Run:
-    def run(item: ClaimedJob, executor_run: Runner) -> Outcome:
-        return outer.run(item, lambda ctx, handler, policy: inner(item, executor_run))
-
+        run = partial(_around, outer.run, run)
     return run
 
 
@@ -90,12 +84,12 @@ def athrough(middleware: Sequence[RunMiddleware]) -> AsyncRun:
     """`through` for async handlers, on the worker's event loop."""
     run: AsyncRun = _arun
     for outer in reversed(middleware):
-        run = _awrap(outer, run)
+        run = partial(_around, outer.arun, run)
     return run
 
 
-def _awrap(outer: RunMiddleware, inner: AsyncRun) -> AsyncRun:
-    def run(item: ClaimedJob, executor_run: AsyncRunner) -> Awaitable[Outcome]:
-        return outer.arun(item, lambda ctx, handler, policy: inner(item, executor_run))
-
-    return run
+def _around(
+    outer: Callable[..., Any], inner: Callable[..., Any], item: ClaimedJob, runner: Any
+) -> Any:
+    """`outer(item, ...)` with the rest of the chain as the runner it calls once."""
+    return outer(item, lambda ctx, handler, policy: inner(item, runner))

@@ -173,7 +173,7 @@ class HandlerPool:
                 item.ctx.job_id,
                 item.ctx.type,
                 item.timeout,
-                extra=item.log_extra(),
+                extra=item.facts(),
             )
         return all_stuck(stuck(self._timed, now), self.concurrency, self.worker_id)
 
@@ -346,7 +346,7 @@ def _reset_connections(item: ClaimedJob) -> None:
         logger.exception(
             "job %d: resetting the Django connections failed",
             item.ctx.job_id,
-            extra=item.log_extra(),
+            extra=item.facts(),
         )
 
 

@@ -253,7 +253,7 @@ class OutcomeWriter:
                 "job %d: completing it was refused (%s); recording a retryable failure",
                 item.ctx.job_id,
                 errors.describe(exc),
-                extra=item.log_extra(),
+                extra=item.facts(),
             )
             failure = Retry(
                 storable(errors.class_path(exc), ERROR_CLASS_LIMIT),
@@ -287,7 +287,7 @@ class OutcomeWriter:
                 ctx.job_id,
                 what,
                 errors.describe(exc),
-                extra=item.log_extra(),
+                extra=item.facts(),
             )
             self.stats["writes_abandoned"] += 1
             return ABANDONED
@@ -319,7 +319,7 @@ class OutcomeWriter:
             what,
             item.ctx.job_id,
             item.ctx.lease_version,
-            extra=item.log_extra(),
+            extra=item.facts(),
         )
 
     # -- writes in doubt ----------------------------------------------------------
@@ -347,7 +347,7 @@ class OutcomeWriter:
                 logger.warning(
                     "job %d: the write in doubt had not landed; writing it again",
                     item.ctx.job_id,
-                    extra=item.log_extra(),
+                    extra=item.facts(),
                 )
             elif status in ("succeeded", "failed"):
                 self.stats["completed" if status == "succeeded" else "failed_written"] += 1
@@ -356,7 +356,7 @@ class OutcomeWriter:
                     "job %d: the write in doubt had landed (%s)",
                     item.ctx.job_id,
                     status,
-                    extra=item.log_extra(),
+                    extra=item.facts(),
                 )
             else:
                 self.leases.forget(item.lease)
@@ -411,7 +411,7 @@ def _kind(outcome: Failure, status: str) -> str:
 
 def _log_written(kind: str, item: ClaimedJob, outcome: Failure) -> None:
     """The log line of a failure written as `kind` (dead, retried, snoozed, cancelled)."""
-    ctx, extra = item.ctx, item.log_extra()
+    ctx, extra = item.ctx, item.facts()
     if kind == "dead":
         logger.log(
             # Logged already with its traceback where it ran (a failed @task): not twice.
