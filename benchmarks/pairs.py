@@ -1,10 +1,14 @@
-"""Alternating pairs of drains: two checkouts of the project, measured turn about.
+"""Alternating pairs: two checkouts of the project, measured turn about.
 
-A drain of `throughput.py` (the same function, enqueue to the last completion) runs in
-a fresh interpreter for each checkout, with that checkout first on the import path, on
-one database, each pair in the opposite order to the last. The ratio after / before of
-each pair is what to read: this machine's rate drifts far more between minutes than
-between two runs side by side. `--before` is usually a `git worktree` of the baseline.
+Three figures a user sees, each from `throughput.py` (the same functions): a drain
+(enqueue to the last completion) at several worker configurations, a single enqueue
+(one transaction each, jobs per second), and an idle worker's pickup (enqueue to the
+handler's start, p50 and p99 in ms: lower is better). Each runs in a fresh interpreter
+for each checkout, with that checkout first on the import path, on one database, each
+pair in the opposite order to the last. The ratio after / before of each pair is what
+to read (for the pickup, before / after, so that above 1 is better everywhere): this
+machine's rate drifts far more between minutes than between two runs side by side.
+`--before` is usually a `git worktree` of the baseline.
 """
 
 from __future__ import annotations
@@ -24,30 +28,43 @@ from _common import DEFAULT_SERVER, ROOT, machine, parser, setup_django, write_j
 CONFIGS = [(1, None, None), (2, None, None), (4, None, None), (2, 50, 50)]
 SMOKE_CONFIGS = [(1, None, None)]
 
-DRAIN = """
+MEASURE = """
 import json, sys
 sys.path.insert(0, "benchmarks")
 import throughput
 from _common import setup_django
 setup_django({url!r})
-print("RESULT", json.dumps(throughput.drain({jobs}, {processes}, {concurrency}, {batch})))
+print("RESULT", json.dumps(throughput.{call}))
 """
 
 
-def drain(tree: Path, url: str, jobs: int, config: tuple[Any, ...]) -> float:
-    """Jobs per second of one drain by the checkout at `tree`."""
-    processes, concurrency, batch = config
-    code = DRAIN.format(
-        url=url, jobs=jobs, processes=processes, concurrency=concurrency, batch=batch
-    )
+def measure(tree: Path, url: str, call: str) -> Any:
+    """What `throughput.<call>` returns, measured by the checkout at `tree`."""
+    code = MEASURE.format(url=url, call=call)
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
-        raise SystemExit(f"drain in {tree} failed:\n{done.stderr[-3000:]}")
-    return float(json.loads(lines[0].removeprefix("RESULT ")))
+        raise SystemExit(f"{call} in {tree} failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[0].removeprefix("RESULT "))
+
+
+def workloads(jobs: int, smoke: bool) -> list[tuple[str, str, str]]:
+    """(name, call, the figure's key or "" for a number): what each pair measures."""
+    drains = [
+        (f"drain {list(config)}", f"drain({jobs}, {', '.join(map(repr, config))})", "")
+        for config in (SMOKE_CONFIGS if smoke else CONFIGS)
+    ]
+    enqueues = 200 if smoke else 3_000
+    pickups = (5, 0.05) if smoke else (200, 0.1)
+    return [
+        *drains,
+        ("single enqueue", f"enqueue_single({enqueues})", ""),
+        ("pickup p50", f"pickup_latency{pickups}", "p50_ms"),
+        ("pickup p99", f"pickup_latency{pickups}", "p99_ms"),
+    ]
 
 
 def main() -> None:
@@ -63,25 +80,32 @@ def main() -> None:
     setup_django(url)  # this process reads the machine's figures; each drain its own
     rows = []
     for n in range(pairs):
-        for config in SMOKE_CONFIGS if args.smoke else CONFIGS:
+        measured: dict[str, dict[str, Any]] = {}  # call -> tree -> value, once a pair
+        for name, call, key in workloads(jobs, args.smoke):
             order = ["before", "after"] if n % 2 == 0 else ["after", "before"]
-            rates = {name: drain(trees[name], url, jobs, config) for name in order}
-            row = {
-                "config": list(config),
-                **rates,
-                "ratio": rates["after"] / rates["before"],
-                "load1": os.getloadavg()[0],
-            }
+            if call not in measured:
+                measured[call] = {tree: measure(trees[tree], url, call) for tree in order}
+            values = {tree: value[key] if key else value for tree, value in measured[call].items()}
+            better_low = bool(key)  # a latency: lower is better
+            ratio = (
+                values["before"] / values["after"]
+                if better_low
+                else values["after"] / values["before"]
+            )
+            row = {"workload": name, **values, "ratio": ratio, "load1": os.getloadavg()[0]}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    ratios = [row["ratio"] for row in rows]
-    summary = {
-        "median": statistics.median(ratios),
-        "geometric_mean": math.exp(sum(map(math.log, ratios)) / len(ratios)),
-        "pairs": len(ratios),
-    }
-    print(f"after / before over {len(ratios)} pairs: median {summary['median']:.2f}, "
-          f"geometric mean {summary['geometric_mean']:.2f}")  # fmt: skip
+    summary = {}
+    for name in dict.fromkeys(row["workload"] for row in rows):
+        ratios = [row["ratio"] for row in rows if row["workload"] == name]
+        summary[name] = {
+            "median": statistics.median(ratios),
+            "geometric_mean": math.exp(sum(map(math.log, ratios)) / len(ratios)),
+            "pairs": len(ratios),
+        }
+        print(f"{name}: after vs before over {len(ratios)} pairs (above 1: after is better): "
+              f"median {summary[name]['median']:.2f}, "
+              f"geometric mean {summary[name]['geometric_mean']:.2f}")  # fmt: skip
     results = {
         "machine": machine(),
         "smoke": args.smoke,
