@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import connections
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_pgqueue import validation
@@ -42,7 +43,8 @@ def run_due_jobs(queues: Iterable[str] | None = None, **options: Any) -> Counter
     workflow's next step, a batch's callback, a job a handler enqueues, in the queues
     given, or in any queue when `queues` is None. A job scheduled for later (a retry's
     backoff, a future ``run_at``) is left pending. Each queue database is worked by a
-    worker of its own, in turn, until a round of them finds nothing due. `options` are
+    worker of its own, in turn, and again while the handlers enqueued jobs that are due
+    in a queue (or on a database) already worked. `options` are
     those of :class:`~django_pgqueue.worker.Worker` (``concurrency``, ``lease``, ...).
     """
     conf = get_settings()
@@ -57,17 +59,45 @@ def run_due_jobs(queues: Iterable[str] | None = None, **options: Any) -> Counter
     given = None if queues is None else list(dict.fromkeys(queues))
     options.setdefault("concurrency", 1)
     options.setdefault("poll_interval", 0.05)
+    started = {alias: _database_now(alias) for alias in aliases}
     total: Counter[str] = Counter()
-    while True:
-        names = given if given is not None else _pending_queues(conf)
+    names = given if given is not None else _pending_queues(conf)
+    while names:
         claimed = 0
         for mine in queues_by_database(names).values():
             worker = Worker(mine, install_signal_handlers=False, burst=True, **options)
             worker.run()
             total.update(worker.stats)
             claimed += worker.stats["claimed"]
-        if not claimed:
-            return total
+        # Another round only for the jobs the handlers enqueued, due now, in a queue or
+        # on a database a worker of this round had done with: a retry of a job that ran
+        # is left for later, as a burst worker leaves it.
+        names = _follow_ups(conf, started, given) if claimed else []
+    return total
+
+
+def _database_now(alias: str) -> Any:
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+def _follow_ups(conf: Any, since: dict[str, Any], queues: list[str] | None) -> list[str]:
+    """The queues with a job due now that was enqueued after `since` (its database's
+    clock), of `queues` if given."""
+    found = []
+    for alias in conf.queue_databases:
+        due = JobState.objects.using(alias).filter(
+            status="pending", run_at__lte=Now(), job__created_at__gte=since[alias]
+        )
+        if queues is not None:
+            due = due.filter(queue__in=queues)
+        found += [
+            queue
+            for queue in due.order_by("queue").values_list("queue", flat=True).distinct()
+            if conf.database_for(queue) == alias
+        ]
+    return found
 
 
 def _pending_queues(conf: Any) -> list[str]:

@@ -133,7 +133,10 @@ class Dispatcher:
                 if cfg.burst and self._idle(now):
                     logger.info("worker %s: queues empty, burst done", cfg.worker_id)
                     return
-                if not self.capacity and not self.writer.pending and not self.writer.in_doubt:
+                # An idle worker sleeps until its queues' next job is due; a burst worker
+                # never does: it looks again once more, then exits (see ClaimScheduler.idle).
+                idle = not self.capacity and not self.writer.pending and not self.writer.in_doubt
+                if idle and not cfg.burst:
                     _sleep_long(self.store, self.claims, time.monotonic())
                 self._wait(next_sweep)
             except DatabaseUnavailable as exc:

@@ -410,43 +410,29 @@ def _kind(outcome: Failure, status: str) -> str:
 
 
 def _log_written(kind: str, item: ClaimedJob, outcome: Failure) -> None:
-    """The log line of a failure written as `kind` (dead, retried, snoozed, cancelled)."""
-    ctx, extra = item.ctx, item.facts()
-    if kind == "dead":
-        logger.log(
-            # Logged already with its traceback where it ran (a failed @task): not twice.
-            logging.INFO if outcome.logged else logging.ERROR,
-            "job %d (%s) dead after attempt %d/%d: %s",
-            ctx.job_id,
-            ctx.type,
-            ctx.attempt,
-            ctx.max_attempts,
-            outcome.last_error,
-            extra=extra,
-        )
-    elif kind == "retried":
-        logger.warning(
-            "job %d (%s) failed attempt %d/%d, retry in %.2fs: %s",
-            ctx.job_id,
-            ctx.type,
-            ctx.attempt,
-            ctx.max_attempts,
-            outcome.delay if isinstance(outcome, Retry) else 0.0,
-            outcome.last_error,
-            extra=extra,
-        )
-    elif kind == "interrupted":
-        logger.warning(
-            "job %d (%s) interrupted at attempt %d/%d, the attempt given back: %s",
-            ctx.job_id,
-            ctx.type,
-            ctx.attempt,
-            ctx.max_attempts,
-            outcome.message,
-            extra=extra,
-        )
-    else:
-        logger.info("job %d (%s) %s: %s", ctx.job_id, ctx.type, kind, outcome.message, extra=extra)
+    """The log line of a failure written as `kind` (dead, retried, interrupted, snoozed,
+    cancelled): what the job is now, after which attempt, and why."""
+    ctx = item.ctx
+    level, what = {
+        # A dead job logged already with its traceback where it ran (a failed @task):
+        # not twice.
+        "dead": (logging.INFO if outcome.logged else logging.ERROR, "dead after attempt"),
+        "retried": (logging.WARNING, "failed, retried later, at attempt"),
+        "interrupted": (logging.WARNING, "interrupted, the attempt given back, at attempt"),
+    }.get(kind, (logging.INFO, f"{kind} at attempt"))
+    delay = f" (due again in {outcome.delay:.2f}s)" if isinstance(outcome, Retry) else ""
+    logger.log(
+        level,
+        "job %d (%s) %s %d/%d%s: %s",
+        ctx.job_id,
+        ctx.type,
+        what,
+        ctx.attempt,
+        ctx.max_attempts,
+        delay if kind == "retried" else "",
+        outcome.last_error,
+        extra=item.facts(),
+    )
 
 
 def _first_return(written: list[Written]) -> float:

@@ -6,10 +6,12 @@ import itertools
 import time
 
 import pytest
+from django.db import connection
 
+import django_pgqueue
 from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.models import Attempt, JobState
-from django_pgqueue.retry import ExponentialBackoff
+from django_pgqueue.retry import ExponentialBackoff, FixedDelay
 from tests.conftest import sql
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -532,3 +534,29 @@ def test_the_sweep_gives_an_interrupted_attempt_back_once_its_worker_is_gone(run
     assert state.last_error.startswith("interrupted: worker ")
     [attempt] = Attempt.objects.filter(job_id=job.id)
     assert attempt.status == "interrupted"  # not 'lost'
+
+
+@django_pgqueue.handler("test.fails_once_listened", max_attempts=4, retry=FixedDelay(2.0))
+def fails_once_listened(ctx):
+    """Fails, but only once its worker's listener is connected: the worker then knows
+    NOTIFYs arrive, and an idle worker of that kind would sleep until the retry."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                [f"pgqueue listener {ctx.worker_id}"],
+            )
+            if cursor.fetchone()[0]:
+                break
+        time.sleep(0.02)
+    raise ConnectionError("the service does not answer")
+
+
+def test_a_burst_worker_leaves_a_retry_due_later_even_while_listening(run_worker):
+    job = enqueue("test.fails_once_listened", {}, queue="burstlisten")
+    worker = run_worker(["burstlisten"], burst=True, concurrency=1, poll_interval=0.05)
+    worker.join(60)
+    # It ran the job once and exited: the retry, due 2 s later, is left for later.
+    state = JobState.objects.get(pk=job.id)
+    assert (state.status, state.attempts) == ("pending", 1)
