@@ -1,25 +1,24 @@
-"""Sphinx configuration: MyST Markdown sources, the furo theme, autodoc of the public API.
+"""Sphinx configuration: MyST Markdown sources, the furo theme.
 
 `make docs` builds with warnings as errors and nitpicky references
-(sphinx-build -W --keep-going -n). It needs no network and no database: Django is set
-up with the test project's settings only so autodoc can import the models.
+(sphinx-build -W --keep-going -n). It needs no network and no database.
+
+The pages are written in the Markdown GitHub renders too, since most readers follow the
+README's links on the repository's page (tests/unit/test_docs_pages.py keeps them so):
+links between pages are `[text](page.md#heading)` (MyST resolves them, and checks the
+heading anchors, slugged as GitHub slugs them), a warning is GitHub's `> [!WARNING]`,
+and the navigation is built from docs/index.md's lists of links instead of toctree
+directives, which GitHub would show as text.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "testproject")]
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-
-import django  # noqa: E402
-
-django.setup()
+sys.path.insert(0, str(HERE.parent))
 
 import django_pgqueue  # noqa: E402
 
@@ -29,49 +28,41 @@ copyright = "2026, the django-pgqueue team"
 release = django_pgqueue.__version__
 version = release
 
-extensions = ["myst_parser", "sphinx.ext.autodoc"]
+extensions = ["myst_parser"]
 source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build"]
-myst_enable_extensions = ["colon_fence", "deflist"]
-myst_heading_anchors = 3
+myst_enable_extensions = ["alert"]
+# Every heading gets its anchor, as on GitHub, so a link may point at any section.
+myst_heading_anchors = 6
+myst_heading_slug_func = "github"
 
 html_theme = "furo"
 html_title = f"django-pgqueue {release}"
 html_static_path = ["_static"]
 html_css_files = ["custom.css"]
 
-autodoc_member_order = "bysource"
-autodoc_typehints = "signature"
-autodoc_default_options = {"members": True, "undoc-members": False}
-# Offline build: no intersphinx, so names from Python, Django and other libraries in
-# signatures are left unlinked instead of reported.
-nitpick_ignore_regex = [
-    (r"py:.*", r"(datetime|dt|typing|collections|abc|types|random|threading|re|dataclasses)\..*"),
-    (r"py:.*", r"(django|asgiref|psycopg)\..*"),
-    (r"py:.*", r"(Any|Callable|Iterable|Iterator|Mapping|Sequence|F|T|P|Task|TaskResult)"),
-    (r"py:.*", r"(TaskContext|BaseTaskBackend|Resolver|Outcome|FrameType)"),
-    # Internals that appear in public signatures but are not documented on their own.
-    (r"py:class", r"django_pgqueue\.(registry\.F|registry\.Registry|context\.Lease)"),
-    # Documented in reference/python-api.md as plain Markdown, which makes no py: target.
-    (r"py:class", r"django_pgqueue\.(context\.JobContext|enqueue\.EnqueuedJob|worker\.Worker)"),
-]
-
-# The admin guide's screenshots are made by the admin's own tooling and may be absent
-# from a checkout (a branch without the admin). A figure naming one of them is then
-# left out of the page instead of failing the build; every other image must exist.
-OPTIONAL_IMAGES = {"images/admin-jobs-list.png", "images/admin-dead-job.png"}
-_FIGURE = re.compile(r"```\{figure\} (?P<path>\S+)\n.*?\n```\n", re.DOTALL)
+# docs/index.md: a `## Caption` heading, then a list of links to pages.
+_SECTION = re.compile(
+    r"^## (?P<caption>[^\n]+)\n\n(?P<items>(?:- \[[^\n]*\]\([^)\n]+\.md\)\n?)+)", re.M
+)
+_PAGE = re.compile(r"\]\((?P<page>[^)\n]+)\.md\)")
 
 
-def _drop_absent_screenshots(app, docname, source) -> None:  # type: ignore[no-untyped-def]
-    def keep_or_drop(match: re.Match[str]) -> str:
-        path = match.group("path")
-        if path in OPTIONAL_IMAGES and not (HERE / path).exists():
-            return ""
-        return match.group(0)
-
-    source[0] = _FIGURE.sub(keep_or_drop, source[0])
+def _navigation_from_links(app, docname, source) -> None:  # type: ignore[no-untyped-def]
+    """Give the root page a hidden toctree per list of links, with the list's heading as
+    its caption: the sidebar then lists what the page lists, in the same order."""
+    if docname != app.config.root_doc:
+        return
+    trees = [
+        "```{toctree}\n:hidden:\n:caption: "
+        + match.group("caption")
+        + "\n\n"
+        + "\n".join(_PAGE.findall(match.group("items")))
+        + "\n```\n"
+        for match in _SECTION.finditer(source[0])
+    ]
+    source[0] += "\n" + "\n".join(trees)
 
 
 def setup(app):  # type: ignore[no-untyped-def]
-    app.connect("source-read", _drop_absent_screenshots)
+    app.connect("source-read", _navigation_from_links)

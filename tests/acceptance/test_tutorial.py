@@ -1,7 +1,8 @@
 """docs/tutorial.md followed literally in an empty directory ends with a job done.
 
-The project is built from the page's own code blocks (a `code-block` whose caption names
-a file is that file; "(add at the end)" appends to it) and the page's own commands, run
+The project is built from the page's own code blocks (a Python block whose first line is
+a comment naming a file is that file; "(add at the end)" appends to it) and the page's
+own commands, run
 in a temporary directory with this test's interpreter. Departures from typing them by
 hand, and only these: the database is a fresh one named by PGDATABASE (which the page's
 settings read), `createdb` is done with psycopg, `createsuperuser` gets --noinput and its
@@ -30,9 +31,7 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.slow
 
 PAGE = (ROOT / "docs" / "tutorial.md").read_text("utf-8")
-BLOCK = re.compile(
-    r"```\{code-block\} python\n:caption: (?P<caption>[^\n]+)\n\n(?P<code>.*?)\n```", re.DOTALL
-)
+BLOCK = re.compile(r"```python\n# (?P<caption>[^\n]+)\n(?P<code>.*?)\n```", re.DOTALL)
 COMMANDS = [
     "django-admin startproject mysite .",
     "python manage.py startapp shop",
@@ -45,7 +44,8 @@ COMMANDS = [
 
 
 def blocks() -> dict[str, tuple[str, bool]]:
-    """Caption -> (code, appended) of every captioned Python block of the page."""
+    """Caption (the first line's comment) -> (code, appended) of every Python block of
+    the page that opens with a comment."""
     found = {}
     for match in BLOCK.finditer(PAGE):
         caption = match.group("caption")

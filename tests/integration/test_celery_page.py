@@ -1,9 +1,9 @@
 """docs/howto/coming-from-celery.md runs as written, block after block.
 
 The page's blocks are executed in order in one namespace, as a reader pasting them into
-a shell would; a block captioned ``settings.py`` is applied as the project's PGQUEUE
-(merged over the test settings, so retries stay fast). Then what the page says each
-spelling does is checked against the tables.
+a shell would; a block whose first line is ``# settings.py`` is applied as the project's
+PGQUEUE (merged over the test settings, so retries stay fast). Then what the page says
+each spelling does is checked against the tables.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 PAGE = ROOT / "docs" / "howto" / "coming-from-celery.md"
 BLOCK = re.compile(
-    r"^```(?:python|\{code-block\} python\n:caption: (?P<caption>[^\n]+)\n)\n?(?P<code>.*?)^```",
-    re.DOTALL | re.MULTILINE,
+    r"^```python\n(?:# (?P<caption>settings\.py)\n)?(?P<code>.*?)^```", re.DOTALL | re.MULTILINE
 )
 
 

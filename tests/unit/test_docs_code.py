@@ -31,8 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 PAGES = [page for page in PAGES if "_build" not in page.parts]
 FENCE = re.compile(
-    r"^(?P<indent>[ \t]*)```(?:python|py|\{code-block\} python)[ \t]*\n"
-    r"(?P<code>.*?)^(?P=indent)```",
+    r"^(?P<indent>[ \t]*)```(?:python|py)[ \t]*\n(?P<code>.*?)^(?P=indent)```",
     re.DOTALL | re.MULTILINE,
 )
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
@@ -62,15 +61,13 @@ PUBLIC = (
 
 
 def blocks(page: Path) -> list[tuple[int, str]]:
-    """(line, code) of each Python block of `page`, dedented, captions stripped."""
+    """(line, code) of each Python block of `page`, dedented."""
     text = page.read_text("utf-8")
     found = []
     for match in FENCE.finditer(text):
         lines = match.group("code").splitlines()
         indent = len(match.group("indent"))
         code = "\n".join(line[indent:] for line in lines)
-        # A MyST code-block's options (":caption: shop/jobs.py") come first.
-        code = re.sub(r"\A(?::[a-z-]+:[^\n]*\n)+\n?", "", code)
         found.append((text.count("\n", 0, match.start()) + 2, code))
     return found
 
