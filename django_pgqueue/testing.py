@@ -31,6 +31,7 @@ from django_pgqueue.registry import registry
 from django_pgqueue.schedules.firing import tick_key
 from django_pgqueue.schedules.spec import ScheduleSpec, code_schedules
 from django_pgqueue.schedules.ticks import Ticks
+from django_pgqueue.store.operator import clock_ago
 from django_pgqueue.worker import Worker
 from django_pgqueue.worker_config import queues_by_database
 
@@ -59,7 +60,7 @@ def run_due_jobs(queues: Iterable[str] | None = None, **options: Any) -> Counter
     given = None if queues is None else list(dict.fromkeys(queues))
     options.setdefault("concurrency", 1)
     options.setdefault("poll_interval", 0.05)
-    started = {alias: _database_now(alias) for alias in aliases}
+    started = {alias: clock_ago(alias, 0) for alias in aliases}  # each database's now()
     total: Counter[str] = Counter()
     names = given if given is not None else _pending_queues(conf)
     while names:
@@ -74,12 +75,6 @@ def run_due_jobs(queues: Iterable[str] | None = None, **options: Any) -> Counter
         # is left for later, as a burst worker leaves it.
         names = _follow_ups(conf, started, given) if claimed else []
     return total
-
-
-def _database_now(alias: str) -> Any:
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]
 
 
 def _follow_ups(conf: Any, since: dict[str, Any], queues: list[str] | None) -> list[str]:

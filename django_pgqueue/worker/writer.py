@@ -208,7 +208,9 @@ class OutcomeWriter:
             elif item.ctx.job_id not in self._failed_instead:
                 self._stale(item, "complete")
         self.leases.forget_all([item.lease for item, _ in successes])
-        self.stats["completed"] += sum(1 for ended in ends if ended.end == "completed")
+        completed = sum(1 for ended in ends if ended.end == "completed")
+        if completed:
+            self.stats["completed"] += completed
         self.observers.jobs_ended(ends)
 
     def _complete(self, successes: list[Written]) -> set[int]:

@@ -19,7 +19,8 @@ import pytest
 from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.store.arrays import int_array
-from django_pgqueue.store.worker import Store, _owned, connection_params
+from django_pgqueue.store.rows import owned_params
+from django_pgqueue.store.worker import Store, connection_params
 from tests.conftest import sql
 from tests.reliability.conftest import overlapping_runs, size, wait_until
 
@@ -52,7 +53,7 @@ def wait_expired(count: int) -> None:
 
 def complete_params(row: Any) -> dict[str, Any]:
     return {
-        **_owned([(row.job_id, row.lease_version)]),
+        **owned_params([(row.job_id, row.lease_version)]),
         "attempt_ids": int_array([row.attempt_id]),
         "results": "{}",
     }
