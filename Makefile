@@ -79,6 +79,11 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The test suite runs in TEST_PROCESSES processes (pytest-xdist), each with a test
+# database of its own; TEST_PROCESSES=1 runs it in this one.
+TEST_PROCESSES ?= 3
+XDIST = $(if $(filter-out 1,$(TEST_PROCESSES)),-n $(TEST_PROCESSES),)
+
 # Everything CI runs: lint, migrations in sync, the whole test suite (slow tests included).
 test: lint
 	@$(WITH_DB) $(MAKE) --no-print-directory _test
@@ -86,11 +91,11 @@ test: lint
 _test:
 	@$(MANAGE) makemigrations --check --dry-run --verbosity 0 || \
 		(echo "error: models and migrations differ: run makemigrations" >&2; exit 1)
-	$(PYTEST)
+	$(PYTEST) $(XDIST)
 
 # The quick loop while developing: no slow tests.
 test-fast: install
-	@$(WITH_DB) $(PYTEST) -m "not slow"
+	@$(WITH_DB) $(PYTEST) $(XDIST) -m "not slow"
 
 # The reliability scenarios (tests/reliability/) at full size; their figures rewrite
 # docs/reliability.md, passed or not. Takes about half an hour.
@@ -188,7 +193,7 @@ _test-django52:
 	@$(VENV52)/bin/python -c 'import django, django_tasks, sys; print(f"test-django52: Python {sys.version.split()[0]}, Django {django.get_version()}, django-tasks {django_tasks.__version__}")'
 	@$(VENV52)/bin/python testproject/manage.py makemigrations --check --dry-run --verbosity 0 || \
 		(echo "error: makemigrations --check failed on Django 5.2 (models and migrations differ, or see the error above)" >&2; exit 1)
-	$(VENV52)/bin/pytest -m "not slow"
+	$(VENV52)/bin/pytest $(XDIST) -m "not slow"
 
 # The documentation, warnings as errors (nitpicky: every reference must resolve).
 $(DOCS_STAMP): $(STAMP)
