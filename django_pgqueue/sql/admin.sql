@@ -79,16 +79,24 @@ FROM queue_job_state
 WHERE status = 'running'
 GROUP BY queue
 UNION ALL
-SELECT q.queue, f.status, c.jobs, 0, 0, NULL
+-- Each status by a constant: a status taken from a join (status = f.status) is no
+-- proof for the planner that the rows lie in queue_job_state_failed_idx (status IN
+-- ('dead', 'cancelled')), and each count read the table (150 ms a queue at 1,000,000
+-- jobs, against 1.4 ms).
+SELECT q.queue, f.status, f.jobs, 0, 0, NULL
 FROM failed_queues q
-CROSS JOIN (VALUES ('dead'), ('cancelled')) f (status)
 CROSS JOIN LATERAL (
-    SELECT count(*) AS jobs
+    SELECT 'dead' AS status, count(*) AS jobs
     FROM (SELECT 1 FROM queue_job_state
-          WHERE status = f.status AND queue = q.queue
+          WHERE status = 'dead' AND queue = q.queue
           LIMIT %(cap)s::int8) s
-) c
-WHERE q.queue IS NOT NULL AND c.jobs > 0
+    UNION ALL
+    SELECT 'cancelled', count(*)
+    FROM (SELECT 1 FROM queue_job_state
+          WHERE status = 'cancelled' AND queue = q.queue
+          LIMIT %(cap)s::int8) s
+) f
+WHERE q.queue IS NOT NULL AND f.jobs > 0
 UNION ALL
 -- Workflow steps waiting for their dependencies, from queue_job_state_waiting_idx.
 SELECT q.queue, 'waiting', c.jobs, 0, 0, NULL
