@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
-from . import validators
+from . import prune_policy, validators
 from .exceptions import ConfigurationError
 from .limits import QueueLimits, parse_queues
 from .validators import (
@@ -113,6 +113,12 @@ SETTINGS: dict[str, Setting] = {
         "Dotted paths of the features enqueue and the workers load "
         "(django_pgqueue.extensions.Extension); leave one out to turn it off.",
     ),
+    "PRUNE": Setting(
+        dict(prune_policy.DEFAULTS),
+        "The built-in schedule that deletes finished jobs: {'every': '1h', 'completed': "
+        "'14d', 'cancelled': '14d', 'dead': '90d'} (given keys replace these; a status "
+        "set to None is kept for ever; 'cron' instead of 'every'; 'queue'); None: off.",
+    ),
     "INDEX_UPKEEP_INTERVAL": Setting(
         300.0,
         "Seconds between a worker's looks at the hot indexes' bloat (a bloated one is "
@@ -191,6 +197,7 @@ class QueueSettings:
     METRICS_TOKEN: str | None = None
     METRICS_CACHE_SECONDS: float = 5.0
     INDEX_UPKEEP_INTERVAL: float | None = 300.0
+    PRUNE: prune_policy.PrunePolicy | None = None
     ROUTES: Routes = field(default_factory=lambda: Routes({}, ()))
     STRICT_TYPES: bool = False
 
@@ -310,6 +317,7 @@ def validate(raw: Any) -> QueueSettings:
         INDEX_UPKEEP_INTERVAL=_optional_seconds(
             "INDEX_UPKEEP_INTERVAL", values["INDEX_UPKEEP_INTERVAL"]
         ),
+        PRUNE=prune_policy.parse(values["PRUNE"], _name("PRUNE"), error=ConfigurationError),
         ROUTES=routes,
         STRICT_TYPES=strict,
         QUEUE_DATABASES=_queue_databases(values["QUEUE_DATABASES"], database),

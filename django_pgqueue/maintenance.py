@@ -1,5 +1,8 @@
 """Operator maintenance passes: prune finished jobs, requeue dead ones.
 
+The built-in schedule (``PGQUEUE["PRUNE"]``, the job type in `django_pgqueue.jobs`)
+runs `prune_older_than`; `manage.py prune_queue_jobs` runs `prune`.
+
 Each is a plain function a test or a command calls once. Both work in bounded
 batches, each batch its own short statement, so neither holds locks for long or
 builds one huge transaction on a table of millions of jobs.
@@ -8,7 +11,7 @@ builds one huge transaction on a table of millions of jobs.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +19,7 @@ from . import validators
 from .actions import ActionReport, retry_now
 from .conf import get_settings
 from .models import FINISHED_STATUSES
+from .prune_policy import pruning_rounds
 from .store import operator as store
 
 DEFAULT_PRUNE_BATCH = 1_000
@@ -97,6 +101,23 @@ def prune(
         result.batches_deleted += deleted
         if deleted < batch_size:
             return result
+
+
+def prune_older_than(older_than: Mapping[str, float], *, alias: str) -> dict[str, int]:
+    """Prune each status in `older_than` once it finished that many seconds ago; return
+    the jobs deleted by status, and 'workflows' and 'batches' for those rows.
+
+    The passes go from the shortest age to the longest, each with every status kept no
+    longer than its age, so a workflow whose steps ended in several statuses goes whole
+    once its longest-kept one is due.
+    """
+    deleted: dict[str, int] = {}
+    for age, statuses in pruning_rounds(older_than):
+        result = prune(dt.timedelta(seconds=age), statuses=statuses, alias=alias)
+        for key, count in (*result.jobs.items(), ("workflows", result.workflows),
+                           ("batches", result.batches_deleted)):  # fmt: skip
+            deleted[key] = deleted.get(key, 0) + count
+    return deleted
 
 
 def requeue_dead(

@@ -3,6 +3,7 @@
 Code declares schedules in three places, all collected by `code_schedules()`:
 ``@django_pgqueue.handler(type, schedule=...)``, ``PGQUEUE["SCHEDULES"]`` and the
 ``SCHEDULES`` option of a ``PgQueueBackend`` in ``TASKS`` (for ``@task`` functions).
+The built-in prune (``PGQUEUE["PRUNE"]``) joins them, unless turned off.
 A declaration is a cron expression or an interval, plus optional queue, payload,
 timezone, catch_up ('once' or 'skip'), priority and max_attempts. Problems are
 reported by the system checks (`django_pgqueue.schedules.checks`), naming the
@@ -20,7 +21,7 @@ from typing import Any
 
 from django.conf import settings
 
-from .. import validation
+from .. import prune_policy, validation
 from ..durations import parse_duration
 from ..registry import registry
 from ..task_paths import import_task
@@ -180,15 +181,36 @@ class Declarations:
         return {name: origins for name, origins in seen.items() if len(origins) > 1}
 
 
+def builtin_prune(origin: str) -> ScheduleSpec | None:
+    """The built-in prune's schedule, as PGQUEUE["PRUNE"] times it (None when off)."""
+    raw = (getattr(settings, "PGQUEUE", None) or {}).get("PRUNE", prune_policy.DEFAULTS)
+    policy = prune_policy.parse(raw, origin)
+    if policy is None:
+        return None
+    return ScheduleSpec(
+        name=prune_policy.PRUNE_TYPE,
+        type=prune_policy.PRUNE_TYPE,
+        cron=policy.cron,
+        every=policy.every,
+        queue=policy.queue,
+        payload=policy.payload(),
+        catch_up="once",
+        origin=origin,
+    )
+
+
 def code_schedules() -> Declarations:
     """Collect the schedules declared by handlers, PGQUEUE["SCHEDULES"] and Tasks backends."""
     found = Declarations()
 
     def add(origin: str, make: Any) -> None:
         try:
-            found.specs.append(make())
+            made = make()
         except ValueError as exc:
             found.errors.append(f"{origin}: {exc}")
+            return
+        if made is not None:
+            found.specs.append(made)
 
     registry.autodiscover()
     for type_ in registry.types():
@@ -203,6 +225,8 @@ def code_schedules() -> Declarations:
             add(origin, lambda n=name, e=entry, o=origin: from_mapping(n, e, o))
     else:
         found.errors.append(f"PGQUEUE['SCHEDULES'] must be a dict, got {type(raw).__name__}")
+    origin = "PGQUEUE['PRUNE']"
+    add(origin, lambda: builtin_prune(origin))
     for alias, config in (getattr(settings, "TASKS", None) or {}).items():
         if not str(config.get("BACKEND", "")).startswith("django_pgqueue."):
             continue

@@ -80,6 +80,9 @@ PGQUEUE = {
     # The tests compare each scrape with the tables at that moment: no shared reading
     # (tests/integration/test_metrics_view.py turns it on to test it).
     "METRICS_CACHE_SECONDS": 0,
+    # Tests count the jobs and schedules they make: no built-in prune firing on the hour
+    # (tests/integration/test_builtin_prune.py turns it on to test it).
+    "PRUNE": None,
 }
 
 # Two releases of the code's schedules, for the rolling-deploy scenario

@@ -37,6 +37,7 @@ FLOORS = {
     "context": FOUNDATIONS,
     "signals": FOUNDATIONS,
     "version": FOUNDATIONS,
+    "prune_policy": FOUNDATIONS,
     # The data layer: the only code that runs the SQL.
     "store": DATA,
     # Core services, and the seam the features plug into.
@@ -77,6 +78,7 @@ FLOORS = {
     "testing": INTEGRATIONS,
     "startup": INTEGRATIONS,
     "apps": INTEGRATIONS,
+    "jobs": INTEGRATIONS,
     "__init__": INTEGRATIONS,
 }
 MAX_LOCAL_IMPORTS = 5
