@@ -15,11 +15,14 @@ from .control.api import (
     set_queue_limit,
     set_queue_rate,
 )
+from .durable import StepMismatch, emit_event
 from .enqueue import EnqueuedJob, JobSpec, enqueue, enqueue_many
 from .exceptions import (
+    AwaitEvent,
     BatchNotFound,
     ConfigurationError,
     EnqueueError,
+    EventTimeout,
     JobCancelled,
     JobDead,
     JobFailed,
@@ -32,6 +35,7 @@ from .exceptions import (
     ResultNotStorable,
     RetryLater,
     Snooze,
+    StepNotRecorded,
     UnknownJobType,
     WaitTimeout,
     WorkerShutdown,
@@ -54,10 +58,12 @@ from .workflows import (
 )
 
 __all__ = [
+    "AwaitEvent",
     "BatchNotFound",
     "ConfigurationError",
     "EnqueueError",
     "EnqueuedJob",
+    "EventTimeout",
     "ExponentialBackoff",
     "FixedDelay",
     "JobCancelled",
@@ -76,6 +82,8 @@ __all__ = [
     "RetryPolicy",
     "Snooze",
     "Step",
+    "StepMismatch",
+    "StepNotRecorded",
     "UnknownJobType",
     "WaitTimeout",
     "WorkerShutdown",
@@ -89,6 +97,7 @@ __all__ = [
     "batch_status",
     "chain",
     "chord",
+    "emit_event",
     "enqueue",
     "enqueue_many",
     "group",

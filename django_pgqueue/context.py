@@ -15,6 +15,9 @@ from typing import Any
 parent_results_reader: Callable[[Any], dict[str, Any]] | None = None
 # Reads the counts of the batch a job is in (the workflows feature sets it too).
 batch_reader: Callable[[Any], Any] | None = None
+# Makes the durable run of a job (its steps, sleeps and event waits): set by
+# django_pgqueue.durable when imported (the package's __init__ imports it).
+durable_run_factory: Callable[[Any], Any] | None = None
 
 # The job whose async handler runs in this context (set by the executor around the
 # handler's coroutine, in the job's own task), else None. The worker's async handlers
@@ -82,6 +85,7 @@ class JobContext:
     lease: InitVar[Lease | None] = None
     _lease: Lease | None = field(init=False, default=None)
     _parents: dict[str, Any] | None = field(init=False, default=None)
+    _durable: Any = field(init=False, default=None)
 
     def __post_init__(self, lease: Lease | None) -> None:
         self._lease = lease
@@ -133,6 +137,47 @@ class JobContext:
         if batch_reader is None:
             raise RuntimeError("ctx.batch needs django_pgqueue.workflows (import it).")
         return batch_reader(self)
+
+    # -- durable execution (django_pgqueue.durable) ----------------------------------
+
+    def _durable_run(self) -> Any:
+        if self._durable is None:
+            if durable_run_factory is None:
+                raise RuntimeError("durable steps need django_pgqueue.durable (import it).")
+            self._durable = durable_run_factory(self)
+        return self._durable
+
+    def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` once for this job and return its result as JSON.
+
+        The result is stored as the step's checkpoint under the job's lease; a later run
+        of the handler (a retry, a resumption after a crash, a sleep or an event) gets
+        the stored result back without calling `fn`. A step that raised runs again.
+        """
+        return self._durable_run().step(name, fn, *args, **kwargs)
+
+    def atomic_step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """`step`, with `fn` run inside ``transaction.atomic()`` on the job's database and
+        its checkpoint inserted in that transaction under the lease: its database writes
+        and its checkpoint commit together, once, or not at all."""
+        return self._durable_run().atomic_step(name, fn, *args, **kwargs)
+
+    def sleep(self, name: str, duration: dt.timedelta | float) -> None:
+        """Sleep durably: give the job back until `duration` after the first time this
+        step ran, holding no thread, slot or lease, then run the handler again."""
+        self._durable_run().sleep(name, duration)
+
+    def sleep_until(self, name: str, when: dt.datetime) -> None:
+        """Sleep durably until `when` (an aware datetime), like `sleep`."""
+        self._durable_run().sleep_until(name, when)
+
+    def wait_for_event(
+        self, key: str, *, timeout: dt.timedelta | float | None = None, name: str | None = None
+    ) -> Any:
+        """The payload of the event `key` (`django_pgqueue.emit_event`), waiting durably
+        for it: the job waits, in no claim index, until it is emitted or `timeout`
+        passes (`EventTimeout`). The step is `name`, ``"event:<key>"`` by default."""
+        return self._durable_run().wait_for_event(key, timeout=timeout, name=name)
 
     @property
     def is_last_attempt(self) -> bool:

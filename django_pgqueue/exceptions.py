@@ -104,6 +104,33 @@ class Snooze(PgQueueError):
         self.reason = reason
 
 
+class AwaitEvent(PgQueueError):
+    """Raised by `JobContext.wait_for_event` when the event has not come yet: the worker
+    parks the job until it is emitted or the wait times out, then runs the handler
+    again. Let it propagate (a handler that catches it stays running instead)."""
+
+    def __init__(self, key: str, name: str, timeout: float | None) -> None:
+        after = "" if timeout is None else f" (at most {timeout:g}s)"
+        super().__init__(f"waiting for the event {key!r}{after}")
+        self.key = key
+        self.name = name
+        self.timeout = timeout
+
+
+class EventTimeout(PgQueueError, TimeoutError):
+    """`JobContext.wait_for_event` timed out: the event did not come in time."""
+
+    def __init__(self, key: str, name: str) -> None:
+        super().__init__(f"the event {key!r} did not come before the wait {name!r} timed out")
+        self.key = key
+        self.name = name
+
+
+class StepNotRecorded(PgQueueError):
+    """A step's checkpoint was not recorded: the job's lease was lost (another worker
+    may own the job now). An atomic step's writes were rolled back with it."""
+
+
 # What wait() and await_job() raise when a job did not end with a result.
 
 

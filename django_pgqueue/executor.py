@@ -16,7 +16,14 @@ import traceback as tb
 from typing import Any
 
 from .context import JobContext, async_handler_job
-from .exceptions import JobTimeout, PermanentFailure, RetryLater, Snooze, UnknownJobType
+from .exceptions import (
+    AwaitEvent,
+    JobTimeout,
+    PermanentFailure,
+    RetryLater,
+    Snooze,
+    UnknownJobType,
+)
 from .outcomes import (
     ERROR_CLASS_LIMIT,
     MESSAGE_LIMIT,
@@ -25,6 +32,7 @@ from .outcomes import (
     Dead,
     Failure,
     Outcome,
+    Parked,
     Retry,
     Snoozed,
     Success,
@@ -137,6 +145,14 @@ def classify(
     `retry_on`: the exceptions its handler retries (None: every one)."""
     if isinstance(exc, Snooze):  # pending again later, its attempt given back
         return snoozed(exc)
+    if isinstance(exc, AwaitEvent):  # parked until its event or timeout, attempt given back
+        return Parked(
+            "django_pgqueue.AwaitEvent",
+            storable(str(exc), MESSAGE_LIMIT),
+            key=exc.key,
+            name=exc.name,
+            timeout=exc.timeout,
+        )
     if isinstance(exc, RetryLater):
         cls, message, trace = describe(exc)
         return Retry(cls, message, trace, delay=exc.delay)
@@ -151,7 +167,7 @@ def permanent(exc: BaseException, retry_on: RetryOn | None = None) -> bool:
     does not retry (`retry_on`). `RetryLater` and `Snooze` never are."""
     if isinstance(exc, PermanentFailure | UnknownJobType) or getattr(exc, PERMANENT, False) is True:
         return True
-    if isinstance(exc, RetryLater | Snooze):
+    if isinstance(exc, RetryLater | Snooze | AwaitEvent):
         return False
     return retry_on is not None and not retry_on.retries(exc)
 
@@ -160,7 +176,7 @@ def ends_job(exc: BaseException, ctx: JobContext, retry_on: RetryOn | None = Non
     """Whether the attempt that raised `exc` ends its job (dead), as `classify` decides:
     a permanent failure, or any failure but a `Snooze` (which spends no attempt) on the
     job's last attempt."""
-    if isinstance(exc, Snooze):
+    if isinstance(exc, Snooze | AwaitEvent):
         return False
     return permanent(exc, retry_on) or ctx.is_last_attempt
 

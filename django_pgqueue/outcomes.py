@@ -7,6 +7,7 @@ One type per end of an attempt, each written by one statement of the store:
   spent (``job_fail``);
 - `Dead`: it failed for good (``job_fail``, permanent);
 - `Snoozed`: pending again after `delay`, its attempt given back (``job_give_back``);
+- `Parked`: waits for an event or its timeout, its attempt given back (``job_park``);
 - `Interrupted`: the worker's own shutdown stopped the handler: due again at once, its
   attempt given back (``job_give_back``);
 - `InterruptedHeld`: the same, while the stopping worker holds the row because the
@@ -76,6 +77,17 @@ class Snoozed(Failure):
     """Not done yet (a Snooze): pending again after `delay`, its attempt given back."""
 
     delay: float = 0.0
+
+
+@dataclass(slots=True)
+class Parked(Snoozed):
+    """Waits for the event `key` (a durable wait): waiting, in no claim index, until it is
+    emitted or `timeout` seconds passed (None: never), its attempt given back; the wait's
+    checkpoint is the step `name`."""
+
+    key: str = ""
+    name: str = ""
+    timeout: float | None = None
 
 
 @dataclass(slots=True)

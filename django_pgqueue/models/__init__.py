@@ -11,6 +11,8 @@
   ``queue_workflow_steps``, ``queue_job_deps``).
 - `batches`: batches of jobs and their callbacks (``queue_batches``,
   ``queue_batch_jobs``).
+- `durable`: a handler's checkpoints and the events it waits for (``queue_job_steps``,
+  ``queue_events``, ``queue_event_waits``).
 
 These modules are the foundation: they import Django only, never a feature of the
 queue, so any room may import them.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from .batches import Batch, BatchJob
 from .controls import QueueControl, QueueTypeControl, TimestampArray
+from .durable import Event, EventWait, JobStep, StepKind
 from .jobs import (
     FINISHED_STATUSES,
     Attempt,
@@ -44,10 +47,13 @@ __all__ = [
     "CatchUp",
     "DeadJob",
     "DeadJobManager",
+    "Event",
+    "EventWait",
     "IntegerArrayField",
     "Job",
     "JobDependency",
     "JobState",
+    "JobStep",
     "JobWaiter",
     "MinuteStats",
     "OnFailure",
@@ -58,6 +64,7 @@ __all__ = [
     "ScheduleTick",
     "Source",
     "Status",
+    "StepKind",
     "TimestampArray",
     "WorkerRecord",
     "Workflow",

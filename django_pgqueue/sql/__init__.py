@@ -1,5 +1,5 @@
 """The statements in this folder's .sql files, by name: one file per feature (core,
-control, workflows, schedules, observability, admin), one name space.
+control, workflows, schedules, observability, admin, durable), one name space.
 
 A block starts with a line ``-- name: <name>``; the statement runs until the next
 block. The name line is kept, so the statement names itself in pg_stat_activity and

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from ..outcomes import Dead, Failure, Interrupted, InterruptedHeld, Retry, Snoozed
+from ..outcomes import Dead, Failure, Interrupted, InterruptedHeld, Parked, Retry, Snoozed
 from .arrays import int_array
 
 
@@ -91,9 +91,17 @@ def failure_statement(
 ) -> tuple[str, dict[str, Any]]:
     """The statement that writes the end `failure` leads the attempt to, with its
     parameters (see `outcomes`): ``job_interrupt`` for an interruption whose row the
-    stopping worker holds, ``job_give_back`` for a snooze or another interruption,
-    ``job_fail`` for a retry or a death."""
+    stopping worker holds, ``job_park`` for a wait for an event, ``job_give_back`` for
+    a snooze or another interruption, ``job_fail`` for a retry or a death."""
     attempt = {"job_id": job_id, "lease_version": lease_version, "attempt_id": attempt_id}
+    if isinstance(failure, Parked):
+        return "job_park", {
+            **attempt,
+            "key": failure.key,
+            "name": failure.name,
+            "timeout": failure.timeout,
+            "reason": failure.message,
+        }
     if isinstance(failure, InterruptedHeld):
         return "job_interrupt", {
             **attempt,

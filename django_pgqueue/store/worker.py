@@ -173,6 +173,11 @@ class Store(Session):
         """Requeue (or kill) jobs whose lease ran out: [(job_id, queue, lost_version, status)]."""
         return [tuple(row) for row in self.run("lease_sweep", {"limit": limit})]  # type: ignore[misc]
 
+    def time_out_waits(self, limit: int = 1000) -> list[str]:
+        """Wake the jobs whose durable event waits timed out (`event_wait_timeout`), any
+        worker's; return the queues they are pending in again."""
+        return [row[0] for row in self.run("event_wait_timeout", {"limit": limit})]
+
     def attempt_statuses(self, attempt_ids: Sequence[int]) -> dict[int, str]:
         """Status of attempts, by attempt id."""
         if not attempt_ids:

@@ -28,7 +28,7 @@ from ..worker_config import WorkerConfig
 from .aio import AsyncPool
 from .capacity import Capacity
 from .intake import Intake
-from .leases import LeaseBook, UnknownClaims, sweep_expired
+from .leases import SWEEP_BATCH, LeaseBook, UnknownClaims, sweep_expired
 from .observing import Observers, athrough, through
 from .pool import HandlerPool
 from .scheduler import ClaimScheduler
@@ -361,12 +361,16 @@ def _sweep(store: Store, claims: ClaimScheduler, stats: Counter[str]) -> bool:
     """Sweep expired leases; False if PostgreSQL refused the sweep (try again soon)."""
     try:
         queues = sweep_expired(store)
+        # Durable event waits whose timeout passed: their jobs are pending again.
+        woken = store.time_out_waits(SWEEP_BATCH)
     except psycopg.Error as exc:
         logger.warning("sweep refused (%s); again shortly", errors.describe(exc))
         return False
     for queue in queues:
         stats["swept"] += 1
         claims.requeued(queue)  # a requeued job keeps its place: walk from the start
+    for queue in woken:
+        claims.requeued(queue)
     return True
 
 

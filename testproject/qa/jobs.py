@@ -587,3 +587,7 @@ async def aspan(ctx: JobContext) -> int:
         return ctx.job_id
     finally:
         EXECUTIONS.exit("async", entry)
+
+
+# The durable handlers register with this module's import (autodiscovery imports it).
+from . import durable_jobs  # noqa: E402, F401

@@ -32,3 +32,35 @@ class TaskCall(models.Model):
 
     def __str__(self) -> str:
         return f"{self.label} (attempt {self.attempt})"
+
+
+class DurableCall(models.Model):
+    """One call of a durable step's function, committed at once (counts re-executions)."""
+
+    job_id = models.BigIntegerField(db_index=True)
+    step = models.TextField()
+    lease_version = models.BigIntegerField()
+    called_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "qa_durable_call"
+
+    def __str__(self) -> str:
+        return f"{self.step} of job {self.job_id} v{self.lease_version}"
+
+
+class DurableEffect(models.Model):
+    """The database effect of an atomic step: at most one per (job, step)."""
+
+    job_id = models.BigIntegerField()
+    step = models.TextField()
+    lease_version = models.BigIntegerField()
+
+    class Meta:
+        db_table = "qa_durable_effect"
+        constraints = [
+            models.UniqueConstraint(fields=["job_id", "step"], name="qa_durable_effect_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.step} of job {self.job_id}"

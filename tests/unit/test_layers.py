@@ -59,6 +59,7 @@ FLOORS = {
     "task_paths": CORE,
     "waiting": CORE,
     "job_refs": CORE,
+    "durable": CORE,
     # Features: they import the core, and nothing below the worker imports them.
     "control": FEATURES,
     "schedules": FEATURES,

@@ -20,7 +20,7 @@ from django_pgqueue.sql import QUERIES, load, load_folder
 PACKAGE = Path(django_pgqueue.__file__).parent
 SQL = PACKAGE / "sql"
 STORE = PACKAGE / "store"
-FEATURES = {"core", "control", "workflows", "schedules", "observability", "admin"}
+FEATURES = {"core", "control", "workflows", "schedules", "observability", "admin", "durable"}
 # DDL takes no parameters: these statements name their index with a psycopg.sql
 # placeholder, {index}, filled with sql.Identifier (store/indexes.py).
 IDENTIFIERS = {"index_rebuild": ["{index}"], "index_drop_leftover": ["{index}"]}

@@ -1,0 +1,127 @@
+-- Durable execution inside a handler: checkpoints, sleeps, events (store/durable.py).
+
+-- name: step_load
+-- Every checkpoint of a job, in one statement, with the database's clock (a sleep's
+-- wake-up is compared with it): {name: [kind, result]}, NULL when it has none.
+SELECT now(),
+       (SELECT jsonb_object_agg(step.name, jsonb_build_array(step.kind, step.result))
+        FROM queue_job_steps AS step
+        WHERE step.job_id = %(job_id)s::bigint);
+
+
+-- name: step_record
+-- Record a step's checkpoint, fenced by the job's lease: inserted only while the job
+-- is running under this lease version. The state row is locked FOR SHARE until the
+-- transaction ends, so the lease cannot be taken (the sweep, an operator) between the
+-- fence and the commit: in an atomic step, the step's writes commit with the
+-- checkpoint under the lease or roll back with it. No row back: not recorded (the
+-- lease was lost, or the step has a checkpoint already).
+INSERT INTO queue_job_steps (job_id, name, kind, result, lease_version, runtime)
+SELECT state.job_id, %(name)s::text, %(kind)s::text, %(result)s::jsonb, state.lease_version,
+       %(runtime)s::float8
+FROM queue_job_state AS state
+WHERE state.job_id = %(job_id)s::bigint
+  AND state.lease_version = %(lease_version)s::bigint
+  AND state.status = 'running'
+FOR SHARE
+ON CONFLICT (job_id, name) DO NOTHING
+RETURNING job_id;
+
+
+-- name: step_sleep
+-- Record a durable sleep's wake-up, now() + seconds by the database's clock, fenced
+-- like step_record; returns the wake-up and the seconds left until it.
+INSERT INTO queue_job_steps (job_id, name, kind, result, lease_version)
+SELECT state.job_id, %(name)s::text, 'sleep',
+       jsonb_build_object('wake_at', now() + make_interval(secs => %(seconds)s::float8)),
+       state.lease_version
+FROM queue_job_state AS state
+WHERE state.job_id = %(job_id)s::bigint
+  AND state.lease_version = %(lease_version)s::bigint
+  AND state.status = 'running'
+FOR SHARE
+ON CONFLICT (job_id, name) DO NOTHING
+RETURNING result ->> 'wake_at', %(seconds)s::float8;
+
+
+-- name: step_sleep_until
+-- Record a durable sleep until a given time, fenced like step_record; returns the
+-- wake-up and the seconds left until it by the database's clock (<= 0: due).
+INSERT INTO queue_job_steps (job_id, name, kind, result, lease_version)
+SELECT state.job_id, %(name)s::text, 'sleep',
+       jsonb_build_object('wake_at', %(wake_at)s::timestamptz), state.lease_version
+FROM queue_job_state AS state
+WHERE state.job_id = %(job_id)s::bigint
+  AND state.lease_version = %(lease_version)s::bigint
+  AND state.status = 'running'
+FOR SHARE
+ON CONFLICT (job_id, name) DO NOTHING
+RETURNING result ->> 'wake_at', extract(epoch FROM %(wake_at)s::timestamptz - now())::float8;
+
+
+-- name: event_take
+-- A wait for an event already emitted: its payload recorded as the wait's checkpoint,
+-- fenced like step_record, so the handler goes on without parking. No row: no such
+-- event yet (the handler parks: job_park), or the lease was lost.
+INSERT INTO queue_job_steps (job_id, name, kind, result, lease_version)
+SELECT state.job_id, %(name)s::text, 'event', jsonb_build_object('payload', event.payload),
+       state.lease_version
+FROM queue_job_state AS state
+JOIN queue_events AS event ON event.key = %(key)s::text
+WHERE state.job_id = %(job_id)s::bigint
+  AND state.lease_version = %(lease_version)s::bigint
+  AND state.status = 'running'
+FOR SHARE OF state
+ON CONFLICT (job_id, name) DO NOTHING
+RETURNING result;
+
+
+-- name: job_park
+-- End an attempt that waits for an event: the job waits (in no claim index) until
+-- the event is emitted or the wait's timeout passes, its attempt given back; an event
+-- emitted meanwhile makes it pending at once. Fenced; returns the new status and
+-- run_at, or no row when the lease was lost (pgqueue_park, migration 0019).
+SELECT status, run_at
+FROM pgqueue_park(
+    %(job_id)s::bigint, %(lease_version)s::bigint, %(attempt_id)s::bigint, %(key)s::text,
+    %(name)s::text, %(timeout)s::float8, %(reason)s::text
+);
+
+
+-- name: event_emit
+-- Emit an event, in the caller's transaction: stored once (the first emit of a key
+-- wins), delivered to the jobs waiting for it (each wait's checkpoint, the job
+-- pending), NOTIFY at commit. Returns whether this emit stored it and to how many
+-- waits it was delivered (pgqueue_emit, migration 0019).
+SELECT emitted, delivered FROM pgqueue_emit(%(key)s::text, %(payload)s::jsonb);
+
+
+-- name: event_wait_timeout
+-- Time out the waits whose timeout passed: each wait's row is deleted once (an emit
+-- holding it is skipped, and takes it itself), its checkpoint says it timed out, its
+-- job is pending again. Returns the queues of the jobs woken, for the worker's claims.
+WITH expired AS (
+    DELETE FROM queue_event_waits AS wait
+    WHERE wait.job_id IN (
+        SELECT due.job_id
+        FROM queue_event_waits AS due
+        WHERE due.timeout_at <= now()
+        ORDER BY due.timeout_at
+        LIMIT %(limit)s::integer
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING wait.job_id, wait.name
+), recorded AS (
+    INSERT INTO queue_job_steps (job_id, name, kind, result)
+    SELECT expired.job_id, expired.name, 'event', jsonb_build_object('timed_out', true)
+    FROM expired
+    ON CONFLICT DO NOTHING
+), woken AS (
+    UPDATE queue_job_state AS state
+    SET status = 'pending', run_at = now(), updated_at = now()
+    WHERE state.job_id IN (SELECT expired.job_id FROM expired)
+      AND state.status = 'waiting'
+    RETURNING state.queue
+)
+SELECT DISTINCT queue FROM woken;
+

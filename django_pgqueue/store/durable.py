@@ -1,0 +1,92 @@
+"""The statements of durable execution (`sql/durable.sql`), on the handler's Django
+connection to the job's database: a step's checkpoint joins the transaction the
+handler's connection is in (an atomic step's), and an emit the caller's."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+from ..sql import QUERIES
+from .cursors import django_cursor, fetch_one
+
+
+def _json(value: Any) -> Any:
+    """A jsonb value as Python: Django's connections load jsonb as text."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def load_steps(alias: str, job_id: int) -> tuple[dt.datetime, dict[str, tuple[str, Any]]]:
+    """The database's clock and every checkpoint of `job_id`, {name: (kind, result)}:
+    one statement, however many steps the job has."""
+    row = fetch_one(alias, QUERIES["step_load"], {"job_id": job_id})
+    assert row is not None
+    steps = _json(row[1]) or {}
+    return row[0], {name: (kind, result) for name, (kind, result) in steps.items()}
+
+
+def record_step(
+    alias: str,
+    job_id: int,
+    lease_version: int,
+    name: str,
+    kind: str,
+    result: str,
+    runtime: float | None,
+) -> bool:
+    """Record a step's checkpoint (`result`: its JSON) under the lease; False if not
+    recorded (the lease was lost, or the step has a checkpoint already)."""
+    with django_cursor(alias) as cursor:
+        cursor.execute(
+            QUERIES["step_record"],
+            {
+                "job_id": job_id,
+                "lease_version": lease_version,
+                "name": name,
+                "kind": kind,
+                "result": result,
+                "runtime": runtime,
+            },
+        )
+        return cursor.fetchone() is not None
+
+
+def record_sleep(
+    alias: str,
+    job_id: int,
+    lease_version: int,
+    name: str,
+    *,
+    seconds: float | None = None,
+    until: dt.datetime | None = None,
+) -> tuple[str, float] | None:
+    """Record a sleep's wake-up (after `seconds`, or at `until`) under the lease;
+    (wake-up, seconds left by the database's clock), or None when not recorded."""
+    params: dict[str, Any] = {"job_id": job_id, "lease_version": lease_version, "name": name}
+    if until is None:
+        row = fetch_one(alias, QUERIES["step_sleep"], {**params, "seconds": seconds})
+    else:
+        row = fetch_one(alias, QUERIES["step_sleep_until"], {**params, "wake_at": until})
+    return None if row is None else (row[0], float(row[1]))
+
+
+def take_event(alias: str, job_id: int, lease_version: int, name: str, key: str) -> Any | None:
+    """The checkpoint of a wait for `key` whose event was emitted already, recorded under
+    the lease: {"payload": ...}; None when there is no such event yet (or the lease was
+    lost)."""
+    row = fetch_one(
+        alias,
+        QUERIES["event_take"],
+        {"job_id": job_id, "lease_version": lease_version, "name": name, "key": key},
+    )
+    return None if row is None else _json(row[0])
+
+
+def emit_event(alias: str, key: str, payload: str) -> tuple[bool, int]:
+    """Store the event `key` with its JSON `payload` and deliver it to its waits, in the
+    transaction of Django's connection `alias`: (whether this emit stored it, waits it
+    was delivered to)."""
+    row = fetch_one(alias, QUERIES["event_emit"], {"key": key, "payload": payload})
+    assert row is not None
+    return bool(row[0]), int(row[1])

@@ -1,0 +1,101 @@
+"""Durable handlers the tests run in real workers (imported by `qa.jobs`).
+
+Each step's function writes a `DurableCall` row committed at once (its own autocommit
+statement outside the step's transaction), so re-executions are counted whatever the
+queue recorded; an atomic step writes a `DurableEffect`, unique per (job, step).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+import django_pgqueue
+from django_pgqueue import EventTimeout, JobContext
+
+from .models import DurableCall, DurableEffect
+
+
+def _call(ctx: JobContext, step: str, hold: str | None = None) -> str:
+    """A step's function: count the call, then (first attempt, `hold` a path) wait until
+    that file exists; the step's result is its name."""
+    DurableCall.objects.using(ctx.database or DEFAULT_DB_ALIAS).create(
+        job_id=ctx.job_id, step=step, lease_version=ctx.lease_version
+    )
+    _hold(ctx, hold)
+    return step
+
+
+def _effect(ctx: JobContext, step: str, hold: str | None = None) -> int:
+    """An atomic step's function: its database effect, then (first attempt, `hold` a
+    path) wait, the transaction open, until that file exists."""
+    effect = DurableEffect.objects.using(ctx.database or DEFAULT_DB_ALIAS).create(
+        job_id=ctx.job_id, step=step, lease_version=ctx.lease_version
+    )
+    _hold(ctx, hold)
+    return effect.pk
+
+
+def _hold(ctx: JobContext, path: str | None) -> None:
+    if path and ctx.lease_version == 1:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+
+def _db_clock(ctx: JobContext) -> str:
+    with connections[ctx.database or DEFAULT_DB_ALIAS].cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0].isoformat()
+
+
+@django_pgqueue.handler("qa.durable_steps", max_attempts=5)
+def durable_steps(ctx: JobContext) -> list[Any]:
+    """payload: steps (count), hold_at (a step's index) and hold (a path): that step's
+    function waits on its first attempt; fail_first: the first attempt fails after its
+    steps."""
+    payload = ctx.payload
+    hold_at = payload.get("hold_at")
+    results = [
+        ctx.step(f"s{i}", _call, ctx, f"s{i}", payload.get("hold") if i == hold_at else None)
+        for i in range(payload.get("steps", 3))
+    ]
+    if payload.get("fail_first") and ctx.attempt == 1:
+        raise ValueError("the first attempt fails after its steps")
+    return results
+
+
+@django_pgqueue.handler("qa.durable_atomic", max_attempts=5)
+def durable_atomic(ctx: JobContext) -> list[Any]:
+    """Two atomic steps around a plain one; payload hold (a path): the first atomic
+    step's transaction waits, open, on the first attempt until that file exists."""
+    first = ctx.atomic_step("a1", _effect, ctx, "a1", ctx.payload.get("hold"))
+    middle = ctx.step("s", _call, ctx, "s")
+    second = ctx.atomic_step("a2", _effect, ctx, "a2")
+    return [first, middle, second]
+
+
+@django_pgqueue.handler("qa.durable_sleep", max_attempts=3)
+def durable_sleep(ctx: JobContext) -> dict[str, Any]:
+    """A step, a durable sleep of payload seconds, then a step that reads the database's
+    clock (checked against the sleep's wake-up)."""
+    ctx.step("before", _call, ctx, "before")
+    ctx.sleep("nap", ctx.payload["seconds"])
+    woke = ctx.step("after", _db_clock, ctx)
+    return {"woke": woke}
+
+
+@django_pgqueue.handler("qa.durable_event", max_attempts=3)
+def durable_event(ctx: JobContext) -> Any:
+    """A step, then the payload of event payload["key"] (payload["timeout"] seconds at
+    most: then "timed out"), then a step counting the handler's runs past the wait."""
+    ctx.step("before", _call, ctx, "before")
+    try:
+        got = ctx.wait_for_event(ctx.payload["key"], timeout=ctx.payload.get("timeout"))
+    except EventTimeout:
+        got = "timed out"
+    ctx.step("after", _call, ctx, "after")
+    return got

@@ -1,0 +1,147 @@
+"""Durable steps in real workers: each step's function runs once per job, its result
+stored under the lease and given back to later runs; a step that raised runs again."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_pgqueue import JobContext, StepMismatch, StepNotRecorded, enqueue
+from django_pgqueue.models import Attempt, JobState, JobStep
+from qa.models import DurableCall, DurableEffect
+from tests.conftest import sql
+from tests.integration.test_worker import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def calls(job_id: int) -> dict[str, int]:
+    rows = sql(
+        "SELECT step, count(*) FROM qa_durable_call WHERE job_id = %s GROUP BY step", [job_id]
+    )
+    return dict(rows)
+
+
+def test_a_retried_run_gets_its_steps_results_without_running_them(run_worker):
+    job = enqueue("qa.durable_steps", {"steps": 4, "fail_first": True}, queue="ds")
+    run_worker(["ds"], poll_interval=0.05)
+    wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed")
+    assert calls(job.id) == {"s0": 1, "s1": 1, "s2": 1, "s3": 1}
+    attempts = Attempt.objects.filter(job_id=job.id).order_by("lease_version")
+    assert [a.status for a in attempts] == ["failed", "succeeded"]
+    assert attempts[1].result == ["s0", "s1", "s2", "s3"]
+    steps = {s.name: s for s in JobStep.objects.filter(job_id=job.id)}
+    assert {name: (s.kind, s.result, s.lease_version) for name, s in steps.items()} == {
+        f"s{i}": ("step", f"s{i}", 1) for i in range(4)
+    }
+    assert all(s.runtime is not None and s.runtime >= 0 for s in steps.values())
+
+
+def _claimed(stores, job_id: int) -> JobContext:
+    """A context of `job_id` claimed now (its lease held by no worker thread)."""
+    store = stores()
+    (row,) = store.claim("dq", 1, "test", 60.0)
+    assert row.job_id == job_id
+    return JobContext(
+        job_id=row.job_id,
+        queue=row.queue,
+        type=row.type,
+        payload=None,
+        attempt=row.attempt,
+        max_attempts=row.max_attempts,
+        lease_version=row.lease_version,
+    )
+
+
+def _give_back(job_id: int) -> None:
+    sql(
+        "UPDATE queue_job_state SET status = 'pending', locked_by = NULL, "
+        "locked_until = NULL WHERE job_id = %s",
+        [job_id],
+    )
+
+
+def test_a_resumed_run_reads_a_thousand_checkpoints_in_one_statement(stores):
+    job = enqueue("qa.noop", queue="dq")
+    first = _claimed(stores, job.id)
+    assert [first.step(f"s{i}", lambda i=i: {"i": i}) for i in range(1000)] == [
+        {"i": i} for i in range(1000)
+    ]
+    _give_back(job.id)
+    resumed = _claimed(stores, job.id)
+
+    def never() -> None:
+        raise AssertionError("a step with a checkpoint ran again")
+
+    with CaptureQueriesContext(connection) as queries:
+        results = [resumed.step(f"s{i}", never) for i in range(1000)]
+    assert results == [{"i": i} for i in range(1000)]
+    assert len(queries) == 1, [q["sql"][:60] for q in queries]
+
+
+def test_a_step_of_a_worker_whose_lease_was_lost_records_nothing(stores):
+    job = enqueue("qa.noop", queue="dq")
+    stale = _claimed(stores, job.id)
+    stale.step("early", lambda: 1)
+    _give_back(job.id)  # as the sweep does once the lease ran out
+    with pytest.raises(StepNotRecorded, match="lease"):
+        stale.step("late", lambda: 2)
+    with pytest.raises(StepNotRecorded):
+        stale.atomic_step(
+            "late-atomic",
+            lambda: (
+                DurableEffect.objects.create(
+                    job_id=job.id, step="late-atomic", lease_version=stale.lease_version
+                ).pk
+            ),
+        )
+    assert DurableEffect.objects.count() == 0  # rolled back with its checkpoint
+    assert set(JobStep.objects.values_list("name", flat=True)) == {"early"}
+
+
+def test_a_step_that_raised_has_no_checkpoint_and_runs_again(stores):
+    job = enqueue("qa.noop", queue="dq")
+    ctx = _claimed(stores, job.id)
+
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        ctx.atomic_step(
+            "a",
+            lambda: (DurableCall.objects.create(job_id=job.id, step="a", lease_version=1), boom()),
+        )
+    assert DurableCall.objects.count() == 0  # the atomic step's write rolled back
+    assert not JobStep.objects.exists()
+    _give_back(job.id)
+    again = _claimed(stores, job.id)
+    assert again.atomic_step("a", lambda: "ran") == "ran"
+
+
+def test_bad_steps_are_refused_with_what_was_wrong(stores):
+    job = enqueue("qa.noop", queue="dq")
+    ctx = _claimed(stores, job.id)
+    ctx.step("once", lambda: None)
+    with pytest.raises(ValueError, match="'once' ran twice in one run"):
+        ctx.step("once", lambda: None)
+    with pytest.raises(ValueError, match="name must be a string"):
+        ctx.step("", lambda: None)
+    with pytest.raises(TypeError, match="the result of step 'obj'"):
+        ctx.step("obj", object)
+    assert not JobStep.objects.filter(name="obj").exists()
+    ctx.sleep_until("nap", JobState.objects.get(pk=job.id).updated_at)  # due: returns
+    _give_back(job.id)
+    resumed = _claimed(stores, job.id)
+    with pytest.raises(StepMismatch, match="recorded as a sleep step"):
+        resumed.step("nap", lambda: None)
+
+
+def test_a_step_result_is_its_json_on_the_first_run_too(stores):
+    job = enqueue("qa.noop", queue="dq")
+    ctx = _claimed(stores, job.id)
+    assert ctx.step("t", lambda: (1, "a")) == [1, "a"]
+    assert ctx.step("none", lambda: None) is None
+    _give_back(job.id)
+    resumed = _claimed(stores, job.id)
+    assert resumed.step("none", lambda: 5) is None
