@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from qa.models import DurableCall, DurableEffect
 
 from django_pgqueue import JobContext, StepMismatch, StepNotRecorded, enqueue
 from django_pgqueue.models import Attempt, JobState, JobStep
-from qa.models import DurableCall, DurableEffect
 from tests.conftest import sql
 from tests.integration.test_worker import wait_until
 
