@@ -1,0 +1,67 @@
+"""Durable sleeps in real workers: the job is given back until its wake-up, holding no
+thread, slot or lease and spending no attempt, and its handler never resumes early."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from django_pgqueue import enqueue, enqueue_many, set_queue_limit
+from django_pgqueue.models import Attempt, JobState, JobStep
+from tests.conftest import sql
+from tests.integration.test_worker import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wake_at(job_id: int) -> dt.datetime:
+    step = JobStep.objects.get(job_id=job_id, name="nap")
+    return dt.datetime.fromisoformat(step.result["wake_at"])
+
+
+def test_a_sleeping_job_holds_no_slot_and_never_wakes_early(run_worker):
+    set_queue_limit("sl", 1)
+    sleeper = enqueue("qa.durable_sleep", {"seconds": 3}, queue="sl")
+    run_worker(["sl"], concurrency=2, poll_interval=0.05)
+    wait_until(lambda: JobStep.objects.filter(job_id=sleeper.id, name="nap").exists())
+    wait_until(lambda: JobState.objects.get(pk=sleeper.id).status == "pending")
+    # The queue runs one job at a time: the others run while the sleeper sleeps.
+    others = enqueue_many([("qa.noop", i) for i in range(5)], queue="sl")
+    wait_until(
+        lambda: (
+            JobState.objects.filter(pk__in=[j.id for j in others], status="completed").count() == 5
+        )
+    )
+    woke = wake_at(sleeper.id)
+    assert JobState.objects.get(pk=sleeper.id).status == "pending"
+    assert sql("SELECT now() < %s", [woke])[0][0], "the others ran only after the wake-up"
+    wait_until(lambda: JobState.objects.get(pk=sleeper.id).status == "completed")
+    state = JobState.objects.get(pk=sleeper.id)
+    assert state.attempts == 1  # the sleep spent no attempt
+    attempts = list(Attempt.objects.filter(job_id=sleeper.id).order_by("lease_version"))
+    assert [a.status for a in attempts] == ["snoozed", "succeeded"]
+    assert attempts[1].started_at >= woke
+    assert dt.datetime.fromisoformat(attempts[1].result["woke"]) >= woke
+    # Each step's function ran once.
+    assert sql(
+        "SELECT step, count(*) FROM qa_durable_call WHERE job_id = %s GROUP BY step", [sleeper.id]
+    ) == [("before", 1)]
+
+
+def test_a_sleeper_run_before_its_wake_up_sleeps_again_for_what_is_left(run_worker):
+    sleeper = enqueue("qa.durable_sleep", {"seconds": 4}, queue="se")
+    run_worker(["se"], poll_interval=0.05)
+    wait_until(lambda: JobStep.objects.filter(job_id=sleeper.id, name="nap").exists())
+    wait_until(lambda: JobState.objects.get(pk=sleeper.id).status == "pending")
+    woke = wake_at(sleeper.id)
+    # Due now, as an operator's "run now" would make it: it runs, and sleeps again.
+    sql("UPDATE queue_job_state SET run_at = now() WHERE job_id = %s", [sleeper.id])
+    sql("SELECT pg_notify('pgqueue', 'se')")  # the idle worker looks at once
+    wait_until(lambda: Attempt.objects.filter(job_id=sleeper.id).count() >= 2)
+    wait_until(lambda: JobState.objects.get(pk=sleeper.id).status == "completed")
+    attempts = list(Attempt.objects.filter(job_id=sleeper.id).order_by("lease_version"))
+    assert [a.status for a in attempts] == ["snoozed", "snoozed", "succeeded"]
+    assert attempts[1].started_at < woke <= attempts[2].started_at
+    assert dt.datetime.fromisoformat(attempts[2].result["woke"]) >= woke
+    assert JobState.objects.get(pk=sleeper.id).attempts == 1
