@@ -1,0 +1,157 @@
+"""Durable event waits in real workers: a parked job is in no claim index until its
+event is emitted (in the emitter's transaction) or its wait times out; an emit racing
+a wait or a timeout is decided once."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+from django.db import connection, transaction
+
+from django_pgqueue import emit_event, enqueue, enqueue_many
+from django_pgqueue.models import Attempt, EventWait, JobState, JobStep
+from tests.conftest import sql
+from tests.integration.test_worker import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORKER = {"poll_interval": 0.05, "sweep_interval": 0.2, "concurrency": 4}
+
+
+def status(job_id: int) -> str:
+    return JobState.objects.get(pk=job_id).status
+
+
+def result(job_id: int) -> object:
+    return Attempt.objects.get(job_id=job_id, status="succeeded").result
+
+
+def after_calls(job_ids: list[int]) -> dict[int, int]:
+    rows = sql(
+        "SELECT job_id, count(*) FROM qa_durable_call WHERE job_id = ANY(%s) AND step = 'after' "
+        "GROUP BY job_id",
+        [job_ids],
+    )
+    return dict(rows)
+
+
+def test_an_event_emitted_before_the_wait_is_delivered_without_parking(run_worker):
+    assert emit_event("order-1:paid", {"amount": 5}) is True
+    assert emit_event("order-1:paid", {"amount": 6}) is False  # the first emit wins
+    job = enqueue("qa.durable_event", {"key": "order-1:paid"}, queue="ev")
+    run_worker(["ev"], **WORKER)
+    wait_until(lambda: status(job.id) == "completed")
+    assert result(job.id) == {"amount": 5}
+    assert [a.status for a in Attempt.objects.filter(job_id=job.id)] == ["succeeded"]
+
+
+def test_a_parked_job_waits_out_of_the_claim_index_until_the_emit_commits(run_worker):
+    job = enqueue("qa.durable_event", {"key": "order-2:paid"}, queue="ev")
+    run_worker(["ev"], **WORKER)
+    wait_until(lambda: status(job.id) == "waiting")
+    assert EventWait.objects.get(job_id=job.id).key == "order-2:paid"
+
+    def emit_then_fail() -> None:
+        with transaction.atomic():
+            emit_event("order-2:paid", "rolled back")
+            raise RuntimeError("the caller's transaction rolls back")
+
+    with pytest.raises(RuntimeError):
+        emit_then_fail()
+    time.sleep(0.5)  # not a bound: whatever a worker does meanwhile, the job still waits
+    assert status(job.id) == "waiting"
+    with transaction.atomic():
+        emit_event("order-2:paid", {"ok": True})
+    wait_until(lambda: status(job.id) == "completed")
+    assert result(job.id) == {"ok": True}
+    assert [a.status for a in Attempt.objects.filter(job_id=job.id).order_by("id")] == [
+        "snoozed",
+        "succeeded",
+    ]
+    assert JobState.objects.get(pk=job.id).attempts == 1  # the wait spent no attempt
+    step = JobStep.objects.get(job_id=job.id, name="event:order-2:paid")
+    assert (step.kind, step.result) == ("event", {"payload": {"ok": True}})
+    assert after_calls([job.id]) == {job.id: 1}
+    assert not EventWait.objects.exists()
+
+
+def test_a_wait_times_out(run_worker):
+    job = enqueue("qa.durable_event", {"key": "never", "timeout": 0.5}, queue="ev")
+    run_worker(["ev"], **WORKER)
+    wait_until(lambda: status(job.id) == "completed")
+    assert result(job.id) == "timed out"
+    assert JobStep.objects.get(job_id=job.id, name="event:never").result == {"timed_out": True}
+    # A late emit changes nothing for it.
+    emit_event("never", 1)
+    assert JobStep.objects.get(job_id=job.id, name="event:never").result == {"timed_out": True}
+
+
+def test_one_emit_reaches_every_job_waiting_for_its_key_once(run_worker):
+    jobs = enqueue_many([("qa.durable_event", {"key": "shared"}) for _ in range(5)], queue="ev")
+    run_worker(["ev"], **WORKER)
+    wait_until(lambda: JobState.objects.filter(status="waiting").count() == 5)
+    emit_event("shared", "go")
+    ids = [j.id for j in jobs]
+    wait_until(lambda: JobState.objects.filter(pk__in=ids, status="completed").count() == 5)
+    assert all(result(i) == "go" for i in ids)
+    assert after_calls(ids) == dict.fromkeys(ids, 1)
+
+
+def _emit_all(keys: list[str], spread: float, seed: int) -> None:
+    """Emit each key at a random moment within `spread` seconds, from this thread."""
+    rng = random.Random(seed)
+    moments = sorted((rng.uniform(0, spread), key) for key in keys)
+    started = time.monotonic()
+    try:
+        for at, key in moments:
+            time.sleep(max(0.0, started + at - time.monotonic()))
+            emit_event(key, {"key": key})
+    finally:
+        connection.close()
+
+
+def test_emits_racing_the_waits_are_never_lost(run_worker):
+    keys = [f"race-{i}" for i in range(60)]
+    jobs = enqueue_many([("qa.durable_event", {"key": key}) for key in keys], queue="er")
+    run_worker(["er"], **WORKER)
+    run_worker(["er"], **WORKER)
+    emitter = threading.Thread(target=_emit_all, args=(keys, 1.0, 1))
+    emitter.start()
+    emitter.join(120)
+    ids = [j.id for j in jobs]
+    # No wait missed its emit: every job ends, with its own event's payload.
+    wait_until(lambda: JobState.objects.filter(pk__in=ids, status="completed").count() == 60)
+    assert [result(j.id) for j in jobs] == [{"key": key} for key in keys]
+    assert after_calls(ids) == dict.fromkeys(ids, 1)
+    assert not EventWait.objects.exists()
+
+
+def test_emits_racing_the_timeouts_are_decided_once(run_worker):
+    keys = [f"late-{i}" for i in range(60)]
+    jobs = enqueue_many(
+        [("qa.durable_event", {"key": key, "timeout": 1.0}) for key in keys], queue="et"
+    )
+    run_worker(["et"], **WORKER)
+    wait_until(lambda: JobState.objects.filter(status="waiting").count() >= 30)
+    emitter = threading.Thread(target=_emit_all, args=(keys, 2.0, 2))
+    emitter.start()
+    emitter.join(120)
+    ids = [j.id for j in jobs]
+    wait_until(lambda: JobState.objects.filter(pk__in=ids, status="completed").count() == 60)
+    outcomes = {}
+    for job, key in zip(jobs, keys, strict=True):
+        stored = JobStep.objects.get(job_id=job.id, name=f"event:{key}").result
+        # The handler saw what the one checkpoint says: the event, or the timeout.
+        if stored == {"timed_out": True}:
+            assert result(job.id) == "timed out"
+            outcomes["timed out"] = outcomes.get("timed out", 0) + 1
+        else:
+            assert stored == {"payload": {"key": key}}
+            assert result(job.id) == {"key": key}
+            outcomes["delivered"] = outcomes.get("delivered", 0) + 1
+    assert after_calls(ids) == dict.fromkeys(ids, 1)
+    assert not EventWait.objects.exists()
+    assert sum(outcomes.values()) == 60
