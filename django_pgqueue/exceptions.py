@@ -107,7 +107,7 @@ class Snooze(PgQueueError):
 class AwaitEvent(PgQueueError):
     """Raised by `JobContext.wait_for_event` when the event has not come yet: the worker
     parks the job until it is emitted or the wait times out, then runs the handler
-    again. Let it propagate (a handler that catches it stays running instead)."""
+    again. Let it propagate: a handler that catches it goes on without the event."""
 
     def __init__(self, key: str, name: str, timeout: float | None) -> None:
         after = "" if timeout is None else f" (at most {timeout:g}s)"

@@ -95,6 +95,10 @@ _ONE_JOB = (
     "Store.fail/give-back take (job_id, lease_version, attempt_id, failure): the "
     "queue is known to the worker (ClaimedRow.queue) but not passed yet"
 )
+_DURABLE = (
+    "a durable step is recorded from the handler's context, which knows its queue "
+    "(ctx.queue) but does not pass it yet; queue_job_steps would be co-located by it"
+)
 BY_JOB_ID = {
     "job_complete": _COMPLETION,
     "lease_renew": "the heartbeat renews every job the worker holds, of all its queues, "
@@ -111,6 +115,10 @@ BY_JOB_ID = {
     "queue column yet",
     "stats_minute_add": "reads the finished attempts by id for the rollup; queue_attempts "
     "has no queue column yet (the queues are in the parameters)",
+    "step_record": _DURABLE,
+    "step_sleep": _DURABLE,
+    "step_sleep_until": _DURABLE,
+    "event_take": _DURABLE,
 }
 
 EXEMPT = {
@@ -138,6 +146,8 @@ EXEMPT = {
     "batch_insert": "a batch gathers the jobs its block enqueued, of any queues",
     "batch_link": "a batch's callbacks wait for members of any queues",
     "batch_status": "a batch's counts: its members and callbacks, of any queues",
+    "event_wait_timeout": "multi-queue maintenance: any worker times out the event waits "
+    "of every queue, like the lease sweep",
 }
 
 
