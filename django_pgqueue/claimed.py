@@ -115,6 +115,7 @@ class ClaimedJob:
             created_at=row.created_at,
             user_key=row.idempotency_key,
             database=database,
+            attempt_id=row.attempt_id,
             lease=lease,
         )
         if handler is None:

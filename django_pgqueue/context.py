@@ -80,12 +80,17 @@ class JobContext:
     created_at: dt.datetime | None = None
     user_key: str | None = None
     database: str | None = None
+    # The attempt's row (queue_attempts.id); None outside a worker.
+    attempt_id: int | None = None
     # The worker's lease on the job (None outside a worker): private, read through
     # lease_lost() and cancel_requested().
     lease: InitVar[Lease | None] = None
     _lease: Lease | None = field(init=False, default=None)
     _parents: dict[str, Any] | None = field(init=False, default=None)
     _durable: Any = field(init=False, default=None)
+    # The outcome the handler wrote itself, in its own transaction (complete_atomically):
+    # the worker has nothing left to write.
+    committed: Any = field(init=False, default=None, repr=False)
 
     def __post_init__(self, lease: Lease | None) -> None:
         self._lease = lease
@@ -178,6 +183,13 @@ class JobContext:
         for it: the job waits, in no claim index, until it is emitted or `timeout`
         passes (`EventTimeout`). The step is `name`, ``"event:<key>"`` by default."""
         return self._durable_run().wait_for_event(key, timeout=timeout, name=name)
+
+    def complete_atomically(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` inside ``transaction.atomic()`` on the job's database
+        and complete the job in that same transaction, fenced by its lease, with `fn`'s
+        result: its writes and the job's completion commit together, once. Call it last
+        (and return what it returns): the job is completed when it returns."""
+        return self._durable_run().complete_atomically(fn, *args, **kwargs)
 
     @property
     def is_last_attempt(self) -> bool:

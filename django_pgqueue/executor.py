@@ -101,7 +101,7 @@ def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcom
             value = handler.func(ctx)
         except BaseException as exc:
             return classify(exc, ctx, policy, _retry_on(handler))
-        return success(value)
+        return ctx.committed or success(value)
     except BaseException as exc:  # classifying itself failed: still an outcome
         return fallback_failure(exc)
 
@@ -120,6 +120,8 @@ async def arun(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) ->
             # This job's task runs in a context of its own: the mark stays with it.
             async_handler_job.set(ctx.job_id)
             value = await handler.coroutine(ctx)
+            if ctx.committed is not None:
+                return ctx.committed
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():

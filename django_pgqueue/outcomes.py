@@ -3,6 +3,7 @@
 One type per end of an attempt, each written by one statement of the store:
 
 - `Success`: the job is completed, with the handler's result (``job_complete``);
+  `Committed`, completed so by the handler in its own transaction;
 - `Retry`: it failed and is due again after `delay`, or dead once its attempts are
   spent (``job_fail``);
 - `Dead`: it failed for good (``job_fail``, permanent);
@@ -37,6 +38,12 @@ class Success:
 
 
 NO_RESULT = Success()  # a handler that returned None
+
+
+@dataclass(slots=True, frozen=True)
+class Committed(Success):
+    """Completed by the handler itself, in its own transaction (``job_complete`` on the
+    job's database, `JobContext.complete_atomically`): nothing is left to write."""
 
 
 @dataclass(slots=True)

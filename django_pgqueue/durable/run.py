@@ -9,12 +9,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from .. import validators
 from ..conf import get_settings
 from ..context import JobContext
 from ..exceptions import AwaitEvent, EventTimeout, Snooze, StepNotRecorded
+from ..outcomes import Committed
 from ..store import durable as store
 from ..validation import payload as encode
 
@@ -108,6 +109,33 @@ class DurableRun:
             # from here to the commit.
             self._record(name, "atomic", text, runtime)
         return json.loads(text)
+
+    # -- the job's own completion ---------------------------------------------------
+
+    def complete_atomically(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        ctx = self.ctx
+        if ctx.attempt_id is None:
+            raise RuntimeError("complete_atomically needs a job claimed by a worker")
+        if connections[self.alias].in_atomic_block:
+            # The completion would commit with an outer transaction the handler may
+            # still roll back, after the worker took the job for completed.
+            raise RuntimeError(
+                "complete_atomically opens the job's transaction itself: call it outside "
+                "transaction.atomic()"
+            )
+        with transaction.atomic(using=self.alias):
+            value = fn(*args, **kwargs)
+            text = None if value is None else encode(value, None, "the job's result")
+            completed = store.complete_job(
+                self.alias, ctx.job_id, ctx.lease_version, ctx.attempt_id, text
+            )
+            if not completed:
+                raise StepNotRecorded(
+                    f"job #{ctx.job_id} was not completed: its lease (version "
+                    f"{ctx.lease_version}) was lost; its writes were rolled back"
+                )
+        ctx.committed = Committed(text)
+        return None if text is None else json.loads(text)
 
     # -- sleeps -------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..sql import QUERIES
 from .cursors import django_cursor, fetch_one
+from .rows import complete_params
 
 
 def _json(value: Any) -> Any:
@@ -90,3 +91,15 @@ def emit_event(alias: str, key: str, payload: str) -> tuple[bool, int]:
     row = fetch_one(alias, QUERIES["event_emit"], {"key": key, "payload": payload})
     assert row is not None
     return bool(row[0]), int(row[1])
+
+
+def complete_job(
+    alias: str, job_id: int, lease_version: int, attempt_id: int, result: str | None
+) -> bool:
+    """Complete a running job in the transaction of Django's connection `alias`, fenced
+    by its lease (the worker's own ``job_complete``; a job an operator asked to cancel
+    while it ran ends cancelled); False when the lease was lost."""
+    params = complete_params([(job_id, lease_version, attempt_id, result)])
+    with django_cursor(alias) as cursor:
+        cursor.execute(QUERIES["job_complete"], params)
+        return cursor.fetchone() is not None

@@ -20,6 +20,7 @@ from ..exceptions import DatabaseUnavailable
 from ..extensions import JobEnd
 from ..outcomes import (
     ERROR_CLASS_LIMIT,
+    Committed,
     Failure,
     Interrupted,
     Outcome,
@@ -203,7 +204,7 @@ class OutcomeWriter:
             if item.ctx.job_id in cancelled:
                 self.stats["cancelled"] += 1
                 ends.append(JobEnd(item, "cancelled"))
-            elif item.ctx.job_id in completed:
+            elif item.ctx.job_id in completed or isinstance(outcome, Committed):
                 ends.append(JobEnd(item, "completed", result=outcome.result))  # type: ignore[union-attr]
             elif item.ctx.job_id not in self._failed_instead:
                 self._stale(item, "complete")
@@ -366,10 +367,13 @@ class OutcomeWriter:
 
 
 def _done(successes: list[Written]) -> list[tuple[int, int, int, str | None]]:
-    """The (job_id, lease_version, attempt_id, result) rows of job_complete."""
+    """The (job_id, lease_version, attempt_id, result) rows of job_complete; the jobs
+    their handlers completed in their own transactions (`Committed`) are not written
+    again."""
     return [
         (item.ctx.job_id, item.ctx.lease_version, item.attempt_id, out.result)  # type: ignore[union-attr]
         for item, out in successes
+        if not isinstance(out, Committed)
     ]
 
 

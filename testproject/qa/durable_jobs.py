@@ -99,3 +99,9 @@ def durable_event(ctx: JobContext) -> Any:
         got = "timed out"
     ctx.step("after", _call, ctx, "after")
     return got
+
+
+@django_pgqueue.handler("qa.durable_complete", max_attempts=3)
+def durable_complete(ctx: JobContext) -> Any:
+    """Its effect and the job's completion in one transaction."""
+    return ctx.complete_atomically(_effect, ctx, "done")

@@ -89,15 +89,21 @@ def test_deleting_jobs_deletes_their_state_and_attempts(job_id):
 
 
 def test_truncating_jobs_alone_is_refused(job_id):
-    # The workflow and batch tables' foreign keys refuse it first; without them, the
-    # trigger would.
+    # The workflow, batch and durable tables' foreign keys refuse it first; without
+    # them, the trigger would.
     with (
-        pytest.raises(NotSupportedError, match=r"queue_job_deps|queue_batch_jobs"),
+        pytest.raises(
+            NotSupportedError,
+            match=r"queue_job_deps|queue_batch_jobs|queue_job_steps|queue_event_waits",
+        ),
         transaction.atomic(),
     ):
         sql("TRUNCATE queue_jobs")
     with pytest.raises(IntegrityError, match="truncate queue_job_state"), transaction.atomic():
-        sql("TRUNCATE queue_jobs, queue_job_deps, queue_workflow_steps, queue_batch_jobs")
+        sql(
+            "TRUNCATE queue_jobs, queue_job_deps, queue_workflow_steps, queue_batch_jobs, "
+            "queue_job_steps, queue_event_waits"
+        )
 
 
 @pytest.mark.parametrize(

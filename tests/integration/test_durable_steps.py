@@ -4,7 +4,7 @@ stored under the lease and given back to later runs; a step that raised runs aga
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from qa.models import DurableCall, DurableEffect
 
@@ -51,6 +51,7 @@ def _claimed(stores, job_id: int) -> JobContext:
         attempt=row.attempt,
         max_attempts=row.max_attempts,
         lease_version=row.lease_version,
+        attempt_id=row.attempt_id,
     )
 
 
@@ -145,3 +146,33 @@ def test_a_step_result_is_its_json_on_the_first_run_too(stores):
     _give_back(job.id)
     resumed = _claimed(stores, job.id)
     assert resumed.step("none", lambda: 5) is None
+
+
+def test_a_handler_completes_its_job_in_its_own_transaction(run_worker):
+    job = enqueue("qa.durable_complete", queue="dc")
+    worker = run_worker(["dc"], poll_interval=0.05)
+    wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed")
+    effect = DurableEffect.objects.get(job_id=job.id)
+    attempt = Attempt.objects.get(job_id=job.id)
+    assert (attempt.status, attempt.result) == ("succeeded", effect.pk)
+    wait_until(lambda: worker.worker.stats["completed"] == 1)
+    assert worker.worker.stats["stale_writes"] == 0  # nothing written twice
+
+
+def test_a_stale_owners_completion_rolls_back_its_writes(stores):
+    job = enqueue("qa.noop", queue="dq")
+    stale = _claimed(stores, job.id)
+    _give_back(job.id)
+
+    def write() -> int:
+        return DurableEffect.objects.create(job_id=job.id, step="done", lease_version=1).pk
+
+    with pytest.raises(StepNotRecorded, match="was not completed"):
+        stale.complete_atomically(write)
+    assert not DurableEffect.objects.exists()
+    assert JobState.objects.get(pk=job.id).status == "pending"
+    fresh = _claimed(stores, job.id)
+    assert fresh.complete_atomically(write) == DurableEffect.objects.get().pk
+    assert JobState.objects.get(pk=job.id).status == "completed"
+    with transaction.atomic(), pytest.raises(RuntimeError, match="outside"):
+        fresh.complete_atomically(write)
