@@ -6,7 +6,8 @@ are invisible to it. Tests that run jobs use ``TransactionTestCase`` or, with
 pytest-django, ``@pytest.mark.django_db(transaction=True)``, then call
 :func:`run_due_jobs`. :func:`make_context` builds the `JobContext` a handler receives,
 so a handler can be called directly in any test; :func:`fire_tick` enqueues the job a
-schedule's tick would.
+schedule's tick would; :func:`run_durable` runs a durable job to its end, its sleeps
+due at once and the test's events delivered.
 """
 
 from __future__ import annotations
@@ -15,22 +16,25 @@ import datetime as dt
 import json
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from django_pgqueue import validation
 from django_pgqueue.conf import get_settings
 from django_pgqueue.context import JobContext, Lease
+from django_pgqueue.durable import emit_event
 from django_pgqueue.enqueue import EnqueuedJob, enqueue
-from django_pgqueue.models import JobState, Schedule
+from django_pgqueue.models import FINISHED_STATUSES, Attempt, EventWait, JobState, JobStep, Schedule
 from django_pgqueue.registry import registry
 from django_pgqueue.schedules.firing import tick_key
 from django_pgqueue.schedules.spec import ScheduleSpec, code_schedules
 from django_pgqueue.schedules.ticks import Ticks
+from django_pgqueue.store import durable as durable_store
 from django_pgqueue.store.operator import clock_ago
 from django_pgqueue.worker import Worker
 from django_pgqueue.worker_config import queues_by_database
@@ -237,4 +241,83 @@ def fire_tick(name: str, at: dt.datetime | None = None, *, using: str | None = N
         max_attempts=spec.max_attempts,
         idempotency_key=tick_key(spec.name, at),
         using=alias,
+    )
+
+
+@dataclass(frozen=True)
+class DurableStep:
+    """One checkpoint of a durable job: its step's name, kind and stored result."""
+
+    name: str
+    kind: str
+    result: Any
+
+
+@dataclass(frozen=True)
+class DurableOutcome:
+    """What `run_durable` ran: the job's status, its result (completed) and its steps
+    in the order they were recorded."""
+
+    status: str
+    result: Any
+    steps: list[DurableStep]
+
+    def step(self, name: str) -> DurableStep:
+        """The step called `name` (KeyError if the job has none)."""
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(f"no step {name!r}; the job's steps are {[s.name for s in self.steps]}")
+
+
+def run_durable(
+    job: EnqueuedJob,
+    events: Mapping[str, Any] | None = None,
+    *,
+    time_out_waits: bool = False,
+    max_runs: int = 100,
+) -> DurableOutcome:
+    """Run a durable job to its end with burst workers, on the real database.
+
+    `events` ({key: payload}) are emitted first, so each wait for one gets it; its
+    sleeps come due at once (their recorded wake-up is moved to now(), the database's
+    clock is left alone); a wait for an event not given times out when
+    `time_out_waits`, else LookupError says which key it waits for. A retry's backoff
+    is not moved: a job still pending after `max_runs` runs raises RuntimeError. Needs
+    committed jobs, like `run_due_jobs`.
+    """
+    alias = job.database or get_settings().DATABASE
+    if events:
+        with transaction.atomic(using=alias):
+            for key, payload in events.items():
+                emit_event(key, payload, using=alias)
+    queue = JobState.objects.using(alias).values_list("queue", flat=True).get(pk=job.id)
+    for _ in range(max_runs):
+        run_due_jobs([queue])
+        state = JobState.objects.using(alias).get(pk=job.id)
+        if state.status in FINISHED_STATUSES:
+            break
+        if state.status == "waiting":
+            wait = EventWait.objects.using(alias).filter(job_id=job.id).first()
+            if wait is None or not time_out_waits:
+                key = None if wait is None else wait.key
+                raise LookupError(
+                    f"job #{job.id} waits for the event {key!r}, which the test did not "
+                    "give (events={...}); or pass time_out_waits=True"
+                )
+            durable_store.time_out_wait_now(alias, job.id)
+        elif state.status == "pending":
+            durable_store.sleeps_due_now(alias, job.id)
+    else:
+        raise RuntimeError(
+            f"job #{job.id} did not end within {max_runs} runs (it is {state.status}, due "
+            f"at {state.run_at})"
+        )
+    result = None
+    if state.status == "completed":
+        attempt = Attempt.objects.using(alias).filter(job_id=job.id, status="succeeded").last()
+        result = None if attempt is None else attempt.result
+    steps = JobStep.objects.using(alias).filter(job_id=job.id).order_by("recorded_at", "name")
+    return DurableOutcome(
+        state.status, result, [DurableStep(s.name, s.kind, s.result) for s in steps]
     )

@@ -125,3 +125,32 @@ WITH expired AS (
 )
 SELECT DISTINCT queue FROM woken;
 
+
+
+-- name: step_sleep_due_now
+-- Testing (django_pgqueue.testing.run_durable): bring a pending job's durable sleeps
+-- due now, their wake-up and the job's run_at moved to now() (the database's clock is
+-- left alone). Returns the job if a sleep was moved.
+WITH moved AS (
+    UPDATE queue_job_steps AS step
+    SET result = jsonb_build_object('wake_at', now())
+    WHERE step.job_id = %(job_id)s::bigint
+      AND step.kind = 'sleep'
+      AND (step.result ->> 'wake_at')::timestamptz > now()
+    RETURNING step.job_id
+)
+UPDATE queue_job_state AS state
+SET run_at = now(), updated_at = now()
+WHERE state.job_id = %(job_id)s::bigint
+  AND state.status = 'pending'
+  AND EXISTS (SELECT FROM moved)
+RETURNING state.job_id;
+
+
+-- name: event_wait_due_now
+-- Testing (django_pgqueue.testing.run_durable): make a parked job's wait time out now
+-- (event_wait_timeout then takes it). Returns the job if it has a wait.
+UPDATE queue_event_waits AS wait
+SET timeout_at = now()
+WHERE wait.job_id = %(job_id)s::bigint
+RETURNING wait.job_id;

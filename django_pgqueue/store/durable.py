@@ -103,3 +103,17 @@ def complete_job(
     with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["job_complete"], params)
         return cursor.fetchone() is not None
+
+
+def sleeps_due_now(alias: str, job_id: int) -> bool:
+    """Testing: bring the pending job's sleeps due now; False if it has none pending."""
+    return fetch_one(alias, QUERIES["step_sleep_due_now"], {"job_id": job_id}) is not None
+
+
+def time_out_wait_now(alias: str, job_id: int) -> bool:
+    """Testing: time the parked job's wait out now; False if it has no wait."""
+    if fetch_one(alias, QUERIES["event_wait_due_now"], {"job_id": job_id}) is None:
+        return False
+    with django_cursor(alias) as cursor:
+        cursor.execute(QUERIES["event_wait_timeout"], {"limit": 1000})
+    return True

@@ -9,7 +9,7 @@ import pytest
 
 from django_pgqueue import enqueue
 from django_pgqueue.models import Schedule
-from django_pgqueue.testing import fire_tick, run_due_jobs
+from django_pgqueue.testing import fire_tick, run_due_jobs, run_durable
 from tests.conftest import sql
 
 
@@ -134,3 +134,28 @@ def test_fire_tick_refuses_what_is_not_a_tick(daily, name, at, error, message):
     with pytest.raises(error, match=message):
         fire_tick(name, at=at)
     assert sql("SELECT count(*) FROM queue_jobs") == [(0,)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_durable_runs_a_durable_job_to_its_end_with_its_sleeps_due_at_once():
+    job = enqueue("qa.durable_sleep", {"seconds": 3600}, queue="td")
+    outcome = run_durable(job)
+    assert outcome.status == "completed"
+    assert [(s.name, s.kind) for s in outcome.steps] == [
+        ("before", "step"),
+        ("nap", "sleep"),
+        ("after", "step"),
+    ]
+    assert outcome.result == {"woke": outcome.step("after").result}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_durable_delivers_the_tests_events_and_times_out_the_others():
+    paid = enqueue("qa.durable_event", {"key": "paid:1"}, queue="td")
+    assert run_durable(paid, {"paid:1": {"amount": 3}}).result == {"amount": 3}
+    never = enqueue("qa.durable_event", {"key": "never", "timeout": 86400}, queue="td")
+    with pytest.raises(LookupError, match="waits for the event 'never'"):
+        run_durable(never)
+    outcome = run_durable(never, time_out_waits=True)
+    assert outcome.result == "timed out"
+    assert outcome.step("event:never").result == {"timed_out": True}

@@ -148,6 +148,7 @@ EXEMPT = {
     "batch_status": "a batch's counts: its members and callbacks, of any queues",
     "event_wait_timeout": "multi-queue maintenance: any worker times out the event waits "
     "of every queue, like the lease sweep",
+    "step_sleep_due_now": "testing only (run_durable): one job, by its id",
 }
 
 
