@@ -52,6 +52,7 @@ from .columns import (
     when_short,
 )
 from .databases import admin_database, database_query, read_from_to_database, with_database
+from .durable import durable_steps, has_steps
 from .lists import (
     EXACT_COUNT_LIMIT,
     DatabaseFilter,
@@ -178,7 +179,7 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
         ("Payload (immutable)", {"fields": ("payload_pretty",)}),
     )
     # Every field of the page is read-only: the operator actions are the only writes.
-    readonly_fields = (*flatten_fieldsets(fieldsets), "workflow_link")
+    readonly_fields = (*flatten_fieldsets(fieldsets), "workflow_link", "durable_steps")
 
     class Media:
         css = {"all": ("django_pgqueue/admin.css",)}
@@ -204,6 +205,7 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
     last_error_full = column("last error", current_error, error_full)
     type_column = column("type", "type", one_line)
     queue_column = column("queue", "queue", one_line)
+    durable_steps = staticmethod(durable_steps)
 
     @admin.display(description="started · due")
     def started_column(self, job: Job) -> str:
@@ -265,6 +267,8 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fieldsets = super().get_fieldsets(request, obj)
+        if obj is not None and has_steps(obj):  # a durable handler's checkpoints
+            fieldsets = (*fieldsets, ("Durable steps", {"fields": ("durable_steps",)}))
         if obj is None or workflow_of(obj) is None:
             return fieldsets
         (name, options), *rest = fieldsets

@@ -10,6 +10,7 @@ import time
 
 import pytest
 from django.db import connection, transaction
+from django.urls import reverse
 
 from django_pgqueue import emit_event, enqueue, enqueue_many
 from django_pgqueue.models import Attempt, EventWait, JobState, JobStep
@@ -155,3 +156,17 @@ def test_emits_racing_the_timeouts_are_decided_once(run_worker):
     assert after_calls(ids) == dict.fromkeys(ids, 1)
     assert not EventWait.objects.exists()
     assert sum(outcomes.values()) == 60
+
+
+def test_the_job_page_lists_a_durable_jobs_steps_and_its_wait(run_worker, superuser_client):
+    job = enqueue("qa.durable_event", {"key": "page:1", "timeout": 3600}, queue="ev")
+    plain = enqueue("qa.noop", queue="ev")
+    run_worker(["ev"], **WORKER)
+    wait_until(lambda: status(job.id) == "waiting" and status(plain.id) == "completed")
+    page = superuser_client.get(reverse("admin:django_pgqueue_job_change", args=[job.id]))
+    html = page.content.decode()
+    assert "Durable steps" in html
+    assert "<td>before</td><td>step</td><td><code>&quot;before&quot;</code></td>" in html
+    assert "Waits for the event <code>page:1</code> (step event:page:1), until" in html
+    plain_page = superuser_client.get(reverse("admin:django_pgqueue_job_change", args=[plain.id]))
+    assert "Durable steps" not in plain_page.content.decode()
