@@ -184,6 +184,17 @@ class JobContext:
         passes (`EventTimeout`). The step is `name`, ``"event:<key>"`` by default."""
         return self._durable_run().wait_for_event(key, timeout=timeout, name=name)
 
+    def patched(self, name: str) -> bool:
+        """Whether this run takes the new path of a change named `name` (versioning).
+
+        True for a run that reaches this point for the first time at the end of its
+        history (a new run, or one whose earlier runs stopped before here); False for a
+        run replaying checkpoints that code without the change wrote past this point.
+        Recorded as the step ``"patch:<name>"``: every later run of the job decides the
+        same. Once no run that started before the change is left, drop the old path.
+        """
+        return self._durable_run().patched(name)
+
     def complete_atomically(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` inside ``transaction.atomic()`` on the job's database
         and complete the job in that same transaction, fenced by its lease, with `fn`'s

@@ -44,6 +44,8 @@ class DurableRun:
         self._db_now: dt.datetime | None = None
         self._loaded_at = 0.0  # time.monotonic() when the checkpoints were read
         self._used: set[str] = set()
+        # The checkpoints of earlier runs this run has met again (replayed).
+        self._replayed: set[str] = set()
 
     # -- checkpoints --------------------------------------------------------------
 
@@ -65,6 +67,8 @@ class DurableRun:
             self._db_now, self._steps = store.load_steps(self.alias, self.ctx.job_id)
             self._loaded_at = time.monotonic()
         stored = self._steps.get(name)
+        if stored is not None:
+            self._replayed.add(name)
         if stored is not None and stored[0] != kind and {stored[0], kind} != {"step", "atomic"}:
             raise StepMismatch(
                 f"job #{self.ctx.job_id}: its step {name!r} was recorded as a {stored[0]} "
@@ -109,6 +113,21 @@ class DurableRun:
             # from here to the commit.
             self._record(name, "atomic", text, runtime)
         return json.loads(text)
+
+    # -- versioning ---------------------------------------------------------------
+
+    def patched(self, name: str) -> bool:
+        stored = self._checkpoint(f"patch:{name}", "step")
+        if stored is not None:
+            return bool(stored[1])
+        # A run that has earlier runs' checkpoints still ahead of it replays a history
+        # written by code that passed here without this patch: the old path. A run at
+        # the end of its history (or a new one) takes the new path. Recorded either
+        # way, so every later run of the job decides the same.
+        assert self._steps is not None
+        new = set(self._steps) <= self._replayed
+        self._record(f"patch:{name}", "step", "true" if new else "false", None)
+        return new
 
     # -- the job's own completion ---------------------------------------------------
 

@@ -176,3 +176,31 @@ def test_a_stale_owners_completion_rolls_back_its_writes(stores):
     assert JobState.objects.get(pk=job.id).status == "completed"
     with transaction.atomic(), pytest.raises(RuntimeError, match="outside"):
         fresh.complete_atomically(write)
+
+
+def test_patched_keeps_runs_started_by_old_code_on_the_old_path(stores):
+    old = enqueue("qa.noop", queue="dq")
+    new = enqueue("qa.noop", queue="dq")
+    # The old code: two steps, no patch between them.
+    ctx = _claimed(stores, old.id)
+    ctx.step("reserve", lambda: 1)
+    ctx.step("charge", lambda: "v1")
+    _give_back(old.id)
+
+    def new_code(ctx: JobContext) -> str:
+        ctx.step("reserve", lambda: 1)
+        if ctx.patched("charge-v2"):
+            return ctx.step("charge-v2", lambda: "v2")
+        return ctx.step("charge", lambda: "v1")
+
+    assert new_code(_claimed(stores, old.id)) == "v1"  # replays the old history
+    _give_back(old.id)
+    assert new_code(_claimed(stores, old.id)) == "v1"  # and decides the same again
+    assert new_code(_claimed(stores, new.id)) == "v2"
+    _give_back(new.id)
+    assert new_code(_claimed(stores, new.id)) == "v2"
+    assert set(JobStep.objects.filter(job_id=new.id).values_list("name", flat=True)) == {
+        "reserve",
+        "patch:charge-v2",
+        "charge-v2",
+    }
