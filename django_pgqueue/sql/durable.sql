@@ -29,11 +29,14 @@ RETURNING job_id;
 
 
 -- name: step_sleep
--- Record a durable sleep's wake-up, now() + seconds by the database's clock, fenced
--- like step_record; returns the wake-up and the seconds left until it.
+-- Record a durable sleep's wake-up under the lease, fenced like step_record: at
+-- %(wake_at)s, or (NULL) at now() + %(seconds)s by the database's clock. Returns the
+-- wake-up and the seconds left until it by the database's clock (<= 0: due).
 INSERT INTO queue_job_steps (job_id, name, kind, result, lease_version)
 SELECT state.job_id, %(name)s::text, 'sleep',
-       jsonb_build_object('wake_at', now() + make_interval(secs => %(seconds)s::float8)),
+       jsonb_build_object('wake_at', coalesce(
+           %(wake_at)s::timestamptz, now() + make_interval(secs => %(seconds)s::float8)
+       )),
        state.lease_version
 FROM queue_job_state AS state
 WHERE state.job_id = %(job_id)s::bigint
@@ -41,22 +44,8 @@ WHERE state.job_id = %(job_id)s::bigint
   AND state.status = 'running'
 FOR SHARE
 ON CONFLICT (job_id, name) DO NOTHING
-RETURNING result ->> 'wake_at', %(seconds)s::float8;
-
-
--- name: step_sleep_until
--- Record a durable sleep until a given time, fenced like step_record; returns the
--- wake-up and the seconds left until it by the database's clock (<= 0: due).
-INSERT INTO queue_job_steps (job_id, name, kind, result, lease_version)
-SELECT state.job_id, %(name)s::text, 'sleep',
-       jsonb_build_object('wake_at', %(wake_at)s::timestamptz), state.lease_version
-FROM queue_job_state AS state
-WHERE state.job_id = %(job_id)s::bigint
-  AND state.lease_version = %(lease_version)s::bigint
-  AND state.status = 'running'
-FOR SHARE
-ON CONFLICT (job_id, name) DO NOTHING
-RETURNING result ->> 'wake_at', extract(epoch FROM %(wake_at)s::timestamptz - now())::float8;
+RETURNING result ->> 'wake_at',
+          extract(epoch FROM (result ->> 'wake_at')::timestamptz - now())::float8;
 
 
 -- name: event_take

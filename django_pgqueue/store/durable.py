@@ -64,11 +64,14 @@ def record_sleep(
 ) -> tuple[str, float] | None:
     """Record a sleep's wake-up (after `seconds`, or at `until`) under the lease;
     (wake-up, seconds left by the database's clock), or None when not recorded."""
-    params: dict[str, Any] = {"job_id": job_id, "lease_version": lease_version, "name": name}
-    if until is None:
-        row = fetch_one(alias, QUERIES["step_sleep"], {**params, "seconds": seconds})
-    else:
-        row = fetch_one(alias, QUERIES["step_sleep_until"], {**params, "wake_at": until})
+    params = {
+        "job_id": job_id,
+        "lease_version": lease_version,
+        "name": name,
+        "seconds": seconds,
+        "wake_at": until,
+    }
+    row = fetch_one(alias, QUERIES["step_sleep"], params)
     return None if row is None else (row[0], float(row[1]))
 
 

@@ -117,7 +117,6 @@ BY_JOB_ID = {
     "has no queue column yet (the queues are in the parameters)",
     "step_record": _DURABLE,
     "step_sleep": _DURABLE,
-    "step_sleep_until": _DURABLE,
     "event_take": _DURABLE,
 }
 
