@@ -10,6 +10,8 @@ from contextvars import ContextVar
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
+from asgiref.sync import sync_to_async
+
 # Reads the stored results of the jobs a job waits for, by step name: set by the
 # workflows feature when it is imported (this module knows no database).
 parent_results_reader: Callable[[Any], dict[str, Any]] | None = None
@@ -24,6 +26,11 @@ durable_run_factory: Callable[[Any], Any] | None = None
 # share one thread for Django's thread-sensitive calls, and so one connection:
 # `aatomic` refuses to hold a transaction open across awaits there.
 async_handler_job: ContextVar[int | None] = ContextVar("pgqueue_async_handler_job", default=None)
+
+
+async def _in_thread(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a durable call's database work on Django's thread for sync calls."""
+    return await sync_to_async(func)(*args, **kwargs)
 
 
 class Lease:
@@ -183,6 +190,28 @@ class JobContext:
         for it: the job waits, in no claim index, until it is emitted or `timeout`
         passes (`EventTimeout`). The step is `name`, ``"event:<key>"`` by default."""
         return self._durable_run().wait_for_event(key, timeout=timeout, name=name)
+
+    async def astep(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """`step` in an async handler: `fn` may be a coroutine function."""
+        return await self._durable_run().astep(name, fn, *args, **kwargs)
+
+    async def aatomic_step(
+        self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """`atomic_step` in an async handler: `fn` (sync) and its transaction run whole in
+        a thread (a transaction is never held across an await)."""
+        return await _in_thread(self._durable_run().atomic_step, name, fn, *args, **kwargs)
+
+    async def asleep(self, name: str, duration: dt.timedelta | float) -> None:
+        """`sleep` in an async handler."""
+        await _in_thread(self._durable_run().sleep, name, duration)
+
+    async def await_event(
+        self, key: str, *, timeout: dt.timedelta | float | None = None, name: str | None = None
+    ) -> Any:
+        """`wait_for_event` in an async handler."""
+        run = self._durable_run()
+        return await _in_thread(run.wait_for_event, key, timeout=timeout, name=name)
 
     def patched(self, name: str) -> bool:
         """Whether this run takes the new path of a change named `name` (versioning).

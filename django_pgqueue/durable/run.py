@@ -4,11 +4,13 @@ event waits, each written under the job's lease on the job's database."""
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 import json
 import time
 from collections.abc import Callable
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
 from .. import validators
@@ -98,6 +100,22 @@ class DurableRun:
         runtime = time.monotonic() - started
         text = encode(value, None, f"the result of step {name!r}")
         self._record(name, "step", text, runtime)
+        return json.loads(text)
+
+    async def astep(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """`step` for an async handler; `fn` may be a coroutine function (awaited here)
+        or a plain one (run in a thread). The database is read and written on Django's
+        thread for sync calls."""
+        if not inspect.iscoroutinefunction(fn):
+            return await sync_to_async(self.step)(name, fn, *args, **kwargs)
+        stored = await sync_to_async(self._checkpoint)(name, "step")
+        if stored is not None:
+            return stored[1]
+        started = time.monotonic()
+        value = await fn(*args, **kwargs)
+        runtime = time.monotonic() - started
+        text = encode(value, None, f"the result of step {name!r}")
+        await sync_to_async(self._record)(name, "step", text, runtime)
         return json.loads(text)
 
     def atomic_step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:

@@ -105,3 +105,18 @@ def durable_event(ctx: JobContext) -> Any:
 def durable_complete(ctx: JobContext) -> Any:
     """Its effect and the job's completion in one transaction."""
     return ctx.complete_atomically(_effect, ctx, "done")
+
+
+async def _acall(ctx: JobContext, step: str) -> str:
+    await DurableCall.objects.acreate(job_id=ctx.job_id, step=step, lease_version=ctx.lease_version)
+    return step
+
+
+@django_pgqueue.handler("qa.adurable", max_attempts=3)
+async def adurable(ctx: JobContext) -> list[Any]:
+    """The async spellings: an async step, an atomic step, a sleep, an event wait."""
+    first = await ctx.astep("a", _acall, ctx, "a")
+    second = await ctx.aatomic_step("b", _effect, ctx, "b")
+    await ctx.asleep("nap", 0.2)
+    got = await ctx.await_event(ctx.payload["key"])
+    return [first, second, got]

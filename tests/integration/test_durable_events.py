@@ -11,6 +11,7 @@ import time
 import pytest
 from django.db import connection, transaction
 from django.urls import reverse
+from qa.models import DurableEffect
 
 from django_pgqueue import emit_event, enqueue, enqueue_many
 from django_pgqueue.models import Attempt, EventWait, JobState, JobStep
@@ -170,3 +171,21 @@ def test_the_job_page_lists_a_durable_jobs_steps_and_its_wait(run_worker, superu
     assert "Waits for the event <code>page:1</code> (step event:page:1), until" in html
     plain_page = superuser_client.get(reverse("admin:django_pgqueue_job_change", args=[plain.id]))
     assert "Durable steps" not in plain_page.content.decode()
+
+
+def test_an_async_handler_runs_the_async_spellings(run_worker):
+    job = enqueue("qa.adurable", {"key": "async:1"}, queue="ea")
+    run_worker(["ea"], **WORKER)
+    wait_until(lambda: status(job.id) == "waiting")
+    emit_event("async:1", "went")
+    wait_until(lambda: status(job.id) == "completed")
+    effect = DurableEffect.objects.get(job_id=job.id)
+    assert result(job.id) == ["a", effect.pk, "went"]
+    assert [a.status for a in Attempt.objects.filter(job_id=job.id).order_by("id")] == [
+        "snoozed",
+        "snoozed",
+        "succeeded",
+    ]
+    assert sql(
+        "SELECT step, count(*) FROM qa_durable_call WHERE job_id = %s GROUP BY step", [job.id]
+    ) == [("a", 1)]
