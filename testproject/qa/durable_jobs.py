@@ -120,3 +120,19 @@ async def adurable(ctx: JobContext) -> list[Any]:
     await ctx.asleep("nap", 0.2)
     got = await ctx.await_event(ctx.payload["key"])
     return [first, second, got]
+
+
+@django_pgqueue.handler("qa.durable_five", max_attempts=20)
+def durable_five(ctx: JobContext) -> Any:
+    """Five steps: an atomic step, a sleep, a step (its call's time checked against the
+    sleep's wake-up), a wait for event payload["key"] (payload["timeout"] at most), an
+    atomic step."""
+    ctx.atomic_step("a1", _effect, ctx, "a1")
+    ctx.sleep("nap", ctx.payload.get("nap", 0.5))
+    ctx.step("after-nap", _call, ctx, "after-nap")
+    try:
+        got = ctx.wait_for_event(ctx.payload["key"], timeout=ctx.payload["timeout"])
+    except EventTimeout:
+        got = "timed out"
+    ctx.atomic_step("a2", _effect, ctx, "a2")
+    return got
