@@ -89,6 +89,14 @@ class DurableRun:
                 f"job's lease (version {ctx.lease_version}) was lost"
             )
 
+    def _keep(self, name: str, kind: str, value: Any, started: float) -> Any:
+        """Record `value` as step `name`'s checkpoint (its function ran from `started`,
+        monotonic); return it as the JSON a later run gets back."""
+        runtime = time.monotonic() - started
+        text = encode(value, None, f"the result of step {name!r}")
+        self._record(name, kind, text, runtime)
+        return json.loads(text)
+
     # -- steps --------------------------------------------------------------------
 
     def step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -96,11 +104,7 @@ class DurableRun:
         if stored is not None:
             return stored[1]
         started = time.monotonic()
-        value = fn(*args, **kwargs)
-        runtime = time.monotonic() - started
-        text = encode(value, None, f"the result of step {name!r}")
-        self._record(name, "step", text, runtime)
-        return json.loads(text)
+        return self._keep(name, "step", fn(*args, **kwargs), started)
 
     async def astep(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """`step` for an async handler; `fn` may be a coroutine function (awaited here)
@@ -113,10 +117,7 @@ class DurableRun:
             return stored[1]
         started = time.monotonic()
         value = await fn(*args, **kwargs)
-        runtime = time.monotonic() - started
-        text = encode(value, None, f"the result of step {name!r}")
-        await sync_to_async(self._record)(name, "step", text, runtime)
-        return json.loads(text)
+        return await sync_to_async(self._keep)(name, "step", value, started)
 
     def atomic_step(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         stored = self._checkpoint(name, "atomic")
@@ -124,13 +125,9 @@ class DurableRun:
             return stored[1]
         with transaction.atomic(using=self.alias):
             started = time.monotonic()
-            value = fn(*args, **kwargs)
-            runtime = time.monotonic() - started
-            text = encode(value, None, f"the result of step {name!r}")
-            # Last in the transaction: the state row's lock (FOR SHARE) is held only
-            # from here to the commit.
-            self._record(name, "atomic", text, runtime)
-        return json.loads(text)
+            # The checkpoint last in the transaction: the state row's lock (FOR SHARE)
+            # is held only from there to the commit.
+            return self._keep(name, "atomic", fn(*args, **kwargs), started)
 
     # -- versioning ---------------------------------------------------------------
 
