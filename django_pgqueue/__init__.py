@@ -6,7 +6,7 @@ version, so a stale worker can never overwrite a newer owner's result.
 """
 
 from .aenqueue import aatomic, aenqueue, aenqueue_many
-from .context import JobContext
+from .context import JobContext, current_job
 from .control.api import (
     pause_queue,
     queue_controls,
@@ -97,6 +97,7 @@ __all__ = [
     "batch_status",
     "chain",
     "chord",
+    "current_job",
     "emit_event",
     "enqueue",
     "enqueue_many",

@@ -27,6 +27,21 @@ durable_run_factory: Callable[[Any], Any] | None = None
 # `aatomic` refuses to hold a transaction open across awaits there.
 async_handler_job: ContextVar[int | None] = ContextVar("pgqueue_async_handler_job", default=None)
 
+# The job whose handler runs in this context (set by the executor around each call).
+running_job: ContextVar[JobContext | None] = ContextVar("pgqueuerunning_job", default=None)
+
+
+def current_job() -> JobContext:
+    """The `JobContext` of the job whose handler is running here: for code that is not
+    handed one, like a Django ``@task`` (``current_job().step(...)``).
+
+    RuntimeError outside a worker's handler.
+    """
+    ctx = running_job.get()
+    if ctx is None:
+        raise RuntimeError("current_job() is only known inside a worker's handler")
+    return ctx
+
 
 async def _in_thread(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a durable call's database work on Django's thread for sync calls."""

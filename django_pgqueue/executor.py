@@ -15,7 +15,7 @@ import json
 import traceback as tb
 from typing import Any
 
-from .context import JobContext, async_handler_job
+from .context import JobContext, async_handler_job, running_job
 from .exceptions import (
     AwaitEvent,
     JobTimeout,
@@ -98,7 +98,11 @@ def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcom
         try:
             if handler is None:
                 raise UnknownJobType(f"No handler is registered for job type {ctx.type!r}.")
-            value = handler.func(ctx)
+            running = running_job.set(ctx)
+            try:
+                value = handler.func(ctx)
+            finally:
+                running_job.reset(running)
         except BaseException as exc:
             return classify(exc, ctx, policy, _retry_on(handler))
         return ctx.committed or success(value)
@@ -119,6 +123,7 @@ async def arun(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) ->
                 raise UnknownJobType(f"No async handler is registered for job type {ctx.type!r}.")
             # This job's task runs in a context of its own: the mark stays with it.
             async_handler_job.set(ctx.job_id)
+            running_job.set(ctx)
             value = await handler.coroutine(ctx)
             if ctx.committed is not None:
                 return ctx.committed

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from django_pgqueue import PermanentFailure
+from django_pgqueue import PermanentFailure, current_job
 from django_pgqueue.tasks.api import TaskContext
 
 from .models import TaskCall
@@ -112,3 +112,12 @@ def batch_report(context: TaskContext) -> dict[str, Any]:
     import django_pgqueue
 
     return django_pgqueue.batch_status(context).as_dict()
+
+
+@task(queue_name="qa-tasks", takes_context=True)
+def durable_task(context: TaskContext, label: str) -> str:
+    """A durable task: its step runs once, a durable sleep between two runs of it."""
+    job = current_job()
+    job.step("record", _record, label)
+    job.sleep("nap", 0.2)
+    return label

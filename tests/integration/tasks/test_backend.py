@@ -16,7 +16,7 @@ from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.utils import timezone
 from qa.models import TaskCall
-from qa.tasks import add, async_add, echo, explode, flaky, record, refuse
+from qa.tasks import add, async_add, durable_task, echo, explode, flaky, record, refuse
 
 from django_pgqueue import LeaseExpired
 from django_pgqueue.backends import PgQueueBackend
@@ -337,3 +337,16 @@ def test_run_queue_worker_process_runs_tasks(worker_process):
         assert result.status == TaskResultStatus.SUCCESSFUL, output
         assert result.worker_ids[0].split(":")[1] == str(worker.pid)
     assert [r.return_value for r in results] == [0, 2, 4, 6, 8, 3]
+
+
+def test_a_task_with_context_runs_durable_steps_through_current_job(run_worker):
+    result = durable_task.enqueue("durable")
+    run_worker([QUEUE], poll_interval=0.05)
+    deadline = time.monotonic() + 120
+    while not result.is_finished and time.monotonic() < deadline:
+        time.sleep(0.05)
+        result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "durable"
+    # The step ran once, though the task ran twice (before and after its sleep).
+    assert list(TaskCall.objects.values_list("label", flat=True)) == ["durable"]
