@@ -38,19 +38,15 @@ def record_step(
 ) -> bool:
     """Record a step's checkpoint (`result`: its JSON) under the lease; False if not
     recorded (the lease was lost, or the step has a checkpoint already)."""
-    with django_cursor(alias) as cursor:
-        cursor.execute(
-            QUERIES["step_record"],
-            {
-                "job_id": job_id,
-                "lease_version": lease_version,
-                "name": name,
-                "kind": kind,
-                "result": result,
-                "runtime": runtime,
-            },
-        )
-        return cursor.fetchone() is not None
+    params = {
+        "job_id": job_id,
+        "lease_version": lease_version,
+        "name": name,
+        "kind": kind,
+        "result": result,
+        "runtime": runtime,
+    }
+    return fetch_one(alias, QUERIES["step_record"], params) is not None
 
 
 def record_sleep(
