@@ -7,7 +7,8 @@ task's retry options from its backend. From there the worker treats it like any 
 handler: same claim, lease, heartbeat, fencing, retries and dead jobs.
 
 Running a task: the payload's ``args`` and ``kwargs`` are passed to the function (after
-a ``TaskContext`` when the task takes one); coroutine functions run on the worker's
+a ``TaskContext`` when the task takes one, and after its parents' results for a
+workflow step enqueued with ``takes_results=True``); coroutine functions run on the worker's
 event loop; ``task_started`` is sent before and ``task_finished`` after the
 attempt that ends the task (success, permanent failure, or the last attempt failing).
 A failure that will be retried sends no ``task_finished``: the task is READY again.
@@ -25,6 +26,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -167,13 +169,16 @@ class TaskRunner:
         return value
 
     def _begin(self, ctx: JobContext) -> tuple[TaskCall, TaskResult]:
-        """The task's call and running result; task_started sent."""
+        """The task's call (its parents' results first when it takes them) and running
+        result; task_started sent."""
         call = TaskCall.from_payload(ctx.payload)
         if call is None:
             raise PermanentFailure(
                 f"job {ctx.job_id} of the task {ctx.type!r} has no task arguments; a task "
                 "job's payload is {'args': [...], 'kwargs': {...}}."
             )
+        if call.takes_results:
+            call = replace(call, args=[*ctx.results_arguments(), *call.args])
         alias = call.backend or self.task.backend
         result = self._running_result(ctx, call, alias)
         _send(task_started, result)
