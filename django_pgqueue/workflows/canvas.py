@@ -127,7 +127,9 @@ class group(Canvas):
     """Items side by side: each waits for the same steps; all of them are its last steps.
 
     Takes items, one list of them, or a generator (``group(fetch(u) for u in urls)``);
-    an empty group has no steps, and its result is ``[]``.
+    an empty group has no steps, and its result is ``[]``: alone, as a chord's header
+    (the callback runs at once, with ``[]``), or first in a chain. After other steps it
+    is refused: what follows it would wait for nothing and run at once.
     """
 
     kind = "group"
@@ -139,6 +141,11 @@ class group(Canvas):
         self.items = [_as_item(item) for item in items]
 
     def place(self, flow: Workflow, after: list[str], *, collects: bool) -> list[str]:
+        if not self.items and after:
+            raise EnqueueError(
+                f"{flow.name!r}: an empty group after other steps: what follows it would "
+                "wait for nothing and run before them. Leave the group out, or put it first."
+            )
         last: list[str] = []
         for item in self.items:
             last.extend(_place(item, flow, after, collects))

@@ -111,6 +111,11 @@ def test_an_empty_group_and_an_empty_chord_are_celerys(worker):
     assert run.wait(HANG_GUARD) == 7
     run = chord([], step(echo, takes_results=True)).enqueue()
     assert run.wait(HANG_GUARD) == {"args": [[]], "kwargs": {}}
+    # First in a chain, the next step gets []; after other steps, it would have nothing
+    # to wait for: refused, before anything is written.
+    assert (group() | step(echo, takes_results=True)).enqueue().wait(HANG_GUARD)["args"] == [[]]
+    with pytest.raises(EnqueueError, match="an empty group after other steps"):
+        chain(step(add, args=[1, 1]), chord([], step(tsum, takes_results=True))).enqueue()
 
 
 def test_canvases_have_names(worker):
