@@ -118,7 +118,7 @@ async def arun(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) ->
             if handler.takes_results:
                 # The read runs on Django's thread for sync calls, never on the loop.
                 results = await sync_to_async(_results)(ctx)
-                value = await handler.coroutine(results, ctx)  # type: ignore[call-arg]
+                value = await handler.coroutine(results, ctx)
             else:
                 value = await handler.coroutine(ctx)
         except asyncio.CancelledError as exc:

@@ -40,6 +40,12 @@ def double(results, ctx: JobContext):
     return (ctx.payload if results is None else results) * 2
 
 
+@handler("canvas.atotal", takes_results=True)
+async def atotal(results, ctx: JobContext):
+    """An async handler that takes its parents' results (read off the event loop)."""
+    return sum(results) + ctx.payload
+
+
 @handler("canvas.slow")
 def slow(ctx: JobContext):
     time.sleep(ctx.payload)
@@ -79,6 +85,9 @@ def test_pipe_makes_a_chain_as_celery_does(worker):
 def test_a_handler_takes_results_and_a_step_without_the_opt_in_keeps_its_arguments(worker):
     run = (step("canvas.double", 3, queue=Q) | step("canvas.double", queue=Q)).enqueue()
     assert run.wait(HANG_GUARD) == 12
+    # An async handler takes them too: a chord's callback, a list.
+    run = group(step(add, args=[i, 1]) for i in range(3)) | step("canvas.atotal", 100, queue=Q)
+    assert run.enqueue().wait(HANG_GUARD) == 106
     # A task without takes_results gets its own arguments only.
     assert (step(add, args=[1, 1]) | step(add, args=[5, 5])).enqueue().wait(HANG_GUARD) == 10
 
