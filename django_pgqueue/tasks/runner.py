@@ -83,7 +83,7 @@ def resolve_task(type_: str) -> Handler | None:
         return Handler(type_, _always_raise(UnknownJobType(f"task {type_!r}: {exc}")))
     return Handler(
         type_,
-        TaskRunner(task, retry_on),
+        TaskRunner(task, retry_on, takes_results=options.takes_results),
         options.max_attempts,
         options.retry,
         options.timeout,
@@ -112,10 +112,15 @@ def _always_raise(exc: Exception) -> Callable[[JobContext], Any]:
 class TaskRunner:
     """The handler of one task's jobs: call the task as Django's ImmediateBackend would."""
 
-    def __init__(self, task: Task, retry_on: RetryOn | None = None) -> None:
+    def __init__(
+        self, task: Task, retry_on: RetryOn | None = None, *, takes_results: bool = False
+    ) -> None:
         self.task = task
         # The exceptions its jobs are retried for: a failure with another ends the task.
         self.retry_on = retry_on
+        # Every job of the task takes its parents' results first (its OPTIONS say so),
+        # not only the steps enqueued with takes_results=True.
+        self.takes_results = takes_results
         # Task.using() validates on every call: keep the few variants jobs ask for.
         self._variants: dict[tuple[Any, ...], Task] = {}
         self._lock = threading.Lock()
@@ -177,7 +182,7 @@ class TaskRunner:
                 f"job {ctx.job_id} of the task {ctx.type!r} has no task arguments; a task "
                 "job's payload is {'args': [...], 'kwargs': {...}}."
             )
-        if call.takes_results:
+        if call.takes_results or self.takes_results:
             call = replace(call, args=[*ctx.results_arguments(), *call.args])
         alias = call.backend or self.task.backend
         result = self._running_result(ctx, call, alias)

@@ -109,7 +109,8 @@ def step(
     one): one parent's result as it is, several as a list in parent order, a list
     always after a group (a chord's callback). A ``link_error`` step receives the
     failure (`StepFailure`: the failed job's id, error and traceback) instead. A
-    handler opts in with ``@handler(..., takes_results=True)``.
+    handler opts in with ``@handler(..., takes_results=True)``, a task for all its
+    steps with ``"takes_results": True`` in its ``OPTIONS["TASKS"]`` entry.
     """
     if not isinstance(takes_results, bool):
         raise EnqueueError(f"takes_results must be True or False, got {takes_results!r}.")

@@ -128,6 +128,12 @@ def tsum(numbers: list[int], offset: int = 0) -> int:
 
 
 @task(queue_name="qa-tasks")
+def average(numbers: list[float]) -> float:
+    """Its OPTIONS say takes_results: every step of it takes its parents' results."""
+    return sum(numbers) / len(numbers)
+
+
+@task(queue_name="qa-tasks")
 def errback(failure: Any, label: str) -> dict[str, Any]:
     """A link_error step: return what it was handed about the failed step."""
     return {

@@ -9,7 +9,7 @@ import time
 
 import pytest
 from asgiref.sync import async_to_sync
-from qa.tasks import add, echo, errback, explode, mul, tsum
+from qa.tasks import add, average, echo, errback, explode, mul, tsum
 
 from django_pgqueue import (
     EnqueueError,
@@ -90,6 +90,12 @@ def test_a_handler_takes_results_and_a_step_without_the_opt_in_keeps_its_argumen
     assert run.enqueue().wait(HANG_GUARD) == 106
     # A task without takes_results gets its own arguments only.
     assert (step(add, args=[1, 1]) | step(add, args=[5, 5])).enqueue().wait(HANG_GUARD) == 10
+
+
+def test_a_task_whose_options_say_takes_results_takes_them_in_every_step(worker):
+    # settings.TASKS: "qa.tasks.average": {"takes_results": True}
+    run = (group(step(add, args=[i, 0]) for i in (1, 2, 6)) | step(average)).enqueue()
+    assert run.wait(HANG_GUARD) == 3
 
 
 def test_group_and_chord_take_generators(worker):
