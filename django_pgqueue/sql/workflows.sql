@@ -172,7 +172,7 @@ WHERE step.workflow_id = %(workflow_id)s::bigint;
 -- nothing counts the whole table. The state is derived from the steps: running while
 -- any step is waiting, pending or running; then failed if one ended dead, cancelled if
 -- one was cancelled, else finished; pruned once prune_queue_jobs deleted its steps
--- (the workflow's row stays). A link_error step skipped because nothing failed
+-- (the workflow's row stays; an empty group, written with no steps, is finished). A link_error step skipped because nothing failed
 -- (cancelled, on_failure 'error', no failed dependency) counts as skipped, not
 -- cancelled. `state` (NULL: any) filters the scanned rows. Every row ends with the
 -- lowest id scanned and how many were: where the next page starts when a filter left
@@ -189,7 +189,7 @@ WITH scanned AS NOT MATERIALIZED (
 ), summed AS (
     SELECT scanned.*, counts.*,
            CASE
-               WHEN counts.present = 0 THEN 'pruned'
+               WHEN counts.present = 0 AND scanned.steps > 0 THEN 'pruned'
                WHEN counts.waiting + counts.pending + counts.running > 0 THEN 'running'
                WHEN counts.dead > 0 THEN 'failed'
                WHEN counts.cancelled > 0 THEN 'cancelled'

@@ -57,8 +57,6 @@ class Canvas:
         """
         return _WithErrback(self, _as_step(target, payload, options))
 
-    on_error = link_error
-
     def place(self, flow: Workflow, after: list[str], *, collects: bool) -> list[str]:
         """Add this canvas's steps to `flow`, waiting for `after` (their results as one
         list when `collects`); return its last steps."""
