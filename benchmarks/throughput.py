@@ -14,7 +14,9 @@
   statement (clock_timestamp()): what a user sees, on one machine's clock;
 - the floor of a single enqueue: the bare transaction of one INSERT and one NOTIFY
   (one statement under autocommit) through psycopg, no framework, on a table of the
-  same columns.
+  same columns; and the seed design's own statements on this project's tables (the
+  job row, its state row and the NOTIFY, one statement, through psycopg): what
+  enqueue() does, with nothing around it.
 
 Run: python benchmarks/throughput.py [--smoke] [--runs 3] [--jobs 20000]
      python benchmarks/throughput.py --bare-worker BATCH   (one process of the bare loop)
@@ -107,6 +109,36 @@ def bare_enqueue_single(n: int) -> float:
                 " SELECT pg_notify('bench_bare', queue) FROM job",
                 ("bench", "qa.noop", Jsonb({"n": i})),
             )
+        return n / (time.perf_counter() - started)
+
+
+# The seed design's enqueue, bare: the job row, its pending state row and the NOTIFY
+# that wakes the workers, in one statement (one round trip, one transaction each).
+BARE_SEED_ENQUEUE = (
+    "WITH job AS (INSERT INTO queue_jobs (queue, type, payload, created_at)"
+    " VALUES (%s, %s, %s, now()) RETURNING id, queue),"
+    " state AS (INSERT INTO queue_job_state (job_id, queue, status, priority, run_at,"
+    " attempts, max_attempts, lease_version, updated_at)"
+    " SELECT id, queue, 'pending', 0, now(), 0, 3, 0, now() FROM job RETURNING job_id)"
+    " SELECT job.id, pg_notify('pgqueue_bench_bare', job.queue) FROM job, state"
+)
+
+
+def bare_seed_enqueue_single(n: int) -> float:
+    """The floor of enqueue_single on its own tables: per job, the seed design's
+    statements (the job row, its state row, the NOTIFY) as one statement under
+    autocommit, through psycopg with its defaults (prepared from the sixth run) on a
+    connection of its own, no framework. Its jobs go to a queue no worker serves."""
+    import psycopg
+    from django.db import connection
+    from psycopg.types.json import Jsonb
+
+    truncate()
+    params = connection.get_connection_params()
+    with psycopg.connect(**params, autocommit=True) as conn:
+        started = time.perf_counter()
+        for i in range(n):
+            conn.execute(BARE_SEED_ENQUEUE, ("bench_bare", "qa.noop", Jsonb({"n": i})))
         return n / (time.perf_counter() - started)
 
 
@@ -252,6 +284,8 @@ def main() -> None:
     results["enqueue_single_prepared"] = {"jobs": singles, "jobs_per_s": rate, "runs": values}
     rate, values = median_of(runs, lambda: bare_enqueue_single(singles))
     results["bare_enqueue_single"] = {"jobs": singles, "jobs_per_s": rate, "runs": values}
+    rate, values = median_of(runs, lambda: bare_seed_enqueue_single(singles))
+    results["bare_seed_enqueue_single"] = {"jobs": singles, "jobs_per_s": rate, "runs": values}
     rate, values = median_of(runs, lambda: enqueue_bulk(bulk))
     results["enqueue_many"] = {"jobs": bulk, "jobs_per_s": rate, "runs": values}
 
@@ -301,6 +335,10 @@ def main() -> None:
         [
             "the floor: a bare INSERT + NOTIFY transaction through psycopg, one round trip",
             f"{results['bare_enqueue_single']['jobs_per_s']:,.0f} jobs/s",
+        ],
+        [
+            "the seed's statements on these tables (job row, state row, NOTIFY) through psycopg",
+            f"{results['bare_seed_enqueue_single']['jobs_per_s']:,.0f} jobs/s",
         ],
         [f"enqueue_many of {bulk:,}", f"{results['enqueue_many']['jobs_per_s']:,.0f} jobs/s"],
         *[

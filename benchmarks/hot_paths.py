@@ -1,0 +1,297 @@
+"""Where the time of one enqueue and of one idle pickup goes, in microseconds.
+
+- enqueue: one `enqueue()` in autocommit (one transaction), cut into the Python before
+  the statement (validation, encoding, settings: timed with the statement replaced by
+  a stub), the statement on the server (`EXPLAIN (ANALYZE, BUFFERS)`: planning and
+  execution, in a transaction rolled back) and the rest (the round trip and the
+  commit's WAL flush); beside it the seed design's bare statements on the same tables
+  (throughput.py's floor, psycopg, no framework), each call alternating with one of
+  ours so both see the same load;
+- pickup: an idle `Worker` in this process (a thread of its own, its listener and
+  handler threads as in `run_queue_worker`), jobs enqueued one by one --gap apart:
+  the monotonic clock at the enqueue call, its return (the commit, which sends the
+  NOTIFY), the listener's wake-up, the claim sent and its rows back, the handler's
+  first line and its first statement done. Medians over the jobs of each step.
+
+Run: python benchmarks/hot_paths.py [--smoke] [--enqueues 2000] [--pickups 200]
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from _common import (
+    machine,
+    markdown_table,
+    parser,
+    percentile,
+    setup_django,
+    sql,
+    truncate,
+    write_json,
+)
+
+QUEUE = "bench"
+
+
+def median_us(values: list[float]) -> float:
+    return round(statistics.median(values) * 1e6, 1)
+
+
+def enqueue_profile(n: int) -> dict[str, Any]:
+    """The parts of one enqueue() and the bare seed statements', in µs (medians)."""
+    import psycopg
+    from django.db import connection
+    from psycopg.types.json import Jsonb
+    from throughput import BARE_SEED_ENQUEUE
+
+    from django_pgqueue import enqueue
+    from django_pgqueue.sql import QUERIES
+    from django_pgqueue.store import enqueue as store
+
+    truncate()
+    for i in range(50):  # the connection, the function's plans, psycopg's preparation
+        enqueue("qa.noop", {"n": i}, queue=QUEUE)
+    whole, bare = [], []
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as conn:
+        for i in range(50):
+            conn.execute(BARE_SEED_ENQUEUE, ("bench_bare", "qa.noop", Jsonb({"n": i})))
+        for i in range(n):
+            order = (0, 1) if i % 2 else (1, 0)
+            for which in order:
+                started = time.perf_counter()
+                if which:
+                    enqueue("qa.noop", {"n": i}, queue=QUEUE)
+                    whole.append(time.perf_counter() - started)
+                else:
+                    conn.execute(BARE_SEED_ENQUEUE, ("bench_bare", "qa.noop", Jsonb({"n": i})))
+                    bare.append(time.perf_counter() - started)
+        seed_server = server_time(conn, BARE_SEED_ENQUEUE, ("bench_bare", "qa.noop", '{"n": 1}'))
+
+    # The Python before the statement: the same call with the statement stubbed out.
+    kept = store.fetch_one
+    store.fetch_one = lambda alias, query, params: (1, True, None)  # type: ignore[assignment]
+    try:
+        python = []
+        for i in range(n):
+            started = time.perf_counter()
+            enqueue("qa.noop", {"n": i}, queue=QUEUE)
+            python.append(time.perf_counter() - started)
+    finally:
+        store.fetch_one = kept  # type: ignore[assignment]
+
+    params = {
+        "queue": QUEUE,
+        "type": "qa.noop",
+        "payload": '{"n": 1}',
+        "priority": 0,
+        "run_at": None,
+        "delay": 0.0,
+        "max_attempts": 3,
+        "idempotency_key": None,
+        "traceparent": None,
+        "concurrency_key": None,
+    }
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as conn:
+        ours_server = server_time(conn, QUERIES["job_enqueue"], params)
+    rest = median_us(whole) - median_us(python) - ours_server["total_us"]
+    return {
+        "enqueue_us": median_us(whole),
+        "python_us": median_us(python),
+        "server": ours_server,
+        "round_trip_and_commit_us": round(rest, 1),
+        "bare_seed_us": median_us(bare),
+        "bare_seed_server": seed_server,
+        "ratio_to_bare_seed": round(median_us(whole) / median_us(bare), 3),
+    }
+
+
+def server_time(conn: Any, query: str, params: Any, runs: int = 60) -> dict[str, float]:
+    """Planning and execution of `query` on the server, µs (medians), rolled back."""
+    planning, execution = [], []
+    with conn.transaction(force_rollback=True):
+        for _ in range(runs):
+            lines = [row[0] for row in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + query, params)]
+            for line in lines:
+                if line.startswith("Planning Time:"):
+                    planning.append(float(line.split()[2]) / 1000)
+                elif line.startswith("Execution Time:"):
+                    execution.append(float(line.split()[2]) / 1000)
+    plan, run = median_us(planning[10:]), median_us(execution[10:])
+    return {"planning_us": plan, "execution_us": run, "total_us": round(plan + run, 1)}
+
+
+class Timeline:
+    """Monotonic stamps of one pickup's steps, one job at a time."""
+
+    STEPS = (
+        "enqueue returned",
+        "listener woke",
+        "claim sent",
+        "claim rows back",
+        "handler started",
+        "handler's first statement done",
+    )
+
+    def __init__(self) -> None:
+        self.stamps: dict[str, float] = {}
+        self.jobs: list[dict[str, float]] = []
+        self.lock = threading.Lock()
+
+    def stamp(self, step: str, at: float | None = None) -> None:
+        with self.lock:
+            self.stamps.setdefault(step, time.monotonic() if at is None else at)
+
+    def next_job(self) -> None:
+        with self.lock:
+            if self.stamps:
+                self.jobs.append(self.stamps)
+            self.stamps = {}
+
+
+def instrument(timeline: Timeline) -> Callable[[], None]:
+    """Stamp the listener's wake-up and the claim; return what undoes it."""
+    from django_pgqueue.store.listening import ListeningStore
+    from django_pgqueue.worker.intake import Intake
+
+    notifications, take = ListeningStore.notifications, Intake.take
+
+    def stamped_notifications(self: Any, *args: Any, **kwargs: Any) -> Iterator[str]:
+        for name in notifications(self, *args, **kwargs):
+            timeline.stamp("listener woke")
+            yield name
+
+    def stamped_take(self: Any, queue: str, limit: int, after: Any, rows: Any, sent: float) -> Any:
+        if rows:
+            timeline.stamp("claim rows back")
+            timeline.stamp("claim sent", sent)
+        return take(self, queue, limit, after, rows, sent)
+
+    ListeningStore.notifications = stamped_notifications  # type: ignore[method-assign]
+    Intake.take = stamped_take  # type: ignore[method-assign]
+
+    def undo() -> None:
+        ListeningStore.notifications = notifications  # type: ignore[method-assign]
+        Intake.take = take  # type: ignore[method-assign]
+
+    return undo
+
+
+def pickup_profile(count: int, gap: float) -> dict[str, Any]:
+    """The steps of an idle worker's pickup, µs from the enqueue call (medians)."""
+    from django.db import connection
+
+    import django_pgqueue
+    from django_pgqueue import enqueue
+    from django_pgqueue.worker import Worker
+
+    timeline = Timeline()
+
+    @django_pgqueue.handler("bench.pickup_probe")
+    def probe(ctx: Any) -> None:
+        timeline.stamp("handler started")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        timeline.stamp("handler's first statement done")
+
+    truncate()
+    undo = instrument(timeline)
+    worker = Worker([QUEUE], install_signal_handlers=False)
+    thread = threading.Thread(target=worker.run, name="worker")
+    thread.start()
+    try:
+        time.sleep(2.0)  # started, idle, listening
+        starts = []
+        for _ in range(count):
+            timeline.next_job()
+            starts.append(time.monotonic())
+            enqueue("bench.pickup_probe", None, queue=QUEUE)
+            timeline.stamp("enqueue returned")
+            time.sleep(gap)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done = sql("SELECT count(*) FROM queue_job_state WHERE status = 'completed'")[0][0]
+            if done == count:
+                break
+            time.sleep(0.05)
+        timeline.next_job()
+    finally:
+        worker.stop_gracefully()
+        thread.join(60)
+        undo()
+    complete = [
+        (start, job)
+        for start, job in zip(starts, timeline.jobs, strict=False)
+        if all(step in job for step in Timeline.STEPS)
+    ]
+    if len(complete) < count * 0.9:
+        raise SystemExit(f"pickup: only {len(complete)} of {count} jobs fully stamped")
+    steps: dict[str, Any] = {}
+    previous = None
+    for step in Timeline.STEPS:
+        since_call = [job[step] - start for start, job in complete]
+        entry = {"from_call_us": median_us(since_call)}
+        if previous is not None:
+            entry["part_us"] = median_us([job[step] - job[previous] for _, job in complete])
+        steps[step] = entry
+        previous = step
+    total = [job["handler started"] - start for start, job in complete]
+    return {
+        "jobs": len(complete),
+        "steps": steps,
+        "to_handler_p50_us": median_us(total),
+        "to_handler_p99_us": round(percentile(total, 99) * 1e6, 1),
+    }
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0], database="pgqueue_bench_hot_paths")
+    p.add_argument("--enqueues", type=int, default=2_000, help="enqueue calls of each kind")
+    p.add_argument("--pickups", type=int, default=200, help="jobs the idle worker picks up")
+    p.add_argument("--gap", type=float, default=0.05, help="seconds between two pickups")
+    args = p.parse_args()
+    setup_django(args.database_url)
+    enqueues, pickups = (100, 10) if args.smoke else (args.enqueues, args.pickups)
+    results: dict[str, Any] = {"machine": machine(), "smoke": args.smoke}
+    results["enqueue"] = e = enqueue_profile(enqueues)
+    results["pickup"] = pk = pickup_profile(pickups, args.gap)
+    rows = [
+        ["one enqueue() in autocommit, whole", f"{e['enqueue_us']:,.0f}"],
+        ["  Python before the statement (validation, encoding, settings)", f"{e['python_us']:.1f}"],
+        [
+            "  the statement on the server (planning + execution)",
+            f"{e['server']['planning_us']:.0f} + {e['server']['execution_us']:.0f}",
+        ],
+        ["  the rest: round trip and commit", f"{e['round_trip_and_commit_us']:,.0f}"],
+        ["the seed's bare statements through psycopg, whole", f"{e['bare_seed_us']:,.0f}"],
+        [
+            "  on the server (planning + execution)",
+            f"{e['bare_seed_server']['planning_us']:.0f} + "
+            f"{e['bare_seed_server']['execution_us']:.0f}",
+        ],
+        ["enqueue() / the seed's bare statements", f"{e['ratio_to_bare_seed']:.2f}x"],
+    ]
+    for step, entry in pk["steps"].items():
+        part = entry.get("part_us")
+        rows.append(
+            [
+                f"pickup: {step} (from the call; the step's own part)",
+                f"{entry['from_call_us']:,.0f}" + ("" if part is None else f" ({part:,.0f})"),
+            ]
+        )
+    rows.append(
+        [
+            "pickup to the handler's start, p50 / p99",
+            f"{pk['to_handler_p50_us']:,.0f} / {pk['to_handler_p99_us']:,.0f}",
+        ]
+    )
+    print(markdown_table(["part", "µs (median)"], rows))
+    print(f"results: {write_json(args.json_out, 'hot_paths', results)}")
+
+
+if __name__ == "__main__":
+    main()
