@@ -10,8 +10,9 @@
 - pickup: an idle `Worker` in this process (a thread of its own, its listener and
   handler threads as in `run_queue_worker`), jobs enqueued one by one --gap apart:
   the monotonic clock at the enqueue call, its return (the commit, which sends the
-  NOTIFY), the listener's wake-up, the claim sent and its rows back, the handler's
-  first line and its first statement done. Medians over the jobs of each step.
+  NOTIFY), the listener's wake-up, the claim sent and its rows back, the jobs handed
+  to the handler threads and taken by one, the handler's first line and its first
+  statement done. Medians over the jobs of each step.
 
 Run: python benchmarks/hot_paths.py [--smoke] [--enqueues 2000] [--pickups 200]
 """
@@ -133,6 +134,8 @@ class Timeline:
         "listener woke",
         "claim sent",
         "claim rows back",
+        "handed to the handler threads",
+        "a handler thread took it",
         "handler started",
         "handler's first statement done",
     )
@@ -156,9 +159,11 @@ class Timeline:
 def instrument(timeline: Timeline) -> Callable[[], None]:
     """Stamp the listener's wake-up and the claim; return what undoes it."""
     from django_pgqueue.store.listening import ListeningStore
+    from django_pgqueue.worker import pool
     from django_pgqueue.worker.intake import Intake
 
     notifications, take = ListeningStore.notifications, Intake.take
+    submit, execute = pool.HandlerPool.submit, pool._execute
 
     def stamped_notifications(self: Any, *args: Any, **kwargs: Any) -> Iterator[str]:
         for name in notifications(self, *args, **kwargs):
@@ -171,12 +176,25 @@ def instrument(timeline: Timeline) -> Callable[[], None]:
             timeline.stamp("claim sent", sent)
         return take(self, queue, limit, after, rows, sent)
 
+    def stamped_submit(self: Any, items: Any) -> None:
+        if items:
+            timeline.stamp("handed to the handler threads")
+        submit(self, items)
+
+    def stamped_execute(item: Any, run: Any) -> Any:
+        timeline.stamp("a handler thread took it")
+        return execute(item, run)
+
     ListeningStore.notifications = stamped_notifications  # type: ignore[method-assign]
     Intake.take = stamped_take  # type: ignore[method-assign]
+    pool.HandlerPool.submit = stamped_submit  # type: ignore[method-assign]
+    pool._execute = stamped_execute
 
     def undo() -> None:
         ListeningStore.notifications = notifications  # type: ignore[method-assign]
         Intake.take = take  # type: ignore[method-assign]
+        pool.HandlerPool.submit = submit  # type: ignore[method-assign]
+        pool._execute = execute
 
     return undo
 

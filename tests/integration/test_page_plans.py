@@ -11,8 +11,6 @@ at 1,000,000 jobs).
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
@@ -20,22 +18,11 @@ from django.test.utils import CaptureQueriesContext
 
 from django_pgqueue.metrics import collector
 from tests.integration.test_stats_plans import load
+from tests.plans import statements
 
 pytestmark = pytest.mark.django_db
 
 PAGES = ("/admin/django_pgqueue/job/", "/admin/django_pgqueue/deadjob/", "/internal/metrics")
-# One captured text can hold several statements, sent in one round trip (fetch_after).
-_NEXT_STATEMENT = re.compile(r";\s*\n(?=--)")
-
-
-def statements(text: str) -> list[str]:
-    """The read statements of one captured query text, without their comment lines."""
-    found = []
-    for part in _NEXT_STATEMENT.split(text):
-        body = "\n".join(line for line in part.splitlines() if not line.startswith("--"))
-        if body.lstrip().upper().startswith(("SELECT", "WITH")):
-            found.append(body.rstrip().rstrip(";"))
-    return found
 
 
 def test_the_statement_splitter_keeps_each_read_of_a_round_trip():
