@@ -8,7 +8,8 @@
   (throughput.py's floor, psycopg, no framework), each call alternating with one of
   ours so both see the same load;
 - pickup: an idle `Worker` in this process (a thread of its own, its listener and
-  handler threads as in `run_queue_worker`), jobs enqueued one by one --gap apart:
+  handler threads as in `run_queue_worker`), once it LISTENs, jobs enqueued one by
+  one --gap apart, each job's steps stamped by its id:
   the monotonic clock at the enqueue call, its return (the commit, which sends the
   NOTIFY), the listener's wake-up, the claim sent and its rows back, the jobs handed
   to the handler threads and taken by one, the handler's first line and its first
@@ -127,7 +128,8 @@ def server_time(conn: Any, query: str, params: Any, runs: int = 60) -> dict[str,
 
 
 class Timeline:
-    """Monotonic stamps of one pickup's steps, one job at a time."""
+    """Monotonic stamps of each job's pickup steps, by job id (a slow pickup may still
+    run when the next job is enqueued)."""
 
     STEPS = (
         "enqueue returned",
@@ -141,23 +143,31 @@ class Timeline:
     )
 
     def __init__(self) -> None:
-        self.stamps: dict[str, float] = {}
-        self.jobs: list[dict[str, float]] = []
+        self.jobs: dict[int, dict[str, float]] = {}
+        self.wakes: list[float] = []  # the listener's, not yet tied to a job
         self.lock = threading.Lock()
 
-    def stamp(self, step: str, at: float | None = None) -> None:
+    def stamp(self, job_id: int, step: str, at: float | None = None) -> None:
+        at = time.monotonic() if at is None else at
         with self.lock:
-            self.stamps.setdefault(step, time.monotonic() if at is None else at)
+            self.jobs.setdefault(job_id, {}).setdefault(step, at)
 
-    def next_job(self) -> None:
+    def woke(self) -> None:
         with self.lock:
-            if self.stamps:
-                self.jobs.append(self.stamps)
-            self.stamps = {}
+            self.wakes.append(time.monotonic())
+
+    def tie_wakes(self) -> None:
+        """Give each job the listener's first wake-up after its enqueue call started (a
+        NOTIFY can arrive before the caller has the commit's reply)."""
+        calls = sorted((job["call"], job_id) for job_id, job in self.jobs.items() if "call" in job)
+        for at in self.wakes:
+            before = [job_id for started, job_id in calls if started <= at]
+            if before:
+                self.jobs[before[-1]].setdefault("listener woke", at)
 
 
 def instrument(timeline: Timeline) -> Callable[[], None]:
-    """Stamp the listener's wake-up and the claim; return what undoes it."""
+    """Stamp the listener's wake-ups and each claimed job's steps; return what undoes it."""
     from django_pgqueue.store.listening import ListeningStore
     from django_pgqueue.worker import pool
     from django_pgqueue.worker.intake import Intake
@@ -167,22 +177,22 @@ def instrument(timeline: Timeline) -> Callable[[], None]:
 
     def stamped_notifications(self: Any, *args: Any, **kwargs: Any) -> Iterator[str]:
         for name in notifications(self, *args, **kwargs):
-            timeline.stamp("listener woke")
+            timeline.woke()
             yield name
 
     def stamped_take(self: Any, queue: str, limit: int, after: Any, rows: Any, sent: float) -> Any:
-        if rows:
-            timeline.stamp("claim rows back")
-            timeline.stamp("claim sent", sent)
+        for row in rows:
+            timeline.stamp(row.job_id, "claim rows back")
+            timeline.stamp(row.job_id, "claim sent", sent)
         return take(self, queue, limit, after, rows, sent)
 
     def stamped_submit(self: Any, items: Any) -> None:
-        if items:
-            timeline.stamp("handed to the handler threads")
+        for item in items:
+            timeline.stamp(item.ctx.job_id, "handed to the handler threads")
         submit(self, items)
 
     def stamped_execute(item: Any, run: Any) -> Any:
-        timeline.stamp("a handler thread took it")
+        timeline.stamp(item.ctx.job_id, "a handler thread took it")
         return execute(item, run)
 
     ListeningStore.notifications = stamped_notifications  # type: ignore[method-assign]
@@ -211,10 +221,10 @@ def pickup_profile(count: int, gap: float) -> dict[str, Any]:
 
     @django_pgqueue.handler("bench.pickup_probe")
     def probe(ctx: Any) -> None:
-        timeline.stamp("handler started")
+        timeline.stamp(ctx.job_id, "handler started")
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
-        timeline.stamp("handler's first statement done")
+        timeline.stamp(ctx.job_id, "handler's first statement done")
 
     truncate()
     undo = instrument(timeline)
@@ -222,13 +232,17 @@ def pickup_profile(count: int, gap: float) -> dict[str, Any]:
     thread = threading.Thread(target=worker.run, name="worker")
     thread.start()
     try:
-        time.sleep(2.0)  # started, idle, listening
-        starts = []
+        deadline = time.monotonic() + 60
+        while not worker._dispatcher.claims.listening:  # started, LISTENing
+            if time.monotonic() > deadline:
+                raise SystemExit("pickup: the worker did not LISTEN within 60 s")
+            time.sleep(0.05)
+        time.sleep(0.5)  # idle: its first look at the queue done
         for _ in range(count):
-            timeline.next_job()
-            starts.append(time.monotonic())
-            enqueue("bench.pickup_probe", None, queue=QUEUE)
-            timeline.stamp("enqueue returned")
+            started = time.monotonic()
+            job = enqueue("bench.pickup_probe", None, queue=QUEUE)
+            timeline.stamp(job.id, "enqueue returned")
+            timeline.stamp(job.id, "call", started)
             time.sleep(gap)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -236,28 +250,23 @@ def pickup_profile(count: int, gap: float) -> dict[str, Any]:
             if done == count:
                 break
             time.sleep(0.05)
-        timeline.next_job()
     finally:
         worker.stop_gracefully()
         thread.join(60)
         undo()
-    complete = [
-        (start, job)
-        for start, job in zip(starts, timeline.jobs, strict=False)
-        if all(step in job for step in Timeline.STEPS)
-    ]
+    timeline.tie_wakes()
+    complete = [job for job in timeline.jobs.values() if all(s in job for s in Timeline.STEPS)]
     if len(complete) < count * 0.9:
         raise SystemExit(f"pickup: only {len(complete)} of {count} jobs fully stamped")
     steps: dict[str, Any] = {}
     previous = None
     for step in Timeline.STEPS:
-        since_call = [job[step] - start for start, job in complete]
-        entry = {"from_call_us": median_us(since_call)}
+        entry = {"from_call_us": median_us([job[step] - job["call"] for job in complete])}
         if previous is not None:
-            entry["part_us"] = median_us([job[step] - job[previous] for _, job in complete])
+            entry["part_us"] = median_us([job[step] - job[previous] for job in complete])
         steps[step] = entry
         previous = step
-    total = [job["handler started"] - start for start, job in complete]
+    total = [job["handler started"] - job["call"] for job in complete]
     return {
         "jobs": len(complete),
         "steps": steps,
