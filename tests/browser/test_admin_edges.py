@@ -368,6 +368,12 @@ def test_limits_are_set_on_a_known_queue_chosen_from_a_list(
     page.goto(f"{live_server.url}/admin/django_pgqueue/queuecontrol/")
     page.click("text=Set limits on a queue")
     assert page.inner_text("#content h1") == "Set limits on a queue"
+    # The breadcrumb says what the page does, not Django's "Add queue".
+    crumbs = " ".join(page.inner_text(".breadcrumbs").replace("\u203a", " ").split())
+    assert crumbs == "Home Job queue Queues Set limits on a queue", crumbs
+    # A queue without limits has no per-type limits or history to show yet.
+    for empty in ("type_limits", "configured", "updated"):
+        assert page.locator(f".field-{empty}").count() == 0, empty
     options = page.locator("select#id_queue option").all_inner_texts()
     assert options == ["---------", "email", "payments"]
     # The key limit has its default and is not required.
