@@ -34,6 +34,7 @@ from .databases import DatabaseRow, database_choice, read_alias, several_databas
 WINDOWS = {15: "15 min", 60: "1 h", 360: "6 h", 1440: "24 h"}
 STEPS = {15: 1, 60: 1, 360: 1, 1440: 5}
 COMPLETED, FAILED, P50, P95 = "#2e7d32", "#b3261e", "#2f6fb0", "#b07d10"
+BACKLOG = "#7e57c2"
 
 
 @cache
@@ -157,6 +158,22 @@ class ChartsAdmin(ReadOnlyPage):
                             charts.Series("completed", COMPLETED, series.completed),
                             charts.Series("failed", FAILED, series.failed),
                         ],
+                        step=window.step,
+                    ),
+                    "backlog": charts.line_chart(
+                        f"{series.queue}: backlog (jobs due, not started)",
+                        window.start,
+                        [charts.Series("due", BACKLOG, series.backlog)],
+                        step=window.step,
+                    ),
+                    "run": charts.line_chart(
+                        f"{series.queue}: run time",
+                        window.start,
+                        [
+                            charts.Series("p50", P50, series.run_p50),
+                            charts.Series("p95", P95, series.run_p95),
+                        ],
+                        charts.seconds_label,
                         step=window.step,
                     ),
                     "wait": charts.line_chart(

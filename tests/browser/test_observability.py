@@ -40,7 +40,8 @@ def six_hours_of_rollup() -> None:
     sql(
         """
         INSERT INTO queue_stats_minutely
-            (minute, queue, completed, retried, dead, wait_seconds_sum, wait_buckets)
+            (minute, queue, completed, retried, dead, wait_seconds_sum, wait_buckets,
+             run_buckets, backlog)
         SELECT date_trunc('minute', now()) - make_interval(mins => m), q.name,
                (q.base + q.base * 0.4 * sin(m / 40.0) + (m * 7919 % 23))::int
                    * CASE WHEN m = 0 THEN 0.4 ELSE 1 END,
@@ -50,7 +51,13 @@ def six_hours_of_rollup() -> None:
                CASE WHEN m BETWEEN 120 AND 150
                     THEN ARRAY[0, 0, 5, 20, 40, 60, 80, 90, 40, 10, 3, 0, 0, 0]
                     ELSE ARRAY[q.base / 2, q.base, q.base / 2, 20, 10, 5, 2, 1, 0, 0, 0, 0, 0, 0]
-               END
+               END,
+               CASE WHEN m BETWEEN 95 AND 110
+                    THEN ARRAY[0, 0, 0, 0, 0, 5, 10, 30, 40, 20, 5, 0, 0, 0]
+                    ELSE ARRAY[0, q.base / 4, q.base, q.base / 2, 10, 4, 1, 0, 0, 0, 0, 0, 0, 0]
+               END,
+               CASE WHEN m BETWEEN 120 AND 150 THEN 1500 - abs(m - 135) * 90
+                    ELSE (m * 31 % 40) + q.base / 10 END
         FROM generate_series(0, 359) AS m
         CROSS JOIN (VALUES ('email', 120), ('payments', 300)) AS q(name, base)
         """
@@ -102,10 +109,18 @@ def test_operator_sees_live_workers_and_the_charts(
     # Six hours asked for: by the time the page loads the data may span a minute more,
     # and the default window would then be 24 h.
     page.goto(f"{live_server.url}/admin/django_pgqueue/minutestats/?hours=6")
-    assert page.locator("svg.pgqueue-chart").count() == 4
-    assert "payments: jobs per minute" in page.inner_text("#content-main")
-    assert page.locator("svg.pgqueue-chart polyline").count() >= 8
+    # Per queue: jobs per minute, the backlog, the wait and the run time.
+    # (The live worker's images queue has a row too: its backlog, sampled as it started.)
+    queues = page.locator("section.pgqueue-chart-row").count()
+    assert queues >= 2
+    assert page.locator("svg.pgqueue-chart").count() == 4 * queues
+    content = page.inner_text("#content-main")
+    assert "payments: jobs per minute" in content
+    for title in ("payments: backlog (jobs due, not started)", "payments: run time"):
+        chart = page.locator(f"svg.pgqueue-chart[aria-label='{title}']")
+        assert chart.locator("polyline").count() >= 1, title
+    assert page.locator("svg.pgqueue-chart polyline").count() >= 16
     save_screenshot(page, tmp_path, "admin-charts.png")
     page.click("text=email")
-    assert page.locator("svg.pgqueue-chart").count() == 2
+    assert page.locator("svg.pgqueue-chart").count() == 4
     page.context.close()

@@ -61,8 +61,11 @@ def test_charts_page_draws_svg_from_the_rollup(client) -> None:
     page = client.get(CHARTS, {"hours": 1})
     assert page.status_code == 200
     html = page.content.decode()
-    assert html.count('<svg xmlns="http://www.w3.org/2000/svg" class="pgqueue-chart"') == 2
+    # Per queue: jobs per minute, backlog, wait and run time.
+    assert html.count('<svg xmlns="http://www.w3.org/2000/svg" class="pgqueue-chart"') == 4
     assert "payments: jobs per minute" in html
+    assert "payments: backlog (jobs due, not started)" in html
+    assert "payments: run time" in html
     assert "120 completed, 4 failed attempts in the last 1 h" in html
     assert "<polyline" in html or "<circle" in html
     assert client.get(CHARTS, {"hours": "x", "queue": "nope"}).status_code == 200
