@@ -223,21 +223,21 @@ def test_the_charts_of_a_new_install_fill_their_width(
     page.goto(f"{live_server.url}/admin/django_pgqueue/minutestats/")
     assert page.inner_text(".pgqueue-summary strong").startswith("15 min")
     # The first minute with work sits in the chart's left part, not squeezed to the edge.
+    page.wait_for_function("() => window.pgqueueCharts !== undefined")
     spread = page.evaluate(
         """() => {
-        const svg = document.querySelector('svg.pgqueue-chart');
-        const xs = [];
-        for (const line of svg.querySelectorAll('polyline')) {
-            for (const pair of line.getAttribute('points').trim().split(/\\s+/)) {
-                const [x, y] = pair.split(',').map(Number);
-                xs.push(x);
-            }
-        }
-        return {width: svg.viewBox.baseVal.width, xs: xs};
+        const u = window.pgqueueCharts[0];
+        const worked = u.data[1].findIndex((v) => v > 0);
+        return {
+            first: u.valToPos(u.data[0][worked], 'x'),
+            width: u.bbox.width / devicePixelRatio,
+            ticks: u.axes[1]._values,
+        };
     }"""
     )
-    assert spread["xs"], spread
-    assert min(spread["xs"]) < spread["width"] * 0.75, spread
+    assert 0 < spread["first"] < spread["width"] * 0.75, spread
+    # Whole-number ticks for counts.
+    assert spread["ticks"] == ["0", "10", "20", "30", "40"], spread
     save_screenshot(page, tmp_path, "charts-new-install-1400.png")
     page.context.close()
 

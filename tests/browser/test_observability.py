@@ -35,6 +35,23 @@ def wait_until(predicate: Any, timeout: float = 120.0) -> None:
     raise AssertionError("condition not reached in time")
 
 
+# Each chart uPlot drew (charts.js keeps them in window.pgqueueCharts): its title, its
+# points and how many of the first line's are known, its y-axis labels, its canvas width.
+READ_CHARTS = """() => window.pgqueueCharts.map((u) => ({
+    title: u.root.querySelector('.u-title').textContent,
+    points: u.data[0].length,
+    known: u.data[1].filter((v) => v != null).length,
+    ticks: u.axes[1]._values,
+    canvas: u.width,
+}))"""
+
+
+def read_charts(page: Any) -> list[dict[str, Any]]:
+    """The page's charts, once its scripts drew them."""
+    page.wait_for_function("() => window.pgqueueCharts !== undefined")
+    return page.evaluate(READ_CHARTS)
+
+
 def six_hours_of_rollup() -> None:
     """Rollup rows as busy workers leave them: a daily-ish load with a failure spike."""
     sql(
@@ -109,18 +126,43 @@ def test_operator_sees_live_workers_and_the_charts(
     # Six hours asked for: by the time the page loads the data may span a minute more,
     # and the default window would then be 24 h.
     page.goto(f"{live_server.url}/admin/django_pgqueue/minutestats/?hours=6")
-    # Per queue: jobs per minute, the backlog, the wait and the run time.
-    # (The live worker's images queue has a row too: its backlog, sampled as it started.)
+    # Per queue: jobs per minute, the backlog, the wait and the run time, each drawn.
     queues = page.locator("section.pgqueue-chart-row").count()
     assert queues >= 2
-    assert page.locator("svg.pgqueue-chart").count() == 4 * queues
-    content = page.inner_text("#content-main")
-    assert "payments: jobs per minute" in content
-    for title in ("payments: backlog (jobs due, not started)", "payments: run time"):
-        chart = page.locator(f"svg.pgqueue-chart[aria-label='{title}']")
-        assert chart.locator("polyline").count() >= 1, title
-    assert page.locator("svg.pgqueue-chart polyline").count() >= 16
+    drawn = read_charts(page)
+    assert len(drawn) == 4 * queues
+    by_title = {chart["title"]: chart for chart in drawn}
+    for title in (
+        "payments: jobs per minute",
+        "payments: backlog (jobs due, not started)",
+        "payments: wait from due to start",
+        "payments: run time",
+    ):
+        chart = by_title[title]
+        assert chart["points"] == 360, chart
+        assert chart["known"] > 300, chart
+        assert chart["canvas"] > 400, chart  # fills its box, not a sliver
+    # Counts have whole-number ticks.
+    assert by_title["payments: backlog (jobs due, not started)"]["ticks"] == [
+        "0", "500", "1,000", "1,500"
+    ]  # fmt: skip
+    # A point alone in a long line (the images queue's one backlog sample) is marked.
+    lone = page.evaluate(
+        """() => window.pgqueueCharts
+            .filter((u) => u.root.querySelector('.u-title').textContent.endsWith('backlog '
+                + '(jobs due, not started)'))
+            .map((u) => u.series[1].points.filter(u, 1, true, null).length)"""
+    )
+    assert 1 in lone, lone
     save_screenshot(page, tmp_path, "admin-charts.png")
+    # The values of every series at the cursor, in the admin's one time format.
+    chart = page.locator("[data-pgqueue-chart='0'] .u-over")
+    box = chart.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5)
+    legend = page.inner_text("[data-pgqueue-chart='0'] .u-legend")
+    assert " UTC" in legend, legend
+    assert "completed" in legend, legend
+    assert "failed" in legend, legend
     page.click("text=email")
-    assert page.locator("svg.pgqueue-chart").count() == 4
+    assert len(read_charts(page)) == 4
     page.context.close()
