@@ -392,3 +392,46 @@ def test_limits_are_set_on_a_known_queue_chosen_from_a_list(
     assert row.locator("td.field-limit_display").inner_text() == "3"
     assert row.locator("td.field-rate_display").inner_text() == "—"
     page.context.close()
+
+
+def test_the_dead_jobs_range_filter_names_its_time_fields_and_search_reads_prefixes(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    tmp_path: Path,
+) -> None:
+    make_job("dead", queue="payments", type="demo.charge_card", payload={"order": 7311},
+             error="django_pgqueue.exceptions.PermanentFailure: card declined")  # fmt: skip
+    make_job("dead", queue="email", type="shop.send_receipt", payload={"order": 9001})
+    make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
+    page = login(browser, live_server, "operator", width=1400)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/deadjob/")
+    # The range filter's time fields say they take a time, in the admin's zone.
+    placeholders = page.eval_on_selector_all(
+        "#changelist-filter input[placeholder]", "inputs => inputs.map(i => i.placeholder)"
+    )
+    assert "From time (UTC)" in placeholders, placeholders
+    assert "To time (UTC)" in placeholders, placeholders
+    assert placeholders.count("From date") == placeholders.count("From time (UTC)")
+    # Each time field is wide enough for its placeholder.
+    cut = page.eval_on_selector_all(
+        "#changelist-filter input.vTimeField",
+        """inputs => inputs.filter(input => {
+            const probe = document.createElement('span');
+            probe.style.font = getComputedStyle(input).font;
+            probe.textContent = input.placeholder;
+            document.body.appendChild(probe);
+            const wide = probe.getBoundingClientRect().width;
+            probe.remove();
+            return wide > input.clientWidth - 4;
+        }).map(input => input.placeholder)""",
+    )
+    assert cut == [], cut
+    save_screenshot(page, tmp_path, "deadjob-filters-1400.png")
+    # A type's beginning and a payload value each find their job.
+    for words, found in (("demo.", "demo.charge_card"), ("9001", "shop.send_receipt")):
+        page.fill("#searchbar", words)
+        with page.expect_navigation():
+            page.press("#searchbar", "Enter")
+        types = page.locator("#result_list td.field-type_column").all_inner_texts()
+        assert types == [found], (words, types)
+    page.context.close()
