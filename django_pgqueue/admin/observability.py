@@ -202,24 +202,14 @@ def queue_charts(series: rollup.QueueSeries, start: dt.datetime, step: int) -> l
             [charts.Series("due", BACKLOG, series.backlog)],
             step=step,
         ),
-        charts.line_chart(
-            f"{series.queue}: wait from due to start",
-            start,
-            [
-                charts.Series("p50", P50, series.wait_p50),
-                charts.Series("p95", P95, series.wait_p95),
-            ],
-            charts.seconds_label,
-            step=step,
-        ),
-        charts.line_chart(
-            f"{series.queue}: run time",
-            start,
-            [
-                charts.Series("p50", P50, series.run_p50),
-                charts.Series("p95", P95, series.run_p95),
-            ],
-            charts.seconds_label,
-            step=step,
-        ),
-    ]
+        percentiles(f"{series.queue}: wait from due to start", start, step,
+                    series.wait_p50, series.wait_p95),
+        percentiles(f"{series.queue}: run time", start, step, series.run_p50, series.run_p95),
+    ]  # fmt: skip
+
+
+def percentiles(title: str, start: dt.datetime, step: int,
+                p50: list[float | None], p95: list[float | None]) -> Any:  # fmt: skip
+    """A chart of p50 and p95 seconds."""
+    series = [charts.Series("p50", P50, p50), charts.Series("p95", P95, p95)]
+    return charts.line_chart(title, start, series, charts.seconds_label, step=step)
