@@ -49,11 +49,12 @@ class WorkerRecord(models.Model):
 
 
 class MinuteStats(models.Model):
-    """What the workers of one queue finished in one minute, and how long those jobs waited.
+    """What the workers of one queue finished in one minute, how long those jobs waited
+    and ran, and how many jobs were due and not started.
 
-    wait_buckets counts attempts by wait (claim time minus due time) in the buckets of
-    `django_pgqueue.observability.rollup.WAIT_BOUNDS`: bucket 0 is below the first
-    bound, bucket i from bound i on.
+    wait_buckets counts attempts by wait (claim time minus due time), run_buckets by
+    run time, in the buckets of `django_pgqueue.observability.rollup.WAIT_BOUNDS`:
+    bucket 0 is below the first bound, bucket i from bound i on.
     """
 
     id = models.BigAutoField(primary_key=True)
@@ -64,6 +65,13 @@ class MinuteStats(models.Model):
     dead = models.IntegerField(db_default=0)
     wait_seconds_sum = models.FloatField(db_default=0.0)
     wait_buckets = IntegerArrayField()
+    # How long the minute's finished attempts ran (finished_at - started_at), counted
+    # into the same buckets as the waits; NULL in a minute that finished nothing.
+    run_seconds_sum = models.FloatField(db_default=0.0)
+    run_buckets = IntegerArrayField(null=True, blank=True)
+    # Jobs due and not started (the backlog) as a worker serving the queue last sampled
+    # it in the minute, counted up to the at-a-glance cap; NULL when none sampled it.
+    backlog = models.IntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "queue_stats_minutely"

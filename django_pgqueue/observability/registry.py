@@ -3,7 +3,8 @@ worker (`WorkerRegistry`).
 
 Every BEAT_EVERY seconds (or half a lease, if shorter), on the services' connection:
 this worker's row says it is alive and how many jobs it holds, the attempts noted since
-(`observer.RollupObserver`) are added to the rollup, and now and then the workers not
+(`observer.RollupObserver`) are added to the rollup, once a minute the backlog of its
+queues is sampled into it, and now and then the workers not
 seen for two leases are marked gone and old rows pruned. As the worker stops: the rollup
 flushed, its row marked gone. Observation only: a job belongs to whoever holds its
 lease, whatever this table says.
@@ -14,12 +15,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 
 from ..extensions import PeriodicService, WorkerView
 from ..store.session import Session
 from ..version import __version__
 from . import workers
-from .rollup import RollupBuffer
+from .rollup import RollupBuffer, sample_backlog
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class WorkerRegistry(PeriodicService):
         )
         self.every = min(BEAT_EVERY, config.lease / 2)
         self._beats = 0
+        self._sampled_minute: int | None = None  # the wall-clock minute last sampled
         self._due = 0.0  # the first report at once: the registry hears of it at start
 
     def next_due(self) -> float:
@@ -59,6 +62,10 @@ class WorkerRegistry(PeriodicService):
         self._due = now + self.every
         workers.record_beat(session, self.identity, self.view.running())
         self.rollup.flush(session)
+        minute = int(time.time() // 60)
+        if minute != self._sampled_minute:  # the backlog, once a minute per worker
+            sample_backlog(session, self.identity.queues)
+            self._sampled_minute = minute
         if self._beats % HOUSEKEEPING_EVERY == 0:
             gone = workers.mark_gone(session)
             if gone:

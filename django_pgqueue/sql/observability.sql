@@ -112,12 +112,14 @@ FROM queue_workers;
 -- The arrays are parallel, one element per attempt whose outcome was written: its id,
 -- queue, run_at as claimed, and outcome (succeeded, retried or dead). The wait is the
 -- attempt's start (the database's clock at the claim) minus the run_at it was claimed
--- at, counted into the buckets of `bounds` (width_bucket: 0 below the first bound).
+-- at, its run time its finish minus its start, each counted into the buckets of
+-- `bounds` (width_bucket: 0 below the first bound).
 -- Each attempt is read by primary key. Two workers adding to one minute serialize on
 -- its row for the length of this statement only.
 WITH finished AS (
     SELECT date_trunc('minute', a.finished_at) AS minute, i.queue, i.outcome,
-           greatest(extract(epoch FROM a.started_at - i.run_at)::float8, 0) AS wait
+           greatest(extract(epoch FROM a.started_at - i.run_at)::float8, 0) AS wait,
+           greatest(extract(epoch FROM a.finished_at - a.started_at)::float8, 0) AS ran
     FROM unnest(
         %(attempt_ids)s::bigint[], %(queues)s::text[], %(run_ats)s::timestamptz[],
         %(outcomes)s::text[]
@@ -125,31 +127,40 @@ WITH finished AS (
     JOIN queue_attempts AS a ON a.id = i.attempt_id
     WHERE a.finished_at IS NOT NULL
 ), per_bucket AS (
-    SELECT minute, queue, width_bucket(wait, %(bounds)s::float8[]) AS bucket,
-           count(*) AS attempts,
-           count(*) FILTER (WHERE outcome = 'succeeded') AS completed,
-           count(*) FILTER (WHERE outcome = 'retried') AS retried,
-           count(*) FILTER (WHERE outcome = 'dead') AS dead,
-           sum(wait) AS wait_sum
+    SELECT minute, queue, 'wait' AS kind, width_bucket(wait, %(bounds)s::float8[]) AS bucket,
+           count(*)::integer AS attempts
     FROM finished
-    GROUP BY 1, 2, 3
+    GROUP BY 1, 2, 3, 4
+    UNION ALL
+    SELECT minute, queue, 'run', width_bucket(ran, %(bounds)s::float8[]), count(*)::integer
+    FROM finished
+    GROUP BY 1, 2, 3, 4
+), totals AS (
+    SELECT minute, queue,
+           count(*) FILTER (WHERE outcome = 'succeeded')::integer AS completed,
+           count(*) FILTER (WHERE outcome = 'retried')::integer AS retried,
+           count(*) FILTER (WHERE outcome = 'dead')::integer AS dead,
+           sum(wait)::float8 AS wait_sum,
+           sum(ran)::float8 AS run_sum
+    FROM finished
+    GROUP BY minute, queue
 ), per_minute AS (
-    SELECT k.minute, k.queue,
-           coalesce(sum(p.completed), 0)::integer AS completed,
-           coalesce(sum(p.retried), 0)::integer AS retried,
-           coalesce(sum(p.dead), 0)::integer AS dead,
-           coalesce(sum(p.wait_sum), 0)::float8 AS wait_sum,
-           array_agg(coalesce(p.attempts, 0)::integer ORDER BY b.bucket) AS buckets
-    FROM (SELECT DISTINCT minute, queue FROM per_bucket) AS k
+    SELECT t.minute, t.queue, t.completed, t.retried, t.dead, t.wait_sum, t.run_sum,
+           array_agg(coalesce(w.attempts, 0) ORDER BY b.bucket) AS wait_buckets,
+           array_agg(coalesce(r.attempts, 0) ORDER BY b.bucket) AS run_buckets
+    FROM totals AS t
     CROSS JOIN generate_series(0, cardinality(%(bounds)s::float8[])) AS b(bucket)
-    LEFT JOIN per_bucket AS p
-        ON p.minute = k.minute AND p.queue = k.queue AND p.bucket = b.bucket
-    GROUP BY k.minute, k.queue
+    LEFT JOIN per_bucket AS w
+        ON w.minute = t.minute AND w.queue = t.queue AND w.kind = 'wait' AND w.bucket = b.bucket
+    LEFT JOIN per_bucket AS r
+        ON r.minute = t.minute AND r.queue = t.queue AND r.kind = 'run' AND r.bucket = b.bucket
+    GROUP BY t.minute, t.queue, t.completed, t.retried, t.dead, t.wait_sum, t.run_sum
 )
 INSERT INTO queue_stats_minutely AS r (
-    minute, queue, completed, retried, dead, wait_seconds_sum, wait_buckets
+    minute, queue, completed, retried, dead, wait_seconds_sum, wait_buckets,
+    run_seconds_sum, run_buckets
 )
-SELECT minute, queue, completed, retried, dead, wait_sum, buckets
+SELECT minute, queue, completed, retried, dead, wait_sum, wait_buckets, run_sum, run_buckets
 FROM per_minute
 ORDER BY minute, queue
 ON CONFLICT (minute, queue) DO UPDATE
@@ -157,11 +168,42 @@ SET completed = r.completed + excluded.completed,
     retried = r.retried + excluded.retried,
     dead = r.dead + excluded.dead,
     wait_seconds_sum = r.wait_seconds_sum + excluded.wait_seconds_sum,
+    -- A row a backlog sample made has zeros (or no run buckets): the sums start there.
     wait_buckets = ARRAY(
-        SELECT old + new
+        SELECT coalesce(old, 0) + coalesce(new, 0)
         FROM unnest(r.wait_buckets, excluded.wait_buckets) WITH ORDINALITY AS u(old, new, n)
         ORDER BY n
+    ),
+    run_seconds_sum = r.run_seconds_sum + excluded.run_seconds_sum,
+    run_buckets = ARRAY(
+        SELECT coalesce(old, 0) + coalesce(new, 0)
+        FROM unnest(coalesce(r.run_buckets, '{}'), excluded.run_buckets)
+             WITH ORDINALITY AS u(old, new, n)
+        ORDER BY n
     );
+
+
+-- name: stats_minute_backlog
+-- Sample the backlog of each of `queues` (pending jobs due now) into the current minute's
+-- rollup row, the latest sample of the minute kept. Each count walks the claim index
+-- (index-only) and stops at %(cap)s jobs, as the at-a-glance figures do. An idle queue
+-- (nothing due, nothing finished this minute) gets no row: the rollup does not grow by
+-- a row per queue and minute for queues with nothing to show.
+INSERT INTO queue_stats_minutely AS r (minute, queue, wait_buckets, backlog)
+SELECT date_trunc('minute', now()), q.queue,
+       array_fill(0, ARRAY[cardinality(%(bounds)s::float8[]) + 1]), c.due
+FROM unnest(%(queues)s::text[]) AS q(queue)
+CROSS JOIN LATERAL (
+    SELECT count(*)::integer AS due
+    FROM (SELECT 1 FROM queue_job_state
+          WHERE status = 'pending' AND queue = q.queue AND run_at <= now()
+          LIMIT %(cap)s::int8) s
+) c
+WHERE c.due > 0
+   OR EXISTS (SELECT 1 FROM queue_stats_minutely AS m
+              WHERE m.minute = date_trunc('minute', now()) AND m.queue = q.queue)
+ORDER BY q.queue
+ON CONFLICT (minute, queue) DO UPDATE SET backlog = excluded.backlog;
 
 
 -- name: stats_minute_range
@@ -169,7 +211,7 @@ SET completed = r.completed + excluded.completed,
 -- A range walk of queue_stats_minutely_key (minute, queue), in its order: no sort,
 -- never a read of queue_attempts.
 SELECT date_trunc('minute', now()) AS now_minute, r.minute, r.queue, r.completed, r.retried,
-       r.dead, r.wait_seconds_sum, r.wait_buckets
+       r.dead, r.wait_seconds_sum, r.wait_buckets, r.run_buckets, r.backlog
 FROM queue_stats_minutely AS r
 WHERE r.minute > date_trunc('minute', now()) - make_interval(mins => %(minutes)s::integer)
 ORDER BY r.minute, r.queue;

@@ -69,6 +69,11 @@ def add_minutes(session: Session, params: dict[str, Any]) -> None:
     session.run("stats_minute_add", params)
 
 
+def sample_backlog(session: Session, params: dict[str, Any]) -> None:
+    """Sample the queues' backlogs into the current minute (``stats_minute_backlog``)."""
+    session.run("stats_minute_backlog", params)
+
+
 def read_minutes(alias: str, minutes: int) -> Sequence[tuple[Any, ...]]:
     """The rollup rows of the last `minutes` minutes, oldest first, each with the
     database's current minute first (``stats_minute_range``)."""

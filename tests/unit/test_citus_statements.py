@@ -59,6 +59,8 @@ ROUTED = {
     # Counts each control row's running jobs on that row's queue: one shard per row
     # (queue_controls co-located), over every controlled queue: a multi-shard read.
     "queue_control_show",
+    # A worker's backlog sample: one count per queue it serves, each on that queue.
+    "stats_minute_backlog",
     # Enqueue: each row inserted carries its queue (a row is routed by its own value).
     "job_enqueue_many",
     "job_enqueue_many_alike",

@@ -51,7 +51,7 @@ def test_workers_page_lists_alive_and_gone_workers_with_their_jobs(client) -> No
     assert "payments, email" in html
 
 
-def test_charts_page_draws_svg_from_the_rollup(client) -> None:
+def test_charts_page_describes_its_charts_from_the_rollup(client) -> None:
     client.force_login(make_user("viewer", "view_job"))
     sql(
         "INSERT INTO queue_stats_minutely (minute, queue, completed, retried, dead, "
@@ -61,10 +61,19 @@ def test_charts_page_draws_svg_from_the_rollup(client) -> None:
     page = client.get(CHARTS, {"hours": 1})
     assert page.status_code == 200
     html = page.content.decode()
-    assert html.count('<svg xmlns="http://www.w3.org/2000/svg" class="pgqueue-chart"') == 2
-    assert "payments: jobs per minute" in html
+    # Per queue: jobs per minute, backlog, wait and run time, as JSON for charts.js.
+    assert html.count("data-pgqueue-chart=") == 4
+    drawn = page.context["charts"]["charts"]
+    assert [chart["title"] for chart in drawn] == [
+        "payments: jobs per minute",
+        "payments: backlog (jobs due, not started)",
+        "payments: wait from due to start",
+        "payments: run time",
+    ]
+    assert '<script id="pgqueue-charts" type="application/json">' in html
+    assert "vendor/uplot-1.6.32/uPlot.iife.min.js" in html
     assert "120 completed, 4 failed attempts in the last 1 h" in html
-    assert "<polyline" in html or "<circle" in html
+    assert drawn[0]["series"][0]["values"][-1] == 120
     assert client.get(CHARTS, {"hours": "x", "queue": "nope"}).status_code == 200
 
 
