@@ -97,8 +97,7 @@ class Dispatcher:
         self._backoff = Backoff(config.reconnect_max_delay)
         self._claimed_since_wait = False  # jobs started since the last wait (see _wait)
         self.unknown_claims = UnknownClaims(self.leases)
-        # What operators asked of this process (drain, resume, concurrency).
-        self.controls = Controls(config.concurrency, switch.wake)
+        self.controls = Controls(config.concurrency, switch.wake)  # operators' requests
 
     def run(self) -> None:
         """Cycle until stopped (or, in burst mode, until idle); survive a lost database."""
@@ -122,7 +121,7 @@ class Dispatcher:
                 self.announce_lost_leases()
                 if stopping.is_set():
                     break
-                self._resize()
+                self.controls.apply_resize(self.capacity, self.pool)
                 now = time.monotonic()
                 # The claim first: a worker woken by a NOTIFY claims before the
                 # housekeeping that fell due meanwhile; then a look at what it found.
@@ -283,15 +282,6 @@ class Dispatcher:
         if len(self.capacity) > running:  # jobs just started: see _wait
             self._claimed_since_wait = True
         return True
-
-    def _resize(self) -> None:
-        """Apply a concurrency an operator asked for: claims sized to it from now, a
-        thread started for each slot above the threads running (none ended)."""
-        concurrency = self.controls.take_resize()
-        if concurrency is not None:
-            self.capacity.limits["sync"] = concurrency
-            self.pool.grow(concurrency)
-            logger.info("worker %s: concurrency now %d", self.config.worker_id, concurrency)
 
     def _claim_more(self, queue: str) -> None:
         """A cycle's claim from a queue after the first, if it has room."""

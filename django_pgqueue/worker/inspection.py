@@ -16,12 +16,13 @@ threads running; none is ended: a smaller limit leaves threads idle).
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import validators
@@ -29,6 +30,10 @@ from ..claimed import ClaimedJob
 from ..registry import Registry
 from ..version import __version__
 from ..worker_config import WorkerConfig
+from .capacity import Capacity
+from .pool import HandlerPool
+
+logger = logging.getLogger(__name__)
 
 # The most jobs of each list (running, claimed) a report carries.
 REPORT_JOBS = 50
@@ -53,20 +58,38 @@ class Controls:
         self.draining = True
         self._wake.set()
 
-    def resume(self) -> None:
-        self.draining = False
-        self._wake.set()
-
     def resize(self, concurrency: int) -> None:
         self.asked_concurrency = concurrency
         self._wake.set()
 
-    def take_resize(self) -> int | None:
-        """The concurrency asked for and not applied yet (the dispatcher applies it)."""
+    def apply_resize(self, capacity: Capacity, pool: HandlerPool) -> None:
+        """On the dispatcher's thread: apply the concurrency asked for, if any (claims
+        sized to it from now; a thread started for each slot above those running)."""
         asked, self.asked_concurrency = self.asked_concurrency, None
         if asked is not None:
             self.concurrency = asked
-        return asked
+            capacity.limits["sync"] = asked
+            pool.grow(asked)
+            logger.info("concurrency now %d, as an operator asked", asked)
+
+    def obey(self, action: str, concurrency: int | None, stop: Callable[[], None]) -> str:
+        """Do what an operator asked (`stop` stops the worker gracefully); what was
+        done, in words. ValueError for an action or a concurrency it cannot take."""
+        check_request(action, concurrency)
+        if action == "stop":
+            self.stop_asked = True
+            stop()
+            return "stopping: no more claims; running handlers get the shutdown grace"
+        if action == "drain":
+            self.drain()
+            return "draining: no more claims; running handlers go on"
+        if action == "resume":
+            was, self.draining = self.draining, False
+            self._wake.set()
+            return "claiming again" if was else "was not draining: claiming as before"
+        assert concurrency is not None
+        self.resize(concurrency)
+        return f"concurrency {concurrency} from the next claim"
 
 
 def check_request(action: str, concurrency: int | None) -> None:

@@ -120,35 +120,15 @@ class Worker:
     def inspect(self) -> dict[str, Any]:
         """This process's account now: its jobs, queues, handlers, counters, memory,
         code (see `inspection.report`)."""
-        dispatcher = self._dispatcher
+        controls, stopping = self._dispatcher.controls, self._switch.stopping.is_set()
         return inspection.report(
-            self.config,
-            self.registry,
-            dispatcher.controls,
-            self._capacity,
-            self.stats,
-            self._switch.stopping.is_set(),
+            self.config, self.registry, controls, self._capacity, self.stats, stopping
         )
 
     def obey(self, action: str, concurrency: int | None = None) -> str:
         """Do what an operator asked (stop, drain, resume, concurrency); what was done,
-        in words. ValueError for an action or a concurrency it cannot take."""
-        inspection.check_request(action, concurrency)
-        controls = self._dispatcher.controls
-        if action == "stop":
-            controls.stop_asked = True
-            self.stop_gracefully()
-            return "stopping: no more claims; running handlers get the shutdown grace"
-        if action == "drain":
-            controls.drain()
-            return "draining: no more claims; running handlers go on"
-        if action == "resume":
-            was = controls.draining
-            controls.resume()
-            return "claiming again" if was else "was not draining: claiming as before"
-        assert concurrency is not None
-        controls.resize(concurrency)
-        return f"concurrency {concurrency} from the next claim"
+        in words (see `inspection.Controls.obey`)."""
+        return self._dispatcher.controls.obey(action, concurrency, self.stop_gracefully)
 
     @property
     def stopped_on_request(self) -> bool:

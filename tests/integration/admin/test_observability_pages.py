@@ -30,6 +30,8 @@ def register(worker_id: str, running: int = 0) -> None:
             "lease": 30.0,
             "version": "0.1.0",
             "running": running,
+            "supervisor": None,
+            "report": None,
         },
     )
 
