@@ -21,11 +21,13 @@ from django.contrib import admin, messages
 from django.core.exceptions import BadRequest, PermissionDenied
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import URLPattern
 
 from ..conf import get_settings
 from ..models import WorkerRecord
 from ..observability import fleet, workers
 from ..validators import MAX_CONCURRENCY
+from . import feed
 from .databases import DatabaseRow, several_databases, staleness
 from .observability import ReadOnlyPage
 
@@ -36,6 +38,9 @@ ACTIONS = ("stop", "drain", "resume", "concurrency")
 
 @admin.register(WorkerRecord)
 class WorkersAdmin(ReadOnlyPage):
+    def get_urls(self) -> list[URLPattern]:
+        return [*feed.urls(self), *super().get_urls()]
+
     def has_control_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_pgqueue.control_worker")
 

@@ -239,3 +239,35 @@ SELECT date_trunc('minute', now()) AS now_minute, r.minute, r.queue, r.completed
 FROM queue_stats_minutely AS r
 WHERE r.minute > date_trunc('minute', now()) - make_interval(mins => %(minutes)s::integer)
 ORDER BY r.minute, r.queue;
+
+
+-- name: attempt_feed
+-- Read the attempts a live feed has not shown yet, and those it shows as running, with their jobs.
+-- Two primary-key reads of queue_attempts: the range after the last id the page read
+-- (at most `limit` rows, in id order) and the ids it still shows running; each row's
+-- job (queue, type) and state (was a failed attempt the job's last?) by primary key.
+-- Bounded by `limit` and the open ids, whatever the table's size.
+WITH picked AS (
+    (SELECT a.id FROM queue_attempts AS a
+     WHERE a.id > %(after)s::bigint
+     ORDER BY a.id
+     LIMIT %(limit)s::integer)
+    UNION
+    (SELECT a.id FROM queue_attempts AS a WHERE a.id = ANY (%(open)s::bigint[]))
+)
+SELECT a.id, a.job_id, job.queue, job.type, a.attempt_index, a.status, a.worker_id,
+       a.started_at, a.finished_at, a.error_class,
+       (state.status = 'dead' AND state.lease_version = a.lease_version) AS job_dead
+FROM picked
+JOIN queue_attempts AS a ON a.id = picked.id
+CROSS JOIN LATERAL (
+    SELECT j.queue, j.type FROM queue_jobs AS j WHERE j.id = a.job_id LIMIT 1
+) AS job
+LEFT JOIN queue_job_state AS state ON state.job_id = a.job_id
+ORDER BY a.id;
+
+
+-- name: attempt_feed_start
+-- The attempt id a live feed starts after: `back` attempts before the newest (a backward primary-key read).
+SELECT coalesce(min(id) - 1, 0)
+FROM (SELECT a.id FROM queue_attempts AS a ORDER BY a.id DESC LIMIT %(back)s::integer) AS latest;

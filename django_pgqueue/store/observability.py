@@ -121,3 +121,18 @@ def read_minutes(alias: str, minutes: int) -> Sequence[tuple[Any, ...]]:
     with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["stats_minute_range"], {"minutes": minutes})
         return cursor.fetchall()
+
+
+def read_feed(alias: str, after: int, open_ids: list[int], limit: int) -> list[tuple[Any, ...]]:
+    """The attempts after id `after` (at most `limit`) and the attempts `open_ids`,
+    each with its job's queue and type (``attempt_feed``)."""
+    with django_cursor(alias) as cursor:
+        cursor.execute(QUERIES["attempt_feed"], {"after": after, "open": open_ids, "limit": limit})
+        return cursor.fetchall()
+
+
+def feed_start(alias: str, back: int) -> int:
+    """The attempt id a feed starts after: `back` attempts before the newest."""
+    with django_cursor(alias) as cursor:
+        cursor.execute(QUERIES["attempt_feed_start"], {"back": back})
+        return int(cursor.fetchone()[0])

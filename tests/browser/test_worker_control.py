@@ -117,6 +117,17 @@ def test_operator_drains_resumes_resizes_and_stops_a_worker(
         assert time.monotonic() < deadline, "the waiting job did not run after resume"
         time.sleep(0.1)
 
+    # The live feed, filtered to one queue: a job run now shows up without a reload.
+    feed = page.context.new_page()
+    feed.goto(f"{live_server.url}/admin/django_pgqueue/workerrecord/events/?queue=email")
+    assert f"#{waiting.id}" in feed.inner_text("#pgqueue-feed")
+    later = enqueue("demo.send_email", {"to": "b@example.com"}, queue="email")
+    enqueue("demo.resize_image", {"image": 2, "size": [8, 8], "seconds": 0}, queue="web")
+    feed.wait_for_selector(f"tr.pgqueue-event-succeeded >> text=#{later.id}")
+    assert "demo.resize_image" not in feed.inner_text("#pgqueue-feed")
+    save_screenshot(feed, tmp_path, "admin-job-events.png")
+    feed.close()
+
     # Stop: both children stop, none restarts, the supervisor exits 0; the page says gone.
     page.reload()
     page.locator("tr.pgqueue-worker button[value=stop]").click()

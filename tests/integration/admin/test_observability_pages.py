@@ -139,3 +139,57 @@ def test_queue_stats_lists_the_workers() -> None:
     assert worker["id"] == "web-1:4242:aa"
     assert worker["alive"] is True
     assert worker["jobs"] == [job_id]
+
+
+EVENTS = reverse("admin:django_pgqueue_events")
+POLL = reverse("admin:django_pgqueue_events_poll")
+
+
+def test_the_live_feed_follows_attempts_filtered_by_queue_and_type(client) -> None:
+    client.force_login(make_user("viewer", "view_job"))
+    first = make_job("running", queue="payments", type="qa.noop")
+    page = client.get(EVENTS, {"queue": "payments"})
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "started" in html
+    assert f"#{first}" in html
+    after = page.context["after"]
+    assert (
+        page.context["open"]
+        == sql("SELECT id::text FROM queue_attempts WHERE job_id = %s", [first])[0][0]
+    )
+
+    # Nothing new: the running attempt is read again, still started (the page keeps
+    # one row per attempt and event).
+    polled = client.get(POLL, {"after": after, "open": page.context["open"]}).json()
+    assert [(e["job_id"], e["event"]) for e in polled["events"]] == [(first, "started")]
+    # It ends; another queue's job and another type's run meanwhile.
+    sql(
+        "UPDATE queue_attempts SET status = 'succeeded', finished_at = now() WHERE job_id = %s",
+        [first],
+    )
+    other_queue = make_job("running", queue="email", type="qa.noop")
+    other_type = make_job("running", queue="payments", type="qa.echo")
+    polled = client.get(
+        POLL, {"after": after, "open": page.context["open"], "queue": "payments", "type": "qa.noop"}
+    ).json()
+    assert [(e["job_id"], e["event"]) for e in polled["events"]] == [(first, "succeeded")]
+    assert polled["open"] == []
+    # The range moved past what the filters left out.
+    newest = sql("SELECT max(id) FROM queue_attempts")[0][0]
+    assert polled["after"] == newest
+    polled = client.get(POLL, {"after": after}).json()
+    assert {e["job_id"] for e in polled["events"]} >= {other_queue, other_type}
+    assert client.get(POLL, {"after": "x"}).status_code == 400
+
+
+def test_a_failed_attempt_is_retried_unless_it_left_its_job_dead(client) -> None:
+    client.force_login(make_user("viewer", "view_job"))
+    retried = make_job("running", queue="payments", type="qa.fail")
+    dead = make_job("dead", queue="payments", type="qa.fail")
+    sql("UPDATE queue_attempts SET status = 'failed', finished_at = now()")
+    sql("UPDATE queue_job_state SET status = 'pending', locked_by = NULL, locked_until = NULL "
+        "WHERE job_id = %s", [retried])  # fmt: skip
+    polled = client.get(POLL, {"after": 0}).json()
+    events = {e["job_id"]: e["event"] for e in polled["events"]}
+    assert events == {retried: "retried", dead: "failed"}
