@@ -6,9 +6,9 @@ this worker's row says it is alive, how many jobs it holds and what it says of i
 (`WorkerView.inspect`: its jobs, counters, memory, code), the requests operators made
 to it are taken and obeyed (stop, drain, resume, concurrency), the attempts noted since
 (`observer.RollupObserver`) are added to the rollup, and now and then the workers not
-seen for two leases are marked gone and old rows pruned. As the worker stops: the rollup
-flushed, its row marked gone. Observation only: a job belongs to whoever holds its
-lease, whatever this table says.
+seen for three of their beats (two leases, if shorter) are marked gone and old rows
+pruned. As the worker stops: the rollup flushed, its row marked gone. Observation
+only: a job belongs to whoever holds its lease, whatever this table says.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class WorkerRegistry(PeriodicService):
         if self._beats % HOUSEKEEPING_EVERY == 0:
             gone = workers.mark_gone(session)
             if gone:
-                logger.warning("workers not seen for two leases, marked gone: %s", gone)
+                logger.warning("workers not seen for three beats, marked gone: %s", gone)
             workers.prune(session)
         self._beats += 1
 
