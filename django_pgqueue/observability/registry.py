@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from typing import Any
 
 from ..extensions import PeriodicService, WorkerView
 from ..store.session import Session
@@ -60,8 +61,7 @@ class WorkerRegistry(PeriodicService):
     def run(self, session: Session, now: float) -> None:
         """Report this worker alive and flush the rollup; now and then, tidy the registry."""
         self._due = now + self.every
-        report = {**self.view.inspect(), "beat_seconds": self.every}
-        requests = workers.record_beat(session, self.identity, self.view.running(), report)
+        requests = workers.record_beat(session, self.identity, self.view.running(), self.report())
         for request in requests:
             self.obey(session, request)
         self.rollup.flush(session)
@@ -72,12 +72,26 @@ class WorkerRegistry(PeriodicService):
             workers.prune(session)
         self._beats += 1
 
+    def report(self) -> dict[str, Any] | None:
+        """What the worker says of itself now; None if it could not say (the beat that
+        keeps it alive is written regardless)."""
+        try:
+            return {**self.view.inspect(), "beat_seconds": self.every}
+        except Exception:
+            logger.exception(
+                "worker %s: its report failed; the beat goes without", self.identity.id
+            )
+            return None
+
     def obey(self, session: Session, request: workers.Request) -> None:
         """Do what an operator asked, log it and record the answer."""
         try:
             answer = self.view.obey(request.action, request.concurrency)
         except ValueError as exc:
             answer = f"refused: {exc}"
+        except Exception as exc:  # the others of this beat are still answered
+            logger.exception("worker %s: request %d failed", self.identity.id, request.id)
+            answer = f"failed: {type(exc).__name__}: {exc}"
         logger.warning(
             "worker %s: %s asked to %s%s: %s",
             self.identity.id,

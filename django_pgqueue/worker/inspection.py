@@ -130,7 +130,8 @@ def report(
             claimed.append(job)
         else:
             running.append({**job, "running_seconds": round(now - item.started, 3)})
-    counters = {key: value for key, value in stats.items() if value}
+    # A copy first: the dispatcher adds to the counter meanwhile.
+    counters = {key: value for key, value in dict(stats).items() if value}
     return {
         "concurrency": controls.concurrency,
         "async_concurrency": config.async_concurrency,
