@@ -6,6 +6,23 @@
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
+# Whether a registered worker process is alive now: not marked gone, and seen within
+# three of its beats (its report says how often it beats), or two of its leases if
+# shorter (a row without a report: two leases). One rule for every statement that
+# asks (the Workers page, the metrics, the marking of silent workers, the requests).
+WORKER_ALIVE = r"""
+CREATE FUNCTION pgqueue_worker_alive(
+    p_gone_at timestamptz, p_last_seen_at timestamptz, p_lease float8, p_report jsonb
+) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT p_gone_at IS NULL
+       AND p_last_seen_at >= now() - make_interval(
+           secs => least(2 * p_lease,
+                         3 * coalesce((p_report ->> 'beat_seconds')::float8, p_lease)))
+$$
+"""
+
 
 class Migration(migrations.Migration):
     dependencies = [
@@ -13,6 +30,12 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.RunSQL(
+            WORKER_ALIVE,
+            reverse_sql=[
+                "DROP FUNCTION pgqueue_worker_alive(timestamptz, timestamptz, float8, jsonb)"
+            ],
+        ),
         migrations.AlterModelOptions(
             name="workerrecord",
             options={

@@ -40,7 +40,7 @@ WHERE id = %(id)s::bigint;
 
 -- name: worker_request_add
 -- Ask live workers for an action: those named (by their id, or their supervisor's), or
--- those serving a queue. Only a worker alive now gets a request (see worker_list);
+-- those serving a queue. Only a worker alive now gets a request (pgqueue_worker_alive);
 -- the rows made are returned, one per worker asked.
 INSERT INTO queue_worker_requests (worker_id, action, concurrency, requested_by)
 SELECT w.id, %(action)s::text, %(concurrency)s::integer, %(requested_by)s::text
@@ -48,10 +48,7 @@ FROM queue_workers AS w
 WHERE (w.id = ANY (%(workers)s::text[])
        OR w.supervisor = ANY (%(workers)s::text[])
        OR w.queues ? %(queue)s::text)
-  AND w.gone_at IS NULL
-  AND w.last_seen_at >= now() - make_interval(
-      secs => least(2 * w.lease_seconds,
-                    3 * coalesce((w.report ->> 'beat_seconds')::float8, w.lease_seconds)))
+  AND pgqueue_worker_alive(w.gone_at, w.last_seen_at, w.lease_seconds, w.report)
 ORDER BY w.id
 RETURNING id, worker_id;
 
@@ -88,9 +85,7 @@ WHERE id = %(id)s::text;
 UPDATE queue_workers
 SET gone_at = now()
 WHERE gone_at IS NULL
-  AND last_seen_at < now() - make_interval(
-      secs => least(2 * lease_seconds,
-                    3 * coalesce((report ->> 'beat_seconds')::float8, lease_seconds)))
+  AND NOT pgqueue_worker_alive(gone_at, last_seen_at, lease_seconds, report)
 RETURNING id;
 
 
@@ -113,16 +108,12 @@ SELECT (SELECT count(*) FROM workers), (SELECT count(*) FROM minutes);
 
 -- name: worker_list
 -- List the registered workers, live ones first, with whether each is alive now.
--- Alive means not marked gone and seen within three of its beats, or two of its
--- leases if shorter (a worker that died without a word counts as gone before any
--- heartbeat has marked it).
+-- Alive (pgqueue_worker_alive, migration 0022) means not marked gone and seen within
+-- three of its beats, or two of its leases if shorter (a worker that died without a
+-- word counts as gone before any heartbeat has marked it).
 SELECT id, host, pid, queues, concurrency, lease_seconds, version, running,
        started_at, last_seen_at, gone_at,
-       (gone_at IS NULL
-        AND last_seen_at >= now() - make_interval(
-            secs => least(2 * lease_seconds,
-                          3 * coalesce((report ->> 'beat_seconds')::float8, lease_seconds))))
-           AS alive,
+       pgqueue_worker_alive(gone_at, last_seen_at, lease_seconds, report) AS alive,
        extract(epoch FROM now() - last_seen_at)::float8 AS seen_seconds_ago,
        supervisor, report
 FROM queue_workers
@@ -164,11 +155,7 @@ ORDER BY held.locked_by, held.job_id;
 -- Count the registered workers alive and gone, for the metrics.
 SELECT count(*) FILTER (WHERE alive) AS alive, count(*) FILTER (WHERE NOT alive) AS gone
 FROM (
-    SELECT gone_at IS NULL
-           AND last_seen_at >= now() - make_interval(
-               secs => least(2 * lease_seconds,
-                             3 * coalesce((report ->> 'beat_seconds')::float8, lease_seconds)))
-               AS alive
+    SELECT pgqueue_worker_alive(gone_at, last_seen_at, lease_seconds, report) AS alive
     FROM queue_workers
 ) AS w;
 
