@@ -8,6 +8,7 @@ answer (`django_pgqueue.observability.fleet`). `--wait` waits for the answers.
 from __future__ import annotations
 
 import getpass
+import os
 import socket
 import time
 from typing import Any
@@ -60,7 +61,7 @@ class Command(BaseCommand):
             check_request(action, concurrency)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        who = f"{getpass.getuser()}@{socket.gethostname()} (control_queue_workers)"
+        who = f"{_user()}@{socket.gethostname()} (control_queue_workers)"
         made: dict[str, list[tuple[int, str]]] = {}
         refusals = []
         for alias in database_option(options["database"]):
@@ -97,6 +98,14 @@ class Command(BaseCommand):
                 self.stdout.write(a.describe())
             if any(a.answer is None for a in asked):
                 raise CommandError(f"Not every worker answered within {timeout:g}s.")
+
+
+def _user() -> str:
+    """Who runs the command, for the request's log (a container may know no name)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}" if hasattr(os, "getuid") else "unknown"
 
 
 def _concurrency(action: str, value: str | None) -> int | None:
