@@ -27,7 +27,7 @@ from ..store.worker import ClaimedRow, Store
 from ..worker_config import WorkerConfig
 from .aio import AsyncPool
 from .capacity import Capacity
-from .inspection import Controls
+from .controls import Controls
 from .intake import Intake
 from .leases import LeaseBook, UnknownClaims, sweep_expired
 from .observing import Observers, athrough, through

@@ -127,7 +127,7 @@ class Worker:
 
     def obey(self, action: str, concurrency: int | None = None) -> str:
         """Do what an operator asked (stop, drain, resume, concurrency); what was done,
-        in words (see `inspection.Controls.obey`)."""
+        in words (see `controls.Controls.obey`)."""
         return self._dispatcher.controls.obey(action, concurrency, self.stop_gracefully)
 
     @property

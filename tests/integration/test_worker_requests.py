@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from django_pgqueue import enqueue, enqueue_many
-from django_pgqueue.worker.inspection import check_request
+from django_pgqueue.worker.controls import check_request
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

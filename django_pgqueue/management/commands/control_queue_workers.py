@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_pgqueue.management.options import add_database_option, database_option
 from django_pgqueue.observability import fleet
 from django_pgqueue.observability.workers import list_workers
-from django_pgqueue.worker.inspection import ACTIONS, check_request
+from django_pgqueue.worker.controls import ACTIONS, check_request
 
 # Seconds between two looks at whether the workers took a request (--wait).
 WAIT_STEP = 0.2
