@@ -1,10 +1,9 @@
-"""The admin's Workers and Charts pages (registered by an import in admin/__init__.py).
+"""The admin's Charts page, and what the queue's pages that are no model's list share
+(`ReadOnlyPage`; the Workers page is `admin.workers`).
 
-Both are read-only pages on their models' changelist URLs. The Workers page reads the
-small registry table and the running jobs through the running-rows index; the Charts
-page reads the per-minute rollup only, never queue_attempts; with several queue
-databases it charts one at a time (``?database=ALIAS``, kept in its links), read from
-its replica if it has one.
+The Charts page reads the per-minute rollup only, never queue_attempts; with several
+queue databases it charts one at a time (``?database=ALIAS``, kept in its links), read
+from its replica if it has one.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db import DatabaseError
 from django.db.models import DurationField, ExpressionWrapper, Min
 from django.db.models.functions import Now, TruncMinute
 from django.http import HttpRequest, HttpResponse
@@ -23,11 +21,10 @@ from django.template.loader import get_template
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from ..conf import get_settings
-from ..models import Job, MinuteStats, WorkerRecord
-from ..observability import charts, rollup, workers
+from ..models import Job, MinuteStats
+from ..observability import charts, rollup
 from .attempts import NoEditing, can
-from .databases import DatabaseRow, database_choice, read_alias, several_databases, staleness
+from .databases import database_choice, read_alias
 
 # The chart windows a page offers, in minutes, with their labels and the minutes each
 # point sums. Without a choice in the URL the page shows the smallest window that holds
@@ -70,39 +67,6 @@ class ReadOnlyPage(NoEditing, admin.ModelAdmin):  # type: ignore[type-arg]
                 "breadcrumbs_as_list": breadcrumbs_as_list(),
                 **context,
             },
-        )
-
-
-@admin.register(WorkerRecord)
-class WorkersAdmin(ReadOnlyPage):
-    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        """The workers of every queue database in one table (alive first), each read
-        where that database's lists are read; a database out of reach is named."""
-        conf = get_settings()
-        several = several_databases()
-        found: list[workers.WorkerInfo] = []
-        databases = []  # with several: each one's row (read from, how stale, or why not)
-        for alias in conf.queue_databases:
-            read_from = conf.read_database(alias)
-            try:
-                found += workers.list_workers(read_from, database=alias)
-            except DatabaseError as exc:
-                if not several:
-                    raise
-                why = f"not read: {str(exc).strip() or type(exc).__name__}"
-                databases.append(DatabaseRow(alias, read_from, False, why))
-            else:
-                if several:
-                    databases.append(DatabaseRow(alias, read_from, True, staleness(read_from)))
-        found.sort(key=lambda worker: not worker.alive)  # stable: each database's order
-        return self.page(
-            request,
-            "admin/django_pgqueue/workers.html",
-            workers=found,
-            alive=sum(1 for w in found if w.alive),
-            gone=sum(1 for w in found if not w.alive),
-            several_databases=several,
-            databases=databases,
         )
 
 

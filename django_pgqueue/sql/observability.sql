@@ -3,19 +3,72 @@
 
 
 -- name: worker_upsert
--- Record that a worker is alive (its heartbeat runs this every cycle), with how many jobs it runs.
--- One statement on the heartbeat's own connection; last_seen_at is the database's
+-- Record that a worker is alive (its beat runs this every cycle) with its report, and take the requests made to it.
+-- One statement on the services' own connection; last_seen_at is the database's
 -- clock. A worker marked gone that reports again (a partition healed) is alive again.
-INSERT INTO queue_workers AS w (
-    id, host, pid, queues, concurrency, lease_seconds, version, running,
-    started_at, last_seen_at, gone_at
+-- The requests operators made to this worker and no beat took yet (through
+-- queue_worker_requests_open_idx) are marked taken and returned, oldest first.
+WITH beat AS (
+    INSERT INTO queue_workers AS w (
+        id, host, pid, queues, concurrency, lease_seconds, version, running,
+        started_at, last_seen_at, gone_at, supervisor, report
+    )
+    VALUES (
+        %(id)s::text, %(host)s::text, %(pid)s::integer, %(queues)s::jsonb,
+        %(concurrency)s::integer, %(lease)s::float8, %(version)s::text, %(running)s::integer,
+        now(), now(), NULL, %(supervisor)s::text, %(report)s::jsonb
+    )
+    ON CONFLICT (id) DO UPDATE
+    SET last_seen_at = now(), running = excluded.running, gone_at = NULL,
+        concurrency = excluded.concurrency, report = excluded.report
+    RETURNING w.id
+), taken AS (
+    UPDATE queue_worker_requests AS r
+    SET taken_at = now()
+    WHERE r.worker_id = %(id)s::text AND r.taken_at IS NULL
+    RETURNING r.id, r.action, r.concurrency, r.requested_by
 )
-VALUES (
-    %(id)s::text, %(host)s::text, %(pid)s::integer, %(queues)s::jsonb, %(concurrency)s::integer,
-    %(lease)s::float8, %(version)s::text, %(running)s::integer, now(), now(), NULL
-)
-ON CONFLICT (id) DO UPDATE
-SET last_seen_at = now(), running = excluded.running, gone_at = NULL;
+SELECT id, action, concurrency, requested_by FROM taken ORDER BY id;
+
+
+-- name: worker_request_answer
+-- Record what a worker did with a request it took (its log line, for the operator).
+UPDATE queue_worker_requests
+SET answer = %(answer)s::text
+WHERE id = %(id)s::bigint;
+
+
+-- name: worker_request_add
+-- Ask live workers for an action: those named (by their id, or their supervisor's), or
+-- those serving a queue. Only a worker alive now gets a request (pgqueue_worker_alive);
+-- the rows made are returned, one per worker asked.
+INSERT INTO queue_worker_requests (worker_id, action, concurrency, requested_by)
+SELECT w.id, %(action)s::text, %(concurrency)s::integer, %(requested_by)s::text
+FROM queue_workers AS w
+WHERE (w.id = ANY (%(workers)s::text[])
+       OR w.supervisor = ANY (%(workers)s::text[])
+       OR w.queues ? %(queue)s::text)
+  AND pgqueue_worker_alive(w.gone_at, w.last_seen_at, w.lease_seconds, w.report)
+ORDER BY w.id
+RETURNING id, worker_id;
+
+
+-- name: worker_requests_read
+-- Read the given requests, oldest first (whether their workers took them, and their answers).
+SELECT r.id, r.worker_id, r.action, r.concurrency, r.requested_by, r.requested_at,
+       r.taken_at, r.answer
+FROM queue_worker_requests AS r
+WHERE r.id = ANY (%(ids)s::bigint[])
+ORDER BY r.id;
+
+
+-- name: worker_requests_recent
+-- The latest requests made to workers, newest first (the log the admin and the command show).
+SELECT r.id, r.worker_id, r.action, r.concurrency, r.requested_by, r.requested_at,
+       r.taken_at, r.answer
+FROM queue_worker_requests AS r
+ORDER BY r.id DESC
+LIMIT %(limit)s::integer;
 
 
 -- name: worker_stopped
@@ -26,22 +79,25 @@ WHERE id = %(id)s::text;
 
 
 -- name: worker_mark_gone
--- Mark gone the workers whose heartbeat has not been seen for two of their leases.
+-- Mark gone the workers not seen for three of their beats (two leases, if shorter).
 -- Any worker's heartbeat may run it; the table holds one row per worker process, so
 -- reading it whole is cheap. Returns the ids marked.
 UPDATE queue_workers
 SET gone_at = now()
 WHERE gone_at IS NULL
-  AND last_seen_at < now() - make_interval(secs => 2 * lease_seconds)
+  AND NOT pgqueue_worker_alive(gone_at, last_seen_at, lease_seconds, report)
 RETURNING id;
 
 
 -- name: worker_prune
--- Delete workers gone for longer than keep_seconds, and rollup minutes older than keep_minutes.
+-- Delete workers gone for longer than keep_seconds (and requests as old), and rollup minutes older than keep_minutes.
 WITH workers AS (
     DELETE FROM queue_workers
     WHERE gone_at < now() - make_interval(secs => %(keep_seconds)s::float8)
     RETURNING id
+), requests AS (
+    DELETE FROM queue_worker_requests
+    WHERE requested_at < now() - make_interval(secs => %(keep_seconds)s::float8)
 ), minutes AS (
     DELETE FROM queue_stats_minutely
     WHERE minute < now() - make_interval(mins => %(keep_minutes)s::integer)
@@ -52,13 +108,14 @@ SELECT (SELECT count(*) FROM workers), (SELECT count(*) FROM minutes);
 
 -- name: worker_list
 -- List the registered workers, live ones first, with whether each is alive now.
--- Alive means not marked gone and seen within two of its leases (a worker that died
--- without a word counts as gone before any heartbeat has marked it).
+-- Alive (pgqueue_worker_alive, migration 0022) means not marked gone and seen within
+-- three of its beats, or two of its leases if shorter (a worker that died without a
+-- word counts as gone before any heartbeat has marked it).
 SELECT id, host, pid, queues, concurrency, lease_seconds, version, running,
        started_at, last_seen_at, gone_at,
-       (gone_at IS NULL AND last_seen_at >= now() - make_interval(secs => 2 * lease_seconds))
-           AS alive,
-       extract(epoch FROM now() - last_seen_at)::float8 AS seen_seconds_ago
+       pgqueue_worker_alive(gone_at, last_seen_at, lease_seconds, report) AS alive,
+       extract(epoch FROM now() - last_seen_at)::float8 AS seen_seconds_ago,
+       supervisor, report
 FROM queue_workers
 ORDER BY alive DESC, last_seen_at DESC, id
 LIMIT %(limit)s::integer;
@@ -96,15 +153,11 @@ ORDER BY held.locked_by, held.job_id;
 
 -- name: worker_counts
 -- Count the registered workers alive and gone, for the metrics.
-SELECT count(*) FILTER (
-           WHERE gone_at IS NULL
-             AND last_seen_at >= now() - make_interval(secs => 2 * lease_seconds)
-       ) AS alive,
-       count(*) FILTER (
-           WHERE NOT (gone_at IS NULL
-                      AND last_seen_at >= now() - make_interval(secs => 2 * lease_seconds))
-       ) AS gone
-FROM queue_workers;
+SELECT count(*) FILTER (WHERE alive) AS alive, count(*) FILTER (WHERE NOT alive) AS gone
+FROM (
+    SELECT pgqueue_worker_alive(gone_at, last_seen_at, lease_seconds, report) AS alive
+    FROM queue_workers
+) AS w;
 
 
 -- name: stats_minute_add
@@ -215,3 +268,35 @@ SELECT date_trunc('minute', now()) AS now_minute, r.minute, r.queue, r.completed
 FROM queue_stats_minutely AS r
 WHERE r.minute > date_trunc('minute', now()) - make_interval(mins => %(minutes)s::integer)
 ORDER BY r.minute, r.queue;
+
+
+-- name: attempt_feed
+-- Read the attempts a live feed has not shown yet, and those it shows as running, with their jobs.
+-- Two primary-key reads of queue_attempts: the range after the last id the page read
+-- (at most `limit` rows, in id order) and the ids it still shows running; each row's
+-- job (queue, type) and state (was a failed attempt the job's last?) by primary key.
+-- Bounded by `limit` and the open ids, whatever the table's size.
+WITH picked AS (
+    (SELECT a.id FROM queue_attempts AS a
+     WHERE a.id > %(after)s::bigint
+     ORDER BY a.id
+     LIMIT %(limit)s::integer)
+    UNION
+    (SELECT a.id FROM queue_attempts AS a WHERE a.id = ANY (%(open)s::bigint[]))
+)
+SELECT a.id, a.job_id, job.queue, job.type, a.attempt_index, a.status, a.worker_id,
+       a.started_at, a.finished_at, a.error_class,
+       (state.status = 'dead' AND state.lease_version = a.lease_version) AS job_dead
+FROM picked
+JOIN queue_attempts AS a ON a.id = picked.id
+CROSS JOIN LATERAL (
+    SELECT j.queue, j.type FROM queue_jobs AS j WHERE j.id = a.job_id LIMIT 1
+) AS job
+LEFT JOIN queue_job_state AS state ON state.job_id = a.job_id
+ORDER BY a.id;
+
+
+-- name: attempt_feed_start
+-- The attempt id a live feed starts after: `back` attempts before the newest (a backward primary-key read).
+SELECT coalesce(min(id) - 1, 0)
+FROM (SELECT a.id FROM queue_attempts AS a ORDER BY a.id DESC LIMIT %(back)s::integer) AS latest;

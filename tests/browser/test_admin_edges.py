@@ -84,11 +84,14 @@ def test_a_gone_worker_shows_no_running_slots(
     make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
     page = login(browser, live_server, "operator", width=width)
     page.goto(f"{live_server.url}/admin/django_pgqueue/workerrecord/")
-    row = page.locator("tr.pgqueue-gone")
-    running = row.locator("td").nth(3).inner_text()
+    page.click("text=Show gone workers (1)")
+    row = page.locator("tr.pgqueue-worker.pgqueue-gone")
+    running = row.locator("td.pgqueue-worker-running").inner_text()
     assert "2 / 4" not in running
-    assert "— (gone)" in running
-    assert "1 job still leased to it until the sweep" in running
+    assert running.strip() == "—"
+    processes = page.inner_text("tr.pgqueue-processes-row")
+    assert f"#{held}" in processes
+    assert "leased to it until the sweep" in processes
     save_screenshot(page, tmp_path, f"workers-gone-{width}.png")
     page.context.close()
 

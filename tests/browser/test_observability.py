@@ -113,12 +113,14 @@ def test_operator_sees_live_workers_and_the_charts(
     page.goto(f"{live_server.url}/admin/django_pgqueue/workerrecord/")
     page.click("#toggle-nav-sidebar")  # more room for the table (the browser remembers)
     text = page.inner_text("#content-main")
-    assert "1 alive, 1 gone" in text
+    assert "1 worker alive (1 process), 1 gone." in text
     assert worker.worker.worker_id in text
-    assert "batch-2:8812:9f3c1a" in text
+    assert "batch-2:8812:9f3c1a" not in text  # folded away until asked for
     assert "3 / 4" in text
     for job in slow:
         assert page.locator(f"a[href$='/job/{job.id}/change/']").count() == 1
+    page.click("text=Show gone workers (1)")
+    assert "batch-2:8812:9f3c1a" in page.inner_text("#content-main")
     save_screenshot(page, tmp_path, "admin-workers.png")
     page.click(f"a[href$='/job/{slow[0].id}/change/']")
     page.wait_for_url(f"**/job/{slow[0].id}/change/")

@@ -129,6 +129,8 @@ EXEMPT = {
     "stats_completed_by_queue": "queue_stats --exact: every queue at once",
     "names_known": "the admin's filters: every type and queue",
     "worker_running_jobs": "the admin's workers page: the jobs of the workers shown, any queue",
+    "attempt_feed": "the admin's live feed: the latest attempts of every queue, by id",
+    "attempt_feed_start": "the admin's live feed: where the latest attempts of every queue start",
     "index_live_entries": "index upkeep counts the hot indexes' entries over all queues",
     "job_hold_tables": "LOCK TABLE: a table lock, not a row read (Citus locks every shard)",
     "job_waiter_add": "wait() is given a job id by its caller, not its queue",
