@@ -39,6 +39,7 @@ from .exceptions import (
     UnknownJobType,
     WaitTimeout,
     WorkerShutdown,
+    WorkflowFailed,
 )
 from .registry import handler
 from .retry import ExponentialBackoff, FixedDelay, RetryPolicy
@@ -46,6 +47,7 @@ from .version import __version__ as __version__
 from .waiting import await_job, wait
 from .workflows import (
     Step,
+    StepFailure,
     Workflow,
     abatch,
     batch,
@@ -82,12 +84,14 @@ __all__ = [
     "RetryPolicy",
     "Snooze",
     "Step",
+    "StepFailure",
     "StepMismatch",
     "StepNotRecorded",
     "UnknownJobType",
     "WaitTimeout",
     "WorkerShutdown",
     "Workflow",
+    "WorkflowFailed",
     "aatomic",
     "abatch",
     "aenqueue",

@@ -1,4 +1,5 @@
-"""Run one job's handler and classify what happened. No database here.
+"""Run one job's handler and classify what happened. No database here (a handler
+that takes its parents' results has them read through its context, as its own call).
 
 Outcomes (the types live in `outcomes.py`): `Success` (with the JSON of a non-None
 return value), or `Failure` that is either permanent (straight to dead) or retryable
@@ -14,6 +15,8 @@ import contextlib
 import json
 import traceback as tb
 from typing import Any
+
+from asgiref.sync import sync_to_async
 
 from .context import JobContext, async_handler_job, running_job
 from .exceptions import (
@@ -98,9 +101,10 @@ def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcom
         try:
             if handler is None:
                 raise UnknownJobType(f"No handler is registered for job type {ctx.type!r}.")
+            arguments = (_results(ctx), ctx) if handler.takes_results else (ctx,)
             running = running_job.set(ctx)
             try:
-                value = handler.func(ctx)
+                value = handler.func(*arguments)
             finally:
                 running_job.reset(running)
         except BaseException as exc:
@@ -124,7 +128,12 @@ async def arun(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) ->
             # This job's task runs in a context of its own: the mark stays with it.
             async_handler_job.set(ctx.job_id)
             running_job.set(ctx)
-            value = await handler.coroutine(ctx)
+            if handler.takes_results:
+                # The read runs on Django's thread for sync calls, never on the loop.
+                results = await sync_to_async(_results)(ctx)
+                value = await handler.coroutine(results, ctx)
+            else:
+                value = await handler.coroutine(ctx)
             if ctx.committed is not None:
                 return ctx.committed
         except asyncio.CancelledError as exc:
@@ -139,6 +148,12 @@ async def arun(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) ->
         raise
     except BaseException as exc:
         return fallback_failure(exc)
+
+
+def _results(ctx: JobContext) -> Any:
+    """The results a handler with takes_results receives (None: its job waits for none)."""
+    arguments = ctx.results_arguments()
+    return arguments[0] if arguments else None
 
 
 def _retry_on(handler: Handler | None) -> RetryOn | None:

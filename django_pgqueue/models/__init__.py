@@ -33,7 +33,7 @@ from .jobs import (
     JobState,
     Status,
 )
-from .observability import IntegerArrayField, MinuteStats, WorkerRecord
+from .observability import IntegerArrayField, MinuteStats, WorkerRecord, WorkerRequest
 from .schedules import CatchUp, Schedule, ScheduleCode, ScheduleTick, Source
 from .waiters import JobWaiter
 from .workflows import JobDependency, OnFailure, Workflow, WorkflowStep
@@ -67,6 +67,7 @@ __all__ = [
     "StepKind",
     "TimestampArray",
     "WorkerRecord",
+    "WorkerRequest",
     "Workflow",
     "WorkflowStep",
 ]

@@ -69,7 +69,7 @@ RETURNING result;
 -- End an attempt that waits for an event: the job waits (in no claim index) until
 -- the event is emitted or the wait's timeout passes, its attempt given back; an event
 -- emitted meanwhile makes it pending at once. Fenced; returns the new status and
--- run_at, or no row when the lease was lost (pgqueue_park, migration 0019).
+-- run_at, or no row when the lease was lost (pgqueue_park, migration 0021).
 SELECT status, run_at
 FROM pgqueue_park(
     %(job_id)s::bigint, %(lease_version)s::bigint, %(attempt_id)s::bigint, %(key)s::text,
@@ -81,7 +81,7 @@ FROM pgqueue_park(
 -- Emit an event, in the caller's transaction: stored once (the first emit of a key
 -- wins), delivered to the jobs waiting for it (each wait's checkpoint, the job
 -- pending), NOTIFY at commit. Returns whether this emit stored it and to how many
--- waits it was delivered (pgqueue_emit, migration 0019).
+-- waits it was delivered (pgqueue_emit, migration 0021).
 SELECT emitted, delivered FROM pgqueue_emit(%(key)s::text, %(payload)s::jsonb);
 
 

@@ -27,6 +27,7 @@ from ..store.worker import ClaimedRow, Store
 from ..worker_config import WorkerConfig
 from .aio import AsyncPool
 from .capacity import Capacity
+from .controls import Controls
 from .intake import Intake
 from .leases import SWEEP_BATCH, LeaseBook, UnknownClaims, sweep_expired
 from .observing import Observers, athrough, through
@@ -96,6 +97,7 @@ class Dispatcher:
         self._backoff = Backoff(config.reconnect_max_delay)
         self._claimed_since_wait = False  # jobs started since the last wait (see _wait)
         self.unknown_claims = UnknownClaims(self.leases)
+        self.controls = Controls(config.concurrency, switch.wake)  # operators' requests
 
     def run(self) -> None:
         """Cycle until stopped (or, in burst mode, until idle); survive a lost database."""
@@ -119,6 +121,7 @@ class Dispatcher:
                 self.announce_lost_leases()
                 if stopping.is_set():
                     break
+                self.controls.apply_resize(self.capacity, self.pool)
                 now = time.monotonic()
                 # The claim first: a worker woken by a NOTIFY claims before the
                 # housekeeping that fell due meanwhile; then a look at what it found.
@@ -250,6 +253,7 @@ class Dispatcher:
         claim_ok = (
             self.capacity.room()
             and not stopping.is_set()
+            and not self.controls.draining
             and (flush_due or not self.writer.pending)
             and self.claims.refresh(now)
         )

@@ -168,6 +168,7 @@ class Command(BaseCommand):
         # Set by the supervisor on the command lines of its children.
         parser.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
         parser.add_argument("--child-index", type=int, help=argparse.SUPPRESS)
+        parser.add_argument("--supervisor-id", help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         _configure_logging(options["verbosity"], options["child_index"])
@@ -194,7 +195,7 @@ class Command(BaseCommand):
 
     def _run_worker(self, options: dict[str, Any], config: dict[str, Any]) -> int:
         """Run one worker in this process; its exit code."""
-        worker = Worker(options["queues"], **config)
+        worker = Worker(options["queues"], supervisor=options["supervisor_id"], **config)
         if options["child_index"] is None:  # a supervisor's children were checked by it
             _check_database(worker.config.database)
         if options["metrics_port"] is not None:
@@ -209,7 +210,10 @@ class Command(BaseCommand):
                     worker.stop_gracefully()
 
             supervisor.follow_supervisor(options["control_fd"], stop)
-        return worker.run()
+        code = worker.run()
+        if not code and worker.stopped_on_request and options["control_fd"] is not None:
+            return supervisor.EXIT_STOP_REQUESTED  # its supervisor must not restart it
+        return code
 
 
 def _worker_options(options: dict[str, Any], weights: dict[str, int]) -> dict[str, Any]:

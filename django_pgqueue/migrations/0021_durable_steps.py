@@ -142,7 +142,7 @@ FOREIGN_KEYS = [
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_pgqueue", "0017_claim_function")]
+    dependencies = [("django_pgqueue", "0020_workers_inspect_control")]
 
     operations = [
         migrations.CreateModel(
