@@ -263,6 +263,13 @@ class JobContext:
         (and return what it returns): the job is completed when it returns."""
         return self._durable_run().complete_atomically(fn, *args, **kwargs)
 
+    async def acomplete_atomically(
+        self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """`complete_atomically` in an async handler: `fn` (sync) and the transaction run
+        whole in a thread."""
+        return await _in_thread(self._durable_run().complete_atomically, fn, *args, **kwargs)
+
     @property
     def is_last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts

@@ -136,3 +136,9 @@ def durable_five(ctx: JobContext) -> Any:
         got = "timed out"
     ctx.atomic_step("a2", _effect, ctx, "a2")
     return got
+
+
+@django_pgqueue.handler("qa.adurable_complete", max_attempts=3)
+async def adurable_complete(ctx: JobContext) -> Any:
+    """The async spelling of the job's completion with its effect."""
+    return await ctx.acomplete_atomically(_effect, ctx, "done")

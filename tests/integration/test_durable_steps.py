@@ -148,8 +148,9 @@ def test_a_step_result_is_its_json_on_the_first_run_too(stores):
     assert resumed.step("none", lambda: 5) is None
 
 
-def test_a_handler_completes_its_job_in_its_own_transaction(run_worker):
-    job = enqueue("qa.durable_complete", queue="dc")
+@pytest.mark.parametrize("type_", ["qa.durable_complete", "qa.adurable_complete"])
+def test_a_handler_completes_its_job_in_its_own_transaction(run_worker, type_):
+    job = enqueue(type_, queue="dc")
     worker = run_worker(["dc"], poll_interval=0.05)
     wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed")
     effect = DurableEffect.objects.get(job_id=job.id)
