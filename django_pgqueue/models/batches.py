@@ -6,7 +6,7 @@
   through ``queue_job_deps``, so the statements that end a member settle them).
 - `BatchJob` (``queue_batch_jobs``): which batch a job joined (at most one).
 
-The relations are declared with ``db_constraint=False``; migration 0013 adds the
+The relations are declared with ``db_constraint=False``; the migration adds the
 foreign keys with ``ON DELETE CASCADE`` (pruning a job removes its membership).
 """
 

@@ -1,0 +1,61 @@
+"""The squashed migration stands for 0001 to 0017: a database those files migrated, and a
+migration written against them, keep working now that the files are gone."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.recorder import MigrationRecorder
+from django.test import override_settings
+
+APP = "django_pgqueue"
+SQUASHED = (APP, "0001_squashed_0017_claim_function")
+OLD = [
+    "0001_initial",
+    "0002_admin_permissions_and_indexes",
+    "0003_schedules",
+    "0004_workers",
+    "0005_queue_control",
+    "0006_queue_type_controls",
+    "0007_enqueue_function",
+    "0008_state_job_by_construction",
+    "0009_attempt_interrupted",
+    "0010_schedule_code",
+    "0011_workflows",
+    "0012_job_waiters",
+    "0013_batches",
+    "0014_settle_wakes_waiters",
+    "0015_settle_generic_plans",
+    "0016_unsettle_every_dependent",
+    "0017_claim_function",
+]
+
+
+def test_the_squashed_migration_replaces_every_old_one():
+    loader = MigrationLoader(None)
+    assert loader.disk_migrations[SQUASHED].replaces == [(APP, name) for name in OLD]
+    assert [key for key in loader.graph.leaf_nodes() if key[0] == APP] == [SQUASHED]
+
+
+@pytest.mark.django_db
+def test_a_database_the_old_files_migrated_has_nothing_to_apply():
+    recorder = MigrationRecorder(connection)
+    recorder.migration_qs.filter(app=APP).delete()
+    for name in OLD:
+        recorder.record_applied(APP, name)
+
+    executor = MigrationExecutor(connection)
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+
+    assert [migration.name for migration, _ in plan if migration.app_label == APP] == []
+    assert SQUASHED in executor.loader.applied_migrations
+
+
+@override_settings(MIGRATION_MODULES={APP: "tests.integration.later_migrations"})
+def test_a_migration_depending_on_0017_depends_on_the_squashed_one():
+    graph = MigrationLoader(None).graph
+    later = graph.node_map[(APP, "0018_later")]
+    assert [parent.key for parent in later.parents] == [SQUASHED]
+    assert graph.forwards_plan((APP, "0018_later")) == [SQUASHED, (APP, "0018_later")]
