@@ -15,6 +15,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
+from .jobs import one_row_per_job
+
 
 class Batch(models.Model):
     id = models.BigAutoField(primary_key=True)
@@ -44,14 +46,7 @@ class Batch(models.Model):
 
 
 class BatchJob(models.Model):
-    job = models.OneToOneField(
-        "django_pgqueue.Job",
-        primary_key=True,
-        on_delete=models.CASCADE,
-        db_column="job_id",
-        db_constraint=False,
-        related_name="batch_membership",
-    )
+    job = one_row_per_job(related_name="batch_membership")
     batch = models.ForeignKey(
         Batch, on_delete=models.CASCADE, db_constraint=False, related_name="members"
     )
