@@ -241,17 +241,12 @@ class ScheduleAdmin(admin.ModelAdmin):
         context = {"database_choice": choice, "title": "Schedules", **(extra_context or {})}
         return super().changelist_view(request, context)
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
+    def render_change_form(
+        self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any
     ) -> HttpResponse:
-        schedule = self.get_object(request, unquote(object_id))
-        buttons = [] if schedule is None else self.buttons(request, schedule)
-        context = {"pgqueue_buttons": buttons, **(extra_context or {})}
-        return super().change_view(request, object_id, form_url, context)
+        schedule = kwargs.get("obj")  # None on the add page
+        context["pgqueue_buttons"] = [] if schedule is None else self.buttons(request, schedule)
+        return super().render_change_form(request, context, *args, **kwargs)
 
     def buttons(self, request: HttpRequest, schedule: Schedule) -> list[dict[str, str]]:
         """The schedule page's buttons the user may press: Run now, then Enable or Disable."""
