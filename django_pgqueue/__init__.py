@@ -35,6 +35,7 @@ from .exceptions import (
     UnknownJobType,
     WaitTimeout,
     WorkerShutdown,
+    WorkflowFailed,
 )
 from .registry import handler
 from .retry import ExponentialBackoff, FixedDelay, RetryPolicy
@@ -42,6 +43,7 @@ from .version import __version__ as __version__
 from .waiting import await_job, wait
 from .workflows import (
     Step,
+    StepFailure,
     Workflow,
     abatch,
     batch,
@@ -76,10 +78,12 @@ __all__ = [
     "RetryPolicy",
     "Snooze",
     "Step",
+    "StepFailure",
     "UnknownJobType",
     "WaitTimeout",
     "WorkerShutdown",
     "Workflow",
+    "WorkflowFailed",
     "aatomic",
     "abatch",
     "aenqueue",

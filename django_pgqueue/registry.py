@@ -47,6 +47,9 @@ class Handler:
     # The exceptions its jobs are retried for (autoretry_for, dont_autoretry_for);
     # None: every exception. Read by the executor's classification.
     retry_on: RetryOn | None = None
+    # Whether the function is called as func(results, ctx): the results of the steps
+    # its job waits for first (see JobContext.results_arguments).
+    takes_results: bool = False
     # The coroutine function the worker's event loop awaits for this type, or None for
     # a handler that runs on a handler thread: the function itself when it is an
     # ``async def``, else its ``async_handler`` (an async ``django.tasks`` Task's runner).
@@ -164,6 +167,7 @@ def handler(
     retry_backoff: bool | float | None = None,
     retry_backoff_max: float | None = None,
     retry_jitter: bool | None = None,
+    takes_results: bool = False,
 ) -> Callable[[F], F]:
     """Register the decorated function as the handler of job type `type`.
 
@@ -184,6 +188,12 @@ def handler(
     (True: a first delay of 1 s; or that delay in seconds), `retry_backoff_max`
     (default 600 s) and `retry_jitter` (default True) are an `ExponentialBackoff`, in
     place of `retry`. Every option is checked here: ConfigurationError names a bad one.
+
+    `takes_results`: the function is called as ``func(results, ctx)``, `results` being
+    what the steps its job waits for returned, as Celery passes a parent's result: one
+    parent's result as it is, several (or a chord's group) as a list in parent order,
+    for a ``link_error`` step the `StepFailure` of the failed step, and None for a job
+    that waits for nothing (see `JobContext.results_arguments`).
     """
     where = f"@handler({type!r})"
     validators.type_name(type, f"{where}: type", error=ConfigurationError)
@@ -211,12 +221,16 @@ def handler(
             "ExponentialBackoff policy)."
         )
     on = retry_on(autoretry_for, dont_autoretry_for, where)
+    if not isinstance(takes_results, bool):
+        raise ConfigurationError(f"{where}: takes_results must be True or False.")
 
     def decorate(func: F) -> F:
         if not callable(func):
             raise ConfigurationError(f"@handler({type!r}) must decorate a callable.")
         policy = retry or backoff
-        registry.register(Handler(type, func, max_attempts, policy, timeout, schedule, queue, on))
+        registry.register(
+            Handler(type, func, max_attempts, policy, timeout, schedule, queue, on, takes_results)
+        )
         return func
 
     return decorate

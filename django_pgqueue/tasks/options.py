@@ -42,6 +42,8 @@ TASK_OPTIONS = (
     "retry_backoff",
     "retry_backoff_max",
     "retry_jitter",
+    # The task takes its parents' results first when it runs as a workflow step.
+    "takes_results",
 )
 
 # A task's concurrency key: a template formatted with the call's arguments
@@ -77,6 +79,7 @@ class TaskOptions:
     timeout: float | None = None
     concurrency_key: ConcurrencyKey | None = None
     retry_on: RetryOnPaths | None = None
+    takes_results: bool = False
 
     def over(self, defaults: TaskOptions) -> TaskOptions:
         """These options, with their unset fields taken from `defaults`."""
@@ -86,6 +89,7 @@ class TaskOptions:
             self.timeout if self.timeout is not None else defaults.timeout,
             self.concurrency_key,
             self.retry_on,
+            self.takes_results,
         )
 
     def key_for(
@@ -188,7 +192,13 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
         timeout = validators.seconds(timeout, f"{where}[{timeout_key!r}]", error=ConfigurationError)
     retry = retry_policy(raw.get(retry_key), f"{where}[{retry_key!r}]")
     key = on = None
+    takes_results = False
     if "concurrency_key" in keys:  # a task's own entry
+        takes_results = raw.get("takes_results", False)
+        if not isinstance(takes_results, bool):
+            raise ConfigurationError(
+                f"{where}['takes_results'] must be True or False, got {takes_results!r}."
+            )
         key = concurrency_key_option(raw.get("concurrency_key"), f"{where}['concurrency_key']")
         on = _retry_on_paths(raw.get("autoretry_for"), raw.get("dont_autoretry_for"), where)
         backoff = celery_backoff(
@@ -206,6 +216,7 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
         timeout=timeout,
         concurrency_key=key,
         retry_on=on,
+        takes_results=takes_results,
     )
 
 

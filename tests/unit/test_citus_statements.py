@@ -135,6 +135,8 @@ EXEMPT = {
     "job_waiter_add": "wait() is given a job id by its caller, not its queue",
     "job_waiter_check": "wait() is given a job id by its caller, not its queue",
     "workflow_parent_results": "a step's parents may be in other queues",
+    "workflow_parent_failures": "a link_error step's parents may be in other queues",
+    "workflow_failure": "a workflow's steps may be in several queues",
     "workflow_jobs": "a workflow's steps may be in several queues",
     "workflow_page": "the admin's Workflows list: workflows whose steps span queues",
     "workflow_step_details": "the admin's workflow page: steps in several queues",
