@@ -308,17 +308,19 @@ def test_reclaiming_a_job_its_old_handler_still_runs_keeps_the_new_lease(run_wor
     """
     from django_pgqueue.store.worker import Store
 
-    job = enqueue("qa.sleep", {"seconds": 3.5}, queue="again")
+    job = enqueue("qa.sleep", {"seconds": 6.0}, queue="again")
     worker = run_worker(["again"], lease=1.0, sweep_interval=0.2, concurrency=2)
     wait_until(lambda: sql("SELECT count(*) FROM qa_ledger")[0][0] == 1)
     # The new run outlives the old run's end by 2 s, more than a lease and a sweep
     # (1.2 s), so lost renewals would show; the job is swept and claimed again with
-    # 1.5 s to spare before the old run ends (its completion must come after).
+    # 4 s to spare before the old run ends (its completion must come after).
     time.sleep(2.0)
-    sql(
-        "UPDATE queue_job_state SET locked_until = now() - interval '1 second' WHERE job_id = %s",
+    expired = sql(
+        "UPDATE queue_job_state SET locked_until = now() - interval '1 second' "
+        "WHERE job_id = %s AND status = 'running' RETURNING job_id",
         [job.id],
     )
+    assert expired, "the first run ended before its lease was taken (a stalled machine)"
     sweeper = Store("default", "sweeper")
     try:
         # The worker's own sweep (every 0.2 s) may take the expired lease first.
