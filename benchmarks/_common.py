@@ -60,7 +60,7 @@ def truncate() -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             "TRUNCATE queue_jobs, queue_job_state, queue_attempts, qa_ledger, queue_job_deps, "
-            "queue_workflow_steps, queue_workflows, queue_batch_jobs, queue_batches"
+            "queue_workflow_steps, queue_workflows, queue_batch_jobs, queue_batches CASCADE"
         )
         cursor.execute("VACUUM ANALYZE queue_job_state")
 

@@ -4,10 +4,11 @@ Three figures a user sees, each from `throughput.py` (the same functions): a dra
 (enqueue to the last completion) at several worker configurations, a single enqueue
 (one transaction each, jobs per second), and an idle worker's pickup (enqueue to the
 handler's start, p50 and p99 in ms: lower is better). Each runs in a fresh interpreter
-for each checkout, with that checkout first on the import path, on one database, each
-pair in the opposite order to the last. The ratio after / before of each pair is what
-to read (for the pickup, before / after, so that above 1 is better everywhere): this
-machine's rate drifts far more between minutes than between two runs side by side.
+for each checkout, with that checkout first on the import path, on a database of its
+own (each migrated by its own checkout), each pair in the opposite order to the last.
+The ratio after / before of each pair is what to read (for the pickup, before /
+after, so that above 1 is better everywhere): this machine's rate drifts far more
+between minutes than between two runs side by side.
 `--before` is usually a `git worktree` of the baseline.
 """
 
@@ -78,13 +79,15 @@ def main() -> None:
     pairs, jobs = (1, 300) if args.smoke else (args.pairs, args.jobs)
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     setup_django(url)  # this process reads the machine's figures; each drain its own
+    # A database per checkout: each tree's migrations and truncates fit its own tables.
+    urls = {tree: f"{url}_{tree}" for tree in trees}
     rows = []
     for n in range(pairs):
         measured: dict[str, dict[str, Any]] = {}  # call -> tree -> value, once a pair
         for name, call, key in workloads(jobs, args.smoke):
             order = ["before", "after"] if n % 2 == 0 else ["after", "before"]
             if call not in measured:
-                measured[call] = {tree: measure(trees[tree], url, call) for tree in order}
+                measured[call] = {tree: measure(trees[tree], urls[tree], call) for tree in order}
             values = {tree: value[key] if key else value for tree, value in measured[call].items()}
             better_low = bool(key)  # a latency: lower is better
             ratio = (

@@ -160,7 +160,7 @@ def prepare(strategy: str) -> list[int]:
 
         sql(
             "TRUNCATE queue_jobs, queue_job_state, queue_attempts, queue_job_deps, "
-            "queue_workflow_steps, queue_workflows, queue_batch_jobs, queue_batches"
+            "queue_workflow_steps, queue_workflows, queue_batch_jobs, queue_batches CASCADE"
         )
         return [job.id for job in enqueue_many([("qa.noop", None)] * JOBS, queue="race")]
     sql("DROP TABLE IF EXISTS race_jobs")
@@ -295,7 +295,7 @@ def main() -> None:
         sql("DROP TABLE IF EXISTS race_jobs")
         sql(
             "TRUNCATE queue_jobs, queue_job_state, queue_attempts, queue_job_deps, "
-            "queue_workflow_steps, queue_workflows, queue_batch_jobs, queue_batches"
+            "queue_workflow_steps, queue_workflows, queue_batch_jobs, queue_batches CASCADE"
         )
 
     traces = "\n\n".join(trace_markdown(s, results["strategies"][s]["trace"]) for s in STRATEGIES)
