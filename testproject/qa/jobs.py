@@ -587,3 +587,9 @@ async def aspan(ctx: JobContext) -> int:
         return ctx.job_id
     finally:
         EXECUTIONS.exit("async", entry)
+
+
+# Handlers with time limits: registered only in worker processes started with
+# PGQUEUE_TEST_TIME_LIMITS set (a hard limit puts every worker under a supervisor).
+if os.environ.get("PGQUEUE_TEST_TIME_LIMITS"):
+    from . import limited_jobs  # noqa: F401
