@@ -50,6 +50,15 @@ SECONDS = r"must be a finite number of seconds > 0 and at most 316,224,000 \(10 
         (["--processes", "2", "--weights", "email=2"], "weight given for 'email'"),
         (["--processes", "2", "--lease", "3", "--heartbeat-interval", "2"], "heartbeat_interval"),
         (["--processes", "3", "--metrics-port", "65534"], "the port is at most 65533"),
+        (["--max-jobs-per-process", "0"], "--max-jobs-per-process must be an integer from 1"),
+        (["--max-tasks-per-child", "0"], "--max-jobs-per-process must be an integer from 1"),
+        (["--max-memory-per-process", "0"], "--max-memory-per-process must be an integer"),
+        (
+            ["--max-memory-per-child", "204800"],
+            r"--max-memory-per-child is Celery's, in KiB; here it is --max-memory-per-process, "
+            r"in MiB \(--max-memory-per-process 200 for 204800 KiB\)",
+        ),
+        (["-c", "0"], "--concurrency must be an integer from 1 to 1000, got 0"),
     ],
 )
 def test_bad_options_are_refused_naming_the_option(args, message):
