@@ -81,16 +81,8 @@ SETTINGS: dict[str, Setting] = {
     ),
     "SHUTDOWN_GRACE": Setting(30.0, "Seconds running handlers get to finish after SIGTERM."),
     "JOB_TIMEOUT": Setting(None, "Seconds a handler may run before it is failed; None: no limit."),
-    "SOFT_TIME_LIMIT": Setting(
-        None,
-        "Seconds a handler may run before SoftTimeLimitExceeded is raised in it (an async "
-        "one is cancelled); None: no limit.",
-    ),
-    "TIME_LIMIT": Setting(
-        None,
-        "Seconds a handler may run before the worker process running it is ended and "
-        "replaced, its job failed (TimeLimitExceeded); None: no limit.",
-    ),
+    "SOFT_TIME_LIMIT": Setting(None, "Seconds before SoftTimeLimitExceeded; None: never."),
+    "TIME_LIMIT": Setting(None, "Seconds before a handler's process is ended; None: never."),
     "RECONNECT_MAX_DELAY": Setting(2.0, "Seconds; cap of the jittered backoff between reconnects."),
     "WORKER_PREPARED_STATEMENTS": Setting(
         True,
@@ -289,7 +281,7 @@ def validate(raw: Any) -> QueueSettings:
         timeout = _seconds("JOB_TIMEOUT", timeout)
     soft_limit = _optional_seconds("SOFT_TIME_LIMIT", values["SOFT_TIME_LIMIT"])
     hard_limit = _optional_seconds("TIME_LIMIT", values["TIME_LIMIT"])
-    if soft_limit is not None and hard_limit is not None and soft_limit >= hard_limit:
+    if soft_limit and hard_limit and soft_limit >= hard_limit:
         raise _fail("SOFT_TIME_LIMIT", soft_limit, f"below TIME_LIMIT ({hard_limit:g}s)")
     strict = values["STRICT_TYPES"]
     if not isinstance(strict, bool):

@@ -13,14 +13,11 @@ or hands them back.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import Counter
-from typing import NoReturn
 
 import psycopg
 
-from ..claimed import ClaimedJob
 from ..exceptions import DatabaseUnavailable
 from ..extensions import WorkerParts
 from ..registry import Registry
@@ -35,11 +32,10 @@ from .leases import LeaseBook, UnknownClaims, sweep_expired
 from .observing import Observers, athrough, through
 from .pool import HandlerPool
 from .recycling import Recycling
-from .report import RECYCLE, TIME_LIMIT, SupervisorReport
+from .report import SupervisorReport
 from .scheduler import ClaimScheduler
 from .signals import StopSwitch
-from .time_limits import EXIT_TIME_LIMIT, LastWords, past_hard_limit
-from .time_limits import first_deadline as first_limit
+from .time_limits import HardLimits
 from .writer import FLUSH_DELAY, Claim, OutcomeWriter, Written
 
 logger = logging.getLogger(__name__)
@@ -71,11 +67,7 @@ class Dispatcher:
         report: SupervisorReport | None = None,
     ) -> None:
         self.config = config
-        # The supervisor's ear (None: no supervisor; a hard time limit is a timeout).
-        self.report = report
-        self.recycling = Recycling(
-            config.max_jobs_per_process, config.max_memory_per_process, config.worker_id
-        )
+        self.hard_limits = HardLimits(report, config.database)  # None: a timeout
         self.stats = stats
         self.exit_code = 0  # 1 once too many handlers are stuck past their timeout
         # The parts; the Worker starts the heartbeat on `leases` and the listener on
@@ -101,17 +93,8 @@ class Dispatcher:
         # Async handlers' event loop, started with the first async job it is given.
         self.aio = AsyncPool(config.async_concurrency, switch.wake, config.worker_id, arun)
         taking = (self.store, self.claims, self.capacity, self.leases, self.pool)
-        self.intake = Intake(
-            config,
-            registry,
-            *taking,
-            stats,
-            switch.stopping,
-            self.observers,
-            aio=self.aio,
-            recycling=self.recycling,
-            hard_limits=report is not None,
-        )
+        told = (stats, switch.stopping, self.observers, self.aio)
+        self.intake = Intake(config, registry, *taking, *told, Recycling(config, report))
         self._switch = switch
         self._wake = switch.wake
         self._backoff = Backoff(config.reconnect_max_delay)
@@ -138,7 +121,7 @@ class Dispatcher:
                 self.collect_outcomes()
                 self.check_timeouts()
                 self.announce_lost_leases()
-                if stopping.is_set() or self._recycled():
+                if stopping.is_set():
                     break
                 now = time.monotonic()
                 # The claim first: a worker woken by a NOTIFY claims before the
@@ -168,21 +151,6 @@ class Dispatcher:
                 # usable; the fenced statements make a retry of the cycle safe.
                 logger.error("worker %s: database error: %s", cfg.worker_id, errors.describe(exc))
                 stopping.wait(0.5)
-
-    def _recycled(self) -> bool:
-        """This process took its share of jobs (see `Recycling`), every one of them has
-        ended and its outcome is written: time to exit, the supervisor told."""
-        if not self.recycling.draining or self.capacity or self.unknown_claims:
-            return False
-        self.write_outcomes()
-        if self.writer.pending or self.writer.in_doubt:
-            return False
-        logger.info(
-            "worker %s: recycled (%s); exiting", self.config.worker_id, self.recycling.reason
-        )
-        if self.report is not None:
-            self.report.send(RECYCLE, reason=self.recycling.reason)
-        return True
 
     def reconnect(self, deadline: float | None = None) -> None:
         """Get the connection back, then settle what happened while it was gone.
@@ -269,18 +237,11 @@ class Dispatcher:
             self.writer.flush_deadline(),
             self.claims.next_look(),
             self.pool.next_timeout(),
-            self._next_hard_limit(),
+            self.hard_limits.next_deadline(self.capacity),
         ):
             if due is not None:
                 deadline = min(deadline, due)
         return max(0.0, deadline - now)
-
-    def _next_hard_limit(self) -> float | None:
-        """When the first async handler reaches its hard time limit (the pool's own
-        deadlines cover the sync ones)."""
-        if self.report is None or not self.capacity.running("async"):
-            return None
-        return first_limit(item for item in self.capacity if item.kind == "async")
 
     def _cycle(self, now: float) -> bool:
         """Write finished outcomes and claim more, batching both; False if nothing to do.
@@ -348,7 +309,7 @@ class Dispatcher:
             if timed_out:
                 self.stats["timed_out"] += timed_out
             self.writer.add(finished)
-            self.recycling.jobs_ended()
+            self.intake.recycling.done(self._switch, busy=bool(self.capacity))
 
     def announce_lost_leases(self) -> None:
         """Tell the observers of the leases renewals found lost (once per attempt)."""
@@ -360,43 +321,15 @@ class Dispatcher:
                     self.observers.lease_lost(item, "renewal")
 
     def check_timeouts(self) -> None:
-        """Decide the timeouts of handlers past theirs; report the jobs of handler threads
-        that died; stop when every handler thread is stuck."""
+        """Act on handlers past a timeout or a time limit, and on dead handler threads."""
         if self.pool.check_timeouts():
             self.exit_code = 1
             self._switch.request()
-        if self.report is not None:
-            expired = past_hard_limit(self.capacity, time.monotonic())
-            if expired:
-                self._end_for_time_limit(expired)
+        self.hard_limits.check(self.capacity, self.collect_outcomes, self.write_outcomes)
         for item, outcome in self.pool.check_threads():
             self.capacity.drop(item)
             self.stats["threads_died"] += 1
             self.writer.add([(item, outcome)])
-
-    def _end_for_time_limit(self, expired: list[ClaimedJob]) -> NoReturn:
-        """End this process: a handler ran past its hard time limit, and only the end of
-        its process stops its code. The outcomes of the handlers that ended are written
-        first; the supervisor writes the rest once the process is gone (`LastWords`)."""
-        assert self.report is not None
-        for item in expired:
-            logger.error(
-                "job %d (%s) ran past its hard time limit of %gs; ending this worker "
-                "process (its supervisor fails the job and starts a fresh one)",
-                item.ctx.job_id,
-                item.ctx.type,
-                item.time_limit,
-                extra=item.facts(),
-            )
-        self.collect_outcomes()
-        try:
-            self.write_outcomes()
-        except (DatabaseUnavailable, psycopg.Error) as exc:  # their leases end: the sweep
-            logger.warning("writing the outcomes before the end failed: %s", exc)
-        words = LastWords.of(self.store.alias, expired, self.capacity)
-        self.report.send(TIME_LIMIT, last_words=words.as_json())
-        logging.shutdown()
-        os._exit(EXIT_TIME_LIMIT)
 
     def _write(self, batch: list[Written], claim: Claim | None) -> list[ClaimedRow] | None:
         """Write outcomes (see OutcomeWriter.write); then tell the scheduler of retries."""

@@ -53,9 +53,6 @@ class Intake:
     observers: Observers  # told of the jobs claimed
     aio: AsyncPool  # the event loop of async handlers
     recycling: Recycling  # how many jobs this process has left to claim
-    # A hard time limit ends this process (it runs under a supervisor); else it acts as
-    # a timeout.
-    hard_limits: bool = False
     policy: RetryPolicy = field(default_factory=default_policy)
 
     def claim_size(self, queue: str) -> int:
@@ -119,7 +116,8 @@ class Intake:
                 expires,
                 database,
                 (cfg.soft_time_limit, cfg.time_limit),
-                self.hard_limits,
+                # A hard limit ends the process under a supervisor; else it is a timeout.
+                self.recycling.report is not None,
             )
             for row in rows
         ]

@@ -13,6 +13,10 @@ import logging
 import os
 import resource
 
+from ..worker_config import WorkerConfig
+from .report import RECYCLE, SupervisorReport
+from .signals import StopSwitch
+
 logger = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
@@ -31,12 +35,14 @@ def resident_mib() -> float:
 class Recycling:
     """When this process has done its share: `max_jobs` claimed, or `max_memory` MiB."""
 
-    def __init__(self, max_jobs: int | None, max_memory: int | None, worker_id: str) -> None:
-        self.max_jobs = max_jobs
-        self.max_memory = max_memory
-        self.worker_id = worker_id
+    def __init__(self, config: WorkerConfig, report: SupervisorReport | None = None) -> None:
+        self.max_jobs = config.max_jobs_per_process
+        self.max_memory = config.max_memory_per_process
+        self.worker_id = config.worker_id
+        self.report = report  # told when the process leaves (None: no supervisor)
         self.taken = 0  # jobs claimed
         self.reason: str | None = None  # set once the process takes no new job
+        self.left = False  # it ran its share, and is on its way out
 
     @property
     def draining(self) -> bool:
@@ -56,16 +62,25 @@ class Recycling:
         if self.max_jobs is not None and self.taken >= self.max_jobs and self.reason is None:
             self._drain(f"it ran {self.taken} jobs (--max-jobs-per-process {self.max_jobs})")
 
-    def jobs_ended(self) -> None:
-        """Handlers ended: look at the memory they left."""
-        if self.max_memory is None or self.reason is not None:
-            return
-        used = resident_mib()
-        if used > self.max_memory:
-            self._drain(
-                f"its resident memory is {used:.0f} MiB "
-                f"(--max-memory-per-process {self.max_memory})"
-            )
+    def done(self, switch: StopSwitch, *, busy: bool) -> bool:
+        """Handlers ended (others still run if `busy`): look at the memory they left.
+        Once the process has done its share and nothing runs, stop it through `switch`
+        (its shutdown writes what is left; its supervisor is told); True then."""
+        if self.max_memory is not None and self.reason is None:
+            used = resident_mib()
+            if used > self.max_memory:
+                self._drain(
+                    f"its resident memory is {used:.0f} MiB "
+                    f"(--max-memory-per-process {self.max_memory})"
+                )
+        if self.reason is None or busy or self.left:
+            return False
+        self.left = True
+        logger.info("worker %s: recycled (%s); exiting", self.worker_id, self.reason)
+        if self.report is not None:
+            self.report.send(RECYCLE, reason=self.reason)
+        switch.request_graceful()
+        return True
 
     def _drain(self, why: str) -> None:
         self.reason = why

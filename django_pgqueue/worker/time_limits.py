@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,7 @@ from ..claimed import ClaimedJob
 from ..exceptions import DatabaseUnavailable, SoftTimeLimitExceeded, TimeLimitExceeded
 from ..outcomes import Dead, Failure, Interrupted, Retry
 from ..store.worker import Store
+from .report import TIME_LIMIT, SupervisorReport
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +101,58 @@ def first_deadline(items: Iterable[ClaimedJob]) -> float | None:
                 end = item.started + limit
                 deadline = end if deadline is None else min(deadline, end)
     return deadline
+
+
+class HardLimits:
+    """Ends this process once a handler runs past its hard time limit, under a
+    supervisor (told through `report`; None: none, and a hard limit is a timeout).
+    Used by the dispatcher thread only."""
+
+    def __init__(self, report: SupervisorReport | None, database: str) -> None:
+        self.report = report
+        self.database = database
+
+    def next_deadline(self, running: Iterable[ClaimedJob]) -> float | None:
+        """When the first async handler reaches its hard limit (the handler pool wakes
+        the dispatcher for the sync ones)."""
+        if self.report is None:
+            return None
+        return first_deadline(item for item in running if item.kind == "async")
+
+    def check(
+        self,
+        running: Iterable[ClaimedJob],
+        collect: Callable[[], None],
+        write: Callable[[], None],
+    ) -> None:
+        """End the process if a handler of `running` is past its hard limit: the outcomes
+        of the handlers that ended are collected and written first (what cannot be is
+        left to the sweep); the supervisor writes the rest once the process is gone
+        (`LastWords`)."""
+        if self.report is None:
+            return
+        held = list(running)
+        expired = past_hard_limit(held, time.monotonic())
+        if not expired:
+            return
+        for item in expired:
+            logger.error(
+                "job %d (%s) ran past its hard time limit of %gs; ending this worker "
+                "process (its supervisor fails the job and starts a fresh one)",
+                item.ctx.job_id,
+                item.ctx.type,
+                item.time_limit,
+                extra=item.facts(),
+            )
+        collect()
+        try:
+            write()
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            logger.warning("writing the outcomes before the end failed: %s", exc)
+        words = LastWords.of(self.database, expired, held)
+        self.report.send(TIME_LIMIT, last_words=words.as_json())
+        logging.shutdown()
+        os._exit(EXIT_TIME_LIMIT)
 
 
 def limit_failure(item: ClaimedJob) -> Failure:

@@ -3,13 +3,22 @@ last words of a process ended for a hard limit, a process's share of jobs."""
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 
 from django_pgqueue import ConfigurationError, handler
 from django_pgqueue.outcomes import Dead, Retry
 from django_pgqueue.worker.recycling import Recycling, resident_mib
 from django_pgqueue.worker.report import read_events
+from django_pgqueue.worker.signals import StopSwitch
 from django_pgqueue.worker.time_limits import LastWords
+from django_pgqueue.worker_config import WorkerConfig
+
+
+def config(**options: Any) -> WorkerConfig:
+    return WorkerConfig.build(["q"], worker_id="w", database="default", **options)
 
 
 @pytest.mark.parametrize(
@@ -45,7 +54,7 @@ def test_reports_are_read_by_whole_lines():
 
 
 def test_a_process_never_claims_past_its_share():
-    recycling = Recycling(max_jobs=5, max_memory=None, worker_id="w")
+    recycling = Recycling(config(max_jobs_per_process=5))
     assert recycling.room(4) == 4
     recycling.claimed(4)
     assert recycling.room(4) == 1
@@ -57,8 +66,10 @@ def test_a_process_never_claims_past_its_share():
 
 def test_a_process_past_its_memory_takes_no_new_job():
     assert resident_mib() > 1
-    recycling = Recycling(max_jobs=None, max_memory=1, worker_id="w")
+    recycling = Recycling(config(max_memory_per_process=1))
     assert recycling.room(3) == 3
-    recycling.jobs_ended()
+    switch = StopSwitch(threading.Event())
+    assert recycling.done(switch, busy=False)
+    assert switch.stopping.is_set()
     assert recycling.draining
     assert "--max-memory-per-process 1" in (recycling.reason or "")
