@@ -7,8 +7,11 @@ time limit puts every run_queue_worker under a supervisor.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
+
+from asgiref.sync import sync_to_async
 
 import django_pgqueue
 from django_pgqueue import JobContext, SoftTimeLimitExceeded
@@ -55,3 +58,29 @@ def leak(ctx: JobContext) -> None:
     entry = _ledger_start(ctx)
     LEAKED.append(b"\x01" * (int(ctx.payload["mib"]) * MIB))
     _ledger_end(entry)
+
+
+@django_pgqueue.handler(
+    "qa.limit_asleep", soft_time_limit=0.5, time_limit=2, max_attempts=2, retry=FixedDelay(0.05)
+)
+async def limit_asleep(ctx: JobContext) -> None:
+    """An async handler that swallows its cancellation: only its hard limit stops it."""
+    await sync_to_async(_ledger_start)(ctx)
+    while True:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            continue
+
+
+@django_pgqueue.handler("qa.soft_limit_async", soft_time_limit=0.5, time_limit=60)
+async def soft_limit_async(ctx: JobContext) -> dict[str, Any]:
+    """Cancelled at its soft limit; it cleans up and returns."""
+    entry = await sync_to_async(_ledger_start)(ctx)
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        return {"cleaned_up": "CancelledError"}
+    finally:
+        await sync_to_async(_ledger_end)(entry)
+    return {}

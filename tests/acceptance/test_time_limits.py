@@ -65,7 +65,7 @@ def attempts_of(job_id: int) -> list[tuple[str, str | None]]:
     ]
 
 
-@pytest.mark.parametrize("type_", ["qa.limit_sleep", "qa.limit_spin"])
+@pytest.mark.parametrize("type_", ["qa.limit_sleep", "qa.limit_spin", "qa.limit_asleep"])
 def test_a_handler_past_its_hard_limit_ends_its_process_and_its_job_is_retried(supervised, type_):
     queue = "tl"
     set_queue_limit(queue, 3)
@@ -116,10 +116,14 @@ def test_a_handler_past_its_hard_limit_ends_its_process_and_its_job_is_retried(s
     stop(workers)
 
 
-def test_a_soft_limit_raises_in_the_handler_and_its_except_runs(supervised):
+@pytest.mark.parametrize(
+    ("type_", "raised"),
+    [("qa.soft_limit", "SoftTimeLimitExceeded"), ("qa.soft_limit_async", "CancelledError")],
+)
+def test_a_soft_limit_raises_in_the_handler_and_its_except_runs(supervised, type_, raised):
     workers = supervised("ts", "--worker-id", "ts", *FAST, env=LIMITED)
     workers.wait_children(1)
-    job = enqueue("qa.soft_limit", {}, queue="ts").id
+    job = enqueue(type_, {}, queue="ts").id
     wait_until(
         "SELECT status FROM queue_job_state WHERE job_id = %s",
         lambda status: status == "completed",
@@ -127,7 +131,7 @@ def test_a_soft_limit_raises_in_the_handler_and_its_except_runs(supervised):
         params=[job],
     )
     assert sql("SELECT result->>'cleaned_up' FROM queue_attempts WHERE job_id = %s", [job]) == [
-        ("SoftTimeLimitExceeded",)
+        (raised,)
     ]
     # Its finally block ran too.
     assert sql("SELECT finished_at IS NOT NULL FROM qa_ledger WHERE job_id = %s", [job]) == [
