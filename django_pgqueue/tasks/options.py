@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import validation, validators
 from ..exceptions import ConfigurationError, EnqueueError
+from ..registry import check_time_limits
 from ..retry import (
     ExponentialBackoff,
     FixedDelay,
@@ -42,6 +43,9 @@ TASK_OPTIONS = (
     "retry_backoff",
     "retry_backoff_max",
     "retry_jitter",
+    # Celery's time limits, per task: SoftTimeLimitExceeded raised, then its process ended.
+    "soft_time_limit",
+    "time_limit",
 )
 
 # A task's concurrency key: a template formatted with the call's arguments
@@ -77,6 +81,8 @@ class TaskOptions:
     timeout: float | None = None
     concurrency_key: ConcurrencyKey | None = None
     retry_on: RetryOnPaths | None = None
+    soft_time_limit: float | None = None
+    time_limit: float | None = None
 
     def over(self, defaults: TaskOptions) -> TaskOptions:
         """These options, with their unset fields taken from `defaults`."""
@@ -86,6 +92,8 @@ class TaskOptions:
             self.timeout if self.timeout is not None else defaults.timeout,
             self.concurrency_key,
             self.retry_on,
+            self.soft_time_limit,
+            self.time_limit,
         )
 
     def key_for(
@@ -187,8 +195,10 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
     if timeout is not None:
         timeout = validators.seconds(timeout, f"{where}[{timeout_key!r}]", error=ConfigurationError)
     retry = retry_policy(raw.get(retry_key), f"{where}[{retry_key!r}]")
-    key = on = None
+    key = on = soft = hard = None
     if "concurrency_key" in keys:  # a task's own entry
+        soft, hard = raw.get("soft_time_limit"), raw.get("time_limit")
+        check_time_limits(soft, hard, where)
         key = concurrency_key_option(raw.get("concurrency_key"), f"{where}['concurrency_key']")
         on = _retry_on_paths(raw.get("autoretry_for"), raw.get("dont_autoretry_for"), where)
         backoff = celery_backoff(
@@ -206,6 +216,8 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
         timeout=timeout,
         concurrency_key=key,
         retry_on=on,
+        soft_time_limit=soft,
+        time_limit=hard,
     )
 
 

@@ -14,6 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_pgqueue import supervisor
+from django_pgqueue.management.commands import run_queue_worker
 from tests.conftest import MANAGE
 
 SECONDS = r"must be a finite number of seconds > 0 and at most 316,224,000 \(10 years\)"
@@ -117,3 +118,21 @@ def test_processes_need_a_settings_module(monkeypatch):
     monkeypatch.setattr(settings._wrapped, "SETTINGS_MODULE", None)
     with pytest.raises(CommandError, match="--processes needs a settings module"):
         call_command("run_queue_worker", "payments", "--processes", "2", stdout=io.StringIO())
+
+
+@pytest.mark.parametrize(
+    ("options", "pgqueue", "expected"),
+    [
+        ({}, {}, False),
+        ({"max_jobs_per_process": 5}, {}, True),
+        ({"max_memory_per_process": 200}, {}, True),
+        ({}, {"TIME_LIMIT": 60}, True),
+        ({}, {"SOFT_TIME_LIMIT": 60}, False),  # a soft limit needs no process ended
+    ],
+)
+def test_recycling_or_a_hard_limit_runs_the_worker_under_a_supervisor(
+    settings, options, pgqueue, expected
+):
+    settings.PGQUEUE = pgqueue
+    given = {"max_jobs_per_process": None, "max_memory_per_process": None, **options}
+    assert run_queue_worker._needs_supervisor(given) is expected
