@@ -120,6 +120,7 @@ bench: install
 	$(BENCH)/race.py
 	$(BENCH)/retry_storm.py
 	$(BENCH)/throughput.py
+	$(BENCH)/hot_paths.py
 	$(BENCH)/sustained.py
 	$(BENCH)/async_io.py
 	$(BENCH)/scale.py
@@ -137,6 +138,7 @@ bench-smoke: install
 	$(BENCH)/race.py --smoke
 	$(BENCH)/retry_storm.py --smoke
 	$(BENCH)/throughput.py --smoke
+	$(BENCH)/hot_paths.py --smoke
 	$(BENCH)/sustained.py --smoke
 	$(BENCH)/async_io.py --smoke
 	$(BENCH)/pairs.py --smoke

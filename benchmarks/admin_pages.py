@@ -97,25 +97,26 @@ def measure(client: Any, url: str, runs: int, expect: str) -> dict[str, Any]:
 
 
 def sequential_scans(client: Any, urls: list[str]) -> list[str]:
-    """EXPLAIN every query the pages at `urls` run; name those that read queue_job_state
-    or queue_jobs by a sequential scan (url: the scanned table)."""
+    """EXPLAIN every read the pages at `urls` send (each statement of a text sent as
+    several); name those that read queue_job_state or queue_jobs by a sequential scan
+    (url: the scanned table)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
+
+    from tests.plans import statements
 
     found = []
     for url in urls:
         with CaptureQueriesContext(connection) as captured:
             client.get(url)
         for query in captured.captured_queries:
-            text = query["sql"]
-            if not text.lstrip().upper().startswith("SELECT"):
-                continue
-            with connection.cursor() as cursor:
-                cursor.execute("EXPLAIN " + text)
-                plan = "\n".join(row[0] for row in cursor.fetchall())
-            for table in ("queue_job_state", "queue_jobs "):
-                if f"Seq Scan on {table}" in plan + " ":
-                    found.append(f"{url}: {table.strip()}")
+            for text in statements(query["sql"]):
+                with connection.cursor() as cursor:
+                    cursor.execute("EXPLAIN " + text)
+                    plan = "\n".join(row[0] for row in cursor.fetchall())
+                for table in ("queue_job_state", "queue_jobs "):
+                    if f"Seq Scan on {table}" in plan + " ":
+                        found.append(f"{url}: {table.strip()}")
     return found
 
 
@@ -252,14 +253,17 @@ def main() -> int:
             result["met"] = None if page_budget is None else result["median_ms"] <= page_budget
             results.append(result)
             print(f"  {label}: {result['median_ms']} ms, {result['queries']} queries", flush=True)
-        # The plans behind the default jobs list and its searches: none reads
-        # queue_job_state (or queue_jobs) by a sequential scan.
+        # The plans behind the jobs list and its searches, the dead jobs list (each with
+        # the at-a-glance panel) and the metrics view: none reads queue_job_state (or
+        # queue_jobs) by a sequential scan.
         seq_scans = sequential_scans(
             client,
             [
                 "/admin/django_pgqueue/job/",
                 "/admin/django_pgqueue/job/?q=payments.",
                 "/admin/django_pgqueue/job/?q=cust-4242",
+                "/admin/django_pgqueue/deadjob/",
+                METRICS_URL,
             ],
         )
         print(f"sequential scans of the queue tables: {seq_scans or 'none'}", flush=True)

@@ -37,6 +37,7 @@ from .exceptions import (
     UnknownJobType,
     WaitTimeout,
     WorkerShutdown,
+    WorkflowFailed,
 )
 from .registry import handler
 from .retry import ExponentialBackoff, FixedDelay, RetryPolicy
@@ -44,6 +45,7 @@ from .version import __version__ as __version__
 from .waiting import await_job, wait
 from .workflows import (
     Step,
+    StepFailure,
     Workflow,
     abatch,
     batch,
@@ -79,11 +81,13 @@ __all__ = [
     "Snooze",
     "SoftTimeLimitExceeded",
     "Step",
+    "StepFailure",
     "TimeLimitExceeded",
     "UnknownJobType",
     "WaitTimeout",
     "WorkerShutdown",
     "Workflow",
+    "WorkflowFailed",
     "aatomic",
     "abatch",
     "aenqueue",

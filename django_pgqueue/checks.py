@@ -15,6 +15,7 @@ from . import extensions
 from .conf import validate
 from .control.extension import QueueControl
 from .exceptions import ConfigurationError
+from .prune_policy import PRUNE_TYPE
 from .schedules.extension import Schedules
 from .schedules.spec import code_schedules
 from .stats import stranded_jobs
@@ -160,6 +161,10 @@ def check_features_installed(app_configs: Any = None, **kwargs: Any) -> list[che
         return []  # reported by check_settings
     errors = []
     declared = code_schedules().specs
+    if "PRUNE" not in (getattr(settings, "PGQUEUE", None) or {}):
+        # The built-in prune is a default, not a declaration: without the schedules
+        # feature it is simply off (prune_queue_jobs prunes by hand).
+        declared = [spec for spec in declared if spec.name != PRUNE_TYPE]
     if declared and not any(isinstance(e, Schedules) for e in installed):
         names = ", ".join(repr(spec.name) for spec in declared[:3])
         errors.append(

@@ -15,6 +15,9 @@ from typing import Any
 parent_results_reader: Callable[[Any], dict[str, Any]] | None = None
 # Reads the counts of the batch a job is in (the workflows feature sets it too).
 batch_reader: Callable[[Any], Any] | None = None
+# Reads what a step that takes its parents' results receives before its own arguments
+# (the workflows feature sets it too).
+results_arguments_reader: Callable[[Any], list[Any]] | None = None
 
 # The job whose async handler runs in this context (set by the executor around the
 # handler's coroutine, in the job's own task), else None. The worker's async handlers
@@ -123,6 +126,20 @@ class JobContext:
             reader = parent_results_reader
             self._parents = {} if reader is None else reader(self)
         return self._parents
+
+    def results_arguments(self) -> list[Any]:
+        """What this job receives first when it takes its parents' results (workflows).
+
+        ``[result]`` for a step waiting for one step; ``[[result, ...]]`` (in parent
+        order) for one waiting for several, or collecting (a chord's callback, a step
+        after a group: ``[[]]`` after an empty one); for a ``link_error`` step,
+        ``[StepFailure]``, the failed step's job id, error and traceback; ``[]`` for a
+        job that waits for nothing. A parent that ended dead or cancelled (a step with
+        on_failure "run") gives None. Read on every call.
+        """
+        if results_arguments_reader is None:
+            raise RuntimeError("results_arguments() needs django_pgqueue.workflows (import it).")
+        return results_arguments_reader(self)
 
     @property
     def batch(self) -> Any:

@@ -173,3 +173,34 @@ class JobCancelled(JobFailed):
 
     def __init__(self, job_id: int) -> None:
         super().__init__(f"job #{job_id} was cancelled", job_id)
+
+
+class WorkflowFailed(JobFailed):
+    """A workflow ended without its result: one of its steps failed.
+
+    `step` and `job_id` name the step that failed by itself (dead, or cancelled by an
+    operator), `status` says which, and `last_error` is its last error, as the admin
+    shows it; `workflow_id` is the workflow's. The steps that waited for it were
+    cancelled because of it.
+    """
+
+    def __init__(
+        self,
+        workflow: str,
+        workflow_id: int,
+        step: str,
+        job_id: int,
+        status: str,
+        last_error: str | None,
+    ) -> None:
+        how = "was cancelled" if status == "cancelled" else "is dead"
+        why = f": {last_error}" if last_error else ""
+        super().__init__(
+            f"workflow {workflow!r} #{workflow_id} failed: its step {step!r} (job #{job_id}) "
+            f"{how}{why}",
+            job_id,
+        )
+        self.workflow_id = workflow_id
+        self.step = step
+        self.status = status
+        self.last_error = last_error

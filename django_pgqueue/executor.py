@@ -1,4 +1,5 @@
-"""Run one job's handler and classify what happened. No database here.
+"""Run one job's handler and classify what happened. No database here (a handler
+that takes its parents' results has them read through its context, as its own call).
 
 Outcomes (the types live in `outcomes.py`): `Success` (with the JSON of a non-None
 return value), or `Failure` that is either permanent (straight to dead) or retryable
@@ -14,6 +15,8 @@ import contextlib
 import json
 import traceback as tb
 from typing import Any
+
+from asgiref.sync import sync_to_async
 
 from .context import JobContext, async_handler_job
 from .exceptions import JobTimeout, PermanentFailure, RetryLater, Snooze, UnknownJobType
@@ -90,7 +93,8 @@ def run(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) -> Outcom
         try:
             if handler is None:
                 raise UnknownJobType(f"No handler is registered for job type {ctx.type!r}.")
-            value = handler.func(ctx)
+            arguments = (_results(ctx), ctx) if handler.takes_results else (ctx,)
+            value = handler.func(*arguments)
         except BaseException as exc:
             return classify(exc, ctx, policy, _retry_on(handler))
         return success(value)
@@ -111,7 +115,12 @@ async def arun(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) ->
                 raise UnknownJobType(f"No async handler is registered for job type {ctx.type!r}.")
             # This job's task runs in a context of its own: the mark stays with it.
             async_handler_job.set(ctx.job_id)
-            value = await handler.coroutine(ctx)
+            if handler.takes_results:
+                # The read runs on Django's thread for sync calls, never on the loop.
+                results = await sync_to_async(_results)(ctx)
+                value = await handler.coroutine(results, ctx)
+            else:
+                value = await handler.coroutine(ctx)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
@@ -124,6 +133,12 @@ async def arun(ctx: JobContext, handler: Handler | None, policy: RetryPolicy) ->
         raise
     except BaseException as exc:
         return fallback_failure(exc)
+
+
+def _results(ctx: JobContext) -> Any:
+    """The results a handler with takes_results receives (None: its job waits for none)."""
+    arguments = ctx.results_arguments()
+    return arguments[0] if arguments else None
 
 
 def _retry_on(handler: Handler | None) -> RetryOn | None:

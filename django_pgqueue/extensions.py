@@ -125,9 +125,22 @@ class WorkerView(Protocol):
     """What a service may know of the worker it runs in."""
 
     config: WorkerConfig
+    # The id of the supervisor whose child the worker is (`run_queue_worker
+    # --processes`), or None.
+    supervisor: str | None
 
     def running(self) -> int:
         """How many jobs the worker holds now (their leases)."""
+        ...
+
+    def inspect(self) -> dict[str, Any]:
+        """The worker's account of itself now, as plain JSON data: its jobs, queues,
+        handlers, counters, memory and code (`worker.inspection.report`)."""
+        ...
+
+    def obey(self, action: str, concurrency: int | None = None) -> str:
+        """Do what an operator asked: "stop", "drain", "resume" or "concurrency" (with
+        `concurrency`); what was done, in words. ValueError for what it cannot do."""
         ...
 
 

@@ -47,6 +47,9 @@ class Handler:
     # The exceptions its jobs are retried for (autoretry_for, dont_autoretry_for);
     # None: every exception. Read by the executor's classification.
     retry_on: RetryOn | None = None
+    # Whether the function is called as func(results, ctx): the results of the steps
+    # its job waits for first (see JobContext.results_arguments).
+    takes_results: bool = False
     # Celery's soft and hard time limits, in seconds (None: PGQUEUE's SOFT_TIME_LIMIT
     # and TIME_LIMIT): SoftTimeLimitExceeded raised in the handler (an async one
     # cancelled); past the hard one the worker process running it is ended.
@@ -169,6 +172,7 @@ def handler(
     retry_backoff: bool | float | None = None,
     retry_backoff_max: float | None = None,
     retry_jitter: bool | None = None,
+    takes_results: bool = False,
     soft_time_limit: float | None = None,
     time_limit: float | None = None,
 ) -> Callable[[F], F]:
@@ -195,6 +199,12 @@ def handler(
     worker process running it is ended and replaced, the job failed with
     `TimeLimitExceeded` (see the Time limits how-to). Every option is checked here:
     ConfigurationError names a bad one.
+
+    `takes_results`: the function is called as ``func(results, ctx)``, `results` being
+    what the steps its job waits for returned, as Celery passes a parent's result: one
+    parent's result as it is, several (or a chord's group) as a list in parent order,
+    for a ``link_error`` step the `StepFailure` of the failed step, and None for a job
+    that waits for nothing (see `JobContext.results_arguments`).
     """
     where = f"@handler({type!r})"
     validators.type_name(type, f"{where}: type", error=ConfigurationError)
@@ -223,6 +233,8 @@ def handler(
             "ExponentialBackoff policy)."
         )
     on = retry_on(autoretry_for, dont_autoretry_for, where)
+    if not isinstance(takes_results, bool):
+        raise ConfigurationError(f"{where}: takes_results must be True or False.")
 
     def decorate(func: F) -> F:
         if not callable(func):
@@ -238,6 +250,7 @@ def handler(
                 schedule,
                 queue,
                 on,
+                takes_results,
                 soft_time_limit=soft_time_limit,
                 time_limit=time_limit,
             )

@@ -11,6 +11,10 @@ the child stops gracefully on its own. A stop request that finds the child alrea
 stopping (systemd's default KillMode signals every process of the unit, so a child may
 have had the SIGTERM itself) is not counted as a second one.
 
+An operator's stop (``control_queue_workers stop``, the admin's Workers page) reaches a
+child through the database; the child stops gracefully and exits EXIT_STOP_REQUESTED,
+which the supervisor does not restart: it exits 0 once every child stopped so.
+
 Reports: each child writes events to a second pipe whose read end the supervisor
 holds (`worker.report`). A child that ends for a handler's hard time limit leaves its
 jobs to be written here once it is gone (the only writes the supervisor makes, on a
@@ -32,7 +36,9 @@ import json
 import logging
 import os
 import queue as queue_module
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -51,6 +57,8 @@ logger = logging.getLogger(__name__)
 MAX_PROCESSES = 256
 # The supervisor's exit when a child kept dying right after its start (EX_SOFTWARE).
 EXIT_GAVE_UP = 70
+# A child's exit after an operator asked it to stop: not restarted.
+EXIT_STOP_REQUESTED = 80
 RESTART_DELAY = 0.5  # seconds before the first restart of a child
 RESTART_DELAY_MAX = 30.0
 QUICK_EXIT = 10.0  # a child that exits this soon after its start died "at once"
@@ -153,6 +161,8 @@ class Supervisor:
         self.stopping = False
         self.gave_up = False
         self.child_env = _child_environment()
+        # Each child registers under it: the Workers page shows them as one worker.
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
     def run(self) -> int:
         """Start the children and supervise them; the exit code (see `exit_status`)."""
@@ -202,8 +212,9 @@ class Supervisor:
         read_end, write_end = os.pipe()  # both not inheritable; pass_fds opens read_end
         report_read, report_write = os.pipe()
         os.set_blocking(report_read, False)
-        argv += ["--control-fd", str(read_end), "--report-fd", str(report_write)]
-        spec = {"path": sys.path, "argv": argv}
+        control = ["--control-fd", str(read_end), "--supervisor-id", self.id]
+        control += ["--report-fd", str(report_write)]
+        spec = {"path": sys.path, "argv": [*argv, *control]}
         try:
             child.proc = subprocess.Popen(
                 [sys.executable, "-c", CHILD_BOOT, json.dumps(spec)],
@@ -242,6 +253,13 @@ class Supervisor:
         if child.last_words is not None:
             # Its code is gone with it: its jobs may be written now.
             write_last_words(child.last_words)
+        if code == EXIT_STOP_REQUESTED:
+            child.done = True
+            child.last_code = 0
+            logger.info(
+                "supervisor: child %d (pid %d) stopped as an operator asked", child.index, pid
+            )
+            return
         if (child.recycled or child.last_words is not None) and not self.stopping:
             logger.info(
                 "supervisor: child %d (pid %d) %s; starting a fresh one",

@@ -29,7 +29,8 @@ MAX_RECHECK = 5.0
 HOLD = 60.0
 
 
-def _timeout(timeout: float | None) -> float | None:
+def checked_timeout(timeout: float | None) -> float | None:
+    """`timeout` in seconds (None: no limit); TypeError or ValueError for a bad one."""
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
@@ -91,7 +92,7 @@ def wait(job: Any, timeout: float | None = None, *, using: str | None = None) ->
     committed before it can be waited for. Waiting leaves the job as it was. It runs
     on a connection of its own, never in the caller's transaction.
     """
-    ref, limit = job_reference(job, using, caller="wait()"), _timeout(timeout)
+    ref, limit = job_reference(job, using, caller="wait()"), checked_timeout(timeout)
     job_id = ref.id
     clock = _Clock(job_id, limit)
     session = WaitSession(ref.database)
@@ -121,7 +122,7 @@ async def await_job(job: Any, timeout: float | None = None, *, using: str | None
     PGQUEUE["DATABASE"], or `using`), result and exceptions; cancelling the awaiting
     task stops the wait and leaves the job alone.
     """
-    ref, limit = job_reference(job, using, caller="await_job()"), _timeout(timeout)
+    ref, limit = job_reference(job, using, caller="await_job()"), checked_timeout(timeout)
     job_id = ref.id
     clock = _Clock(job_id, limit)
     session = AsyncWaitSession(ref.database)

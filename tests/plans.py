@@ -1,4 +1,5 @@
-"""The worker's claim as a server-side prepared statement, for EXPLAIN of its generic plan."""
+"""Statements made ready for EXPLAIN: the worker's claim as a server-side prepared
+statement (its generic plan), and the reads of a query text a page sent."""
 
 from __future__ import annotations
 
@@ -20,3 +21,17 @@ def prepare(cursor: Any, name: str, query: str) -> list[str]:
 def execute_args(names: list[str]) -> str:
     """The placeholders of EXECUTE's arguments, for a client-side-binding cursor."""
     return ", ".join(["%s"] * len(names))
+
+
+# One captured text can hold several statements, sent in one round trip (fetch_after).
+_NEXT_STATEMENT = re.compile(r";\s*\n(?=--)")
+
+
+def statements(text: str) -> list[str]:
+    """The read statements (SELECT, WITH) of one query text, without their comment lines."""
+    found = []
+    for part in _NEXT_STATEMENT.split(text):
+        body = "\n".join(line for line in part.splitlines() if not line.startswith("--"))
+        if body.lstrip().upper().startswith(("SELECT", "WITH")):
+            found.append(body.rstrip().rstrip(";"))
+    return found

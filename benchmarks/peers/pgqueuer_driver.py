@@ -189,7 +189,15 @@ async def pickup(args: dict[str, Any]) -> dict[str, Any]:
         queries = Queries(AsyncpgDriver(conn))
         process = spawn(__file__, {"cmd": "worker", "url": args["url"], "continuous": True})
         try:
-            await asyncio.sleep(2.0)  # started and idle, listening
+            # Started, not starting: it ran a probe job (then idle again), as ours does.
+            await queries.enqueue("clock", json.dumps({"t": time.time()}).encode())
+            deadline = time.monotonic() + 120
+            while not await conn.fetchval("SELECT count(*) FROM peer_pickup"):
+                if time.monotonic() > deadline:
+                    raise SystemExit("pickup: the worker ran no job within 120 s of its start")
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            await conn.execute("TRUNCATE peer_pickup")
             for _ in range(count):
                 await queries.enqueue("clock", json.dumps({"t": time.time()}).encode())
                 await asyncio.sleep(gap)

@@ -141,7 +141,15 @@ async def pickup(args: dict[str, Any]) -> dict[str, Any]:
         await reset(app)
         process = spawn(__file__, {"cmd": "worker", "url": args["url"], "continuous": True})
         try:
-            await asyncio.sleep(2.0)  # started and idle, listening
+            # Started, not starting: it ran a probe job (then idle again), as ours does.
+            await app.tasks["clock"].defer_async(t=time.time())
+            deadline = time.monotonic() + 120
+            while not await one(app, "SELECT count(*) AS v FROM peer_pickup"):
+                if time.monotonic() > deadline:
+                    raise SystemExit("pickup: the worker ran no job within 120 s of its start")
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            await app.connector.execute_query_async("TRUNCATE peer_pickup")
             for _ in range(count):
                 await app.tasks["clock"].defer_async(t=time.time())
                 await asyncio.sleep(gap)

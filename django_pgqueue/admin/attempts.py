@@ -110,9 +110,13 @@ class AttemptInline(NoEditing, admin.TabularInline):
     def error(self, attempt: Attempt) -> str:
         if not attempt.error_class and not attempt.error_message:
             return EMPTY
+        # The class without its module path, as the dead jobs list shows it (a dotted
+        # path is one word too long for the column); the whole text is the tooltip.
+        short_class = (attempt.error_class or "").rsplit(".", 1)[-1]
         return format_html(
-            '<span class="pgqueue-error">{}</span>',
+            '<span class="pgqueue-error" title="{}">{}</span>',
             ": ".join(part for part in (attempt.error_class, attempt.error_message) if part),
+            ": ".join(part for part in (short_class, attempt.error_message) if part),
         )
 
     @admin.display(description="returned")

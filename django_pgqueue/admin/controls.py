@@ -45,6 +45,7 @@ from .databases import (
     several_databases,
 )
 from .lists import known_queues
+from .observability import breadcrumbs_as_list
 
 OPERATE_PERMISSION = "django_pgqueue.operate_job"
 
@@ -230,8 +231,18 @@ class QueueControlAdmin(admin.ModelAdmin):
 
     def add_view(self, request: HttpRequest, form_url: str = "",
                  extra_context: dict[str, Any] | None = None) -> HttpResponse:  # fmt: skip
-        context = {"title": "Set limits on a queue", **(extra_context or {})}
+        context = {
+            "title": "Set limits on a queue",
+            "breadcrumbs_as_list": breadcrumbs_as_list(),
+            **(extra_context or {}),
+        }
         return super().add_view(request, form_url, context)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        fields = list(super().get_fields(request, obj))
+        if obj is None:  # a queue without limits yet has no per-type limits or history
+            fields = [name for name in fields if name not in self.readonly_fields]
+        return fields
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         return (*self.readonly_fields, "queue") if obj is not None else self.readonly_fields

@@ -182,7 +182,11 @@ class TimeRangeFilter(DateTimeRangeFilter):
         fields = super()._get_form_fields()
         zone = timezone.get_current_timezone_name()
         for name, side in ((self.lookup_kwarg_gte, "From"), (self.lookup_kwarg_lte, "To")):
-            date_widget, time_widget = fields[name].widget.widgets
+            split = fields[name].widget
+            # The split widget's own attributes override its parts' when it renders: its
+            # "From date" would be both fields' placeholder.
+            split.attrs = {k: v for k, v in split.attrs.items() if k != "placeholder"}
+            date_widget, time_widget = split.widgets
             date_widget.attrs = {**date_widget.attrs, "placeholder": f"{side} date"}
             time_widget.attrs = {**time_widget.attrs, "placeholder": f"{side} time ({zone})"}
         return fields

@@ -1,10 +1,9 @@
-"""The admin's Workers and Charts pages (registered by an import in admin/__init__.py).
+"""The admin's Charts page, and what the queue's pages that are no model's list share
+(`ReadOnlyPage`; the Workers page is `admin.workers`).
 
-Both are read-only pages on their models' changelist URLs. The Workers page reads the
-small registry table and the running jobs through the running-rows index; the Charts
-page reads the per-minute rollup only, never queue_attempts; with several queue
-databases it charts one at a time (``?database=ALIAS``, kept in its links), read from
-its replica if it has one.
+The Charts page reads the per-minute rollup only, never queue_attempts; with several
+queue databases it charts one at a time (``?database=ALIAS``, kept in its links), read
+from its replica if it has one.
 """
 
 from __future__ import annotations
@@ -15,18 +14,17 @@ from typing import Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db import DatabaseError
 from django.db.models import DurationField, ExpressionWrapper, Min
 from django.db.models.functions import Now, TruncMinute
 from django.http import HttpRequest, HttpResponse
 from django.template.loader import get_template
 from django.template.response import TemplateResponse
+from django.utils import timezone
 
-from ..conf import get_settings
-from ..models import Job, MinuteStats, WorkerRecord
-from ..observability import charts, rollup, workers
+from ..models import Job, MinuteStats
+from ..observability import charts, rollup
 from .attempts import NoEditing, can
-from .databases import DatabaseRow, database_choice, read_alias, several_databases, staleness
+from .databases import database_choice, read_alias
 
 # The chart windows a page offers, in minutes, with their labels and the minutes each
 # point sums. Without a choice in the URL the page shows the smallest window that holds
@@ -34,6 +32,9 @@ from .databases import DatabaseRow, database_choice, read_alias, several_databas
 WINDOWS = {15: "15 min", 60: "1 h", 360: "6 h", 1440: "24 h"}
 STEPS = {15: 1, 60: 1, 360: 1, 1440: 5}
 COMPLETED, FAILED, P50, P95 = "#2e7d32", "#b3261e", "#2f6fb0", "#b07d10"
+BACKLOG = "#7e57c2"
+# The vendored charting library (static/django_pgqueue/vendor/, with its licence).
+UPLOT = "django_pgqueue/vendor/uplot-1.6.32/"
 
 
 @cache
@@ -66,39 +67,6 @@ class ReadOnlyPage(NoEditing, admin.ModelAdmin):  # type: ignore[type-arg]
                 "breadcrumbs_as_list": breadcrumbs_as_list(),
                 **context,
             },
-        )
-
-
-@admin.register(WorkerRecord)
-class WorkersAdmin(ReadOnlyPage):
-    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        """The workers of every queue database in one table (alive first), each read
-        where that database's lists are read; a database out of reach is named."""
-        conf = get_settings()
-        several = several_databases()
-        found: list[workers.WorkerInfo] = []
-        databases = []  # with several: each one's row (read from, how stale, or why not)
-        for alias in conf.queue_databases:
-            read_from = conf.read_database(alias)
-            try:
-                found += workers.list_workers(read_from, database=alias)
-            except DatabaseError as exc:
-                if not several:
-                    raise
-                why = f"not read: {str(exc).strip() or type(exc).__name__}"
-                databases.append(DatabaseRow(alias, read_from, False, why))
-            else:
-                if several:
-                    databases.append(DatabaseRow(alias, read_from, True, staleness(read_from)))
-        found.sort(key=lambda worker: not worker.alive)  # stable: each database's order
-        return self.page(
-            request,
-            "admin/django_pgqueue/workers.html",
-            workers=found,
-            alive=sum(1 for w in found if w.alive),
-            gone=sum(1 for w in found if not w.alive),
-            several_databases=several,
-            databases=databases,
         )
 
 
@@ -140,37 +108,24 @@ class ChartsAdmin(ReadOnlyPage):
         wanted = request.GET.get("queue") or None
         window = rollup.read_window(read_from, minutes, STEPS[minutes])
         shown = [s for s in window.queues if wanted is None or s.queue == wanted]
-        rows = []
+        rows, drawn = [], []
         for series in shown:
             assert window.start is not None
+            specs = queue_charts(series, window.start, window.step)
             rows.append(
                 {
                     "series": series,
                     "completed": sum(series.completed),
                     "failed": sum(series.failed),
-                    "throughput": charts.line_chart(
-                        f"{series.queue}: jobs per minute"
-                        if window.step == 1
-                        else f"{series.queue}: jobs per {window.step} minutes",
-                        window.start,
-                        [
-                            charts.Series("completed", COMPLETED, series.completed),
-                            charts.Series("failed", FAILED, series.failed),
-                        ],
-                        step=window.step,
-                    ),
-                    "wait": charts.line_chart(
-                        f"{series.queue}: wait from due to start",
-                        window.start,
-                        [
-                            charts.Series("p50", P50, series.wait_p50),
-                            charts.Series("p95", P95, series.wait_p95),
-                        ],
-                        charts.seconds_label,
-                        step=window.step,
-                    ),
+                    # Each chart's place in the page's JSON, two charts to a line.
+                    "pairs": [
+                        range(len(drawn), len(drawn) + 2),
+                        range(len(drawn) + 2, len(drawn) + 4),
+                    ],
                 }
             )
+            drawn += specs
+        zone = timezone.get_current_timezone()
         return self.page(
             request,
             "admin/django_pgqueue/charts.html",
@@ -182,4 +137,43 @@ class ChartsAdmin(ReadOnlyPage):
             queues=[s.queue for s in window.queues],
             database_choice=choice,
             keep=choice.keep if choice else "",
+            charts={
+                "charts": drawn,
+                "zone": str(zone),
+                "zone_label": timezone.localtime(timezone=zone).strftime("%Z"),
+            },
+            uplot=UPLOT,
         )
+
+
+def queue_charts(series: rollup.QueueSeries, start: dt.datetime, step: int) -> list[Any]:
+    """A queue's four charts, in the page's order: jobs per minute and the backlog, then
+    the wait and the run time."""
+    per = "minute" if step == 1 else f"{step} minutes"
+    return [
+        charts.line_chart(
+            f"{series.queue}: jobs per {per}",
+            start,
+            [
+                charts.Series("completed", COMPLETED, series.completed),
+                charts.Series("failed", FAILED, series.failed),
+            ],
+            step=step,
+        ),
+        charts.line_chart(
+            f"{series.queue}: backlog (jobs due, not started)",
+            start,
+            [charts.Series("due", BACKLOG, series.backlog)],
+            step=step,
+        ),
+        percentiles(f"{series.queue}: wait from due to start", start, step,
+                    series.wait_p50, series.wait_p95),
+        percentiles(f"{series.queue}: run time", start, step, series.run_p50, series.run_p95),
+    ]  # fmt: skip
+
+
+def percentiles(title: str, start: dt.datetime, step: int,
+                p50: list[float | None], p95: list[float | None]) -> Any:  # fmt: skip
+    """A chart of p50 and p95 seconds."""
+    series = [charts.Series("p50", P50, p50), charts.Series("p95", P95, p95)]
+    return charts.line_chart(title, start, series, charts.seconds_label, step=step)

@@ -30,7 +30,7 @@ from .jobs import (
     JobState,
     Status,
 )
-from .observability import IntegerArrayField, MinuteStats, WorkerRecord
+from .observability import IntegerArrayField, MinuteStats, WorkerRecord, WorkerRequest
 from .schedules import CatchUp, Schedule, ScheduleCode, ScheduleTick, Source
 from .waiters import JobWaiter
 from .workflows import JobDependency, OnFailure, Workflow, WorkflowStep
@@ -60,6 +60,7 @@ __all__ = [
     "Status",
     "TimestampArray",
     "WorkerRecord",
+    "WorkerRequest",
     "Workflow",
     "WorkflowStep",
 ]

@@ -65,6 +65,11 @@ class WorkflowStep(models.Model):
     # The dependency whose failure cancelled this step (NULL: not cancelled by one).
     # An operator retry of that dependency puts the step back to waiting.
     cancelled_by = models.BigIntegerField(null=True, blank=True)
+    # Whether the step takes its parents' results as one list whatever their number
+    # (a chord's callback, a step after a group).
+    collects = models.BooleanField(default=False, db_default=False)
+    # Seconds the step waits after its last dependency finished (pgqueue_settle).
+    delay = models.FloatField(default=0.0, db_default=0.0)
 
     class Meta:
         db_table = "queue_workflow_steps"

@@ -1,9 +1,12 @@
-"""The per-minute rollup: what workers finished per queue and minute, and how long it waited.
+"""The per-minute rollup: what workers finished per queue and minute, how long it waited
+and ran, and each queue's backlog.
 
 A worker notes each attempt whose outcome it wrote (`RollupBuffer.add`, on the
 dispatcher thread); its heartbeat adds them to ``queue_stats_minutely`` with one
-upsert (`stats_minute_add`) per cycle, off the claim and completion path. Waits are
-the database's own: the attempt's start minus the run_at it was claimed at. The
+upsert (`stats_minute_add`) per cycle, off the claim and completion path. Waits and
+run times are the database's own: the attempt's start minus the run_at it was claimed
+at, its finish minus its start. Once a minute the heartbeat also samples the backlog
+(jobs due and not started) of the queues the worker serves (`sample_backlog`). The
 charts read the rollup only (`read_window`), never ``queue_attempts``.
 
 Known limit: attempts noted but not yet flushed when a worker is killed (SIGKILL)
@@ -29,6 +32,9 @@ logger = logging.getLogger(__name__)
 WAIT_BOUNDS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 # Attempts a worker keeps for the rollup while the database is away; older ones are dropped.
 BUFFER_LIMIT = 200_000
+# Most due jobs a backlog sample counts per queue (the admin's at-a-glance cap): a
+# sample costs the same whatever the depth; a deeper backlog reads as this.
+BACKLOG_CAP = 50_000
 
 
 class RollupBuffer:
@@ -63,6 +69,18 @@ class RollupBuffer:
         return len(items)
 
 
+def sample_backlog(store: Session, queues: Sequence[str]) -> None:
+    """Sample the backlog of `queues` (jobs due and not started) into the current minute."""
+    store_observability.sample_backlog(
+        store,
+        {
+            "queues": list(queues),
+            "cap": BACKLOG_CAP,
+            "bounds": [float(bound) for bound in WAIT_BOUNDS],
+        },
+    )
+
+
 def _params(items: Sequence[tuple[int, str, Any, str]]) -> dict[str, Any]:
     attempt_ids, queues, run_ats, outcomes = zip(*items, strict=True)
     return {
@@ -77,7 +95,8 @@ def _params(items: Sequence[tuple[int, str, Any, str]]) -> dict[str, Any]:
 
 
 def quantile(buckets: Sequence[int], q: float) -> float | None:
-    """Estimate the q-quantile of waits from bucket counts (linear within a bucket)."""
+    """Estimate the q-quantile of waits or run times from bucket counts (linear within a
+    bucket)."""
     total = sum(buckets)
     if total <= 0:
         return None
@@ -103,6 +122,10 @@ class QueueSeries:
     dead: list[int] = field(default_factory=list)
     wait_p50: list[float | None] = field(default_factory=list)
     wait_p95: list[float | None] = field(default_factory=list)
+    run_p50: list[float | None] = field(default_factory=list)
+    run_p95: list[float | None] = field(default_factory=list)
+    # Due jobs not started, the last sample in the point (None: no worker sampled it).
+    backlog: list[int | None] = field(default_factory=list)
 
 
 @dataclass
@@ -134,21 +157,28 @@ def read_window(alias: str, minutes: int, step: int = 1) -> Window:
     width = len(WAIT_BOUNDS) + 1
     series: dict[str, QueueSeries] = {}
     waits: dict[str, list[list[int]]] = {}
-    for _, minute, queue, completed, retried, dead, _wait_sum, buckets in rows:
+    runs: dict[str, list[list[int]]] = {}
+    for _, minute, queue, completed, retried, dead, _wait_sum, buckets, ran, backlog in rows:
         slot = int((minute - start).total_seconds() // 60) // step
         if not 0 <= slot < points:
             continue
         item = series.get(queue)
         if item is None:
             item = series[queue] = QueueSeries(queue, [0] * points, [0] * points, [0] * points)
+            item.backlog = [None] * points
             waits[queue] = [[0] * width for _ in range(points)]
+            runs[queue] = [[0] * width for _ in range(points)]
         item.completed[slot] += completed
         item.failed[slot] += retried + dead
         item.dead[slot] += dead
-        merged = waits[queue][slot]
-        for index, count in enumerate(buckets[:width]):
-            merged[index] += count
+        if backlog is not None:  # rows come oldest first: the point keeps its last sample
+            item.backlog[slot] = backlog
+        for histogram, counts in ((waits[queue][slot], buckets), (runs[queue][slot], ran)):
+            for index, count in enumerate((counts or [])[:width]):
+                histogram[index] += count
     for queue, item in series.items():
         item.wait_p50 = [quantile(merged, 0.5) for merged in waits[queue]]
         item.wait_p95 = [quantile(merged, 0.95) for merged in waits[queue]]
+        item.run_p50 = [quantile(merged, 0.5) for merged in runs[queue]]
+        item.run_p95 = [quantile(merged, 0.95) for merged in runs[queue]]
     return Window(start, minutes, sorted(series.values(), key=lambda s: s.queue), step)

@@ -37,6 +37,17 @@ class Identity:
     concurrency: int
     lease: float
     version: str
+    supervisor: str | None = None  # the supervisor whose child it is, if any
+
+
+@dataclass(frozen=True)
+class Request:
+    """An operator's request a worker took at its beat."""
+
+    id: int
+    action: str
+    concurrency: int | None
+    requested_by: str
 
 
 @dataclass
@@ -66,6 +77,9 @@ class WorkerInfo:
     gone_at: dt.datetime | None
     alive: bool
     seen_seconds_ago: float
+    # The supervisor whose child it is, and what it said of itself at its last beat.
+    supervisor: str | None = None
+    report: dict[str, Any] | None = None
     # The first JOBS_PER_WORKER jobs it holds (oldest job first); `running` counts all.
     jobs: list[RunningJob] = field(default_factory=list)
     # The queue database it registered on (its queues' database).
@@ -90,21 +104,33 @@ class WorkerInfo:
         return data
 
 
-def record_beat(store: Session, me: Identity, running: int) -> None:
-    """Upsert this worker's row: alive now, running `running` jobs (one statement)."""
-    store_observability.record_beat(
+def record_beat(
+    store: Session, me: Identity, running: int, report: dict[str, Any] | None = None
+) -> list[Request]:
+    """Upsert this worker's row: alive now, running `running` jobs, with its `report`;
+    the requests made to it, taken now (one statement)."""
+    concurrency = (report or {}).get("concurrency", me.concurrency)
+    rows = store_observability.record_beat(
         store,
         {
             "id": me.id,
             "host": me.host,
             "pid": me.pid,
             "queues": json.dumps(list(me.queues)),
-            "concurrency": me.concurrency,
+            "concurrency": concurrency,
             "lease": me.lease,
             "version": me.version,
             "running": running,
+            "supervisor": me.supervisor,
+            "report": json.dumps(report) if report is not None else None,
         },
     )
+    return [Request(*row) for row in rows]
+
+
+def answer(store: Session, request: Request, text: str) -> None:
+    """Record what this worker did with `request`."""
+    store_observability.answer_request(store, request.id, text)
 
 
 def record_stop(store: Session, worker_id: str) -> None:
@@ -140,6 +166,8 @@ def list_workers(
     for worker in workers:
         if isinstance(worker.queues, str):  # Django's connection leaves jsonb as text
             worker.queues = json.loads(worker.queues)
+        if isinstance(worker.report, str):
+            worker.report = json.loads(worker.report)
     by_id = {w.id: w for w in workers}
     for locked_by, *job in jobs:
         by_id[locked_by].jobs.append(RunningJob(*job))

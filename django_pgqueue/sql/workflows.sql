@@ -15,10 +15,12 @@
 -- row, and the edges between them; wake the queues of the steps due now. Arrays are
 -- parallel, one element per step (payloads one JSON array); a step that waits for
 -- others (waiting_for > 0) starts 'waiting', in no claim index, the others 'pending';
--- has_dependents is true for a step others wait for (NULL otherwise).
+-- has_dependents is true for a step others wait for (NULL otherwise); collects is
+-- true for a step that takes its parents' results as one list. A waiting step's delay
+-- is also its step row's: pgqueue_settle counts it again from its last dependency's end.
 -- Edges are pairs of positions (1-based) in those arrays: children[i] waits for
 -- parents[i]; the caller checked they form a DAG. Returns (workflow id, job ids in
--- input order).
+-- input order); a workflow of no steps (an empty group) is its row alone.
 WITH numbered AS MATERIALIZED (
     SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*
     FROM ROWS FROM (
@@ -27,10 +29,10 @@ WITH numbered AS MATERIALIZED (
         unnest(%(delays)s::float8[]), unnest(%(max_attempts)s::integer[]),
         unnest(%(names)s::text[]), unnest(%(on_failures)s::text[]),
         unnest(%(waiting_for)s::integer[]), unnest(%(has_dependents)s::boolean[]),
-        jsonb_array_elements(%(payloads)s::jsonb)
+        unnest(%(collects)s::boolean[]), jsonb_array_elements(%(payloads)s::jsonb)
     ) WITH ORDINALITY
         AS i(queue, type, priority, run_at, delay, max_attempts, name, on_failure,
-             waiting_for, parent, payload, position)
+             waiting_for, parent, collects, payload, position)
 ), flow AS (
     INSERT INTO queue_workflows (name, steps, created_at)
     VALUES (%(name)s::text, cardinality(%(names)s::text[]), now())
@@ -49,8 +51,12 @@ WITH numbered AS MATERIALIZED (
            parent
     FROM numbered
 ), step AS (
-    INSERT INTO queue_workflow_steps (job_id, workflow_id, name, on_failure, waiting_for, failed)
-    SELECT numbered.id, flow.id, numbered.name, numbered.on_failure, numbered.waiting_for, 0
+    INSERT INTO queue_workflow_steps (
+        job_id, workflow_id, name, on_failure, waiting_for, failed, collects, delay
+    )
+    SELECT numbered.id, flow.id, numbered.name, numbered.on_failure, numbered.waiting_for, 0,
+           numbered.collects,
+           CASE WHEN numbered.waiting_for > 0 THEN numbered.delay ELSE 0 END
     FROM numbered CROSS JOIN flow
 ), edge AS (
     INSERT INTO queue_job_deps (job_id, depends_on)
@@ -65,7 +71,8 @@ WITH numbered AS MATERIALIZED (
         WHERE waiting_for = 0 AND coalesce(run_at, now() + make_interval(secs => delay)) <= now()
     ) AS due
 )
-SELECT (SELECT id FROM flow), array_agg(numbered.id ORDER BY numbered.position)
+SELECT (SELECT id FROM flow),
+       coalesce(array_agg(numbered.id ORDER BY numbered.position), '{}')
 FROM numbered
 CROSS JOIN wake;
 
@@ -103,6 +110,51 @@ WHERE dep.job_id = %(job_id)s::bigint
 ORDER BY dep.depends_on;
 
 
+-- name: workflow_step_input
+-- What a step takes from its parents: whether their results come as one list, and its
+-- failure policy ('error': a link_error step, given the failure). No row: no step.
+SELECT step.collects, step.on_failure
+FROM queue_workflow_steps AS step
+WHERE step.job_id = %(job_id)s::bigint;
+
+
+-- name: workflow_parent_failures
+-- The jobs a job waits for that ended dead or cancelled, for a link_error step: (step
+-- name, job id, status, the job's last error, and its last failed attempt's error class
+-- and traceback), in job id order.
+SELECT step.name, dep.depends_on, state.status, state.last_error, last.error_class,
+       last.traceback
+FROM queue_job_deps AS dep
+JOIN queue_workflow_steps AS step ON step.job_id = dep.depends_on
+JOIN queue_job_state AS state ON state.job_id = dep.depends_on
+LEFT JOIN LATERAL (
+    SELECT attempt.error_class, attempt.traceback
+    FROM queue_attempts AS attempt
+    WHERE attempt.job_id = dep.depends_on AND attempt.status <> 'succeeded'
+      AND attempt.error_class IS NOT NULL
+    ORDER BY attempt.lease_version DESC
+    LIMIT 1
+) AS last ON true
+WHERE dep.job_id = %(job_id)s::bigint AND state.status IN ('dead', 'cancelled')
+ORDER BY dep.depends_on;
+
+
+-- name: workflow_failure
+-- The first step of a workflow that failed by itself: ended dead, or cancelled by an
+-- operator (not by the settle, which records the culprit in cancelled_by, and not a
+-- link_error step skipped because nothing failed): (step name, job id, status, last
+-- error), or no row. Reads the workflow's steps by the (workflow_id, name) index.
+SELECT step.name, step.job_id, state.status, state.last_error
+FROM queue_workflow_steps AS step
+JOIN queue_job_state AS state ON state.job_id = step.job_id
+WHERE step.workflow_id = %(workflow_id)s::bigint
+  AND (state.status = 'dead'
+       OR (state.status = 'cancelled' AND step.cancelled_by IS NULL
+           AND NOT (step.on_failure = 'error' AND step.failed = 0)))
+ORDER BY state.status = 'dead' DESC, step.job_id
+LIMIT 1;
+
+
 -- name: workflow_jobs
 -- The jobs of a workflow by status, for cancelling it: (job id, status).
 SELECT step.job_id, state.status
@@ -120,7 +172,7 @@ WHERE step.workflow_id = %(workflow_id)s::bigint;
 -- nothing counts the whole table. The state is derived from the steps: running while
 -- any step is waiting, pending or running; then failed if one ended dead, cancelled if
 -- one was cancelled, else finished; pruned once prune_queue_jobs deleted its steps
--- (the workflow's row stays). A link_error step skipped because nothing failed
+-- (the workflow's row stays; an empty group, written with no steps, is finished). A link_error step skipped because nothing failed
 -- (cancelled, on_failure 'error', no failed dependency) counts as skipped, not
 -- cancelled. `state` (NULL: any) filters the scanned rows. Every row ends with the
 -- lowest id scanned and how many were: where the next page starts when a filter left
@@ -137,7 +189,7 @@ WITH scanned AS NOT MATERIALIZED (
 ), summed AS (
     SELECT scanned.*, counts.*,
            CASE
-               WHEN counts.present = 0 THEN 'pruned'
+               WHEN counts.present = 0 AND scanned.steps > 0 THEN 'pruned'
                WHEN counts.waiting + counts.pending + counts.running > 0 THEN 'running'
                WHEN counts.dead > 0 THEN 'failed'
                WHEN counts.cancelled > 0 THEN 'cancelled'

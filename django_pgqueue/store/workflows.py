@@ -35,6 +35,8 @@ class StepRow(NamedTuple):
     name: str
     on_failure: str
     waiting_for: int
+    # Takes its parents' results as one list, whatever their number.
+    collects: bool = False
 
 
 def insert_workflow(
@@ -66,6 +68,7 @@ def insert_workflow(
         "names": text_array([s.name for s in steps]),
         "on_failures": text_array([s.on_failure for s in steps]),
         "waiting_for": int_array([s.waiting_for for s in steps]),
+        "collects": "{" + ",".join(["t" if s.collects else "f" for s in steps]) + "}",
         "has_dependents": "{"
         + ",".join(["t" if index in waited_on else "NULL" for index in range(len(steps))])
         + "}",
@@ -97,6 +100,37 @@ def parent_results(alias: str, job_id: int) -> list[tuple[str, int, str, Any]]:
         (name, int(parent), status, json.loads(result) if isinstance(result, str) else result)
         for name, parent, status, result in rows
     ]
+
+
+def step_input(alias: str, job_id: int) -> tuple[bool, str] | None:
+    """(whether step `job_id` takes its parents' results as one list, its on_failure),
+    or None when the job is no workflow step."""
+    rows = fetch_all(alias, "workflow_step_input", {"job_id": job_id})
+    return (bool(rows[0][0]), rows[0][1]) if rows else None
+
+
+class FailedParent(NamedTuple):
+    """A job a step waits for that ended dead or cancelled, and why."""
+
+    name: str
+    job_id: int
+    status: str
+    error: str | None
+    error_class: str | None
+    traceback: str | None
+
+
+def parent_failures(alias: str, job_id: int) -> list[FailedParent]:
+    """The jobs `job_id` waits for that ended dead or cancelled, in job id order."""
+    rows = fetch_all(alias, "workflow_parent_failures", {"job_id": job_id})
+    return [FailedParent(name, int(parent), *rest) for name, parent, *rest in rows]
+
+
+def workflow_failure(alias: str, workflow_id: int) -> tuple[str, int, str, str | None] | None:
+    """(step name, job id, status, last error) of the workflow's first step that failed
+    by itself (dead, or cancelled by an operator), or None."""
+    rows = fetch_all(alias, "workflow_failure", {"workflow_id": workflow_id})
+    return (rows[0][0], int(rows[0][1]), rows[0][2], rows[0][3]) if rows else None
 
 
 def workflow_jobs(alias: str, workflow_id: int) -> list[tuple[int, str]]:

@@ -43,6 +43,8 @@ TASK_OPTIONS = (
     "retry_backoff",
     "retry_backoff_max",
     "retry_jitter",
+    # The task takes its parents' results first when it runs as a workflow step.
+    "takes_results",
     # Celery's time limits, per task: SoftTimeLimitExceeded raised, then its process ended.
     "soft_time_limit",
     "time_limit",
@@ -81,6 +83,7 @@ class TaskOptions:
     timeout: float | None = None
     concurrency_key: ConcurrencyKey | None = None
     retry_on: RetryOnPaths | None = None
+    takes_results: bool = False
     soft_time_limit: float | None = None
     time_limit: float | None = None
 
@@ -92,6 +95,7 @@ class TaskOptions:
             self.timeout if self.timeout is not None else defaults.timeout,
             self.concurrency_key,
             self.retry_on,
+            self.takes_results,
             self.soft_time_limit,
             self.time_limit,
         )
@@ -196,7 +200,13 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
         timeout = validators.seconds(timeout, f"{where}[{timeout_key!r}]", error=ConfigurationError)
     retry = retry_policy(raw.get(retry_key), f"{where}[{retry_key!r}]")
     key = on = soft = hard = None
+    takes_results = False
     if "concurrency_key" in keys:  # a task's own entry
+        takes_results = raw.get("takes_results", False)
+        if not isinstance(takes_results, bool):
+            raise ConfigurationError(
+                f"{where}['takes_results'] must be True or False, got {takes_results!r}."
+            )
         soft, hard = raw.get("soft_time_limit"), raw.get("time_limit")
         check_time_limits(soft, hard, where)
         key = concurrency_key_option(raw.get("concurrency_key"), f"{where}['concurrency_key']")
@@ -216,6 +226,7 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
         timeout=timeout,
         concurrency_key=key,
         retry_on=on,
+        takes_results=takes_results,
         soft_time_limit=soft,
         time_limit=hard,
     )

@@ -45,9 +45,13 @@ class TaskCall:
     kwargs: dict[str, Any]
     backend: str | None = None
     run_after: dt.datetime | None = None
+    # A workflow step's: the results of the steps it waits for come first.
+    takes_results: bool = False
 
     def payload(self) -> dict[str, Any]:
         data: dict[str, Any] = {"args": self.args, "kwargs": self.kwargs}
+        if self.takes_results:
+            data["takes_results"] = True
         if self.backend is not None:
             data["backend"] = self.backend
         if self.run_after is not None:
@@ -69,6 +73,7 @@ class TaskCall:
             kwargs,
             backend if isinstance(backend, str) else None,
             parse_datetime(run_after) if isinstance(run_after, str) else None,
+            payload.get("takes_results") is True,
         )
 
 

@@ -7,7 +7,8 @@ task's retry options from its backend. From there the worker treats it like any 
 handler: same claim, lease, heartbeat, fencing, retries and dead jobs.
 
 Running a task: the payload's ``args`` and ``kwargs`` are passed to the function (after
-a ``TaskContext`` when the task takes one); coroutine functions run on the worker's
+a ``TaskContext`` when the task takes one, and after its parents' results for a
+workflow step enqueued with ``takes_results=True``); coroutine functions run on the worker's
 event loop; ``task_started`` is sent before and ``task_finished`` after the
 attempt that ends the task (success, permanent failure, or the last attempt failing).
 A failure that will be retried sends no ``task_finished``: the task is READY again.
@@ -25,6 +26,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -81,7 +83,7 @@ def resolve_task(type_: str) -> Handler | None:
         return Handler(type_, _always_raise(UnknownJobType(f"task {type_!r}: {exc}")))
     return Handler(
         type_,
-        TaskRunner(task, retry_on),
+        TaskRunner(task, retry_on, takes_results=options.takes_results),
         options.max_attempts,
         options.retry,
         options.timeout,
@@ -112,10 +114,15 @@ def _always_raise(exc: Exception) -> Callable[[JobContext], Any]:
 class TaskRunner:
     """The handler of one task's jobs: call the task as Django's ImmediateBackend would."""
 
-    def __init__(self, task: Task, retry_on: RetryOn | None = None) -> None:
+    def __init__(
+        self, task: Task, retry_on: RetryOn | None = None, *, takes_results: bool = False
+    ) -> None:
         self.task = task
         # The exceptions its jobs are retried for: a failure with another ends the task.
         self.retry_on = retry_on
+        # Every job of the task takes its parents' results first (its OPTIONS say so),
+        # not only the steps enqueued with takes_results=True.
+        self.takes_results = takes_results
         # Task.using() validates on every call: keep the few variants jobs ask for.
         self._variants: dict[tuple[Any, ...], Task] = {}
         self._lock = threading.Lock()
@@ -169,13 +176,16 @@ class TaskRunner:
         return value
 
     def _begin(self, ctx: JobContext) -> tuple[TaskCall, TaskResult]:
-        """The task's call and running result; task_started sent."""
+        """The task's call (its parents' results first when it takes them) and running
+        result; task_started sent."""
         call = TaskCall.from_payload(ctx.payload)
         if call is None:
             raise PermanentFailure(
                 f"job {ctx.job_id} of the task {ctx.type!r} has no task arguments; a task "
                 "job's payload is {'args': [...], 'kwargs': {...}}."
             )
+        if call.takes_results or self.takes_results:
+            call = replace(call, args=[*ctx.results_arguments(), *call.args])
         alias = call.backend or self.task.backend
         result = self._running_result(ctx, call, alias)
         _send(task_started, result)

@@ -240,6 +240,8 @@ class AsyncPool:
                 for after, why in ((item.timeout, TIMEOUT), (item.soft_time_limit, SOFT_LIMIT))
                 if after is not None
             ]
+            if item.time_limit is not None:  # the dispatcher ends the process then
+                timers.append(loop.call_at(item.started + item.time_limit, self._wake.set))
             task.add_done_callback(lambda _t, item=item, timers=timers: self._ended(item, timers))
 
     def _ended(self, item: ClaimedJob, timers: list[asyncio.TimerHandle]) -> None:

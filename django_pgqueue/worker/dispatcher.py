@@ -27,6 +27,7 @@ from ..store.worker import ClaimedRow, Store
 from ..worker_config import WorkerConfig
 from .aio import AsyncPool
 from .capacity import Capacity
+from .controls import Controls
 from .intake import Intake
 from .leases import LeaseBook, UnknownClaims, sweep_expired
 from .observing import Observers, athrough, through
@@ -100,6 +101,7 @@ class Dispatcher:
         self._backoff = Backoff(config.reconnect_max_delay)
         self._claimed_since_wait = False  # jobs started since the last wait (see _wait)
         self.unknown_claims = UnknownClaims(self.leases)
+        self.controls = Controls(config.concurrency, switch.wake)  # operators' requests
 
     def run(self) -> None:
         """Cycle until stopped (or, in burst mode, until idle); survive a lost database."""
@@ -123,6 +125,7 @@ class Dispatcher:
                 self.announce_lost_leases()
                 if stopping.is_set():
                     break
+                self.controls.apply_resize(self.capacity, self.pool)
                 now = time.monotonic()
                 # The claim first: a worker woken by a NOTIFY claims before the
                 # housekeeping that fell due meanwhile; then a look at what it found.
@@ -195,8 +198,7 @@ class Dispatcher:
                 self.claims.requeued(queue)
 
     def _idle(self, now: float) -> bool:
-        """Burst mode's exit test after the cycle run at `now`: nothing running, nothing
-        due, no retry about to be."""
+        """Burst mode's exit test at `now`: nothing running, nothing due, no retry soon."""
         return (
             not self.capacity
             and not self.unknown_claims
@@ -237,7 +239,6 @@ class Dispatcher:
             self.writer.flush_deadline(),
             self.claims.next_look(),
             self.pool.next_timeout(),
-            self.hard_limits.next_deadline(self.capacity),
         ):
             if due is not None:
                 deadline = min(deadline, due)
@@ -255,6 +256,7 @@ class Dispatcher:
         claim_ok = (
             self.capacity.room()
             and not stopping.is_set()
+            and not self.controls.draining
             and (flush_due or not self.writer.pending)
             and self.claims.refresh(now)
         )
@@ -297,8 +299,7 @@ class Dispatcher:
     # -- outcomes, timeouts, sweep --------------------------------------------------
 
     def collect_outcomes(self) -> None:
-        """Move the outcomes of the handlers that ended from the pools to the writer's
-        batch; their slots are free from now."""
+        """Move the ended handlers' outcomes to the writer's batch; their slots are free."""
         finished = self.pool.finished()
         if self.aio.in_flight:
             finished.extend(_async_outcomes(self.aio))

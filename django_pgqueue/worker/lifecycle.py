@@ -31,6 +31,7 @@ from ..registry import Registry
 from ..registry import registry as default_registry
 from ..store.hold import RowHold
 from ..worker_config import WorkerConfig
+from . import inspection
 from .dispatcher import Dispatcher
 from .leases import Heartbeat
 from .listener import Listener
@@ -61,10 +62,12 @@ class Worker:
         registry: Registry | None = None,
         install_signal_handlers: bool = True,
         extensions: Iterable[Extension] | None = None,
+        supervisor: str | None = None,
         report_fd: int | None = None,
         **options: Any,
     ) -> None:
         self.config = cfg = WorkerConfig.build(queues, **options)
+        self.supervisor = supervisor  # the id of the supervisor whose child this is
         self.registry = registry or default_registry
         self.install_signal_handlers = install_signal_handlers
         self.stats: Counter[str] = Counter()
@@ -118,6 +121,24 @@ class Worker:
     def running(self) -> int:
         """How many jobs this worker holds now (their leases; for the registry)."""
         return len(self._dispatcher.leases.held())
+
+    def inspect(self) -> dict[str, Any]:
+        """This process's account now: its jobs, queues, handlers, counters, memory,
+        code (see `inspection.report`)."""
+        controls, stopping = self._dispatcher.controls, self._switch.stopping.is_set()
+        return inspection.report(
+            self.config, self.registry, controls, self._capacity, self.stats, stopping
+        )
+
+    def obey(self, action: str, concurrency: int | None = None) -> str:
+        """Do what an operator asked (stop, drain, resume, concurrency); what was done,
+        in words (see `controls.Controls.obey`)."""
+        return self._dispatcher.controls.obey(action, concurrency, self.stop_gracefully)
+
+    @property
+    def stopped_on_request(self) -> bool:
+        """An operator asked this process to stop (its supervisor must not restart it)."""
+        return self._dispatcher.controls.stop_asked
 
     @property
     def worker_id(self) -> str:

@@ -103,6 +103,12 @@ class HandlerPool:
         for _ in range(self.concurrency):
             self._spawn()
 
+    def grow(self, concurrency: int) -> None:
+        """Have at least `concurrency` handler threads (an operator raised the limit)."""
+        while self.concurrency < concurrency:
+            self.concurrency += 1
+            self._spawn()
+
     def submit(self, items: list[ClaimedJob]) -> None:
         """Hand jobs to the handler threads, in order."""
         for item in items:

@@ -112,13 +112,6 @@ class HardLimits:
         self.report = report
         self.database = database
 
-    def next_deadline(self, running: Iterable[ClaimedJob]) -> float | None:
-        """When the first async handler reaches its hard limit (the handler pool wakes
-        the dispatcher for the sync ones)."""
-        if self.report is None:
-            return None
-        return first_deadline(item for item in running if item.kind == "async")
-
     def check(
         self,
         running: Iterable[ClaimedJob],

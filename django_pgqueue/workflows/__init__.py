@@ -3,7 +3,9 @@
 - `steps`: `Step` (a job type and payload, or a ``@task`` call) and `step()`;
 - `builder`: `Workflow`, a DAG of named steps written in one statement, and
   `cancel_workflow`;
-- `canvas`: Celery's `chain`, `group` and `chord` on top of it;
+- `canvas`: Celery's `chain`, `group` and `chord` on top of it, and ``|``;
+- `inputs`: what a step that takes its parents' results receives (`StepFailure` for
+  a link_error step);
 - `batches`: `batch`, a block whose enqueued jobs form a batch with callbacks
   (``on_success``, ``on_finish``, ``on_discard``), its async spelling `abatch`, and
   `batch_status`.
@@ -24,6 +26,7 @@ from ..store import workflows as store
 from .batches import BatchRun, BatchStatus, abatch, batch, batch_status
 from .builder import Workflow, WorkflowRun, cancel_workflow
 from .canvas import Canvas, chain, chord, group
+from .inputs import StepFailure, results_arguments
 from .steps import ON_FAILURE, Step, step
 
 __all__ = [
@@ -32,6 +35,7 @@ __all__ = [
     "BatchStatus",
     "Canvas",
     "Step",
+    "StepFailure",
     "Workflow",
     "WorkflowRun",
     "abatch",
@@ -65,3 +69,4 @@ def parent_results(job: Any, *, using: str | None = None) -> dict[str, Any]:
 
 context.parent_results_reader = parent_results
 context.batch_reader = batch_status
+context.results_arguments_reader = results_arguments

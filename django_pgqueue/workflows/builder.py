@@ -1,17 +1,19 @@
-"""`Workflow`: a DAG of steps, each naming the steps it waits for, enqueued in one statement."""
+"""`Workflow`: a DAG of steps, each naming the steps it waits for, enqueued in one statement;
+`WorkflowRun`: an enqueued one, its result waited for."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.db import transaction
 
-from .. import enqueue_scope, extensions, validation
+from .. import enqueue_scope, extensions, validation, waiting
 from ..aenqueue import call_sync
 from ..conf import get_settings
-from ..exceptions import EnqueueError
+from ..exceptions import EnqueueError, JobFailed, WorkflowFailed
 from ..job_refs import JobRef, carried_database
 from ..store import operator
 from ..store import workflows as store
@@ -33,12 +35,18 @@ class WorkflowRun:
 
     `using` is the alias of the database it was written on (None: PGQUEUE["DATABASE"]);
     `job(name)` names a step's job with it, for `wait()` and the other APIs that take
-    a job (a bare id from `jobs` is read on DATABASE).
+    a job (a bare id from `jobs` is read on DATABASE). `outputs` are the steps whose
+    results are the workflow's (a chain's last step, a group's members' last steps, a
+    chord's callback; a `Workflow`'s steps that no step waits for), `as_list` whether
+    that result is their list (a group, or several outputs) rather than one's result.
     """
 
     id: int
     jobs: dict[str, int] = field(default_factory=dict)
     using: str | None = None
+    name: str = "workflow"
+    outputs: tuple[str, ...] = ()
+    as_list: bool = False
 
     def job(self, name: str) -> JobRef:
         """Step `name`'s job, with the workflow's database (for `wait()` and the rest)."""
@@ -51,18 +59,70 @@ class WorkflowRun:
         """Cancel the workflow: its pending and waiting steps, and ask running ones to stop."""
         return cancel_workflow(self)
 
+    def wait(self, timeout: float | None = None) -> Any:
+        """Wait until the workflow's outputs finished; return its result.
+
+        A group's list of results (in group order, ``[]`` for an empty one), a chord's
+        callback's result, a chain's last step's. Read on the workflow's database, on a
+        connection of the wait's own. Raises `WorkflowFailed` (a `JobFailed`) naming the
+        step that failed and its error, `WaitTimeout` when the outputs have not all
+        finished within `timeout` seconds (None: no limit).
+        """
+        deadline = _deadline(timeout)
+        results = []
+        for output in self.outputs:
+            try:
+                results.append(waiting.wait(self.job(output), _left(deadline)))
+            except JobFailed as exc:
+                failure = self._failure()
+                if failure is None:
+                    raise
+                raise failure from exc
+        return self._shaped(results)
+
+    async def wait_async(self, timeout: float | None = None) -> Any:
+        """`wait` for asyncio: awaits the result without blocking the event loop."""
+        deadline = _deadline(timeout)
+        results = []
+        for output in self.outputs:
+            try:
+                results.append(await waiting.await_job(self.job(output), _left(deadline)))
+            except JobFailed as exc:
+                failure = await call_sync(self._failure)
+                if failure is None:
+                    raise
+                raise failure from exc
+        return self._shaped(results)
+
+    def result(self) -> Any:
+        """The workflow's result now, without waiting: `wait` with a timeout of 0
+        (`WaitTimeout` while an output has not finished)."""
+        return self.wait(0)
+
+    def _shaped(self, results: list[Any]) -> Any:
+        if self.as_list:
+            return results
+        return results[0] if results else None
+
+    def _failure(self) -> WorkflowFailed | None:
+        """The error naming the step that failed by itself (None: none found, pruned)."""
+        found = store.workflow_failure(self.using or get_settings().DATABASE, self.id)
+        return None if found is None else WorkflowFailed(self.name, self.id, *found)
+
 
 class Workflow:
     """A general workflow: steps added by name, each waiting for the steps it names.
 
     ``after`` may name steps added later; `enqueue` refuses unknown names and cycles,
-    naming them, before anything is written.
+    naming them, before anything is written. `allow_empty`: a workflow of no steps is
+    written (a canvas's empty group) rather than refused.
     """
 
-    def __init__(self, name: str = "workflow") -> None:
+    def __init__(self, name: str = "workflow", *, allow_empty: bool = False) -> None:
         if not isinstance(name, str) or not name:
             raise EnqueueError(f"a workflow's name must be a non-empty string, got {name!r}.")
         self.name = name
+        self.allow_empty = allow_empty
         self._steps: dict[str, tuple[Step, tuple[str, ...]]] = {}
 
     def __len__(self) -> int:
@@ -131,7 +191,7 @@ class Workflow:
         until the statement that finishes their last dependency makes them pending.
         Everything is validated first: nothing is written if any step is refused.
         """
-        if not self._steps:
+        if not self._steps and not self.allow_empty:
             raise EnqueueError(f"workflow {self.name!r} has no steps.")
         conf = get_settings()
         names = self.order()
@@ -144,7 +204,7 @@ class Workflow:
                 options = made.checked_options()
             except EnqueueError as exc:
                 raise EnqueueError(f"workflow {self.name!r}, step {name!r}: {exc}") from exc
-            rows.append(store.StepRow(*options, name, made.on_failure, len(parents)))
+            rows.append(store.StepRow(*options, name, made.on_failure, len(parents), made.collects))
             payloads.append(made.payload)
         edges = [
             (position[name], position[parent]) for name in names for parent in self._steps[name][1]
@@ -153,15 +213,28 @@ class Workflow:
             text = validation.payloads(payloads, conf.MAX_PAYLOAD_BYTES)
         except EnqueueError as exc:
             raise EnqueueError(f"workflow {self.name!r}: {exc} (the step order: {names})") from exc
-        alias = using or self._database(rows)
+        alias = using or (self._database(rows) if rows else conf.DATABASE)
         # Inside a transaction on another database only, it could not be atomic with it.
-        enqueue_scope.commit_to_wait_for(alias, rows[0].queue, on_commit=False)
+        enqueue_scope.commit_to_wait_for(
+            alias, rows[0].queue if rows else conf.DEFAULT_QUEUE, on_commit=False
+        )
         traceparent = extensions.enqueue_columns().get("traceparent")
         workflow_id, job_ids = store.insert_workflow(
             alias, self.name, rows, text, edges, traceparent
         )
         where = None if alias == conf.DATABASE else alias
-        return WorkflowRun(workflow_id, dict(zip(names, job_ids, strict=True)), where)
+        jobs = dict(zip(names, job_ids, strict=True))
+        outputs = self._outputs()
+        return WorkflowRun(workflow_id, jobs, where, self.name, outputs, len(outputs) != 1)
+
+    def _outputs(self) -> tuple[str, ...]:
+        """The steps no step waits for, link_error steps left out, in the order added."""
+        waited_for = {parent for _, parents in self._steps.values() for parent in parents}
+        return tuple(
+            name
+            for name, (made, _) in self._steps.items()
+            if name not in waited_for and made.on_failure != "error"
+        )
 
     async def aenqueue(self, *, using: str | None = None) -> WorkflowRun:
         """`enqueue` from async code, in the caller's transaction (`aatomic`)."""
@@ -183,6 +256,18 @@ class Workflow:
                 "on one."
             )
         return next(iter(found))
+
+
+def _deadline(timeout: float | None) -> float | None:
+    """When a wait of `timeout` seconds ends (None: never); TypeError or ValueError for
+    a bad timeout."""
+    limit = waiting.checked_timeout(timeout)
+    return None if limit is None else time.monotonic() + limit
+
+
+def _left(deadline: float | None) -> float | None:
+    """The seconds left until `deadline` (0 once it passed: look once more)."""
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
 
 def _topological(workflow: str, graph: dict[str, Sequence[str]]) -> list[str]:

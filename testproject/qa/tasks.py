@@ -112,3 +112,36 @@ def batch_report(context: TaskContext) -> dict[str, Any]:
     import django_pgqueue
 
     return django_pgqueue.batch_status(context).as_dict()
+
+
+# -- canvas steps: tasks that take their parents' results (step(..., takes_results=True)) --
+
+
+@task(queue_name="qa-tasks")
+def mul(value: int, factor: int) -> int:
+    return value * factor
+
+
+@task(queue_name="qa-tasks")
+def tsum(numbers: list[int], offset: int = 0) -> int:
+    return sum(numbers) + offset
+
+
+@task(queue_name="qa-tasks")
+def average(numbers: list[float]) -> float:
+    """Its OPTIONS say takes_results: every step of it takes its parents' results."""
+    return sum(numbers) / len(numbers)
+
+
+@task(queue_name="qa-tasks")
+def errback(failure: Any, label: str) -> dict[str, Any]:
+    """A link_error step: return what it was handed about the failed step."""
+    return {
+        "label": label,
+        "job_id": failure.job_id,
+        "step": failure.step,
+        "status": failure.status,
+        "error": failure.error,
+        "error_class": failure.error_class,
+        "traceback": failure.traceback,
+    }

@@ -128,6 +128,8 @@ TASKS = {
                     "retry_backoff": 0.01,
                     "retry_jitter": False,
                 },
+                # A workflow step's parents' results come first in every step of it.
+                "qa.tasks.average": {"takes_results": True},
             },
         },
     }

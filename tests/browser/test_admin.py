@@ -345,6 +345,19 @@ def test_the_lists_fit_a_laptop_screen_with_the_sidebar_open(
     lines = page.evaluate(WORD_ON_ONE_LINE, ["td.field-final_error", "PermanentFailure"])
     assert lines, lines
     assert set(lines) == {1}, lines
+    # A dead job's attempts: the error is the class without its module path, between
+    # words only, and the table stays inside its panel.
+    page.goto(f"{live_server.url}/admin/django_pgqueue/job/{queue_with_a_dead_job['dead']}/change/")
+    error = page.inner_text("tr.pgqueue-attempt td.field-error")
+    assert error.startswith("PermanentFailure: card declined"), error
+    for word in ("PermanentFailure:", "declined", "issuer"):
+        lines = page.evaluate(WORD_ON_ONE_LINE, ["tr.pgqueue-attempt td.field-error", word])
+        assert lines == [1], (word, lines)
+    table = page.locator("table.pgqueue-attempt-table").bounding_box()
+    panel = page.locator(".pgqueue-attempts-group fieldset").bounding_box()
+    assert table["x"] + table["width"] <= panel["x"] + panel["width"] + 1, (table, panel)
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    page.screenshot(path=str(tmp_path / f"dead-job-attempts-{width}.png"), full_page=True)
     # With the sidebar closed the error gets the room it gave up.
     page.goto(f"{live_server.url}/admin/django_pgqueue/job/")
     page.click("#toggle-nav-sidebar")

@@ -84,11 +84,14 @@ def test_a_gone_worker_shows_no_running_slots(
     make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
     page = login(browser, live_server, "operator", width=width)
     page.goto(f"{live_server.url}/admin/django_pgqueue/workerrecord/")
-    row = page.locator("tr.pgqueue-gone")
-    running = row.locator("td").nth(3).inner_text()
+    page.click("text=Show gone workers (1)")
+    row = page.locator("tr.pgqueue-worker.pgqueue-gone")
+    running = row.locator("td.pgqueue-worker-running").inner_text()
     assert "2 / 4" not in running
-    assert "— (gone)" in running
-    assert "1 job still leased to it until the sweep" in running
+    assert running.strip() == "—"
+    processes = page.inner_text("tr.pgqueue-processes-row")
+    assert f"#{held}" in processes
+    assert "leased to it until the sweep" in processes
     save_screenshot(page, tmp_path, f"workers-gone-{width}.png")
     page.context.close()
 
@@ -223,21 +226,21 @@ def test_the_charts_of_a_new_install_fill_their_width(
     page.goto(f"{live_server.url}/admin/django_pgqueue/minutestats/")
     assert page.inner_text(".pgqueue-summary strong").startswith("15 min")
     # The first minute with work sits in the chart's left part, not squeezed to the edge.
+    page.wait_for_function("() => window.pgqueueCharts !== undefined")
     spread = page.evaluate(
         """() => {
-        const svg = document.querySelector('svg.pgqueue-chart');
-        const xs = [];
-        for (const line of svg.querySelectorAll('polyline')) {
-            for (const pair of line.getAttribute('points').trim().split(/\\s+/)) {
-                const [x, y] = pair.split(',').map(Number);
-                xs.push(x);
-            }
-        }
-        return {width: svg.viewBox.baseVal.width, xs: xs};
+        const u = window.pgqueueCharts[0];
+        const worked = u.data[1].findIndex((v) => v > 0);
+        return {
+            first: u.valToPos(u.data[0][worked], 'x'),
+            width: u.bbox.width / devicePixelRatio,
+            ticks: u.axes[1]._values,
+        };
     }"""
     )
-    assert spread["xs"], spread
-    assert min(spread["xs"]) < spread["width"] * 0.75, spread
+    assert 0 < spread["first"] < spread["width"] * 0.75, spread
+    # Whole-number ticks for counts.
+    assert spread["ticks"] == ["0", "10", "20", "30", "40"], spread
     save_screenshot(page, tmp_path, "charts-new-install-1400.png")
     page.context.close()
 
@@ -368,6 +371,12 @@ def test_limits_are_set_on_a_known_queue_chosen_from_a_list(
     page.goto(f"{live_server.url}/admin/django_pgqueue/queuecontrol/")
     page.click("text=Set limits on a queue")
     assert page.inner_text("#content h1") == "Set limits on a queue"
+    # The breadcrumb says what the page does, not Django's "Add queue".
+    crumbs = " ".join(page.inner_text(".breadcrumbs").replace("\u203a", " ").split())
+    assert crumbs == "Home Job queue Queues Set limits on a queue", crumbs
+    # A queue without limits has no per-type limits or history to show yet.
+    for empty in ("type_limits", "configured", "updated"):
+        assert page.locator(f".field-{empty}").count() == 0, empty
     options = page.locator("select#id_queue option").all_inner_texts()
     assert options == ["---------", "email", "payments"]
     # The key limit has its default and is not required.
@@ -385,4 +394,47 @@ def test_limits_are_set_on_a_known_queue_chosen_from_a_list(
     row = page.locator("#result_list tr", has_text="payments")
     assert row.locator("td.field-limit_display").inner_text() == "3"
     assert row.locator("td.field-rate_display").inner_text() == "—"
+    page.context.close()
+
+
+def test_the_dead_jobs_range_filter_names_its_time_fields_and_search_reads_prefixes(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    tmp_path: Path,
+) -> None:
+    make_job("dead", queue="payments", type="demo.charge_card", payload={"order": 7311},
+             error="django_pgqueue.exceptions.PermanentFailure: card declined")  # fmt: skip
+    make_job("dead", queue="email", type="shop.send_receipt", payload={"order": 9001})
+    make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
+    page = login(browser, live_server, "operator", width=1400)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/deadjob/")
+    # The range filter's time fields say they take a time, in the admin's zone.
+    placeholders = page.eval_on_selector_all(
+        "#changelist-filter input[placeholder]", "inputs => inputs.map(i => i.placeholder)"
+    )
+    assert "From time (UTC)" in placeholders, placeholders
+    assert "To time (UTC)" in placeholders, placeholders
+    assert placeholders.count("From date") == placeholders.count("From time (UTC)")
+    # Each time field is wide enough for its placeholder.
+    cut = page.eval_on_selector_all(
+        "#changelist-filter input.vTimeField",
+        """inputs => inputs.filter(input => {
+            const probe = document.createElement('span');
+            probe.style.font = getComputedStyle(input).font;
+            probe.textContent = input.placeholder;
+            document.body.appendChild(probe);
+            const wide = probe.getBoundingClientRect().width;
+            probe.remove();
+            return wide > input.clientWidth - 4;
+        }).map(input => input.placeholder)""",
+    )
+    assert cut == [], cut
+    save_screenshot(page, tmp_path, "deadjob-filters-1400.png")
+    # A type's beginning and a payload value each find their job.
+    for words, found in (("demo.", "demo.charge_card"), ("9001", "shop.send_receipt")):
+        page.fill("#searchbar", words)
+        with page.expect_navigation():
+            page.press("#searchbar", "Enter")
+        types = page.locator("#result_list td.field-type_column").all_inner_texts()
+        assert types == [found], (words, types)
     page.context.close()

@@ -137,6 +137,15 @@ def test_what_needs_a_feature_left_out_is_refused_naming_it(settings):
     (error,) = check_features_installed()
     assert error.id == "pgqueue.E009"
     assert "'reports'" in error.msg
+    # The built-in prune asked for by name needs the schedules feature too ...
+    without = [p for name, p in DEFAULT_FEATURES.items() if name != "schedules"]
+    settings.PGQUEUE = {"EXTENSIONS": without, "PRUNE": {"dead": "30d"}}
+    (error,) = check_features_installed()
+    assert error.id == "pgqueue.E008"
+    assert "'pgqueue.prune'" in error.msg
+    # ... while left at its default, it is simply off without it.
+    settings.PGQUEUE = {"EXTENSIONS": without}
+    assert check_features_installed() == []
     # Left out, and nothing needing it: nothing to say.
     settings.PGQUEUE = {"EXTENSIONS": []}
     assert check_features_installed() == []

@@ -18,7 +18,7 @@ BLOCK = re.compile(r"```python\n(.*?)\n```", re.DOTALL)
 def test_the_canvas_how_to_runs_and_writes_each_workflow():
     text = (ROOT / PAGES[0]).read_text("utf-8")
     blocks = BLOCK.findall(text)
-    assert len(blocks) == 11
+    assert len(blocks) == 12
     namespace: dict = {}
     before = 0
     written = []
@@ -28,8 +28,8 @@ def test_the_canvas_how_to_runs_and_writes_each_workflow():
         written.append(now - before)
         before = now
     # The two step() lines and the handlers write nothing; the rolled-back one neither;
-    # the batch writes its callbacks' workflow.
-    assert written == [0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0]
+    # the batch writes its callbacks' workflow; the rates chord is named.
+    assert written == [0, 1, 0, 1, 1, 1, 1, 1, 1, 0, 1, 0]
     assert registry.find("feeds.parse") is not None
     assert registry.find("imports.report") is not None
     assert sql("SELECT name, size FROM queue_batches") == [("import 12", 4)]
@@ -40,7 +40,14 @@ def test_the_canvas_how_to_runs_and_writes_each_workflow():
         )
     )
     # chains: the feed (3), the chain of groups (5), the charge with its alert (3).
-    assert steps == {"chain": 3 + 5 + 3, "group": 3, "chord": 3, "nightly": 4, "import 12": 3}
+    assert steps == {
+        "chain": 3 + 5 + 3,
+        "group": 3,
+        "chord": 3,
+        "rates": 3,
+        "nightly": 4,
+        "import 12": 3,
+    }
 
 
 def test_the_concepts_page_has_no_code_to_run():

@@ -11,6 +11,7 @@ from django.db import connection, transaction
 from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.observability import rollup, workers
 from django_pgqueue.sql import QUERIES
+from django_pgqueue.store.session import Session
 from django_pgqueue.store.worker import Store
 from tests.conftest import sql
 
@@ -146,3 +147,41 @@ def test_a_window_in_points_of_five_minutes_sums_them() -> None:
     assert all(1 <= p <= 2.5 for p in series.wait_p50)  # bucket [1 s, 2.5 s)
     with pytest.raises(ValueError, match="multiple of step"):
         rollup.read_window("default", 60, 7)
+
+
+def test_the_rollup_keeps_how_long_attempts_ran(run_worker: Any) -> None:
+    # Three jobs of 0.3 s: each attempt counted in the bucket [250 ms, 500 ms).
+    enqueue_many([("qa.sleep", {"seconds": 0.3}) for _ in range(3)], queue="slow")
+    run_worker(["slow"], burst=True, heartbeat_interval=0.1).join()
+    ((runs, run_sum),) = sql(
+        "SELECT array_agg(run_buckets), sum(run_seconds_sum) FROM queue_stats_minutely "
+        "WHERE queue = 'slow'"
+    )
+    merged = [sum(column) for column in zip(*runs, strict=True)]
+    assert sum(merged) == 3, runs
+    assert merged[rollup.WAIT_BOUNDS.index(0.25) + 1] == 3, merged
+    assert 0.9 <= run_sum < 1.5, run_sum
+    (series,) = rollup.read_window("default", 15).queues
+    p50 = [v for v in series.run_p50 if v is not None]
+    assert p50
+    assert 0.25 <= p50[-1] <= 0.5, p50
+
+
+def test_the_backlog_is_sampled_per_queue_into_the_current_minute() -> None:
+    enqueue_many([("qa.noop", n) for n in range(7)], queue="deep")
+    enqueue("qa.noop", queue="deep", delay=3600)  # not due: not in the backlog
+    session = Session("default", "pgqueue backlog test", prepared=False)
+    try:
+        rollup.sample_backlog(session, ["deep", "idle"])
+        sql("DELETE FROM queue_job_state WHERE queue = 'deep' AND run_at <= now() "
+            "AND job_id IN (SELECT job_id FROM queue_job_state WHERE queue = 'deep' "
+            "ORDER BY job_id LIMIT 2)")  # fmt: skip
+        rollup.sample_backlog(session, ["deep", "idle"])  # the minute keeps the last one
+    finally:
+        session.close()
+    # The idle queue (nothing due, nothing finished) gets no row.
+    assert sql("SELECT queue, backlog FROM queue_stats_minutely") == [("deep", 5)]
+    (series,) = rollup.read_window("default", 15).queues
+    # One point has the sample (the minute may have turned since): the others none.
+    assert [value for value in series.backlog if value is not None] == [5]
+    assert series.run_p50 == [None] * 15

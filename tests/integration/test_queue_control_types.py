@@ -56,9 +56,19 @@ def test_a_type_rate_window_is_exact_and_other_types_run_past_it(stores):
     first = store.claim("rt", 30, "w", 30)
     assert sorted(types_of(first)).count("qa.echo") == 5
     assert sorted(types_of(first)).count("qa.noop") == 20
-    assert store.claim("rt", 30, "w", 30) == []  # the type's window is full
+    second = store.claim("rt", 30, "w", 30)
     wait = store.claims.retry_short("rt", 10.0)
-    assert 0 < wait <= 0.5  # retried when the window admits the next start
+    # Read after both: if the window was still open then, both ran inside it.
+    window_age = sql(
+        "SELECT extract(epoch FROM clock_timestamp() - min(a.started_at)) FROM queue_attempts a "
+        "JOIN queue_jobs j ON j.id = a.job_id WHERE j.type = 'qa.echo'"
+    )[0][0]
+    if window_age < 0.5:
+        assert second == []  # the type's window is full
+        assert 0 < wait <= 0.5  # retried when the window admits the next start
+    else:  # a stalled machine let the window pass: only the type's next starts came
+        assert set(types_of(second)) <= {"qa.echo"}
+        assert len(second) <= 5
 
     def echo_starts() -> int:
         return sql(

@@ -22,9 +22,11 @@ from django_pgqueue import (
     JobDead,
     WaitTimeout,
     Workflow,
+    WorkflowFailed,
     actions,
     await_job,
     batch,
+    chain,
     enqueue,
     enqueue_many,
     step,
@@ -194,6 +196,26 @@ def test_a_workflow_run_names_its_database_to_cancel_and_to_wait() -> None:
         wait(home.job("first"), timeout=HANG_GUARD)
     with pytest.raises(KeyError, match="no step 'third'"):
         away.job("third")
+
+
+def test_a_workflow_runs_result_and_failure_are_read_on_its_database() -> None:
+    # A chain on each database, their steps under the same job id: a wait that read the
+    # other database would return the other result.
+    runs: dict[str, Any] = {}
+
+    def chained(queue: str, database: str) -> Any:
+        runs[database] = chain(step("qa.echo", {"database": database}, queue=queue)).enqueue()
+        return runs[database].job(next(iter(runs[database].jobs)))
+
+    same_ids(partial(chained, HOME, "default"), partial(chained, AWAY, "queues2"))
+    failing = flow(AWAY)
+    run_due_jobs([HOME, AWAY])
+    assert runs["queues2"].using == "queues2"
+    assert runs["queues2"].wait(HANG_GUARD) == {"database": "queues2"}
+    assert runs["default"].wait(HANG_GUARD) == {"database": "default"}
+    with pytest.raises(WorkflowFailed, match="'first'") as raised:
+        failing.wait(HANG_GUARD)
+    assert raised.value.job_id == failing.jobs["first"]
 
 
 # -- batches ---------------------------------------------------------------------------

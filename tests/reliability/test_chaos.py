@@ -76,7 +76,7 @@ def chaos(
     slots = [start(slot) for slot in range(WORKERS)]
     started = time.monotonic()
     kills: list[tuple[str, object, set[int]]] = []  # (worker id, db time, jobs held)
-    deadline = started + size(240, 1800)
+    deadline = started + size(600, 1800)  # a hang guard: a loaded machine restarts workers slowly
     next_kill = started + rng.uniform(1.5, 2.5)
     while True:
         remaining = sql("SELECT count(*) FROM queue_job_state WHERE status <> 'completed'")[0][0]

@@ -59,6 +59,8 @@ ROUTED = {
     # Counts each control row's running jobs on that row's queue: one shard per row
     # (queue_controls co-located), over every controlled queue: a multi-shard read.
     "queue_control_show",
+    # A worker's backlog sample: one count per queue it serves, each on that queue.
+    "stats_minute_backlog",
     # Enqueue: each row inserted carries its queue (a row is routed by its own value).
     "job_enqueue_many",
     "job_enqueue_many_alike",
@@ -127,11 +129,15 @@ EXEMPT = {
     "stats_completed_by_queue": "queue_stats --exact: every queue at once",
     "names_known": "the admin's filters: every type and queue",
     "worker_running_jobs": "the admin's workers page: the jobs of the workers shown, any queue",
+    "attempt_feed": "the admin's live feed: the latest attempts of every queue, by id",
+    "attempt_feed_start": "the admin's live feed: where the latest attempts of every queue start",
     "index_live_entries": "index upkeep counts the hot indexes' entries over all queues",
     "job_hold_tables": "LOCK TABLE: a table lock, not a row read (Citus locks every shard)",
     "job_waiter_add": "wait() is given a job id by its caller, not its queue",
     "job_waiter_check": "wait() is given a job id by its caller, not its queue",
     "workflow_parent_results": "a step's parents may be in other queues",
+    "workflow_parent_failures": "a link_error step's parents may be in other queues",
+    "workflow_failure": "a workflow's steps may be in several queues",
     "workflow_jobs": "a workflow's steps may be in several queues",
     "workflow_page": "the admin's Workflows list: workflows whose steps span queues",
     "workflow_step_details": "the admin's workflow page: steps in several queues",

@@ -14,7 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_pgqueue import supervisor
-from django_pgqueue.management.commands import run_queue_worker
+from django_pgqueue.management.supervision import needs_supervisor
 from tests.conftest import MANAGE
 
 SECONDS = r"must be a finite number of seconds > 0 and at most 316,224,000 \(10 years\)"
@@ -135,4 +135,4 @@ def test_recycling_or_a_hard_limit_runs_the_worker_under_a_supervisor(
 ):
     settings.PGQUEUE = pgqueue
     given = {"max_jobs_per_process": None, "max_memory_per_process": None, **options}
-    assert run_queue_worker._needs_supervisor(given) is expected
+    assert needs_supervisor(given) is expected

@@ -16,9 +16,8 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django_pgqueue import supervisor, validators
 from django_pgqueue.checks import TAG as CHECK_TAG
 from django_pgqueue.checks import autovacuum_problem
-from django_pgqueue.conf import get_settings
 from django_pgqueue.exceptions import ConfigurationError
-from django_pgqueue.registry import registry
+from django_pgqueue.management.supervision import needs_supervisor
 from django_pgqueue.store.operator import missing_tables
 from django_pgqueue.worker import Worker, WorkerConfig
 from django_pgqueue.worker_config import MAX_JOBS_PER_PROCESS, MAX_MEMORY_MIB, queues_by_database
@@ -201,6 +200,7 @@ class Command(BaseCommand):
         parser.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)
         parser.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
         parser.add_argument("--child-index", type=int, help=argparse.SUPPRESS)
+        parser.add_argument("--supervisor-id", help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         _configure_logging(options["verbosity"], options["child_index"])
@@ -213,7 +213,7 @@ class Command(BaseCommand):
             config = _worker_options(options, weights)
             placed = queues_by_database(options["queues"])
             _check_weights(weights, options["queues"])
-            supervised = processes > 1 or len(placed) > 1 or _needs_supervisor(options)
+            supervised = processes > 1 or len(placed) > 1 or needs_supervisor(options)
             if supervised and options["control_fd"] is None:
                 # Bad options refused once, here, not by every child.
                 for alias, queues in placed.items():
@@ -228,7 +228,12 @@ class Command(BaseCommand):
 
     def _run_worker(self, options: dict[str, Any], config: dict[str, Any]) -> int:
         """Run one worker in this process; its exit code."""
-        worker = Worker(options["queues"], report_fd=options["report_fd"], **config)
+        worker = Worker(
+            options["queues"],
+            supervisor=options["supervisor_id"],
+            report_fd=options["report_fd"],
+            **config,
+        )
         if options["child_index"] is None:  # a supervisor's children were checked by it
             _check_database(worker.config.database)
         if options["metrics_port"] is not None:
@@ -243,7 +248,10 @@ class Command(BaseCommand):
                     worker.stop_gracefully()
 
             supervisor.follow_supervisor(options["control_fd"], stop)
-        return worker.run()
+        code = worker.run()
+        if not code and worker.stopped_on_request and options["control_fd"] is not None:
+            return supervisor.EXIT_STOP_REQUESTED  # its supervisor must not restart it
+        return code
 
 
 def _worker_options(options: dict[str, Any], weights: dict[str, int]) -> dict[str, Any]:
@@ -264,33 +272,6 @@ def _worker_options(options: dict[str, Any], weights: dict[str, int]) -> dict[st
         "max_jobs_per_process": options["max_jobs_per_process"],
         "max_memory_per_process": options["max_memory_per_process"],
     }
-
-
-def _needs_supervisor(options: dict[str, Any]) -> bool:
-    """Whether this worker runs under a supervisor even as one process: it recycles its
-    process, or a handler (or a task of a PgQueueBackend) has a hard time limit, which
-    only ending the process running it enforces (the supervisor writes its jobs and
-    starts a fresh one)."""
-    if options["max_jobs_per_process"] or options["max_memory_per_process"]:
-        return True
-    if get_settings().TIME_LIMIT is not None:
-        return True
-    registry.autodiscover()
-    if any(
-        (spec := registry.find(type_)) is not None and spec.time_limit is not None
-        for type_ in registry.types()
-    ):
-        return True
-    try:
-        # Local: Django's Tasks framework is optional (Django 5.2 without the backport).
-        from django_pgqueue.tasks.api import task_backends
-        from django_pgqueue.tasks.backend import PgQueueBackend
-    except ImportError:
-        return False
-    return any(
-        isinstance(backend, PgQueueBackend) and backend.has_time_limits()
-        for backend in task_backends.all()
-    )
 
 
 # The options a child gets as they were given to the supervisor (its queues, and their

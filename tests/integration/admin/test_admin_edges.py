@@ -212,10 +212,13 @@ def test_a_gone_worker_claims_no_running_slots(operator_client: Any) -> None:
     held = make_job("running")
     sql("UPDATE queue_job_state SET locked_by = 'killed-1' WHERE job_id = %s", [held])
     text = text_of(operator_client.get(WORKERS).content.decode())
-    assert "0 alive, 1 gone" in text
+    assert "0 workers alive (0 processes), 1 gone." in text
+    assert "killed-1" not in text  # folded away until asked for
+    text = text_of(operator_client.get(WORKERS, {"gone": "1"}).content.decode())
+    assert "killed-1" in text
     assert "2 / 4" not in text
-    assert "— (gone)" in text
-    assert "1 job still leased to it until the sweep" in text
+    assert "— (gone)" not in text
+    assert "(leased to it until the sweep)" in text
 
 
 # -- the Schedules pages -----------------------------------------------------------------

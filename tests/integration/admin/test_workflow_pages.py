@@ -301,6 +301,17 @@ def test_the_list_reads_the_same_number_of_queries_however_many_workflows(client
     assert "count(*) FROM queue_workflows" not in workflow_reads[0]
 
 
+def test_a_named_canvas_is_listed_by_its_name_and_an_empty_group_as_finished(client, stores):
+    client.force_login(make_user("viewer", *VIEWER_PERMISSIONS))
+    named = chain(s("a"), s("b"), name="nightly rates").enqueue()
+    empty = group().enqueue(name="nothing to do")
+    rows = rows_by_workflow(client.get(LIST).content.decode())
+    assert "nightly rates" in rows[named.id]
+    assert ">chain<" not in rows[named.id]
+    assert 'pgqueue-wf-finished">finished</span>' in rows[empty.id]
+    assert "nothing to do" in rows[empty.id]
+
+
 def test_a_pruned_workflow_says_so(client, stores):
     client.force_login(make_user("viewer", *VIEWER_PERMISSIONS))
     run = chain(s("a"), s("b")).enqueue()
