@@ -18,12 +18,12 @@ worker's async handlers share.
 
 from __future__ import annotations
 
-import datetime as dt
+import inspect
 import threading
 from collections.abc import AsyncIterable, Callable, Iterable
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from asgiref.sync import sync_to_async
 from django.db import transaction
@@ -32,6 +32,11 @@ from django.db.transaction import TransactionManagementError
 from .context import async_handler_job
 from .enqueue import EnqueuedJob, JobSpec, enqueue, enqueue_many
 from .exceptions import EnqueueError
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11's
+    from typing_extensions import Unpack
+
+    from .enqueue import JobDefaults, JobOptions
 
 R = TypeVar("R")
 
@@ -126,48 +131,19 @@ async def aenqueue(
     type: str,
     payload: Any = None,
     *,
-    queue: str | None = None,
-    priority: int | None = None,
-    run_at: dt.datetime | None = None,
-    delay: float | dt.timedelta | None = None,
-    max_attempts: int | None = None,
-    idempotency_key: str | None = None,
-    concurrency_key: str | None = None,
-    using: str | None = None,
     on_commit: Literal[False] = False,
+    **options: Unpack[JobOptions],
 ) -> EnqueuedJob: ...
 
 
 @overload
 async def aenqueue(
-    type: str,
-    payload: Any = None,
-    *,
-    queue: str | None = None,
-    priority: int | None = None,
-    run_at: dt.datetime | None = None,
-    delay: float | dt.timedelta | None = None,
-    max_attempts: int | None = None,
-    idempotency_key: str | None = None,
-    concurrency_key: str | None = None,
-    using: str | None = None,
-    on_commit: bool,
+    type: str, payload: Any = None, *, on_commit: bool, **options: Unpack[JobOptions]
 ) -> EnqueuedJob | None: ...
 
 
 async def aenqueue(
-    type: str,
-    payload: Any = None,
-    *,
-    queue: str | None = None,
-    priority: int | None = None,
-    run_at: dt.datetime | None = None,
-    delay: float | dt.timedelta | None = None,
-    max_attempts: int | None = None,
-    idempotency_key: str | None = None,
-    concurrency_key: str | None = None,
-    using: str | None = None,
-    on_commit: bool = False,
+    type: str, payload: Any = None, *, on_commit: bool = False, **options: Unpack[JobOptions]
 ) -> EnqueuedJob | None:
     """`enqueue` from async code, in the caller's transaction (`aatomic`).
 
@@ -175,60 +151,30 @@ async def aenqueue(
     the caller's connection, so inside ``async with aatomic():`` the job exists only if
     that block commits.
     """
-    return await call_sync(
-        enqueue,
-        type,
-        payload,
-        queue=queue,
-        priority=priority,
-        run_at=run_at,
-        delay=delay,
-        max_attempts=max_attempts,
-        idempotency_key=idempotency_key,
-        concurrency_key=concurrency_key,
-        using=using,
-        on_commit=on_commit,
-    )
+    return await call_sync(enqueue, type, payload, on_commit=on_commit, **options)
+
+
+# Its arguments are enqueue()'s, passed on as they came: help() and the docs name them.
+aenqueue.__signature__ = inspect.signature(enqueue)  # type: ignore[attr-defined]
+
+
+_Jobs = Iterable[JobSpec | tuple[str, Any]] | AsyncIterable[JobSpec | tuple[str, Any]]
 
 
 @overload
 async def aenqueue_many(
-    jobs: Iterable[JobSpec | tuple[str, Any]] | AsyncIterable[JobSpec | tuple[str, Any]],
-    *,
-    using: str | None = None,
-    queue: str | None = None,
-    priority: int | None = None,
-    run_at: dt.datetime | None = None,
-    delay: float | dt.timedelta | None = None,
-    max_attempts: int | None = None,
-    on_commit: Literal[False] = False,
+    jobs: _Jobs, *, on_commit: Literal[False] = False, **defaults: Unpack[JobDefaults]
 ) -> list[EnqueuedJob]: ...
 
 
 @overload
 async def aenqueue_many(
-    jobs: Iterable[JobSpec | tuple[str, Any]] | AsyncIterable[JobSpec | tuple[str, Any]],
-    *,
-    using: str | None = None,
-    queue: str | None = None,
-    priority: int | None = None,
-    run_at: dt.datetime | None = None,
-    delay: float | dt.timedelta | None = None,
-    max_attempts: int | None = None,
-    on_commit: bool,
+    jobs: _Jobs, *, on_commit: bool, **defaults: Unpack[JobDefaults]
 ) -> list[EnqueuedJob] | None: ...
 
 
 async def aenqueue_many(
-    jobs: Iterable[JobSpec | tuple[str, Any]] | AsyncIterable[JobSpec | tuple[str, Any]],
-    *,
-    using: str | None = None,
-    queue: str | None = None,
-    priority: int | None = None,
-    run_at: dt.datetime | None = None,
-    delay: float | dt.timedelta | None = None,
-    max_attempts: int | None = None,
-    on_commit: bool = False,
+    jobs: _Jobs, *, on_commit: bool = False, **defaults: Unpack[JobDefaults]
 ) -> list[EnqueuedJob] | None:
     """`enqueue_many` from async code, in the caller's transaction (`aatomic`).
 
@@ -237,14 +183,17 @@ async def aenqueue_many(
     """
     if isinstance(jobs, AsyncIterable):
         jobs = [item async for item in jobs]
-    return await call_sync(
-        enqueue_many,
-        jobs,
-        using=using,
-        queue=queue,
-        priority=priority,
-        run_at=run_at,
-        delay=delay,
-        max_attempts=max_attempts,
-        on_commit=on_commit,
-    )
+    return await call_sync(enqueue_many, jobs, on_commit=on_commit, **defaults)
+
+
+# Its arguments are enqueue_many()'s but `jobs`, which may be an async iterable.
+_MANY = inspect.signature(enqueue_many)
+aenqueue_many.__signature__ = _MANY.replace(  # type: ignore[attr-defined]
+    parameters=[
+        _MANY.parameters["jobs"].replace(
+            annotation="Iterable[JobSpec | tuple[str, Any]]"
+            " | AsyncIterable[JobSpec | tuple[str, Any]]"
+        ),
+        *list(_MANY.parameters.values())[1:],
+    ]
+)

@@ -3,6 +3,7 @@ state table needs autovacuum (checked when the checks may use the database)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -217,21 +218,34 @@ def _queried_alias(databases: Any) -> str | None:
     return alias
 
 
-@checks.register(TAG, checks.Tags.database)
-def check_autovacuum(
-    app_configs: Any = None, databases: Any = None, **kwargs: Any
-) -> list[checks.CheckMessage]:
-    """pgqueue.W001: autovacuum must be able to clean queue_job_state.
+def _queries_the_database(
+    check: Callable[[str], list[checks.CheckMessage]],
+) -> Callable[..., list[checks.CheckMessage]]:
+    """Register `check(alias)` as a check of the queue's database: it runs only when
+    the checks may query it (`check --database`, `migrate`), and says nothing of an
+    unreachable database (Django's own checks report it)."""
 
-    Runs only when the checks may query databases (`check --database`, `migrate`).
-    """
-    alias = _queried_alias(databases)
-    if alias is None:
-        return []
-    try:
-        problem = autovacuum_problem(alias)
-    except DatabaseError:
-        return []  # an unreachable database is reported by Django's own checks
+    def run(
+        app_configs: Any = None, databases: Any = None, **kwargs: Any
+    ) -> list[checks.CheckMessage]:
+        alias = _queried_alias(databases)
+        if alias is None:
+            return []
+        try:
+            return check(alias)
+        except DatabaseError:
+            return []
+
+    # Named as `check` (Django lists checks by name), without __wrapped__: Django reads
+    # run's own signature to see that it takes **kwargs.
+    run.__name__, run.__qualname__, run.__doc__ = check.__name__, check.__qualname__, check.__doc__
+    return checks.register(TAG, checks.Tags.database)(run)
+
+
+@_queries_the_database
+def check_autovacuum(alias: str) -> list[checks.CheckMessage]:
+    """pgqueue.W001: autovacuum must be able to clean queue_job_state."""
+    problem = autovacuum_problem(alias)
     if problem is None:
         return []
     return [
@@ -246,23 +260,11 @@ def check_autovacuum(
     ]
 
 
-@checks.register(TAG, checks.Tags.database)
-def check_unknown_types(
-    app_configs: Any = None, databases: Any = None, **kwargs: Any
-) -> list[checks.CheckMessage]:
-    """pgqueue.W002: pending jobs whose type no handler or task of this project knows.
-
-    Runs only when the checks may query databases (`check --database`, `migrate`).
-    """
-    alias = _queried_alias(databases)
-    if alias is None:
-        return []
-    try:
-        if not has_queue_tables(alias):
-            return []  # not migrated yet (the first migrate runs its checks first)
-        unknown = [item for item in stranded_jobs(alias) if item.unknown_type]
-    except DatabaseError:
-        return []  # unreachable: Django's own checks say so
+@_queries_the_database
+def check_unknown_types(alias: str) -> list[checks.CheckMessage]:
+    """pgqueue.W002: pending jobs whose type no handler or task of this project knows."""
+    if not has_queue_tables(alias):
+        return []  # not migrated yet (the first migrate runs its checks first)
     return [
         checks.Warning(
             f"{item.jobs} pending job(s) in queue {item.queue!r} have the type "
@@ -272,5 +274,6 @@ def check_unknown_types(
             "for it (PGQUEUE['STRICT_TYPES'] = True refuses such types at enqueue).",
             id="pgqueue.W002",
         )
-        for item in unknown
+        for item in stranded_jobs(alias)
+        if item.unknown_type
     ]

@@ -340,9 +340,8 @@ def _optional_seconds(key: str, value: Any) -> float | None:
 
 
 GLOB_CHARS = frozenset("*?[")
-# A glob is a job type's characters plus fnmatch's *, ?, [...] and [!...].
-ROUTE_GLOB_RE = re.compile(r"\A[A-Za-z0-9_.:*?\[\]!-]{1,255}\Z")
-QUEUE_GLOB_RE = ROUTE_GLOB_RE
+# A glob is a job type's (or a queue's) characters plus fnmatch's *, ?, [...] and [!...].
+GLOB_RE = re.compile(r"\A[A-Za-z0-9_.:*?\[\]!-]{1,255}\Z")
 
 
 def _routes(value: Any) -> Routes:
@@ -352,18 +351,26 @@ def _routes(value: Any) -> Routes:
     globs: list[tuple[str, str]] = []
     for pattern, queue in value.items():
         where = f"{_name('ROUTES')}[{pattern!r}]"
-        if isinstance(pattern, str) and GLOB_CHARS.intersection(pattern):
-            if not ROUTE_GLOB_RE.match(pattern) or pattern.count("[") != pattern.count("]"):
-                raise ConfigurationError(
-                    f"{_name('ROUTES')} has the key {pattern!r}, which is neither a job type "
-                    "nor a glob of one: use a type's letters, digits, '_', '.', ':' or '-', "
-                    "with *, ? or [...] (e.g. 'billing.*')."
-                )
+        if _is_glob("ROUTES", pattern, "job type", "type's", "billing.*"):
             globs.append((pattern, validators.queue_name(queue, where, error=ConfigurationError)))
         else:
             validators.type_name(pattern, f"{_name('ROUTES')} key", error=ConfigurationError)
             exact[pattern] = validators.queue_name(queue, where, error=ConfigurationError)
     return Routes(exact, tuple(globs))
+
+
+def _is_glob(setting: str, pattern: Any, what: str, whose: str, example: str) -> bool:
+    """Whether a key of `setting` (ROUTES, QUEUE_DATABASES) is a glob of a `what`; an
+    error naming it when it has a glob's characters but is not one."""
+    if not (isinstance(pattern, str) and GLOB_CHARS.intersection(pattern)):
+        return False
+    if not GLOB_RE.match(pattern) or pattern.count("[") != pattern.count("]"):
+        raise ConfigurationError(
+            f"{_name(setting)} has the key {pattern!r}, which is neither a {what} nor a "
+            f"glob of one: use a {whose} letters, digits, '_', '.', ':' or '-', with *, ? "
+            f"or [...] (e.g. {example!r})."
+        )
+    return True
 
 
 def _alias(where: str, value: Any) -> str:
@@ -384,13 +391,7 @@ def _queue_databases(value: Any, default: str) -> QueueDatabases:
     for pattern, alias in value.items():
         where = f"{_name('QUEUE_DATABASES')}[{pattern!r}]"
         alias = _alias(where, alias)
-        if isinstance(pattern, str) and GLOB_CHARS.intersection(pattern):
-            if not QUEUE_GLOB_RE.match(pattern) or pattern.count("[") != pattern.count("]"):
-                raise ConfigurationError(
-                    f"{_name('QUEUE_DATABASES')} has the key {pattern!r}, which is neither a "
-                    "queue name nor a glob of one: use a queue's letters, digits, '_', '.', "
-                    "':' or '-', with *, ? or [...] (e.g. 'mail.*')."
-                )
+        if _is_glob("QUEUE_DATABASES", pattern, "queue name", "queue's", "mail.*"):
             globs.append((pattern, alias))
         else:
             validators.queue_name(

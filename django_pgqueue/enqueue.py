@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from functools import partial
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 from django.db import transaction
 
@@ -21,6 +21,9 @@ from .enqueue_scope import EnqueueListener
 from .exceptions import EnqueueError
 from .registry import Handler, registry
 from .store import enqueue as store
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11's
+    from typing_extensions import Unpack
 
 _NO_TYPE = object()  # enqueue_many's last pair's type before any pair of a str type
 
@@ -68,6 +71,24 @@ class JobSpec:
     concurrency_key: str | None = None
 
 
+class JobDefaults(TypedDict, total=False):
+    """The keyword options enqueue_many() applies to the items that leave them unset."""
+
+    using: str | None
+    queue: str | None
+    priority: int | None
+    run_at: dt.datetime | None
+    delay: float | dt.timedelta | None
+    max_attempts: int | None
+
+
+class JobOptions(JobDefaults, total=False):
+    """enqueue()'s keyword options, but `on_commit` (which decides what it returns)."""
+
+    idempotency_key: str | None
+    concurrency_key: str | None
+
+
 def _handler(conf: Any, type_: str) -> Handler | None:
     """The handler (or task) of `type_`; with STRICT_TYPES, an error when there is none."""
     registry.autodiscover()
@@ -86,32 +107,14 @@ def enqueue(
     type: str,
     payload: Any = None,
     *,
-    queue: str | None = None,
-    priority: int | None = None,
-    run_at: dt.datetime | None = None,
-    delay: float | dt.timedelta | None = None,
-    max_attempts: int | None = None,
-    idempotency_key: str | None = None,
-    concurrency_key: str | None = None,
-    using: str | None = None,
     on_commit: Literal[False] = False,
+    **options: Unpack[JobOptions],
 ) -> EnqueuedJob: ...
 
 
 @overload
 def enqueue(
-    type: str,
-    payload: Any = None,
-    *,
-    queue: str | None = None,
-    priority: int | None = None,
-    run_at: dt.datetime | None = None,
-    delay: float | dt.timedelta | None = None,
-    max_attempts: int | None = None,
-    idempotency_key: str | None = None,
-    concurrency_key: str | None = None,
-    using: str | None = None,
-    on_commit: bool,
+    type: str, payload: Any = None, *, on_commit: bool, **options: Unpack[JobOptions]
 ) -> EnqueuedJob | None: ...
 
 
@@ -195,27 +198,14 @@ def _write(
 def enqueue_many(
     jobs: Iterable[JobSpec | tuple[str, Any]],
     *,
-    using: str | None = None,
-    queue: str | None = None,
-    priority: int | None = None,
-    run_at: dt.datetime | None = None,
-    delay: float | dt.timedelta | None = None,
-    max_attempts: int | None = None,
     on_commit: Literal[False] = False,
+    **defaults: Unpack[JobDefaults],
 ) -> list[EnqueuedJob]: ...
 
 
 @overload
 def enqueue_many(
-    jobs: Iterable[JobSpec | tuple[str, Any]],
-    *,
-    using: str | None = None,
-    queue: str | None = None,
-    priority: int | None = None,
-    run_at: dt.datetime | None = None,
-    delay: float | dt.timedelta | None = None,
-    max_attempts: int | None = None,
-    on_commit: bool,
+    jobs: Iterable[JobSpec | tuple[str, Any]], *, on_commit: bool, **defaults: Unpack[JobDefaults]
 ) -> list[EnqueuedJob] | None: ...
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from django.db import DatabaseError
 
 from .conf import get_settings
-from .stats import QueueFigures, Snapshot, _plain, collect
+from .stats import QueueFigures, Snapshot, collect
 
 logger = logging.getLogger(__name__)
 
@@ -64,21 +64,25 @@ class Overview:
         return [late for snapshot in self.snapshots for late in snapshot.late_schedules]
 
     @property
+    def merged(self) -> Snapshot:
+        """Every database read as one snapshot: their queues, jobs and late schedules."""
+        return Snapshot(
+            queues=self.queues,
+            jobs=self.jobs,
+            completed_exact=self.completed_exact,
+            late_schedules=self.late_schedules,
+        )
+
+    @property
     def totals(self) -> QueueFigures:
         """The sum over every database read (an estimate of completed jobs if any is one)."""
-        merged = Snapshot(queues=self.queues, jobs=self.jobs)
-        merged.completed_exact = self.completed_exact
-        return merged.totals
+        return self.merged.totals
 
     def as_dict(self) -> dict[str, Any]:
         """``queue_stats --json``: the single-database keys over all databases, plus a
         section per database."""
         return {
-            "queues": [_plain(figures) for figures in self.queues],
-            "totals": _plain(self.totals),
-            "jobs": self.jobs,
-            "completed_exact": self.completed_exact,
-            "late_schedules": [late.as_dict() for late in self.late_schedules],
+            **self.merged.as_dict(),
             "databases": {reading.alias: _section(reading) for reading in self.readings},
         }
 

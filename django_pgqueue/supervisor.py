@@ -45,11 +45,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import FrameType
 
 from . import validators
 from .exceptions import ConfigurationError
 from .worker.report import RECYCLE, TIME_LIMIT, read_events
+from .worker.signals import queue_stop_signals
 from .worker.time_limits import LastWords, write_last_words
 
 logger = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Start the children and supervise them; the exit code (see `exit_status`)."""
-        restore = self._install_signal_handlers()
+        restore = queue_stop_signals(self._signals.put)
         try:
             logger.info("supervisor %d starting %d worker processes", os.getpid(), self.processes)
             for child in self.children:
@@ -342,23 +342,6 @@ class Supervisor:
         else:
             logger.warning("supervisor: %s: stopping the workers gracefully", name)
             self.stop()
-
-    def _install_signal_handlers(self) -> Callable[[], None] | None:
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            self._signals.put(signum)  # reentrant; the loop acts on it
-
-        for sig in previous:
-            signal.signal(sig, on_signal)
-
-        def restore() -> None:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-        return restore
 
 
 def _child_environment() -> dict[str, str]:

@@ -16,6 +16,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import fields
 from typing import Any
 
 from django.db import connections
@@ -25,10 +26,11 @@ from django.utils import timezone
 from django_pgqueue import validation
 from django_pgqueue.conf import get_settings
 from django_pgqueue.context import JobContext, Lease
-from django_pgqueue.enqueue import EnqueuedJob, enqueue
+from django_pgqueue.enqueue import EnqueuedJob
 from django_pgqueue.models import JobState, Schedule
 from django_pgqueue.registry import registry
 from django_pgqueue.schedules.firing import tick_key
+from django_pgqueue.schedules.operations import enqueue_scheduled
 from django_pgqueue.schedules.spec import ScheduleSpec, code_schedules
 from django_pgqueue.schedules.ticks import Ticks
 from django_pgqueue.store.operator import clock_ago
@@ -184,6 +186,10 @@ def make_context(
     return ctx
 
 
+# A schedule row's columns that make its spec (its catch_up plays no part in one tick).
+_SPEC_COLUMNS = [f.name for f in fields(ScheduleSpec) if f.name not in ("catch_up", "origin")]
+
+
 def _find_schedule(name: str, alias: str) -> ScheduleSpec:
     declared = code_schedules()
     for spec in declared.specs:
@@ -191,17 +197,7 @@ def _find_schedule(name: str, alias: str) -> ScheduleSpec:
             return spec
     row = Schedule.objects.using(alias).filter(name=name).first()
     if row is not None:
-        return ScheduleSpec(
-            name=row.name,
-            type=row.type,
-            cron=row.cron,
-            every=row.every,
-            queue=row.queue,
-            payload=row.payload,
-            timezone=row.timezone,
-            priority=row.priority,
-            max_attempts=row.max_attempts,
-        )
+        return ScheduleSpec(**{column: getattr(row, column) for column in _SPEC_COLUMNS})
     known = sorted({spec.name for spec in declared.specs})
     raise LookupError(f"no schedule named {name!r}; the code declares {known}")
 
@@ -229,12 +225,4 @@ def fire_tick(name: str, at: dt.datetime | None = None, *, using: str | None = N
             f"{at.isoformat()} is not a tick of schedule {name!r}; the ticks around it are "
             f"{before.isoformat()} and {after.isoformat()}"
         )
-    return enqueue(
-        spec.type,
-        spec.payload,
-        queue=spec.queue,
-        priority=spec.priority,
-        max_attempts=spec.max_attempts,
-        idempotency_key=tick_key(spec.name, at),
-        using=alias,
-    )
+    return enqueue_scheduled(spec, tick_key(spec.name, at), alias)

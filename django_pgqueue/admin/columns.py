@@ -24,6 +24,7 @@ from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
+from ..durations import format_seconds
 from ..models import Job, JobState, Status
 
 EMPTY = "—"
@@ -66,17 +67,7 @@ def span(seconds: float) -> str:
         return f"{seconds * 1000:.0f}ms"
     if seconds < 10:
         return f"{seconds:.1f}s"
-    whole = int(seconds)
-    days, rest = divmod(whole, 86_400)
-    hours, rest = divmod(rest, 3_600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d {hours}h"
-    if hours:
-        return f"{hours}h {minutes}m"
-    if minutes:
-        return f"{minutes}m {secs}s"
-    return f"{secs}s"
+    return format_seconds(seconds)
 
 
 def age(seconds: float) -> str:

@@ -26,7 +26,7 @@ from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, reverse
 from django.utils.text import Truncator
 
 from .. import stats
@@ -46,6 +46,7 @@ from .databases import (
 )
 from .lists import known_queues
 from .observability import breadcrumbs_as_list
+from .operations import operation_urls
 
 OPERATE_PERMISSION = "django_pgqueue.operate_job"
 
@@ -185,12 +186,8 @@ class QueueControlAdmin(admin.ModelAdmin):
         return super().changelist_view(request, extra_context=context)
 
     def get_urls(self) -> list[URLPattern]:
-        pause = path(
-            "set-paused/",
-            self.admin_site.admin_view(self.set_paused_view),
-            name="django_pgqueue_queuecontrol_set_paused",
-        )
-        return [pause, *super().get_urls()]
+        pause = ("set-paused/", self.set_paused_view, "django_pgqueue_queuecontrol_set_paused")
+        return [*operation_urls(self, [pause]), *super().get_urls()]
 
     def set_paused_view(self, request: HttpRequest) -> HttpResponse:
         """Pause or resume one queue by name (a POST of queue, paused=1|0), then list them."""

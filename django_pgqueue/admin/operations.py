@@ -17,7 +17,7 @@ from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.text import Truncator
 
 from .. import actions
@@ -211,3 +211,14 @@ class OperatorActionsMixin:
             "media": model_admin.media,
         }
         return TemplateResponse(request, "admin/django_pgqueue/action_confirmation.html", context)
+
+
+def operation_urls(
+    model_admin: admin.ModelAdmin, views: list[tuple[str, Callable[..., HttpResponse], str]]
+) -> list[URLPattern]:
+    """The URLs of a model admin's operation views, (route, view, URL name) each, behind
+    the admin site's login check: its get_urls puts them before Django's."""
+    return [
+        path(route, model_admin.admin_site.admin_view(view), name=name)
+        for route, view, name in views
+    ]

@@ -16,6 +16,7 @@ written on that database itself, and a new schedule is written on its queue's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -33,7 +34,7 @@ from django.http import (
     HttpResponseNotAllowed,
     HttpResponseRedirect,
 )
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, reverse
 from django.utils.html import format_html, format_html_join
 
 from ..conf import get_settings
@@ -52,6 +53,7 @@ from .databases import (
     read_alias,
     with_database,
 )
+from .operations import operation_urls
 
 TIMING_FIELDS = ("cron", "every", "timezone")
 RECENT_TICKS = 10
@@ -239,17 +241,12 @@ class ScheduleAdmin(admin.ModelAdmin):
         context = {"database_choice": choice, "title": "Schedules", **(extra_context or {})}
         return super().changelist_view(request, context)
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
+    def render_change_form(
+        self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any
     ) -> HttpResponse:
-        schedule = self.get_object(request, unquote(object_id))
-        buttons = [] if schedule is None else self.buttons(request, schedule)
-        context = {"pgqueue_buttons": buttons, **(extra_context or {})}
-        return super().change_view(request, object_id, form_url, context)
+        schedule = kwargs.get("obj")  # None on the add page
+        context["pgqueue_buttons"] = [] if schedule is None else self.buttons(request, schedule)
+        return super().render_change_form(request, context, *args, **kwargs)
 
     def buttons(self, request: HttpRequest, schedule: Schedule) -> list[dict[str, str]]:
         """The schedule page's buttons the user may press: Run now, then Enable or Disable."""
@@ -273,14 +270,10 @@ class ScheduleAdmin(admin.ModelAdmin):
         verbs = (("run-now", self.run_now_view), ("enable", self.enable_view),
                  ("disable", self.disable_view))  # fmt: skip
         own = [
-            path(
-                f"<path:object_id>/{verb}/",
-                self.admin_site.admin_view(view),
-                name=f"django_pgqueue_schedule_{verb.replace('-', '_')}",
-            )
+            (f"<path:object_id>/{verb}/", view, f"django_pgqueue_schedule_{verb.replace('-', '_')}")
             for verb, view in verbs
         ]
-        return [*own, *super().get_urls()]
+        return [*operation_urls(self, own), *super().get_urls()]
 
     def _button(
         self, request: HttpRequest, object_id: str, allowed: bool, act: Any
@@ -348,15 +341,11 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.display(description="next run", ordering="next_tick")
     def next_run(self, obj: Schedule) -> str:
-        if not obj.enabled:
-            return f"{EMPTY} (disabled)"
-        return when_short(obj.next_tick) if obj.next_tick else "at its next tick"
+        return _next_run(obj, when_short)
 
     @admin.display(description="next run")
     def next_run_at(self, obj: Schedule) -> str:
-        if not obj.enabled:
-            return f"{EMPTY} (disabled)"
-        return when(obj.next_tick) if obj.next_tick else "at its next tick"
+        return _next_run(obj, when)
 
     @admin.display(description="last run")
     def last_run_at(self, obj: Schedule) -> str:
@@ -443,3 +432,10 @@ class ScheduleAdmin(admin.ModelAdmin):
                 ),
                 messages.SUCCESS if job.created else messages.WARNING,
             )
+
+
+def _next_run(schedule: Schedule, say: Callable[[Any], str]) -> str:
+    """When `schedule` runs next, its time said by `say` (when, or when_short)."""
+    if not schedule.enabled:
+        return f"{EMPTY} (disabled)"
+    return say(schedule.next_tick) if schedule.next_tick else "at its next tick"

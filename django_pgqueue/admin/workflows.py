@@ -24,7 +24,7 @@ from django.http import (
     HttpResponseNotAllowed,
     HttpResponseRedirect,
 )
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.text import Truncator
@@ -37,7 +37,7 @@ from .columns import EMPTY, duration_of
 from .databases import admin_database, database_choice, read_alias, with_database
 from .lists import positive_id
 from .observability import ReadOnlyPage
-from .operations import OPERATE_PERMISSION
+from .operations import OPERATE_PERMISSION, operation_urls
 
 PER_PAGE = 50
 # Most workflows one filtered page reads looking for its state; a short page goes on
@@ -169,6 +169,7 @@ class WorkflowAdmin(ReadOnlyPage):
                 reverse("admin:django_pgqueue_job_changelist") + f"?workflow={summary.id}", alias
             ),
             list_url=with_database(reverse("admin:django_pgqueue_workflow_changelist"), alias),
+            list_title="Workflows",
             batch=batch,
             batch_url=batch
             and with_database(
@@ -180,12 +181,8 @@ class WorkflowAdmin(ReadOnlyPage):
         )
 
     def get_urls(self) -> list[URLPattern]:
-        cancel = path(
-            "<path:object_id>/cancel/",
-            self.admin_site.admin_view(self.cancel_view),
-            name="django_pgqueue_workflow_cancel",
-        )
-        return [cancel, *super().get_urls()]
+        cancel = ("<path:object_id>/cancel/", self.cancel_view, "django_pgqueue_workflow_cancel")
+        return [*operation_urls(self, [cancel]), *super().get_urls()]
 
     def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """Cancel the workflow (a POST), then show its page with what was done."""

@@ -104,54 +104,69 @@ class QueueCollector(Collector):
         return iter(())  # the families depend on the data: collect on each scrape only
 
 
+# The queue families of a scrape: (attribute, name, help, labels after the database's).
+_GAUGES = [
+    ("up", "pgqueue_database_up", "1 if the queue figures could be read from the database.", []),
+    (
+        "jobs",
+        "pgqueue_jobs",
+        "Jobs by queue and status (completed ones are not counted).",
+        ["queue", "status"],
+    ),
+    ("due", "pgqueue_jobs_due", "Pending jobs due now.", ["queue"]),
+    (
+        "oldest",
+        "pgqueue_oldest_due_age_seconds",
+        "How long the oldest due pending job has waited (0 when none is due).",
+        ["queue"],
+    ),
+    (
+        "expired",
+        "pgqueue_expired_leases",
+        "Running jobs whose lease ran out and that no sweep has requeued yet.",
+        ["queue"],
+    ),
+    ("workers", "pgqueue_workers", "Registered workers, alive or gone.", ["state"]),
+    (
+        "late",
+        "pgqueue_late_schedules",
+        "Enabled schedules whose due tick has not been fired within 2 poll intervals.",
+        [],
+    ),
+    (
+        "late_seconds",
+        "pgqueue_schedule_late_seconds",
+        "How long a late schedule's due tick has waited (only late schedules are listed).",
+        ["schedule", "queue"],
+    ),
+    (
+        "paused",
+        "pgqueue_queue_paused",
+        "1 while a queue is paused (its workers claim none of its jobs), 0 while it runs.",
+        ["queue"],
+    ),
+]
+
+
 class _Families:
     """The queue families of one scrape, filled database by database."""
+
+    up: GaugeMetricFamily
+    jobs: GaugeMetricFamily
+    due: GaugeMetricFamily
+    oldest: GaugeMetricFamily
+    expired: GaugeMetricFamily
+    workers: GaugeMetricFamily
+    late: GaugeMetricFamily
+    late_seconds: GaugeMetricFamily
+    paused: GaugeMetricFamily
 
     def __init__(self, *, labelled: bool) -> None:
         # Whether every series names its database (QUEUE_DATABASES is set).
         self.labelled = labelled
         db = ["database"] if labelled else []
-        self.up = GaugeMetricFamily(
-            "pgqueue_database_up",
-            "1 if the queue figures could be read from the database.",
-            labels=db,
-        )
-        self.jobs = GaugeMetricFamily(
-            "pgqueue_jobs",
-            "Jobs by queue and status (completed ones are not counted).",
-            labels=[*db, "queue", "status"],
-        )
-        self.due = GaugeMetricFamily(
-            "pgqueue_jobs_due", "Pending jobs due now.", labels=[*db, "queue"]
-        )
-        self.oldest = GaugeMetricFamily(
-            "pgqueue_oldest_due_age_seconds",
-            "How long the oldest due pending job has waited (0 when none is due).",
-            labels=[*db, "queue"],
-        )
-        self.expired = GaugeMetricFamily(
-            "pgqueue_expired_leases",
-            "Running jobs whose lease ran out and that no sweep has requeued yet.",
-            labels=[*db, "queue"],
-        )
-        self.workers = GaugeMetricFamily(
-            "pgqueue_workers", "Registered workers, alive or gone.", labels=[*db, "state"]
-        )
-        self.late = GaugeMetricFamily(
-            "pgqueue_late_schedules",
-            "Enabled schedules whose due tick has not been fired within 2 poll intervals.",
-            labels=db,
-        )
-        self.late_seconds = GaugeMetricFamily(
-            "pgqueue_schedule_late_seconds",
-            "How long a late schedule's due tick has waited (only late schedules are listed).",
-            labels=[*db, "schedule", "queue"],
-        )
-        self.paused = GaugeMetricFamily(
-            "pgqueue_queue_paused",
-            "1 while a queue is paused (its workers claim none of its jobs), 0 while it runs.",
-            labels=[*db, "queue"],
-        )
+        for attribute, name, text, labels in _GAUGES:
+            setattr(self, attribute, GaugeMetricFamily(name, text, labels=[*db, *labels]))
         self.read = False  # whether any database was read (else only `up` is reported)
         self.controls_read = False  # whether any database's queue controls were read
 

@@ -8,16 +8,16 @@
 #   finished, as Celery counts a chained task's countdown from its parent's end.
 #   pgqueue_settle makes the step due at now() + delay when it makes it pending
 #   (before, a step's delay counted from the workflow's enqueue, and a step whose
-#   parents ran longer than its delay was due at once). The settle is 0014's text,
-#   with the step's delay read in `counted` and added in `moved`, and 0015's setting.
+#   parents ran longer than its delay was due at once). The settle is the squashed
+#   migration's text, with the step's delay read in `counted` and added in `moved`.
 
 import importlib
 
 from django.db import migrations, models
 
-_wakes = importlib.import_module("django_pgqueue.migrations.0014_settle_wakes_waiters")
+_squashed = importlib.import_module("django_pgqueue.migrations.0001_squashed_0017_claim_function")
 
-OLD_SETTLE = _wakes.NEW_SETTLE
+OLD_SETTLE = _squashed.SETTLE.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 OLD_COUNTED = "                hits.culprit\n        ), moved AS ("
 NEW_COUNTED = "                hits.culprit,\n                step.delay\n        ), moved AS ("
 OLD_DUE = "THEN greatest(state.run_at, now()) ELSE state.run_at END,"
@@ -26,7 +26,7 @@ NEW_DUE = (
     "                              ELSE state.run_at END,"
 )
 if OLD_SETTLE.count(OLD_COUNTED) != 1 or OLD_SETTLE.count(OLD_DUE) != 1:
-    raise RuntimeError("0014's pgqueue_settle is not the text 0018 expects")
+    raise RuntimeError("the squashed pgqueue_settle is not the text 0018 expects")
 NEW_SETTLE = OLD_SETTLE.replace(OLD_COUNTED, NEW_COUNTED).replace(OLD_DUE, NEW_DUE)
 GENERIC = (
     "ALTER FUNCTION pgqueue_settle(bigint[], bigint[]) SET plan_cache_mode = force_generic_plan"

@@ -6,7 +6,7 @@
   through ``queue_job_deps``, so the statements that end a member settle them).
 - `BatchJob` (``queue_batch_jobs``): which batch a job joined (at most one).
 
-The relations are declared with ``db_constraint=False``; migration 0013 adds the
+The relations are declared with ``db_constraint=False``; the migration adds the
 foreign keys with ``ON DELETE CASCADE`` (pruning a job removes its membership).
 """
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from django.db import models
 from django.db.models.functions import Now
+
+from .jobs import one_row_per_job
 
 
 class Batch(models.Model):
@@ -44,14 +46,7 @@ class Batch(models.Model):
 
 
 class BatchJob(models.Model):
-    job = models.OneToOneField(
-        "django_pgqueue.Job",
-        primary_key=True,
-        on_delete=models.CASCADE,
-        db_column="job_id",
-        db_constraint=False,
-        related_name="batch_membership",
-    )
+    job = one_row_per_job(related_name="batch_membership")
     batch = models.ForeignKey(
         Batch, on_delete=models.CASCADE, db_constraint=False, related_name="members"
     )

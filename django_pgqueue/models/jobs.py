@@ -51,6 +51,22 @@ class AttemptStatus(models.TextChoices):
     INTERRUPTED = "interrupted", "interrupted (the worker stopped; attempt given back)"
 
 
+def one_row_per_job(related_name: str) -> models.OneToOneField:
+    """The primary key of a table with one row per job: the job's id, in ``job_id``.
+
+    Declared without a constraint; the migration adds the foreign key, with ``ON
+    DELETE CASCADE`` (deleting a job deletes its row).
+    """
+    return models.OneToOneField(
+        "django_pgqueue.Job",
+        primary_key=True,
+        on_delete=models.CASCADE,
+        db_column="job_id",
+        db_constraint=False,
+        related_name=related_name,
+    )
+
+
 class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
     queue = models.CharField(max_length=63)
@@ -88,14 +104,7 @@ class Job(models.Model):
 
 
 class JobState(models.Model):
-    job = models.OneToOneField(
-        Job,
-        primary_key=True,
-        on_delete=models.CASCADE,
-        db_column="job_id",
-        db_constraint=False,
-        related_name="state",
-    )
+    job = one_row_per_job(related_name="state")
     queue = models.CharField(max_length=63)
     status = models.CharField(max_length=16, choices=Status.choices, db_default=Status.PENDING)
     priority = models.SmallIntegerField(db_default=0)

@@ -21,6 +21,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
+from .jobs import one_row_per_job
+
 
 class OnFailure(models.TextChoices):
     CANCEL = "cancel", "cancelled when a dependency fails"
@@ -43,14 +45,7 @@ class Workflow(models.Model):
 
 
 class WorkflowStep(models.Model):
-    job = models.OneToOneField(
-        "django_pgqueue.Job",
-        primary_key=True,
-        on_delete=models.CASCADE,
-        db_column="job_id",
-        db_constraint=False,
-        related_name="workflow_step",
-    )
+    job = one_row_per_job(related_name="workflow_step")
     workflow = models.ForeignKey(
         Workflow,
         on_delete=models.CASCADE,

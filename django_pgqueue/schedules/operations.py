@@ -14,6 +14,7 @@ from .firing import RUN_NOW
 
 if TYPE_CHECKING:
     from ..models import Schedule
+    from .spec import ScheduleSpec
 
 # A due tick not fired within this many poll intervals makes its schedule late.
 LATE_POLL_INTERVALS = 2
@@ -61,12 +62,20 @@ def run_now(schedule: Schedule, using: str | None = None) -> EnqueuedJob:
     Keyed by the schedule: while that job is pending or running, asking again
     returns it (``created=False``) instead of adding a second one.
     """
+    return enqueue_scheduled(schedule, run_now_key(schedule.name), using)
+
+
+def enqueue_scheduled(
+    schedule: Schedule | ScheduleSpec, key: str, using: str | None
+) -> EnqueuedJob:
+    """Enqueue a job of `schedule`, keyed by `key`: its type, payload, queue, priority
+    and max_attempts, on `using` (None: its queue's database)."""
     return enqueue(
         schedule.type,
         schedule.payload,
         queue=schedule.queue,
         priority=schedule.priority,
         max_attempts=schedule.max_attempts,
-        idempotency_key=run_now_key(schedule.name),
-        using=using,  # else the schedule's queue's database
+        idempotency_key=key,
+        using=using,
     )

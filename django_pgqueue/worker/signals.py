@@ -18,6 +18,30 @@ from typing import Protocol
 logger = logging.getLogger(__name__)
 
 
+def queue_stop_signals(put: Callable[[int], None]) -> Callable[[], None] | None:
+    """Hand SIGTERM and SIGINT to `put` (a reentrant put, like SimpleQueue.put), in the
+    main thread only; return what puts the previous handlers back (None elsewhere)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # A handler runs in the main thread between any two of its bytecodes, even
+        # inside the dispatcher's `wake.wait()` while it holds that Event's lock,
+        # which a stop request would take again: a deadlock. So it takes no lock
+        # (SimpleQueue.put is reentrant) and the thread that reads the queue acts.
+        put(signum)
+
+    for sig in previous:
+        signal.signal(sig, on_signal)
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
 class StopSwitch:
     """The stop state every thread of a worker reads."""
 
@@ -61,25 +85,7 @@ class SignalRelay:
 
     def install(self) -> Callable[[], None] | None:
         """Install the handlers (main thread only); return what puts the old ones back."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            # A handler runs in the main thread between any two of its bytecodes, even
-            # inside the dispatcher's `wake.wait()` while it holds that Event's lock,
-            # which a stop request would take again: a deadlock. So it takes no lock
-            # (SimpleQueue.put is reentrant) and the signal thread does the rest.
-            self._signals.put(signum)
-
-        for sig in previous:
-            signal.signal(sig, on_signal)
-
-        def restore() -> None:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-        return restore
+        return queue_stop_signals(self._signals.put)
 
     def run(self) -> None:
         """Act on the SIGTERM/SIGINT that on_signal queued: stop, or stop now if stopping."""

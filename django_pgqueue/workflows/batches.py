@@ -23,6 +23,7 @@ A callback reads the counts with `batch_status` (``batch_status(ctx)``).
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
@@ -166,40 +167,43 @@ def batch(
     once (``on_discard`` is never written).
     """
     run, rows, listener = _opening(on_success, on_finish, on_discard, name, using)
-    with transaction.atomic(using=run.using):
-        opened, listening = _open.set(run), enqueue_listener.set(listener)
-        try:
-            yield run
-        finally:
-            enqueue_listener.reset(listening)
-            _open.reset(opened)
-        _close(run, rows)
+    with transaction.atomic(using=run.using), _gathering(run, listener):
+        yield run
+    _close(run, rows)
 
 
 @asynccontextmanager
-async def abatch(
-    *,
-    on_success: Any = None,
-    on_finish: Any = None,
-    on_discard: Any = None,
-    name: str = "batch",
-    using: str | None = None,
-) -> AsyncIterator[BatchRun]:
+async def abatch(**options: Any) -> AsyncIterator[BatchRun]:
     """`batch` for async code: ``async with abatch(...) as run:``.
 
     The jobs `aenqueue`, `aenqueue_many` or a task's ``aenqueue`` write in the block
     join the batch; the block is an `aatomic` block, atomic with the caller's.
     """
-    run, rows, listener = _opening(on_success, on_finish, on_discard, name, using)
+    arguments = inspect.signature(batch).bind(**options)
+    arguments.apply_defaults()
+    run, rows, listener = _opening(**arguments.arguments)
+    # Each awaited enqueue runs in a copy of this context: it sees the listener.
     async with aatomic(using=run.using):
-        # Each awaited enqueue runs in a copy of this context: it sees the listener.
-        opened, listening = _open.set(run), enqueue_listener.set(listener)
-        try:
+        with _gathering(run, listener):
             yield run
-        finally:
-            enqueue_listener.reset(listening)
-            _open.reset(opened)
         await call_sync(_close, run, rows)
+
+
+# Its arguments are batch()'s: help() and the docs name them.
+abatch.__signature__ = inspect.signature(batch).replace(  # type: ignore[attr-defined]
+    return_annotation="AsyncIterator[BatchRun]"
+)
+
+
+@contextmanager
+def _gathering(run: BatchRun, listener: EnqueueListener) -> Iterator[None]:
+    """Make `run` the open batch and `listener` the enqueue listener of this context."""
+    opened, listening = _open.set(run), enqueue_listener.set(listener)
+    try:
+        yield
+    finally:
+        enqueue_listener.reset(listening)
+        _open.reset(opened)
 
 
 def _opening(

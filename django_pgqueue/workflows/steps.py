@@ -123,22 +123,15 @@ def step(
         backend = getattr(target, "backend", None)
         if isinstance(backend, str):
             call["backend"] = backend
-        return Step(
-            target.module_path,
-            call,
-            name=name,
-            on_failure=on_failure,
-            queue=queue if queue is not None else getattr(target, "queue_name", None),
-            priority=priority if priority is not None else getattr(target, "priority", None),
-            max_attempts=max_attempts,
-            run_at=run_at,
-            delay=delay,
-        )
-    if args or kwargs:
+        payload = call
+        queue = queue if queue is not None else getattr(target, "queue_name", None)
+        priority = priority if priority is not None else getattr(target, "priority", None)
+        target = target.module_path
+    elif args or kwargs:
         raise EnqueueError(
             f"args= and kwargs= are for a @task step; the job type {target!r} takes a payload."
         )
-    if takes_results:
+    elif takes_results:
         raise EnqueueError(
             f"takes_results= is for a @task step; the handler of {target!r} takes its "
             "parents' results with @handler(..., takes_results=True)."

@@ -12,7 +12,7 @@ be placed in it:
   listed in UNROUTED_STEPS with why: the attempt rows (queue_attempts has no queue
   column yet, which the design adds first) and the claim's update by primary key.
   The claims' walks are statements of sql/; the jobs they walked are taken by the
-  function pgqueue_claim (migration 0017), whose statement is read here too, with its
+  function pgqueue_claim (its migration), whose statement is read here too, with its
   queue argument (p_queue) standing for the parameter.
 - BY_JOB_ID: worker statements that still address their rows by job id alone; they
   would run on every shard. Each says why the queue is not passed yet.
@@ -42,7 +42,10 @@ def _function_statement(migration: str, constant: str) -> str:
 
 # The functions' statements, with the arguments that stand for parameters in them.
 FUNCTIONS = {
-    "pgqueue_claim": (_function_statement("0017_claim_function", "CLAIM"), ("p_queue",)),
+    "pgqueue_claim": (
+        _function_statement("0001_squashed_0017_claim_function", "CLAIM"),
+        ("p_queue",),
+    ),
 }
 STATEMENTS = {**QUERIES, **{name: text for name, (text, _) in FUNCTIONS.items()}}
 PARAMETERS = {name: parameters for name, (_, parameters) in FUNCTIONS.items()}

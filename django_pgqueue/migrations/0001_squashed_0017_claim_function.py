@@ -1,0 +1,1387 @@
+# The schema of 0001_initial to 0017_claim_function in one migration, written as it
+# ends: each table created with its final columns, indexes and constraints, each
+# PL/pgSQL function created once in its final text. A database migrated to 0017 by the
+# old files has it applied already (replaces); a fresh one gets the same schema
+# (tests/integration/test_migrations.py compares them). Later migrations may depend on
+# ("django_pgqueue", "0017_claim_function"): Django points a dependency on a replaced
+# migration to this one.
+
+import django.db.models.deletion
+import django.db.models.functions.comparison
+import django.db.models.functions.datetime
+from django.db import migrations, models
+
+import django_pgqueue.models.controls
+import django_pgqueue.models.observability
+
+# The invariants, as one CHECK per table calling a PL/pgSQL function. PostgreSQL
+# re-reads every CHECK expression from its stored form for each statement that writes
+# the table; a dozen Django-generated expressions cost a third of a single enqueue. A
+# function call is short to read back, its body is compiled once per session, and the
+# message says which rule was broken.
+JOBS_VALID = r"""
+CREATE FUNCTION queue_jobs_valid(queue text, type text) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    -- Unbounded repetition plus length(): PostgreSQL's regex engine expands {0,254}
+    -- into a large automaton that costs more than the rest of the insert.
+    IF queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' AND length(queue) <= 63
+       AND type ~ '^[A-Za-z_][A-Za-z0-9_.:-]*$' AND length(type) <= 255 THEN
+        RETURN true;
+    END IF;
+    IF NOT (queue ~ '^[A-Za-z0-9][A-Za-z0-9_.:-]*$' AND length(queue) <= 63) THEN
+        RAISE check_violation USING MESSAGE = format('queue_jobs: queue name %L has not the '
+            'shape [A-Za-z0-9][A-Za-z0-9_.:-]{0,62}', queue);
+    END IF;
+    RAISE check_violation USING MESSAGE = format('queue_jobs: job type %L has not the '
+        'shape [A-Za-z_][A-Za-z0-9_.:-]{0,254}', type);
+END
+$$
+"""
+
+JOB_STATE_VALID = r"""
+CREATE FUNCTION queue_job_state_valid(
+    status text, priority smallint, attempts integer, max_attempts integer,
+    lease_version bigint, locked_by text, locked_until timestamptz, finished_at timestamptz
+) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    IF status IN ('waiting', 'pending', 'running', 'completed', 'dead', 'cancelled')
+       AND priority BETWEEN -100 AND 100
+       AND attempts >= 0 AND max_attempts >= 1 AND attempts <= max_attempts
+       AND lease_version >= 0
+       AND (status = 'running') = (locked_by IS NOT NULL AND locked_until IS NOT NULL)
+       AND (status IN ('completed', 'dead', 'cancelled')) = (finished_at IS NOT NULL) THEN
+        RETURN true;
+    END IF;
+    IF status NOT IN ('waiting', 'pending', 'running', 'completed', 'dead', 'cancelled') THEN
+        RAISE check_violation USING MESSAGE = format('queue_job_state: unknown status %L', status);
+    ELSIF priority NOT BETWEEN -100 AND 100 THEN
+        RAISE check_violation USING MESSAGE = format(
+            'queue_job_state: priority %s is outside -100..100', priority);
+    ELSIF NOT (attempts >= 0 AND max_attempts >= 1 AND attempts <= max_attempts) THEN
+        RAISE check_violation USING MESSAGE = format(
+            'queue_job_state: attempts %s / max_attempts %s break 0 <= attempts <= max_attempts, '
+            'max_attempts >= 1', attempts, max_attempts);
+    ELSIF lease_version < 0 THEN
+        RAISE check_violation USING MESSAGE = format(
+            'queue_job_state: lease_version %s is negative', lease_version);
+    ELSIF (status = 'running') <> (locked_by IS NOT NULL AND locked_until IS NOT NULL) THEN
+        RAISE check_violation USING MESSAGE = format(
+            'queue_job_state: a %s row must %s locked_by and locked_until', status,
+            CASE WHEN status = 'running' THEN 'have' ELSE 'not have' END);
+    END IF;
+    RAISE check_violation USING MESSAGE = format(
+        'queue_job_state: a %s row must %s finished_at', status,
+        CASE WHEN status IN ('completed', 'dead', 'cancelled') THEN 'have' ELSE 'not have' END);
+END
+$$
+"""
+
+# Its statuses are long for one line of the function.
+ATTEMPT_STATUSES = "'running', 'succeeded', 'failed', 'lost', 'released', 'snoozed', 'interrupted'"
+ATTEMPTS_VALID = rf"""
+CREATE FUNCTION queue_attempts_valid(
+    status text, attempt_index integer, lease_version bigint, finished_at timestamptz
+) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    IF status IN ({ATTEMPT_STATUSES})
+       AND attempt_index >= 1 AND lease_version >= 1
+       AND (status = 'running') = (finished_at IS NULL) THEN
+        RETURN true;
+    END IF;
+    IF status NOT IN ({ATTEMPT_STATUSES}) THEN
+        RAISE check_violation USING MESSAGE = format('queue_attempts: unknown status %L', status);
+    ELSIF NOT (attempt_index >= 1 AND lease_version >= 1) THEN
+        RAISE check_violation USING MESSAGE = format(
+            'queue_attempts: attempt_index %s and lease_version %s must be >= 1',
+            attempt_index, lease_version);
+    END IF;
+    RAISE check_violation USING MESSAGE = format(
+        'queue_attempts: a %s attempt must %s finished_at', status,
+        CASE WHEN status = 'running' THEN 'not have' ELSE 'have' END);
+END
+$$
+"""
+
+# Enqueue through a PL/pgSQL function: PostgreSQL plans its statements once per
+# session, so a single enqueue does not plan two INSERTs every time (Django binds
+# parameters on the client, and a transaction-mode pooler may not allow prepared
+# statements; a function call needs neither). The call is job_enqueue in sql/core.sql.
+ENQUEUE = r"""
+CREATE FUNCTION pgqueue_enqueue(
+    p_queue text, p_type text, p_payload jsonb, p_priority smallint, p_run_at timestamptz,
+    p_delay float8, p_max_attempts integer, p_idempotency_key text, p_traceparent text,
+    p_concurrency_key text,
+    OUT job_id bigint, OUT created boolean, OUT created_at timestamptz
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+    v_run_at timestamptz := coalesce(p_run_at, now() + make_interval(secs => p_delay));
+BEGIN
+    IF p_idempotency_key IS NULL THEN
+        INSERT INTO queue_jobs (queue, type, payload, created_at, traceparent)
+        VALUES (p_queue, p_type, p_payload, now(), p_traceparent)
+        RETURNING id INTO v_id;
+        INSERT INTO queue_job_state (
+            job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
+            concurrency_key, updated_at
+        )
+        VALUES (v_id, p_queue, 'pending', p_priority, v_run_at, 0, p_max_attempts, 0,
+                p_concurrency_key, now());
+    ELSE
+        FOR attempt IN 1..5 LOOP
+            WITH new_job AS (
+                SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id
+            ), state AS (
+                INSERT INTO queue_job_state AS s (
+                    job_id, queue, status, priority, run_at, attempts, max_attempts,
+                    lease_version, idempotency_key, concurrency_key, updated_at
+                )
+                SELECT new_job.id, p_queue, 'pending', p_priority, v_run_at, 0, p_max_attempts,
+                       0, p_idempotency_key, p_concurrency_key, now()
+                FROM new_job
+                ON CONFLICT (queue, idempotency_key)
+                    WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'running')
+                    DO NOTHING
+                RETURNING s.job_id
+            ), job AS (
+                INSERT INTO queue_jobs (id, queue, type, payload, idempotency_key, created_at,
+                                        traceparent)
+                SELECT state.job_id, p_queue, p_type, p_payload, p_idempotency_key, now(),
+                       p_traceparent
+                FROM state
+                RETURNING id
+            )
+            SELECT job.id INTO v_id FROM job;
+            EXIT WHEN v_id IS NOT NULL;
+            SELECT live.job_id, held.created_at INTO job_id, created_at
+            FROM queue_job_state AS live
+            JOIN queue_jobs AS held ON held.id = live.job_id
+            WHERE live.queue = p_queue
+              AND live.idempotency_key = p_idempotency_key
+              AND live.status IN ('pending', 'running');
+            IF job_id IS NOT NULL THEN
+                created := false;
+                RETURN;
+            END IF;
+        END LOOP;
+        IF v_id IS NULL THEN
+            RETURN;
+        END IF;
+    END IF;
+    IF p_concurrency_key IS NOT NULL AND NOT EXISTS (
+        SELECT FROM queue_controls AS known WHERE known.queue = p_queue AND known.keyed
+    ) THEN
+        INSERT INTO queue_controls AS c (queue, paused, key_limit, rate_starts, keyed, updated_at)
+        VALUES (p_queue, false, 1, '{}', true, now())
+        ON CONFLICT (queue) DO UPDATE SET keyed = true, updated_at = now();
+    END IF;
+    IF v_run_at <= now() THEN
+        PERFORM pg_notify('pgqueue', p_queue);
+    END IF;
+    job_id := v_id;
+    created := true;
+    created_at := now();
+END
+$$
+"""
+
+# "A state row always has its job, on the same queue" holds by construction, not by a
+# foreign key (whose check cost 23-40 us of each single enqueue): every statement that
+# inserts a state row inserts its job in the same statement, with the same id and
+# queue (tests/integration/test_constraints.py); a job's id and queue never change (an
+# AFTER UPDATE OF trigger refuses it on either table, and never fires on a hot path);
+# deleting jobs deletes their state rows (a statement-level AFTER DELETE trigger), and
+# TRUNCATE queue_jobs is refused unless queue_job_state goes too.
+KEYS_FIXED = r"""
+CREATE FUNCTION queue_job_keys_fixed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE foreign_key_violation USING MESSAGE = format(
+        '%s: a job''s id and queue never change (the state row must agree with its job)',
+        TG_TABLE_NAME);
+END
+$$
+"""
+
+DELETE_STATE = r"""
+CREATE FUNCTION queue_jobs_delete_state() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        IF EXISTS (SELECT FROM queue_job_state) THEN
+            RAISE foreign_key_violation USING MESSAGE = 'queue_jobs: truncate '
+                'queue_job_state and queue_attempts in the same TRUNCATE';
+        END IF;
+    ELSE
+        DELETE FROM queue_job_state AS state USING gone WHERE state.job_id = gone.id;
+    END IF;
+    RETURN NULL;
+END
+$$
+"""
+
+# Workflows: the statements that end a job (job_complete, job_fail, job_cancel,
+# lease_sweep, job_release, job_give_back) call pgqueue_settle in the same statement,
+# so a dependent is made pending, or cancelled, in the transaction that finished its
+# last dependency; job_retry_now calls pgqueue_unsettle, which counts the retried jobs
+# unfinished again and puts back to waiting every dependent that has not started and
+# that no operator cancelled. PL/pgSQL, so that a cascade is one call. Both plan their
+# statements once per connection (force_generic_plan: with a single job's one-element
+# arrays the custom plans always looked cheaper, and planning cost more than running)
+# with sequential scans off, so the plan kept is the index probes at every size.
+SETTLE = r"""
+CREATE FUNCTION pgqueue_settle(p_completed bigint[], p_failed bigint[]) RETURNS integer
+LANGUAGE plpgsql
+-- Its plans are cached for the session, possibly built while queue_job_deps was
+-- empty: without sequential scans they are the index probes at every size.
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_completed bigint[] := coalesce(p_completed, '{}');
+    v_failed bigint[] := coalesce(p_failed, '{}');
+    v_cancelled bigint[];
+    v_culprits bigint[];
+    v_moved integer;
+    v_total integer := 0;
+BEGIN
+    WHILE cardinality(v_completed) + cardinality(v_failed) > 0 LOOP
+        -- The dependents' step rows, locked in job_id order: two transactions settling
+        -- one fan-in queue on the first row instead of deadlocking. Once locked, the
+        -- next statement's snapshot sees every settle committed before: the counters
+        -- it reads are the latest, so each finished dependency is counted once.
+        PERFORM FROM queue_workflow_steps AS step
+        WHERE step.job_id IN (
+            SELECT dep.job_id FROM queue_job_deps AS dep
+            WHERE dep.depends_on = ANY (v_completed || v_failed)
+        )
+        ORDER BY step.job_id
+        FOR UPDATE;
+        WITH hits AS (
+            SELECT dep.job_id, count(*)::integer AS finished,
+                   (count(*) FILTER (WHERE dep.depends_on = ANY (v_failed)))::integer AS failed,
+                   min(dep.depends_on) FILTER (WHERE dep.depends_on = ANY (v_failed)) AS culprit
+            FROM queue_job_deps AS dep
+            WHERE dep.depends_on = ANY (v_completed || v_failed)
+            GROUP BY dep.job_id
+        ), counted AS (
+            UPDATE queue_workflow_steps AS step
+            SET waiting_for = step.waiting_for - hits.finished,
+                failed = step.failed + hits.failed
+            FROM hits
+            WHERE step.job_id = hits.job_id
+            RETURNING step.job_id,
+                CASE
+                    WHEN step.on_failure = 'cancel' AND step.failed > 0 THEN 'cancelled'
+                    WHEN step.waiting_for > 0 THEN NULL
+                    WHEN step.on_failure = 'error' AND step.failed = 0 THEN 'cancelled'
+                    ELSE 'pending'
+                END AS status,
+                CASE
+                    WHEN step.on_failure = 'error' AND step.failed = 0 THEN
+                        'skipped: nothing it waits for failed (a link_error step)'
+                    ELSE format('cancelled: job %s it waits for ended dead or cancelled',
+                                coalesce(hits.culprit::text, 'a job'))
+                END AS reason,
+                hits.culprit
+        ), moved AS (
+            -- Only a waiting step changes: one an operator cancelled, or that runs
+            -- already (on_failure "run", or put back by a retry), keeps its status.
+            UPDATE queue_job_state AS state
+            SET status = counted.status,
+                run_at = CASE WHEN counted.status = 'pending'
+                              THEN greatest(state.run_at, now()) ELSE state.run_at END,
+                finished_at = CASE WHEN counted.status = 'cancelled' THEN now() END,
+                last_error = CASE WHEN counted.status = 'cancelled' THEN counted.reason
+                                  ELSE state.last_error END,
+                updated_at = now()
+            FROM counted
+            WHERE state.job_id = counted.job_id
+              AND counted.status IS NOT NULL
+              AND state.status = 'waiting'
+            RETURNING state.job_id, state.queue, state.status
+        ), wake AS (
+            SELECT count(pg_notify('pgqueue', due.queue)::text) AS queues
+            FROM (SELECT DISTINCT queue FROM moved WHERE status = 'pending') AS due
+        ), woken AS (
+            -- Wake the wait() callers of the steps cancelled (see job_waiter_add).
+            SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
+            FROM queue_job_waiters AS w
+            WHERE w.job_id IN (SELECT job_id FROM moved WHERE status = 'cancelled')
+        )
+        SELECT coalesce(array_agg(moved.job_id) FILTER (WHERE moved.status = 'cancelled'),
+                        '{}'),
+               coalesce(array_agg(counted.culprit) FILTER (WHERE moved.status = 'cancelled'),
+                        '{}'),
+               count(moved.job_id)
+        INTO v_cancelled, v_culprits, v_moved
+        FROM wake
+        CROSS JOIN woken
+        LEFT JOIN moved ON true
+        LEFT JOIN counted ON counted.job_id = moved.job_id;
+        IF cardinality(v_cancelled) > 0 THEN
+            -- Remember which failure cancelled them: an operator retry of it puts them
+            -- back to waiting (a skipped link_error step has no culprit and stays).
+            UPDATE queue_workflow_steps AS step
+            SET cancelled_by = cancel.culprit
+            FROM unnest(v_cancelled, v_culprits) AS cancel(job_id, culprit)
+            WHERE step.job_id = cancel.job_id;
+        END IF;
+        v_total := v_total + v_moved;
+        v_completed := '{}';
+        v_failed := v_cancelled;
+    END LOOP;
+    RETURN v_total;
+END
+$$
+"""
+
+UNSETTLE = r"""
+CREATE FUNCTION pgqueue_unsettle(p_reopened bigint[], p_retried bigint[]) RETURNS integer
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_back bigint[] := coalesce(p_reopened, '{}');
+    v_moved integer;
+    v_total integer := 0;
+BEGIN
+    -- The retried steps and the first dependents, locked together in job_id order (as
+    -- pgqueue_settle locks), so a settle running at the same time queues behind.
+    PERFORM FROM queue_workflow_steps AS step
+    WHERE step.job_id = ANY (coalesce(p_retried, '{}') || ARRAY(
+        SELECT dep.job_id FROM queue_job_deps AS dep WHERE dep.depends_on = ANY (v_back)
+    ))
+    ORDER BY step.job_id
+    FOR UPDATE;
+    -- The retried steps' own cancellation is over (each is pending or waiting now):
+    -- a later retry of what cancelled one must not take it for a step that failure
+    -- cancelled.
+    UPDATE queue_workflow_steps
+    SET cancelled_by = NULL
+    WHERE job_id = ANY (coalesce(p_retried, '{}')) AND cancelled_by IS NOT NULL;
+    WHILE cardinality(v_back) > 0 LOOP
+        -- The dependents' step rows, locked in job_id order (held already at the
+        -- first turn).
+        PERFORM FROM queue_workflow_steps AS step
+        WHERE step.job_id IN (
+            SELECT dep.job_id FROM queue_job_deps AS dep WHERE dep.depends_on = ANY (v_back)
+        )
+        ORDER BY step.job_id
+        FOR UPDATE;
+        -- Each job in v_back was counted finished and failed when it ended dead or
+        -- cancelled; it is unfinished again.
+        WITH hits AS (
+            SELECT dep.job_id, count(*)::integer AS back
+            FROM queue_job_deps AS dep
+            WHERE dep.depends_on = ANY (v_back)
+            GROUP BY dep.job_id
+        ), counted AS (
+            UPDATE queue_workflow_steps AS step
+            SET waiting_for = step.waiting_for + hits.back,
+                failed = step.failed - hits.back
+            FROM hits
+            WHERE step.job_id = hits.job_id
+            RETURNING step.job_id, step.failed, step.cancelled_by
+        ), restored AS (
+            -- A dependent waits while a dependency is unfinished, unless it started
+            -- (it stays run) or an operator cancelled it (cancelled_by NULL): pending
+            -- (due, not claimed yet) goes back to waiting, and so does one its
+            -- dependencies' failure cancelled, once none of them is failed.
+            UPDATE queue_job_state AS state
+            SET status = 'waiting',
+                finished_at = NULL,
+                last_error = CASE WHEN state.status = 'cancelled' THEN NULL
+                                  ELSE state.last_error END,
+                lease_version = state.lease_version + 1,
+                updated_at = now()
+            FROM counted
+            WHERE state.job_id = counted.job_id
+              AND (state.status = 'pending'
+                   OR (state.status = 'cancelled'
+                       AND counted.cancelled_by IS NOT NULL
+                       AND counted.failed = 0))
+            RETURNING state.job_id, counted.cancelled_by IS NOT NULL AS reopened
+        )
+        -- Only a restored cancelled step had been counted finished by its own
+        -- dependents: it is unfinished for them again (the next turn).
+        SELECT coalesce(array_agg(job_id) FILTER (WHERE reopened), '{}'), count(*)
+        INTO v_back, v_moved
+        FROM restored;
+        UPDATE queue_workflow_steps SET cancelled_by = NULL WHERE job_id = ANY (v_back);
+        v_total := v_total + v_moved;
+    END LOOP;
+    RETURN v_total;
+END
+$$
+"""
+
+# Every claim takes its jobs through one function: the claims differ only in which
+# jobs they walk to (job_claim, job_claim_after, job_claim_controlled in sql/); taking
+# them (a new lease, an attempt opened, the row returned) is written once here. It is
+# given the ids its caller's walk locked (FOR UPDATE SKIP LOCKED), so its statements
+# find them as the walk left them. Generic plans, sequential scans off: planned once
+# per connection, also behind a pooler that allows no prepared statements.
+CLAIM = r"""
+CREATE FUNCTION pgqueue_claim(
+    p_job_ids bigint[], p_queue text, p_worker_id text, p_lease float8,
+    p_started_at timestamptz
+) RETURNS TABLE (
+    job_id bigint, queue text, type text, payload text, priority smallint,
+    attempts integer, max_attempts integer, lease_version bigint, attempt_id bigint,
+    idempotency_key text, created_at timestamptz, run_at timestamptz, traceparent text
+)
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE queue_job_state AS state
+        SET status = 'running',
+            attempts = state.attempts + 1,
+            lease_version = state.lease_version + 1,
+            locked_by = p_worker_id,
+            locked_until = now() + make_interval(secs => p_lease),
+            updated_at = now()
+        -- An array of ids, not a join: a join can turn into a sequential scan of the
+        -- whole table when the statistics are stale (and autovacuum may be off). The
+        -- queue is not repeated here: a filter on it lowers the planner's estimate of
+        -- the rows updated, which changes the joins below.
+        WHERE state.job_id = ANY (p_job_ids)
+        RETURNING state.job_id, state.queue, state.priority, state.run_at, state.attempts,
+                  state.max_attempts, state.lease_version
+    ), opened AS (
+        -- started_at is the clock when the row is claimed (p_started_at: the controlled
+        -- claim's rate-window time), not now(): now() is the transaction's start,
+        -- before the walk took its snapshot, so a job that a sweep requeued in between
+        -- would show its new attempt starting before the lost one ended (seen in the
+        -- claims-racing-sweeps scenario).
+        INSERT INTO queue_attempts (
+            job_id, lease_version, attempt_index, worker_id, status, started_at
+        )
+        SELECT claimed.job_id, claimed.lease_version, claimed.attempts, p_worker_id,
+               'running', coalesce(p_started_at, clock_timestamp())
+        FROM claimed
+        RETURNING queue_attempts.id, queue_attempts.job_id
+    )
+    SELECT claimed.job_id, claimed.queue::text, job.type::text, job.payload,
+           claimed.priority, claimed.attempts, claimed.max_attempts, claimed.lease_version,
+           opened.id, job.idempotency_key::text, job.created_at, claimed.run_at,
+           job.traceparent
+    FROM claimed
+    JOIN opened ON opened.job_id = claimed.job_id
+    -- LIMIT 1 keeps this subquery from being flattened into a join: one primary-key
+    -- probe per claimed row, instead of a hash join that reads all of queue_jobs when
+    -- the planner underestimates how cheap the probes are.
+    CROSS JOIN LATERAL (
+        SELECT j.type, j.payload::text AS payload, j.idempotency_key, j.created_at,
+               j.traceparent
+        FROM queue_jobs AS j
+        WHERE j.id = claimed.job_id
+          -- The queue names the shard where the tables are distributed by it (Citus,
+          -- see docs/howto/scaling-out.md); here it only checks the row the key found.
+          AND j.queue = p_queue
+        LIMIT 1
+    ) AS job;
+END
+$$
+"""
+
+REPLACED = [
+    "0001_initial",
+    "0002_admin_permissions_and_indexes",
+    "0003_schedules",
+    "0004_workers",
+    "0005_queue_control",
+    "0006_queue_type_controls",
+    "0007_enqueue_function",
+    "0008_state_job_by_construction",
+    "0009_attempt_interrupted",
+    "0010_schedule_code",
+    "0011_workflows",
+    "0012_job_waiters",
+    "0013_batches",
+    "0014_settle_wakes_waiters",
+    "0015_settle_generic_plans",
+    "0016_unsettle_every_dependent",
+    "0017_claim_function",
+]
+
+ATTEMPTS_VALID_SIGNATURE = "queue_attempts_valid(text, integer, bigint, timestamptz)"
+JOB_STATE_VALID_SIGNATURE = (
+    "queue_job_state_valid(text, smallint, integer, integer, bigint, text, timestamptz, "
+    "timestamptz)"
+)
+ENQUEUE_SIGNATURE = (
+    "pgqueue_enqueue(text, text, jsonb, smallint, timestamptz, float8, integer, text, text, text)"
+)
+
+
+def _foreign_key(table: str, name: str, column: str, target: str, on_delete: str) -> str:
+    """Add a foreign key the models declare without a constraint (db_constraint=False)."""
+    return (
+        f"ALTER TABLE {table} ADD CONSTRAINT {name} FOREIGN KEY ({column}) "
+        f"REFERENCES {target} ON DELETE {on_delete}"
+    )
+
+
+# The foreign keys, by hand: ON DELETE in the database (pruning a job removes its
+# state, attempts, step, dependencies and batch membership).
+FOREIGN_KEYS = [
+    ("queue_attempts", "queue_attempts_job_fk", "job_id", "queue_job_state (job_id)", "CASCADE"),
+    ("queue_workflow_steps", "queue_workflow_steps_job_fk", "job_id", "queue_jobs (id)", "CASCADE"),
+    (
+        "queue_workflow_steps",
+        "queue_workflow_steps_flow_fk",
+        "workflow_id",
+        "queue_workflows (id)",
+        "CASCADE",
+    ),
+    ("queue_job_deps", "queue_job_deps_job_fk", "job_id", "queue_jobs (id)", "CASCADE"),
+    ("queue_job_deps", "queue_job_deps_depends_on_fk", "depends_on", "queue_jobs (id)", "CASCADE"),
+    ("queue_batch_jobs", "queue_batch_jobs_job_fk", "job_id", "queue_jobs (id)", "CASCADE"),
+    ("queue_batch_jobs", "queue_batch_jobs_batch_fk", "batch_id", "queue_batches (id)", "CASCADE"),
+    (
+        "queue_batches",
+        "queue_batches_workflow_fk",
+        "workflow_id",
+        "queue_workflows (id)",
+        "SET NULL",
+    ),
+]
+
+
+class Migration(migrations.Migration):
+    replaces = [("django_pgqueue", name) for name in REPLACED]
+
+    initial = True
+
+    dependencies = []
+
+    operations = [
+        migrations.CreateModel(
+            name="Job",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("queue", models.CharField(max_length=63)),
+                ("type", models.CharField(max_length=255)),
+                ("payload", models.JSONField()),
+                ("idempotency_key", models.CharField(blank=True, max_length=255, null=True)),
+                (
+                    "created_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                ("traceparent", models.TextField(blank=True, null=True)),
+            ],
+            options={
+                "verbose_name": "job",
+                "db_table": "queue_jobs",
+                "indexes": [
+                    models.Index(fields=["type", "id"], name="queue_jobs_type_idx"),
+                    models.Index(
+                        condition=models.Q(("idempotency_key__isnull", False)),
+                        fields=["idempotency_key"],
+                        name="queue_jobs_key_idx",
+                    ),
+                ],
+                "constraints": [],
+                "permissions": [("operate_job", "Can retry and cancel jobs")],
+            },
+        ),
+        migrations.CreateModel(
+            name="JobState",
+            fields=[
+                (
+                    "job",
+                    models.OneToOneField(
+                        db_column="job_id",
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="state",
+                        serialize=False,
+                        to="django_pgqueue.job",
+                    ),
+                ),
+                ("queue", models.CharField(max_length=63)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("waiting", "waiting (for its dependencies)"),
+                            ("pending", "Pending"),
+                            ("running", "Running"),
+                            ("completed", "Completed"),
+                            ("dead", "Dead"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        db_default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("priority", models.SmallIntegerField(db_default=0)),
+                (
+                    "run_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                ("attempts", models.IntegerField(db_default=0)),
+                ("max_attempts", models.IntegerField()),
+                ("lease_version", models.BigIntegerField(db_default=0)),
+                ("locked_by", models.CharField(blank=True, max_length=255, null=True)),
+                ("locked_until", models.DateTimeField(blank=True, null=True)),
+                ("last_error", models.TextField(blank=True, null=True)),
+                ("idempotency_key", models.CharField(blank=True, max_length=255, null=True)),
+                (
+                    "updated_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("cancel_requested_at", models.DateTimeField(blank=True, null=True)),
+                ("concurrency_key", models.CharField(blank=True, max_length=255, null=True)),
+                ("has_dependents", models.BooleanField(blank=True, null=True)),
+            ],
+            options={
+                "verbose_name": "job state",
+                "db_table": "queue_job_state",
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("status", "pending")),
+                        fields=["queue", "-priority", "run_at", "job"],
+                        name="queue_job_state_claim_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("status", "running")),
+                        fields=["job"],
+                        name="queue_job_state_running_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("status__in", ["dead", "cancelled"])),
+                        fields=["status", "finished_at", "job"],
+                        name="queue_job_state_failed_age_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("status__in", ["dead", "cancelled"])),
+                        fields=["queue", "status"],
+                        name="queue_job_state_failed_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(
+                            ("concurrency_key__isnull", False), ("status", "running")
+                        ),
+                        fields=["queue", "concurrency_key"],
+                        name="queue_job_state_run_key_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("status", "waiting")),
+                        fields=["queue"],
+                        name="queue_job_state_waiting_idx",
+                    ),
+                ],
+                "constraints": [
+                    models.UniqueConstraint(
+                        condition=models.Q(
+                            ("idempotency_key__isnull", False),
+                            ("status__in", ["pending", "running"]),
+                        ),
+                        fields=("queue", "idempotency_key"),
+                        name="queue_job_state_live_key_unique",
+                    )
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="Attempt",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("lease_version", models.BigIntegerField()),
+                ("attempt_index", models.IntegerField()),
+                ("worker_id", models.CharField(max_length=255)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("lost", "lost (lease expired)"),
+                            ("released", "released (never started)"),
+                            ("snoozed", "snoozed (attempt given back)"),
+                            ("interrupted", "interrupted (the worker stopped; attempt given back)"),
+                        ],
+                        db_default="running",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "started_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("error_class", models.CharField(blank=True, max_length=255, null=True)),
+                ("error_message", models.TextField(blank=True, null=True)),
+                ("traceback", models.TextField(blank=True, null=True)),
+                ("result", models.JSONField(blank=True, null=True)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        db_column="job_id",
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="attempts",
+                        to="django_pgqueue.job",
+                    ),
+                ),
+            ],
+            options={
+                "verbose_name": "attempt",
+                "db_table": "queue_attempts",
+                "indexes": [],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("job", "lease_version"), name="queue_attempts_job_lease_unique"
+                    )
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="DeadJob",
+            fields=[],
+            options={
+                "verbose_name": "dead job",
+                "ordering": ["-state__finished_at"],
+                "proxy": True,
+                "indexes": [],
+                "constraints": [],
+            },
+            bases=("django_pgqueue.job",),
+        ),
+        migrations.CreateModel(
+            name="Schedule",
+            fields=[
+                ("name", models.CharField(max_length=100, primary_key=True, serialize=False)),
+                (
+                    "type",
+                    models.CharField(help_text="The job type each tick enqueues.", max_length=255),
+                ),
+                ("queue", models.CharField(default="default", max_length=63)),
+                (
+                    "cron",
+                    models.CharField(
+                        blank=True,
+                        help_text="Cron expression (5 fields, 6 with seconds first), or use every.",
+                        max_length=255,
+                        null=True,
+                    ),
+                ),
+                (
+                    "every",
+                    models.DurationField(
+                        blank=True,
+                        help_text="A fixed interval (whole seconds), instead of cron.",
+                        null=True,
+                    ),
+                ),
+                ("payload", models.JSONField(blank=True, default=dict)),
+                (
+                    "timezone",
+                    models.CharField(
+                        help_text="IANA zone the cron expression is read in, e.g. Europe/Berlin.",
+                        max_length=63,
+                    ),
+                ),
+                (
+                    "catch_up",
+                    models.CharField(
+                        choices=[("once", "once for the whole gap"), ("skip", "skip missed ticks")],
+                        default="once",
+                        help_text="After missed ticks: one job for the whole gap, or none.",
+                        max_length=8,
+                    ),
+                ),
+                ("priority", models.SmallIntegerField(default=0)),
+                ("max_attempts", models.IntegerField(blank=True, null=True)),
+                ("enabled", models.BooleanField(default=True)),
+                (
+                    "source",
+                    models.CharField(
+                        choices=[
+                            ("code", "code"),
+                            ("db", "database"),
+                            ("removed", "removed from code"),
+                        ],
+                        default="db",
+                        max_length=8,
+                    ),
+                ),
+                ("next_tick", models.DateTimeField(blank=True, null=True)),
+                ("last_tick", models.DateTimeField(blank=True, null=True)),
+                (
+                    "created_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                (
+                    "updated_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+            ],
+            options={
+                "verbose_name": "schedule",
+                "db_table": "queue_schedules",
+                "ordering": ["name"],
+                "permissions": [("run_schedule", "Can run a schedule now")],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(("cron__isnull", False), ("every__isnull", True)),
+                            models.Q(("cron__isnull", True), ("every__isnull", False)),
+                            _connector="OR",
+                        ),
+                        name="queue_schedules_cron_or_every",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("every__isnull", True), ("every__gte", "1 second"), _connector="OR"
+                        ),
+                        name="queue_schedules_every_positive",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("catch_up__in", ["once", "skip"])),
+                        name="queue_schedules_catch_up_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("source__in", ["code", "db", "removed"])),
+                        name="queue_schedules_source_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("priority__gte", -100), ("priority__lte", 100)),
+                        name="queue_schedules_priority_valid",
+                    ),
+                ],
+                "indexes": [],
+            },
+        ),
+        migrations.CreateModel(
+            name="ScheduleTick",
+            fields=[
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "schedule",
+                        "tick_at",
+                        blank=True,
+                        editable=False,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
+                ("tick_at", models.DateTimeField()),
+                ("job_id", models.BigIntegerField()),
+                ("missed", models.IntegerField(default=0)),
+                (
+                    "fired_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                (
+                    "schedule",
+                    models.ForeignKey(
+                        db_column="schedule",
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="ticks",
+                        to="django_pgqueue.schedule",
+                    ),
+                ),
+            ],
+            options={
+                "verbose_name": "schedule tick",
+                "db_table": "queue_schedule_ticks",
+                "ordering": ["schedule", "-tick_at"],
+                "indexes": [],
+                "constraints": [],
+            },
+        ),
+        migrations.CreateModel(
+            name="WorkerRecord",
+            fields=[
+                ("id", models.CharField(max_length=255, primary_key=True, serialize=False)),
+                ("host", models.CharField(max_length=255)),
+                ("pid", models.IntegerField()),
+                ("queues", models.JSONField()),
+                ("concurrency", models.IntegerField()),
+                ("lease_seconds", models.FloatField()),
+                ("version", models.CharField(max_length=64)),
+                ("running", models.IntegerField(db_default=0)),
+                (
+                    "started_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                (
+                    "last_seen_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                ("gone_at", models.DateTimeField(blank=True, null=True)),
+            ],
+            options={
+                "verbose_name": "worker",
+                "db_table": "queue_workers",
+                "ordering": ["-last_seen_at"],
+                "indexes": [],
+                "constraints": [],
+            },
+        ),
+        migrations.CreateModel(
+            name="MinuteStats",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("minute", models.DateTimeField()),
+                ("queue", models.CharField(max_length=63)),
+                ("completed", models.IntegerField(db_default=0)),
+                ("retried", models.IntegerField(db_default=0)),
+                ("dead", models.IntegerField(db_default=0)),
+                ("wait_seconds_sum", models.FloatField(db_default=0.0)),
+                ("wait_buckets", django_pgqueue.models.observability.IntegerArrayField()),
+            ],
+            options={
+                "verbose_name": "chart",
+                "db_table": "queue_stats_minutely",
+                "verbose_name_plural": "charts",
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("minute", "queue"), name="queue_stats_minutely_key"
+                    )
+                ],
+                "indexes": [],
+            },
+        ),
+        migrations.CreateModel(
+            name="QueueControl",
+            fields=[
+                ("queue", models.CharField(max_length=63, primary_key=True, serialize=False)),
+                ("paused", models.BooleanField(db_default=False)),
+                ("concurrency_limit", models.IntegerField(blank=True, null=True)),
+                ("key_limit", models.IntegerField(db_default=1)),
+                ("rate_count", models.IntegerField(blank=True, null=True)),
+                ("rate_period", models.FloatField(blank=True, null=True)),
+                (
+                    "rate_starts",
+                    django_pgqueue.models.controls.TimestampArray(
+                        db_default=django.db.models.functions.comparison.Cast(
+                            models.Value("{}"),
+                            output_field=django_pgqueue.models.controls.TimestampArray(),
+                        ),
+                        editable=False,
+                    ),
+                ),
+                ("keyed", models.BooleanField(db_default=False)),
+                ("configured", models.JSONField(blank=True, null=True)),
+                (
+                    "updated_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+            ],
+            options={
+                "verbose_name": "queue",
+                "db_table": "queue_controls",
+                "verbose_name_plural": "queues",
+                "indexes": [],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("concurrency_limit__isnull", True),
+                            ("concurrency_limit__gte", 0),
+                            _connector="OR",
+                        ),
+                        name="queue_controls_limit_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("key_limit__gte", 1)), name="queue_controls_key_valid"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(("rate_count__isnull", True), ("rate_period__isnull", True)),
+                            models.Q(
+                                ("rate_count__gte", 1),
+                                ("rate_count__lte", 10000),
+                                ("rate_period__gt", 0),
+                            ),
+                            _connector="OR",
+                        ),
+                        name="queue_controls_rate_valid",
+                    ),
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="QueueTypeControl",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("queue", models.CharField(max_length=63)),
+                ("type", models.CharField(max_length=255)),
+                ("key_limit", models.IntegerField(blank=True, null=True)),
+                ("rate_count", models.IntegerField(blank=True, null=True)),
+                ("rate_period", models.FloatField(blank=True, null=True)),
+                (
+                    "rate_starts",
+                    django_pgqueue.models.controls.TimestampArray(
+                        db_default=django.db.models.functions.comparison.Cast(
+                            models.Value("{}"),
+                            output_field=django_pgqueue.models.controls.TimestampArray(),
+                        ),
+                        editable=False,
+                    ),
+                ),
+                (
+                    "updated_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+            ],
+            options={
+                "verbose_name": "job type limit",
+                "db_table": "queue_type_controls",
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("queue", "type"), name="queue_type_controls_key"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("key_limit__isnull", True), ("key_limit__gte", 1), _connector="OR"
+                        ),
+                        name="queue_type_controls_key_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(("rate_count__isnull", True), ("rate_period__isnull", True)),
+                            models.Q(
+                                ("rate_count__gte", 1),
+                                ("rate_count__lte", 10000),
+                                ("rate_period__gt", 0),
+                            ),
+                            _connector="OR",
+                        ),
+                        name="queue_type_controls_rate_valid",
+                    ),
+                ],
+                "indexes": [],
+            },
+        ),
+        migrations.CreateModel(
+            name="ScheduleCode",
+            fields=[
+                ("fingerprint", models.CharField(max_length=64, primary_key=True, serialize=False)),
+                (
+                    "first_seen",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                (
+                    "last_seen",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+            ],
+            options={
+                "verbose_name": "schedule code version",
+                "db_table": "queue_schedule_code",
+                "indexes": [],
+                "constraints": [],
+            },
+        ),
+        migrations.CreateModel(
+            name="Workflow",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("name", models.CharField(max_length=255)),
+                ("steps", models.IntegerField()),
+                (
+                    "created_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+            ],
+            options={
+                "verbose_name": "workflow",
+                "db_table": "queue_workflows",
+                "indexes": [],
+                "constraints": [],
+            },
+        ),
+        migrations.CreateModel(
+            name="JobDependency",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                (
+                    "depends_on",
+                    models.ForeignKey(
+                        db_column="depends_on",
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="dependents",
+                        to="django_pgqueue.job",
+                    ),
+                ),
+                (
+                    "job",
+                    models.ForeignKey(
+                        db_column="job_id",
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="dependencies",
+                        to="django_pgqueue.job",
+                    ),
+                ),
+            ],
+            options={
+                "verbose_name": "job dependency",
+                "db_table": "queue_job_deps",
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("depends_on", "job"), name="queue_job_deps_edge"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("job", models.F("depends_on")), _negated=True),
+                        name="queue_job_deps_not_self",
+                    ),
+                ],
+                "indexes": [],
+            },
+        ),
+        migrations.CreateModel(
+            name="WorkflowStep",
+            fields=[
+                (
+                    "job",
+                    models.OneToOneField(
+                        db_column="job_id",
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="workflow_step",
+                        serialize=False,
+                        to="django_pgqueue.job",
+                    ),
+                ),
+                ("name", models.CharField(max_length=255)),
+                (
+                    "on_failure",
+                    models.CharField(
+                        choices=[
+                            ("cancel", "cancelled when a dependency fails"),
+                            ("run", "runs anyway once its dependencies finished"),
+                            ("error", "runs only when a dependency failed (link_error)"),
+                        ],
+                        max_length=8,
+                    ),
+                ),
+                ("waiting_for", models.IntegerField()),
+                ("failed", models.IntegerField(default=0)),
+                ("cancelled_by", models.BigIntegerField(blank=True, null=True)),
+                (
+                    "workflow",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="step_rows",
+                        to="django_pgqueue.workflow",
+                    ),
+                ),
+            ],
+            options={
+                "verbose_name": "workflow step",
+                "db_table": "queue_workflow_steps",
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("workflow", "name"), name="queue_workflow_steps_name"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("failed__gte", 0), ("waiting_for__gte", 0)),
+                        name="queue_workflow_steps_counts",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("on_failure__in", ["cancel", "run", "error"])),
+                        name="queue_workflow_steps_on_failure",
+                    ),
+                ],
+                "indexes": [],
+            },
+        ),
+        migrations.CreateModel(
+            name="JobWaiter",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("job_id", models.BigIntegerField()),
+                ("queue", models.CharField(max_length=63)),
+                ("expires_at", models.DateTimeField()),
+            ],
+            options={
+                "verbose_name": "job waiter",
+                "db_table": "queue_job_waiters",
+                "indexes": [models.Index(fields=["job_id"], name="queue_job_waiters_job_idx")],
+                "constraints": [],
+            },
+        ),
+        migrations.CreateModel(
+            name="Batch",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("name", models.CharField(max_length=255)),
+                ("size", models.IntegerField()),
+                (
+                    "created_at",
+                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
+                ),
+                (
+                    "workflow",
+                    models.OneToOneField(
+                        blank=True,
+                        db_constraint=False,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="batch",
+                        to="django_pgqueue.workflow",
+                    ),
+                ),
+            ],
+            options={
+                "verbose_name": "batch",
+                "verbose_name_plural": "batches",
+                "db_table": "queue_batches",
+                "indexes": [],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("size__gte", 0)), name="queue_batches_size"
+                    )
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="BatchJob",
+            fields=[
+                (
+                    "job",
+                    models.OneToOneField(
+                        db_column="job_id",
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="batch_membership",
+                        serialize=False,
+                        to="django_pgqueue.job",
+                    ),
+                ),
+                (
+                    "batch",
+                    models.ForeignKey(
+                        db_constraint=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="members",
+                        to="django_pgqueue.batch",
+                    ),
+                ),
+            ],
+            options={
+                "verbose_name": "batch member",
+                "db_table": "queue_batch_jobs",
+                "indexes": [],
+                "constraints": [],
+            },
+        ),
+        migrations.RunSQL(
+            sql=[_foreign_key(*key) for key in FOREIGN_KEYS],
+            reverse_sql=[
+                f"ALTER TABLE {table} DROP CONSTRAINT {name}"
+                for table, name, *_ in reversed(FOREIGN_KEYS)
+            ],
+        ),
+        # Storage: a job's state row is rewritten several times (claim, renewals,
+        # finish). Free space on each page lets the new version stay on the same page,
+        # and lets lease renewals, which touch no indexed column, be HOT updates that
+        # add no index entries. Vacuum early on the hot table: dead versions pile up
+        # fast and a small table stays cached.
+        migrations.RunSQL(
+            sql=[
+                "ALTER TABLE queue_job_state SET (fillfactor = 70, "
+                "autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 1000, "
+                "autovacuum_vacuum_insert_scale_factor = 0.05, "
+                "autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0)",
+                "ALTER TABLE queue_attempts SET (fillfactor = 90)",
+                "CREATE INDEX queue_jobs_created_brin ON queue_jobs USING brin (created_at)",
+            ],
+            reverse_sql=[
+                "DROP INDEX queue_jobs_created_brin",
+                "ALTER TABLE queue_attempts RESET (fillfactor)",
+                "ALTER TABLE queue_job_state RESET (fillfactor, autovacuum_vacuum_scale_factor, "
+                "autovacuum_vacuum_threshold, autovacuum_vacuum_insert_scale_factor, "
+                "autovacuum_analyze_scale_factor, autovacuum_vacuum_cost_delay)",
+            ],
+        ),
+        migrations.RunSQL(
+            sql=[
+                JOBS_VALID,
+                JOB_STATE_VALID,
+                ATTEMPTS_VALID,
+                "ALTER TABLE queue_jobs ADD CONSTRAINT queue_jobs_valid "
+                "CHECK (queue_jobs_valid(queue, type))",
+                "ALTER TABLE queue_job_state ADD CONSTRAINT queue_job_state_valid "
+                "CHECK (queue_job_state_valid(status, priority, attempts, max_attempts, "
+                "lease_version, locked_by, locked_until, finished_at))",
+                "ALTER TABLE queue_attempts ADD CONSTRAINT queue_attempts_valid "
+                "CHECK (queue_attempts_valid(status, attempt_index, lease_version, finished_at))",
+            ],
+            reverse_sql=[
+                "ALTER TABLE queue_attempts DROP CONSTRAINT queue_attempts_valid",
+                "ALTER TABLE queue_job_state DROP CONSTRAINT queue_job_state_valid",
+                "ALTER TABLE queue_jobs DROP CONSTRAINT queue_jobs_valid",
+                f"DROP FUNCTION {ATTEMPTS_VALID_SIGNATURE}",
+                f"DROP FUNCTION {JOB_STATE_VALID_SIGNATURE}",
+                "DROP FUNCTION queue_jobs_valid(text, text)",
+            ],
+        ),
+        migrations.RunSQL(
+            sql=[
+                KEYS_FIXED,
+                DELETE_STATE,
+                "CREATE TRIGGER queue_jobs_keys_fixed AFTER UPDATE OF id, queue ON queue_jobs "
+                "FOR EACH ROW WHEN (OLD.id IS DISTINCT FROM NEW.id OR OLD.queue IS DISTINCT FROM "
+                "NEW.queue) EXECUTE FUNCTION queue_job_keys_fixed()",
+                "CREATE TRIGGER queue_job_state_keys_fixed AFTER UPDATE OF job_id, queue "
+                "ON queue_job_state FOR EACH ROW WHEN (OLD.job_id IS DISTINCT FROM NEW.job_id "
+                "OR OLD.queue IS DISTINCT FROM NEW.queue) "
+                "EXECUTE FUNCTION queue_job_keys_fixed()",
+                "CREATE TRIGGER queue_jobs_delete_state AFTER DELETE ON queue_jobs "
+                "REFERENCING OLD TABLE AS gone FOR EACH STATEMENT "
+                "EXECUTE FUNCTION queue_jobs_delete_state()",
+                "CREATE TRIGGER queue_jobs_truncate_state AFTER TRUNCATE ON queue_jobs "
+                "FOR EACH STATEMENT EXECUTE FUNCTION queue_jobs_delete_state()",
+            ],
+            reverse_sql=[
+                "DROP TRIGGER queue_jobs_truncate_state ON queue_jobs",
+                "DROP TRIGGER queue_jobs_delete_state ON queue_jobs",
+                "DROP TRIGGER queue_job_state_keys_fixed ON queue_job_state",
+                "DROP TRIGGER queue_jobs_keys_fixed ON queue_jobs",
+                "DROP FUNCTION queue_jobs_delete_state()",
+                "DROP FUNCTION queue_job_keys_fixed()",
+            ],
+        ),
+        migrations.RunSQL(
+            sql=[ENQUEUE, SETTLE, UNSETTLE, CLAIM],
+            reverse_sql=[
+                "DROP FUNCTION pgqueue_claim(bigint[], text, text, float8, timestamptz)",
+                "DROP FUNCTION pgqueue_unsettle(bigint[], bigint[])",
+                "DROP FUNCTION pgqueue_settle(bigint[], bigint[])",
+                f"DROP FUNCTION {ENQUEUE_SIGNATURE}",
+            ],
+        ),
+    ]

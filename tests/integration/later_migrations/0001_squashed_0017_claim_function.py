@@ -1,0 +1,7 @@
+"""The app's squashed migration, as it stands in django_pgqueue/migrations."""
+
+import importlib
+
+Migration = importlib.import_module(
+    "django_pgqueue.migrations.0001_squashed_0017_claim_function"
+).Migration

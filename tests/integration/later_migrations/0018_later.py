@@ -1,0 +1,9 @@
+"""A later migration written against the last of the old files, as other branches write them."""
+
+from django.db import migrations
+
+
+class Migration(migrations.Migration):
+    dependencies = [("django_pgqueue", "0017_claim_function")]
+
+    operations = []
