@@ -39,6 +39,9 @@ class ClaimedJob:
     traceparent: str | None = None  # the enqueuer's W3C trace context, for its span
     # "async" for a coroutine handler (the event loop runs it), else "sync" (a thread).
     kind: str = "sync"
+    # Its soft and hard time limits, in seconds (see `worker.time_limits`).
+    soft_time_limit: float | None = None
+    time_limit: float | None = None
     # Set when the handler starts: when, and the thread running it (the event loop's
     # thread for an async handler).
     started: float | None = field(default=None, init=False)
@@ -50,6 +53,8 @@ class ClaimedJob:
     timed_out: bool = field(default=False, init=False)
     timed_out_at: float | None = field(default=None, init=False)
     verdict: Outcome | None = field(default=None, init=False)
+    # SoftTimeLimitExceeded was raised in it (a sync handler), or its task cancelled.
+    soft_limited: bool = field(default=False, init=False)
     # Set by the dispatcher once it took the outcome in.
     resolved: bool = field(default=False, init=False)
     # Set just before the outcome is handed over: the handler's code has ended.
@@ -98,9 +103,15 @@ class ClaimedJob:
         worker_id: str,
         expires: float,
         database: str | None = None,
+        time_limits: tuple[float | None, float | None] = (None, None),
+        hard_limit_ends_process: bool = False,
     ) -> ClaimedJob:
         """The in-flight job of a claimed row, its lease held until `expires`; `database`
-        is its queue database's alias, None for PGQUEUE["DATABASE"]."""
+        is its queue database's alias, None for PGQUEUE["DATABASE"].
+
+        `time_limits` are the defaults (soft, hard) of a handler that sets none. A hard
+        limit ends the process only under a supervisor (`hard_limit_ends_process`);
+        without one it acts as a timeout."""
         lease = Lease(row.job_id, row.lease_version, expires)
         ctx = JobContext(
             job_id=row.job_id,
@@ -118,11 +129,19 @@ class ClaimedJob:
             attempt_id=row.attempt_id,
             lease=lease,
         )
+        soft, hard = time_limits
         if handler is None:
             policy, timeout = default_policy, job_timeout
         else:
             policy = handler.retry or default_policy
             timeout = handler.timeout or job_timeout
+            soft = handler.soft_time_limit or soft
+            hard = handler.time_limit or hard
+        if hard is not None and not hard_limit_ends_process:
+            timeout = hard if timeout is None else min(timeout, hard)
+            hard = None
+        if soft is not None and hard is not None and soft >= hard:
+            soft = None  # a default soft limit past the handler's own hard one
         return cls(
             ctx,
             lease,
@@ -134,4 +153,6 @@ class ClaimedJob:
             row.run_at,
             row.traceparent,
             "async" if handler is not None and handler.coroutine is not None else "sync",
+            soft,
+            hard,
         )

@@ -81,6 +81,8 @@ SETTINGS: dict[str, Setting] = {
     ),
     "SHUTDOWN_GRACE": Setting(30.0, "Seconds running handlers get to finish after SIGTERM."),
     "JOB_TIMEOUT": Setting(None, "Seconds a handler may run before it is failed; None: no limit."),
+    "SOFT_TIME_LIMIT": Setting(None, "Seconds before SoftTimeLimitExceeded; None: never."),
+    "TIME_LIMIT": Setting(None, "Seconds before a handler's process is ended; None: never."),
     "RECONNECT_MAX_DELAY": Setting(2.0, "Seconds; cap of the jittered backoff between reconnects."),
     "WORKER_PREPARED_STATEMENTS": Setting(
         True,
@@ -198,6 +200,8 @@ class QueueSettings:
     METRICS_CACHE_SECONDS: float = 5.0
     INDEX_UPKEEP_INTERVAL: float | None = 300.0
     PRUNE: prune_policy.PrunePolicy | None = None
+    SOFT_TIME_LIMIT: float | None = None
+    TIME_LIMIT: float | None = None
     ROUTES: Routes = field(default_factory=lambda: Routes({}, ()))
     STRICT_TYPES: bool = False
 
@@ -275,6 +279,10 @@ def validate(raw: Any) -> QueueSettings:
     timeout = values["JOB_TIMEOUT"]
     if timeout is not None:
         timeout = _seconds("JOB_TIMEOUT", timeout)
+    soft_limit = _optional_seconds("SOFT_TIME_LIMIT", values["SOFT_TIME_LIMIT"])
+    hard_limit = _optional_seconds("TIME_LIMIT", values["TIME_LIMIT"])
+    if soft_limit and hard_limit and soft_limit >= hard_limit:
+        raise _fail("SOFT_TIME_LIMIT", soft_limit, f"below TIME_LIMIT ({hard_limit:g}s)")
     strict = values["STRICT_TYPES"]
     if not isinstance(strict, bool):
         raise _fail("STRICT_TYPES", strict, "True or False")
@@ -305,6 +313,8 @@ def validate(raw: Any) -> QueueSettings:
         ),
         SHUTDOWN_GRACE=_seconds("SHUTDOWN_GRACE", values["SHUTDOWN_GRACE"], positive=False),
         JOB_TIMEOUT=timeout,
+        SOFT_TIME_LIMIT=soft_limit,
+        TIME_LIMIT=hard_limit,
         RECONNECT_MAX_DELAY=_seconds("RECONNECT_MAX_DELAY", values["RECONNECT_MAX_DELAY"]),
         WORKER_PREPARED_STATEMENTS=prepared,
         SCHEDULES=_schedules(values["SCHEDULES"]),

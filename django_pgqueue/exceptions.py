@@ -71,6 +71,20 @@ class JobTimeout(PgQueueError):
     """A handler ran past its timeout; the attempt is failed and the job retried."""
 
 
+class SoftTimeLimitExceeded(PgQueueError):
+    """Raised in a sync handler that runs past its soft time limit (Celery's name).
+
+    Its ``except`` and ``finally`` blocks run; what the handler does then is its
+    outcome: a handler that lets it propagate fails its attempt (retried by its
+    policy), one that returns completes its job.
+    """
+
+
+class TimeLimitExceeded(PgQueueError):
+    """Recorded when a handler ran past its hard time limit and the worker process
+    running it was ended: the attempt is failed and the job retried by its policy."""
+
+
 # Failures the queue records itself, not raised by handlers. They are classes so that
 # the error class stored with an attempt ("django_pgqueue.LeaseExpired") imports, as
 # Django's TaskError.exception_class expects of it.

@@ -50,6 +50,11 @@ class Handler:
     # Whether the function is called as func(results, ctx): the results of the steps
     # its job waits for first (see JobContext.results_arguments).
     takes_results: bool = False
+    # Celery's soft and hard time limits, in seconds (None: PGQUEUE's SOFT_TIME_LIMIT
+    # and TIME_LIMIT): SoftTimeLimitExceeded raised in the handler (an async one
+    # cancelled); past the hard one the worker process running it is ended.
+    soft_time_limit: float | None = None
+    time_limit: float | None = None
     # The coroutine function the worker's event loop awaits for this type, or None for
     # a handler that runs on a handler thread: the function itself when it is an
     # ``async def``, else its ``async_handler`` (an async ``django.tasks`` Task's runner).
@@ -168,6 +173,8 @@ def handler(
     retry_backoff_max: float | None = None,
     retry_jitter: bool | None = None,
     takes_results: bool = False,
+    soft_time_limit: float | None = None,
+    time_limit: float | None = None,
 ) -> Callable[[F], F]:
     """Register the decorated function as the handler of job type `type`.
 
@@ -187,7 +194,11 @@ def handler(
     other exception makes the job dead at once, its error recorded. `retry_backoff`
     (True: a first delay of 1 s; or that delay in seconds), `retry_backoff_max`
     (default 600 s) and `retry_jitter` (default True) are an `ExponentialBackoff`, in
-    place of `retry`. Every option is checked here: ConfigurationError names a bad one.
+    place of `retry`. `soft_time_limit` raises `SoftTimeLimitExceeded` in a handler
+    that runs that many seconds (an async one is cancelled); past `time_limit` the
+    worker process running it is ended and replaced, the job failed with
+    `TimeLimitExceeded` (see the Time limits how-to). Every option is checked here:
+    ConfigurationError names a bad one.
 
     `takes_results`: the function is called as ``func(results, ctx)``, `results` being
     what the steps its job waits for returned, as Celery passes a parent's result: one
@@ -214,6 +225,7 @@ def handler(
         validators.seconds(timeout, f"{where}: timeout", error=ConfigurationError)
     if queue is not None:
         validators.queue_name(queue, f"{where}: queue", error=ConfigurationError)
+    check_time_limits(soft_time_limit, time_limit, where)
     backoff = celery_backoff(retry_backoff, retry_backoff_max, retry_jitter, where)
     if backoff is not None and retry is not None:
         raise ConfigurationError(
@@ -229,8 +241,34 @@ def handler(
             raise ConfigurationError(f"@handler({type!r}) must decorate a callable.")
         policy = retry or backoff
         registry.register(
-            Handler(type, func, max_attempts, policy, timeout, schedule, queue, on, takes_results)
+            Handler(
+                type,
+                func,
+                max_attempts,
+                policy,
+                timeout,
+                schedule,
+                queue,
+                on,
+                takes_results,
+                soft_time_limit=soft_time_limit,
+                time_limit=time_limit,
+            )
         )
         return func
 
     return decorate
+
+
+def check_time_limits(soft: float | None, hard: float | None, where: str) -> None:
+    """Refuse a soft or hard time limit that is not a positive duration, or a soft one
+    not below the hard one (it would never be raised)."""
+    if soft is not None:
+        validators.seconds(soft, f"{where}: soft_time_limit", error=ConfigurationError)
+    if hard is not None:
+        validators.seconds(hard, f"{where}: time_limit", error=ConfigurationError)
+    if soft is not None and hard is not None and soft >= hard:
+        raise ConfigurationError(
+            f"{where}: soft_time_limit ({soft:g}s) must be below time_limit ({hard:g}s): "
+            "the soft limit is the handler's warning before the hard one ends its process."
+        )

@@ -15,6 +15,13 @@ An operator's stop (``control_queue_workers stop``, the admin's Workers page) re
 child through the database; the child stops gracefully and exits EXIT_STOP_REQUESTED,
 which the supervisor does not restart: it exits 0 once every child stopped so.
 
+Reports: each child writes events to a second pipe whose read end the supervisor
+holds (`worker.report`). A child that ends for a handler's hard time limit leaves its
+jobs to be written here once it is gone (the only writes the supervisor makes, on a
+connection opened for them and closed after), and a child recycled for
+--max-jobs-per-process or --max-memory-per-process says so: both are started again at
+once, neither counts as a death.
+
 Restarts: a child that exits without being asked to is started again after a backoff
 (RESTART_DELAY doubling up to RESTART_DELAY_MAX while it keeps dying within QUICK_EXIT
 of its start). When one child dies that quickly GIVE_UP_AFTER times in a row, the
@@ -41,7 +48,9 @@ from dataclasses import dataclass, field
 
 from . import validators
 from .exceptions import ConfigurationError
+from .worker.report import RECYCLE, TIME_LIMIT, read_events
 from .worker.signals import queue_stop_signals
+from .worker.time_limits import LastWords, write_last_words
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +139,11 @@ class Child:
     restart_at: float | None = None
     last_code: int | None = None
     done: bool = False  # exited for good: asked to stop, or a burst child that finished
+    report: int | None = None  # the read end of its report pipe
+    unread: bytes = b""  # a report line not ended yet
+    # What it said before it exited: recycled, or ended for a time limit (its jobs).
+    recycled: bool = False
+    last_words: LastWords | None = None
 
 
 @dataclass
@@ -161,6 +175,7 @@ class Supervisor:
                 self._take_signals()
                 now = time.monotonic()
                 for child in self.children:
+                    self._read_report(child)
                     if child.proc is not None and (code := child.proc.poll()) is not None:
                         self._reaped(child, code, now)
                     if (
@@ -195,22 +210,29 @@ class Supervisor:
         child.generation += 1
         argv = self.child_argv(child.index, child.generation)
         read_end, write_end = os.pipe()  # both not inheritable; pass_fds opens read_end
+        report_read, report_write = os.pipe()
+        os.set_blocking(report_read, False)
         control = ["--control-fd", str(read_end), "--supervisor-id", self.id]
+        control += ["--report-fd", str(report_write)]
         spec = {"path": sys.path, "argv": [*argv, *control]}
         try:
             child.proc = subprocess.Popen(
                 [sys.executable, "-c", CHILD_BOOT, json.dumps(spec)],
                 env=self.child_env,
                 stdin=subprocess.DEVNULL,
-                pass_fds=(read_end,),
+                pass_fds=(read_end, report_write),
             )
         except OSError as exc:
             os.close(write_end)
+            os.close(report_read)
             logger.error("supervisor: cannot start child %d: %s", child.index, exc)
             self._died(child, 1, time.monotonic(), quick=True)
             return
         finally:
             os.close(read_end)
+            os.close(report_write)
+        child.report, child.unread = report_read, b""
+        child.recycled, child.last_words = False, None
         child.control = write_end
         child.started = time.monotonic()
         child.restart_at = None
@@ -223,13 +245,30 @@ class Supervisor:
         if child.control is not None:
             os.close(child.control)
             child.control = None
+        self._read_report(child)  # what it wrote before it exited
+        if child.report is not None:
+            os.close(child.report)
+            child.report = None
         child.last_code = code
+        if child.last_words is not None:
+            # Its code is gone with it: its jobs may be written now.
+            write_last_words(child.last_words)
         if code == EXIT_STOP_REQUESTED:
             child.done = True
             child.last_code = 0
             logger.info(
                 "supervisor: child %d (pid %d) stopped as an operator asked", child.index, pid
             )
+            return
+        if (child.recycled or child.last_words is not None) and not self.stopping:
+            logger.info(
+                "supervisor: child %d (pid %d) %s; starting a fresh one",
+                child.index,
+                pid,
+                "recycled" if child.recycled else "ended for a hard time limit",
+            )
+            child.quick_deaths = 0
+            child.restart_at = now
             return
         if self.stopping or (self.burst and code == 0):
             child.done = True
@@ -265,6 +304,24 @@ class Supervisor:
             describe_exit(code),
             delay,
         )
+
+    def _read_report(self, child: Child) -> None:
+        """Take in what `child` reported since the last look."""
+        if child.report is None:
+            return
+        data = child.unread
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(child.report, 65536):
+                data += chunk
+        events, child.unread = read_events(data)
+        for event in events:
+            if event["event"] == RECYCLE:
+                child.recycled = True
+            elif event["event"] == TIME_LIMIT:
+                child.last_words = LastWords.from_json(event["last_words"])
+                if child.proc is not None:  # it ends itself; this makes sure of it
+                    with contextlib.suppress(ProcessLookupError):
+                        child.proc.kill()
 
     def _tell(self, child: Child, message: bytes) -> None:
         if child.control is None:

@@ -14,6 +14,8 @@ from .conf import get_settings
 from .exceptions import ConfigurationError, EnqueueError
 
 MAX_BATCH = validators.MAX_BATCH_SIZE
+MAX_JOBS_PER_PROCESS = 2**31 - 1
+MAX_MEMORY_MIB = 2**20  # a tebibyte
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,13 @@ class WorkerConfig:
     prepared_statements: bool = True
     # Async handlers in flight at once on the event loop, apart from the threads.
     async_concurrency: int = 100
+    # Handlers' default time limits (PGQUEUE SOFT_TIME_LIMIT, TIME_LIMIT), in seconds.
+    soft_time_limit: float | None = None
+    time_limit: float | None = None
+    # Recycling: the process exits, once what it runs ended, after this many jobs or
+    # past this resident memory (MiB), for its supervisor to start a fresh one.
+    max_jobs_per_process: int | None = None
+    max_memory_per_process: int | None = None
 
     @classmethod
     def build(
@@ -57,6 +66,8 @@ class WorkerConfig:
         burst: bool = False,
         worker_id: str | None = None,
         database: str | None = None,
+        max_jobs_per_process: int | None = None,
+        max_memory_per_process: int | None = None,
     ) -> WorkerConfig:
         conf = get_settings()
         names = tuple(queues)
@@ -117,6 +128,22 @@ class WorkerConfig:
         # Unset: a claim fills every free handler thread (a claim smaller than the free
         # threads leaves the rest to another round trip: 10 then 6 at concurrency 16).
         batch = threads if batch is None else count("batch_size", batch, 1, MAX_BATCH)
+        if max_jobs_per_process is not None:
+            max_jobs_per_process = validators.count(
+                max_jobs_per_process,
+                "max_jobs_per_process",
+                1,
+                MAX_JOBS_PER_PROCESS,
+                error=ConfigurationError,
+            )
+        if max_memory_per_process is not None:
+            max_memory_per_process = validators.count(
+                max_memory_per_process,
+                "max_memory_per_process (MiB)",
+                1,
+                MAX_MEMORY_MIB,
+                error=ConfigurationError,
+            )
         return cls(
             queues=names,
             concurrency=threads,
@@ -139,6 +166,10 @@ class WorkerConfig:
             burst=burst,
             weights=weights,
             prepared_statements=conf.WORKER_PREPARED_STATEMENTS,
+            soft_time_limit=conf.SOFT_TIME_LIMIT,
+            time_limit=conf.TIME_LIMIT,
+            max_jobs_per_process=max_jobs_per_process,
+            max_memory_per_process=max_memory_per_process,
         )
 
 

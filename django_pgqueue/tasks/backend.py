@@ -74,6 +74,11 @@ class PgQueueBackend(BaseTaskBackend):
         own = self._per_task.get(module_path)
         return own.over(self._defaults) if own is not None else self._defaults
 
+    def has_time_limits(self) -> bool:
+        """Whether a task of this backend has a hard time limit (its worker then runs
+        under a supervisor)."""
+        return any(options.time_limit is not None for options in self._per_task.values())
+
     def validate_task(self, task: Task) -> None:
         """Check a task as Django does, then as the queue will (queue name, schedule)."""
         # Django compares the priority with its bounds without checking its type first:

@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import validation, validators
 from ..exceptions import ConfigurationError, EnqueueError
+from ..registry import check_time_limits
 from ..retry import (
     ExponentialBackoff,
     FixedDelay,
@@ -44,6 +45,9 @@ TASK_OPTIONS = (
     "retry_jitter",
     # The task takes its parents' results first when it runs as a workflow step.
     "takes_results",
+    # Celery's time limits, per task: SoftTimeLimitExceeded raised, then its process ended.
+    "soft_time_limit",
+    "time_limit",
 )
 
 # A task's concurrency key: a template formatted with the call's arguments
@@ -80,6 +84,8 @@ class TaskOptions:
     concurrency_key: ConcurrencyKey | None = None
     retry_on: RetryOnPaths | None = None
     takes_results: bool = False
+    soft_time_limit: float | None = None
+    time_limit: float | None = None
 
     def over(self, defaults: TaskOptions) -> TaskOptions:
         """These options, with their unset fields taken from `defaults`."""
@@ -90,6 +96,8 @@ class TaskOptions:
             self.concurrency_key,
             self.retry_on,
             self.takes_results,
+            self.soft_time_limit,
+            self.time_limit,
         )
 
     def key_for(
@@ -191,7 +199,7 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
     if timeout is not None:
         timeout = validators.seconds(timeout, f"{where}[{timeout_key!r}]", error=ConfigurationError)
     retry = retry_policy(raw.get(retry_key), f"{where}[{retry_key!r}]")
-    key = on = None
+    key = on = soft = hard = None
     takes_results = False
     if "concurrency_key" in keys:  # a task's own entry
         takes_results = raw.get("takes_results", False)
@@ -199,6 +207,8 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
             raise ConfigurationError(
                 f"{where}['takes_results'] must be True or False, got {takes_results!r}."
             )
+        soft, hard = raw.get("soft_time_limit"), raw.get("time_limit")
+        check_time_limits(soft, hard, where)
         key = concurrency_key_option(raw.get("concurrency_key"), f"{where}['concurrency_key']")
         on = _retry_on_paths(raw.get("autoretry_for"), raw.get("dont_autoretry_for"), where)
         backoff = celery_backoff(
@@ -217,6 +227,8 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
         concurrency_key=key,
         retry_on=on,
         takes_results=takes_results,
+        soft_time_limit=soft,
+        time_limit=hard,
     )
 
 

@@ -88,6 +88,8 @@ def resolve_task(type_: str) -> Handler | None:
         options.retry,
         options.timeout,
         retry_on=retry_on,
+        soft_time_limit=options.soft_time_limit,
+        time_limit=options.time_limit,
     )
 
 

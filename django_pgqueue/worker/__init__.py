@@ -24,7 +24,10 @@ empty marks, resume keys), `intake` (claimed rows to the pools, or back), `capac
 (the claimed jobs until their handlers ended: the one count that sizes every claim),
 `leases` (held leases, heartbeat, sweep, hand-back), `writer` (outcome batches,
 fenced writes, the read-back of writes in doubt), `pool` and `aio` (the handlers),
-`timeouts`, and `observing` (the job-event observers and the run middleware). They
+`timeouts`, `time_limits` (soft and hard limits; a hard one ends the process),
+`recycling` (a process's share of jobs and memory), `report` (what a supervised
+process tells its supervisor), and `observing` (the job-event observers and the run
+middleware). They
 report facts to the dispatcher and never call it back.
 
 Every write about a claimed job is fenced by its lease version, so whatever this

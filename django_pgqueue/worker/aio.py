@@ -35,6 +35,7 @@ from django.db import connections
 
 from .. import executor
 from ..claimed import ClaimedJob
+from ..exceptions import SoftTimeLimitExceeded
 from ..outcomes import Interrupted, Outcome, Retry
 from .loopwatch import LAG_PROBE, Watchdog
 from .observing import AsyncRun, athrough
@@ -46,6 +47,7 @@ CANCEL_GRACE = 1.0  # seconds a cancelled handler has to end before it is let go
 
 # Why this pool cancelled a job's task.
 TIMEOUT, CANCEL, LOST, SHUTDOWN = "timeout", "cancel requested", "lease lost", "shutdown"
+SOFT_LIMIT = "soft time limit"
 
 
 class AsyncPool:
@@ -233,16 +235,20 @@ class AsyncPool:
                 self._live.add(item)
             task = self._in_own_context(self._run(item), f"pgqueue job {item.ctx.job_id}")
             self._tasks[item] = task
-            timer = None
-            if item.timeout is not None:
-                timer = loop.call_at(item.started + item.timeout, self._cancel, item, TIMEOUT)
-            task.add_done_callback(lambda _t, item=item, timer=timer: self._ended(item, timer))
+            timers = [
+                loop.call_at(item.started + after, self._cancel, item, why)
+                for after, why in ((item.timeout, TIMEOUT), (item.soft_time_limit, SOFT_LIMIT))
+                if after is not None
+            ]
+            if item.time_limit is not None:  # the dispatcher ends the process then
+                timers.append(loop.call_at(item.started + item.time_limit, self._wake.set))
+            task.add_done_callback(lambda _t, item=item, timers=timers: self._ended(item, timers))
 
-    def _ended(self, item: ClaimedJob, timer: asyncio.TimerHandle | None) -> None:
+    def _ended(self, item: ClaimedJob, timers: list[asyncio.TimerHandle]) -> None:
         """`item`'s task is done: its slot is free for the next waiting job."""
         self._tasks.pop(item, None)
         self._warned.discard(item)
-        if timer is not None:
+        for timer in timers:
             timer.cancel()  # no timer outlives its job
         self._start_waiting()
 
@@ -269,7 +275,9 @@ class AsyncPool:
         if swallowed and item not in self._warned:
             self.ignored_cancel += 1
             _ignored(item, why, "it swallowed the CancelledError and returned")
-        self._report(item, outcome if why == CANCEL and outcome else cancelled_outcome(item, why))
+        # Cancelled by an operator or its soft limit, a handler that returned has its outcome.
+        handled = why in (CANCEL, SOFT_LIMIT) and outcome
+        self._report(item, outcome if handled else cancelled_outcome(item, why))
 
     def _cancel(self, item: ClaimedJob, why: str) -> None:
         """Cancel `item`'s task for `why`, unless it ended or was cancelled already."""
@@ -277,6 +285,15 @@ class AsyncPool:
         if task is None or item.reported or item in self._why:
             return
         self._why[item] = why
+        if why == SOFT_LIMIT:
+            item.soft_limited = True
+            logger.warning(
+                "job %d (%s) ran past its soft time limit of %gs; its task is cancelled",
+                item.ctx.job_id,
+                item.ctx.type,
+                item.soft_time_limit,
+                extra=item.facts(),
+            )
         if why == TIMEOUT and self._decide_timeout(item):
             logger.error(
                 "job %d (%s) exceeded its timeout of %gs; its task is cancelled, and the "
@@ -392,6 +409,12 @@ def cancelled_outcome(item: ClaimedJob, why: str) -> Outcome:
         return executor.timed_out(item.ctx, item.timeout, item.policy)
     if why == SHUTDOWN:
         return Interrupted("django_pgqueue.WorkerShutdown", "the worker stopped")
+    if why == SOFT_LIMIT:
+        exc = SoftTimeLimitExceeded(
+            f"the handler ran past its soft time limit of {item.soft_time_limit:g}s; "
+            "its task was cancelled"
+        )
+        return executor.classify(exc, item.ctx, item.policy)
     if why == CANCEL:  # the writer ends it cancelled, whatever failure it is
         return Retry("asyncio.CancelledError", "an operator cancelled the running job")
     return Retry("asyncio.CancelledError", "the lease was lost; the task was cancelled")

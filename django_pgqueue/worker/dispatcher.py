@@ -32,8 +32,11 @@ from .intake import Intake
 from .leases import SWEEP_BATCH, LeaseBook, UnknownClaims, sweep_expired
 from .observing import Observers, athrough, through
 from .pool import HandlerPool
+from .recycling import Recycling
+from .report import SupervisorReport
 from .scheduler import ClaimScheduler
 from .signals import StopSwitch
+from .time_limits import HardLimits
 from .writer import FLUSH_DELAY, Claim, OutcomeWriter, Written
 
 logger = logging.getLogger(__name__)
@@ -62,8 +65,10 @@ class Dispatcher:
         switch: StopSwitch,
         stats: Counter[str],
         parts: WorkerParts,
+        report: SupervisorReport | None = None,
     ) -> None:
         self.config = config
+        self.hard_limits = HardLimits(report, config.database)  # None: a timeout
         self.stats = stats
         self.exit_code = 0  # 1 once too many handlers are stuck past their timeout
         # The parts; the Worker starts the heartbeat on `leases` and the listener on
@@ -89,9 +94,8 @@ class Dispatcher:
         # Async handlers' event loop, started with the first async job it is given.
         self.aio = AsyncPool(config.async_concurrency, switch.wake, config.worker_id, arun)
         taking = (self.store, self.claims, self.capacity, self.leases, self.pool)
-        self.intake = Intake(
-            config, registry, *taking, stats, switch.stopping, self.observers, aio=self.aio
-        )
+        told = (stats, switch.stopping, self.observers, self.aio)
+        self.intake = Intake(config, registry, *taking, *told, Recycling(config, report))
         self._switch = switch
         self._wake = switch.wake
         self._backoff = Backoff(config.reconnect_max_delay)
@@ -194,8 +198,7 @@ class Dispatcher:
                 self.claims.requeued(queue)
 
     def _idle(self, now: float) -> bool:
-        """Burst mode's exit test after the cycle run at `now`: nothing running, nothing
-        due, no retry about to be."""
+        """Burst mode's exit test at `now`: nothing running, nothing due, no retry soon."""
         return (
             not self.capacity
             and not self.unknown_claims
@@ -296,8 +299,7 @@ class Dispatcher:
     # -- outcomes, timeouts, sweep --------------------------------------------------
 
     def collect_outcomes(self) -> None:
-        """Move the outcomes of the handlers that ended from the pools to the writer's
-        batch; their slots are free from now."""
+        """Move the ended handlers' outcomes to the writer's batch; their slots are free."""
         finished = self.pool.finished()
         if self.aio.in_flight:
             finished.extend(_async_outcomes(self.aio))
@@ -308,6 +310,7 @@ class Dispatcher:
             if timed_out:
                 self.stats["timed_out"] += timed_out
             self.writer.add(finished)
+            self.intake.recycling.done(self._switch, busy=bool(self.capacity))
 
     def announce_lost_leases(self) -> None:
         """Tell the observers of the leases renewals found lost (once per attempt)."""
@@ -319,11 +322,11 @@ class Dispatcher:
                     self.observers.lease_lost(item, "renewal")
 
     def check_timeouts(self) -> None:
-        """Decide the timeouts of handlers past theirs; report the jobs of handler threads
-        that died; stop when every handler thread is stuck."""
+        """Act on handlers past a timeout or a time limit, and on dead handler threads."""
         if self.pool.check_timeouts():
             self.exit_code = 1
             self._switch.request()
+        self.hard_limits.check(self.capacity, self.collect_outcomes, self.write_outcomes)
         for item, outcome in self.pool.check_threads():
             self.capacity.drop(item)
             self.stats["threads_died"] += 1

@@ -31,6 +31,7 @@ from .capacity import Capacity
 from .leases import LeaseBook
 from .observing import Observers
 from .pool import HandlerPool
+from .recycling import Recycling
 from .scheduler import ClaimScheduler
 
 logger = logging.getLogger(__name__)
@@ -51,11 +52,12 @@ class Intake:
     stopping: threading.Event
     observers: Observers  # told of the jobs claimed
     aio: AsyncPool  # the event loop of async handlers
+    recycling: Recycling  # how many jobs this process has left to claim
     policy: RetryPolicy = field(default_factory=default_policy)
 
     def claim_size(self, queue: str) -> int:
         """How many jobs a claim from `queue` may take now (see `Capacity`)."""
-        return self.capacity.claim_size(queue, self.config.batch_size)
+        return self.recycling.room(self.capacity.claim_size(queue, self.config.batch_size))
 
     def claim(self, queue: str, limit: int, after: ClaimKey | None = None) -> list[ClaimedRow]:
         """Claim; a refused claim (not a lost connection) is logged and claims nothing:
@@ -113,9 +115,13 @@ class Intake:
                 cfg.worker_id,
                 expires,
                 database,
+                (cfg.soft_time_limit, cfg.time_limit),
+                # A hard limit ends the process under a supervisor; else it is a timeout.
+                self.recycling.report is not None,
             )
             for row in rows
         ]
+        self.recycling.claimed(len(items))
         self.capacity.add_all(items)
         self.leases.hold([item.lease for item in items])
         self.observers.jobs_claimed(items)

@@ -35,6 +35,7 @@ from . import inspection
 from .dispatcher import Dispatcher
 from .leases import Heartbeat
 from .listener import Listener
+from .report import SupervisorReport
 from .services import ServiceThread, service_threads
 from .signals import SignalRelay, StopSwitch
 
@@ -62,6 +63,7 @@ class Worker:
         install_signal_handlers: bool = True,
         extensions: Iterable[Extension] | None = None,
         supervisor: str | None = None,
+        report_fd: int | None = None,
         **options: Any,
     ) -> None:
         self.config = cfg = WorkerConfig.build(queues, **options)
@@ -84,8 +86,11 @@ class Worker:
             middleware=added.middleware + core.middleware,
             services=core.services + added.services,
         )
+        # Under a supervisor (`report_fd`, its pipe): recycling and hard time limits
+        # are told to it.
+        report = None if report_fd is None else SupervisorReport(report_fd)
         self._dispatcher = dispatcher = Dispatcher(
-            cfg, self.registry, self._switch, self.stats, self.parts
+            cfg, self.registry, self._switch, self.stats, self.parts, report
         )
         self._store = dispatcher.store
         self._capacity = dispatcher.capacity

@@ -26,6 +26,7 @@ from django.db import connections
 
 from .. import executor
 from ..claimed import ClaimedJob
+from ..exceptions import SoftTimeLimitExceeded
 from ..outcomes import Failure, Outcome, Retry
 from .handler_connections import (
     close_unusable_django_connections,
@@ -33,6 +34,8 @@ from .handler_connections import (
     reset_django_connections,
 )
 from .observing import Run, through
+from .time_limits import first_deadline as first_limit
+from .time_limits import raise_soft_limit, soft_limit_due
 from .timeouts import all_stuck, first_deadline, stuck, time_out
 from .wake_mark import WakeMark
 
@@ -109,7 +112,7 @@ class HandlerPool:
     def submit(self, items: list[ClaimedJob]) -> None:
         """Hand jobs to the handler threads, in order."""
         for item in items:
-            if item.timeout is not None:
+            if item.timeout is not None or item.soft_time_limit or item.time_limit:
                 self._timed[item] = None
         self.wake_mark.handed(len(items))
         self._work.extend(items)
@@ -152,8 +155,9 @@ class HandlerPool:
         self._db_epoch += 1
 
     def next_timeout(self) -> float | None:
-        """When the first running handler reaches its timeout."""
-        return first_deadline(self._timed)
+        """When the first running handler reaches its timeout or a time limit."""
+        dues = [due for due in (first_deadline(self._timed), first_limit(self._timed)) if due]
+        return min(dues) if dues else None
 
     def check_timeouts(self) -> bool:
         """Decide the timeouts of the handlers past theirs (see `timeouts`); True when
@@ -169,7 +173,11 @@ class HandlerPool:
             if item.reported:
                 del self._timed[item]
                 continue
-            if item.started is None or item.timed_out or now - item.started < item.timeout:  # type: ignore[operator]
+            if item.started is None:
+                continue
+            if soft_limit_due(item, now):
+                raise_soft_limit(item, self._handoff)
+            if item.timeout is None or item.timed_out or now - item.started < item.timeout:
                 continue
             if not time_out(item, self._handoff, now):
                 continue
@@ -301,14 +309,19 @@ class HandlerPool:
             outcome = _execute(item, self.run)
             with self._handoff:
                 item.returned = True  # from now on the dispatcher cannot time it out
-                timed_out = item.timed_out
-            if timed_out:
-                # A JobTimeout not raised yet must not land later, in the next job.
+                raised = item.timed_out or item.soft_limited
+            if raised:
+                # An exception not raised yet must not land later, in the next job.
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me.ident), None)
         except executor.JobTimeout:
             # The timeout was decided as the handler returned, and its exception landed
             # here, in the worker's own code: the verdict stands.
             item.returned = True
+        except SoftTimeLimitExceeded as exc:
+            # Raised as the handler returned, in the worker's own code: the handler's
+            # outcome stands, if it was had.
+            item.returned = True
+            outcome = outcome or executor.classify(exc, item.ctx, item.policy)
         item.runtime = time.monotonic() - item.started  # counted by `finished`
         _reset_connections(item)
         # Reported before it is put: a thread that dies now leaves its outcome

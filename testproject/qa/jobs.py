@@ -591,3 +591,8 @@ async def aspan(ctx: JobContext) -> int:
 
 # The durable handlers register with this module's import (autodiscovery imports it).
 from . import durable_jobs  # noqa: E402, F401
+
+# Handlers with time limits: registered only in worker processes started with
+# PGQUEUE_TEST_TIME_LIMITS set (a hard limit puts every worker under a supervisor).
+if os.environ.get("PGQUEUE_TEST_TIME_LIMITS"):
+    from . import limited_jobs  # noqa: F401

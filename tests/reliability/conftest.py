@@ -46,6 +46,16 @@ def wait_until(query: str, predicate: Any, timeout: float = 60.0, params: Any = 
     raise AssertionError(f"timed out after {timeout}s waiting on {query!r}; last value {value!r}")
 
 
+def kill_not_due(remaining: int, deadline: float, next_kill: float) -> bool:
+    """A drain-and-kill loop's turn: fail past `deadline` with `remaining` jobs left;
+    True, after a short sleep, while the next kill is not due."""
+    assert time.monotonic() < deadline, f"not drained in time: {remaining} left"
+    if time.monotonic() < next_kill:
+        time.sleep(0.05)
+        return True
+    return False
+
+
 def wait_ready(worker_id: str) -> None:
     """Until the worker's listener is connected: it is up and will hear the next NOTIFY."""
     wait_until(

@@ -12,7 +12,7 @@ import pytest
 
 from django_pgqueue import enqueue_many
 from tests.conftest import sql
-from tests.reliability.conftest import FULL, outcome, size, stop_and_count, wait_until
+from tests.reliability.conftest import FULL, kill_not_due, outcome, size, stop_and_count, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -87,9 +87,7 @@ def chaos(
             continue
         if remaining == 0:
             break
-        assert time.monotonic() < deadline, f"not drained in time: {remaining} left"
-        if time.monotonic() < next_kill:
-            time.sleep(0.05)
+        if kill_not_due(remaining, deadline, next_kill):
             continue
         slot = rng.randrange(WORKERS)
         worker_id, victim = slots[slot]

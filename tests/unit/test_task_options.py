@@ -52,11 +52,27 @@ def test_per_task_options_override_the_backend_wide_ones():
         ),
         ({"TASKS": {"shop.tasks.charge": {"concurrency_key": "c:{a[0]}"}}}, "name an argument"),
         ({"CONCURRENCY_KEY": "c"}, "unknown key.*'CONCURRENCY_KEY'"),
+        ({"TASKS": {"shop.tasks.charge": {"time_limit": 0}}}, "time_limit must be a finite"),
+        (
+            {"TASKS": {"shop.tasks.charge": {"soft_time_limit": 9, "time_limit": 5}}},
+            r"soft_time_limit \(9s\) must be below time_limit \(5s\)",
+        ),
+        ({"TIME_LIMIT": 5}, "unknown key.*'TIME_LIMIT'"),
     ],
 )
 def test_bad_options_name_the_key(options, message):
     with pytest.raises(ConfigurationError, match=message):
         backend(options)
+
+
+def test_a_tasks_time_limits_are_its_own():
+    configured = backend(
+        {"TASKS": {"shop.tasks.export": {"soft_time_limit": 50, "time_limit": 60}}}
+    )
+    options = configured.task_options("shop.tasks.export")
+    assert (options.soft_time_limit, options.time_limit) == (50, 60)
+    assert configured.has_time_limits()
+    assert not backend().has_time_limits()
 
 
 def test_queue_names_must_be_queue_names():

@@ -14,6 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_pgqueue import supervisor
+from django_pgqueue.management.supervision import needs_supervisor
 from tests.conftest import MANAGE
 
 SECONDS = r"must be a finite number of seconds > 0 and at most 316,224,000 \(10 years\)"
@@ -50,6 +51,15 @@ SECONDS = r"must be a finite number of seconds > 0 and at most 316,224,000 \(10 
         (["--processes", "2", "--weights", "email=2"], "weight given for 'email'"),
         (["--processes", "2", "--lease", "3", "--heartbeat-interval", "2"], "heartbeat_interval"),
         (["--processes", "3", "--metrics-port", "65534"], "the port is at most 65533"),
+        (["--max-jobs-per-process", "0"], "--max-jobs-per-process must be an integer from 1"),
+        (["--max-tasks-per-child", "0"], "--max-jobs-per-process must be an integer from 1"),
+        (["--max-memory-per-process", "0"], "--max-memory-per-process must be an integer"),
+        (
+            ["--max-memory-per-child", "204800"],
+            r"--max-memory-per-child is Celery's, in KiB; here it is --max-memory-per-process, "
+            r"in MiB \(--max-memory-per-process 200 for 204800 KiB\)",
+        ),
+        (["-c", "0"], "--concurrency must be an integer from 1 to 1000, got 0"),
     ],
 )
 def test_bad_options_are_refused_naming_the_option(args, message):
@@ -108,3 +118,21 @@ def test_processes_need_a_settings_module(monkeypatch):
     monkeypatch.setattr(settings._wrapped, "SETTINGS_MODULE", None)
     with pytest.raises(CommandError, match="--processes needs a settings module"):
         call_command("run_queue_worker", "payments", "--processes", "2", stdout=io.StringIO())
+
+
+@pytest.mark.parametrize(
+    ("options", "pgqueue", "expected"),
+    [
+        ({}, {}, False),
+        ({"max_jobs_per_process": 5}, {}, True),
+        ({"max_memory_per_process": 200}, {}, True),
+        ({}, {"TIME_LIMIT": 60}, True),
+        ({}, {"SOFT_TIME_LIMIT": 60}, False),  # a soft limit needs no process ended
+    ],
+)
+def test_recycling_or_a_hard_limit_runs_the_worker_under_a_supervisor(
+    settings, options, pgqueue, expected
+):
+    settings.PGQUEUE = pgqueue
+    given = {"max_jobs_per_process": None, "max_memory_per_process": None, **options}
+    assert needs_supervisor(given) is expected

@@ -17,9 +17,10 @@ from django_pgqueue import supervisor, validators
 from django_pgqueue.checks import TAG as CHECK_TAG
 from django_pgqueue.checks import autovacuum_problem
 from django_pgqueue.exceptions import ConfigurationError
+from django_pgqueue.management.supervision import needs_supervisor
 from django_pgqueue.store.operator import missing_tables
 from django_pgqueue.worker import Worker, WorkerConfig
-from django_pgqueue.worker_config import queues_by_database
+from django_pgqueue.worker_config import MAX_JOBS_PER_PROCESS, MAX_MEMORY_MIB, queues_by_database
 
 
 def parse_weights(text: str) -> dict[str, int]:
@@ -51,6 +52,8 @@ def parse_weights(text: str) -> dict[str, int]:
 SECONDS_OPTIONS = ("lease", "heartbeat_interval", "sweep_interval", "job_timeout", "poll_interval")
 COUNT_OPTIONS = {
     "concurrency": validators.MAX_CONCURRENCY,
+    "max_jobs_per_process": MAX_JOBS_PER_PROCESS,
+    "max_memory_per_process": MAX_MEMORY_MIB,
     "async_concurrency": validators.MAX_ASYNC_CONCURRENCY,
     "batch_size": validators.MAX_BATCH_SIZE,
 }
@@ -68,6 +71,13 @@ def check_options(options: dict[str, Any]) -> None:
     for key, high in COUNT_OPTIONS.items():
         if options[key] is not None:
             validators.count(options[key], _flag(key), 1, high, error=CommandError)
+    if options.get("max_memory_per_child") is not None:
+        kib = options["max_memory_per_child"]
+        raise CommandError(
+            f"--max-memory-per-child is Celery's, in KiB; here it is "
+            f"--max-memory-per-process, in MiB (--max-memory-per-process "
+            f"{max(1, round(kib / 1024))} for {kib} KiB)."
+        )
     if options.get("metrics_port") is not None:  # 0: any free port
         validators.count(options["metrics_port"], "--metrics-port", 0, 65535, error=CommandError)
 
@@ -96,7 +106,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("queues", nargs="+", metavar="QUEUE", help="Queue(s) to work on.")
         parser.add_argument(
-            "--concurrency", type=int, help="Handler threads (default: PGQUEUE CONCURRENCY)."
+            "-c",
+            "--concurrency",
+            type=int,
+            help="Handler threads (default: PGQUEUE CONCURRENCY).",
         )
         parser.add_argument(
             "--async-concurrency",
@@ -165,7 +178,26 @@ class Command(BaseCommand):
             help="Worker processes to run under a supervisor that restarts them, a number "
             "or 'auto' (the CPUs available; default: 1, this process only).",
         )
+        parser.add_argument(
+            "--max-jobs-per-process",
+            "--max-tasks-per-child",
+            type=int,
+            metavar="N",
+            help="Replace a worker process once it ran N jobs: it takes no new job, lets "
+            "its handlers end and exits, and its supervisor starts a fresh one (runs "
+            "the worker under a supervisor; Celery's --max-tasks-per-child).",
+        )
+        parser.add_argument(
+            "--max-memory-per-process",
+            type=int,
+            metavar="MIB",
+            help="Replace a worker process once its resident memory passes MIB MiB, "
+            "looked at after each job, the same way (Celery's --max-memory-per-child, "
+            "which counts KiB).",
+        )
+        parser.add_argument("--max-memory-per-child", type=int, help=argparse.SUPPRESS)
         # Set by the supervisor on the command lines of its children.
+        parser.add_argument("--report-fd", type=int, help=argparse.SUPPRESS)
         parser.add_argument("--control-fd", type=int, help=argparse.SUPPRESS)
         parser.add_argument("--child-index", type=int, help=argparse.SUPPRESS)
         parser.add_argument("--supervisor-id", help=argparse.SUPPRESS)
@@ -181,7 +213,8 @@ class Command(BaseCommand):
             config = _worker_options(options, weights)
             placed = queues_by_database(options["queues"])
             _check_weights(weights, options["queues"])
-            if (processes > 1 or len(placed) > 1) and options["control_fd"] is None:
+            supervised = processes > 1 or len(placed) > 1 or needs_supervisor(options)
+            if supervised and options["control_fd"] is None:
                 # Bad options refused once, here, not by every child.
                 for alias, queues in placed.items():
                     WorkerConfig.build(queues, **_own_weights(config, queues), database=alias)
@@ -195,7 +228,12 @@ class Command(BaseCommand):
 
     def _run_worker(self, options: dict[str, Any], config: dict[str, Any]) -> int:
         """Run one worker in this process; its exit code."""
-        worker = Worker(options["queues"], supervisor=options["supervisor_id"], **config)
+        worker = Worker(
+            options["queues"],
+            supervisor=options["supervisor_id"],
+            report_fd=options["report_fd"],
+            **config,
+        )
         if options["child_index"] is None:  # a supervisor's children were checked by it
             _check_database(worker.config.database)
         if options["metrics_port"] is not None:
@@ -231,6 +269,8 @@ def _worker_options(options: dict[str, Any], weights: dict[str, int]) -> dict[st
         "burst": options["burst"],
         "worker_id": options["worker_id"],
         "shutdown_grace": options["shutdown_grace"],
+        "max_jobs_per_process": options["max_jobs_per_process"],
+        "max_memory_per_process": options["max_memory_per_process"],
     }
 
 
@@ -247,6 +287,8 @@ CHILD_OPTIONS = (
     "poll_interval",
     "shutdown_grace",
     "metrics_addr",
+    "max_jobs_per_process",
+    "max_memory_per_process",
 )
 
 

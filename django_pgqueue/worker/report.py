@@ -1,0 +1,53 @@
+"""A supervised worker process's word to its supervisor: one JSON line per event, on a
+pipe whose read end the supervisor holds (`--report-fd`).
+
+Two events: ``recycle`` (the process reached --max-jobs-per-process or
+--max-memory-per-process and exits once what it runs ended: start a fresh one now)
+and ``time_limit`` (a handler ran past its hard time limit: the process ends at once,
+and leaves its jobs to be written once it is gone, see `time_limits.LastWords`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+RECYCLE, TIME_LIMIT = "recycle", "time_limit"
+
+
+class SupervisorReport:
+    """The write end of the pipe to this process's supervisor."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def send(self, event: str, **data: Any) -> None:
+        """Send one event, whole (a write the supervisor reads in full even after this
+        process ended); an error is logged: the supervisor is gone or going."""
+        line = json.dumps({"event": event, **data}).encode() + b"\n"
+        try:
+            while line:
+                line = line[os.write(self.fd, line) :]
+        except OSError as exc:
+            logger.warning("cannot tell the supervisor of %s: %s", event, exc)
+
+
+def read_events(buffer: bytes) -> tuple[list[dict[str, Any]], bytes]:
+    """The whole lines of `buffer` as events, and what is left of it (a line not ended
+    yet). A line that is not an event is logged and passed over."""
+    *lines, rest = buffer.split(b"\n")
+    events = []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            event = None
+        if isinstance(event, dict) and "event" in event:
+            events.append(event)
+        elif line.strip():
+            logger.warning("supervisor: a child's report is not an event: %r", line[:200])
+    return events, rest
