@@ -23,8 +23,9 @@ connection opened for them and closed after), and a child recycled for
 once, neither counts as a death.
 
 Restarts: a child that exits without being asked to is started again after a backoff
-(RESTART_DELAY doubling up to RESTART_DELAY_MAX while it keeps dying within QUICK_EXIT
-of its start). When one child dies that quickly GIVE_UP_AFTER times in a row, the
+(RESTART_DELAY doubling up to RESTART_DELAY_MAX while it keeps dying at once: before it
+said it was up, or within QUICK_EXIT of that, however slow a loaded machine made its
+start). When one child dies that quickly GIVE_UP_AFTER times in a row, the
 supervisor stops the others and exits EXIT_GAVE_UP: a child that cannot start (a port
 taken, a broken settings module) is not restarted for ever.
 """
@@ -48,7 +49,7 @@ from dataclasses import dataclass, field
 
 from . import validators
 from .exceptions import ConfigurationError
-from .worker.report import RECYCLE, TIME_LIMIT, read_events
+from .worker.report import READY, RECYCLE, TIME_LIMIT, read_events
 from .worker.signals import queue_stop_signals
 from .worker.time_limits import LastWords, write_last_words
 
@@ -61,7 +62,7 @@ EXIT_GAVE_UP = 70
 EXIT_STOP_REQUESTED = 80
 RESTART_DELAY = 0.5  # seconds before the first restart of a child
 RESTART_DELAY_MAX = 30.0
-QUICK_EXIT = 10.0  # a child that exits this soon after its start died "at once"
+QUICK_EXIT = 10.0  # a child that exits this soon after it is up died "at once"
 GIVE_UP_AFTER = 5  # quick deaths in a row of one child before the supervisor gives up
 TICK = 0.1  # how often the supervisor looks at its children
 
@@ -134,6 +135,7 @@ class Child:
     proc: subprocess.Popen[bytes] | None = None
     control: int | None = None  # the write end of its control pipe
     started: float = 0.0
+    up: float | None = None  # when it said it was up (None: not yet)
     generation: int = 0
     quick_deaths: int = 0
     restart_at: float | None = None
@@ -234,7 +236,7 @@ class Supervisor:
         child.report, child.unread = report_read, b""
         child.recycled, child.last_words = False, None
         child.control = write_end
-        child.started = time.monotonic()
+        child.started, child.up = time.monotonic(), None
         child.restart_at = None
         logger.info("supervisor: child %d started (pid %d)", child.index, child.proc.pid)
 
@@ -276,14 +278,16 @@ class Supervisor:
                 "supervisor: child %d (pid %d) stopped: %s", child.index, pid, describe_exit(code)
             )
             return
-        self._died(child, code, now, quick=now - child.started < QUICK_EXIT, pid=pid)
+        quick = child.up is None or now - child.up < QUICK_EXIT
+        self._died(child, code, now, quick=quick, pid=pid)
 
     def _died(self, child: Child, code: int, now: float, *, quick: bool, pid: int = 0) -> None:
         child.last_code = code
         child.quick_deaths = child.quick_deaths + 1 if quick else 0
         if child.quick_deaths >= GIVE_UP_AFTER:
             logger.error(
-                "supervisor: child %d died within %gs of its start %d times in a row "
+                "supervisor: child %d died at its start (before it was up, or within %gs) "
+                "%d times in a row "
                 "(last: %s); giving up: stopping the other workers, exit %d",
                 child.index,
                 QUICK_EXIT,
@@ -315,7 +319,9 @@ class Supervisor:
                 data += chunk
         events, child.unread = read_events(data)
         for event in events:
-            if event["event"] == RECYCLE:
+            if event["event"] == READY:
+                child.up = time.monotonic()
+            elif event["event"] == RECYCLE:
                 child.recycled = True
             elif event["event"] == TIME_LIMIT:
                 child.last_words = LastWords.from_json(event["last_words"])

@@ -35,7 +35,7 @@ from . import inspection
 from .dispatcher import Dispatcher
 from .leases import Heartbeat
 from .listener import Listener
-from .report import SupervisorReport
+from .report import READY, SupervisorReport
 from .services import ServiceThread, service_threads
 from .signals import SignalRelay, StopSwitch
 
@@ -88,7 +88,7 @@ class Worker:
         )
         # Under a supervisor (`report_fd`, its pipe): recycling and hard time limits
         # are told to it.
-        report = None if report_fd is None else SupervisorReport(report_fd)
+        self._report = report = None if report_fd is None else SupervisorReport(report_fd)
         self._dispatcher = dispatcher = Dispatcher(
             cfg, self.registry, self._switch, self.stats, self.parts, report
         )
@@ -189,6 +189,8 @@ class Worker:
         self._start_service(self._listener.run, "listener")
         for services in self._services:
             services.start()
+        if self._report is not None:
+            self._report.send(READY)
         try:
             self._dispatcher.run()
         finally:

@@ -1,10 +1,12 @@
 """A supervised worker process's word to its supervisor: one JSON line per event, on a
 pipe whose read end the supervisor holds (`--report-fd`).
 
-Two events: ``recycle`` (the process reached --max-jobs-per-process or
---max-memory-per-process and exits once what it runs ended: start a fresh one now)
-and ``time_limit`` (a handler ran past its hard time limit: the process ends at once,
-and leaves its jobs to be written once it is gone, see `time_limits.LastWords`).
+Three events: ``ready`` (the process is up: its services started, about to claim; a
+death before it counts as a failed start, however long the start took), ``recycle``
+(the process reached --max-jobs-per-process or --max-memory-per-process and exits once
+what it runs ended: start a fresh one now) and ``time_limit`` (a handler ran past its
+hard time limit: the process ends at once, and leaves its jobs to be written once it
+is gone, see `time_limits.LastWords`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-RECYCLE, TIME_LIMIT = "recycle", "time_limit"
+READY, RECYCLE, TIME_LIMIT = "ready", "recycle", "time_limit"
 
 
 class SupervisorReport:
