@@ -32,12 +32,14 @@ from .exceptions import (
     ResultNotStorable,
     RetryLater,
     Snooze,
+    UniqueConflict,
     UnknownJobType,
     WaitTimeout,
     WorkerShutdown,
 )
 from .registry import handler
 from .retry import ExponentialBackoff, FixedDelay, RetryPolicy
+from .unique import Unique
 from .version import __version__ as __version__
 from .waiting import await_job, wait
 from .workflows import (
@@ -76,6 +78,8 @@ __all__ = [
     "RetryPolicy",
     "Snooze",
     "Step",
+    "Unique",
+    "UniqueConflict",
     "UnknownJobType",
     "WaitTimeout",
     "WorkerShutdown",

@@ -32,6 +32,7 @@ from django.db.transaction import TransactionManagementError
 from .context import async_handler_job
 from .enqueue import EnqueuedJob, JobSpec, enqueue, enqueue_many
 from .exceptions import EnqueueError
+from .unique import Unique
 
 R = TypeVar("R")
 
@@ -133,6 +134,7 @@ async def aenqueue(
     max_attempts: int | None = None,
     idempotency_key: str | None = None,
     concurrency_key: str | None = None,
+    unique: Unique | None = None,
     using: str | None = None,
     on_commit: Literal[False] = False,
 ) -> EnqueuedJob: ...
@@ -150,6 +152,7 @@ async def aenqueue(
     max_attempts: int | None = None,
     idempotency_key: str | None = None,
     concurrency_key: str | None = None,
+    unique: Unique | None = None,
     using: str | None = None,
     on_commit: bool,
 ) -> EnqueuedJob | None: ...
@@ -166,6 +169,7 @@ async def aenqueue(
     max_attempts: int | None = None,
     idempotency_key: str | None = None,
     concurrency_key: str | None = None,
+    unique: Unique | None = None,
     using: str | None = None,
     on_commit: bool = False,
 ) -> EnqueuedJob | None:
@@ -186,6 +190,7 @@ async def aenqueue(
         max_attempts=max_attempts,
         idempotency_key=idempotency_key,
         concurrency_key=concurrency_key,
+        unique=unique,
         using=using,
         on_commit=on_commit,
     )

@@ -11,6 +11,7 @@
   ``queue_workflow_steps``, ``queue_job_deps``).
 - `batches`: batches of jobs and their callbacks (``queue_batches``,
   ``queue_batch_jobs``).
+- `unique`: the unique keys held for a period (``queue_unique_keys``).
 
 These modules are the foundation: they import Django only, never a feature of the
 queue, so any room may import them.
@@ -32,6 +33,7 @@ from .jobs import (
 )
 from .observability import IntegerArrayField, MinuteStats, WorkerRecord
 from .schedules import CatchUp, Schedule, ScheduleCode, ScheduleTick, Source
+from .unique import UniqueKey
 from .waiters import JobWaiter
 from .workflows import JobDependency, OnFailure, Workflow, WorkflowStep
 
@@ -59,6 +61,7 @@ __all__ = [
     "Source",
     "Status",
     "TimestampArray",
+    "UniqueKey",
     "WorkerRecord",
     "Workflow",
     "WorkflowStep",

@@ -87,6 +87,15 @@ class Job(models.Model):
         return f"{self.type} #{self.pk} on {self.queue}"
 
 
+# Which state rows hold their unique key (see JobState.unique_hold); sql/core.sql's
+# job_enqueue_unique repeats it as its ON CONFLICT predicate.
+UNIQUE_HELD = (
+    Q(unique_hold="pending", status="pending")
+    | Q(unique_hold="active", status__in=["pending", "running"])
+    | Q(unique_hold="until_completed", status__in=["waiting", "pending", "running", "dead"])
+)
+
+
 class JobState(models.Model):
     job = models.OneToOneField(
         Job,
@@ -121,6 +130,11 @@ class JobState(models.Model):
     # only when it is set, so a plain job (NULL: no byte, a bit of the null bitmap)
     # costs them no lookup.
     has_dependents = models.BooleanField(null=True, blank=True)
+    # Unique jobs (django_pgqueue.Unique): the key, and how long this job holds it
+    # (pending, active, until_completed; period: held by a queue_unique_keys row
+    # instead). NULL for a job without one: it never enters the unique index.
+    unique_key = models.CharField(max_length=255, null=True, blank=True)
+    unique_hold = models.CharField(max_length=16, null=True, blank=True)
 
     class Meta:
         db_table = "queue_job_state"
@@ -178,6 +192,13 @@ class JobState(models.Model):
                 fields=["queue", "idempotency_key"],
                 name="queue_job_state_live_key_unique",
                 condition=Q(idempotency_key__isnull=False, status__in=["pending", "running"]),
+            ),
+            # One holder per (queue, unique key), while the holder's own hold says it
+            # holds it: the enqueue's ON CONFLICT names this predicate whole.
+            models.UniqueConstraint(
+                fields=["queue", "unique_key"],
+                name="queue_job_state_unique_key",
+                condition=UNIQUE_HELD,
             ),
             # CHECK queue_job_state_valid: status is known, priority in -100..100,
             # 0 <= attempts <= max_attempts, lease_version >= 0, a row is running

@@ -40,6 +40,23 @@ FROM pgqueue_enqueue(
 );
 
 
+-- name: job_enqueue_unique
+-- Insert one job with a unique key, or find the job that holds the key; return (id,
+-- outcome, created_at), outcome 'created', 'existing' (the holder) or 'replaced' (the
+-- pending holder took this payload and due time). The work is the PL/pgSQL function
+-- pgqueue_enqueue_unique (migration 0020): ON CONFLICT on the unique partial index of
+-- the state rows (queue_job_state_unique_key), or on the key's row of queue_unique_keys
+-- for a hold of a period, so concurrent enqueues are decided by the database in their
+-- transactions. All NULL when the key kept changing hands (5 tries).
+SELECT job_id, outcome, created_at
+FROM pgqueue_enqueue_unique(
+    %(queue)s::text, %(type)s::text, %(payload)s::jsonb, %(priority)s::smallint,
+    %(run_at)s::timestamptz, %(delay)s::float8, %(max_attempts)s::integer,
+    %(traceparent)s::text, %(concurrency_key)s::text, %(unique_key)s::text,
+    %(unique_hold)s::text, %(unique_seconds)s::float8, %(on_conflict)s::text
+);
+
+
 -- name: job_enqueue_many
 -- Insert many jobs without keys in one statement and wake their queues; return their
 -- ids as one array, in input order.

@@ -35,6 +35,23 @@ def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool, Any]:
     return row[0], row[1], row[2]
 
 
+def insert_unique_job(alias: str, params: dict[str, Any]) -> tuple[int, str, Any]:
+    """Insert one job with a unique key on Django's connection `alias`, or find its
+    holder; return (job id, outcome, created_at), outcome ``created``, ``existing`` or
+    ``replaced``.
+
+    One statement: ``job_enqueue_unique`` calls ``pgqueue_enqueue_unique`` (migration
+    0020), where the unique index or the key's row decides between concurrent enqueues.
+    """
+    row = fetch_one(alias, QUERIES["job_enqueue_unique"], params)
+    if row is None or row[0] is None:
+        raise PgQueueError(
+            f"Could not enqueue: the unique key {params['unique_key']!r} on queue "
+            f"{params['queue']!r} keeps changing hands; try again."
+        )
+    return row[0], row[1], row[2]
+
+
 # Jobs per enqueue_many statement: large enough to amortize a round trip and a plan,
 # small enough that the plan's estimated cost stays well below jit_above_cost.
 BULK_CHUNK = 20_000
