@@ -135,6 +135,7 @@ async def aenqueue(
     idempotency_key: str | None = None,
     concurrency_key: str | None = None,
     unique: Unique | None = None,
+    fairness_key: str | None = None,
     using: str | None = None,
     on_commit: Literal[False] = False,
 ) -> EnqueuedJob: ...
@@ -153,6 +154,7 @@ async def aenqueue(
     idempotency_key: str | None = None,
     concurrency_key: str | None = None,
     unique: Unique | None = None,
+    fairness_key: str | None = None,
     using: str | None = None,
     on_commit: bool,
 ) -> EnqueuedJob | None: ...
@@ -170,6 +172,7 @@ async def aenqueue(
     idempotency_key: str | None = None,
     concurrency_key: str | None = None,
     unique: Unique | None = None,
+    fairness_key: str | None = None,
     using: str | None = None,
     on_commit: bool = False,
 ) -> EnqueuedJob | None:
@@ -191,6 +194,7 @@ async def aenqueue(
         idempotency_key=idempotency_key,
         concurrency_key=concurrency_key,
         unique=unique,
+        fairness_key=fairness_key,
         using=using,
         on_commit=on_commit,
     )

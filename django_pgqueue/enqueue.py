@@ -58,7 +58,8 @@ class EnqueuedJob:
 class JobSpec:
     """One job for enqueue_many(); None fields take the call's (then the settings') defaults.
 
-    `idempotency_key` and `concurrency_key` work as in enqueue() (the call has none).
+    `idempotency_key`, `concurrency_key` and `fairness_key` work as in enqueue() (the
+    call has none).
     """
 
     type: str
@@ -70,6 +71,7 @@ class JobSpec:
     max_attempts: int | None = None
     idempotency_key: str | None = None
     concurrency_key: str | None = None
+    fairness_key: str | None = None
 
 
 def _handler(conf: Any, type_: str) -> Handler | None:
@@ -98,6 +100,7 @@ def enqueue(
     idempotency_key: str | None = None,
     concurrency_key: str | None = None,
     unique: Unique | None = None,
+    fairness_key: str | None = None,
     using: str | None = None,
     on_commit: Literal[False] = False,
 ) -> EnqueuedJob: ...
@@ -116,6 +119,7 @@ def enqueue(
     idempotency_key: str | None = None,
     concurrency_key: str | None = None,
     unique: Unique | None = None,
+    fairness_key: str | None = None,
     using: str | None = None,
     on_commit: bool,
 ) -> EnqueuedJob | None: ...
@@ -133,6 +137,7 @@ def enqueue(
     idempotency_key: str | None = None,
     concurrency_key: str | None = None,
     unique: Unique | None = None,
+    fairness_key: str | None = None,
     using: str | None = None,
     on_commit: bool = False,
 ) -> EnqueuedJob | None:
@@ -147,7 +152,8 @@ def enqueue(
     that key run at once (see queue control). With `unique` (a `Unique`), at most one
     job of the queue holds its key for as long as its hold says, and an enqueue of a
     held key returns the holder, refuses (`UniqueConflict`) or replaces the pending
-    holder's payload and due time, as its `on_conflict` says.
+    holder's payload and due time, as its `on_conflict` says. In a fair queue
+    (PGQUEUE["FAIR_QUEUES"]) claims take turns across `fairness_key`s (none: the key "").
     Everything is validated before anything is written.
 
     The job is written on its queue's database (PGQUEUE["QUEUE_DATABASES"], else
@@ -174,6 +180,7 @@ def enqueue(
         "idempotency_key": key_value,
         # Written with the state row, by the same statement.
         "concurrency_key": limits.concurrency_key(concurrency_key),
+        "fair_key": _fair_key(conf, queue_name, fairness_key),
         "traceparent": None,
     }
     if unique is not None:
@@ -191,6 +198,14 @@ def enqueue(
     # Never inside a listener's block (its transaction is open on `alias`): no listener.
     transaction.on_commit(partial(_write, alias, params, payload), using=caller)
     return None
+
+
+def _fair_key(conf: Any, queue: str, fairness_key: Any) -> str | None:
+    """The job's fair key: its fairness key; in a fair queue without one, the key ""."""
+    key = validation.key(fairness_key, "fairness_key")
+    if key is None and queue in conf.FAIR_QUEUES:
+        return ""
+    return key
 
 
 def _write(
@@ -271,6 +286,7 @@ def enqueue_many(
     """
     conf = get_settings()
     batch = store.Batch()
+    batch.fair_queues = conf.FAIR_QUEUES
     payloads: list[Any] = []
     defaults = (queue, priority, run_at, delay, max_attempts)
     # The common call, pairs of one type: a pair of the type (the same str object) of
@@ -287,7 +303,7 @@ def enqueue_many(
                 continue
             options: tuple[Any, ...] = (type_, *defaults)
             key: Any = type_ if type(type_) is str else None
-            keys: tuple[Any, Any] | None = None
+            keys: tuple[Any, Any, Any] | None = None
         elif isinstance(item, JobSpec):
             type_, payload = item.type, item.payload
             # An item's own schedule (run_at or delay) replaces the call's as a whole.
@@ -300,7 +316,7 @@ def enqueue_many(
                 item.delay if own else delay,
                 max_attempts if item.max_attempts is None else item.max_attempts,
             )
-            keys = (item.idempotency_key, item.concurrency_key)
+            keys = (item.idempotency_key, item.concurrency_key, item.fairness_key)
             # Exact types in the key: 1 == 1.0 == True, but only 1 is a valid priority.
             key = (options, *map(type, options)) if type(type_) is str else None
         else:
@@ -321,6 +337,7 @@ def enqueue_many(
                     group,
                     validation.idempotency_key(keys[0]),
                     limits.concurrency_key(keys[1]),
+                    validation.key(keys[2], "fairness_key"),
                 )
         except EnqueueError as exc:
             raise EnqueueError(f"enqueue_many item {position}: {exc}") from exc

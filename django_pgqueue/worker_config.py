@@ -38,6 +38,8 @@ class WorkerConfig:
     prepared_statements: bool = True
     # Async handlers in flight at once on the event loop, apart from the threads.
     async_concurrency: int = 100
+    # The worker's fair queues (PGQUEUE["FAIR_QUEUES"]) and their keys' weights.
+    fair_queues: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -138,6 +140,9 @@ class WorkerConfig:
             worker_id=ident,
             burst=burst,
             weights=weights,
+            fair_queues={
+                name: conf.FAIR_QUEUES[name] for name in names if name in conf.FAIR_QUEUES
+            },
             prepared_statements=conf.WORKER_PREPARED_STATEMENTS,
         )
 

@@ -135,6 +135,10 @@ class JobState(models.Model):
     # instead). NULL for a job without one: it never enters the unique index.
     unique_key = models.CharField(max_length=255, null=True, blank=True)
     unique_hold = models.CharField(max_length=16, null=True, blank=True)
+    # Fair queues (PGQUEUE["FAIR_QUEUES"]): the key whose turn a claim gives this job;
+    # every job of a fair queue has one ('' when enqueue() was given none). NULL in
+    # any other queue: the row never enters the fair index.
+    fair_key = models.CharField(max_length=255, null=True, blank=True)
 
     class Meta:
         db_table = "queue_job_state"
@@ -185,6 +189,13 @@ class JobState(models.Model):
                 fields=["queue", "concurrency_key"],
                 name="queue_job_state_run_key_idx",
                 condition=Q(status="running", concurrency_key__isnull=False),
+            ),
+            # A fair queue's pending jobs by key, each key's in claim order: the fair
+            # claim walks the keys (a skip scan) and takes each key's first jobs.
+            models.Index(
+                fields=["queue", "fair_key", "-priority", "run_at", "job"],
+                name="queue_job_state_fair_idx",
+                condition=Q(status="pending", fair_key__isnull=False),
             ),
         ]
         constraints = [

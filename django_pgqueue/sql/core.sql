@@ -22,10 +22,10 @@
 -- name: job_enqueue
 -- Insert one job and its state row, wake the queue's workers if it is due, and return
 -- (id, created, created_at). The work is the PL/pgSQL function pgqueue_enqueue
--- (migration 0007): PostgreSQL plans its statements once per session and reuses the
+-- (migration 0007; 0020 added the fair key): PostgreSQL plans its statements once per session and reuses the
 -- plans, which a prepared statement would do too but a transaction-mode pooler may
 -- not allow. Without an idempotency key: the job row, then its state row (with the
--- concurrency key, if any). With one: the state row first, its id drawn from the
+-- concurrency and fair keys, if any). With one: the state row first, its id drawn from the
 -- jobs' sequence, so ON CONFLICT on the live-key index can skip the whole job; then
 -- the holder is returned with created = false, and a key that changed hands after
 -- the statement's snapshot is tried again (up to 5 times; then the row is all NULL).
@@ -36,7 +36,8 @@ SELECT job_id, created, created_at
 FROM pgqueue_enqueue(
     %(queue)s::text, %(type)s::text, %(payload)s::jsonb, %(priority)s::smallint,
     %(run_at)s::timestamptz, %(delay)s::float8, %(max_attempts)s::integer,
-    %(idempotency_key)s::text, %(traceparent)s::text, %(concurrency_key)s::text
+    %(idempotency_key)s::text, %(traceparent)s::text, %(concurrency_key)s::text,
+    %(fair_key)s::text
 );
 
 
@@ -53,7 +54,8 @@ FROM pgqueue_enqueue_unique(
     %(queue)s::text, %(type)s::text, %(payload)s::jsonb, %(priority)s::smallint,
     %(run_at)s::timestamptz, %(delay)s::float8, %(max_attempts)s::integer,
     %(traceparent)s::text, %(concurrency_key)s::text, %(unique_key)s::text,
-    %(unique_hold)s::text, %(unique_seconds)s::float8, %(on_conflict)s::text
+    %(unique_hold)s::text, %(unique_seconds)s::float8, %(on_conflict)s::text,
+    %(fair_key)s::text
 );
 
 
@@ -131,13 +133,13 @@ FROM numbered;
 
 
 -- name: job_enqueue_many_keyed
--- Insert many jobs, some with idempotency or concurrency keys, skipping those whose
+-- Insert many jobs, some with idempotency, concurrency or fair keys, skipping those whose
 -- idempotency key a live job holds. Returns (position, id) for the jobs inserted;
 -- job_live_by_keys then finds the holder for every other position, including keys
 -- repeated within the call. The state row goes first so ON CONFLICT can skip the
 -- whole job (see pgqueue_enqueue). A queue that receives a job with a concurrency key
 -- is marked keyed in queue_controls (the first time only), as job_enqueue does.
--- Its rows are numbered as job_enqueue_many's are, with the two key arrays zipped in
+-- Its rows are numbered as job_enqueue_many's are, with the three key arrays zipped in
 -- before the payloads. The two statements stay apart: jobs without keys taken through
 -- this one (ON CONFLICT, the state rows first) were inserted 1.3x slower at 20 jobs a
 -- statement and 3.8x at 20,000.
@@ -148,17 +150,17 @@ WITH numbered AS MATERIALIZED (
         unnest(%(priorities)s::smallint[]), unnest(%(run_ats)s::timestamptz[]),
         unnest(%(delays)s::float8[]), unnest(%(max_attempts)s::integer[]),
         unnest(%(idempotency_keys)s::text[]), unnest(%(concurrency_keys)s::text[]),
-        jsonb_array_elements(%(payloads)s::jsonb)
+        unnest(%(fair_keys)s::text[]), jsonb_array_elements(%(payloads)s::jsonb)
     ) WITH ORDINALITY
         AS i(queue, type, priority, run_at, delay, max_attempts, idempotency_key,
-             concurrency_key, payload, position)
+             concurrency_key, fair_key, payload, position)
 ), state AS (
     INSERT INTO queue_job_state AS s (
         job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
-        idempotency_key, concurrency_key, updated_at
+        idempotency_key, concurrency_key, fair_key, updated_at
     )
     SELECT id, queue, 'pending', priority, coalesce(run_at, now() + make_interval(secs => delay)),
-           0, max_attempts, 0, idempotency_key, concurrency_key, now()
+           0, max_attempts, 0, idempotency_key, concurrency_key, fair_key, now()
     FROM numbered
     ORDER BY position
     ON CONFLICT (queue, idempotency_key)

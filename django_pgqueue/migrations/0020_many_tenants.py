@@ -1,3 +1,5 @@
+# Many tenants on one queue: unique jobs and debounce, and fair queues' keys.
+#
 # Unique jobs and debounce: a unique key with a hold and a policy on conflict, decided
 # by the database in the enqueuing transaction (never a read, then a write).
 #
@@ -15,15 +17,115 @@
 #   UPDATE takes the key when its period ended, and otherwise locks the row all the
 #   same, so the holder read next is the one that holds it until this transaction ends.
 #
-# The lead renumbers this migration if another branch took the number.
+# Fair queues: every job of a fair queue carries a fair key (queue_job_state.fair_key),
+# indexed per queue and key in claim order (queue_job_state_fair_idx, pending rows with a
+# key only: other queues pay nothing). The enqueue functions write it: pgqueue_enqueue
+# takes it as a new last argument (the old signature is dropped), and so does
+# pgqueue_enqueue_unique.
+
+import importlib
 
 from django.db import migrations, models
+
+OLD_ENQUEUE = importlib.import_module(
+    "django_pgqueue.migrations.0007_enqueue_function"
+).ENQUEUE_FUNCTION
+
+# pgqueue_enqueue of migration 0007, the fair key written with the state row.
+ENQUEUE = r"""
+CREATE FUNCTION pgqueue_enqueue(
+    p_queue text, p_type text, p_payload jsonb, p_priority smallint, p_run_at timestamptz,
+    p_delay float8, p_max_attempts integer, p_idempotency_key text, p_traceparent text,
+    p_concurrency_key text, p_fair_key text,
+    OUT job_id bigint, OUT created boolean, OUT created_at timestamptz
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+    v_run_at timestamptz := coalesce(p_run_at, now() + make_interval(secs => p_delay));
+BEGIN
+    IF p_idempotency_key IS NULL THEN
+        INSERT INTO queue_jobs (queue, type, payload, created_at, traceparent)
+        VALUES (p_queue, p_type, p_payload, now(), p_traceparent)
+        RETURNING id INTO v_id;
+        INSERT INTO queue_job_state (
+            job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
+            concurrency_key, fair_key, updated_at
+        )
+        VALUES (v_id, p_queue, 'pending', p_priority, v_run_at, 0, p_max_attempts, 0,
+                p_concurrency_key, p_fair_key, now());
+    ELSE
+        FOR attempt IN 1..5 LOOP
+            WITH new_job AS (
+                SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id
+            ), state AS (
+                INSERT INTO queue_job_state AS s (
+                    job_id, queue, status, priority, run_at, attempts, max_attempts,
+                    lease_version, idempotency_key, concurrency_key, fair_key, updated_at
+                )
+                SELECT new_job.id, p_queue, 'pending', p_priority, v_run_at, 0, p_max_attempts,
+                       0, p_idempotency_key, p_concurrency_key, p_fair_key, now()
+                FROM new_job
+                ON CONFLICT (queue, idempotency_key)
+                    WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'running')
+                    DO NOTHING
+                RETURNING s.job_id
+            ), job AS (
+                INSERT INTO queue_jobs (id, queue, type, payload, idempotency_key, created_at,
+                                        traceparent)
+                SELECT state.job_id, p_queue, p_type, p_payload, p_idempotency_key, now(),
+                       p_traceparent
+                FROM state
+                RETURNING id
+            )
+            SELECT job.id INTO v_id FROM job;
+            EXIT WHEN v_id IS NOT NULL;
+            SELECT live.job_id, held.created_at INTO job_id, created_at
+            FROM queue_job_state AS live
+            JOIN queue_jobs AS held ON held.id = live.job_id
+            WHERE live.queue = p_queue
+              AND live.idempotency_key = p_idempotency_key
+              AND live.status IN ('pending', 'running');
+            IF job_id IS NOT NULL THEN
+                created := false;
+                RETURN;
+            END IF;
+        END LOOP;
+        IF v_id IS NULL THEN
+            RETURN;
+        END IF;
+    END IF;
+    IF p_concurrency_key IS NOT NULL AND NOT EXISTS (
+        SELECT FROM queue_controls AS known WHERE known.queue = p_queue AND known.keyed
+    ) THEN
+        INSERT INTO queue_controls AS c (queue, paused, key_limit, rate_starts, keyed, updated_at)
+        VALUES (p_queue, false, 1, '{}', true, now())
+        ON CONFLICT (queue) DO UPDATE SET keyed = true, updated_at = now();
+    END IF;
+    IF v_run_at <= now() THEN
+        PERFORM pg_notify('pgqueue', p_queue);
+    END IF;
+    job_id := v_id;
+    created := true;
+    created_at := now();
+END
+$$
+"""
+
+OLD_ENQUEUE_SIGNATURE = (
+    "pgqueue_enqueue(text, text, jsonb, smallint, timestamptz, float8, integer, text, text, text)"
+)
+ENQUEUE_SIGNATURE = (
+    "pgqueue_enqueue(text, text, jsonb, smallint, timestamptz, float8, integer, text, text, "
+    "text, text)"
+)
 
 ENQUEUE_UNIQUE = r"""
 CREATE FUNCTION pgqueue_enqueue_unique(
     p_queue text, p_type text, p_payload jsonb, p_priority smallint, p_run_at timestamptz,
     p_delay float8, p_max_attempts integer, p_traceparent text, p_concurrency_key text,
     p_unique_key text, p_unique_hold text, p_unique_seconds float8, p_on_conflict text,
+    p_fair_key text,
     OUT job_id bigint, OUT outcome text, OUT created_at timestamptz
 )
 LANGUAGE plpgsql AS $$
@@ -53,10 +155,10 @@ BEGIN
         VALUES (v_id, p_queue, p_type, p_payload, now(), p_traceparent);
         INSERT INTO queue_job_state (
             job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
-            concurrency_key, unique_key, unique_hold, updated_at
+            concurrency_key, unique_key, unique_hold, fair_key, updated_at
         )
         VALUES (v_id, p_queue, 'pending', p_priority, v_run_at, 0, p_max_attempts, 0,
-                p_concurrency_key, p_unique_key, 'period', now());
+                p_concurrency_key, p_unique_key, 'period', p_fair_key, now());
         outcome := 'created';
     ELSE
         FOR attempt IN 1..5 LOOP
@@ -66,11 +168,12 @@ BEGIN
                 ), state AS (
                     INSERT INTO queue_job_state AS s (
                         job_id, queue, status, priority, run_at, attempts, max_attempts,
-                        lease_version, concurrency_key, unique_key, unique_hold, updated_at
+                        lease_version, concurrency_key, unique_key, unique_hold, fair_key,
+                        updated_at
                     )
                     SELECT new_job.id, p_queue, 'pending', p_priority, v_run_at, 0,
                            p_max_attempts, 0, p_concurrency_key, p_unique_key, p_unique_hold,
-                           now()
+                           p_fair_key, now()
                     FROM new_job
                     ON CONFLICT (queue, unique_key) WHERE (
                         (unique_hold = 'pending' AND status = 'pending')
@@ -105,11 +208,12 @@ BEGIN
                 ), state AS (
                     INSERT INTO queue_job_state AS s (
                         job_id, queue, status, priority, run_at, attempts, max_attempts,
-                        lease_version, concurrency_key, unique_key, unique_hold, updated_at
+                        lease_version, concurrency_key, unique_key, unique_hold, fair_key,
+                        updated_at
                     )
                     SELECT new_job.id, p_queue, 'pending', p_priority, v_run_at, 0,
                            p_max_attempts, 0, p_concurrency_key, p_unique_key, p_unique_hold,
-                           now()
+                           p_fair_key, now()
                     FROM new_job
                     ON CONFLICT (queue, unique_key) WHERE (
                         (unique_hold = 'pending' AND status = 'pending')
@@ -166,7 +270,7 @@ $$
 
 ENQUEUE_UNIQUE_SIGNATURE = (
     "pgqueue_enqueue_unique(text, text, jsonb, smallint, timestamptz, float8, integer, text, "
-    "text, text, text, float8, text)"
+    "text, text, text, float8, text, text)"
 )
 
 
@@ -216,6 +320,23 @@ class Migration(migrations.Migration):
                 fields=("queue", "unique_key"),
                 name="queue_job_state_unique_key",
             ),
+        ),
+        migrations.AddField(
+            model_name="jobstate",
+            name="fair_key",
+            field=models.CharField(blank=True, max_length=255, null=True),
+        ),
+        migrations.AddIndex(
+            model_name="jobstate",
+            index=models.Index(
+                condition=models.Q(("fair_key__isnull", False), ("status", "pending")),
+                fields=["queue", "fair_key", "-priority", "run_at", "job"],
+                name="queue_job_state_fair_idx",
+            ),
+        ),
+        migrations.RunSQL(
+            sql=[f"DROP FUNCTION {OLD_ENQUEUE_SIGNATURE}", ENQUEUE],
+            reverse_sql=[f"DROP FUNCTION {ENQUEUE_SIGNATURE}", OLD_ENQUEUE],
         ),
         migrations.RunSQL(
             sql=[ENQUEUE_UNIQUE],
