@@ -3,16 +3,18 @@
 # Unique jobs and debounce: a unique key with a hold and a policy on conflict, decided
 # by the database in the enqueuing transaction (never a read, then a write).
 #
-# - The holds that follow a job's status (pending; pending or running; until it
-#   completed) are one unique partial index on the state rows, whose predicate is each
-#   row's own hold: a row with no key never enters it, so queues without unique keys
-#   pay nothing. The enqueue's INSERT names the predicate in ON CONFLICT (written whole
-#   in each statement, as the index has it): DO NOTHING to
+# - The holds that follow a job's status (pending, until first claimed; pending or
+#   running; until it completed) are one unique partial index on the state rows, whose
+#   predicate is each row's own hold: a row with no key never enters it, so queues
+#   without unique keys pay nothing. The enqueue's INSERT names the predicate in ON
+#   CONFLICT (written whole in each statement, as the index has it): DO NOTHING to
 #   return or refuse (then the holder is looked up, and a key that changed hands after
 #   the statement's snapshot is tried again, as pgqueue_enqueue does), DO UPDATE of a
 #   pending holder to replace (a debounce: its due time here, its payload in the same
 #   statement; the holder's row lock keeps the claim off it until the caller commits,
-#   and a holder claimed meanwhile no longer conflicts, so a new job is written).
+#   and a holder claimed meanwhile no longer conflicts, so a new job is written). A
+#   "pending" hold ends at the first claim (lease_version > 0), so a job going back to
+#   pending (a retry, a lost lease) never meets the newer holder of its key.
 # - A hold for a period is a row per key (queue_unique_keys): INSERT ... ON CONFLICT DO
 #   UPDATE takes the key when its period ended, and otherwise locks the row all the
 #   same, so the holder read next is the one that holds it until this transaction ends.
@@ -176,7 +178,7 @@ BEGIN
                            p_fair_key, now()
                     FROM new_job
                     ON CONFLICT (queue, unique_key) WHERE (
-                        (unique_hold = 'pending' AND status = 'pending')
+                        (unique_hold = 'pending' AND status = 'pending' AND lease_version = 0)
                         OR (unique_hold = 'active' AND status IN ('pending', 'running'))
                         OR (unique_hold = 'until_completed'
                             AND status IN ('waiting', 'pending', 'running', 'dead'))
@@ -216,7 +218,7 @@ BEGIN
                            p_fair_key, now()
                     FROM new_job
                     ON CONFLICT (queue, unique_key) WHERE (
-                        (unique_hold = 'pending' AND status = 'pending')
+                        (unique_hold = 'pending' AND status = 'pending' AND lease_version = 0)
                         OR (unique_hold = 'active' AND status IN ('pending', 'running'))
                         OR (unique_hold = 'until_completed'
                             AND status IN ('waiting', 'pending', 'running', 'dead'))
@@ -239,7 +241,8 @@ BEGIN
             WHERE live.queue = p_queue
               AND live.unique_key = p_unique_key
               AND (
-                  (live.unique_hold = 'pending' AND live.status = 'pending')
+                  (live.unique_hold = 'pending' AND live.status = 'pending'
+                   AND live.lease_version = 0)
                   OR (live.unique_hold = 'active' AND live.status IN ('pending', 'running'))
                   OR (live.unique_hold = 'until_completed'
                       AND live.status IN ('waiting', 'pending', 'running', 'dead'))
@@ -309,7 +312,9 @@ class Migration(migrations.Migration):
             model_name="jobstate",
             constraint=models.UniqueConstraint(
                 condition=models.Q(
-                    models.Q(("status", "pending"), ("unique_hold", "pending")),
+                    models.Q(
+                        ("lease_version", 0), ("status", "pending"), ("unique_hold", "pending")
+                    ),
                     models.Q(("status__in", ["pending", "running"]), ("unique_hold", "active")),
                     models.Q(
                         ("status__in", ["waiting", "pending", "running", "dead"]),

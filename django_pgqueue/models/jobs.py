@@ -87,10 +87,12 @@ class Job(models.Model):
         return f"{self.type} #{self.pk} on {self.queue}"
 
 
-# Which state rows hold their unique key (see JobState.unique_hold); sql/core.sql's
-# job_enqueue_unique repeats it as its ON CONFLICT predicate.
+# Which state rows hold their unique key (see JobState.unique_hold); migration 0020's
+# pgqueue_enqueue_unique repeats it as its ON CONFLICT predicate. A "pending" hold is
+# a job's until it is first claimed (lease_version 0, which only grows): a retried or
+# swept job going back to pending never meets a newer holder of its key.
 UNIQUE_HELD = (
-    Q(unique_hold="pending", status="pending")
+    Q(unique_hold="pending", status="pending", lease_version=0)
     | Q(unique_hold="active", status__in=["pending", "running"])
     | Q(unique_hold="until_completed", status__in=["waiting", "pending", "running", "dead"])
 )

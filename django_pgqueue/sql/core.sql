@@ -581,9 +581,11 @@ WHERE id = ANY (%(attempt_ids)s::bigint[]);
 -- name: job_retry_now
 -- Operator retry: dead, cancelled or pending jobs become due now with fresh attempts.
 -- The attempt history stays; lease_version grows. A running job is never touched, nor a
--- job whose idempotency key another live job holds; of several selected jobs sharing
--- a key, only the newest is retried (two live jobs cannot hold one key). Returns the
--- jobs changed.
+-- job whose idempotency key another live job holds, nor one whose unique key (held
+-- while active or until completed: pending again, it would hold it) another job holds;
+-- of several selected jobs sharing a key, only the newest is retried (two live jobs
+-- cannot hold one key). A "pending" unique hold ends at the first claim (lease_version
+-- grows here too): such a job is retried without its key. Returns the jobs changed.
 -- Workflows: a step that still waits for a dependency (one unfinished, or retried in
 -- this same call) goes back to waiting, not pending; a dead or cancelled job retried
 -- counts as unfinished again for its dependents, and every dependent that has not
@@ -591,7 +593,9 @@ WHERE id = ANY (%(attempt_ids)s::bigint[]);
 -- step forgets what cancelled it (pgqueue_unsettle, migration 0016), in this same
 -- statement.
 WITH candidate AS MATERIALIZED (
-    SELECT state.job_id, state.queue, state.idempotency_key, state.status
+    SELECT state.job_id, state.queue, state.idempotency_key, state.status,
+           state.unique_key,
+           coalesce(state.unique_hold IN ('active', 'until_completed'), false) AS holds
     FROM queue_job_state AS state
     WHERE state.job_id = ANY(%(job_ids)s::bigint[])
       AND state.status IN ('dead', 'cancelled', 'pending')
@@ -603,14 +607,33 @@ WITH candidate AS MATERIALIZED (
             AND other.status IN ('pending', 'running')
             AND other.job_id <> state.job_id
       )
+      AND NOT EXISTS (
+          SELECT FROM queue_job_state AS other
+          WHERE state.unique_hold IN ('active', 'until_completed')
+            AND other.queue = state.queue
+            AND other.unique_key = state.unique_key
+            AND other.job_id <> state.job_id
+            -- the unique index's predicate: the other job holds the key now
+            AND (
+                (other.unique_hold = 'pending' AND other.status = 'pending'
+                 AND other.lease_version = 0)
+                OR (other.unique_hold = 'active' AND other.status IN ('pending', 'running'))
+                OR (other.unique_hold = 'until_completed'
+                    AND other.status IN ('waiting', 'pending', 'running', 'dead'))
+            )
+      )
     ORDER BY state.job_id
     FOR UPDATE
 ), target AS (
-    SELECT job_id FROM candidate WHERE idempotency_key IS NULL
+    SELECT job_id FROM candidate WHERE idempotency_key IS NULL AND NOT holds
     UNION ALL
     SELECT max(job_id) FROM candidate
     WHERE idempotency_key IS NOT NULL
     GROUP BY queue, idempotency_key
+    UNION ALL
+    SELECT max(job_id) FROM candidate
+    WHERE holds
+    GROUP BY queue, unique_key
 ), retried AS (
     UPDATE queue_job_state AS state
     SET status = CASE

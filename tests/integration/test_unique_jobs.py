@@ -93,3 +93,42 @@ def test_unique_and_idempotency_key_together_are_refused():
         enqueue("qa.noop", idempotency_key="a", unique=Unique("b"))
     with pytest.raises(EnqueueError, match="unique must be a Unique"):
         enqueue("qa.noop", unique="b")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_swept_job_goes_back_to_pending_beside_the_newer_holder_of_its_key(stores):
+    """A "pending" hold ends at the first claim: the job that lost its lease goes back to
+    pending, and the job enqueued while it ran keeps the key."""
+    unique = Unique("k", hold="pending")
+    first = enqueue("qa.noop", queue="u7", unique=unique)
+    store = stores("unique-sweeper")
+    (claimed,) = store.claim("u7", 1, "w", 60.0)
+    second = enqueue("qa.noop", queue="u7", unique=unique)
+    assert second.created
+    sql(
+        "UPDATE queue_job_state SET locked_until = now() - interval '1 s' WHERE job_id = %s",
+        [first.id],
+    )
+    assert [row[0] for row in store.sweep()] == [claimed.job_id]
+    statuses = dict(sql("SELECT job_id, status FROM queue_job_state WHERE queue = 'u7'"))
+    assert statuses == {first.id: "pending", second.id: "pending"}
+    # The newer one holds the key still.
+    assert enqueue("qa.noop", queue="u7", unique=unique).id == second.id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_retry_skips_a_job_whose_key_another_job_holds():
+    from django_pgqueue.actions import retry_now
+
+    unique = Unique("k")  # held while active
+    first = enqueue("qa.noop", queue="u8", unique=unique)
+    sql(
+        "UPDATE queue_job_state SET status = 'dead', finished_at = now() WHERE job_id = %s",
+        [first.id],
+    )
+    second = enqueue("qa.noop", queue="u8", unique=unique)
+    assert second.created
+    assert retry_now([first.id]).changed == []
+    set_status(second.id, "completed")
+    assert retry_now([first.id]).changed == [first.id]
+    assert enqueue("qa.noop", queue="u8", unique=unique).id == first.id
