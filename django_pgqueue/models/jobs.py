@@ -1,6 +1,8 @@
 """The three queue tables. Their names and columns are part of the public contract.
 
-- `Job` (``queue_jobs``): what to run. Written once at enqueue, never updated.
+- `Job` (``queue_jobs``): what to run. Written once at enqueue, never updated, but for
+  a debounce (``Unique(..., on_conflict="replace")``), which replaces the payload of a
+  job still pending and never claimed, under its state row's lock.
 - `JobState` (``queue_job_state``): the hot row a worker claims, renews and finishes.
   Kept narrow (no payload) so claims, heartbeats and vacuum touch little.
 - `Attempt` (``queue_attempts``): one row per claim, with its outcome.
