@@ -144,3 +144,58 @@ def test_late_tenants_start_within_two_claim_cycles_behind_a_big_backlog(fair, r
     # Two cycles: a turn for A per worker per cycle, and the claims already in flight
     # when the late jobs came (a claim of up to 4 a worker).
     assert worst <= 2 * 2 + 2 * 4, a_starts
+
+
+def test_the_fair_claim_walks_indexes_only_at_many_keys(stores):
+    """Every scan of the fair claim is an index scan, beside 2,000 keys and a backlog;
+    the only sorts are of its candidates (the contract's plan, docs/howto/many-tenants.md)."""
+    sql(
+        """
+        WITH ids AS MATERIALIZED (
+            SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id, n
+            FROM generate_series(1, 4000) AS n
+        ), jobs AS (
+            INSERT INTO queue_jobs (id, queue, type, payload, created_at)
+            SELECT id, 'fq-plan', 'qa.noop', '{}', now() FROM ids
+        )
+        INSERT INTO queue_job_state (
+            job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
+            fair_key, updated_at
+        )
+        SELECT id, 'fq-plan', 'pending', 0, now() - interval '1 s', 0, 5, 0,
+               CASE WHEN n <= 2000 THEN 'a' ELSE 't' || lpad(n::text, 5, '0') END, now()
+        FROM ids
+        """
+    )
+    sql("ANALYZE queue_job_state")
+    from django_pgqueue.sql import QUERIES
+
+    params = {
+        "queue": "fq-plan",
+        "limit": 10,
+        "worker_id": "w",
+        "lease": 60.0,
+        "after": "t03000",
+        "keys": 48,
+        "weights": "{}",
+    }
+    store = stores("fair-plan")
+    with store.holding("plan") as conn, conn.transaction(force_rollback=True):
+        conn.execute(QUERIES["fair_claim_plan"])
+        (plan,) = conn.execute(
+            "EXPLAIN (FORMAT JSON) " + QUERIES["job_claim_fair"], params
+        ).fetchone()
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    every = list(nodes(plan[0]["Plan"]))
+    scans = {(n["Node Type"], n.get("Index Name")) for n in every if "Scan" in n["Node Type"]}
+    assert not [n for n in every if n["Node Type"] == "Seq Scan"], scans
+    assert ("Index Only Scan", "queue_job_state_fair_idx") in scans
+    assert ("Index Scan", "queue_job_state_fair_idx") in scans
+    sorted_over = {tuple(n["Sort Key"]) for n in every if n["Node Type"] == "Sort"}
+    # Sorts of the candidates and of the unkeyed walk's few rows, never of the keys.
+    assert all("fair_key" not in " ".join(keys) for keys in sorted_over), sorted_over
