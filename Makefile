@@ -129,6 +129,7 @@ bench: install
 	$(BENCH)/workflows.py
 	$(BENCH)/workflows.py --explain
 	$(BENCH)/multidb.py
+	$(BENCH)/fairness.py
 	$(BENCH)/report.py
 
 # Tiny sizes, one run each: CI runs this so the scripts never rot. Results go to
@@ -149,6 +150,7 @@ bench-smoke: install
 	$(BENCH)/workflows.py --smoke
 	$(BENCH)/workflows.py --smoke --explain
 	$(BENCH)/multidb.py --smoke
+	$(BENCH)/fairness.py --smoke
 	$(BENCH)/report.py --smoke
 
 # The admin's pages on 1,000,000 jobs (its own database, dropped afterwards);

@@ -38,6 +38,7 @@ from .exceptions import (
     SoftTimeLimitExceeded,
     StepNotRecorded,
     TimeLimitExceeded,
+    UniqueConflict,
     UnknownJobType,
     WaitTimeout,
     WorkerShutdown,
@@ -45,6 +46,7 @@ from .exceptions import (
 )
 from .registry import handler
 from .retry import ExponentialBackoff, FixedDelay, RetryPolicy
+from .unique import Unique
 from .version import __version__ as __version__
 from .waiting import await_job, wait
 from .workflows import (
@@ -91,6 +93,8 @@ __all__ = [
     "StepMismatch",
     "StepNotRecorded",
     "TimeLimitExceeded",
+    "Unique",
+    "UniqueConflict",
     "UnknownJobType",
     "WaitTimeout",
     "WorkerShutdown",

@@ -18,7 +18,7 @@ from django.core.signals import setting_changed
 
 from . import prune_policy, validators
 from .exceptions import ConfigurationError
-from .limits import QueueLimits, parse_queues
+from .limits import QueueLimits, parse_fair_queues, parse_queues
 from .validators import (
     MAX_ASYNC_CONCURRENCY,
     MAX_ATTEMPTS,
@@ -97,6 +97,11 @@ SETTINGS: dict[str, Setting] = {
         "Per-queue limits, e.g. {'reports': {'limit': 3, 'key_limit': 1, 'rate': '100/s', "
         "'types': {'reports.big': {'key_limit': 2, 'rate': '1/s'}}}}; written to "
         "queue_controls at worker start.",
+    ),
+    "FAIR_QUEUES": Setting(
+        {},
+        "Queues whose claims take turns across the jobs' fairness keys: {queue: {} or "
+        "{'weights': {key: n}}} (a key of weight n takes n jobs a turn; 1 by default).",
     ),
     "METRICS_TOKEN": Setting(
         None,
@@ -195,6 +200,7 @@ class QueueSettings:
     WORKER_PREPARED_STATEMENTS: bool
     SCHEDULES: dict[str, Any]  # each entry is checked by django_pgqueue.schedules.checks
     QUEUES: dict[str, QueueLimits] = field(default_factory=dict)
+    FAIR_QUEUES: dict[str, dict[str, int]] = field(default_factory=dict)
     EXTENSIONS: tuple[str, ...] = ()
     METRICS_TOKEN: str | None = None
     METRICS_CACHE_SECONDS: float = 5.0
@@ -319,6 +325,7 @@ def validate(raw: Any) -> QueueSettings:
         WORKER_PREPARED_STATEMENTS=prepared,
         SCHEDULES=_schedules(values["SCHEDULES"]),
         QUEUES=parse_queues(values["QUEUES"], validators.QUEUE_NAME_RE),
+        FAIR_QUEUES=parse_fair_queues(values["FAIR_QUEUES"]),
         EXTENSIONS=_extensions(values["EXTENSIONS"]),
         METRICS_TOKEN=_token(values["METRICS_TOKEN"]),
         METRICS_CACHE_SECONDS=_seconds(

@@ -18,9 +18,10 @@ from django.db import transaction
 from . import enqueue_scope, extensions, limits, signals, validation, waiting
 from .conf import get_settings
 from .enqueue_scope import EnqueueListener
-from .exceptions import EnqueueError
+from .exceptions import EnqueueError, UniqueConflict
 from .registry import Handler, registry
 from .store import enqueue as store
+from .unique import Unique
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11's
     from typing_extensions import Unpack
@@ -30,7 +31,8 @@ _NO_TYPE = object()  # enqueue_many's last pair's type before any pair of a str 
 
 @dataclass(frozen=True, slots=True)
 class EnqueuedJob:
-    """A job as enqueue() left it. `created` is False when an idempotency key matched.
+    """A job as enqueue() left it. `created` is False when an idempotency or unique key
+    matched (`replaced` True when the holder took the new payload and due time).
 
     `created_at` is the job's database timestamp (the enqueuing transaction's start);
     enqueue() fills it, enqueue_many() leaves it None. `database`: the alias it was
@@ -43,6 +45,8 @@ class EnqueuedJob:
     created: bool = True
     created_at: dt.datetime | None = None
     database: str | None = None
+    # A unique key's pending holder took this enqueue's payload and due time.
+    replaced: bool = False
 
     def wait(self, timeout: float | None = None) -> Any:
         """Wait for this job's result on its database: `django_pgqueue.wait`."""
@@ -57,7 +61,8 @@ class EnqueuedJob:
 class JobSpec:
     """One job for enqueue_many(); None fields take the call's (then the settings') defaults.
 
-    `idempotency_key` and `concurrency_key` work as in enqueue() (the call has none).
+    `idempotency_key`, `concurrency_key` and `fairness_key` work as in enqueue() (the
+    call has none).
     """
 
     type: str
@@ -69,6 +74,7 @@ class JobSpec:
     max_attempts: int | None = None
     idempotency_key: str | None = None
     concurrency_key: str | None = None
+    fairness_key: str | None = None
 
 
 class JobDefaults(TypedDict, total=False):
@@ -87,6 +93,8 @@ class JobOptions(JobDefaults, total=False):
 
     idempotency_key: str | None
     concurrency_key: str | None
+    unique: Unique | None
+    fairness_key: str | None
 
 
 def _handler(conf: Any, type_: str) -> Handler | None:
@@ -129,6 +137,8 @@ def enqueue(
     max_attempts: int | None = None,
     idempotency_key: str | None = None,
     concurrency_key: str | None = None,
+    unique: Unique | None = None,
+    fairness_key: str | None = None,
     using: str | None = None,
     on_commit: bool = False,
 ) -> EnqueuedJob | None:
@@ -140,7 +150,11 @@ def enqueue(
     `idempotency_key`, a second enqueue while a job with that key is pending or running
     in the same queue returns that job (``created=False``) instead of adding one.
     With a `concurrency_key`, at most the queue's key_limit (default 1) jobs with
-    that key run at once (see queue control).
+    that key run at once (see queue control). With `unique` (a `Unique`), at most one
+    job of the queue holds its key for as long as its hold says, and an enqueue of a
+    held key returns the holder, refuses (`UniqueConflict`) or replaces the pending
+    holder's payload and due time, as its `on_conflict` says. In a fair queue
+    (PGQUEUE["FAIR_QUEUES"]) claims take turns across `fairness_key`s (none: the key "").
     Everything is validated before anything is written.
 
     The job is written on its queue's database (PGQUEUE["QUEUE_DATABASES"], else
@@ -152,6 +166,10 @@ def enqueue(
     options = _check_options(conf, type, queue, priority, run_at, delay, max_attempts)
     type_, queue_name, priority_value, when, seconds, attempts = options
     key_value = validation.idempotency_key(idempotency_key)
+    if unique is not None and not isinstance(unique, Unique):
+        raise EnqueueError(f"unique must be a Unique, got {unique!r}.")
+    if unique is not None and key_value is not None:
+        raise EnqueueError("Pass idempotency_key or unique, not both.")
     params = {
         "queue": queue_name,
         "type": type_,
@@ -163,8 +181,11 @@ def enqueue(
         "idempotency_key": key_value,
         # Written with the state row, by the same statement.
         "concurrency_key": limits.concurrency_key(concurrency_key),
+        "fair_key": _fair_key(conf, queue_name, fairness_key),
         "traceparent": None,
     }
+    if unique is not None:
+        params.update(unique.params())
     # Columns the installed features fill from the caller's context (the trace).
     params.update(extensions.enqueue_columns())
     if not conf.QUEUE_DATABASES:  # one database: the caller's transaction, if any
@@ -180,18 +201,35 @@ def enqueue(
     return None
 
 
+def _fair_key(conf: Any, queue: str, fairness_key: Any) -> str | None:
+    """The job's fair key: its fairness key; in a fair queue without one, the key ""."""
+    key = validation.key(fairness_key, "fairness_key")
+    if key is None and queue in conf.FAIR_QUEUES:
+        return ""
+    return key
+
+
 def _write(
     alias: str, params: dict[str, Any], payload: Any, listener: EnqueueListener | None = None
 ) -> EnqueuedJob:
     """Insert one validated job on `alias`; job_enqueued when its transaction commits."""
-    job_id, created, created_at = store.insert_job(alias, params)
+    replaced = False
+    if "unique_key" in params:
+        job_id, outcome, created_at = store.insert_unique_job(alias, params)
+        if outcome == "existing" and params["on_conflict"] == "refuse":
+            raise UniqueConflict(params["queue"], params["unique_key"], job_id)
+        created, replaced = outcome == "created", outcome == "replaced"
+    else:
+        job_id, created, created_at = store.insert_job(alias, params)
     if listener is not None and created:
         listener.joined([job_id])
     if created:  # job_enqueued, when the caller's transaction commits
         event = {"job_id": job_id, "queue": params["queue"], "type": params["type"]}
         event.update(payload=payload, priority=params["priority"])
         signals.send_on_commit(signals.job_enqueued, alias, [event])
-    return EnqueuedJob(job_id, params["queue"], params["type"], created, created_at, alias)
+    return EnqueuedJob(
+        job_id, params["queue"], params["type"], created, created_at, alias, replaced
+    )
 
 
 @overload
@@ -236,6 +274,7 @@ def enqueue_many(
     """
     conf = get_settings()
     batch = store.Batch()
+    batch.fair_queues = conf.FAIR_QUEUES
     payloads: list[Any] = []
     defaults = (queue, priority, run_at, delay, max_attempts)
     # The common call, pairs of one type: a pair of the type (the same str object) of
@@ -252,7 +291,7 @@ def enqueue_many(
                 continue
             options: tuple[Any, ...] = (type_, *defaults)
             key: Any = type_ if type(type_) is str else None
-            keys: tuple[Any, Any] | None = None
+            keys: tuple[Any, Any, Any] | None = None
         elif isinstance(item, JobSpec):
             type_, payload = item.type, item.payload
             # An item's own schedule (run_at or delay) replaces the call's as a whole.
@@ -265,7 +304,7 @@ def enqueue_many(
                 item.delay if own else delay,
                 max_attempts if item.max_attempts is None else item.max_attempts,
             )
-            keys = (item.idempotency_key, item.concurrency_key)
+            keys = (item.idempotency_key, item.concurrency_key, item.fairness_key)
             # Exact types in the key: 1 == 1.0 == True, but only 1 is a valid priority.
             key = (options, *map(type, options)) if type(type_) is str else None
         else:
@@ -286,6 +325,7 @@ def enqueue_many(
                     group,
                     validation.idempotency_key(keys[0]),
                     limits.concurrency_key(keys[1]),
+                    validation.key(keys[2], "fairness_key"),
                 )
         except EnqueueError as exc:
             raise EnqueueError(f"enqueue_many item {position}: {exc}") from exc
@@ -378,10 +418,10 @@ _SLOTS = [getattr(EnqueuedJob, field.name).__set__ for field in fields(EnqueuedJ
 def _enqueued(
     results: list[tuple[int, bool]], rows: list[tuple[Any, ...]], alias: str
 ) -> list[EnqueuedJob]:
-    """EnqueuedJob(id, queue, type, created, None, alias) per result, set through the
+    """EnqueuedJob(id, queue, type, created, None, alias, False) per result, set through the
     frozen class's slots: its __init__ goes through object.__setattr__ per field, half
     the time of a 20,000-job call's results (10 of 160 ms)."""
-    set_id, set_queue, set_type, set_created, set_created_at, set_database = _SLOTS
+    set_id, set_queue, set_type, set_created, set_created_at, set_database, set_replaced = _SLOTS
     jobs = []
     for (job_id, created), row in zip(results, rows, strict=True):
         job = EnqueuedJob.__new__(EnqueuedJob)
@@ -391,6 +431,7 @@ def _enqueued(
         set_created(job, created)
         set_created_at(job, None)
         set_database(job, alias)
+        set_replaced(job, False)
         jobs.append(job)
     return jobs
 

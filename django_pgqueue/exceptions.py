@@ -31,6 +31,22 @@ class PayloadError(PgQueueError, TypeError):
         self.path = path
 
 
+class UniqueConflict(PgQueueError):
+    """enqueue() with ``Unique(..., on_conflict="refuse")`` found its key held.
+
+    Nothing was written; `job_id` is the job that holds `key` on `queue`.
+    """
+
+    def __init__(self, queue: str, key: str, job_id: int) -> None:
+        super().__init__(
+            f"The unique key {key!r} on queue {queue!r} is held by job #{job_id}: "
+            "nothing was enqueued."
+        )
+        self.queue = queue
+        self.key = key
+        self.job_id = job_id
+
+
 class UnknownJobType(PgQueueError, LookupError):
     """No handler is registered for a job's type."""
 

@@ -184,3 +184,34 @@ def describe_type(row: dict[str, Any]) -> str:
         rate = f"{row['rate_count']}/{row['rate_period']:g}s"
     key_limit = "queue's" if row.get("key_limit") is None else row["key_limit"]
     return f"type {row['type']}: key_limit={key_limit} rate={rate}"
+
+
+def parse_fair_queues(value: Any) -> dict[str, dict[str, int]]:
+    """{queue: {key: weight}} from PGQUEUE["FAIR_QUEUES"] (a queue whose claims take turns
+    across its jobs' fairness keys; a key's weight is the jobs it takes a turn)."""
+    setting = "PGQUEUE['FAIR_QUEUES']"
+    expected = "a dict of {queue name: {} or {'weights': {key: weight 1..1000}}}"
+    if not isinstance(value, dict):
+        raise ConfigurationError(f"{setting} must be {expected}, got {value!r}.")
+    fair: dict[str, dict[str, int]] = {}
+    for queue, options in value.items():
+        validators.queue_name(queue, f"{setting} queue", error=ConfigurationError)
+        weights = options.get("weights", {}) if isinstance(options, dict) else None
+        if (
+            not isinstance(options, dict)
+            or set(options) - {"weights"}
+            or not isinstance(weights, dict)
+            or not all(isinstance(key, str) and 0 < len(key) <= 255 for key in weights)
+        ):
+            raise ConfigurationError(f"{setting}[{queue!r}] must be {expected}, got {options!r}.")
+        fair[queue] = {
+            key: validators.count(
+                weight,
+                f"{setting}[{queue!r}] weight of {key!r}",
+                1,
+                validators.MAX_WEIGHT,
+                error=ConfigurationError,
+            )
+            for key, weight in weights.items()
+        }
+    return fair

@@ -64,13 +64,18 @@ def max_attempts(value: Any) -> int:
 
 
 def idempotency_key(value: Any) -> str | None:
+    return key(value, "idempotency_key")
+
+
+def key(value: Any, name: str) -> str | None:
+    """A job's key (idempotency, unique): None, or 1 to 255 characters without NUL."""
     if value is None:
         return None
     if not isinstance(value, str) or not value or len(value) > 255:
         raise EnqueueError(
-            f"idempotency_key must be a non-empty string of at most 255 characters, got {value!r}."
+            f"{name} must be a non-empty string of at most 255 characters, got {value!r}."
         )
-    _check_text(value, "idempotency_key", EnqueueError)
+    _check_text(value, name, EnqueueError)
     return value
 
 

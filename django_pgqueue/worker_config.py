@@ -47,6 +47,8 @@ class WorkerConfig:
     # past this resident memory (MiB), for its supervisor to start a fresh one.
     max_jobs_per_process: int | None = None
     max_memory_per_process: int | None = None
+    # The worker's fair queues (PGQUEUE["FAIR_QUEUES"]) and their keys' weights.
+    fair_queues: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -165,6 +167,9 @@ class WorkerConfig:
             worker_id=ident,
             burst=burst,
             weights=weights,
+            fair_queues={
+                name: conf.FAIR_QUEUES[name] for name in names if name in conf.FAIR_QUEUES
+            },
             prepared_statements=conf.WORKER_PREPARED_STATEMENTS,
             soft_time_limit=conf.SOFT_TIME_LIMIT,
             time_limit=conf.TIME_LIMIT,

@@ -13,6 +13,7 @@
   ``queue_batch_jobs``).
 - `durable`: a handler's checkpoints and the events it waits for (``queue_job_steps``,
   ``queue_events``, ``queue_event_waits``).
+- `unique`: the unique keys held for a period (``queue_unique_keys``).
 
 These modules are the foundation: they import Django only, never a feature of the
 queue, so any room may import them.
@@ -35,6 +36,7 @@ from .jobs import (
 )
 from .observability import IntegerArrayField, MinuteStats, WorkerRecord, WorkerRequest
 from .schedules import CatchUp, Schedule, ScheduleCode, ScheduleTick, Source
+from .unique import UniqueKey
 from .waiters import JobWaiter
 from .workflows import JobDependency, OnFailure, Workflow, WorkflowStep
 
@@ -66,6 +68,7 @@ __all__ = [
     "Status",
     "StepKind",
     "TimestampArray",
+    "UniqueKey",
     "WorkerRecord",
     "WorkerRequest",
     "Workflow",

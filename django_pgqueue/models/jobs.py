@@ -1,6 +1,8 @@
 """The three queue tables. Their names and columns are part of the public contract.
 
-- `Job` (``queue_jobs``): what to run. Written once at enqueue, never updated.
+- `Job` (``queue_jobs``): what to run. Written once at enqueue, never updated, but for
+  a debounce (``Unique(..., on_conflict="replace")``), which replaces the payload of a
+  job still pending and never claimed, under its state row's lock.
 - `JobState` (``queue_job_state``): the hot row a worker claims, renews and finishes.
   Kept narrow (no payload) so claims, heartbeats and vacuum touch little.
 - `Attempt` (``queue_attempts``): one row per claim, with its outcome.
@@ -103,6 +105,17 @@ class Job(models.Model):
         return f"{self.type} #{self.pk} on {self.queue}"
 
 
+# Which state rows hold their unique key (see JobState.unique_hold); migration 0020's
+# pgqueue_enqueue_unique repeats it as its ON CONFLICT predicate. A "pending" hold is
+# a job's until it is first claimed (lease_version 0, which only grows): a retried or
+# swept job going back to pending never meets a newer holder of its key.
+UNIQUE_HELD = (
+    Q(unique_hold="pending", status="pending", lease_version=0)
+    | Q(unique_hold="active", status__in=["pending", "running"])
+    | Q(unique_hold="until_completed", status__in=["waiting", "pending", "running", "dead"])
+)
+
+
 class JobState(models.Model):
     job = one_row_per_job(related_name="state")
     queue = models.CharField(max_length=63)
@@ -130,6 +143,15 @@ class JobState(models.Model):
     # only when it is set, so a plain job (NULL: no byte, a bit of the null bitmap)
     # costs them no lookup.
     has_dependents = models.BooleanField(null=True, blank=True)
+    # Unique jobs (django_pgqueue.Unique): the key, and how long this job holds it
+    # (pending, active, until_completed; period: held by a queue_unique_keys row
+    # instead). NULL for a job without one: it never enters the unique index.
+    unique_key = models.CharField(max_length=255, null=True, blank=True)
+    unique_hold = models.CharField(max_length=16, null=True, blank=True)
+    # Fair queues (PGQUEUE["FAIR_QUEUES"]): the key whose turn a claim gives this job;
+    # every job of a fair queue has one ('' when enqueue() was given none). NULL in
+    # any other queue: the row never enters the fair index.
+    fair_key = models.CharField(max_length=255, null=True, blank=True)
 
     class Meta:
         db_table = "queue_job_state"
@@ -181,12 +203,26 @@ class JobState(models.Model):
                 name="queue_job_state_run_key_idx",
                 condition=Q(status="running", concurrency_key__isnull=False),
             ),
+            # A fair queue's pending jobs by key, each key's in claim order: the fair
+            # claim walks the keys (a skip scan) and takes each key's first jobs.
+            models.Index(
+                fields=["queue", "fair_key", "-priority", "run_at", "job"],
+                name="queue_job_state_fair_idx",
+                condition=Q(status="pending", fair_key__isnull=False),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
                 fields=["queue", "idempotency_key"],
                 name="queue_job_state_live_key_unique",
                 condition=Q(idempotency_key__isnull=False, status__in=["pending", "running"]),
+            ),
+            # One holder per (queue, unique key), while the holder's own hold says it
+            # holds it: the enqueue's ON CONFLICT names this predicate whole.
+            models.UniqueConstraint(
+                fields=["queue", "unique_key"],
+                name="queue_job_state_unique_key",
+                condition=UNIQUE_HELD,
             ),
             # CHECK queue_job_state_valid: status is known, priority in -100..100,
             # 0 <= attempts <= max_attempts, lease_version >= 0, a row is running

@@ -22,10 +22,10 @@
 -- name: job_enqueue
 -- Insert one job and its state row, wake the queue's workers if it is due, and return
 -- (id, created, created_at). The work is the PL/pgSQL function pgqueue_enqueue
--- (migration 0007): PostgreSQL plans its statements once per session and reuses the
+-- (migration 0007; 0020 added the fair key): PostgreSQL plans its statements once per session and reuses the
 -- plans, which a prepared statement would do too but a transaction-mode pooler may
 -- not allow. Without an idempotency key: the job row, then its state row (with the
--- concurrency key, if any). With one: the state row first, its id drawn from the
+-- concurrency and fair keys, if any). With one: the state row first, its id drawn from the
 -- jobs' sequence, so ON CONFLICT on the live-key index can skip the whole job; then
 -- the holder is returned with created = false, and a key that changed hands after
 -- the statement's snapshot is tried again (up to 5 times; then the row is all NULL).
@@ -36,7 +36,26 @@ SELECT job_id, created, created_at
 FROM pgqueue_enqueue(
     %(queue)s::text, %(type)s::text, %(payload)s::jsonb, %(priority)s::smallint,
     %(run_at)s::timestamptz, %(delay)s::float8, %(max_attempts)s::integer,
-    %(idempotency_key)s::text, %(traceparent)s::text, %(concurrency_key)s::text
+    %(idempotency_key)s::text, %(traceparent)s::text, %(concurrency_key)s::text,
+    %(fair_key)s::text
+);
+
+
+-- name: job_enqueue_unique
+-- Insert one job with a unique key, or find the job that holds the key; return (id,
+-- outcome, created_at), outcome 'created', 'existing' (the holder) or 'replaced' (the
+-- pending holder took this payload and due time). The work is the PL/pgSQL function
+-- pgqueue_enqueue_unique (migration 0020): ON CONFLICT on the unique partial index of
+-- the state rows (queue_job_state_unique_key), or on the key's row of queue_unique_keys
+-- for a hold of a period, so concurrent enqueues are decided by the database in their
+-- transactions. All NULL when the key kept changing hands (5 tries).
+SELECT job_id, outcome, created_at
+FROM pgqueue_enqueue_unique(
+    %(queue)s::text, %(type)s::text, %(payload)s::jsonb, %(priority)s::smallint,
+    %(run_at)s::timestamptz, %(delay)s::float8, %(max_attempts)s::integer,
+    %(traceparent)s::text, %(concurrency_key)s::text, %(unique_key)s::text,
+    %(unique_hold)s::text, %(unique_seconds)s::float8, %(on_conflict)s::text,
+    %(fair_key)s::text
 );
 
 
@@ -114,13 +133,13 @@ FROM numbered;
 
 
 -- name: job_enqueue_many_keyed
--- Insert many jobs, some with idempotency or concurrency keys, skipping those whose
+-- Insert many jobs, some with idempotency, concurrency or fair keys, skipping those whose
 -- idempotency key a live job holds. Returns (position, id) for the jobs inserted;
 -- job_live_by_keys then finds the holder for every other position, including keys
 -- repeated within the call. The state row goes first so ON CONFLICT can skip the
 -- whole job (see pgqueue_enqueue). A queue that receives a job with a concurrency key
 -- is marked keyed in queue_controls (the first time only), as job_enqueue does.
--- Its rows are numbered as job_enqueue_many's are, with the two key arrays zipped in
+-- Its rows are numbered as job_enqueue_many's are, with the three key arrays zipped in
 -- before the payloads. The two statements stay apart: jobs without keys taken through
 -- this one (ON CONFLICT, the state rows first) were inserted 1.3x slower at 20 jobs a
 -- statement and 3.8x at 20,000.
@@ -131,17 +150,17 @@ WITH numbered AS MATERIALIZED (
         unnest(%(priorities)s::smallint[]), unnest(%(run_ats)s::timestamptz[]),
         unnest(%(delays)s::float8[]), unnest(%(max_attempts)s::integer[]),
         unnest(%(idempotency_keys)s::text[]), unnest(%(concurrency_keys)s::text[]),
-        jsonb_array_elements(%(payloads)s::jsonb)
+        unnest(%(fair_keys)s::text[]), jsonb_array_elements(%(payloads)s::jsonb)
     ) WITH ORDINALITY
         AS i(queue, type, priority, run_at, delay, max_attempts, idempotency_key,
-             concurrency_key, payload, position)
+             concurrency_key, fair_key, payload, position)
 ), state AS (
     INSERT INTO queue_job_state AS s (
         job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
-        idempotency_key, concurrency_key, updated_at
+        idempotency_key, concurrency_key, fair_key, updated_at
     )
     SELECT id, queue, 'pending', priority, coalesce(run_at, now() + make_interval(secs => delay)),
-           0, max_attempts, 0, idempotency_key, concurrency_key, now()
+           0, max_attempts, 0, idempotency_key, concurrency_key, fair_key, now()
     FROM numbered
     ORDER BY position
     ON CONFLICT (queue, idempotency_key)
@@ -562,9 +581,11 @@ WHERE id = ANY (%(attempt_ids)s::bigint[]);
 -- name: job_retry_now
 -- Operator retry: dead, cancelled or pending jobs become due now with fresh attempts.
 -- The attempt history stays; lease_version grows. A running job is never touched, nor a
--- job whose idempotency key another live job holds; of several selected jobs sharing
--- a key, only the newest is retried (two live jobs cannot hold one key). Returns the
--- jobs changed.
+-- job whose idempotency key another live job holds, nor one whose unique key (held
+-- while active or until completed: pending again, it would hold it) another job holds;
+-- of several selected jobs sharing a key, only the newest is retried (two live jobs
+-- cannot hold one key). A "pending" unique hold ends at the first claim (lease_version
+-- grows here too): such a job is retried without its key. Returns the jobs changed.
 -- Workflows: a step that still waits for a dependency (one unfinished, or retried in
 -- this same call) goes back to waiting, not pending; a dead or cancelled job retried
 -- counts as unfinished again for its dependents, and every dependent that has not
@@ -572,7 +593,9 @@ WHERE id = ANY (%(attempt_ids)s::bigint[]);
 -- step forgets what cancelled it (pgqueue_unsettle, migration 0016), in this same
 -- statement.
 WITH candidate AS MATERIALIZED (
-    SELECT state.job_id, state.queue, state.idempotency_key, state.status
+    SELECT state.job_id, state.queue, state.idempotency_key, state.status,
+           state.unique_key,
+           coalesce(state.unique_hold IN ('active', 'until_completed'), false) AS holds
     FROM queue_job_state AS state
     WHERE state.job_id = ANY(%(job_ids)s::bigint[])
       AND state.status IN ('dead', 'cancelled', 'pending')
@@ -584,14 +607,33 @@ WITH candidate AS MATERIALIZED (
             AND other.status IN ('pending', 'running')
             AND other.job_id <> state.job_id
       )
+      AND NOT EXISTS (
+          SELECT FROM queue_job_state AS other
+          WHERE state.unique_hold IN ('active', 'until_completed')
+            AND other.queue = state.queue
+            AND other.unique_key = state.unique_key
+            AND other.job_id <> state.job_id
+            -- the unique index's predicate: the other job holds the key now
+            AND (
+                (other.unique_hold = 'pending' AND other.status = 'pending'
+                 AND other.lease_version = 0)
+                OR (other.unique_hold = 'active' AND other.status IN ('pending', 'running'))
+                OR (other.unique_hold = 'until_completed'
+                    AND other.status IN ('waiting', 'pending', 'running', 'dead'))
+            )
+      )
     ORDER BY state.job_id
     FOR UPDATE
 ), target AS (
-    SELECT job_id FROM candidate WHERE idempotency_key IS NULL
+    SELECT job_id FROM candidate WHERE idempotency_key IS NULL AND NOT holds
     UNION ALL
     SELECT max(job_id) FROM candidate
     WHERE idempotency_key IS NOT NULL
     GROUP BY queue, idempotency_key
+    UNION ALL
+    SELECT max(job_id) FROM candidate
+    WHERE holds
+    GROUP BY queue, unique_key
 ), retried AS (
     UPDATE queue_job_state AS state
     SET status = CASE

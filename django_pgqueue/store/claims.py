@@ -1,4 +1,5 @@
-"""The claim of each queue: the plain claim, or the controlled one, and what they teach.
+"""The claim of each queue: the plain claim, the fair one or the controlled one, and
+what they teach.
 
 A queue with a row in queue_controls (a pause, a concurrency limit, a key limit or a
 rate, or keyed jobs: their first enqueue writes the row) is claimed by the controlled
@@ -8,6 +9,11 @@ one transaction); every other queue by the plain claim (the completions, then
 ``job_claim`` or ``job_claim_after``), which leaves keyed jobs to the controlled one.
 Which queues are controlled is read every `view_every` seconds (half the worker's poll
 interval): a pause or a limit set on a queue holds within it.
+
+A fair queue (PGQUEUE["FAIR_QUEUES"], given by the worker) without controls is claimed
+by ``job_claim_fair``: its jobs round-robin across their fair keys, from the key after
+the one this worker's previous claim of the queue served last. A fair queue with
+controls is claimed by the controlled claim (limits first; no turns).
 
 What each claim teaches the worker's scheduler: a controlled queue's walk always starts
 from the start (under its lock), a short controlled claim is worth retrying as soon as
@@ -21,8 +27,9 @@ only.
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +54,11 @@ MAX_SCAN = 1000
 # How many pending jobs a controlled claim may read in all, passing over those of keys
 # at their limit: beyond this many jobs of saturated keys, the others wait their turn.
 MAX_READ = 10_000
+# How many keys a fair claim of `limit` jobs may walk (each key with pending jobs is
+# one index probe, whether or not one of its jobs is due): enough for a claim to fill
+# from keys of one job each, passing over keys whose jobs are not due yet.
+FAIR_KEYS_FACTOR = 4
+FAIR_KEYS_EXTRA = 8
 # How long a controlled claim's transaction may wait on its own client (see
 # transaction_guard): the longest a frozen worker can stall a queue's claims.
 LOCK_IDLE_MS = 1000
@@ -88,9 +100,18 @@ def scan_size(limit: int) -> int:
 class QueueClaims:
     """Which claim each queue takes, the claims themselves, and what they taught."""
 
-    def __init__(self, session: Session, view_every: float) -> None:
+    def __init__(
+        self,
+        session: Session,
+        view_every: float,
+        fair_queues: Mapping[str, Mapping[str, int]] | None = None,
+    ) -> None:
         self.session = session
         self.view_every = view_every
+        # Each fair queue's keys' weights as the claim's JSON parameter, and the key
+        # this worker's last claim of it served last (where the next one starts after).
+        self._fair = {queue: json.dumps(dict(w)) for queue, w in (fair_queues or {}).items()}
+        self._fair_after: dict[str, str] = {}
         self._controlled: frozenset[str] = frozenset()
         self._view_due = 0.0
         self.states: dict[str, ControlState] = {}
@@ -129,7 +150,30 @@ class QueueClaims:
         one transaction, by the queue's claim."""
         if self.controlled(request.queue):
             return self._controlled_claim(done, request)
+        if request.queue in self._fair:
+            return self._fair_claim(done, request)
         return self._plain_claim(done, request)
+
+    def _fair_claim(self, done: Sequence[Completion] | None, request: ClaimRequest) -> Claimed:
+        """The fair claim, after the completions; it moves the queue's key cursor on."""
+        queue, limit, worker_id, lease, _ = request
+        params = {
+            "queue": queue,
+            "limit": limit,
+            "worker_id": worker_id,
+            "lease": lease,
+            "after": self._fair_after.get(queue),
+            "keys": limit * FAIR_KEYS_FACTOR + FAIR_KEYS_EXTRA,
+            "weights": self._fair[queue],
+        }
+        what = "job_claim_fair" if done is None else "job_complete + job_claim_fair"
+        with self.session.holding(what) as conn:
+            done_rows, rows = _pipeline(
+                self.session, conn, done, "job_claim_fair", params, "fair_claim_plan"
+            )
+        if rows and rows[0][-1] is not None:
+            self._fair_after[queue] = rows[0][-1]
+        return done_rows, [ClaimedRow._make(row[:-1]) for row in rows]
 
     def _controlled_claim(
         self, done: Sequence[Completion] | None, request: ClaimRequest
@@ -171,8 +215,9 @@ class QueueClaims:
 
     def resumable(self, queue: str) -> bool:
         """Whether the next claim of `queue` may resume after the last row claimed: a
-        controlled queue's walk always starts from the start, under its lock."""
-        return queue not in self._controlled
+        controlled queue's walk always starts from the start, under its lock; a fair
+        queue's from the key after the last it served."""
+        return queue not in self._controlled and queue not in self._fair
 
     def write_at_once(self, queue: str) -> bool:
         """Whether an outcome of `queue` is written at once, not batched: a controlled
@@ -222,13 +267,31 @@ def _plain_pipeline(
     params: dict[str, Any],
     generic: bool,
 ) -> Claimed:
+    if generic:
+        done_rows, rows = _pipeline(session, conn, done, name, params, "claim_plan_generic")
+    else:
+        done_rows, rows = _pipeline(session, conn, done, name, params, None)
+    return done_rows, [ClaimedRow._make(row) for row in rows]
+
+
+def _pipeline(
+    session: Session,
+    conn: psycopg.Connection[Any],
+    done: Sequence[Completion] | None,
+    name: str,
+    params: dict[str, Any],
+    plan: str | None,
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Complete `done` (None: nothing), then run the claim `name` after the statement
+    `plan` that sets how it is planned (None: none), in one pipeline and one
+    transaction; the rows of both."""
     what = name if done is None else f"job_complete + {name}"
     with conn.cursor() as done_cur, conn.cursor() as claim_cur:
         with session.pipelined(conn, what):
             if done is not None:
                 done_cur.execute(QUERIES["job_complete"], complete_params(done))
-            if generic:
-                conn.execute(QUERIES["claim_plan_generic"])
+            if plan is not None:
+                conn.execute(QUERIES[plan])
             claim_cur.execute(QUERIES[name], params)
         done_rows = done_cur.fetchall() if done is not None else []
-        return done_rows, [ClaimedRow._make(row) for row in claim_cur.fetchall()]
+        return done_rows, claim_cur.fetchall()

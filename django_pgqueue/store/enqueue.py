@@ -7,7 +7,7 @@ workers is delivered at that commit too.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ..exceptions import PgQueueError
@@ -35,6 +35,23 @@ def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool, Any]:
     return row[0], row[1], row[2]
 
 
+def insert_unique_job(alias: str, params: dict[str, Any]) -> tuple[int, str, Any]:
+    """Insert one job with a unique key on Django's connection `alias`, or find its
+    holder; return (job id, outcome, created_at), outcome ``created``, ``existing`` or
+    ``replaced``.
+
+    One statement: ``job_enqueue_unique`` calls ``pgqueue_enqueue_unique`` (migration
+    0020), where the unique index or the key's row decides between concurrent enqueues.
+    """
+    row = fetch_one(alias, QUERIES["job_enqueue_unique"], params)
+    if row is None or row[0] is None:
+        raise PgQueueError(
+            f"Could not enqueue: the unique key {params['unique_key']!r} on queue "
+            f"{params['queue']!r} keeps changing hands; try again."
+        )
+    return row[0], row[1], row[2]
+
+
 # Jobs per enqueue_many statement: large enough to amortize a round trip and a plan,
 # small enough that the plan's estimated cost stays well below jit_above_cost.
 BULK_CHUNK = 20_000
@@ -56,6 +73,9 @@ class Batch:
         # Per job, only once a job has a key (None until then).
         self.idempotency_keys: list[str | None] | None = None
         self.concurrency_keys: list[str | None] | None = None
+        self.fairness_keys: list[str | None] | None = None
+        # Fair queues: their jobs without a fairness key get the key "".
+        self.fair_queues: Collection[str] = ()
         self._known: dict[Any, int] = {}
 
     def group(self, key: Any) -> int | None:
@@ -76,14 +96,21 @@ class Batch:
         return number
 
     def add(
-        self, group: int, idempotency_key: str | None = None, concurrency_key: str | None = None
+        self,
+        group: int,
+        idempotency_key: str | None = None,
+        concurrency_key: str | None = None,
+        fairness_key: str | None = None,
     ) -> None:
-        if self.idempotency_keys is None and (idempotency_key or concurrency_key) is not None:
+        keyed = (idempotency_key, concurrency_key, fairness_key) != (None, None, None)
+        if self.idempotency_keys is None and keyed:
             self.idempotency_keys = [None] * len(self.groups)
             self.concurrency_keys = [None] * len(self.groups)
-        if self.idempotency_keys is not None and self.concurrency_keys is not None:
+            self.fairness_keys = [None] * len(self.groups)
+        if self.idempotency_keys is not None:
             self.idempotency_keys.append(idempotency_key)
-            self.concurrency_keys.append(concurrency_key)
+            self.concurrency_keys.append(concurrency_key)  # type: ignore[union-attr]
+            self.fairness_keys.append(fairness_key)  # type: ignore[union-attr]
         self.groups.append(group)
 
     def select(self, jobs: Sequence[int]) -> Batch:
@@ -91,10 +118,25 @@ class Batch:
         part = Batch()
         part.options = self.options  # groups keep their numbers; unused ones cost nothing
         part.groups = [self.groups[n] for n in jobs]
-        if self.idempotency_keys is not None and self.concurrency_keys is not None:
+        part.fair_queues = self.fair_queues
+        if self.idempotency_keys is not None:
             part.idempotency_keys = [self.idempotency_keys[n] for n in jobs]
-            part.concurrency_keys = [self.concurrency_keys[n] for n in jobs]
+            part.concurrency_keys = [self.concurrency_keys[n] for n in jobs]  # type: ignore[index]
+            part.fairness_keys = [self.fairness_keys[n] for n in jobs]  # type: ignore[index]
         return part
+
+    def _fair_keys(self, start: int, stop: int) -> list[str | None] | None:
+        """Each job's fair key (None: no job of start..stop has one)."""
+        groups = self.groups[start:stop]
+        fair = {n for n, options in enumerate(self.options) if options[1] in self.fair_queues}
+        given = (self.fairness_keys or [None] * len(self.groups))[start:stop]
+        if not fair and self.fairness_keys is None:
+            return None
+        keys = [
+            key if key is not None or group not in fair else ""
+            for key, group in zip(given, groups, strict=True)
+        ]
+        return keys if any(key is not None for key in keys) else None
 
     def statement(self, start: int, stop: int) -> tuple[str, dict[str, Any]]:
         """The statement for jobs start..stop and its parameters, but the payloads.
@@ -106,7 +148,8 @@ class Batch:
         per group.
         """
         groups = self.groups[start:stop]
-        if self.idempotency_keys is None and len(set(groups)) == 1:
+        fair_keys = self._fair_keys(start, stop)
+        if self.idempotency_keys is None and fair_keys is None and len(set(groups)) == 1:
             type_, queue, priority, run_at, delay, max_attempts = self.options[groups[0]]
             return "job_enqueue_many_alike", {
                 "type": type_,
@@ -130,10 +173,18 @@ class Batch:
             name: "{" + ",".join([e[g] for g in groups]) + "}"
             for name, e in zip(names, elements, strict=True)
         }
-        if self.idempotency_keys is None or self.concurrency_keys is None:
+        if self.idempotency_keys is None and fair_keys is None:
             return "job_enqueue_many", params
-        params["idempotency_keys"] = text_array(self.idempotency_keys[start:stop])
-        params["concurrency_keys"] = text_array(self.concurrency_keys[start:stop])
+        nothing = [None] * len(groups)
+        idempotency = (
+            nothing if self.idempotency_keys is None else self.idempotency_keys[start:stop]
+        )
+        concurrency = (
+            nothing if self.concurrency_keys is None else self.concurrency_keys[start:stop]
+        )
+        params["idempotency_keys"] = text_array(idempotency)
+        params["concurrency_keys"] = text_array(concurrency)
+        params["fair_keys"] = text_array(nothing if fair_keys is None else fair_keys)
         return "job_enqueue_many_keyed", params
 
 

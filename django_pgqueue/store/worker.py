@@ -12,7 +12,7 @@ jittered backoff).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..outcomes import Failure
@@ -52,8 +52,9 @@ NOTIFY_CHANNEL = "pgqueue"
 class Store(Session):
     """Runs the worker's statements on one dedicated connection (see `Session`).
 
-    `claims` is the claim of each queue, plain or controlled (`store.claims`), whose
-    view of the controlled queues is read again every `view_every` seconds.
+    `claims` is the claim of each queue, plain, fair (`fair_queues`: their keys'
+    weights) or controlled (`store.claims`), whose view of the controlled queues is read
+    again every `view_every` seconds.
     """
 
     def __init__(
@@ -63,9 +64,10 @@ class Store(Session):
         *,
         prepared: bool = True,
         view_every: float = 0.5,
+        fair_queues: Mapping[str, Mapping[str, int]] | None = None,
     ) -> None:
         super().__init__(alias, application_name, prepared=prepared)
-        self.claims = QueueClaims(self, view_every)
+        self.claims = QueueClaims(self, view_every, fair_queues)
         # Jobs a completion ended cancelled (an operator asked while they ran), since
         # the last `take_cancelled`.
         self._cancelled: set[int] = set()

@@ -79,6 +79,7 @@ class Dispatcher:
             name,
             prepared=config.prepared_statements,
             view_every=config.poll_interval / 2,
+            fair_queues=config.fair_queues,
         )
         self.observers = Observers(parts.observers)
         self.claims = ClaimScheduler(

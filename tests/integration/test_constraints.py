@@ -63,7 +63,12 @@ def test_every_insert_path_writes_the_job_with_its_state_row():
         [JobSpec("qa.noop", idempotency_key=f"k{i % 2}", concurrency_key="c") for i in range(4)],
         queue="e",
     )
-    assert sql("SELECT count(*) FROM queue_jobs")[0][0] == 1 + 1 + 1 + 5 + 2
+    from django_pgqueue import Unique
+
+    for unique in (Unique("u"), Unique("u", hold=60), Unique.debounce("d")):
+        enqueue("qa.noop", queue="f", unique=unique)
+        enqueue("qa.noop", queue="f", unique=unique)  # the holder (replaced): nothing new
+    assert sql("SELECT count(*) FROM queue_jobs")[0][0] == 1 + 1 + 1 + 5 + 2 + 3
     orphans = sql(
         "SELECT count(*) FROM queue_job_state s FULL JOIN queue_jobs j ON j.id = s.job_id "
         "WHERE j.id IS NULL OR s.job_id IS NULL OR j.queue <> s.queue"

@@ -234,6 +234,7 @@ def test_concurrent_enqueues_of_one_key_make_one_job():
                         "idempotency_key": "one-and-only",
                         "traceparent": None,
                         "concurrency_key": None,
+                        "fair_key": None,
                     },
                 ).fetchone()
                 if row[0] is not None:

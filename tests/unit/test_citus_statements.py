@@ -56,6 +56,7 @@ ROUTED = {
     "job_claim",
     "job_claim_after",
     "job_claim_controlled",
+    "job_claim_fair",
     "pgqueue_claim",
     "queue_next_due",
     "queue_control_state",

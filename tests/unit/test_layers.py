@@ -38,6 +38,7 @@ FLOORS = {
     "signals": FOUNDATIONS,
     "version": FOUNDATIONS,
     "prune_policy": FOUNDATIONS,
+    "unique": FOUNDATIONS,
     # The data layer: the only code that runs the SQL.
     "store": DATA,
     # Core services, and the seam the features plug into.

@@ -20,7 +20,16 @@ from django_pgqueue.sql import QUERIES, load, load_folder
 PACKAGE = Path(django_pgqueue.__file__).parent
 SQL = PACKAGE / "sql"
 STORE = PACKAGE / "store"
-FEATURES = {"core", "control", "workflows", "schedules", "observability", "admin", "durable"}
+FEATURES = {
+    "core",
+    "control",
+    "workflows",
+    "schedules",
+    "observability",
+    "admin",
+    "durable",
+    "fair",
+}
 # DDL takes no parameters: these statements name their index with a psycopg.sql
 # placeholder, {index}, filled with sql.Identifier (store/indexes.py).
 IDENTIFIERS = {"index_rebuild": ["{index}"], "index_drop_leftover": ["{index}"]}
@@ -28,7 +37,7 @@ IDENTIFIERS = {"index_rebuild": ["{index}"], "index_drop_leftover": ["{index}"]}
 PLACEHOLDER = re.compile(r"\{[A-Za-z_]\w*\}")
 # How the store names the statement it runs: QUERIES[name], session.run(name, ...), the
 # Django-connection helpers, the DDL helper (argument positions of the name).
-RUNNERS = {"run": (0,), "fetch_all": (1,), "fetch_after": (1, 2), "_ddl": (1,)}
+RUNNERS = {"run": (0,), "fetch_all": (1,), "fetch_after": (1, 2), "_ddl": (1,), "_pipeline": (3, 5)}
 
 
 def _files() -> dict[str, str]:

@@ -1,0 +1,130 @@
+-- Fair queues (PGQUEUE["FAIR_QUEUES"]): the claim that takes jobs round-robin across
+-- the queue's fair keys. Loaded with the others (django_pgqueue.sql); run by
+-- store/claims.py. Every rule of core.sql holds here too: one queue per claim, by
+-- equality; the jobs taken go through pgqueue_claim (a new lease, an attempt opened).
+
+-- name: fair_claim_plan
+-- Sent just before job_claim_fair in the same transaction: sequential scans off, so
+-- each step is planned on its index at every size (the unkeyed walk, estimated at a
+-- row or two, was planned as a Seq Scan of the whole table), and, prepared, the claim
+-- runs on the generic plan built once for the session rather than planned at every
+-- call. Not claim_plan_generic: it also turns sorts off, and the candidates' few rows
+-- then took seconds to order. Local to the transaction.
+SELECT set_config('enable_seqscan', 'off', true),
+       set_config('plan_cache_mode', 'force_generic_plan', true);
+
+
+-- name: job_claim_fair
+-- Claim up to `limit` due jobs of a fair queue, taking turns across its keys, from the
+-- first key after `after` (the last key the worker's previous claim served; NULL: from
+-- the first key), round the end of the keys and back to `after`.
+-- walk: the keys with pending jobs, in key order, one index probe each on
+-- queue_job_state_fair_idx (a skip scan: the next key after this one), at most `keys`
+-- of them, so a claim reads a bounded part of the index however many keys there are.
+-- candidates: each key's first jobs in claim order (priority, due time, id), locked
+-- FOR UPDATE SKIP LOCKED as job_claim locks (a job another claim holds is passed over,
+-- so two workers serving one key take different jobs), numbered into turns: a key of
+-- weight w (`weights`, a JSON object; 1 by default) gives w jobs a turn, and each key
+-- gives as many turns as `limit` over the keys walked, so a claim locks about `limit`
+-- rows plus the weights, not `limit` per key.
+-- taken: the candidates turn by turn, key by key within a turn, up to `limit`; the
+-- sort is of the candidates only (a few rows), never of the queue. A candidate not
+-- taken is unlocked when the claim's transaction ends, at once.
+-- unkeyed: jobs of the queue without a fair key (written by a workflow or a schedule,
+-- or before the queue was made fair) are taken by the claim index's walk when no key
+-- had a job to give: they never wait for ever, but behind keys that always have due
+-- work they wait (the walk passes over the keyed jobs, so it runs only then).
+-- Every row comes back with the key this claim served last (`last_key`), where the
+-- worker's next claim starts: the key of the last job taken, in turn order.
+WITH RECURSIVE walk (fair_key, depth, wrapped) AS (
+    SELECT first.fair_key, 1, first.wrapped
+    FROM (
+        (SELECT s.fair_key, false AS wrapped
+         FROM queue_job_state AS s
+         WHERE s.queue = %(queue)s::text AND s.status = 'pending'
+           AND s.fair_key IS NOT NULL AND s.fair_key > %(after)s::text
+         ORDER BY s.fair_key
+         LIMIT 1)
+        UNION ALL
+        (SELECT s.fair_key, true
+         FROM queue_job_state AS s
+         WHERE s.queue = %(queue)s::text AND s.status = 'pending' AND s.fair_key IS NOT NULL
+         ORDER BY s.fair_key
+         LIMIT 1)
+        LIMIT 1
+    ) AS first
+    UNION ALL
+    SELECT next.fair_key, walk.depth + 1, next.wrapped
+    FROM walk
+    CROSS JOIN LATERAL (
+        SELECT step.fair_key, step.wrapped
+        FROM (
+            (SELECT s.fair_key, walk.wrapped AS wrapped
+             FROM queue_job_state AS s
+             WHERE s.queue = %(queue)s::text AND s.status = 'pending'
+               AND s.fair_key IS NOT NULL AND s.fair_key > walk.fair_key
+             ORDER BY s.fair_key
+             LIMIT 1)
+            UNION ALL
+            -- past the last key: round to the first, once
+            (SELECT s.fair_key, true
+             FROM queue_job_state AS s
+             WHERE s.queue = %(queue)s::text AND s.status = 'pending'
+               AND s.fair_key IS NOT NULL AND NOT walk.wrapped
+             ORDER BY s.fair_key
+             LIMIT 1)
+            LIMIT 1
+        ) AS step
+        -- round again only up to the key the walk started after
+        WHERE NOT step.wrapped OR %(after)s::text IS NULL OR step.fair_key <= %(after)s::text
+    ) AS next
+    WHERE walk.depth < %(keys)s::integer
+), turns AS MATERIALIZED (
+    -- how many turns the claim can fill: every key gives its weight a turn
+    SELECT greatest(1, ceil(%(limit)s::numeric / nullif(count(*), 0)))::integer AS count FROM walk
+), candidates AS MATERIALIZED (
+    SELECT job.job_id, walk.fair_key, walk.depth, (job.place - 1) / weight.value AS turn
+    FROM walk
+    CROSS JOIN turns
+    CROSS JOIN LATERAL (
+        SELECT coalesce((%(weights)s::jsonb ->> walk.fair_key)::integer, 1) AS value
+    ) AS weight
+    CROSS JOIN LATERAL (
+        SELECT locked.job_id, row_number() OVER () AS place
+        FROM (
+            SELECT s.job_id
+            FROM queue_job_state AS s
+            WHERE s.queue = %(queue)s::text AND s.status = 'pending'
+              AND s.fair_key = walk.fair_key AND s.run_at <= now()
+              -- a job with a concurrency key is the controlled claim's (as in job_claim)
+              AND s.concurrency_key IS NULL
+            ORDER BY s.priority DESC, s.run_at, s.job_id
+            LIMIT weight.value * turns.count
+            FOR UPDATE OF s SKIP LOCKED
+        ) AS locked
+    ) AS job
+), taken AS MATERIALIZED (
+    SELECT candidates.job_id, candidates.fair_key, candidates.turn, candidates.depth
+    FROM candidates
+    ORDER BY candidates.turn, candidates.depth
+    LIMIT %(limit)s::integer
+), unkeyed AS MATERIALIZED (
+    SELECT s.job_id
+    FROM queue_job_state AS s
+    WHERE s.queue = %(queue)s::text
+      AND s.status = 'pending'
+      AND s.run_at <= now()
+      AND s.concurrency_key IS NULL
+      AND s.fair_key IS NULL
+      AND NOT EXISTS (SELECT FROM candidates)
+    ORDER BY s.priority DESC, s.run_at, s.job_id
+    LIMIT %(limit)s::integer
+    FOR UPDATE SKIP LOCKED
+)
+SELECT claimed.*,
+       (SELECT taken.fair_key FROM taken ORDER BY taken.turn DESC, taken.depth DESC LIMIT 1)
+           AS last_key
+FROM pgqueue_claim(
+    ARRAY(SELECT job_id FROM taken UNION ALL SELECT job_id FROM unkeyed),
+    %(queue)s::text, %(worker_id)s::text, %(lease)s::float8, NULL
+) AS claimed;

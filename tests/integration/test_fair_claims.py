@@ -1,0 +1,201 @@
+"""Fair queues: each claim takes jobs round-robin across the keys with due work."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from django_pgqueue import JobSpec, enqueue, enqueue_many
+from django_pgqueue.store.rows import ClaimRequest
+from tests.conftest import sql
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HANG_GUARD = 120  # seconds a test waits for its condition before calling it hung
+
+
+@pytest.fixture
+def fair(settings: Any) -> Any:
+    """Declare the queues `fq` (weight 3 for key "heavy") and `fq2` fair."""
+    settings.PGQUEUE = {
+        **getattr(settings, "PGQUEUE", {}),
+        "FAIR_QUEUES": {"fq": {"weights": {"heavy": 3}}, "fq2": {}},
+    }
+    return settings
+
+
+def fair_store(stores: Any) -> Any:
+    return stores("fair", fair_queues={"fq": {"heavy": 3}, "fq2": {}})
+
+
+def claim(store: Any, queue: str, limit: int) -> list[str]:
+    """The fair keys of the jobs one claim took, in job id order."""
+    _, rows = store.claims.claim(None, ClaimRequest(queue, limit, "fair-worker", 60.0))
+    ids = sorted(row.job_id for row in rows)
+    keys = dict(sql("SELECT job_id, fair_key FROM queue_job_state WHERE job_id = ANY(%s)", [ids]))
+    return [keys[job_id] for job_id in ids]
+
+
+def test_a_fair_queue_gives_every_job_a_key(fair):
+    keyed = enqueue("qa.noop", queue="fq2", fairness_key="acme")
+    plain = enqueue("qa.noop", queue="fq2")
+    many = enqueue_many([("qa.noop", 1), JobSpec("qa.noop", fairness_key="b")], queue="fq2")
+    elsewhere = enqueue("qa.noop", queue="not-fair")
+    keys = dict(sql("SELECT job_id, fair_key FROM queue_job_state"))
+    assert keys[keyed.id] == "acme"
+    assert keys[plain.id] == ""
+    assert [keys[job.id] for job in many] == ["", "b"]
+    assert keys[elsewhere.id] is None
+
+
+def test_a_claim_takes_one_job_of_each_key_before_a_second_of_any(fair, stores):
+    enqueue_many([JobSpec("qa.noop", fairness_key="big") for _ in range(50)], queue="fq2")
+    for tenant in "bcde":
+        enqueue("qa.noop", queue="fq2", fairness_key=tenant)
+    store = fair_store(stores)
+    assert sorted(claim(store, "fq2", 5)) == ["b", "big", "c", "d", "e"]
+    # Only the big key is left: a claim takes its jobs turn after turn.
+    assert claim(store, "fq2", 4) == ["big"] * 4
+
+
+def test_the_next_claim_starts_after_the_key_served_last(fair, stores):
+    for tenant in "abc":
+        enqueue_many([JobSpec("qa.noop", fairness_key=tenant) for _ in range(5)], queue="fq2")
+    store = fair_store(stores)
+    assert [claim(store, "fq2", 1)[0] for _ in range(7)] == list("abcabca")
+
+
+def test_priority_orders_the_jobs_within_a_key(fair, stores):
+    low = enqueue("qa.noop", queue="fq2", fairness_key="a", priority=-5)
+    high = enqueue("qa.noop", queue="fq2", fairness_key="a", priority=5)
+    store = fair_store(stores)
+    _, rows = store.claims.claim(None, ClaimRequest("fq2", 1, "w", 60.0))
+    assert [row.job_id for row in rows] == [high.id]
+    _, rows = store.claims.claim(None, ClaimRequest("fq2", 1, "w", 60.0))
+    assert [row.job_id for row in rows] == [low.id]
+
+
+def test_a_weighted_key_takes_its_weight_each_turn(fair, stores):
+    for tenant in ("heavy", "light"):
+        enqueue_many([JobSpec("qa.noop", fairness_key=tenant) for _ in range(40)], queue="fq")
+    store = fair_store(stores)
+    taken: Counter[str] = Counter()
+    for _ in range(10):
+        taken.update(claim(store, "fq", 4))
+    assert taken == {"heavy": 30, "light": 10}
+
+
+def test_jobs_without_a_key_run_once_no_key_has_a_job_due(fair, stores):
+    # Written before the queue was fair (no key), beside keyed jobs.
+    unkeyed = enqueue("qa.noop", queue="fq3")
+    keyed = enqueue("qa.noop", queue="fq3", fairness_key="a")
+    store = stores("fair", fair_queues={"fq3": {}})
+    _, rows = store.claims.claim(None, ClaimRequest("fq3", 5, "w", 60.0))
+    assert [row.job_id for row in rows] == [keyed.id]
+    _, rows = store.claims.claim(None, ClaimRequest("fq3", 5, "w", 60.0))
+    assert [row.job_id for row in rows] == [unkeyed.id]
+
+
+def test_jobs_not_due_are_not_taken(fair, stores):
+    enqueue("qa.noop", queue="fq2", fairness_key="later", delay=3600)
+    now = enqueue("qa.noop", queue="fq2", fairness_key="now")
+    _, rows = fair_store(stores).claims.claim(None, ClaimRequest("fq2", 5, "w", 60.0))
+    assert [row.job_id for row in rows] == [now.id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_late_tenants_start_within_two_claim_cycles_behind_a_big_backlog(fair, run_worker):
+    """Tenant A's backlog, then 25 tenants of one job: two workers start each of the 25
+    before A starts more than two jobs a worker (two turns of the round-robin)."""
+    backlog = 400
+    enqueue_many(
+        [JobSpec("qa.sleep", {"seconds": 0.01}, fairness_key="a") for _ in range(backlog)],
+        queue="fq2",
+    )
+    workers = [run_worker(["fq2"], concurrency=4) for _ in range(2)]
+    deadline = time.monotonic() + HANG_GUARD
+    while sql("SELECT count(*) FROM queue_attempts")[0][0] < 20:  # A is draining
+        assert time.monotonic() < deadline, "the workers never started A's jobs"
+        time.sleep(0.02)
+    late = enqueue_many(
+        [JobSpec("qa.sleep", {"seconds": 0.01}, fairness_key=f"t{n:02}") for n in range(25)],
+        queue="fq2",
+    )
+    # The late jobs are due (committed) from here.
+    (mark,) = sql("SELECT coalesce(max(id), 0) FROM queue_attempts")[0]
+    late_ids = [job.id for job in late]
+    while sql("SELECT count(*) FROM queue_attempts WHERE job_id = ANY(%s)", [late_ids])[0][0] < 25:
+        assert time.monotonic() < deadline, "a late tenant's job never started"
+        time.sleep(0.02)
+    for worker in workers:
+        worker.stop()
+    # A's starts between the late jobs' enqueue and each late job's start.
+    a_starts = sql(
+        "SELECT late.job_id, count(a.id) FROM queue_attempts AS late "
+        "JOIN queue_attempts AS a ON a.id > %s AND a.id < late.id "
+        "AND a.job_id <> ALL(%s) "
+        "WHERE late.job_id = ANY(%s) GROUP BY late.job_id",
+        [mark, late_ids, late_ids],
+    )
+    worst = max([count for _, count in a_starts], default=0)
+    # Two cycles: a turn for A per worker per cycle, and the claims already in flight
+    # when the late jobs came (a claim of up to 4 a worker).
+    assert worst <= 2 * 2 + 2 * 4, a_starts
+
+
+def test_the_fair_claim_walks_indexes_only_at_many_keys(stores):
+    """Every scan of the fair claim is an index scan, beside 2,000 keys and a backlog;
+    the only sorts are of its candidates (the contract's plan, docs/howto/many-tenants.md)."""
+    sql(
+        """
+        WITH ids AS MATERIALIZED (
+            SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id, n
+            FROM generate_series(1, 4000) AS n
+        ), jobs AS (
+            INSERT INTO queue_jobs (id, queue, type, payload, created_at)
+            SELECT id, 'fq-plan', 'qa.noop', '{}', now() FROM ids
+        )
+        INSERT INTO queue_job_state (
+            job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
+            fair_key, updated_at
+        )
+        SELECT id, 'fq-plan', 'pending', 0, now() - interval '1 s', 0, 5, 0,
+               CASE WHEN n <= 2000 THEN 'a' ELSE 't' || lpad(n::text, 5, '0') END, now()
+        FROM ids
+        """
+    )
+    sql("ANALYZE queue_job_state")
+    from django_pgqueue.sql import QUERIES
+
+    params = {
+        "queue": "fq-plan",
+        "limit": 10,
+        "worker_id": "w",
+        "lease": 60.0,
+        "after": "t03000",
+        "keys": 48,
+        "weights": "{}",
+    }
+    store = stores("fair-plan")
+    with store.holding("plan") as conn, conn.transaction(force_rollback=True):
+        conn.execute(QUERIES["fair_claim_plan"])
+        (plan,) = conn.execute(
+            "EXPLAIN (FORMAT JSON) " + QUERIES["job_claim_fair"], params
+        ).fetchone()
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    every = list(nodes(plan[0]["Plan"]))
+    scans = {(n["Node Type"], n.get("Index Name")) for n in every if "Scan" in n["Node Type"]}
+    assert not [n for n in every if n["Node Type"] == "Seq Scan"], scans
+    assert ("Index Only Scan", "queue_job_state_fair_idx") in scans
+    assert ("Index Scan", "queue_job_state_fair_idx") in scans
+    sorted_over = {tuple(n["Sort Key"]) for n in every if n["Node Type"] == "Sort"}
+    # Sorts of the candidates and of the unkeyed walk's few rows, never of the keys.
+    assert all("fair_key" not in " ".join(keys) for keys in sorted_over), sorted_over
