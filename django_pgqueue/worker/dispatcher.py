@@ -73,10 +73,9 @@ class Dispatcher:
         self.exit_code = 0  # 1 once too many handlers are stuck past their timeout
         # The parts; the Worker starts the heartbeat on `leases` and the listener on
         # `claims`, and shuts the others down.
-        name = f"pgqueue worker {config.worker_id}"
         self.store = Store(
             config.database,
-            name,
+            f"pgqueue worker {config.worker_id}",
             prepared=config.prepared_statements,
             view_every=config.poll_interval / 2,
             fair_queues=config.fair_queues,
