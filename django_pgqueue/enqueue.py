@@ -152,8 +152,8 @@ def enqueue(
     With a `concurrency_key`, at most the queue's key_limit (default 1) jobs with
     that key run at once (see queue control). With `unique` (a `Unique`), at most one
     job of the queue holds its key for as long as its hold says, and an enqueue of a
-    held key returns the holder, refuses (`UniqueConflict`) or replaces the pending
-    holder's payload and due time, as its `on_conflict` says. In a fair queue
+    held key returns the holder, refuses (`UniqueConflict`) or replaces the payload and
+    due time of a holder never claimed, of the same type, as its `on_conflict` says. In a fair queue
     (PGQUEUE["FAIR_QUEUES"]) claims take turns across `fairness_key`s (none: the key "").
     Everything is validated before anything is written.
 
@@ -218,6 +218,12 @@ def _write(
         job_id, outcome, created_at = store.insert_unique_job(alias, params)
         if outcome == "existing" and params["on_conflict"] == "refuse":
             raise UniqueConflict(params["queue"], params["unique_key"], job_id)
+        if outcome == "other_type":
+            raise EnqueueError(
+                f"The unique key {params['unique_key']!r} on queue {params['queue']!r} is "
+                f"held by job #{job_id} of type {store.job_type(alias, job_id)!r}: a debounce "
+                f"of type {params['type']!r} cannot replace it; nothing was enqueued."
+            )
         created, replaced = outcome == "created", outcome == "replaced"
     else:
         job_id, created, created_at = store.insert_job(alias, params)

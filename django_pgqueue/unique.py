@@ -15,12 +15,13 @@ from .exceptions import EnqueueError
 from .validation import key as _checked_key
 from .validators import MAX_SECONDS
 
-# How long a job holds its key, by its status: while it is pending; while it is pending
-# or running; until it completed (or was cancelled: a dead job keeps the key, so that an
-# operator's retry cannot make a second one).
+# How long a job holds its key, by its status: while it is pending; while it is pending,
+# running or parked for an event (waiting); until it completed (or was cancelled: a dead
+# job keeps the key, so that an operator's retry cannot make a second one).
 HOLDS = ("pending", "active", "until_completed")
 # What an enqueue of a key held by another job does: return that job; refuse
-# (UniqueConflict); or replace the pending holder's payload and due time (a debounce).
+# (UniqueConflict); or replace the payload and due time of a holder never claimed, of the
+# same type (a debounce).
 ON_CONFLICT = ("return", "refuse", "replace")
 
 Hold = Literal["pending", "active", "until_completed"]
@@ -31,13 +32,15 @@ OnConflict = Literal["return", "refuse", "replace"]
 class Unique:
     """A unique key for enqueue(): at most one job of the queue holds `key` at a time.
 
-    `hold` is how long a job holds the key: ``"pending"``, ``"active"`` (pending or
-    running, the default), ``"until_completed"``, or a period (seconds or a timedelta)
-    from its enqueue, whatever becomes of the job. `on_conflict` says what an enqueue
-    of a held key does: ``"return"`` the holder (``created=False``), ``"refuse"`` with
-    `UniqueConflict`, or ``"replace"`` the pending holder's payload and due time
-    (``hold="pending"`` only): enqueued with a delay, N enqueues within the delay give
-    one job that runs the delay after the last (`Unique.debounce`).
+    `hold` is how long a job holds the key: ``"pending"``, ``"active"`` (pending,
+    running or parked for an event; the default), ``"until_completed"``, or a period
+    (seconds or a timedelta) from its enqueue, whatever becomes of the job.
+    `on_conflict` says what an enqueue of a held key does: ``"return"`` the holder
+    (``created=False``), ``"refuse"`` with `UniqueConflict`, or ``"replace"`` the
+    payload and due time of a holder never claimed (``hold="pending"`` only; a claimed
+    holder is returned while it holds the key, a holder of another type raises
+    `EnqueueError`): enqueued with a delay, N enqueues within the delay give one job
+    that runs the delay after the last (`Unique.debounce`).
     """
 
     key: str

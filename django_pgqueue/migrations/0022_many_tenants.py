@@ -3,18 +3,21 @@
 # Unique jobs and debounce: a unique key with a hold and a policy on conflict, decided
 # by the database in the enqueuing transaction (never a read, then a write).
 #
-# - The holds that follow a job's status (pending, until first claimed; pending or
-#   running; until it completed) are one unique partial index on the state rows, whose
-#   predicate is each row's own hold: a row with no key never enters it, so queues
-#   without unique keys pay nothing. The enqueue's INSERT names the predicate in ON
-#   CONFLICT (written whole in each statement, as the index has it): DO NOTHING to
-#   return or refuse (then the holder is looked up, and a key that changed hands after
-#   the statement's snapshot is tried again, as pgqueue_enqueue does), DO UPDATE of a
-#   pending holder to replace (a debounce: its due time here, its payload in the same
-#   statement; the holder's row lock keeps the claim off it until the caller commits,
-#   and a holder claimed meanwhile no longer conflicts, so a new job is written). A
-#   "pending" hold ends at the first claim (lease_version > 0), so a job going back to
-#   pending (a retry, a lost lease) never meets the newer holder of its key.
+# - The holds that follow a job's status (pending, until first claimed; active: pending,
+#   running or parked in waiting; until it completed) are one unique partial index on
+#   the state rows, whose predicate is each row's own hold: a row with no key never
+#   enters it, so queues without unique keys pay nothing. The enqueue's INSERT names the
+#   predicate in ON CONFLICT (written whole in each statement, as the index has it): DO
+#   NOTHING to return or refuse (then the holder is looked up, and a key that changed
+#   hands after the statement's snapshot is tried again, as pgqueue_enqueue does), DO
+#   UPDATE of a holder never claimed (pending, lease_version 0) of the same type to
+#   replace (a debounce: its due time here, its payload in the same statement; the
+#   holder's row lock keeps the claim off it until the caller commits; a "pending"
+#   holder claimed meanwhile no longer conflicts, so a new job is written; a holder of
+#   another hold that was claimed is returned, one of another type refused:
+#   'other_type'). A "pending" hold ends at the first claim (lease_version > 0), so a
+#   job going back to pending (a retry, a lost lease) never meets the newer holder of
+#   its key.
 # - A hold for a period is a row per key (queue_unique_keys): INSERT ... ON CONFLICT DO
 #   UPDATE takes the key when its period ended, and otherwise locks the row all the
 #   same, so the holder read next is the one that holds it until this transaction ends.
@@ -133,6 +136,7 @@ CREATE FUNCTION pgqueue_enqueue_unique(
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint;
+    v_held_type text;
     v_run_at timestamptz := coalesce(p_run_at, now() + make_interval(secs => p_delay));
 BEGIN
     IF p_unique_hold = 'period' THEN
@@ -179,14 +183,19 @@ BEGIN
                     FROM new_job
                     ON CONFLICT (queue, unique_key) WHERE (
                         (unique_hold = 'pending' AND status = 'pending' AND lease_version = 0)
-                        OR (unique_hold = 'active' AND status IN ('pending', 'running'))
+                        OR (unique_hold = 'active'
+                            AND status IN ('waiting', 'pending', 'running'))
                         OR (unique_hold = 'until_completed'
                             AND status IN ('waiting', 'pending', 'running', 'dead'))
                     )
                     DO UPDATE SET run_at = excluded.run_at, updated_at = now()
-                        -- Only a pending holder is replaced (another hold's running
-                        -- holder is returned below).
-                        WHERE s.status = 'pending'
+                        -- Only a holder never claimed, of this job type, is replaced:
+                        -- another is returned below (or, of another type, refused).
+                        WHERE s.status = 'pending' AND s.lease_version = 0
+                          AND EXISTS (
+                              SELECT FROM queue_jobs AS held
+                              WHERE held.id = s.job_id AND held.type = p_type
+                          )
                     RETURNING s.job_id, s.job_id = (SELECT id FROM new_job) AS inserted
                 ), job AS (
                     INSERT INTO queue_jobs (id, queue, type, payload, created_at, traceparent)
@@ -219,7 +228,8 @@ BEGIN
                     FROM new_job
                     ON CONFLICT (queue, unique_key) WHERE (
                         (unique_hold = 'pending' AND status = 'pending' AND lease_version = 0)
-                        OR (unique_hold = 'active' AND status IN ('pending', 'running'))
+                        OR (unique_hold = 'active'
+                            AND status IN ('waiting', 'pending', 'running'))
                         OR (unique_hold = 'until_completed'
                             AND status IN ('waiting', 'pending', 'running', 'dead'))
                     )
@@ -235,7 +245,8 @@ BEGIN
                 FROM job;
             END IF;
             EXIT WHEN v_id IS NOT NULL;
-            SELECT live.job_id, held.created_at INTO job_id, created_at
+            SELECT live.job_id, held.created_at, held.type
+            INTO job_id, created_at, v_held_type
             FROM queue_job_state AS live
             JOIN queue_jobs AS held ON held.id = live.job_id
             WHERE live.queue = p_queue
@@ -243,12 +254,17 @@ BEGIN
               AND (
                   (live.unique_hold = 'pending' AND live.status = 'pending'
                    AND live.lease_version = 0)
-                  OR (live.unique_hold = 'active' AND live.status IN ('pending', 'running'))
+                  OR (live.unique_hold = 'active'
+                      AND live.status IN ('waiting', 'pending', 'running'))
                   OR (live.unique_hold = 'until_completed'
                       AND live.status IN ('waiting', 'pending', 'running', 'dead'))
               );
             IF job_id IS NOT NULL THEN
-                outcome := 'existing';
+                -- A debounce never puts its payload on a job of another type.
+                outcome := CASE
+                    WHEN p_on_conflict = 'replace' AND v_held_type <> p_type THEN 'other_type'
+                    ELSE 'existing'
+                END;
                 RETURN;
             END IF;
         END LOOP;
@@ -315,7 +331,9 @@ class Migration(migrations.Migration):
                     models.Q(
                         ("lease_version", 0), ("status", "pending"), ("unique_hold", "pending")
                     ),
-                    models.Q(("status__in", ["pending", "running"]), ("unique_hold", "active")),
+                    models.Q(
+                        ("status__in", ["waiting", "pending", "running"]), ("unique_hold", "active")
+                    ),
                     models.Q(
                         ("status__in", ["waiting", "pending", "running", "dead"]),
                         ("unique_hold", "until_completed"),

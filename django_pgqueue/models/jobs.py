@@ -108,10 +108,11 @@ class Job(models.Model):
 # Which state rows hold their unique key (see JobState.unique_hold); migration 0020's
 # pgqueue_enqueue_unique repeats it as its ON CONFLICT predicate. A "pending" hold is
 # a job's until it is first claimed (lease_version 0, which only grows): a retried or
-# swept job going back to pending never meets a newer holder of its key.
+# swept job going back to pending never meets a newer holder of its key. An "active" hold
+# covers a durable job parked for an event (waiting): its wake-up must find the key free.
 UNIQUE_HELD = (
     Q(unique_hold="pending", status="pending", lease_version=0)
-    | Q(unique_hold="active", status__in=["pending", "running"])
+    | Q(unique_hold="active", status__in=["waiting", "pending", "running"])
     | Q(unique_hold="until_completed", status__in=["waiting", "pending", "running", "dead"])
 )
 

@@ -43,8 +43,9 @@ FROM pgqueue_enqueue(
 
 -- name: job_enqueue_unique
 -- Insert one job with a unique key, or find the job that holds the key; return (id,
--- outcome, created_at), outcome 'created', 'existing' (the holder) or 'replaced' (the
--- pending holder took this payload and due time). The work is the PL/pgSQL function
+-- outcome, created_at), outcome 'created', 'existing' (the holder), 'replaced' (the
+-- holder, never claimed, took this payload and due time) or 'other_type' (a debounce
+-- met a holder of another job type: nothing written). The work is the PL/pgSQL function
 -- pgqueue_enqueue_unique (migration 0020): ON CONFLICT on the unique partial index of
 -- the state rows (queue_job_state_unique_key), or on the key's row of queue_unique_keys
 -- for a hold of a period, so concurrent enqueues are decided by the database in their
@@ -57,6 +58,11 @@ FROM pgqueue_enqueue_unique(
     %(unique_hold)s::text, %(unique_seconds)s::float8, %(on_conflict)s::text,
     %(fair_key)s::text
 );
+
+
+-- name: job_type
+-- One job's type (a debounce refused by a holder of another type names it).
+SELECT type FROM queue_jobs WHERE id = %(job_id)s::bigint;
 
 
 -- name: job_enqueue_many
@@ -617,7 +623,8 @@ WITH candidate AS MATERIALIZED (
             AND (
                 (other.unique_hold = 'pending' AND other.status = 'pending'
                  AND other.lease_version = 0)
-                OR (other.unique_hold = 'active' AND other.status IN ('pending', 'running'))
+                OR (other.unique_hold = 'active'
+                    AND other.status IN ('waiting', 'pending', 'running'))
                 OR (other.unique_hold = 'until_completed'
                     AND other.status IN ('waiting', 'pending', 'running', 'dead'))
             )

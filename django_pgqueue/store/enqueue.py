@@ -37,8 +37,8 @@ def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool, Any]:
 
 def insert_unique_job(alias: str, params: dict[str, Any]) -> tuple[int, str, Any]:
     """Insert one job with a unique key on Django's connection `alias`, or find its
-    holder; return (job id, outcome, created_at), outcome ``created``, ``existing`` or
-    ``replaced``.
+    holder; return (job id, outcome, created_at), outcome ``created``, ``existing``,
+    ``replaced`` or ``other_type`` (a debounce met a holder of another type).
 
     One statement: ``job_enqueue_unique`` calls ``pgqueue_enqueue_unique`` (migration
     0020), where the unique index or the key's row decides between concurrent enqueues.
@@ -50,6 +50,12 @@ def insert_unique_job(alias: str, params: dict[str, Any]) -> tuple[int, str, Any
             f"{params['queue']!r} keeps changing hands; try again."
         )
     return row[0], row[1], row[2]
+
+
+def job_type(alias: str, job_id: int) -> str | None:
+    """The type of job `job_id` on Django's connection `alias` (None: no such job)."""
+    row = fetch_one(alias, QUERIES["job_type"], {"job_id": job_id})
+    return None if row is None else row[0]
 
 
 # Jobs per enqueue_many statement: large enough to amortize a round trip and a plan,

@@ -132,3 +132,53 @@ def test_an_operator_retry_skips_a_job_whose_key_another_job_holds():
     set_status(second.id, "completed")
     assert retry_now([first.id]).changed == [first.id]
     assert enqueue("qa.noop", queue="u8", unique=unique).id == first.id
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_parked_for_an_event_holds_its_active_key_until_it_wakes(run_worker):
+    from django_pgqueue import emit_event
+    from tests.integration.test_worker import wait_until
+
+    unique = Unique("k")  # held while active: parked in waiting too
+    first = enqueue("qa.durable_event", {"key": "u9:paid"}, queue="u9", unique=unique)
+    run_worker(["u9"], poll_interval=0.05, sweep_interval=0.2)
+    wait_until(lambda: JobState.objects.get(pk=first.id).status == "waiting")
+    again = enqueue("qa.durable_event", {"key": "u9:paid"}, queue="u9", unique=unique)
+    assert (again.id, again.created) == (first.id, False)
+    # Waking the parked job puts it back in pending: the key is still its own.
+    with transaction.atomic():
+        assert emit_event("u9:paid", {"ok": True}) is True
+    wait_until(lambda: JobState.objects.get(pk=first.id).status == "completed")
+    assert Job.objects.filter(queue="u9").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_debounce_replaces_only_a_holder_never_claimed(stores):
+    """A holder claimed once and back in pending (a lost lease here) keeps its payload:
+    with a hold that still covers it, the debounce returns it; a "pending" hold ended at
+    the claim, so the debounce writes a new job."""
+    store = stores("unique-debounce")
+    active = enqueue("qa.noop", {"v": 1}, queue="u10", unique=Unique("a"))
+    debounced = enqueue("qa.noop", {"v": 1}, queue="u10", unique=Unique.debounce("p"))
+    claimed = store.claim("u10", 2, "w", 60.0)
+    assert sorted(job.job_id for job in claimed) == sorted([active.id, debounced.id])
+    sql("UPDATE queue_job_state SET locked_until = now() - interval '1 s' WHERE queue = 'u10'")
+    assert len(store.sweep()) == 2  # both back in pending, lease_version 1
+    again = enqueue("qa.noop", {"v": 2}, queue="u10", unique=Unique.debounce("a"))
+    assert (again.id, again.created, again.replaced) == (active.id, False, False)
+    assert Job.objects.get(pk=active.id).payload == {"v": 1}
+    fresh = enqueue("qa.noop", {"v": 2}, queue="u10", unique=Unique.debounce("p"))
+    assert fresh.created
+    assert fresh.id not in (active.id, debounced.id)
+    assert Job.objects.get(pk=debounced.id).payload == {"v": 1}
+
+
+def test_a_debounce_of_another_type_is_refused_and_writes_nothing():
+    held = enqueue("qa.noop", {"v": 1}, queue="u11", delay=60, unique=Unique.debounce("k"))
+    with transaction.atomic():
+        with pytest.raises(EnqueueError, match=r"type 'qa\.noop'.*type 'qa\.durable_event'"):
+            enqueue("qa.durable_event", {"v": 2}, queue="u11", unique=Unique.debounce("k"))
+        other = enqueue("qa.noop", queue="u11")  # the transaction goes on
+    assert other.created
+    assert Job.objects.get(pk=held.id).payload == {"v": 1}
+    assert Job.objects.filter(queue="u11").count() == 2
