@@ -219,10 +219,11 @@ def _write(
         if outcome == "existing" and params["on_conflict"] == "refuse":
             raise UniqueConflict(params["queue"], params["unique_key"], job_id)
         if outcome == "other_type":
+            held_type = store.job_type(alias, params["queue"], job_id)
             raise EnqueueError(
                 f"The unique key {params['unique_key']!r} on queue {params['queue']!r} is "
-                f"held by job #{job_id} of type {store.job_type(alias, job_id)!r}: a debounce "
-                f"of type {params['type']!r} cannot replace it; nothing was enqueued."
+                f"held by job #{job_id} of type {held_type!r}: a debounce of type "
+                f"{params['type']!r} cannot replace it; nothing was enqueued."
             )
         created, replaced = outcome == "created", outcome == "replaced"
     else:

@@ -62,7 +62,7 @@ FROM pgqueue_enqueue_unique(
 
 -- name: job_type
 -- One job's type (a debounce refused by a holder of another type names it).
-SELECT type FROM queue_jobs WHERE id = %(job_id)s::bigint;
+SELECT type FROM queue_jobs WHERE queue = %(queue)s::text AND id = %(job_id)s::bigint;
 
 
 -- name: job_enqueue_many

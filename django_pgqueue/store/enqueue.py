@@ -52,9 +52,9 @@ def insert_unique_job(alias: str, params: dict[str, Any]) -> tuple[int, str, Any
     return row[0], row[1], row[2]
 
 
-def job_type(alias: str, job_id: int) -> str | None:
-    """The type of job `job_id` on Django's connection `alias` (None: no such job)."""
-    row = fetch_one(alias, QUERIES["job_type"], {"job_id": job_id})
+def job_type(alias: str, queue: str, job_id: int) -> str | None:
+    """The type of job `job_id` of `queue` on Django's connection `alias` (None: none)."""
+    row = fetch_one(alias, QUERIES["job_type"], {"queue": queue, "job_id": job_id})
     return None if row is None else row[0]
 
 

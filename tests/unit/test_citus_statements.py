@@ -74,6 +74,8 @@ ROUTED = {
     # Joined on queue to the (queue, key) pairs asked about: one shard per pair, but
     # several pairs of several queues make it a multi-shard read (no lock taken).
     "job_live_by_keys",
+    # The type of a unique key's holder, named when a debounce of another type is refused.
+    "job_type",
 }
 
 # The steps of routed statements left unrouted, with why. The claim opens each attempt
