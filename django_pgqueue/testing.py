@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from django.db import connections, transaction
+from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -75,7 +76,8 @@ def run_due_jobs(queues: Iterable[str] | None = None, **options: Any) -> Counter
             worker.run()
             total.update(worker.stats)
             claimed += worker.stats["claimed"]
-        # Another round only for the jobs the handlers enqueued, due now, in a queue or
+        # Another round only for the jobs the handlers enqueued, or the jobs that ran
+        # made due (a workflow's next step, a batch's callback), due now, in a queue or
         # on a database a worker of this round had done with: a retry of a job that ran
         # is left for later, as a burst worker leaves it.
         names = _follow_ups(conf, started, given) if claimed else []
@@ -83,12 +85,15 @@ def run_due_jobs(queues: Iterable[str] | None = None, **options: Any) -> Counter
 
 
 def _follow_ups(conf: Any, since: dict[str, Any], queues: list[str] | None) -> list[str]:
-    """The queues with a job due now that was enqueued after `since` (its database's
-    clock), of `queues` if given."""
+    """The queues with a job due now, never run, that was enqueued after `since` (its
+    database's clock) or waited for other jobs, of `queues` if given."""
     found = []
     for alias in conf.queue_databases:
         due = JobState.objects.using(alias).filter(
-            status="pending", run_at__lte=Now(), job__created_at__gte=since[alias]
+            Q(job__created_at__gte=since[alias]) | Q(job__dependencies__isnull=False),
+            status="pending",
+            run_at__lte=Now(),
+            lease_version=0,
         )
         if queues is not None:
             due = due.filter(queue__in=queues)

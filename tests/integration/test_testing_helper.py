@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from django_pgqueue import enqueue
+from django_pgqueue import chain, enqueue, step
 from django_pgqueue.models import Schedule
 from django_pgqueue.testing import fire_tick, run_due_jobs, run_durable
 from tests.conftest import sql
@@ -36,6 +36,20 @@ def test_runs_every_due_job_of_every_queue_and_leaves_later_ones():
     )
     (result,) = sql("SELECT result FROM queue_attempts WHERE job_id = %s", [echo])[0]
     assert json.loads(result) == {"n": 1}  # Django's connection reads jsonb as text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_chain_across_two_queues_runs_in_one_call():
+    # The second step becomes due only once the first completed, in another queue.
+    run = chain(
+        step("qa.echo", {"n": 1}, queue="mail"),
+        step("qa.echo", {"n": 2}, queue="billing"),
+    ).enqueue()
+
+    counts = run_due_jobs()
+
+    assert counts["completed"] == 2
+    assert [status(job_id) for job_id in run.jobs.values()] == ["completed", "completed"]
 
 
 @pytest.mark.django_db(transaction=True)
