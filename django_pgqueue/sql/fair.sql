@@ -34,8 +34,11 @@ SELECT set_config('enable_seqscan', 'off', true),
 -- or before the queue was made fair) are taken by the claim index's walk when no key
 -- had a job to give: they never wait for ever, but behind keys that always have due
 -- work they wait (the walk passes over the keyed jobs, so it runs only then).
--- Every row comes back with the key this claim served last (`last_key`), where the
--- worker's next claim starts: the key of the last job taken, in turn order.
+-- cursor: where the worker's next claim starts (`last_key`, on every row): the key of
+-- the last job taken, in turn order, when the claim took `limit` jobs; else the last
+-- key walked, so keys with pending jobs none of them due (delayed, debounced) are
+-- walked past, `keys` a claim, never again and again ahead of a key with a job due.
+-- No job taken: one row, its job columns NULL, with `last_key` alone.
 WITH RECURSIVE walk (fair_key, depth, wrapped) AS (
     SELECT first.fair_key, 1, first.wrapped
     FROM (
@@ -120,11 +123,22 @@ WITH RECURSIVE walk (fair_key, depth, wrapped) AS (
     ORDER BY s.priority DESC, s.run_at, s.job_id
     LIMIT %(limit)s::integer
     FOR UPDATE SKIP LOCKED
+), cursor AS MATERIALIZED (
+    SELECT CASE
+        -- full: the next claim goes on from the key of the last job taken, in turn order
+        WHEN (SELECT count(*) FROM taken) >= %(limit)s::integer THEN
+            (SELECT taken.fair_key FROM taken ORDER BY taken.turn DESC, taken.depth DESC
+             LIMIT 1)
+        -- not full: every key walked gave what it had due, so the next claim goes on
+        -- past the last of them, past keys with nothing due too (else a walk over as
+        -- many keys with only later jobs would be walked again and again)
+        ELSE (SELECT walk.fair_key FROM walk ORDER BY walk.depth DESC LIMIT 1)
+    END AS last_key
 )
-SELECT claimed.*,
-       (SELECT taken.fair_key FROM taken ORDER BY taken.turn DESC, taken.depth DESC LIMIT 1)
-           AS last_key
-FROM pgqueue_claim(
+SELECT claimed.*, cursor.last_key
+FROM cursor
+-- a row, its job columns NULL, when no job is taken: it still carries the cursor
+LEFT JOIN LATERAL pgqueue_claim(
     ARRAY(SELECT job_id FROM taken UNION ALL SELECT job_id FROM unkeyed),
     %(queue)s::text, %(worker_id)s::text, %(lease)s::float8, NULL
-) AS claimed;
+) AS claimed ON true;

@@ -12,7 +12,8 @@ interval): a pause or a limit set on a queue holds within it.
 
 A fair queue (PGQUEUE["FAIR_QUEUES"], given by the worker) without controls is claimed
 by ``job_claim_fair``: its jobs round-robin across their fair keys, from the key after
-the one this worker's previous claim of the queue served last. A fair queue with
+the one this worker's previous claim of the queue served last (the last key it walked,
+when it took fewer jobs than its limit). A fair queue with
 controls is claimed by the controlled claim (limits first; no turns).
 
 What each claim teaches the worker's scheduler: a controlled queue's walk always starts
@@ -173,7 +174,8 @@ class QueueClaims:
             )
         if rows and rows[0][-1] is not None:
             self._fair_after[queue] = rows[0][-1]
-        return done_rows, [ClaimedRow._make(row[:-1]) for row in rows]
+        # No job taken: the one row carries the cursor alone, its job id NULL.
+        return done_rows, [ClaimedRow._make(row[:-1]) for row in rows if row[0] is not None]
 
     def _controlled_claim(
         self, done: Sequence[Completion] | None, request: ClaimRequest

@@ -106,6 +106,17 @@ def test_jobs_not_due_are_not_taken(fair, stores):
     assert [row.job_id for row in rows] == [now.id]
 
 
+def test_a_due_key_behind_many_keys_with_only_delayed_jobs_is_claimed(fair, stores):
+    # More keys with nothing due than one claim walks (4 x 10 + 8), ahead of a due key.
+    delayed = [JobSpec("qa.noop", fairness_key=f"d{n:03}", delay=3600) for n in range(60)]
+    enqueue_many(delayed, queue="fq2")
+    due = enqueue("qa.noop", queue="fq2", fairness_key="z")
+    store = fair_store(stores)
+    taken = [claim(store, "fq2", 10) for _ in range(3)]
+    assert ["z"] in taken, taken
+    assert sql("SELECT status FROM queue_job_state WHERE job_id = %s", [due.id]) == [("running",)]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_late_tenants_start_within_two_claim_cycles_behind_a_big_backlog(fair, run_worker):
     """Tenant A's backlog, then 25 tenants of one job: two workers start each of the 25
