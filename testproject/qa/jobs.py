@@ -524,9 +524,10 @@ class Executions:
             self.now[kind] -= 1
             span[1] = time.monotonic()
 
-    def executing(self, job_id: int) -> bool:
+    def running(self, job_id: int) -> set[int]:
+        """The executions of `job_id` not ended yet, by their place in its spans."""
         with self._lock:
-            return any(end is None for _, end in self.spans.get(job_id, ()))
+            return {n for n, (_, end) in enumerate(self.spans.get(job_id, ())) if end is None}
 
     def started(self, job_id: int) -> bool:
         with self._lock:

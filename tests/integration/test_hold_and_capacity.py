@@ -51,8 +51,8 @@ def overlapping(spans: list[list[float | None]]) -> list[tuple[list, list]]:
 
 class RowWatch:
     """Samples, from the test's side, whether a job's row was out of `running` while its
-    handler still executed (read: started before the status was read, still executing
-    after)."""
+    handler still executed (read: one execution running before the status was read and
+    still running after)."""
 
     def __init__(self, job_id: int) -> None:
         self.job_id = job_id
@@ -73,9 +73,11 @@ class RowWatch:
 
         try:
             while not self._stop.wait(0.02):
-                started = EXECUTIONS.started(self.job_id)
+                before = EXECUTIONS.running(self.job_id)
                 row = status(self.job_id)
-                if started and row != "running" and EXECUTIONS.executing(self.job_id):
+                # One execution ran from before the read to after it: the row it read
+                # belongs to that run (a retry starting just after the read is another).
+                if row != "running" and before & EXECUTIONS.running(self.job_id):
                     self.violations.append(row)
         finally:
             connection.close()
