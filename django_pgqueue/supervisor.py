@@ -12,8 +12,10 @@ stopping (systemd's default KillMode signals every process of the unit, so a chi
 have had the SIGTERM itself) is not counted as a second one.
 
 An operator's stop (``control_queue_workers stop``, the admin's Workers page) reaches a
-child through the database; the child stops gracefully and exits EXIT_STOP_REQUESTED,
-which the supervisor does not restart: it exits 0 once every child stopped so.
+child through the database; the child tells the supervisor at once (a ``stop_asked``
+report), stops gracefully and exits EXIT_STOP_REQUESTED. Such a child is not restarted
+however it ends (a handler past its hard time limit during the stop's grace, a
+recycle): the supervisor exits 0 once every child stopped so.
 
 Reports: each child writes events to a second pipe whose read end the supervisor
 holds (`worker.report`). A child that ends for a handler's hard time limit leaves its
@@ -49,7 +51,7 @@ from dataclasses import dataclass, field
 
 from . import validators
 from .exceptions import ConfigurationError
-from .worker.report import READY, RECYCLE, TIME_LIMIT, read_events
+from .worker.report import READY, RECYCLE, STOP_ASKED, TIME_LIMIT, read_events
 from .worker.signals import queue_stop_signals
 from .worker.time_limits import LastWords, write_last_words
 
@@ -146,6 +148,7 @@ class Child:
     # What it said before it exited: recycled, or ended for a time limit (its jobs).
     recycled: bool = False
     last_words: LastWords | None = None
+    stop_asked: bool = False  # an operator asked it to stop: not restarted
 
 
 @dataclass
@@ -234,7 +237,7 @@ class Supervisor:
             os.close(read_end)
             os.close(report_write)
         child.report, child.unread = report_read, b""
-        child.recycled, child.last_words = False, None
+        child.recycled, child.last_words, child.stop_asked = False, None, False
         child.control = write_end
         child.started, child.up = time.monotonic(), None
         child.restart_at = None
@@ -255,11 +258,17 @@ class Supervisor:
         if child.last_words is not None:
             # Its code is gone with it: its jobs may be written now.
             write_last_words(child.last_words)
-        if code == EXIT_STOP_REQUESTED:
+        if code == EXIT_STOP_REQUESTED or child.stop_asked:
             child.done = True
-            child.last_code = 0
+            # Its stop ended in order when its handler's time limit ended it (its jobs
+            # written above); another exit (a crash, a signal) is still a failure.
+            if code == EXIT_STOP_REQUESTED or child.last_words is not None:
+                child.last_code = 0
             logger.info(
-                "supervisor: child %d (pid %d) stopped as an operator asked", child.index, pid
+                "supervisor: child %d (pid %d) stopped as an operator asked%s",
+                child.index,
+                pid,
+                "" if code == EXIT_STOP_REQUESTED else f" ({_ended_for(child, code)})",
             )
             return
         if (child.recycled or child.last_words is not None) and not self.stopping:
@@ -267,7 +276,7 @@ class Supervisor:
                 "supervisor: child %d (pid %d) %s; starting a fresh one",
                 child.index,
                 pid,
-                "recycled" if child.recycled else "ended for a hard time limit",
+                _ended_for(child, code),
             )
             child.quick_deaths = 0
             child.restart_at = now
@@ -321,6 +330,8 @@ class Supervisor:
         for event in events:
             if event["event"] == READY:
                 child.up = time.monotonic()
+            elif event["event"] == STOP_ASKED:
+                child.stop_asked = True
             elif event["event"] == RECYCLE:
                 child.recycled = True
             elif event["event"] == TIME_LIMIT:
@@ -348,6 +359,13 @@ class Supervisor:
         else:
             logger.warning("supervisor: %s: stopping the workers gracefully", name)
             self.stop()
+
+
+def _ended_for(child: Child, code: int) -> str:
+    """How `child` ended, in words: recycled, ended for a time limit, or its exit."""
+    if child.last_words is not None:
+        return "ended for a hard time limit"
+    return "recycled" if child.recycled else describe_exit(code)
 
 
 def _child_environment() -> dict[str, str]:

@@ -35,7 +35,7 @@ from . import inspection
 from .dispatcher import Dispatcher
 from .leases import Heartbeat
 from .listener import Listener
-from .report import READY, SupervisorReport
+from .report import READY, STOP_ASKED, SupervisorReport
 from .services import ServiceThread, service_threads
 from .signals import SignalRelay, StopSwitch
 
@@ -133,7 +133,14 @@ class Worker:
     def obey(self, action: str, concurrency: int | None = None) -> str:
         """Do what an operator asked (stop, drain, resume, concurrency); what was done,
         in words (see `controls.Controls.obey`)."""
-        return self._dispatcher.controls.obey(action, concurrency, self.stop_gracefully)
+        return self._dispatcher.controls.obey(action, concurrency, self._stop_on_request)
+
+    def _stop_on_request(self) -> None:
+        """An operator's stop: the supervisor hears of it first (it restarts this process
+        no more, however it ends), then the graceful stop."""
+        if self._report is not None:
+            self._report.send(STOP_ASKED)
+        self.stop_gracefully()
 
     @property
     def stopped_on_request(self) -> bool:

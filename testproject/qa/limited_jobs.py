@@ -31,6 +31,13 @@ def limit_sleep(ctx: JobContext) -> None:
     time.sleep(60)
 
 
+@django_pgqueue.handler("qa.limit_sleep_long", time_limit=10, max_attempts=2)
+def limit_sleep_long(ctx: JobContext) -> None:
+    """Like qa.limit_sleep, with room before its limit for an operator's stop to arrive."""
+    _ledger_start(ctx)
+    time.sleep(60)
+
+
 @django_pgqueue.handler("qa.limit_spin", time_limit=2, max_attempts=2, retry=FixedDelay(0.05))
 def limit_spin(ctx: JobContext) -> None:
     """An endless loop in Python."""

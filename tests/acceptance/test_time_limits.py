@@ -7,18 +7,22 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connections
 
 from django_pgqueue import enqueue, set_queue_limit
 from tests.conftest import sql
 from tests.reliability.conftest import wait_until
+from tests.supervised import process_gone
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 FAST = ("--lease", "30", "--heartbeat-interval", "0.5", "--sweep-interval", "1", "-v", "1")
+QUICK_BEATS = ("--lease", "2", "--heartbeat-interval", "0.5", "--sweep-interval", "1", "-v", "1")
 LIMITED = {"PGQUEUE_TEST_TIME_LIMITS": "1"}
 
 
@@ -138,3 +142,40 @@ def test_a_soft_limit_raises_in_the_handler_and_its_except_runs(supervised, type
         (True,)
     ]
     stop(workers)
+
+
+def test_a_child_an_operator_stopped_is_not_restarted_when_a_handler_passes_its_limit(
+    supervised,
+):
+    # A shutdown grace longer than the handler's hard limit of 10 s: the limit ends the
+    # child during its stop. A lease of 2 s: the child takes requests every second.
+    workers = supervised(
+        "tls", "--worker-id", "tls", "--shutdown-grace", "60", *QUICK_BEATS, env=LIMITED
+    )
+    [child] = workers.wait_children(1).values()
+    job = enqueue("qa.limit_sleep_long", {}, queue="tls", max_attempts=2).id
+    wait_until(
+        "SELECT count(*) FROM qa_ledger WHERE job_id = %s",
+        lambda n: n == 1,
+        timeout=60,
+        params=[job],
+    )
+    out = StringIO()
+    call_command("control_queue_workers", "stop", "--queue", "tls", "--wait", "60", stdout=out)
+    assert "stopping: no more claims" in out.getvalue()
+
+    # The child ends (its limit); then the supervisor exits, or starts another one.
+    def settled() -> bool:
+        if not process_gone(child.pid):
+            return False
+        return workers.proc.poll() is not None or bool(workers.children())
+
+    deadline = time.monotonic() + 120  # a hang guard, not a bound
+    while not settled():
+        assert time.monotonic() < deadline, "the stopped child neither ended nor was replaced"
+        time.sleep(0.1)
+    assert not workers.children(), "the child an operator stopped was restarted"
+    code, output = workers.wait(60)
+    assert code == 0, output
+    # Its supervisor wrote its last words: the job failed its first attempt for the limit.
+    assert attempts_of(job) == [("failed", "django_pgqueue.TimeLimitExceeded")]
