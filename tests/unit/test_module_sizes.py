@@ -36,6 +36,11 @@ LARGER: dict[str, tuple[int, str]] = {
         "enqueue() and enqueue_many(): their options, unique and fair keys, routing and "
         "the transaction's deferral, around the one statement each sends",
     ),
+    "worker/lifecycle.py:Worker": (
+        320,
+        "a worker process's life: the parts it wires, its start and shutdown (the hold "
+        "included), and what it answers its supervisor and its operators",
+    ),
     "worker/aio.py:AsyncPool": (
         360,
         "the event loop's whole side of the hold: starting tasks within the limit, "
