@@ -228,7 +228,9 @@ def test_a_worker_without_async_handlers_starts_no_event_loop(run_worker):
 def test_a_stopping_worker_cancels_its_async_handlers_and_gives_their_attempts_back(run_worker):
     job = enqueue("qa.aoutcome", {"do": "hang", "seconds": 600}, queue="astop", max_attempts=1)
     worker = run_worker(["astop"], poll_interval=0.1, shutdown_grace=0.5)
-    wait_until(lambda: Attempt.objects.filter(job_id=job.id).exists(), timeout=HANG_GUARD)
+    # The handler started (its ledger row): claimed only, it would be released instead.
+    started = "SELECT count(*) FROM qa_ledger WHERE job_id = %s"
+    wait_until(lambda: sql(started, [job.id])[0][0] == 1, timeout=HANG_GUARD)
     worker.stop(timeout=HANG_GUARD)
     # Interrupted by the shutdown: due again at once, its one attempt given back.
     [attempt] = attempts(job.id)
