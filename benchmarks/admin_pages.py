@@ -189,19 +189,29 @@ def main() -> int:
                 "Traceback",
                 budget,
             ),
-            ("Workers page", "/admin/django_pgqueue/workerrecord/", '/change/">#', PAGE_BUDGET_MS),
+            (
+                "Workers page",
+                "/admin/django_pgqueue/workerrecord/",
+                "pgqueue-processes",
+                PAGE_BUDGET_MS,
+            ),
             # The default window holds the rollup's data: a day of it here, so 24 h.
-            ("Charts page (default)", "/admin/django_pgqueue/minutestats/", "<svg", PAGE_BUDGET_MS),
+            (
+                "Charts page (default)",
+                "/admin/django_pgqueue/minutestats/",
+                'class="pgqueue-chart"',
+                PAGE_BUDGET_MS,
+            ),
             (
                 "Charts page, 6 h",
                 "/admin/django_pgqueue/minutestats/?hours=6",
-                "<svg",
+                'class="pgqueue-chart"',
                 PAGE_BUDGET_MS,
             ),
             (
                 "Charts page, 24 h",
                 "/admin/django_pgqueue/minutestats/?hours=24",
-                "<svg",
+                'class="pgqueue-chart"',
                 PAGE_BUDGET_MS,
             ),
             # Every known queue, with the filters' statement (names_known) behind it.
