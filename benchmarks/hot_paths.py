@@ -97,6 +97,7 @@ def enqueue_profile(n: int) -> dict[str, Any]:
         "idempotency_key": None,
         "traceparent": None,
         "concurrency_key": None,
+        "fair_key": None,
     }
     with psycopg.connect(**connection.get_connection_params(), autocommit=True) as conn:
         ours_server = server_time(conn, QUERIES["job_enqueue"], params)
