@@ -135,10 +135,11 @@ def statements(jobs: int, rounds: int) -> dict[str, Any]:
     medians(fresh, WARM)
     connections = (("fresh", fresh), ("refreshed", refreshed), ("stale", stale))
     out: dict[str, dict[str, list[float]]] = {}
-    # Round by round, turn about, so that the machine's drift over the run (and other
-    # processes' load) falls on the three connections alike.
-    for _ in range(rounds):
-        for name, store in connections:
+    # Round by round, turn about, each round starting with the next connection, so that
+    # the machine's drift over the run, other processes' load and what the connection
+    # before left behind (rows to sweep, pages to read) fall on the three alike.
+    for turn in range(rounds):
+        for name, store in connections[turn % 3 :] + connections[: turn % 3]:
             for statement, seconds in one_round(store).items():
                 out.setdefault(statement, {}).setdefault(name, []).append(seconds * 1000)
     for store in (stale, refreshed, fresh):
