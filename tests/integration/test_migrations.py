@@ -60,9 +60,7 @@ def test_a_database_at_0022_applies_only_the_later_migration():
     executor = MigrationExecutor(connection)
     plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
 
-    assert [migration.name for migration, _ in plan if migration.app_label == APP] == [
-        "0023_later"
-    ]
+    assert [migration.name for migration, _ in plan if migration.app_label == APP] == ["0023_later"]
 
 
 def test_the_project_migrations_still_resolve():
