@@ -105,13 +105,28 @@ END
 $$
 """
 
+# The last statements of both enqueue functions (pgqueue_enqueue, pgqueue_enqueue_unique),
+# written once: a job with a concurrency key marks its queue keyed (the controlled
+# claim's cue, written the first time only), and a job due now wakes its queue's
+# workers. It closes the condition each function opens with the keys it checks.
+KEYED_AND_DUE = """\
+        SELECT FROM queue_controls AS known WHERE known.queue = p_queue AND known.keyed
+    ) THEN
+        INSERT INTO queue_controls AS c (queue, paused, key_limit, rate_starts, keyed, updated_at)
+        VALUES (p_queue, false, 1, '{}', true, now())
+        ON CONFLICT (queue) DO UPDATE SET keyed = true, updated_at = now();
+    END IF;
+    IF v_run_at <= now() THEN
+        PERFORM pg_notify('pgqueue', p_queue);
+    END IF;"""
+
 # Enqueue through a PL/pgSQL function: PostgreSQL plans its statements once per
 # session, so a single enqueue does not plan two INSERTs every time (Django binds
 # parameters on the client, and a transaction-mode pooler may not allow prepared
 # statements; a function call needs neither). The call is job_enqueue in sql/core.sql.
 # A keyed job marks its queue keyed in queue_controls (the controlled claim's cue); a
 # fair queue's job carries its fair key on the state row.
-ENQUEUE = r"""
+ENQUEUE = rf"""
 CREATE FUNCTION pgqueue_enqueue(
     p_queue text, p_type text, p_payload jsonb, p_priority smallint, p_run_at timestamptz,
     p_delay float8, p_max_attempts integer, p_idempotency_key text, p_traceparent text,
@@ -175,21 +190,13 @@ BEGIN
         END IF;
     END IF;
     IF p_concurrency_key IS NOT NULL AND NOT EXISTS (
-        SELECT FROM queue_controls AS known WHERE known.queue = p_queue AND known.keyed
-    ) THEN
-        INSERT INTO queue_controls AS c (queue, paused, key_limit, rate_starts, keyed, updated_at)
-        VALUES (p_queue, false, 1, '{}', true, now())
-        ON CONFLICT (queue) DO UPDATE SET keyed = true, updated_at = now();
-    END IF;
-    IF v_run_at <= now() THEN
-        PERFORM pg_notify('pgqueue', p_queue);
-    END IF;
+{KEYED_AND_DUE}
     job_id := v_id;
     created := true;
     created_at := now();
 END
 $$
-"""
+"""  # noqa: S608 (its text from constant pieces, no input)
 
 # "A state row always has its job, on the same queue" holds by construction, not by a
 # foreign key (whose check cost 23-40 us of each single enqueue): every statement that
@@ -646,6 +653,31 @@ END
 $$
 """
 
+# The new job's state row with its unique key, unless a holder holds the key: the
+# holds' predicate is the unique index queue_job_state_unique_key's, written whole as
+# ON CONFLICT must name it. Both policies on conflict (replace the holder, or return
+# it) go on from this row.
+UNIQUE_STATE_ROW = """\
+                WITH new_job AS (
+                    SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id
+                ), state AS (
+                    INSERT INTO queue_job_state AS s (
+                        job_id, queue, status, priority, run_at, attempts, max_attempts,
+                        lease_version, concurrency_key, unique_key, unique_hold, fair_key,
+                        updated_at
+                    )
+                    SELECT new_job.id, p_queue, 'pending', p_priority, v_run_at, 0,
+                           p_max_attempts, 0, p_concurrency_key, p_unique_key, p_unique_hold,
+                           p_fair_key, now()
+                    FROM new_job
+                    ON CONFLICT (queue, unique_key) WHERE (
+                        (unique_hold = 'pending' AND status = 'pending' AND lease_version = 0)
+                        OR (unique_hold = 'active'
+                            AND status IN ('waiting', 'pending', 'running'))
+                        OR (unique_hold = 'until_completed'
+                            AND status IN ('waiting', 'pending', 'running', 'dead'))
+                    )"""
+
 # Unique jobs and debounce: a unique key with a hold and a policy on conflict, decided
 # by the database in the enqueuing transaction (never a read, then a write).
 #
@@ -666,7 +698,7 @@ $$
 # - A hold for a period is a row per key (queue_unique_keys): INSERT ... ON CONFLICT DO
 #   UPDATE takes the key when its period ended, and otherwise locks the row all the
 #   same, so the holder read next is the one that holds it until this transaction ends.
-ENQUEUE_UNIQUE = r"""
+ENQUEUE_UNIQUE = rf"""
 CREATE FUNCTION pgqueue_enqueue_unique(
     p_queue text, p_type text, p_payload jsonb, p_priority smallint, p_run_at timestamptz,
     p_delay float8, p_max_attempts integer, p_traceparent text, p_concurrency_key text,
@@ -710,25 +742,7 @@ BEGIN
     ELSE
         FOR attempt IN 1..5 LOOP
             IF p_on_conflict = 'replace' THEN
-                WITH new_job AS (
-                    SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id
-                ), state AS (
-                    INSERT INTO queue_job_state AS s (
-                        job_id, queue, status, priority, run_at, attempts, max_attempts,
-                        lease_version, concurrency_key, unique_key, unique_hold, fair_key,
-                        updated_at
-                    )
-                    SELECT new_job.id, p_queue, 'pending', p_priority, v_run_at, 0,
-                           p_max_attempts, 0, p_concurrency_key, p_unique_key, p_unique_hold,
-                           p_fair_key, now()
-                    FROM new_job
-                    ON CONFLICT (queue, unique_key) WHERE (
-                        (unique_hold = 'pending' AND status = 'pending' AND lease_version = 0)
-                        OR (unique_hold = 'active'
-                            AND status IN ('waiting', 'pending', 'running'))
-                        OR (unique_hold = 'until_completed'
-                            AND status IN ('waiting', 'pending', 'running', 'dead'))
-                    )
+{UNIQUE_STATE_ROW}
                     DO UPDATE SET run_at = excluded.run_at, updated_at = now()
                         -- Only a holder never claimed, of this job type, is replaced:
                         -- another is returned below (or, of another type, refused).
@@ -755,25 +769,7 @@ BEGIN
                 INTO v_id, outcome, created_at
                 FROM (SELECT * FROM job UNION ALL SELECT * FROM replaced) AS written;
             ELSE
-                WITH new_job AS (
-                    SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id
-                ), state AS (
-                    INSERT INTO queue_job_state AS s (
-                        job_id, queue, status, priority, run_at, attempts, max_attempts,
-                        lease_version, concurrency_key, unique_key, unique_hold, fair_key,
-                        updated_at
-                    )
-                    SELECT new_job.id, p_queue, 'pending', p_priority, v_run_at, 0,
-                           p_max_attempts, 0, p_concurrency_key, p_unique_key, p_unique_hold,
-                           p_fair_key, now()
-                    FROM new_job
-                    ON CONFLICT (queue, unique_key) WHERE (
-                        (unique_hold = 'pending' AND status = 'pending' AND lease_version = 0)
-                        OR (unique_hold = 'active'
-                            AND status IN ('waiting', 'pending', 'running'))
-                        OR (unique_hold = 'until_completed'
-                            AND status IN ('waiting', 'pending', 'running', 'dead'))
-                    )
+{UNIQUE_STATE_ROW}
                     DO NOTHING
                     RETURNING s.job_id
                 ), job AS (
@@ -814,19 +810,11 @@ BEGIN
         END IF;
     END IF;
     IF outcome = 'created' AND p_concurrency_key IS NOT NULL AND NOT EXISTS (
-        SELECT FROM queue_controls AS known WHERE known.queue = p_queue AND known.keyed
-    ) THEN
-        INSERT INTO queue_controls AS c (queue, paused, key_limit, rate_starts, keyed, updated_at)
-        VALUES (p_queue, false, 1, '{}', true, now())
-        ON CONFLICT (queue) DO UPDATE SET keyed = true, updated_at = now();
-    END IF;
-    IF v_run_at <= now() THEN
-        PERFORM pg_notify('pgqueue', p_queue);
-    END IF;
+{KEYED_AND_DUE}
     job_id := v_id;
 END
 $$
-"""
+"""  # noqa: S608 (its text from constant pieces, no input)
 
 REPLACED = [
     "0001_initial",

@@ -269,10 +269,9 @@ def _plain_pipeline(
     params: dict[str, Any],
     generic: bool,
 ) -> Claimed:
-    if generic:
-        done_rows, rows = _pipeline(session, conn, done, name, params, "claim_plan_generic")
-    else:
-        done_rows, rows = _pipeline(session, conn, done, name, params, None)
+    done_rows, rows = _pipeline(
+        session, conn, done, name, params, "claim_plan_generic" if generic else None
+    )
     return done_rows, [ClaimedRow._make(row) for row in rows]
 
 
