@@ -856,10 +856,11 @@ ENQUEUE_UNIQUE_SIGNATURE = (
 )
 
 
-def _foreign_key(table: str, name: str, column: str, target: str, on_delete: str) -> str:
-    """Add a foreign key the models declare without a constraint (db_constraint=False)."""
+def _foreign_key(table: str, key: str, column: str, target: str, on_delete: str = "CASCADE") -> str:
+    """Add a foreign key the models declare without a constraint (db_constraint=False),
+    named {table}_{key}_fk."""
     return (
-        f"ALTER TABLE {table} ADD CONSTRAINT {name} FOREIGN KEY ({column}) "
+        f"ALTER TABLE {table} ADD CONSTRAINT {table}_{key}_fk FOREIGN KEY ({column}) "
         f"REFERENCES {target} ON DELETE {on_delete}"
     )
 
@@ -867,28 +868,16 @@ def _foreign_key(table: str, name: str, column: str, target: str, on_delete: str
 # The foreign keys, by hand: ON DELETE in the database (pruning a job removes its
 # state, attempts, step, dependencies, batch membership, checkpoints and event wait).
 FOREIGN_KEYS = [
-    ("queue_attempts", "queue_attempts_job_fk", "job_id", "queue_job_state (job_id)", "CASCADE"),
-    ("queue_workflow_steps", "queue_workflow_steps_job_fk", "job_id", "queue_jobs (id)", "CASCADE"),
-    (
-        "queue_workflow_steps",
-        "queue_workflow_steps_flow_fk",
-        "workflow_id",
-        "queue_workflows (id)",
-        "CASCADE",
-    ),
-    ("queue_job_deps", "queue_job_deps_job_fk", "job_id", "queue_jobs (id)", "CASCADE"),
-    ("queue_job_deps", "queue_job_deps_depends_on_fk", "depends_on", "queue_jobs (id)", "CASCADE"),
-    ("queue_batch_jobs", "queue_batch_jobs_job_fk", "job_id", "queue_jobs (id)", "CASCADE"),
-    ("queue_batch_jobs", "queue_batch_jobs_batch_fk", "batch_id", "queue_batches (id)", "CASCADE"),
-    (
-        "queue_batches",
-        "queue_batches_workflow_fk",
-        "workflow_id",
-        "queue_workflows (id)",
-        "SET NULL",
-    ),
-    ("queue_job_steps", "queue_job_steps_job_fk", "job_id", "queue_jobs (id)", "CASCADE"),
-    ("queue_event_waits", "queue_event_waits_job_fk", "job_id", "queue_jobs (id)", "CASCADE"),
+    ("queue_attempts", "job", "job_id", "queue_job_state (job_id)"),
+    ("queue_workflow_steps", "job", "job_id", "queue_jobs (id)"),
+    ("queue_workflow_steps", "flow", "workflow_id", "queue_workflows (id)"),
+    ("queue_job_deps", "job", "job_id", "queue_jobs (id)"),
+    ("queue_job_deps", "depends_on", "depends_on", "queue_jobs (id)"),
+    ("queue_batch_jobs", "job", "job_id", "queue_jobs (id)"),
+    ("queue_batch_jobs", "batch", "batch_id", "queue_batches (id)"),
+    ("queue_batches", "workflow", "workflow_id", "queue_workflows (id)", "SET NULL"),
+    ("queue_job_steps", "job", "job_id", "queue_jobs (id)"),
+    ("queue_event_waits", "job", "job_id", "queue_jobs (id)"),
 ]
 
 
@@ -1696,8 +1685,8 @@ class Migration(migrations.Migration):
         migrations.RunSQL(
             sql=[_foreign_key(*key) for key in FOREIGN_KEYS],
             reverse_sql=[
-                f"ALTER TABLE {table} DROP CONSTRAINT {name}"
-                for table, name, *_ in reversed(FOREIGN_KEYS)
+                f"ALTER TABLE {table} DROP CONSTRAINT {table}_{key}_fk"
+                for table, key, *_ in reversed(FOREIGN_KEYS)
             ],
         ),
         # Storage: a job's state row is rewritten several times (claim, renewals,
