@@ -124,7 +124,6 @@ BY_JOB_ID = {
     "stats_minute_add": "reads the finished attempts by id for the rollup; queue_attempts "
     "has no queue column yet (the queues are in the parameters)",
     "step_record": _DURABLE,
-    "step_sleep": _DURABLE,
     "event_take": _DURABLE,
 }
 
