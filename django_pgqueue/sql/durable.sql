@@ -10,34 +10,24 @@ SELECT now(),
 
 
 -- name: step_record
--- Record a step's checkpoint, fenced by the job's lease: inserted only while the job
--- is running under this lease version. The state row is locked FOR SHARE until the
+-- Record a checkpoint, fenced by the job's lease: inserted only while the job is
+-- running under this lease version. The state row is locked FOR SHARE until the
 -- transaction ends, so the lease cannot be taken (the sweep, an operator) between the
 -- fence and the commit: in an atomic step, the step's writes commit with the
--- checkpoint under the lease or roll back with it. No row back: not recorded (the
--- lease was lost, or the step has a checkpoint already).
+-- checkpoint under the lease or roll back with it. A step's checkpoint is its result
+-- (%(result)s); a durable sleep's (kind 'sleep') is its wake-up by the database's
+-- clock: at %(wake_at)s, or (NULL) at now() + %(seconds)s. Returns the wake-up and
+-- the seconds left until it (<= 0: due; NULL for a step). No row back: not recorded
+-- (the lease was lost, or the name has a checkpoint already).
 INSERT INTO queue_job_steps (job_id, name, kind, result, lease_version, runtime)
-SELECT state.job_id, %(name)s::text, %(kind)s::text, %(result)s::jsonb, state.lease_version,
-       %(runtime)s::float8
-FROM queue_job_state AS state
-WHERE state.job_id = %(job_id)s::bigint
-  AND state.lease_version = %(lease_version)s::bigint
-  AND state.status = 'running'
-FOR SHARE
-ON CONFLICT (job_id, name) DO NOTHING
-RETURNING job_id;
-
-
--- name: step_sleep
--- Record a durable sleep's wake-up under the lease, fenced like step_record: at
--- %(wake_at)s, or (NULL) at now() + %(seconds)s by the database's clock. Returns the
--- wake-up and the seconds left until it by the database's clock (<= 0: due).
-INSERT INTO queue_job_steps (job_id, name, kind, result, lease_version)
-SELECT state.job_id, %(name)s::text, 'sleep',
-       jsonb_build_object('wake_at', coalesce(
-           %(wake_at)s::timestamptz, now() + make_interval(secs => %(seconds)s::float8)
-       )),
-       state.lease_version
+SELECT state.job_id, %(name)s::text, %(kind)s::text,
+       CASE WHEN %(kind)s::text = 'sleep'
+            THEN jsonb_build_object('wake_at', coalesce(
+                %(wake_at)s::timestamptz, now() + make_interval(secs => %(seconds)s::float8)
+            ))
+            ELSE %(result)s::jsonb
+       END,
+       state.lease_version, %(runtime)s::float8
 FROM queue_job_state AS state
 WHERE state.job_id = %(job_id)s::bigint
   AND state.lease_version = %(lease_version)s::bigint

@@ -205,7 +205,10 @@ class QueueClaims:
         with session.holding(what) as conn:
             prepared = conn.prepare_threshold is not None
             try:
-                return _plain_pipeline(session, conn, done, name, params, prepared)
+                done_rows, rows = _pipeline(
+                    session, conn, done, name, params, "claim_plan_generic" if prepared else None
+                )
+                return done_rows, [ClaimedRow._make(row) for row in rows]
             except psycopg.Error:
                 if done is not None or not prepared or conn.prepare_threshold is not None:
                     raise  # with completions: the caller writes them apart
@@ -259,21 +262,6 @@ class QueueClaims:
         claim had to leave."""
         became = self.refresh_view(time.monotonic())
         return not any(queue in became for queue in queues)
-
-
-def _plain_pipeline(
-    session: Session,
-    conn: psycopg.Connection[Any],
-    done: Sequence[Completion] | None,
-    name: str,
-    params: dict[str, Any],
-    generic: bool,
-) -> Claimed:
-    if generic:
-        done_rows, rows = _pipeline(session, conn, done, name, params, "claim_plan_generic")
-    else:
-        done_rows, rows = _pipeline(session, conn, done, name, params, None)
-    return done_rows, [ClaimedRow._make(row) for row in rows]
 
 
 def _pipeline(

@@ -38,15 +38,8 @@ def record_step(
 ) -> bool:
     """Record a step's checkpoint (`result`: its JSON) under the lease; False if not
     recorded (the lease was lost, or the step has a checkpoint already)."""
-    params = {
-        "job_id": job_id,
-        "lease_version": lease_version,
-        "name": name,
-        "kind": kind,
-        "result": result,
-        "runtime": runtime,
-    }
-    return fetch_one(alias, QUERIES["step_record"], params) is not None
+    checkpoint = {"kind": kind, "result": result, "runtime": runtime}
+    return _record(alias, job_id, lease_version, name, checkpoint) is not None
 
 
 def record_sleep(
@@ -60,15 +53,26 @@ def record_sleep(
 ) -> tuple[str, float] | None:
     """Record a sleep's wake-up (after `seconds`, or at `until`) under the lease;
     (wake-up, seconds left by the database's clock), or None when not recorded."""
+    checkpoint = {"kind": "sleep", "seconds": seconds, "wake_at": until}
+    row = _record(alias, job_id, lease_version, name, checkpoint)
+    return None if row is None else (row[0], float(row[1]))
+
+
+def _record(
+    alias: str, job_id: int, lease_version: int, name: str, checkpoint: dict[str, Any]
+) -> tuple[Any, ...] | None:
+    """Run step_record for the checkpoint `name` (a step's or a sleep's parameters)."""
     params = {
         "job_id": job_id,
         "lease_version": lease_version,
         "name": name,
-        "seconds": seconds,
-        "wake_at": until,
+        "result": None,
+        "runtime": None,
+        "seconds": None,
+        "wake_at": None,
+        **checkpoint,
     }
-    row = fetch_one(alias, QUERIES["step_sleep"], params)
-    return None if row is None else (row[0], float(row[1]))
+    return fetch_one(alias, QUERIES["step_record"], params)
 
 
 def take_event(alias: str, job_id: int, lease_version: int, name: str, key: str) -> Any | None:

@@ -24,15 +24,7 @@ def insert_job(alias: str, params: dict[str, Any]) -> tuple[int, bool, Any]:
     One statement: ``job_enqueue`` calls the ``pgqueue_enqueue`` function (migration
     0007), whose two INSERTs, key handling and NOTIFY PostgreSQL plans once per session.
     """
-    row = fetch_one(alias, QUERIES["job_enqueue"], params)
-    if row is None or row[0] is None:
-        # The function tried _LOOKUP_RETRIES times: each time a concurrent transaction
-        # took the idempotency key after its statement's snapshot, then let it go.
-        raise PgQueueError(
-            f"Could not enqueue: the idempotency key {params['idempotency_key']!r} on queue "
-            f"{params['queue']!r} keeps changing hands; try again."
-        )
-    return row[0], row[1], row[2]
+    return _insert_one(alias, "job_enqueue", params, "idempotency key", "idempotency_key")
 
 
 def insert_unique_job(alias: str, params: dict[str, Any]) -> tuple[int, str, Any]:
@@ -41,12 +33,21 @@ def insert_unique_job(alias: str, params: dict[str, Any]) -> tuple[int, str, Any
     ``replaced`` or ``other_type`` (a debounce met a holder of another type).
 
     One statement: ``job_enqueue_unique`` calls ``pgqueue_enqueue_unique`` (migration
-    0020), where the unique index or the key's row decides between concurrent enqueues.
+    0022), where the unique index or the key's row decides between concurrent enqueues.
     """
-    row = fetch_one(alias, QUERIES["job_enqueue_unique"], params)
+    return _insert_one(alias, "job_enqueue_unique", params, "unique key", "unique_key")
+
+
+def _insert_one(
+    alias: str, statement: str, params: dict[str, Any], what: str, key: str
+) -> tuple[Any, Any, Any]:
+    """Run the enqueue `statement`, whose function gives up (a row of NULLs) after
+    five tries when, each time, a concurrent transaction took the key
+    `params[key]` after its statement's snapshot, then let it go."""
+    row = fetch_one(alias, QUERIES[statement], params)
     if row is None or row[0] is None:
         raise PgQueueError(
-            f"Could not enqueue: the unique key {params['unique_key']!r} on queue "
+            f"Could not enqueue: the {what} {params[key]!r} on queue "
             f"{params['queue']!r} keeps changing hands; try again."
         )
     return row[0], row[1], row[2]

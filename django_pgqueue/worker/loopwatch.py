@@ -16,12 +16,9 @@ import sys
 import threading
 import time
 from types import CodeType, FrameType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..claimed import ClaimedJob
-
-if TYPE_CHECKING:
-    from .aio import AsyncPool
 
 logger = logging.getLogger("django_pgqueue.worker.aio")
 
@@ -29,10 +26,30 @@ LAG_PROBE = 0.05  # seconds between two probes of the loop's lag
 LAG_WARNING = 0.25  # a probe this late: the loop is held
 
 
+class WatchedLoop(Protocol):
+    """What the watchdog reads and decides of the pool whose loop it watches (AsyncPool:
+    the watchdog is its part, on a thread of its own)."""
+
+    worker_id: str
+    lag: float
+    lag_max: float
+    blocked: int
+    _stop: threading.Event
+    _thread: threading.Thread | None
+    _probe_seen: float
+    _blocked_now: bool
+
+    def live(self) -> list[ClaimedJob]: ...
+
+    def _decide_timeout(self, item: ClaimedJob) -> bool: ...
+
+    def cancel_timed_out_soon(self, item: ClaimedJob) -> None: ...
+
+
 class Watchdog:
     """Watches one AsyncPool's loop from its own thread (`run`)."""
 
-    def __init__(self, pool: AsyncPool, run_code: CodeType) -> None:
+    def __init__(self, pool: WatchedLoop, run_code: CodeType) -> None:
         self.pool = pool
         self.run_code = run_code  # the code of AsyncPool._run, whose frames name a job
 

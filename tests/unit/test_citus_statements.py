@@ -43,7 +43,7 @@ def _function_statement(migration: str, constant: str) -> str:
 # The functions' statements, with the arguments that stand for parameters in them.
 FUNCTIONS = {
     "pgqueue_claim": (
-        _function_statement("0001_squashed_0017_claim_function", "CLAIM"),
+        _function_statement("0001_squashed_0022_many_tenants", "CLAIM"),
         ("p_queue",),
     ),
 }
@@ -124,7 +124,6 @@ BY_JOB_ID = {
     "stats_minute_add": "reads the finished attempts by id for the rollup; queue_attempts "
     "has no queue column yet (the queues are in the parameters)",
     "step_record": _DURABLE,
-    "step_sleep": _DURABLE,
     "event_take": _DURABLE,
 }
 

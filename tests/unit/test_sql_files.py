@@ -37,7 +37,14 @@ IDENTIFIERS = {"index_rebuild": ["{index}"], "index_drop_leftover": ["{index}"]}
 PLACEHOLDER = re.compile(r"\{[A-Za-z_]\w*\}")
 # How the store names the statement it runs: QUERIES[name], session.run(name, ...), the
 # Django-connection helpers, the DDL helper (argument positions of the name).
-RUNNERS = {"run": (0,), "fetch_all": (1,), "fetch_after": (1, 2), "_ddl": (1,), "_pipeline": (3, 5)}
+RUNNERS = {
+    "run": (0,),
+    "fetch_all": (1,),
+    "fetch_after": (1, 2),
+    "_ddl": (1,),
+    "_pipeline": (3, 5),
+    "_insert_one": (1,),
+}
 
 
 def _files() -> dict[str, str]:
@@ -108,8 +115,15 @@ def _names_run(tree: ast.AST) -> set[str]:
             func = node.func
             called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             for position in RUNNERS.get(called, ()):
-                if position < len(node.args) and (name := text(node.args[position])):
-                    found.add(name)
+                if position < len(node.args):
+                    argument = node.args[position]
+                    # One of two statements, chosen by a condition: both are run.
+                    choices = (
+                        [argument.body, argument.orelse]
+                        if isinstance(argument, ast.IfExp)
+                        else [argument]
+                    )
+                    found.update(name for choice in choices if (name := text(choice)))
         elif (
             isinstance(node, ast.Return)
             and isinstance(node.value, ast.Tuple)

@@ -1,15 +1,15 @@
-# The schema of 0001_initial to 0017_claim_function in one migration, written as it
+# The schema of 0001_initial to 0022_many_tenants in one migration, written as it
 # ends: each table created with its final columns, indexes and constraints, each
-# PL/pgSQL function created once in its final text. A database migrated to 0017 by the
-# old files has it applied already (replaces); a fresh one gets the same schema
-# (tests/integration/test_migrations.py compares them). Later migrations may depend on
-# ("django_pgqueue", "0017_claim_function"): Django points a dependency on a replaced
-# migration to this one.
+# PL/pgSQL function created once in its final text. A database migrated to 0022 by the
+# old files (or by the earlier squash of 0001 to 0017, which recorded their names) has
+# it applied already (replaces); a fresh one gets the same schema. Later migrations may
+# depend on ("django_pgqueue", "0022_many_tenants"), or on any name replaced here:
+# Django points a dependency on a replaced migration to this one
+# (tests/integration/test_migrations.py).
 
 import django.db.models.deletion
-import django.db.models.functions.comparison
-import django.db.models.functions.datetime
 from django.db import migrations, models
+from django.db.models.functions import Cast, Now
 
 import django_pgqueue.models.controls
 import django_pgqueue.models.observability
@@ -105,15 +105,32 @@ END
 $$
 """
 
+# The last statements of both enqueue functions (pgqueue_enqueue, pgqueue_enqueue_unique),
+# written once: a job with a concurrency key marks its queue keyed (the controlled
+# claim's cue, written the first time only), and a job due now wakes its queue's
+# workers. It closes the condition each function opens with the keys it checks.
+KEYED_AND_DUE = """\
+        SELECT FROM queue_controls AS known WHERE known.queue = p_queue AND known.keyed
+    ) THEN
+        INSERT INTO queue_controls AS c (queue, paused, key_limit, rate_starts, keyed, updated_at)
+        VALUES (p_queue, false, 1, '{}', true, now())
+        ON CONFLICT (queue) DO UPDATE SET keyed = true, updated_at = now();
+    END IF;
+    IF v_run_at <= now() THEN
+        PERFORM pg_notify('pgqueue', p_queue);
+    END IF;"""
+
 # Enqueue through a PL/pgSQL function: PostgreSQL plans its statements once per
 # session, so a single enqueue does not plan two INSERTs every time (Django binds
 # parameters on the client, and a transaction-mode pooler may not allow prepared
 # statements; a function call needs neither). The call is job_enqueue in sql/core.sql.
-ENQUEUE = r"""
+# A keyed job marks its queue keyed in queue_controls (the controlled claim's cue); a
+# fair queue's job carries its fair key on the state row.
+ENQUEUE = rf"""
 CREATE FUNCTION pgqueue_enqueue(
     p_queue text, p_type text, p_payload jsonb, p_priority smallint, p_run_at timestamptz,
     p_delay float8, p_max_attempts integer, p_idempotency_key text, p_traceparent text,
-    p_concurrency_key text,
+    p_concurrency_key text, p_fair_key text,
     OUT job_id bigint, OUT created boolean, OUT created_at timestamptz
 )
 LANGUAGE plpgsql AS $$
@@ -127,10 +144,10 @@ BEGIN
         RETURNING id INTO v_id;
         INSERT INTO queue_job_state (
             job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
-            concurrency_key, updated_at
+            concurrency_key, fair_key, updated_at
         )
         VALUES (v_id, p_queue, 'pending', p_priority, v_run_at, 0, p_max_attempts, 0,
-                p_concurrency_key, now());
+                p_concurrency_key, p_fair_key, now());
     ELSE
         FOR attempt IN 1..5 LOOP
             WITH new_job AS (
@@ -138,10 +155,10 @@ BEGIN
             ), state AS (
                 INSERT INTO queue_job_state AS s (
                     job_id, queue, status, priority, run_at, attempts, max_attempts,
-                    lease_version, idempotency_key, concurrency_key, updated_at
+                    lease_version, idempotency_key, concurrency_key, fair_key, updated_at
                 )
                 SELECT new_job.id, p_queue, 'pending', p_priority, v_run_at, 0, p_max_attempts,
-                       0, p_idempotency_key, p_concurrency_key, now()
+                       0, p_idempotency_key, p_concurrency_key, p_fair_key, now()
                 FROM new_job
                 ON CONFLICT (queue, idempotency_key)
                     WHERE idempotency_key IS NOT NULL AND status IN ('pending', 'running')
@@ -173,21 +190,13 @@ BEGIN
         END IF;
     END IF;
     IF p_concurrency_key IS NOT NULL AND NOT EXISTS (
-        SELECT FROM queue_controls AS known WHERE known.queue = p_queue AND known.keyed
-    ) THEN
-        INSERT INTO queue_controls AS c (queue, paused, key_limit, rate_starts, keyed, updated_at)
-        VALUES (p_queue, false, 1, '{}', true, now())
-        ON CONFLICT (queue) DO UPDATE SET keyed = true, updated_at = now();
-    END IF;
-    IF v_run_at <= now() THEN
-        PERFORM pg_notify('pgqueue', p_queue);
-    END IF;
+{KEYED_AND_DUE}
     job_id := v_id;
     created := true;
     created_at := now();
 END
 $$
-"""
+"""  # noqa: S608 (its text from constant pieces, no input)
 
 # "A state row always has its job, on the same queue" holds by construction, not by a
 # foreign key (whose check cost 23-40 us of each single enqueue): every statement that
@@ -233,6 +242,8 @@ $$
 # statements once per connection (force_generic_plan: with a single job's one-element
 # arrays the custom plans always looked cheaper, and planning cost more than running)
 # with sequential scans off, so the plan kept is the index probes at every size.
+# A step made pending is due its own delay after the settle (queue_workflow_steps.delay,
+# as Celery counts a chained task's countdown from its parent's end).
 SETTLE = r"""
 CREATE FUNCTION pgqueue_settle(p_completed bigint[], p_failed bigint[]) RETURNS integer
 LANGUAGE plpgsql
@@ -287,14 +298,16 @@ BEGIN
                     ELSE format('cancelled: job %s it waits for ended dead or cancelled',
                                 coalesce(hits.culprit::text, 'a job'))
                 END AS reason,
-                hits.culprit
+                hits.culprit,
+                step.delay
         ), moved AS (
             -- Only a waiting step changes: one an operator cancelled, or that runs
             -- already (on_failure "run", or put back by a retry), keeps its status.
             UPDATE queue_job_state AS state
             SET status = counted.status,
                 run_at = CASE WHEN counted.status = 'pending'
-                              THEN greatest(state.run_at, now()) ELSE state.run_at END,
+                              THEN greatest(state.run_at, now() + make_interval(secs => counted.delay))
+                              ELSE state.run_at END,
                 finished_at = CASE WHEN counted.status = 'cancelled' THEN now() END,
                 last_error = CASE WHEN counted.status = 'cancelled' THEN counted.reason
                                   ELSE state.last_error END,
@@ -338,7 +351,7 @@ BEGIN
     RETURN v_total;
 END
 $$
-"""
+"""  # noqa: E501 (its text as the databases migrated before hold it)
 
 UNSETTLE = r"""
 CREATE FUNCTION pgqueue_unsettle(p_reopened bigint[], p_retried bigint[]) RETURNS integer
@@ -495,6 +508,314 @@ END
 $$
 """
 
+# Whether a registered worker process is alive now: not marked gone, and seen within
+# three of its beats (its report says how often it beats), or two of its leases if
+# shorter (a row without a report: two leases). One rule for every statement that
+# asks (the Workers page, the metrics, the marking of silent workers, the requests).
+WORKER_ALIVE = r"""
+CREATE FUNCTION pgqueue_worker_alive(
+    p_gone_at timestamptz, p_last_seen_at timestamptz, p_lease float8, p_report jsonb
+) RETURNS boolean
+LANGUAGE sql STABLE
+AS $$
+    SELECT p_gone_at IS NULL
+       AND p_last_seen_at >= now() - make_interval(
+           secs => least(2 * p_lease,
+                         3 * coalesce((p_report ->> 'beat_seconds')::float8, p_lease)))
+$$
+"""
+
+# Durable execution: a park and an emit of one event key are decided under a
+# transaction-level advisory lock on the key, each by a PL/pgSQL function whose
+# statements run with snapshots of their own taken after the lock: whichever comes
+# second sees what the first committed, so an event emitted while a job parks is never
+# missed by both (in one statement, the snapshot is taken before the lock is granted).
+# A transaction lock, not a session one: nothing a connection pooler could strand. The
+# lock's first key is the event keys' name space (the two-key form, so a project's own
+# one-key advisory locks never collide with these).
+PARK = r"""
+CREATE FUNCTION pgqueue_park(
+    p_job_id bigint, p_lease_version bigint, p_attempt_id bigint, p_key text,
+    p_name text, p_timeout float8, p_reason text
+) RETURNS TABLE (status text, run_at timestamptz)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_payload jsonb;
+    v_emitted boolean;
+    v_status text;
+    v_run_at timestamptz;
+    v_queue text;
+    v_has_dependents boolean;
+BEGIN
+    PERFORM pg_advisory_xact_lock(1886418805, hashtext(p_key));
+    SELECT event.payload INTO v_payload FROM queue_events AS event WHERE event.key = p_key;
+    v_emitted := FOUND;
+    -- Fenced like every end of an attempt; the attempt is given back (a park is no
+    -- failure). Parked, the job is waiting: in no claim index until an emit or its
+    -- timeout makes it pending; an event already emitted makes it pending at once.
+    UPDATE queue_job_state AS state
+    SET status = CASE
+            WHEN state.cancel_requested_at IS NOT NULL THEN 'cancelled'
+            WHEN v_emitted THEN 'pending'
+            ELSE 'waiting'
+        END,
+        run_at = CASE
+            WHEN state.cancel_requested_at IS NULL AND v_emitted THEN now() ELSE state.run_at
+        END,
+        attempts = CASE
+            WHEN state.cancel_requested_at IS NULL THEN state.attempts - 1 ELSE state.attempts
+        END,
+        finished_at = CASE WHEN state.cancel_requested_at IS NOT NULL THEN now() END,
+        locked_by = NULL,
+        locked_until = NULL,
+        updated_at = now()
+    WHERE state.job_id = p_job_id
+      AND state.lease_version = p_lease_version
+      AND state.status = 'running'
+    RETURNING state.status, state.run_at, state.queue, state.has_dependents
+    INTO v_status, v_run_at, v_queue, v_has_dependents;
+    IF NOT FOUND THEN
+        RETURN;  -- the lease was lost
+    END IF;
+    UPDATE queue_attempts AS attempt
+    SET status = 'snoozed', finished_at = now(),
+        error_class = 'django_pgqueue.AwaitEvent', error_message = p_reason
+    WHERE attempt.id = p_attempt_id;
+    IF v_status = 'cancelled' THEN
+        PERFORM pg_notify('pgqueue_finished', waiter.queue)
+        FROM queue_job_waiters AS waiter WHERE waiter.job_id = p_job_id;
+        IF v_has_dependents THEN
+            PERFORM pgqueue_settle('{}', ARRAY[p_job_id]);
+        END IF;
+    ELSIF v_emitted THEN
+        INSERT INTO queue_job_steps (job_id, name, kind, result, lease_version)
+        VALUES (p_job_id, p_name, 'event', jsonb_build_object('payload', v_payload),
+                p_lease_version)
+        ON CONFLICT DO NOTHING;
+        PERFORM pg_notify('pgqueue', v_queue);
+    ELSE
+        INSERT INTO queue_event_waits (job_id, key, name, timeout_at)
+        VALUES (p_job_id, p_key, p_name, now() + make_interval(secs => p_timeout))
+        ON CONFLICT (job_id) DO UPDATE
+        SET key = EXCLUDED.key, name = EXCLUDED.name, timeout_at = EXCLUDED.timeout_at,
+            created_at = now();
+    END IF;
+    status := v_status;
+    run_at := v_run_at;
+    RETURN NEXT;
+END
+$$
+"""
+
+EMIT = r"""
+CREATE FUNCTION pgqueue_emit(p_key text, p_payload jsonb)
+RETURNS TABLE (emitted boolean, delivered integer)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM pg_advisory_xact_lock(1886418805, hashtext(p_key));
+    INSERT INTO queue_events (key, payload) VALUES (p_key, p_payload)
+    ON CONFLICT (key) DO NOTHING;
+    IF NOT FOUND THEN
+        emitted := false;  -- the first emit of a key wins
+        delivered := 0;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- Each wait's row is taken once: by this delete or by the timeout's (whichever
+    -- deletes it records the wait's checkpoint and wakes the job).
+    WITH taken AS (
+        DELETE FROM queue_event_waits AS wait
+        WHERE wait.key = p_key
+        RETURNING wait.job_id, wait.name
+    ), recorded AS (
+        INSERT INTO queue_job_steps (job_id, name, kind, result)
+        SELECT taken.job_id, taken.name, 'event', jsonb_build_object('payload', p_payload)
+        FROM taken
+        ON CONFLICT DO NOTHING
+    ), woken AS (
+        UPDATE queue_job_state AS state
+        SET status = 'pending', run_at = now(), updated_at = now()
+        WHERE state.job_id IN (SELECT taken.job_id FROM taken)
+          AND state.status = 'waiting'
+        RETURNING state.queue
+    ), notified AS (
+        SELECT count(pg_notify('pgqueue', queues.queue)) AS queues
+        FROM (SELECT DISTINCT woken.queue FROM woken) AS queues
+    )
+    SELECT (SELECT count(*) FROM taken)::integer INTO delivered FROM notified;
+    emitted := true;
+    RETURN NEXT;
+END
+$$
+"""
+
+# The new job's state row with its unique key, unless a holder holds the key: the
+# holds' predicate is the unique index queue_job_state_unique_key's, written whole as
+# ON CONFLICT must name it. Both policies on conflict (replace the holder, or return
+# it) go on from this row.
+UNIQUE_STATE_ROW = """\
+                WITH new_job AS (
+                    SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id
+                ), state AS (
+                    INSERT INTO queue_job_state AS s (
+                        job_id, queue, status, priority, run_at, attempts, max_attempts,
+                        lease_version, concurrency_key, unique_key, unique_hold, fair_key,
+                        updated_at
+                    )
+                    SELECT new_job.id, p_queue, 'pending', p_priority, v_run_at, 0,
+                           p_max_attempts, 0, p_concurrency_key, p_unique_key, p_unique_hold,
+                           p_fair_key, now()
+                    FROM new_job
+                    ON CONFLICT (queue, unique_key) WHERE (
+                        (unique_hold = 'pending' AND status = 'pending' AND lease_version = 0)
+                        OR (unique_hold = 'active'
+                            AND status IN ('waiting', 'pending', 'running'))
+                        OR (unique_hold = 'until_completed'
+                            AND status IN ('waiting', 'pending', 'running', 'dead'))
+                    )"""
+
+# Unique jobs and debounce: a unique key with a hold and a policy on conflict, decided
+# by the database in the enqueuing transaction (never a read, then a write).
+#
+# - The holds that follow a job's status (pending, until first claimed; active: pending,
+#   running or parked in waiting; until it completed) are one unique partial index on
+#   the state rows, whose predicate is each row's own hold: a row with no key never
+#   enters it, so queues without unique keys pay nothing. The INSERT names the
+#   predicate in ON CONFLICT: DO NOTHING to return or refuse (then the holder is looked
+#   up, and a key that changed hands after the statement's snapshot is tried again, as
+#   pgqueue_enqueue does), DO UPDATE of a holder never claimed (pending, lease_version
+#   0) of the same type to replace (a debounce: its due time here, its payload in the
+#   same statement; the holder's row lock keeps the claim off it until the caller
+#   commits; a "pending" holder claimed meanwhile no longer conflicts, so a new job is
+#   written; a holder of another hold that was claimed is returned, one of another type
+#   refused: 'other_type'). A "pending" hold ends at the first claim (lease_version >
+#   0), so a job going back to pending (a retry, a lost lease) never meets the newer
+#   holder of its key.
+# - A hold for a period is a row per key (queue_unique_keys): INSERT ... ON CONFLICT DO
+#   UPDATE takes the key when its period ended, and otherwise locks the row all the
+#   same, so the holder read next is the one that holds it until this transaction ends.
+ENQUEUE_UNIQUE = rf"""
+CREATE FUNCTION pgqueue_enqueue_unique(
+    p_queue text, p_type text, p_payload jsonb, p_priority smallint, p_run_at timestamptz,
+    p_delay float8, p_max_attempts integer, p_traceparent text, p_concurrency_key text,
+    p_unique_key text, p_unique_hold text, p_unique_seconds float8, p_on_conflict text,
+    p_fair_key text,
+    OUT job_id bigint, OUT outcome text, OUT created_at timestamptz
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint;
+    v_held_type text;
+    v_run_at timestamptz := coalesce(p_run_at, now() + make_interval(secs => p_delay));
+BEGIN
+    IF p_unique_hold = 'period' THEN
+        v_id := nextval(pg_get_serial_sequence('queue_jobs', 'id'));
+        INSERT INTO queue_unique_keys AS k (queue, unique_key, job_id, held_until)
+        VALUES (p_queue, p_unique_key, v_id,
+                now() + make_interval(secs => p_unique_seconds))
+        ON CONFLICT (queue, unique_key) DO UPDATE
+            SET job_id = excluded.job_id, held_until = excluded.held_until
+            WHERE k.held_until <= now()
+        RETURNING k.job_id INTO v_id;
+        IF v_id IS NULL THEN
+            -- Held: the row is locked by this transaction now, its holder final.
+            SELECT k.job_id INTO job_id
+            FROM queue_unique_keys AS k
+            WHERE k.queue = p_queue AND k.unique_key = p_unique_key;
+            SELECT held.created_at INTO created_at FROM queue_jobs AS held WHERE held.id = job_id;
+            outcome := 'existing';
+            RETURN;
+        END IF;
+        INSERT INTO queue_jobs (id, queue, type, payload, created_at, traceparent)
+        VALUES (v_id, p_queue, p_type, p_payload, now(), p_traceparent);
+        INSERT INTO queue_job_state (
+            job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
+            concurrency_key, unique_key, unique_hold, fair_key, updated_at
+        )
+        VALUES (v_id, p_queue, 'pending', p_priority, v_run_at, 0, p_max_attempts, 0,
+                p_concurrency_key, p_unique_key, 'period', p_fair_key, now());
+        outcome := 'created';
+    ELSE
+        FOR attempt IN 1..5 LOOP
+            IF p_on_conflict = 'replace' THEN
+{UNIQUE_STATE_ROW}
+                    DO UPDATE SET run_at = excluded.run_at, updated_at = now()
+                        -- Only a holder never claimed, of this job type, is replaced:
+                        -- another is returned below (or, of another type, refused).
+                        WHERE s.status = 'pending' AND s.lease_version = 0
+                          AND EXISTS (
+                              SELECT FROM queue_jobs AS held
+                              WHERE held.id = s.job_id AND held.type = p_type
+                          )
+                    RETURNING s.job_id, s.job_id = (SELECT id FROM new_job) AS inserted
+                ), job AS (
+                    INSERT INTO queue_jobs (id, queue, type, payload, created_at, traceparent)
+                    SELECT state.job_id, p_queue, p_type, p_payload, now(), p_traceparent
+                    FROM state
+                    WHERE state.inserted
+                    RETURNING id, 'created' AS outcome, queue_jobs.created_at
+                ), replaced AS (
+                    UPDATE queue_jobs AS j
+                    SET payload = p_payload, traceparent = p_traceparent
+                    FROM state
+                    WHERE j.id = state.job_id AND NOT state.inserted
+                    RETURNING j.id, 'replaced' AS outcome, j.created_at
+                )
+                SELECT written.id, written.outcome, written.created_at
+                INTO v_id, outcome, created_at
+                FROM (SELECT * FROM job UNION ALL SELECT * FROM replaced) AS written;
+            ELSE
+{UNIQUE_STATE_ROW}
+                    DO NOTHING
+                    RETURNING s.job_id
+                ), job AS (
+                    INSERT INTO queue_jobs (id, queue, type, payload, created_at, traceparent)
+                    SELECT state.job_id, p_queue, p_type, p_payload, now(), p_traceparent
+                    FROM state
+                    RETURNING id, queue_jobs.created_at
+                )
+                SELECT job.id, 'created', job.created_at INTO v_id, outcome, created_at
+                FROM job;
+            END IF;
+            EXIT WHEN v_id IS NOT NULL;
+            SELECT live.job_id, held.created_at, held.type
+            INTO job_id, created_at, v_held_type
+            FROM queue_job_state AS live
+            JOIN queue_jobs AS held ON held.id = live.job_id
+            WHERE live.queue = p_queue
+              AND live.unique_key = p_unique_key
+              AND (
+                  (live.unique_hold = 'pending' AND live.status = 'pending'
+                   AND live.lease_version = 0)
+                  OR (live.unique_hold = 'active'
+                      AND live.status IN ('waiting', 'pending', 'running'))
+                  OR (live.unique_hold = 'until_completed'
+                      AND live.status IN ('waiting', 'pending', 'running', 'dead'))
+              );
+            IF job_id IS NOT NULL THEN
+                -- A debounce never puts its payload on a job of another type.
+                outcome := CASE
+                    WHEN p_on_conflict = 'replace' AND v_held_type <> p_type THEN 'other_type'
+                    ELSE 'existing'
+                END;
+                RETURN;
+            END IF;
+        END LOOP;
+        IF v_id IS NULL THEN
+            RETURN;  -- the key kept changing hands: all NULL, the caller says so
+        END IF;
+    END IF;
+    IF outcome = 'created' AND p_concurrency_key IS NOT NULL AND NOT EXISTS (
+{KEYED_AND_DUE}
+    job_id := v_id;
+END
+$$
+"""  # noqa: S608 (its text from constant pieces, no input)
+
 REPLACED = [
     "0001_initial",
     "0002_admin_permissions_and_indexes",
@@ -513,6 +834,11 @@ REPLACED = [
     "0015_settle_generic_plans",
     "0016_unsettle_every_dependent",
     "0017_claim_function",
+    "0018_step_inputs",
+    "0019_stats_run_time_and_backlog",
+    "0020_workers_inspect_control",
+    "0021_durable_steps",
+    "0022_many_tenants",
 ]
 
 ATTEMPTS_VALID_SIGNATURE = "queue_attempts_valid(text, integer, bigint, timestamptz)"
@@ -521,42 +847,102 @@ JOB_STATE_VALID_SIGNATURE = (
     "timestamptz)"
 )
 ENQUEUE_SIGNATURE = (
-    "pgqueue_enqueue(text, text, jsonb, smallint, timestamptz, float8, integer, text, text, text)"
+    "pgqueue_enqueue(text, text, jsonb, smallint, timestamptz, float8, integer, text, text, "
+    "text, text)"
+)
+ENQUEUE_UNIQUE_SIGNATURE = (
+    "pgqueue_enqueue_unique(text, text, jsonb, smallint, timestamptz, float8, integer, text, "
+    "text, text, text, float8, text, text)"
 )
 
 
-def _foreign_key(table: str, name: str, column: str, target: str, on_delete: str) -> str:
-    """Add a foreign key the models declare without a constraint (db_constraint=False)."""
+def _foreign_key(table: str, key: str, column: str, target: str, on_delete: str = "CASCADE") -> str:
+    """Add a foreign key the models declare without a constraint (db_constraint=False),
+    named {table}_{key}_fk."""
     return (
-        f"ALTER TABLE {table} ADD CONSTRAINT {name} FOREIGN KEY ({column}) "
+        f"ALTER TABLE {table} ADD CONSTRAINT {table}_{key}_fk FOREIGN KEY ({column}) "
         f"REFERENCES {target} ON DELETE {on_delete}"
     )
 
 
 # The foreign keys, by hand: ON DELETE in the database (pruning a job removes its
-# state, attempts, step, dependencies and batch membership).
+# state, attempts, step, dependencies, batch membership, checkpoints and event wait).
 FOREIGN_KEYS = [
-    ("queue_attempts", "queue_attempts_job_fk", "job_id", "queue_job_state (job_id)", "CASCADE"),
-    ("queue_workflow_steps", "queue_workflow_steps_job_fk", "job_id", "queue_jobs (id)", "CASCADE"),
-    (
-        "queue_workflow_steps",
-        "queue_workflow_steps_flow_fk",
-        "workflow_id",
-        "queue_workflows (id)",
-        "CASCADE",
-    ),
-    ("queue_job_deps", "queue_job_deps_job_fk", "job_id", "queue_jobs (id)", "CASCADE"),
-    ("queue_job_deps", "queue_job_deps_depends_on_fk", "depends_on", "queue_jobs (id)", "CASCADE"),
-    ("queue_batch_jobs", "queue_batch_jobs_job_fk", "job_id", "queue_jobs (id)", "CASCADE"),
-    ("queue_batch_jobs", "queue_batch_jobs_batch_fk", "batch_id", "queue_batches (id)", "CASCADE"),
-    (
-        "queue_batches",
-        "queue_batches_workflow_fk",
-        "workflow_id",
-        "queue_workflows (id)",
-        "SET NULL",
-    ),
+    ("queue_attempts", "job", "job_id", "queue_job_state (job_id)"),
+    ("queue_workflow_steps", "job", "job_id", "queue_jobs (id)"),
+    ("queue_workflow_steps", "flow", "workflow_id", "queue_workflows (id)"),
+    ("queue_job_deps", "job", "job_id", "queue_jobs (id)"),
+    ("queue_job_deps", "depends_on", "depends_on", "queue_jobs (id)"),
+    ("queue_batch_jobs", "job", "job_id", "queue_jobs (id)"),
+    ("queue_batch_jobs", "batch", "batch_id", "queue_batches (id)"),
+    ("queue_batches", "workflow", "workflow_id", "queue_workflows (id)", "SET NULL"),
+    ("queue_job_steps", "job", "job_id", "queue_jobs (id)"),
+    ("queue_event_waits", "job", "job_id", "queue_jobs (id)"),
 ]
+
+
+def _now() -> models.DateTimeField:
+    """A time the database writes when the row is inserted."""
+    return models.DateTimeField(db_default=Now())
+
+
+def _job_row(related_name: str) -> models.OneToOneField:
+    """The job a row is one of a kind for: its primary key, deleted with it."""
+    return models.OneToOneField(
+        db_column="job_id",
+        db_constraint=False,
+        on_delete=django.db.models.deletion.CASCADE,
+        primary_key=True,
+        related_name=related_name,
+        serialize=False,
+        to="django_pgqueue.job",
+    )
+
+
+def _job_link(column: str, related_name: str, **options: bool) -> models.ForeignKey:
+    """A job a row belongs to (its foreign key by hand, in FOREIGN_KEYS)."""
+    return models.ForeignKey(
+        db_column=column,
+        db_constraint=False,
+        on_delete=django.db.models.deletion.CASCADE,
+        related_name=related_name,
+        to="django_pgqueue.job",
+        **options,
+    )
+
+
+def _composite_key(*columns: str) -> models.CompositePrimaryKey:
+    """A primary key of several columns."""
+    return models.CompositePrimaryKey(
+        *columns, blank=True, editable=False, primary_key=True, serialize=False
+    )
+
+
+def _rate_fields() -> list[tuple[str, models.Field]]:
+    """A rate limit's columns: at most rate_count starts per rate_period seconds."""
+    timestamps = django_pgqueue.models.controls.TimestampArray
+    return [
+        ("rate_count", models.IntegerField(blank=True, null=True)),
+        ("rate_period", models.FloatField(blank=True, null=True)),
+        (
+            "rate_starts",
+            timestamps(
+                db_default=Cast(models.Value("{}"), output_field=timestamps()), editable=False
+            ),
+        ),
+    ]
+
+
+def _rate_valid(name: str) -> models.CheckConstraint:
+    """A rate limit is both numbers or neither."""
+    return models.CheckConstraint(
+        condition=models.Q(
+            models.Q(("rate_count__isnull", True), ("rate_period__isnull", True)),
+            models.Q(("rate_count__gte", 1), ("rate_count__lte", 10000), ("rate_period__gt", 0)),
+            _connector="OR",
+        ),
+        name=name,
+    )
 
 
 class Migration(migrations.Migration):
@@ -575,10 +961,7 @@ class Migration(migrations.Migration):
                 ("type", models.CharField(max_length=255)),
                 ("payload", models.JSONField()),
                 ("idempotency_key", models.CharField(blank=True, max_length=255, null=True)),
-                (
-                    "created_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
+                ("created_at", _now()),
                 ("traceparent", models.TextField(blank=True, null=True)),
             ],
             options={
@@ -592,25 +975,13 @@ class Migration(migrations.Migration):
                         name="queue_jobs_key_idx",
                     ),
                 ],
-                "constraints": [],
                 "permissions": [("operate_job", "Can retry and cancel jobs")],
             },
         ),
         migrations.CreateModel(
             name="JobState",
             fields=[
-                (
-                    "job",
-                    models.OneToOneField(
-                        db_column="job_id",
-                        db_constraint=False,
-                        on_delete=django.db.models.deletion.CASCADE,
-                        primary_key=True,
-                        related_name="state",
-                        serialize=False,
-                        to="django_pgqueue.job",
-                    ),
-                ),
+                ("job", _job_row(related_name="state")),
                 ("queue", models.CharField(max_length=63)),
                 (
                     "status",
@@ -628,10 +999,7 @@ class Migration(migrations.Migration):
                     ),
                 ),
                 ("priority", models.SmallIntegerField(db_default=0)),
-                (
-                    "run_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
+                ("run_at", _now()),
                 ("attempts", models.IntegerField(db_default=0)),
                 ("max_attempts", models.IntegerField()),
                 ("lease_version", models.BigIntegerField(db_default=0)),
@@ -639,14 +1007,14 @@ class Migration(migrations.Migration):
                 ("locked_until", models.DateTimeField(blank=True, null=True)),
                 ("last_error", models.TextField(blank=True, null=True)),
                 ("idempotency_key", models.CharField(blank=True, max_length=255, null=True)),
-                (
-                    "updated_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
+                ("updated_at", _now()),
                 ("finished_at", models.DateTimeField(blank=True, null=True)),
                 ("cancel_requested_at", models.DateTimeField(blank=True, null=True)),
                 ("concurrency_key", models.CharField(blank=True, max_length=255, null=True)),
                 ("has_dependents", models.BooleanField(blank=True, null=True)),
+                ("unique_key", models.CharField(blank=True, max_length=255, null=True)),
+                ("unique_hold", models.CharField(blank=True, max_length=16, null=True)),
+                ("fair_key", models.CharField(blank=True, max_length=255, null=True)),
             ],
             options={
                 "verbose_name": "job state",
@@ -684,6 +1052,11 @@ class Migration(migrations.Migration):
                         fields=["queue"],
                         name="queue_job_state_waiting_idx",
                     ),
+                    models.Index(
+                        condition=models.Q(("fair_key__isnull", False), ("status", "pending")),
+                        fields=["queue", "fair_key", "-priority", "run_at", "job"],
+                        name="queue_job_state_fair_idx",
+                    ),
                 ],
                 "constraints": [
                     models.UniqueConstraint(
@@ -693,7 +1066,27 @@ class Migration(migrations.Migration):
                         ),
                         fields=("queue", "idempotency_key"),
                         name="queue_job_state_live_key_unique",
-                    )
+                    ),
+                    models.UniqueConstraint(
+                        condition=models.Q(
+                            models.Q(
+                                ("lease_version", 0),
+                                ("status", "pending"),
+                                ("unique_hold", "pending"),
+                            ),
+                            models.Q(
+                                ("status__in", ["waiting", "pending", "running"]),
+                                ("unique_hold", "active"),
+                            ),
+                            models.Q(
+                                ("status__in", ["waiting", "pending", "running", "dead"]),
+                                ("unique_hold", "until_completed"),
+                            ),
+                            _connector="OR",
+                        ),
+                        fields=("queue", "unique_key"),
+                        name="queue_job_state_unique_key",
+                    ),
                 ],
             },
         ),
@@ -720,31 +1113,17 @@ class Migration(migrations.Migration):
                         max_length=16,
                     ),
                 ),
-                (
-                    "started_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
+                ("started_at", _now()),
                 ("finished_at", models.DateTimeField(blank=True, null=True)),
                 ("error_class", models.CharField(blank=True, max_length=255, null=True)),
                 ("error_message", models.TextField(blank=True, null=True)),
                 ("traceback", models.TextField(blank=True, null=True)),
                 ("result", models.JSONField(blank=True, null=True)),
-                (
-                    "job",
-                    models.ForeignKey(
-                        db_column="job_id",
-                        db_constraint=False,
-                        db_index=False,
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="attempts",
-                        to="django_pgqueue.job",
-                    ),
-                ),
+                ("job", _job_link("job_id", related_name="attempts", db_index=False)),
             ],
             options={
                 "verbose_name": "attempt",
                 "db_table": "queue_attempts",
-                "indexes": [],
                 "constraints": [
                     models.UniqueConstraint(
                         fields=("job", "lease_version"), name="queue_attempts_job_lease_unique"
@@ -759,8 +1138,6 @@ class Migration(migrations.Migration):
                 "verbose_name": "dead job",
                 "ordering": ["-state__finished_at"],
                 "proxy": True,
-                "indexes": [],
-                "constraints": [],
             },
             bases=("django_pgqueue.job",),
         ),
@@ -824,14 +1201,8 @@ class Migration(migrations.Migration):
                 ),
                 ("next_tick", models.DateTimeField(blank=True, null=True)),
                 ("last_tick", models.DateTimeField(blank=True, null=True)),
-                (
-                    "created_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
-                (
-                    "updated_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
+                ("created_at", _now()),
+                ("updated_at", _now()),
             ],
             options={
                 "verbose_name": "schedule",
@@ -866,30 +1237,16 @@ class Migration(migrations.Migration):
                         name="queue_schedules_priority_valid",
                     ),
                 ],
-                "indexes": [],
             },
         ),
         migrations.CreateModel(
             name="ScheduleTick",
             fields=[
-                (
-                    "pk",
-                    models.CompositePrimaryKey(
-                        "schedule",
-                        "tick_at",
-                        blank=True,
-                        editable=False,
-                        primary_key=True,
-                        serialize=False,
-                    ),
-                ),
+                ("pk", _composite_key("schedule", "tick_at")),
                 ("tick_at", models.DateTimeField()),
                 ("job_id", models.BigIntegerField()),
                 ("missed", models.IntegerField(default=0)),
-                (
-                    "fired_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
+                ("fired_at", _now()),
                 (
                     "schedule",
                     models.ForeignKey(
@@ -905,8 +1262,6 @@ class Migration(migrations.Migration):
                 "verbose_name": "schedule tick",
                 "db_table": "queue_schedule_ticks",
                 "ordering": ["schedule", "-tick_at"],
-                "indexes": [],
-                "constraints": [],
             },
         ),
         migrations.CreateModel(
@@ -920,22 +1275,17 @@ class Migration(migrations.Migration):
                 ("lease_seconds", models.FloatField()),
                 ("version", models.CharField(max_length=64)),
                 ("running", models.IntegerField(db_default=0)),
-                (
-                    "started_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
-                (
-                    "last_seen_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
+                ("started_at", _now()),
+                ("last_seen_at", _now()),
                 ("gone_at", models.DateTimeField(blank=True, null=True)),
+                ("report", models.JSONField(blank=True, null=True)),
+                ("supervisor", models.CharField(blank=True, max_length=255, null=True)),
             ],
             options={
                 "verbose_name": "worker",
                 "db_table": "queue_workers",
                 "ordering": ["-last_seen_at"],
-                "indexes": [],
-                "constraints": [],
+                "permissions": [("control_worker", "Can stop, drain, resume and resize workers")],
             },
         ),
         migrations.CreateModel(
@@ -949,6 +1299,12 @@ class Migration(migrations.Migration):
                 ("dead", models.IntegerField(db_default=0)),
                 ("wait_seconds_sum", models.FloatField(db_default=0.0)),
                 ("wait_buckets", django_pgqueue.models.observability.IntegerArrayField()),
+                ("run_seconds_sum", models.FloatField(db_default=0.0)),
+                (
+                    "run_buckets",
+                    django_pgqueue.models.observability.IntegerArrayField(blank=True, null=True),
+                ),
+                ("backlog", models.IntegerField(blank=True, null=True)),
             ],
             options={
                 "verbose_name": "chart",
@@ -959,7 +1315,6 @@ class Migration(migrations.Migration):
                         fields=("minute", "queue"), name="queue_stats_minutely_key"
                     )
                 ],
-                "indexes": [],
             },
         ),
         migrations.CreateModel(
@@ -969,30 +1324,15 @@ class Migration(migrations.Migration):
                 ("paused", models.BooleanField(db_default=False)),
                 ("concurrency_limit", models.IntegerField(blank=True, null=True)),
                 ("key_limit", models.IntegerField(db_default=1)),
-                ("rate_count", models.IntegerField(blank=True, null=True)),
-                ("rate_period", models.FloatField(blank=True, null=True)),
-                (
-                    "rate_starts",
-                    django_pgqueue.models.controls.TimestampArray(
-                        db_default=django.db.models.functions.comparison.Cast(
-                            models.Value("{}"),
-                            output_field=django_pgqueue.models.controls.TimestampArray(),
-                        ),
-                        editable=False,
-                    ),
-                ),
+                *_rate_fields(),
                 ("keyed", models.BooleanField(db_default=False)),
                 ("configured", models.JSONField(blank=True, null=True)),
-                (
-                    "updated_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
+                ("updated_at", _now()),
             ],
             options={
                 "verbose_name": "queue",
                 "db_table": "queue_controls",
                 "verbose_name_plural": "queues",
-                "indexes": [],
                 "constraints": [
                     models.CheckConstraint(
                         condition=models.Q(
@@ -1005,18 +1345,7 @@ class Migration(migrations.Migration):
                     models.CheckConstraint(
                         condition=models.Q(("key_limit__gte", 1)), name="queue_controls_key_valid"
                     ),
-                    models.CheckConstraint(
-                        condition=models.Q(
-                            models.Q(("rate_count__isnull", True), ("rate_period__isnull", True)),
-                            models.Q(
-                                ("rate_count__gte", 1),
-                                ("rate_count__lte", 10000),
-                                ("rate_period__gt", 0),
-                            ),
-                            _connector="OR",
-                        ),
-                        name="queue_controls_rate_valid",
-                    ),
+                    _rate_valid("queue_controls_rate_valid"),
                 ],
             },
         ),
@@ -1032,22 +1361,8 @@ class Migration(migrations.Migration):
                 ("queue", models.CharField(max_length=63)),
                 ("type", models.CharField(max_length=255)),
                 ("key_limit", models.IntegerField(blank=True, null=True)),
-                ("rate_count", models.IntegerField(blank=True, null=True)),
-                ("rate_period", models.FloatField(blank=True, null=True)),
-                (
-                    "rate_starts",
-                    django_pgqueue.models.controls.TimestampArray(
-                        db_default=django.db.models.functions.comparison.Cast(
-                            models.Value("{}"),
-                            output_field=django_pgqueue.models.controls.TimestampArray(),
-                        ),
-                        editable=False,
-                    ),
-                ),
-                (
-                    "updated_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
+                *_rate_fields(),
+                ("updated_at", _now()),
             ],
             options={
                 "verbose_name": "job type limit",
@@ -1062,40 +1377,20 @@ class Migration(migrations.Migration):
                         ),
                         name="queue_type_controls_key_valid",
                     ),
-                    models.CheckConstraint(
-                        condition=models.Q(
-                            models.Q(("rate_count__isnull", True), ("rate_period__isnull", True)),
-                            models.Q(
-                                ("rate_count__gte", 1),
-                                ("rate_count__lte", 10000),
-                                ("rate_period__gt", 0),
-                            ),
-                            _connector="OR",
-                        ),
-                        name="queue_type_controls_rate_valid",
-                    ),
+                    _rate_valid("queue_type_controls_rate_valid"),
                 ],
-                "indexes": [],
             },
         ),
         migrations.CreateModel(
             name="ScheduleCode",
             fields=[
                 ("fingerprint", models.CharField(max_length=64, primary_key=True, serialize=False)),
-                (
-                    "first_seen",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
-                (
-                    "last_seen",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
+                ("first_seen", _now()),
+                ("last_seen", _now()),
             ],
             options={
                 "verbose_name": "schedule code version",
                 "db_table": "queue_schedule_code",
-                "indexes": [],
-                "constraints": [],
             },
         ),
         migrations.CreateModel(
@@ -1104,43 +1399,19 @@ class Migration(migrations.Migration):
                 ("id", models.BigAutoField(primary_key=True, serialize=False)),
                 ("name", models.CharField(max_length=255)),
                 ("steps", models.IntegerField()),
-                (
-                    "created_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
+                ("created_at", _now()),
             ],
             options={
                 "verbose_name": "workflow",
                 "db_table": "queue_workflows",
-                "indexes": [],
-                "constraints": [],
             },
         ),
         migrations.CreateModel(
             name="JobDependency",
             fields=[
                 ("id", models.BigAutoField(primary_key=True, serialize=False)),
-                (
-                    "depends_on",
-                    models.ForeignKey(
-                        db_column="depends_on",
-                        db_constraint=False,
-                        db_index=False,
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="dependents",
-                        to="django_pgqueue.job",
-                    ),
-                ),
-                (
-                    "job",
-                    models.ForeignKey(
-                        db_column="job_id",
-                        db_constraint=False,
-                        on_delete=django.db.models.deletion.CASCADE,
-                        related_name="dependencies",
-                        to="django_pgqueue.job",
-                    ),
-                ),
+                ("depends_on", _job_link("depends_on", related_name="dependents", db_index=False)),
+                ("job", _job_link("job_id", related_name="dependencies")),
             ],
             options={
                 "verbose_name": "job dependency",
@@ -1154,24 +1425,12 @@ class Migration(migrations.Migration):
                         name="queue_job_deps_not_self",
                     ),
                 ],
-                "indexes": [],
             },
         ),
         migrations.CreateModel(
             name="WorkflowStep",
             fields=[
-                (
-                    "job",
-                    models.OneToOneField(
-                        db_column="job_id",
-                        db_constraint=False,
-                        on_delete=django.db.models.deletion.CASCADE,
-                        primary_key=True,
-                        related_name="workflow_step",
-                        serialize=False,
-                        to="django_pgqueue.job",
-                    ),
-                ),
+                ("job", _job_row(related_name="workflow_step")),
                 ("name", models.CharField(max_length=255)),
                 (
                     "on_failure",
@@ -1197,6 +1456,8 @@ class Migration(migrations.Migration):
                         to="django_pgqueue.workflow",
                     ),
                 ),
+                ("collects", models.BooleanField(db_default=False, default=False)),
+                ("delay", models.FloatField(db_default=0.0, default=0.0)),
             ],
             options={
                 "verbose_name": "workflow step",
@@ -1214,7 +1475,6 @@ class Migration(migrations.Migration):
                         name="queue_workflow_steps_on_failure",
                     ),
                 ],
-                "indexes": [],
             },
         ),
         migrations.CreateModel(
@@ -1229,7 +1489,6 @@ class Migration(migrations.Migration):
                 "verbose_name": "job waiter",
                 "db_table": "queue_job_waiters",
                 "indexes": [models.Index(fields=["job_id"], name="queue_job_waiters_job_idx")],
-                "constraints": [],
             },
         ),
         migrations.CreateModel(
@@ -1238,10 +1497,7 @@ class Migration(migrations.Migration):
                 ("id", models.BigAutoField(primary_key=True, serialize=False)),
                 ("name", models.CharField(max_length=255)),
                 ("size", models.IntegerField()),
-                (
-                    "created_at",
-                    models.DateTimeField(db_default=django.db.models.functions.datetime.Now()),
-                ),
+                ("created_at", _now()),
                 (
                     "workflow",
                     models.OneToOneField(
@@ -1258,7 +1514,6 @@ class Migration(migrations.Migration):
                 "verbose_name": "batch",
                 "verbose_name_plural": "batches",
                 "db_table": "queue_batches",
-                "indexes": [],
                 "constraints": [
                     models.CheckConstraint(
                         condition=models.Q(("size__gte", 0)), name="queue_batches_size"
@@ -1269,18 +1524,7 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="BatchJob",
             fields=[
-                (
-                    "job",
-                    models.OneToOneField(
-                        db_column="job_id",
-                        db_constraint=False,
-                        on_delete=django.db.models.deletion.CASCADE,
-                        primary_key=True,
-                        related_name="batch_membership",
-                        serialize=False,
-                        to="django_pgqueue.job",
-                    ),
-                ),
+                ("job", _job_row(related_name="batch_membership")),
                 (
                     "batch",
                     models.ForeignKey(
@@ -1294,15 +1538,155 @@ class Migration(migrations.Migration):
             options={
                 "verbose_name": "batch member",
                 "db_table": "queue_batch_jobs",
-                "indexes": [],
-                "constraints": [],
+            },
+        ),
+        migrations.CreateModel(
+            name="WorkerRequest",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("worker_id", models.CharField(max_length=255)),
+                ("action", models.CharField(max_length=16)),
+                ("concurrency", models.IntegerField(blank=True, null=True)),
+                ("requested_by", models.CharField(max_length=255)),
+                ("requested_at", _now()),
+                ("taken_at", models.DateTimeField(blank=True, null=True)),
+                ("answer", models.TextField(blank=True, null=True)),
+            ],
+            options={
+                "verbose_name": "worker request",
+                "db_table": "queue_worker_requests",
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("taken_at__isnull", True)),
+                        fields=["worker_id"],
+                        name="queue_worker_requests_open_idx",
+                    )
+                ],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("action__in", ["stop", "drain", "resume", "concurrency"])
+                        ),
+                        name="queue_worker_requests_action_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(("action", "concurrency"), ("concurrency__gte", 1)),
+                            models.Q(
+                                models.Q(("action", "concurrency"), _negated=True),
+                                ("concurrency__isnull", True),
+                            ),
+                            _connector="OR",
+                        ),
+                        name="queue_worker_requests_concurrency_valid",
+                    ),
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="Event",
+            fields=[
+                ("key", models.TextField(primary_key=True, serialize=False)),
+                ("payload", models.JSONField(null=True)),
+                ("emitted_at", _now()),
+            ],
+            options={
+                "verbose_name": "event",
+                "db_table": "queue_events",
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("key__regex", "^.{1,200}$")),
+                        name="queue_events_valid",
+                    )
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="EventWait",
+            fields=[
+                ("job_id", models.BigIntegerField(primary_key=True, serialize=False)),
+                ("key", models.TextField()),
+                ("name", models.TextField()),
+                ("timeout_at", models.DateTimeField(null=True)),
+                ("created_at", _now()),
+            ],
+            options={
+                "verbose_name": "event wait",
+                "db_table": "queue_event_waits",
+                "indexes": [
+                    models.Index(fields=["key"], name="queue_event_waits_key_idx"),
+                    models.Index(
+                        condition=models.Q(("timeout_at__isnull", False)),
+                        fields=["timeout_at"],
+                        name="queue_event_waits_timeout_idx",
+                    ),
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="JobStep",
+            fields=[
+                ("pk", _composite_key("job_id", "name")),
+                ("job_id", models.BigIntegerField()),
+                ("name", models.TextField()),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("step", "Step"),
+                            ("atomic", "Atomic"),
+                            ("sleep", "Sleep"),
+                            ("event", "Event"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("result", models.JSONField(null=True)),
+                ("lease_version", models.BigIntegerField(null=True)),
+                ("runtime", models.FloatField(null=True)),
+                ("recorded_at", _now()),
+            ],
+            options={
+                "verbose_name": "job step",
+                "db_table": "queue_job_steps",
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("kind__in", ["step", "atomic", "sleep", "event"]),
+                            ("name__regex", "^.{1,200}$"),
+                            models.Q(
+                                ("runtime__isnull", True), ("runtime__gte", 0), _connector="OR"
+                            ),
+                        ),
+                        name="queue_job_steps_valid",
+                    )
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="UniqueKey",
+            fields=[
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("queue", models.CharField(max_length=63)),
+                ("unique_key", models.CharField(max_length=255)),
+                ("job_id", models.BigIntegerField()),
+                ("held_until", models.DateTimeField()),
+            ],
+            options={
+                "verbose_name": "unique key",
+                "db_table": "queue_unique_keys",
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("queue", "unique_key"), name="queue_unique_keys_key"
+                    )
+                ],
             },
         ),
         migrations.RunSQL(
             sql=[_foreign_key(*key) for key in FOREIGN_KEYS],
             reverse_sql=[
-                f"ALTER TABLE {table} DROP CONSTRAINT {name}"
-                for table, name, *_ in reversed(FOREIGN_KEYS)
+                f"ALTER TABLE {table} DROP CONSTRAINT {table}_{key}_fk"
+                for table, key, *_ in reversed(FOREIGN_KEYS)
             ],
         ),
         # Storage: a job's state row is rewritten several times (claim, renewals,
@@ -1376,11 +1760,15 @@ class Migration(migrations.Migration):
             ],
         ),
         migrations.RunSQL(
-            sql=[ENQUEUE, SETTLE, UNSETTLE, CLAIM],
+            sql=[ENQUEUE, ENQUEUE_UNIQUE, SETTLE, UNSETTLE, CLAIM, WORKER_ALIVE, PARK, EMIT],
             reverse_sql=[
+                "DROP FUNCTION pgqueue_emit(text, jsonb)",
+                "DROP FUNCTION pgqueue_park(bigint, bigint, bigint, text, text, float8, text)",
+                "DROP FUNCTION pgqueue_worker_alive(timestamptz, timestamptz, float8, jsonb)",
                 "DROP FUNCTION pgqueue_claim(bigint[], text, text, float8, timestamptz)",
                 "DROP FUNCTION pgqueue_unsettle(bigint[], bigint[])",
                 "DROP FUNCTION pgqueue_settle(bigint[], bigint[])",
+                f"DROP FUNCTION {ENQUEUE_UNIQUE_SIGNATURE}",
                 f"DROP FUNCTION {ENQUEUE_SIGNATURE}",
             ],
         ),

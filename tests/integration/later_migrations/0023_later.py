@@ -4,6 +4,6 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_pgqueue", "0017_claim_function")]
+    dependencies = [("django_pgqueue", "0022_many_tenants")]
 
     operations = []

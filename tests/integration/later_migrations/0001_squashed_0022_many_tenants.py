@@ -3,5 +3,5 @@
 import importlib
 
 Migration = importlib.import_module(
-    "django_pgqueue.migrations.0001_squashed_0017_claim_function"
+    "django_pgqueue.migrations.0001_squashed_0022_many_tenants"
 ).Migration
