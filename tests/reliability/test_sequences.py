@@ -1,0 +1,167 @@
+"""Sequences under SIGKILLs (and, with fair queues, a database restart).
+
+The jobs are `run_queue_worker` processes' (`qa.ledger_flaky`: each run written to the
+qa ledger on the handler's own autocommit connection, some asking for retries), so what
+ran, when and how often is counted apart from the queue's tables. The checks, per
+sequence: every job completed once; no two attempts overlapped (an attempt ends when
+its job completed, failed, or its lease was swept after the kill); the ledger's runs
+start in enqueue order (a job's retries before the next job).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from itertools import pairwise
+from typing import Any
+
+import pytest
+
+from django_pgqueue import enqueue
+from tests.conftest import sql
+from tests.reliability.conftest import (
+    FULL,
+    kill_not_due,
+    ledger_counts,
+    outcome,
+    size,
+    stop_and_count,
+    wait_until,
+)
+from tests.reliability.pgserver import PgServer, pg_server  # noqa: F401 (a fixture)
+from tests.reliability.test_database_faults import (  # noqa: F401 (a fixture)
+    FaultWorker,
+    stop_all,
+    workers,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Run = Callable[..., list[tuple[Any, ...]]]
+LEASE = 2.0
+OPTIONS = (
+    "--lease", str(LEASE),
+    "--heartbeat-interval", "0.6",
+    "--sweep-interval", "1",
+    "--concurrency", "2",
+    "--poll-interval", "0.5",
+    "-v", "0",
+)  # fmt: skip
+SESSIONS = ("worker", "heartbeat", "listener")  # a worker's connections, by application_name
+
+
+def flaky_payloads(count: int, rng: random.Random) -> list[dict[str, Any]]:
+    """Jobs of a few ms, one in four asking for one or two retries."""
+    return [
+        {"n": n, "seconds": 0.005, "failures": rng.choice((0, 0, 0, 0, 0, 0, 1, 2))}
+        for n in range(count)
+    ]
+
+
+def sequence_faults(run: Run, queue: str) -> dict[str, int]:
+    """Per sequence of `queue`: attempts that overlapped the one before (two at once),
+    runs that started before an earlier job's (order broken), and, in the ledger, runs
+    of finished executions that overlapped."""
+    attempts = run(
+        """
+        SELECT state.sequence_key, attempt.job_id, attempt.started_at, attempt.finished_at
+        FROM queue_attempts AS attempt
+        JOIN queue_job_state AS state ON state.job_id = attempt.job_id
+        WHERE state.queue = %s AND state.sequence_key IS NOT NULL
+        ORDER BY state.sequence_key, attempt.started_at, attempt.id
+        """,
+        [queue],
+    )
+    runs = run(
+        """
+        SELECT state.sequence_key, ledger.job_id, ledger.started_at, ledger.finished_at
+        FROM qa_ledger AS ledger
+        JOIN queue_job_state AS state ON state.job_id = ledger.job_id
+        WHERE state.queue = %s AND state.sequence_key IS NOT NULL
+        ORDER BY state.sequence_key, ledger.started_at, ledger.id
+        """,
+        [queue],
+    )
+    faults = {"attempts_at_once": 0, "out_of_order": 0, "runs_at_once": 0}
+    for earlier, later in pairwise(attempts):
+        if earlier[0] == later[0] and (earlier[3] is None or later[2] < earlier[3]):
+            faults["attempts_at_once"] += 1
+    for earlier, later in pairwise(runs):
+        if earlier[0] != later[0]:
+            continue
+        faults["out_of_order"] += later[1] < earlier[1]
+        if earlier[3] is not None and later[2] < earlier[3]:
+            faults["runs_at_once"] += 1
+    return faults
+
+
+def test_a_sequence_of_200_flaky_jobs_under_sigkills(worker_process, report):
+    """Sequence under SIGKILLs"""
+    jobs = size(60, 200)
+    rng = random.Random()
+    enqueued = [
+        enqueue("qa.ledger_flaky", payload, queue="seq", sequence="customer-42")
+        for payload in flaky_payloads(jobs, rng)
+    ]
+    generation = 0
+
+    def start(slot: int) -> tuple[str, Any]:
+        nonlocal generation
+        generation += 1
+        worker_id = f"seq-{slot}-{generation}"
+        return worker_id, worker_process("seq", "--worker-id", worker_id, *OPTIONS)
+
+    slots = [start(slot) for slot in range(3)]
+    kills = held_at_kill = 0
+    started = time.monotonic()
+    deadline = started + size(600, 1800)  # a hang guard, not a promise
+    next_kill = started + rng.uniform(1.0, 2.0)
+    while remaining := sql("SELECT count(*) FROM queue_job_state WHERE status <> 'completed'")[
+        0
+    ][0]:
+        if kill_not_due(remaining, deadline, next_kill):
+            continue
+        # The worker running the sequence's head, when one is: the kill lands mid-job.
+        holder = sql("SELECT locked_by FROM queue_job_state WHERE status = 'running' LIMIT 1")
+        ids = [worker_id for worker_id, _ in slots]
+        slot = ids.index(holder[0][0]) if holder and holder[0][0] in ids else rng.randrange(3)
+        worker_id, victim = slots[slot]
+        victim.kill()
+        wait_until(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY (%s)",
+            lambda n: n == 0,
+            timeout=30,
+            params=[[f"pgqueue {role} {worker_id}" for role in SESSIONS]],
+        )
+        kills += 1
+        held_at_kill += bool(holder and holder[0][0] == worker_id)
+        slots[slot] = start(slot)
+        next_kill = time.monotonic() + rng.uniform(1.0, 2.0)
+    drain_s = time.monotonic() - started
+    wait_until(
+        "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
+        "WHERE application_name = ANY (%s)",
+        lambda n: n == len(slots),
+        params=[[f"pgqueue worker {worker_id}" for worker_id, _ in slots]],
+    )
+    counts = stop_and_count([worker for _, worker in slots], jobs)
+    faults = sequence_faults(sql, "seq")
+    assert faults == {"attempts_at_once": 0, "out_of_order": 0, "runs_at_once": 0}
+    ran = [row[0] for row in sql("SELECT job_id FROM qa_ledger ORDER BY started_at, id")]
+    assert list(dict.fromkeys(ran)) == [job.id for job in enqueued]  # each, in order
+    retries = sql("SELECT count(*) FROM queue_attempts WHERE status = 'failed'")[0][0]
+    assert kills >= 1
+    report(
+        size=f"1 sequence of {jobs} jobs, 3 processes",
+        **outcome(counts),
+        run_twice_at_once=faults["attempts_at_once"] + faults["runs_at_once"],
+        out_of_order=faults["out_of_order"],
+        kills=kills,
+        kills_on_the_head=held_at_kill,
+        retries=retries,
+        drain_s=round(drain_s, 1),
+        notes="a worker SIGKILLed every 1-2 s, the one running the head when one was "
+        f"(lease {LEASE:g} s, sweep 1 s); one job in four asks for 1-2 retries",
+    )
