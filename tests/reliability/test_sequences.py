@@ -22,7 +22,6 @@ import pytest
 from django_pgqueue import enqueue
 from tests.conftest import sql
 from tests.reliability.conftest import (
-    FULL,
     kill_not_due,
     ledger_counts,
     outcome,
@@ -115,13 +114,15 @@ def test_a_sequence_of_200_flaky_jobs_under_sigkills(worker_process, report):
 
     slots = [start(slot) for slot in range(3)]
     kills = held_at_kill = 0
+    max_kills = size(4, 1_000)  # each kill of the head stalls its sequence for a lease
     started = time.monotonic()
     deadline = started + size(600, 1800)  # a hang guard, not a promise
     next_kill = started + rng.uniform(1.0, 2.0)
-    while remaining := sql("SELECT count(*) FROM queue_job_state WHERE status <> 'completed'")[
+    while remaining := sql("SELECT count(*) FROM queue_job_state WHERE status <> 'completed'")[0][
         0
-    ][0]:
-        if kill_not_due(remaining, deadline, next_kill):
+    ]:
+        if kill_not_due(remaining, deadline, next_kill) or kills >= max_kills:
+            time.sleep(0.05)
             continue
         # The worker running the sequence's head, when one is: the kill lands mid-job.
         holder = sql("SELECT locked_by FROM queue_job_state WHERE status = 'running' LIMIT 1")
@@ -164,4 +165,123 @@ def test_a_sequence_of_200_flaky_jobs_under_sigkills(worker_process, report):
         drain_s=round(drain_s, 1),
         notes="a worker SIGKILLed every 1-2 s, the one running the head when one was "
         f"(lease {LEASE:g} s, sweep 1 s); one job in four asks for 1-2 retries",
+    )
+
+
+ENQUEUE_TENANTS = """
+import json
+from django.db import transaction
+from django_pgqueue import JobSpec, enqueue, enqueue_many
+plan = json.loads({plan!r})
+with transaction.atomic():
+    enqueue_many(
+        [JobSpec("qa.ledger_flaky", p, fairness_key="bulk") for p in plan["bulk"]], queue="fq2"
+    )
+    for key, payloads in plan["sequenced"].items():
+        for p in payloads:
+            enqueue("qa.ledger_flaky", p, queue="fq2", sequence=key, fairness_key=key)
+    for key, payloads in plan["plain"].items():
+        enqueue_many([JobSpec("qa.ledger_flaky", p, fairness_key=key) for p in payloads],
+                     queue="fq2")
+"""
+
+
+def test_fair_and_sequenced_queue_under_kills_and_a_restart(
+    pg_server: Any,  # noqa: F811
+    workers: Any,  # noqa: F811
+    report: Any,
+    monkeypatch: Any,
+) -> None:
+    """Fair and sequenced queue under kills and a database restart"""
+    server: PgServer = pg_server
+    # The enqueuer and the workers (subprocesses) take the queue as fair.
+    monkeypatch.setenv("PGQUEUE_TEST_FAIR_QUEUES", json.dumps({"fq2": {}}))
+    rng = random.Random()
+    bulk, tenants, sequence_jobs, plain_jobs = size(300, 3_000), size(4, 8), size(12, 40), 5
+    plan = {
+        "bulk": flaky_payloads(bulk, rng),
+        "sequenced": {f"seq-{n}": flaky_payloads(sequence_jobs, rng) for n in range(tenants)},
+        "plain": {f"plain-{n}": flaky_payloads(plain_jobs, rng) for n in range(tenants)},
+    }
+    total = bulk + tenants * (sequence_jobs + plain_jobs)
+    server.manage("shell", "-v", "0", "-c", ENQUEUE_TENANTS.format(plan=json.dumps(plan)))
+    extra = ("--concurrency", "4", "--batch-size", "4", "-v", "0")
+    live = workers(3, ["fq2"], *extra)
+    started = time.monotonic()
+    deadline = started + size(600, 1800)  # a hang guard, not a promise
+    kills, max_kills, restarted = 0, size(3, 1_000), False
+    next_kill = started + rng.uniform(1.5, 2.5)
+
+    def completed() -> int:
+        return server.sql("SELECT count(*) FROM queue_job_state WHERE status = 'completed'")[0][0]
+
+    while (done := completed()) < total:
+        assert time.monotonic() < deadline, f"not drained in time: {total - done} left"
+        if not restarted and done >= total // 2:
+            server.restart("fast")  # every worker's connections die with it
+            restarted = True
+        if kills < max_kills and time.monotonic() >= next_kill:
+            victim = live.pop(rng.randrange(len(live)))
+            victim.proc.kill()
+            victim.proc.wait(30)
+            live += workers(1, ["fq2"], *extra)
+            kills += 1
+            next_kill = time.monotonic() + rng.uniform(1.5, 2.5)
+        time.sleep(0.05)
+    drain_s = time.monotonic() - started
+    stop_all(live)
+
+    counts = ledger_counts(run=server.sql)
+    assert (counts["jobs"], counts["lost"], counts["completed_twice"]) == (total, 0, 0), counts
+    assert counts["completed_without_success"] == 0, counts
+    faults = sequence_faults(server.sql, "fq2")
+    assert faults == {"attempts_at_once": 0, "out_of_order": 0, "runs_at_once": 0}
+    # No job of any key had two attempts at once (a kill's lost attempt ends at its sweep).
+    (overlaps,) = server.sql(
+        """
+        SELECT count(*) FROM queue_attempts a JOIN queue_attempts b
+          ON a.job_id = b.job_id AND a.id < b.id
+         AND b.started_at < coalesce(a.finished_at, 'infinity')
+        """
+    )[0]
+    assert overlaps == 0
+    # No key starved: the share of the bulk key's jobs started before each other key's
+    # first job started (round-robin claims start every key within the first cycles).
+    shares = dict(
+        server.sql(
+            """
+            WITH first_run AS (
+                SELECT state.fair_key, min(attempt.started_at) AS at
+                FROM queue_attempts AS attempt
+                JOIN queue_job_state AS state ON state.job_id = attempt.job_id
+                GROUP BY state.fair_key
+            )
+            SELECT key.fair_key,
+                   (SELECT count(DISTINCT attempt.job_id)
+                    FROM queue_attempts AS attempt
+                    JOIN queue_job_state AS bulk ON bulk.job_id = attempt.job_id
+                    WHERE bulk.fair_key = 'bulk' AND attempt.started_at < key.at
+                   )::float8 / %s
+            FROM first_run AS key
+            WHERE key.fair_key <> 'bulk'
+            """,
+            [bulk],
+        )
+    )
+    assert len(shares) == 2 * tenants
+    worst = max(shares.values())
+    assert worst < 0.25, shares
+    report(
+        size=f"{total:,} jobs on a fair queue: 1 bulk key of {bulk:,}, {tenants} sequences of "
+        f"{sequence_jobs}, {tenants} keys of {plain_jobs}; 3 processes",
+        **outcome(counts),
+        run_twice_at_once=overlaps + faults["attempts_at_once"] + faults["runs_at_once"],
+        out_of_order=faults["out_of_order"],
+        worst_key_start_after_bulk_share=round(worst, 3),
+        kills=kills,
+        database_restarts=1,
+        drain_s=round(drain_s, 1),
+        notes="a worker SIGKILLed every ~2 s and the server restarted (fast) half-way; "
+        "one job in four asks for 1-2 retries; 'worst key start' is the share of the "
+        "bulk key's jobs started before the slowest other key's first job",
     )
