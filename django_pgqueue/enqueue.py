@@ -178,11 +178,6 @@ def enqueue(
         raise EnqueueError(f"unique must be a Unique, got {unique!r}.")
     if unique is not None and key_value is not None:
         raise EnqueueError("Pass idempotency_key or unique, not both.")
-    if sequence is not None and (unique is not None or key_value is not None):
-        raise EnqueueError(
-            "A sequenced job takes no idempotency_key or unique key: pass sequence alone "
-            "(a job waiting in its sequence would not hold the key)."
-        )
     params = {
         "queue": queue_name,
         "type": type_,
@@ -199,10 +194,8 @@ def enqueue(
     }
     if unique is not None:
         params.update(unique.params())
-    if sequence is not None:
-        params.update(sequences.params(sequence, sequence_on_failure))
-    elif sequence_on_failure != "hold":
-        raise EnqueueError("sequence_on_failure needs a sequence key (sequence=...).")
+    keyed = unique is not None or key_value is not None
+    params.update(sequences.params(sequence, sequence_on_failure, keyed=keyed))
     # Columns the installed features fill from the caller's context (the trace).
     params.update(extensions.enqueue_columns())
     if not conf.QUEUE_DATABASES:  # one database: the caller's transaction, if any

@@ -25,14 +25,23 @@ ON_FAILURE = ("hold", "continue")
 OnFailure = Literal["hold", "continue"]
 
 
-def params(sequence: Any, on_failure: Any) -> dict[str, Any]:
-    """The enqueue statement's parameters of a sequence key, validated (EnqueueError)."""
+def params(sequence: Any, on_failure: Any, *, keyed: bool = False) -> dict[str, Any]:
+    """The enqueue statement's parameters of a sequence key (none without one),
+    validated: EnqueueError naming the problem. `keyed`: the job has a unique or
+    idempotency key, which a sequenced job cannot take (waiting, it would not hold it)."""
+    if sequence is None:
+        if on_failure != "hold":
+            raise EnqueueError("sequence_on_failure needs a sequence key (sequence=...).")
+        return {}
     key = _checked_key(sequence, "sequence")
-    if key is None:
-        raise EnqueueError("sequence must be a non-empty string, got None.")
     if on_failure not in ON_FAILURE:
         raise EnqueueError(
             f"sequence_on_failure must be one of {', '.join(ON_FAILURE)}, got {on_failure!r}."
+        )
+    if keyed:
+        raise EnqueueError(
+            "A sequenced job takes no idempotency_key or unique key: pass sequence alone "
+            "(a job waiting in its sequence would not hold the key)."
         )
     return {"sequence_key": key, "sequence_on_failure": on_failure}
 

@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import Callable
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -174,7 +175,8 @@ ENQUEUE_TENANTS = """
 import json
 from django.db import transaction
 from django_pgqueue import JobSpec, enqueue, enqueue_many
-plan = json.loads({plan!r})
+from pathlib import Path
+plan = json.loads(Path({path!r}).read_text("utf-8"))
 with transaction.atomic():
     enqueue_many(
         [JobSpec("qa.ledger_flaky", p, fairness_key="bulk") for p in plan["bulk"]], queue="fq2"
@@ -193,6 +195,7 @@ def test_fair_and_sequenced_queue_under_kills_and_a_restart(
     workers: Any,  # noqa: F811
     report: Any,
     monkeypatch: Any,
+    tmp_path: Path,
 ) -> None:
     """18b. Fair queue with sequences under SIGKILLs and a database restart"""
     server: PgServer = pg_server
@@ -206,7 +209,10 @@ def test_fair_and_sequenced_queue_under_kills_and_a_restart(
         "plain": {f"plain-{n}": flaky_payloads(plain_jobs, rng) for n in range(tenants)},
     }
     total = bulk + tenants * (sequence_jobs + plain_jobs)
-    server.manage("shell", "-v", "0", "-c", ENQUEUE_TENANTS.format(plan=json.dumps(plan)))
+    # The plan as a file: at full size it is longer than a command line may be.
+    planned = tmp_path / "plan.json"
+    planned.write_text(json.dumps(plan), "utf-8")
+    server.manage("shell", "-v", "0", "-c", ENQUEUE_TENANTS.format(path=str(planned)))
     extra = ("--concurrency", "4", "--batch-size", "4", "-v", "0")
     live = workers(3, ["fq2"], *extra)
     started = time.monotonic()
