@@ -116,48 +116,29 @@ class TaskOptions:
         takes_context: bool,
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
+        option: str = "concurrency_key",
     ) -> Any:
-        """The concurrency key of one call of the task `func` (None without the option).
+        """The key of one call of the task `func` for `option` (its concurrency key, or
+        with ``option="sequence"`` its sequence key; None without the option).
 
         A template's fields name the task's parameters however the call passed them
         ("{customer_id}"), or positional arguments by index ("{0}"); a callable gets the
         call's arguments. EnqueueError if the template names an argument the call lacks;
         enqueue() checks the key itself.
         """
-        return _call_key(self.concurrency_key, "concurrency_key", func, takes_context, args, kwargs)
-
-    def sequence_for(
-        self,
-        func: Callable[..., Any],
-        takes_context: bool,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any],
-    ) -> Any:
-        """The sequence key of one call of the task `func`, as `key_for` makes the
-        concurrency key (None without the option)."""
-        return _call_key(self.sequence, "sequence", func, takes_context, args, kwargs)
-
-
-def _call_key(
-    spec: ConcurrencyKey | None,
-    option: str,
-    func: Callable[..., Any],
-    takes_context: bool,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-) -> Any:
-    """A key option (a template or a callable) made for one call of the task `func`."""
-    if spec is None:
-        return None
-    if callable(spec):
-        return spec(*args, **kwargs)
-    named = {**_positional_names(func, takes_context, args), **kwargs}
-    try:
-        return spec.format(*args, **named)
-    except (IndexError, KeyError) as exc:
-        raise EnqueueError(
-            f"the {option} template {spec!r} names argument {exc}, which this call does not pass."
-        ) from None
+        spec = getattr(self, option)
+        if spec is None:
+            return None
+        if callable(spec):
+            return spec(*args, **kwargs)
+        named = {**_positional_names(func, takes_context, args), **kwargs}
+        try:
+            return spec.format(*args, **named)
+        except (IndexError, KeyError) as exc:
+            raise EnqueueError(
+                f"the {option} template {spec!r} names argument {exc}, which this call "
+                "does not pass."
+            ) from None
 
 
 def _positional_names(

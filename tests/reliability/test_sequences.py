@@ -64,25 +64,18 @@ def sequence_faults(run: Run, queue: str) -> dict[str, int]:
     """Per sequence of `queue`: attempts that overlapped the one before (two at once),
     runs that started before an earlier job's (order broken), and, in the ledger, runs
     of finished executions that overlapped."""
-    attempts = run(
-        """
-        SELECT state.sequence_key, attempt.job_id, attempt.started_at, attempt.finished_at
-        FROM queue_attempts AS attempt
-        JOIN queue_job_state AS state ON state.job_id = attempt.job_id
-        WHERE state.queue = %s AND state.sequence_key IS NOT NULL
-        ORDER BY state.sequence_key, attempt.started_at, attempt.id
-        """,
-        [queue],
-    )
-    runs = run(
-        """
-        SELECT state.sequence_key, ledger.job_id, ledger.started_at, ledger.finished_at
-        FROM qa_ledger AS ledger
-        JOIN queue_job_state AS state ON state.job_id = ledger.job_id
-        WHERE state.queue = %s AND state.sequence_key IS NOT NULL
-        ORDER BY state.sequence_key, ledger.started_at, ledger.id
-        """,
-        [queue],
+    attempts, runs = (
+        run(
+            f"""
+            SELECT state.sequence_key, one.job_id, one.started_at, one.finished_at
+            FROM {table} AS one
+            JOIN queue_job_state AS state ON state.job_id = one.job_id
+            WHERE state.queue = %s AND state.sequence_key IS NOT NULL
+            ORDER BY state.sequence_key, one.started_at, one.id
+            """,
+            [queue],
+        )
+        for table in ("queue_attempts", "qa_ledger")  # the queue's tables, then the ledger
     )
     faults = {"attempts_at_once": 0, "out_of_order": 0, "runs_at_once": 0}
     for earlier, later in pairwise(attempts):
