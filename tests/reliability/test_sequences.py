@@ -34,6 +34,7 @@ from tests.reliability.pgserver import PgServer, pg_server  # noqa: F401 (a fixt
 from tests.reliability.test_database_faults import (  # noqa: F401 (a fixture)
     FaultWorker,
     stop_all,
+    wait_for,
     workers,
 )
 
@@ -195,7 +196,7 @@ def test_fair_and_sequenced_queue_under_kills_and_a_restart(
     # The enqueuer and the workers (subprocesses) take the queue as fair.
     monkeypatch.setenv("PGQUEUE_TEST_FAIR_QUEUES", json.dumps({"fq2": {}}))
     rng = random.Random()
-    bulk, tenants, sequence_jobs, plain_jobs = size(300, 3_000), size(4, 8), size(12, 40), 5
+    bulk, tenants, sequence_jobs, plain_jobs = size(300, 2_000), size(4, 8), size(12, 40), 5
     plan = {
         "bulk": flaky_payloads(bulk, rng),
         "sequenced": {f"seq-{n}": flaky_payloads(sequence_jobs, rng) for n in range(tenants)},
@@ -207,7 +208,25 @@ def test_fair_and_sequenced_queue_under_kills_and_a_restart(
     planned.write_text(json.dumps(plan), "utf-8")
     server.manage("shell", "-v", "0", "-c", ENQUEUE_TENANTS.format(path=str(planned)))
     extra = ("--concurrency", "4", "--batch-size", "4", "-v", "0")
-    live = workers(3, ["fq2"], *extra)
+    generation = 0
+
+    def start() -> FaultWorker:
+        """A worker, once it is up (its listener connected): a kill lands on a worker
+        that works, never on one still starting on a loaded machine."""
+        nonlocal generation
+        generation += 1
+        worker_id = f"fair-seq-{generation}"
+        (worker,) = workers(1, ["fq2"], "--worker-id", worker_id, *extra)
+        wait_for(
+            server,
+            "SELECT count(*) FROM pg_stat_activity "
+            f"WHERE application_name = 'pgqueue listener {worker_id}'",
+            lambda n: n == 1,
+            timeout=120,
+        )
+        return worker
+
+    live = [start() for _ in range(3)]
     started = time.monotonic()
     deadline = started + size(600, 1800)  # a hang guard, not a promise
     kills, max_kills, restarted = 0, size(3, 1_000), False
@@ -225,7 +244,7 @@ def test_fair_and_sequenced_queue_under_kills_and_a_restart(
             victim = live.pop(rng.randrange(len(live)))
             victim.proc.kill()
             victim.proc.wait(30)
-            live += workers(1, ["fq2"], *extra)
+            live.append(start())
             kills += 1
             next_kill = time.monotonic() + rng.uniform(1.5, 2.5)
         time.sleep(0.05)
