@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, overload
 
 from django.db import transaction
 
-from . import enqueue_scope, extensions, limits, signals, validation, waiting
+from . import enqueue_scope, extensions, limits, sequences, signals, validation, waiting
 from .conf import get_settings
 from .enqueue_scope import EnqueueListener
 from .exceptions import EnqueueError, UniqueConflict
 from .registry import Handler, registry
+from .sequences import OnFailure
 from .store import enqueue as store
 from .unique import Unique
 
@@ -95,6 +96,8 @@ class JobOptions(JobDefaults, total=False):
     concurrency_key: str | None
     unique: Unique | None
     fairness_key: str | None
+    sequence: str | None
+    sequence_on_failure: OnFailure
 
 
 def _handler(conf: Any, type_: str) -> Handler | None:
@@ -139,6 +142,8 @@ def enqueue(
     concurrency_key: str | None = None,
     unique: Unique | None = None,
     fairness_key: str | None = None,
+    sequence: str | None = None,
+    sequence_on_failure: OnFailure = "hold",
     using: str | None = None,
     on_commit: bool = False,
 ) -> EnqueuedJob | None:
@@ -155,6 +160,9 @@ def enqueue(
     held key returns the holder, refuses (`UniqueConflict`) or replaces the payload and
     due time of a holder never claimed, of the same type, as its `on_conflict` says. In a fair queue
     (PGQUEUE["FAIR_QUEUES"]) claims take turns across `fairness_key`s (none: the key "").
+    With a `sequence` key, the jobs of the queue with that key run one at a time in
+    enqueue order: a job behind an unfinished earlier one waits; one that ends dead
+    holds the rest back, or lets them go on with ``sequence_on_failure="continue"``.
     Everything is validated before anything is written.
 
     The job is written on its queue's database (PGQUEUE["QUEUE_DATABASES"], else
@@ -186,6 +194,8 @@ def enqueue(
     }
     if unique is not None:
         params.update(unique.params())
+    keyed = unique is not None or key_value is not None
+    params.update(sequences.params(sequence, sequence_on_failure, keyed=keyed))
     # Columns the installed features fill from the caller's context (the trace).
     params.update(extensions.enqueue_columns())
     if not conf.QUEUE_DATABASES:  # one database: the caller's transaction, if any
@@ -214,7 +224,10 @@ def _write(
 ) -> EnqueuedJob:
     """Insert one validated job on `alias`; job_enqueued when its transaction commits."""
     replaced = False
-    if "unique_key" in params:
+    if "sequence_key" in params:
+        job_id, _head, created_at = store.insert_sequenced_job(alias, params)
+        created = True
+    elif "unique_key" in params:
         job_id, outcome, created_at = store.insert_unique_job(alias, params)
         if outcome == "existing" and params["on_conflict"] == "refuse":
             raise UniqueConflict(params["queue"], params["unique_key"], job_id)

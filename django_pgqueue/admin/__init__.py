@@ -12,7 +12,9 @@ their confirmation page, `attempts` the inline of a job's attempts, and `jobs` t
 model admins. The features' pages: `controls` the Queues page (queue control),
 `schedules` the Schedules page, `observability` the Charts page, `workers` the
 Workers page (and its requests to workers, behind ``control_worker``),
-`workflows` the Workflows pages and each workflow's graph, `batches` the Batches page.
+`workflows` the Workflows pages and each workflow's graph, `batches` the Batches page,
+`sequences` the Held sequences page (and the release of a held sequence, behind
+``operate_job``).
 Each module registers its admins on import; this package is an integration, so it may
 import the features, and no feature imports it.
 """
@@ -24,6 +26,7 @@ from . import (  # noqa: F401  (register their pages)
     controls,
     observability,
     schedules,
+    sequences,
     workers,
     workflows,
 )

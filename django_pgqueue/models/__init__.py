@@ -14,6 +14,7 @@
 - `durable`: a handler's checkpoints and the events it waits for (``queue_job_steps``,
   ``queue_events``, ``queue_event_waits``).
 - `unique`: the unique keys held for a period (``queue_unique_keys``).
+- `sequences`: the sequences of jobs run one at a time (``queue_sequences``).
 
 These modules are the foundation: they import Django only, never a feature of the
 queue, so any room may import them.
@@ -36,6 +37,7 @@ from .jobs import (
 )
 from .observability import IntegerArrayField, MinuteStats, WorkerRecord, WorkerRequest
 from .schedules import CatchUp, Schedule, ScheduleCode, ScheduleTick, Source
+from .sequences import Sequence
 from .unique import UniqueKey
 from .waiters import JobWaiter
 from .workflows import JobDependency, OnFailure, Workflow, WorkflowStep
@@ -64,6 +66,7 @@ __all__ = [
     "Schedule",
     "ScheduleCode",
     "ScheduleTick",
+    "Sequence",
     "Source",
     "Status",
     "StepKind",

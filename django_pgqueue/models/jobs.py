@@ -153,6 +153,12 @@ class JobState(models.Model):
     # every job of a fair queue has one ('' when enqueue() was given none). NULL in
     # any other queue: the row never enters the fair index.
     fair_key = models.CharField(max_length=255, null=True, blank=True)
+    # Sequences (enqueue(sequence=...)): the job's sequence key, and whether the
+    # sequence waits behind it when it ends dead ('hold') or goes on ('continue'). NULL
+    # for a job of no sequence. A sequenced job has has_dependents set: its end moves its
+    # sequence on (pgqueue_sequence_next, called by pgqueue_settle).
+    sequence_key = models.CharField(max_length=255, null=True, blank=True)
+    sequence_on_failure = models.CharField(max_length=8, null=True, blank=True)
 
     class Meta:
         db_table = "queue_job_state"
@@ -211,6 +217,19 @@ class JobState(models.Model):
                 name="queue_job_state_fair_idx",
                 condition=Q(status="pending", fair_key__isnull=False),
             ),
+            # A sequence's waiting jobs in enqueue order: the next one is the first.
+            models.Index(
+                fields=["queue", "sequence_key", "job"],
+                name="queue_job_state_sequence_idx",
+                condition=Q(status="waiting", sequence_key__isnull=False),
+            ),
+            # Dead jobs that hold their sequence back, oldest death first: the held
+            # sequences page reads these (a sequence's head among them).
+            models.Index(
+                fields=["finished_at", "job"],
+                name="queue_job_state_held_idx",
+                condition=Q(status="dead", sequence_on_failure="hold"),
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -224,6 +243,14 @@ class JobState(models.Model):
                 fields=["queue", "unique_key"],
                 name="queue_job_state_unique_key",
                 condition=UNIQUE_HELD,
+            ),
+            models.CheckConstraint(
+                # A sequenced job says what its failure does; another says nothing.
+                condition=Q(
+                    sequence_key__isnull=False, sequence_on_failure__in=["hold", "continue"]
+                )
+                | Q(sequence_key__isnull=True, sequence_on_failure__isnull=True),
+                name="queue_job_state_sequence_valid",
             ),
             # CHECK queue_job_state_valid: status is known, priority in -100..100,
             # 0 <= attempts <= max_attempts, lease_version >= 0, a row is running

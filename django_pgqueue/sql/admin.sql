@@ -264,7 +264,10 @@ WITH unit_job AS MATERIALIZED (
     SELECT state.job_id, state.status,
            state.status = ANY(%(statuses)s::text[])
                AND state.status IN ('completed', 'dead', 'cancelled')
-               AND state.finished_at < %(cutoff)s::timestamptz AS due
+               AND state.finished_at < %(cutoff)s::timestamptz
+               -- a dead job that holds its sequence back stays (see job_prune_batch)
+               AND (state.status <> 'dead' OR state.sequence_on_failure IS DISTINCT FROM 'hold')
+               AS due
     FROM queue_job_state AS state
 ), whole AS (
     SELECT unit_job.unit
@@ -360,6 +363,9 @@ WITH candidate AS MATERIALIZED (
       AND status = ANY(%(statuses)s::text[])
       AND status IN ('completed', 'dead', 'cancelled')
       AND finished_at < %(cutoff)s::timestamptz
+      -- A dead job that holds its sequence back is its head: it stays until an
+      -- operator retries it or releases the sequence (then it is pruned like any other).
+      AND (status <> 'dead' OR sequence_on_failure IS DISTINCT FROM 'hold')
     ORDER BY job_id
     LIMIT %(limit)s::integer
 ), placed AS MATERIALIZED (

@@ -598,6 +598,10 @@ WHERE id = ANY (%(attempt_ids)s::bigint[]);
 -- started waits for it again: pending ones, and those its failure cancelled; a retried
 -- step forgets what cancelled it (pgqueue_unsettle, migration 0016), in this same
 -- statement.
+-- Sequences: a retried job of a sequence waits, then its sequence moves on by the rule
+-- every ending statement uses (pgqueue_sequence_next, migration 0023): the job is
+-- pending again if it headed its sequence (a held head retried) or the sequence has no
+-- head; else it waits for its turn, behind the head.
 WITH candidate AS MATERIALIZED (
     SELECT state.job_id, state.queue, state.idempotency_key, state.status,
            state.unique_key,
@@ -652,6 +656,7 @@ WITH candidate AS MATERIALIZED (
                 WHERE dep.job_id = state.job_id
                   AND dep.depends_on IN (SELECT job_id FROM target)
             ) THEN 'waiting'
+            WHEN state.sequence_key IS NOT NULL THEN 'waiting'
             ELSE 'pending'
         END,
         run_at = now(),
@@ -666,7 +671,8 @@ WITH candidate AS MATERIALIZED (
     RETURNING state.job_id, state.queue, state.has_dependents,
               EXISTS (SELECT FROM queue_workflow_steps AS step
                       WHERE step.job_id = state.job_id AND step.cancelled_by IS NOT NULL)
-                  AS cancelled_by_dependency
+                  AS cancelled_by_dependency,
+              state.sequence_key IS NOT NULL AS sequenced
 ), wake AS (
     SELECT count(pg_notify('pgqueue', queue)::text) AS queues
     FROM (SELECT DISTINCT queue FROM retried) AS q
@@ -682,8 +688,13 @@ WITH candidate AS MATERIALIZED (
         ARRAY(SELECT job_id FROM retried WHERE cancelled_by_dependency)
     ) AS steps
     WHERE EXISTS (SELECT FROM retried WHERE has_dependents OR cancelled_by_dependency)
+), sequenced AS (
+    -- sequences: the retried jobs' sequences move on (the head's retry makes it pending)
+    SELECT pgqueue_sequence_next(ARRAY(SELECT job_id FROM retried WHERE sequenced)) AS moved
+    WHERE EXISTS (SELECT FROM retried WHERE sequenced)
 )
-SELECT retried.job_id FROM retried CROSS JOIN wake LEFT JOIN unsettled ON true;
+SELECT retried.job_id
+FROM retried CROSS JOIN wake LEFT JOIN unsettled ON true LEFT JOIN sequenced ON true;
 
 
 -- name: job_cancel

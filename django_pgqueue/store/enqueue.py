@@ -53,6 +53,18 @@ def _insert_one(
     return row[0], row[1], row[2]
 
 
+def insert_sequenced_job(alias: str, params: dict[str, Any]) -> tuple[int, bool, Any]:
+    """Insert one job of a sequence on Django's connection `alias`; return (job id, head,
+    created_at), head False when it waits behind an unfinished earlier job of its sequence.
+
+    One statement: ``job_enqueue_sequenced`` calls ``pgqueue_enqueue_sequenced`` (migration
+    0023), which takes the sequence's row lock before it writes the job.
+    """
+    row = fetch_one(alias, QUERIES["job_enqueue_sequenced"], params)
+    assert row is not None  # the function always writes the job
+    return row[0], row[1], row[2]
+
+
 def job_type(alias: str, queue: str, job_id: int) -> str | None:
     """The type of job `job_id` of `queue` on Django's connection `alias` (None: none)."""
     row = fetch_one(alias, QUERIES["job_type"], {"queue": queue, "job_id": job_id})

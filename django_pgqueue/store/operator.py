@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ..sql import QUERIES
-from .cursors import django_cursor, fetch_after, fetch_all
+from .cursors import django_cursor, fetch_after, fetch_all, fetch_one
 
 
 def retry_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
@@ -23,6 +23,15 @@ def cancel_jobs(alias: str, job_ids: Sequence[int]) -> set[int]:
     with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["job_cancel"], {"job_ids": list(job_ids)})
         return {row[0] for row in cursor.fetchall()}
+
+
+def release_sequence(alias: str, queue: str, sequence_key: str) -> int | None:
+    """Let a held sequence go on past its dead head; return the head released (None: the
+    sequence was not held, its head retried or released meanwhile)."""
+    row = fetch_one(
+        alias, QUERIES["sequence_release"], {"queue": queue, "sequence_key": sequence_key}
+    )
+    return None if row is None else row[0]
 
 
 def request_cancel(alias: str, job_ids: Sequence[int]) -> set[int]:

@@ -21,6 +21,7 @@ from ..retry import (
     exception_entries,
     retry_on,
 )
+from ..sequences import ON_FAILURE
 from ..task_paths import TASK_PATH_RE
 
 # Keys of a PgQueueBackend's OPTIONS, and of each entry of OPTIONS["TASKS"]. The
@@ -37,6 +38,10 @@ TASK_OPTIONS = (
     "retry",
     "timeout",
     "concurrency_key",
+    # Its jobs with one sequence key run one at a time in enqueue order (a template or a
+    # callable, as concurrency_key), and what a dead one does to the rest.
+    "sequence",
+    "sequence_on_failure",
     # Celery's names, per task: which exceptions retry, and the backoff's shape.
     "autoretry_for",
     "dont_autoretry_for",
@@ -76,7 +81,8 @@ class RetryOnPaths:
 @dataclass(frozen=True)
 class TaskOptions:
     """How one task is retried (None fields fall back to the PGQUEUE settings), and, per
-    task only, which concurrency key its jobs get and which exceptions retry them."""
+    task only, which concurrency key and sequence its jobs get and which exceptions
+    retry them."""
 
     max_attempts: int | None = None
     retry: RetryPolicy | None = None
@@ -86,6 +92,8 @@ class TaskOptions:
     takes_results: bool = False
     soft_time_limit: float | None = None
     time_limit: float | None = None
+    sequence: ConcurrencyKey | None = None
+    sequence_on_failure: str = "hold"
 
     def over(self, defaults: TaskOptions) -> TaskOptions:
         """These options, with their unset fields taken from `defaults`."""
@@ -98,6 +106,8 @@ class TaskOptions:
             self.takes_results,
             self.soft_time_limit,
             self.time_limit,
+            self.sequence,
+            self.sequence_on_failure,
         )
 
     def key_for(
@@ -106,15 +116,17 @@ class TaskOptions:
         takes_context: bool,
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
+        option: str = "concurrency_key",
     ) -> Any:
-        """The concurrency key of one call of the task `func` (None without the option).
+        """The key of one call of the task `func` for `option` (its concurrency key, or
+        with ``option="sequence"`` its sequence key; None without the option).
 
         A template's fields name the task's parameters however the call passed them
         ("{customer_id}"), or positional arguments by index ("{0}"); a callable gets the
         call's arguments. EnqueueError if the template names an argument the call lacks;
         enqueue() checks the key itself.
         """
-        spec = self.concurrency_key
+        spec = getattr(self, option)
         if spec is None:
             return None
         if callable(spec):
@@ -124,8 +136,8 @@ class TaskOptions:
             return spec.format(*args, **named)
         except (IndexError, KeyError) as exc:
             raise EnqueueError(
-                f"the concurrency_key template {spec!r} names argument {exc}, which this "
-                "call does not pass."
+                f"the {option} template {spec!r} names argument {exc}, which this call "
+                "does not pass."
             ) from None
 
 
@@ -199,8 +211,8 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
     if timeout is not None:
         timeout = validators.seconds(timeout, f"{where}[{timeout_key!r}]", error=ConfigurationError)
     retry = retry_policy(raw.get(retry_key), f"{where}[{retry_key!r}]")
-    key = on = soft = hard = None
-    takes_results = False
+    key = on = soft = hard = sequence = None
+    takes_results, sequence_on_failure = False, "hold"
     if "concurrency_key" in keys:  # a task's own entry
         takes_results = raw.get("takes_results", False)
         if not isinstance(takes_results, bool):
@@ -210,6 +222,13 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
         soft, hard = raw.get("soft_time_limit"), raw.get("time_limit")
         check_time_limits(soft, hard, where)
         key = concurrency_key_option(raw.get("concurrency_key"), f"{where}['concurrency_key']")
+        sequence = concurrency_key_option(raw.get("sequence"), f"{where}['sequence']")
+        sequence_on_failure = raw.get("sequence_on_failure", "hold")
+        if sequence_on_failure not in ON_FAILURE:
+            raise ConfigurationError(
+                f"{where}['sequence_on_failure'] must be one of {', '.join(ON_FAILURE)}, "
+                f"got {sequence_on_failure!r}."
+            )
         on = _retry_on_paths(raw.get("autoretry_for"), raw.get("dont_autoretry_for"), where)
         backoff = celery_backoff(
             raw.get("retry_backoff"), raw.get("retry_backoff_max"), raw.get("retry_jitter"), where
@@ -229,6 +248,8 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
         takes_results=takes_results,
         soft_time_limit=soft,
         time_limit=hard,
+        sequence=sequence,
+        sequence_on_failure=sequence_on_failure,
     )
 
 

@@ -82,6 +82,17 @@ def ledger(ctx: JobContext) -> None:
     _ledger_end(entry)
 
 
+@django_pgqueue.handler("qa.ledger_flaky", max_attempts=25)
+def ledger_flaky(ctx: JobContext) -> None:
+    """Record the run in the ledger (sleeping payload['seconds'] in between), then ask
+    for a retry while the attempt is at most payload['failures']."""
+    entry = _ledger_start(ctx)
+    time.sleep(float(ctx.payload.get("seconds", 0)))
+    _ledger_end(entry)
+    if ctx.attempt <= int(ctx.payload.get("failures", 0)):
+        raise RetryLater(0, f"asked to retry (attempt {ctx.attempt})")
+
+
 @django_pgqueue.handler("qa.offline")
 def offline(ctx: JobContext) -> None:
     """Record the start in the ledger, then sleep without touching the database.

@@ -106,6 +106,10 @@ if os.environ.get("PGQUEUE_TEST_SCHEDULES"):
 # subprocesses of the scenarios on several servers (tests/reliability/test_multidb_outage.py).
 if os.environ.get("PGQUEUE_TEST_QUEUE_DATABASES"):
     PGQUEUE["QUEUE_DATABASES"] = json.loads(os.environ["PGQUEUE_TEST_QUEUE_DATABASES"])
+# Fair queues, as JSON ({"tenants": {}}), for the worker subprocesses of the fair and
+# sequenced scenario (tests/reliability/test_sequences.py).
+if os.environ.get("PGQUEUE_TEST_FAIR_QUEUES"):
+    PGQUEUE["FAIR_QUEUES"] = json.loads(os.environ["PGQUEUE_TEST_FAIR_QUEUES"])
 
 # django.tasks through the queue: @task functions are jobs of the same tables, run by
 # the same run_queue_worker command. A task's queue_name must be one of QUEUES.

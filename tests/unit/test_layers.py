@@ -51,6 +51,7 @@ FLOORS = {
     "claimed": CORE,
     "extensions": CORE,
     "enqueue": CORE,
+    "sequences": CORE,
     "aenqueue": CORE,
     "enqueue_scope": CORE,
     "actions": CORE,

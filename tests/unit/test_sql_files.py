@@ -29,6 +29,7 @@ FEATURES = {
     "admin",
     "durable",
     "fair",
+    "sequences",
 }
 # DDL takes no parameters: these statements name their index with a psycopg.sql
 # placeholder, {index}, filled with sql.Identifier (store/indexes.py).

@@ -173,6 +173,34 @@ def test_a_task_option_gives_its_jobs_a_concurrency_key(run_worker, settings):
     assert (first.return_value, second.return_value) == (3, 4)
 
 
+def test_a_task_option_puts_its_jobs_in_a_sequence(run_worker, settings):
+    """OPTIONS["TASKS"][path]["sequence"] (and sequence_on_failure) are passed to
+    enqueue(): calls with one key wait for each other, in order."""
+    settings.TASKS = {
+        "default": {
+            **settings.TASKS["default"],
+            "OPTIONS": {
+                **settings.TASKS["default"]["OPTIONS"],
+                "TASKS": {
+                    "qa.tasks.add": {"sequence": "sum:{a}", "sequence_on_failure": "continue"}
+                },
+            },
+        }
+    }
+    first, second, other = add.enqueue(1, 2), add.enqueue(b=3, a=1), add.enqueue(7, 1)
+    rows = dict(
+        JobState.objects.filter(pk__in=[int(r.id) for r in (first, second, other)]).values_list(
+            "pk", "status"
+        )
+    )
+    assert rows == {int(first.id): "pending", int(second.id): "waiting", int(other.id): "pending"}
+    assert JobState.objects.get(pk=int(second.id)).sequence_on_failure == "continue"
+    run_worker([QUEUE])
+    settle(first)
+    settle(second)
+    assert (first.return_value, second.return_value) == (3, 4)
+
+
 def test_a_task_whose_worker_vanished_shows_the_lost_attempt_and_runs_again(run_worker):
     result = add.enqueue(4, 5)
     vanished = Store("default", "pgqueue test: a worker that dies")

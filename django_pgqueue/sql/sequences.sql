@@ -1,0 +1,28 @@
+-- Sequences (enqueue(sequence=...)): jobs with one sequence key run one at a time, in
+-- enqueue order. The work is in the functions of migration 0023: the sequence's row in
+-- queue_sequences names its head and is its lock; every statement that ends a job moves
+-- its sequence on through pgqueue_settle -> pgqueue_sequence_next. The claim statements
+-- know nothing of sequences: a job behind its sequence's head is waiting.
+
+
+-- name: job_enqueue_sequenced
+-- Insert one job of a sequence and return (id, head, created_at): head is true when
+-- the job is its sequence's head (pending, due at its run_at), false when it waits
+-- behind an unfinished earlier job of its sequence. pgqueue_enqueue_sequenced takes the
+-- sequence's row lock (held until the caller's transaction ends), then writes the job
+-- with pgqueue_enqueue: concurrent enqueues of one sequence queue on the row, in order.
+SELECT job_id, head, created_at
+FROM pgqueue_enqueue_sequenced(
+    %(queue)s::text, %(type)s::text, %(payload)s::jsonb, %(priority)s::smallint,
+    %(run_at)s::timestamptz, %(delay)s::float8, %(max_attempts)s::integer,
+    %(traceparent)s::text, %(concurrency_key)s::text, %(fair_key)s::text,
+    %(sequence_key)s::text, %(sequence_on_failure)s::text
+);
+
+
+-- name: sequence_release
+-- Let a held sequence go on past its dead head (the head's on_failure becomes
+-- 'continue'; its next waiting job is pending): (released head, new head), released
+-- NULL when the sequence's head was not dead and holding (retried or released
+-- meanwhile).
+SELECT released, head FROM pgqueue_sequence_release(%(queue)s::text, %(sequence_key)s::text);
