@@ -91,7 +91,7 @@ def one_round(store: Any) -> dict[str, float]:
     fail = [(row.job_id, row.lease_version, row.attempt_id) for row in rows]
     timed("job_fail (retry)", lambda: store.fail(*fail[6], failure()))
     timed("job_fail (dead)", lambda: store.fail(*fail[7], failure(permanent=True)))
-    timed("job_give_back", lambda: store.fail(*fail[8], failure(interrupted=True)))
+    timed("job_fail (give back)", lambda: store.fail(*fail[8], failure(interrupted=True)))
     timed("job_release", lambda: store.release(fail[9:]))
     timed("lease_sweep", lambda: store.sweep())
     timed("attempt_outcome", lambda: store.attempt_statuses([row.attempt_id for row in rows]))

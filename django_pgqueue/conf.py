@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -19,6 +18,7 @@ from django.core.signals import setting_changed
 from . import prune_policy, validators
 from .exceptions import ConfigurationError
 from .limits import QueueLimits, parse_fair_queues, parse_queues
+from .queue_routes import QueueDatabases, Routes
 from .validators import (
     MAX_ASYNC_CONCURRENCY,
     MAX_ATTEMPTS,
@@ -132,51 +132,6 @@ SETTINGS: dict[str, Setting] = {
         "rebuilt with REINDEX CONCURRENTLY); None: never.",
     ),
 }
-
-
-@dataclass(frozen=True)
-class Routes:
-    """PGQUEUE["ROUTES"] split for lookup: exact types, then globs in declared order."""
-
-    exact: dict[str, str]
-    globs: tuple[tuple[str, str], ...]
-
-    def queue(self, type_: str) -> str | None:
-        """The queue of the exact route for `type_`, else of its first matching glob."""
-        queue = self.exact.get(type_)
-        if queue is not None or not self.globs:
-            return queue
-        for pattern, queue in self.globs:
-            if fnmatchcase(type_, pattern):
-                return queue
-        return None
-
-
-@dataclass(frozen=True)
-class QueueDatabases:
-    """PGQUEUE["QUEUE_DATABASES"] split for lookup: exact queue names, then globs in order."""
-
-    exact: dict[str, str]
-    globs: tuple[tuple[str, str], ...]
-
-    def alias(self, queue: str, default: str) -> str:
-        """The alias holding `queue`: its exact entry, else its first matching glob."""
-        alias = self.exact.get(queue)
-        if alias is not None:
-            return alias
-        for pattern, alias in self.globs:
-            if fnmatchcase(queue, pattern):
-                return alias
-        return default
-
-    def __bool__(self) -> bool:
-        """True when any queue is routed: only then does enqueue look at other databases."""
-        return bool(self.exact or self.globs)
-
-    def aliases(self) -> tuple[str, ...]:
-        """The aliases named, each once, in declared order."""
-        named = [*self.exact.values(), *(alias for _, alias in self.globs)]
-        return tuple(dict.fromkeys(named))
 
 
 @dataclass(frozen=True)

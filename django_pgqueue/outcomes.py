@@ -7,10 +7,11 @@ One type per end of an attempt, each written by one statement of the store:
 - `Retry`: it failed and is due again after `delay`, or dead once its attempts are
   spent (``job_fail``);
 - `Dead`: it failed for good (``job_fail``, permanent);
-- `Snoozed`: pending again after `delay`, its attempt given back (``job_give_back``);
+- `Snoozed`: pending again after `delay`, its attempt given back (``job_fail``,
+  give_back);
 - `Parked`: waits for an event or its timeout, its attempt given back (``job_park``);
 - `Interrupted`: the worker's own shutdown stopped the handler: due again at once, its
-  attempt given back (``job_give_back``);
+  attempt given back (``job_fail``, give_back);
 - `InterruptedHeld`: the same, while the stopping worker holds the row because the
   handler may still run (``job_interrupt``; given back once it returned).
 

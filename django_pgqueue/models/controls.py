@@ -24,7 +24,32 @@ class TimestampArray(models.Field):
         return "timestamptz[]"
 
 
-class QueueControl(models.Model):
+class RateWindow(models.Model):
+    """A rate window, a queue's or a job type's: at most `rate_count` starts in any
+    `rate_period` seconds (both NULL: no rate), kept exact by the controlled claim."""
+
+    rate_count = models.IntegerField(null=True, blank=True)
+    rate_period = models.FloatField(null=True, blank=True)
+    # The last rate_count start times, oldest first: the exact sliding window.
+    rate_starts = TimestampArray(
+        db_default=Cast(Value("{}"), output_field=TimestampArray()), editable=False
+    )
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        abstract = True
+
+    @staticmethod
+    def valid(name: str) -> models.CheckConstraint:
+        """The check that a rate is none or a count of 1 to 10,000 over a positive period."""
+        return models.CheckConstraint(
+            condition=Q(rate_count__isnull=True, rate_period__isnull=True)
+            | Q(rate_count__gte=1, rate_count__lte=10_000, rate_period__gt=0),
+            name=name,
+        )
+
+
+class QueueControl(RateWindow):
     """A queue's run-time controls: pause, concurrency limits and a rate limit.
 
     A queue without a row claims with the plain job_claim. The controlled claim locks
@@ -38,16 +63,9 @@ class QueueControl(models.Model):
     paused = models.BooleanField(db_default=False)
     concurrency_limit = models.IntegerField(null=True, blank=True)
     key_limit = models.IntegerField(db_default=1)
-    rate_count = models.IntegerField(null=True, blank=True)
-    rate_period = models.FloatField(null=True, blank=True)
-    # The last rate_count start times, oldest first: the exact sliding window.
-    rate_starts = TimestampArray(
-        db_default=Cast(Value("{}"), output_field=TimestampArray()), editable=False
-    )
     # The queue has (had) jobs with a concurrency key: its claims must apply key_limit.
     keyed = models.BooleanField(db_default=False)
     configured = models.JSONField(null=True, blank=True)
-    updated_at = models.DateTimeField(db_default=Now())
 
     class Meta:
         db_table = "queue_controls"
@@ -59,18 +77,14 @@ class QueueControl(models.Model):
                 name="queue_controls_limit_valid",
             ),
             models.CheckConstraint(condition=Q(key_limit__gte=1), name="queue_controls_key_valid"),
-            models.CheckConstraint(
-                condition=Q(rate_count__isnull=True, rate_period__isnull=True)
-                | Q(rate_count__gte=1, rate_count__lte=10_000, rate_period__gt=0),
-                name="queue_controls_rate_valid",
-            ),
+            RateWindow.valid("queue_controls_rate_valid"),
         ]
 
     def __str__(self) -> str:
         return self.queue
 
 
-class QueueTypeControl(models.Model):
+class QueueTypeControl(RateWindow):
     """One job type's limits within a controlled queue: a key limit and a rate window.
 
     Read and written by the queue's controlled claim under the queue's lock (the
@@ -81,12 +95,6 @@ class QueueTypeControl(models.Model):
     queue = models.CharField(max_length=63)
     type = models.CharField(max_length=255)
     key_limit = models.IntegerField(null=True, blank=True)
-    rate_count = models.IntegerField(null=True, blank=True)
-    rate_period = models.FloatField(null=True, blank=True)
-    rate_starts = TimestampArray(
-        db_default=Cast(Value("{}"), output_field=TimestampArray()), editable=False
-    )
-    updated_at = models.DateTimeField(db_default=Now())
 
     class Meta:
         db_table = "queue_type_controls"
@@ -97,11 +105,7 @@ class QueueTypeControl(models.Model):
                 condition=Q(key_limit__isnull=True) | Q(key_limit__gte=1),
                 name="queue_type_controls_key_valid",
             ),
-            models.CheckConstraint(
-                condition=Q(rate_count__isnull=True, rate_period__isnull=True)
-                | Q(rate_count__gte=1, rate_count__lte=10_000, rate_period__gt=0),
-                name="queue_type_controls_rate_valid",
-            ),
+            RateWindow.valid("queue_type_controls_rate_valid"),
         ]
 
     def __str__(self) -> str:

@@ -345,11 +345,14 @@ SELECT job_id, cancelled FROM done CROSS JOIN woken LEFT JOIN settled ON true;
 
 
 -- name: job_fail
--- Record a failed attempt of a job a worker still owns.
--- The job goes back to pending at now() + delay, or to dead when the failure is
--- permanent or its attempts are spent, or to cancelled when an operator asked to
--- cancel it while it ran. Fenced; returns the new status and run_at, or no row when
--- the lease was lost.
+-- Record an attempt that ended without a result, of a job a worker still owns: a
+-- failure, or an attempt given back (give_back: a snooze, or an attempt the worker's
+-- own shutdown interrupted; the attempt does not count). The job goes back to pending
+-- at now() + delay; a failure goes to dead instead when it is permanent or its
+-- attempts are spent; a job an operator asked to cancel while it ran ends cancelled.
+-- The attempt row is closed with attempt_status ('failed', 'snoozed' or
+-- 'interrupted'); lease_version grows at the next claim as always. Fenced; returns the
+-- new status and run_at, or no row when the lease was lost.
 -- Workflows: the jobs it ended settle their dependents in this same statement
 -- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
 -- waits for (NULL) the function is not called and no other table is read.
@@ -357,21 +360,33 @@ WITH failed AS (
     UPDATE queue_job_state AS state
     SET status = CASE
             WHEN state.cancel_requested_at IS NOT NULL THEN 'cancelled'
+            WHEN %(give_back)s::boolean THEN 'pending'
             WHEN %(permanent)s::boolean OR state.attempts >= state.max_attempts THEN 'dead'
             ELSE 'pending'
         END,
         run_at = CASE
-            WHEN state.cancel_requested_at IS NOT NULL OR %(permanent)s::boolean
-                 OR state.attempts >= state.max_attempts THEN state.run_at
+            WHEN state.cancel_requested_at IS NOT NULL
+                 OR NOT %(give_back)s::boolean AND (%(permanent)s::boolean
+                                                    OR state.attempts >= state.max_attempts)
+            THEN state.run_at
             ELSE now() + make_interval(secs => %(delay)s::float8)
         END,
+        attempts = CASE
+            WHEN %(give_back)s::boolean AND state.cancel_requested_at IS NULL
+            THEN state.attempts - 1
+            ELSE state.attempts
+        END,
         finished_at = CASE
-            WHEN state.cancel_requested_at IS NOT NULL OR %(permanent)s::boolean
-                 OR state.attempts >= state.max_attempts THEN now()
+            WHEN state.cancel_requested_at IS NOT NULL
+                 OR NOT %(give_back)s::boolean AND (%(permanent)s::boolean
+                                                    OR state.attempts >= state.max_attempts)
+            THEN now()
         END,
         locked_by = NULL,
         locked_until = NULL,
-        last_error = %(last_error)s::text,
+        last_error = CASE
+            WHEN %(give_back)s::boolean THEN state.last_error ELSE %(last_error)s::text
+        END,
         updated_at = now()
     WHERE state.job_id = %(job_id)s::bigint
       AND state.lease_version = %(lease_version)s::bigint
@@ -380,7 +395,7 @@ WITH failed AS (
               state.has_dependents
 ), closed AS (
     UPDATE queue_attempts AS attempt
-    SET status = 'failed',
+    SET status = %(attempt_status)s::text,
         finished_at = now(),
         error_class = %(error_class)s::text,
         error_message = %(error_message)s::text,
@@ -745,59 +760,8 @@ FROM queue_job_state
 WHERE queue = %(queue)s::text AND status = 'pending';
 
 
--- name: job_give_back
--- Put a job a worker still owns back to pending at now() + delay, giving its attempt
--- back: a snooze, or an attempt the worker's own shutdown interrupted. The attempt row
--- is closed with %(attempt_status)s ('snoozed' or 'interrupted'); lease_version grows
--- at the next claim as always. A job an operator asked to cancel ends cancelled
--- instead. Fenced; returns the new status and run_at, or no row when the lease was lost.
--- Workflows: the jobs it ended settle their dependents in this same statement
--- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
--- waits for (NULL) the function is not called and no other table is read.
-WITH snoozed AS (
-    UPDATE queue_job_state AS state
-    SET status = CASE WHEN state.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
-        run_at = CASE
-            WHEN state.cancel_requested_at IS NULL
-            THEN now() + make_interval(secs => %(delay)s::float8)
-            ELSE state.run_at
-        END,
-        attempts = CASE
-            WHEN state.cancel_requested_at IS NULL THEN state.attempts - 1 ELSE state.attempts
-        END,
-        finished_at = CASE WHEN state.cancel_requested_at IS NOT NULL THEN now() END,
-        locked_by = NULL,
-        locked_until = NULL,
-        updated_at = now()
-    WHERE state.job_id = %(job_id)s::bigint
-      AND state.lease_version = %(lease_version)s::bigint
-      AND state.status = 'running'
-    RETURNING state.job_id, state.status, state.run_at, state.has_dependents
-), closed AS (
-    UPDATE queue_attempts AS attempt
-    SET status = %(attempt_status)s::text,
-        finished_at = now(),
-        error_class = %(error_class)s::text,
-        error_message = %(reason)s::text
-    WHERE attempt.id = %(attempt_id)s::bigint
-      AND EXISTS (SELECT FROM snoozed)
-), woken AS (
-    -- Wake the wait() callers of these jobs (see job_waiter_add).
-    SELECT count(pg_notify('pgqueue_finished', w.queue)) AS waiters
-    FROM queue_job_waiters AS w
-    WHERE w.job_id IN (SELECT job_id FROM snoozed WHERE status = 'cancelled')
-), settled AS (
-    -- workflows: a job that ended cancelled settles its dependents as failed
-    SELECT pgqueue_settle('{}', ARRAY[%(job_id)s::bigint]) AS steps
-    WHERE EXISTS (
-        SELECT FROM snoozed WHERE snoozed.has_dependents AND snoozed.status = 'cancelled'
-    )
-)
-SELECT status, run_at FROM snoozed CROSS JOIN woken LEFT JOIN settled ON true;
-
-
 -- name: job_hold_tables
--- Open the hold (job_hold) with the table locks its final give-back (job_give_back)
+-- Open the hold (job_hold) with the table locks its final give-back (job_fail)
 -- needs: taken now, a DDL statement queued meanwhile cannot deadlock the give-back.
 LOCK TABLE queue_job_state, queue_attempts IN ROW EXCLUSIVE MODE;
 
@@ -821,7 +785,7 @@ FOR KEY SHARE;
 -- Record that the worker's own shutdown interrupted a job whose handler still runs,
 -- on a row the worker holds (job_hold): the attempt is closed as 'interrupted' (given
 -- back, not spent) and the lease ends now, but the row stays running, its slot held.
--- The worker gives the job back once the handler returned (job_give_back, on the
+-- The worker gives the job back once the handler returned (job_fail, on the
 -- holding connection); if its process ends first, the hold goes with it and the
 -- sweep gives the attempt back. Fenced; returns the status and run_at, or no row
 -- when the lease was lost.

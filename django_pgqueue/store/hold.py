@@ -6,8 +6,8 @@ under a queue or key limit must not go to other jobs. So, before it records the
 interruptions, the worker locks those rows (`job_hold`, FOR KEY SHARE) on a connection
 of its own, in a transaction it leaves open; the interruption (`job_interrupt`) keeps
 each row running with its lease ended. The sweep passes over locked rows. Once the
-handlers returned, the worker gives the jobs back on this connection (`job_give_back`)
-and commits; a process that ends first takes its session and the locks with it, and
+handlers returned, the worker gives the jobs back on this connection (`job_fail`,
+give_back) and commits; a process that ends first takes its session and the locks with it, and
 the sweep gives the attempts back.
 
 A held job whose handler had already timed out is not interrupted: its attempt stays
@@ -118,5 +118,5 @@ class RowHold:
 
 
 def _give_back(reason: str, error_class: str) -> Interrupted:
-    """The give-back of an interrupted job whose handler returned (`job_give_back`)."""
+    """The give-back of an interrupted job whose handler returned (`job_fail`, give_back)."""
     return Interrupted(error_class, reason)

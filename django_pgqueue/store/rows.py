@@ -91,8 +91,8 @@ def failure_statement(
 ) -> tuple[str, dict[str, Any]]:
     """The statement that writes the end `failure` leads the attempt to, with its
     parameters (see `outcomes`): ``job_interrupt`` for an interruption whose row the
-    stopping worker holds, ``job_park`` for a wait for an event, ``job_give_back`` for
-    a snooze or another interruption, ``job_fail`` for a retry or a death."""
+    stopping worker holds, ``job_park`` for a wait for an event, ``job_fail`` for the
+    rest: a retry or a death, or (``give_back``) a snooze or another interruption."""
     attempt = {"job_id": job_id, "lease_version": lease_version, "attempt_id": attempt_id}
     if isinstance(failure, Parked):
         return "job_park", {
@@ -108,20 +108,17 @@ def failure_statement(
             "reason": failure.message,
             "error_class": failure.error_class,
         }
-    if isinstance(failure, Snoozed | Interrupted):
-        return "job_give_back", {
-            **attempt,
-            "delay": failure.delay if isinstance(failure, Snoozed) else 0.0,
-            "reason": failure.message,
-            "attempt_status": "snoozed" if isinstance(failure, Snoozed) else "interrupted",
-            "error_class": failure.error_class,
-        }
+    give_back = isinstance(failure, Snoozed | Interrupted)
     return "job_fail", {
         **attempt,
+        "give_back": give_back,
         "permanent": isinstance(failure, Dead),
-        "delay": failure.delay if isinstance(failure, Retry) else 0.0,
+        "delay": failure.delay if isinstance(failure, Retry | Snoozed) else 0.0,
+        "attempt_status": (
+            "snoozed" if isinstance(failure, Snoozed) else "interrupted" if give_back else "failed"
+        ),
         "error_class": failure.error_class,
         "error_message": failure.message,
-        "traceback": failure.traceback,
-        "last_error": failure.last_error,
+        "traceback": None if give_back else failure.traceback,
+        "last_error": None if give_back else failure.last_error,
     }

@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from ..claimed import ClaimedJob
-from ..extensions import AsyncRunner, JobEnd, JobObserver, RunMiddleware, Runner
+from ..extensions import AsyncRunner, JobObserver, RunMiddleware, Runner
 from ..outcomes import Outcome
 
 logger = logging.getLogger(__name__)
@@ -23,6 +23,18 @@ logger = logging.getLogger(__name__)
 # An attempt's run through the middleware: (item, the executor's run) -> outcome.
 Run = Callable[[ClaimedJob, Runner], Outcome]
 AsyncRun = Callable[[ClaimedJob, AsyncRunner], Awaitable[Outcome]]
+
+
+def _told_of_some(method: str) -> Callable[[Observers, Sequence[Any]], None]:
+    """The `Observers` method that tells every observer's `method` of a list of jobs (or
+    job ends), unless the list is empty."""
+
+    def tell(self: Observers, items: Sequence[Any]) -> None:
+        if items:
+            self._tell(method, items)
+
+    tell.__name__ = method
+    return tell
 
 
 class Observers:
@@ -41,21 +53,12 @@ class Observers:
             except Exception:
                 logger.exception("job observer %r failed in %s", observer, method)
 
-    def jobs_claimed(self, items: Sequence[ClaimedJob]) -> None:
-        if items:
-            self._tell("jobs_claimed", items)
-
-    def jobs_released(self, items: Sequence[ClaimedJob]) -> None:
-        if items:
-            self._tell("jobs_released", items)
-
-    def jobs_executed(self, items: Sequence[ClaimedJob]) -> None:
-        if items:
-            self._tell("jobs_executed", items)
-
-    def jobs_ended(self, ends: Sequence[JobEnd]) -> None:
-        if ends:
-            self._tell("jobs_ended", ends)
+    # Each observer is told of a non-empty list only: nothing claimed, released,
+    # executed or ended tells nobody.
+    jobs_claimed = _told_of_some("jobs_claimed")
+    jobs_released = _told_of_some("jobs_released")
+    jobs_executed = _told_of_some("jobs_executed")
+    jobs_ended = _told_of_some("jobs_ended")
 
     def lease_lost(self, item: ClaimedJob, detected_by: str) -> None:
         """Told once per attempt, whoever finds it first (a renewal, a fenced write)."""

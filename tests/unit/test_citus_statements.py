@@ -113,7 +113,6 @@ BY_JOB_ID = {
     "in one statement: per queue it would be one statement per queue served",
     "job_release": "shutdown hands back the unstarted jobs of all the worker's queues at once",
     "job_fail": _ONE_JOB,
-    "job_give_back": _ONE_JOB,
     "job_interrupt": _ONE_JOB,
     "job_hold": "a stopping worker locks (FOR KEY SHARE) the rows of all its queues at "
     "once: on Citus a row lock needs a router query, so this one must be split per queue",

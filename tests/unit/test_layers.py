@@ -43,6 +43,7 @@ FLOORS = {
     "store": DATA,
     # Core services, and the seam the features plug into.
     "conf": CORE,
+    "queue_routes": CORE,
     "limits": CORE,
     "worker_config": CORE,
     "registry": CORE,
@@ -52,6 +53,7 @@ FLOORS = {
     "extensions": CORE,
     "enqueue": CORE,
     "sequences": CORE,
+    "enqueue_types": CORE,
     "aenqueue": CORE,
     "enqueue_scope": CORE,
     "actions": CORE,

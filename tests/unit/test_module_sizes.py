@@ -26,16 +26,6 @@ LARGER: dict[str, tuple[int, str]] = {
         "the operations that create every table, each with its columns, indexes and "
         "constraints, then the SQL they do not declare",
     ),
-    "conf.py": (
-        500,
-        "every PGQUEUE setting, its default and the error a bad value gets, in one place: "
-        "the settings are one concept a reader looks up whole",
-    ),
-    "enqueue.py": (
-        500,
-        "enqueue() and enqueue_many(): their options, unique and fair keys, routing and "
-        "the transaction's deferral, around the one statement each sends",
-    ),
     "worker/lifecycle.py:Worker": (
         320,
         "a worker process's life: the parts it wires, its start and shutdown (the hold "
