@@ -143,3 +143,31 @@ UPDATE queue_event_waits AS wait
 SET timeout_at = now()
 WHERE wait.job_id = %(job_id)s::bigint
 RETURNING wait.job_id;
+
+
+-- name: event_prune_batch
+-- Prune: delete the events emitted before the cutoff among the next `limit` keys above
+-- after_key, walking the primary key (no index over emitted_at is needed); returns the
+-- last key looked at (NULL: none left), how many were looked at and deleted. An event
+-- is finished once emitted (delivered to the waits then, kept for a later wait): it
+-- goes with the completed jobs' retention.
+WITH scanned AS MATERIALIZED (
+    SELECT event.key, event.emitted_at
+    FROM queue_events AS event
+    WHERE event.key > %(after_key)s::text
+    ORDER BY event.key
+    LIMIT %(limit)s::integer
+), deleted AS (
+    DELETE FROM queue_events AS event
+    USING scanned
+    WHERE event.key = scanned.key
+      AND scanned.emitted_at < %(cutoff)s::timestamptz
+    RETURNING event.key
+)
+SELECT (SELECT max(scanned.key) FROM scanned), (SELECT count(*) FROM scanned),
+       (SELECT count(*) FROM deleted);
+
+
+-- name: event_prune_count
+-- Prune, dry run: how many events were emitted before the cutoff.
+SELECT count(*) FROM queue_events WHERE emitted_at < %(cutoff)s::timestamptz;

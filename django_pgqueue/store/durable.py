@@ -116,3 +116,22 @@ def time_out_wait_now(alias: str, job_id: int) -> bool:
     with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["event_wait_timeout"], {"limit": 1000})
     return True
+
+
+def prune_events(
+    alias: str, cutoff: Any, limit: int, after_key: str = ""
+) -> tuple[int, str | None]:
+    """Delete the events emitted before `cutoff` among the next `limit` keys above
+    `after_key`: (how many deleted, the key to go on after, None when none is left)."""
+    params = {"cutoff": cutoff, "limit": limit, "after_key": after_key}
+    row = fetch_one(alias, QUERIES["event_prune_batch"], params)
+    assert row is not None
+    last, scanned, deleted = row
+    return int(deleted), (last if scanned == limit else None)
+
+
+def count_prunable_events(alias: str, cutoff: Any) -> int:
+    """How many events a prune at `cutoff` would delete."""
+    row = fetch_one(alias, QUERIES["event_prune_count"], {"cutoff": cutoff})
+    assert row is not None
+    return int(row[0])
