@@ -171,3 +171,35 @@ SELECT (SELECT max(scanned.key) FROM scanned), (SELECT count(*) FROM scanned),
 -- name: event_prune_count
 -- Prune, dry run: how many events were emitted before the cutoff.
 SELECT count(*) FROM queue_events WHERE emitted_at < %(cutoff)s::timestamptz;
+
+
+-- name: stats_parked
+-- For the stats and the metrics: per queue of %(queues)s, the jobs sleeping (pending,
+-- not due, a durable sleep's wake-up still ahead) and the jobs parked for an event
+-- (waiting, with an event wait). Each reads at most %(cap)s of the queue's not-due
+-- pending jobs, and of its waiting jobs, from the claim index and the waiting index,
+-- probing each one's steps or wait by key; the scanned counts say whether a count
+-- stopped at the cap (it then means "at least").
+SELECT q.queue, sleeping.jobs, sleeping.scanned, awaiting.jobs, awaiting.scanned
+FROM unnest(%(queues)s::text[]) AS q(queue)
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE EXISTS (
+               SELECT FROM queue_job_steps AS step
+               WHERE step.job_id = later.job_id
+                 AND step.kind = 'sleep'
+                 AND (step.result ->> 'wake_at')::timestamptz > now()
+           )) AS jobs,
+           count(*) AS scanned
+    FROM (SELECT state.job_id FROM queue_job_state AS state
+          WHERE state.status = 'pending' AND state.queue = q.queue AND state.run_at > now()
+          LIMIT %(cap)s::int8) AS later
+) AS sleeping
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE EXISTS (
+               SELECT FROM queue_event_waits AS wait WHERE wait.job_id = waiting.job_id
+           )) AS jobs,
+           count(*) AS scanned
+    FROM (SELECT state.job_id FROM queue_job_state AS state
+          WHERE state.status = 'waiting' AND state.queue = q.queue
+          LIMIT %(cap)s::int8) AS waiting
+) AS awaiting;

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from ..sql import QUERIES
-from .cursors import django_cursor, fetch_one
+from .cursors import django_cursor, fetch_all, fetch_one
 from .rows import complete_params
 
 
@@ -135,3 +135,17 @@ def count_prunable_events(alias: str, cutoff: Any) -> int:
     row = fetch_one(alias, QUERIES["event_prune_count"], {"cutoff": cutoff})
     assert row is not None
     return int(row[0])
+
+
+def parked_counts(
+    alias: str, queues: list[str], cap: int
+) -> list[tuple[str, int, bool, int, bool]]:
+    """Per queue of `queues`: (queue, jobs sleeping, whether that count stopped at
+    `cap`, jobs parked for an event, whether that one did)."""
+    if not queues:
+        return []
+    rows = fetch_all(alias, "stats_parked", {"queues": queues, "cap": cap})
+    return [
+        (queue, int(sleeping), scanned_later >= cap, int(awaiting), scanned_waiting >= cap)
+        for queue, sleeping, scanned_later, awaiting, scanned_waiting in rows
+    ]
