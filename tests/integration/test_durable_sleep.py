@@ -9,6 +9,7 @@ import datetime as dt
 import pytest
 
 from django_pgqueue import chain, enqueue, enqueue_many, set_queue_limit, stats, step
+from django_pgqueue.actions import retry_now
 from django_pgqueue.metrics import collector
 from django_pgqueue.models import Attempt, JobState, JobStep
 from tests.conftest import sql
@@ -109,3 +110,27 @@ def test_the_stats_and_the_metrics_count_the_parked_jobs(run_worker):
     # The command's table has a column for each.
     out = run_command("queue_stats")
     assert out.splitlines()[0].split()[8:11] == ["waiting", "sleeping", "awaiting"]
+
+
+def test_a_retry_of_its_dependency_leaves_a_sleeping_step_run(run_worker):
+    # A step that runs whatever its dependency did, asleep mid-run (pending until its
+    # wake-up) when an operator retries that dependency: it started, so it stays run,
+    # like a running step; it is not put back to waiting for the dependency.
+    run = chain(
+        step("qa.fail", queue="dw", max_attempts=1),
+        step("qa.durable_sleep", {"seconds": 3600}, queue="dw", on_failure="run"),
+    ).enqueue()
+    parent, sleeper = run.jobs.values()
+    run_worker(["dw"], burst=True).join()
+    assert JobState.objects.get(pk=parent).status == "dead"
+    before = JobState.objects.get(pk=sleeper)
+    assert before.status == "pending"
+    assert JobStep.objects.filter(job_id=sleeper, name="nap").exists()
+
+    assert retry_now([parent]).changed == [parent]
+    after = JobState.objects.get(pk=sleeper)
+    assert (after.status, after.run_at, after.lease_version) == (
+        "pending",
+        before.run_at,
+        before.lease_version,
+    )
