@@ -310,7 +310,6 @@ def test_durable_runs_under_sigkills_a_sigstop_and_a_restart(pg_server, report):
         atomic_effects=effects,
         atomic_effects_twice_or_missing=abs(effects - 2 * runs) + duplicates,
         sleeps_woken_early=early,
-        handler_runs=counts["executions"],
         events_sent=events,
         events_lost=0,
         events_delivered_twice=0,
@@ -327,7 +326,7 @@ def test_durable_runs_under_sigkills_a_sigstop_and_a_restart(pg_server, report):
         f"{LEASE:g} s, sweep 1 s); one "
         "database restart (pg_ctl stop -m fast, start) mid-run; one worker SIGSTOPped "
         "until the sweep took every attempt it held, then SIGCONTed; events emitted by "
-        "another process: half the runs' at random moments of the drain (their wait's "
+        "another process: half the runs' at random moments of about the drain (their wait's "
         f"timeout {NEVER:g} s: each must arrive), a quarter at their wait's {TIMEOUT:g} s "
         "timeout +-0.3 s (the emit or the timeout wins, once), a quarter never (timed "
         "out). 0 atomic effects twice or missing (a unique (run, step) key; each effect "
