@@ -72,12 +72,17 @@ def _open_elsewhere(aliases: Sequence[str]) -> list[str]:
     ]
 
 
-def commit_to_wait_for(alias: str, queue: str, on_commit: bool) -> str | None:
-    """None to write `queue`'s job on `alias` now (in its transaction, if one is open);
-    else the alias of the caller's transaction whose commit the write waits for.
+def commit_to_wait_for(
+    alias: str, queue: str, on_commit: bool, *, call: str = "enqueue", what: str = ""
+) -> str | None:
+    """None to write on `alias` now (in its transaction, if one is open); else the alias
+    of the caller's transaction whose commit the write waits for.
 
-    Raises EnqueueError when the caller's transaction is on another alias only and
-    `on_commit` is False, or when several other aliases hold one (which commit?).
+    The rule of every write the caller makes on a queue's database (a job of `queue`,
+    or an event): it joins the caller's transaction on `alias`, or commits at once when
+    the caller has none; under a transaction on other aliases only it is refused
+    (EnqueueError), or, with `on_commit`, deferred to that one transaction's commit.
+    `call` and `what` name the write in the error (`what`: the job of `queue` if empty).
     """
     if connections[alias].in_atomic_block:
         return None  # transactional enqueue, as on one database
@@ -87,18 +92,19 @@ def commit_to_wait_for(alias: str, queue: str, on_commit: bool) -> str | None:
     if on_commit and len(others) == 1:
         return others[0]
     where = " and ".join(repr(other) for other in others)
+    subject = what or f"the queue {queue!r}"
     if on_commit:
         raise EnqueueError(
-            f"enqueue(on_commit=True) to the queue {queue!r} (database {alias!r}) was "
+            f"{call}(on_commit=True) to {subject} (database {alias!r}) was "
             f"called inside transactions on {where}: it cannot tell which commit to wait "
-            f"for. Enqueue from inside transaction.atomic(using={alias!r}) instead."
+            f"for. Call it from inside transaction.atomic(using={alias!r}) instead."
         )
     raise EnqueueError(
-        f"The queue {queue!r} lives on the database {alias!r}, but enqueue was called "
-        f"inside a transaction on {where} only: the job would commit at once on "
-        f"{alias!r}, even if that transaction rolls back. Enqueue inside "
+        f"{subject[0].upper()}{subject[1:]} lives on the database {alias!r}, but {call} was "
+        f"called inside a transaction on {where} only: it would commit at once on "
+        f"{alias!r}, even if that transaction rolls back. Call {call} inside "
         f"transaction.atomic(using={alias!r}) to make it transactional, or pass "
-        f"on_commit=True to enqueue it once the {others[0]!r} transaction commits "
+        f"on_commit=True to write it once the {others[0]!r} transaction commits "
         "(after that commit, not atomically with it)."
     )
 

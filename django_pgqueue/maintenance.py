@@ -20,6 +20,7 @@ from .actions import ActionReport, retry_now
 from .conf import get_settings
 from .models import FINISHED_STATUSES
 from .prune_policy import pruning_rounds
+from .store import durable as durable_store
 from .store import operator as store
 
 DEFAULT_PRUNE_BATCH = 1_000
@@ -39,6 +40,9 @@ class PruneResult:
     workflows: int = 0
     # Batch rows deleted once their members and callbacks were pruned (idem).
     batches_deleted: int = 0
+    # Events emitted before the cutoff, when completed jobs are pruned (on a dry run,
+    # what would be).
+    events: int = 0
 
     @property
     def total(self) -> int:
@@ -73,8 +77,11 @@ def prune(
     validators.seconds(older_than.total_seconds(), "older_than", allow_zero=True)
     cutoff = store.clock_ago(alias, older_than.total_seconds())
     result = PruneResult(cutoff=cutoff, statuses=statuses, dry_run=dry_run)
+    # An event is finished once emitted: it is kept as long as the completed jobs.
+    events = "completed" in statuses
     if dry_run:
         result.jobs = store.count_prunable(alias, cutoff, statuses)
+        result.events = durable_store.count_prunable_events(alias, cutoff) if events else 0
         return result
     after_id, more = 0, True
     while more:
@@ -100,12 +107,17 @@ def prune(
         deleted, after_id = store.prune_batch_rows(alias, cutoff, batch_size, after_id)
         result.batches_deleted += deleted
         if deleted < batch_size:
-            return result
+            break
+    after_key: str | None = ""
+    while events and after_key is not None:
+        deleted, after_key = durable_store.prune_events(alias, cutoff, batch_size, after_key)
+        result.events += deleted
+    return result
 
 
 def prune_older_than(older_than: Mapping[str, float], *, alias: str) -> dict[str, int]:
     """Prune each status in `older_than` once it finished that many seconds ago; return
-    the jobs deleted by status, and 'workflows' and 'batches' for those rows.
+    the jobs deleted by status, and 'workflows', 'batches' and 'events' for those rows.
 
     The passes go from the shortest age to the longest, each with every status kept no
     longer than its age, so a workflow whose steps ended in several statuses goes whole
@@ -114,8 +126,8 @@ def prune_older_than(older_than: Mapping[str, float], *, alias: str) -> dict[str
     deleted: dict[str, int] = {}
     for age, statuses in pruning_rounds(older_than):
         result = prune(dt.timedelta(seconds=age), statuses=statuses, alias=alias)
-        for key, count in (*result.jobs.items(), ("workflows", result.workflows),
-                           ("batches", result.batches_deleted)):  # fmt: skip
+        rows = {"workflows": result.workflows, "batches": result.batches_deleted}
+        for key, count in (*result.jobs.items(), *rows.items(), ("events", result.events)):
             deleted[key] = deleted.get(key, 0) + count
     return deleted
 

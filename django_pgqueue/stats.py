@@ -16,6 +16,7 @@ from .conf import get_settings
 from .durations import format_seconds
 from .registry import registry
 from .schedules.operations import late_schedules
+from .store import durable as durable_store
 from .store import operator as store
 
 # The most jobs of one queue and status a reading counts (see the module's docstring).
@@ -35,8 +36,13 @@ class QueueFigures:
     expired_leases: int = 0
     dead: int = 0
     cancelled: int = 0
-    # Workflow steps waiting for their dependencies (in no claim index).
+    # Jobs in no claim index: workflow steps waiting for their dependencies, and
+    # durable jobs parked for an event (`awaiting_event`, counted among them).
     waiting: int = 0
+    # Durable jobs parked: pending until a sleep's wake-up (counted among the pending
+    # jobs, not due), waiting for an event (among the waiting ones).
+    sleeping: int = 0
+    awaiting_event: int = 0
     completed: int | None = None
     oldest_due_seconds: float | None = None
     # The statuses whose count stopped at the cap: there are at least that many.
@@ -63,6 +69,14 @@ class QueueFigures:
     @property
     def waiting_capped(self) -> bool:
         return "waiting" in self.capped
+
+    @property
+    def sleeping_capped(self) -> bool:
+        return "sleeping" in self.capped
+
+    @property
+    def awaiting_event_capped(self) -> bool:
+        return "awaiting_event" in self.capped
 
     @property
     def live(self) -> int:
@@ -95,6 +109,8 @@ class Snapshot:
             total.dead += figures.dead
             total.cancelled += figures.cancelled
             total.waiting += figures.waiting
+            total.sleeping += figures.sleeping
+            total.awaiting_event += figures.awaiting_event
             if figures.oldest_due_seconds is not None:
                 total.oldest_due_seconds = max(
                     total.oldest_due_seconds or 0.0, figures.oldest_due_seconds
@@ -125,7 +141,9 @@ def _plain(figures: QueueFigures) -> dict[str, Any]:
 
 
 def collect(alias: str | None = None, *, exact: bool = False) -> Snapshot:
-    """Read the figures of every queue that has jobs (two cheap queries; a full scan if exact)."""
+    """Read the figures of every queue that has jobs (three cheap queries: the counts by
+    status, the parked durable jobs of the queues with some not due or waiting, the late
+    schedules; a full scan if exact)."""
     alias = alias or get_settings().DATABASE
     cap = _NO_CAP if exact else COUNT_CAP
     by_queue: dict[str, QueueFigures] = {}
@@ -143,6 +161,14 @@ def collect(alias: str | None = None, *, exact: bool = False) -> Snapshot:
             figures.cancelled = jobs
         elif status == "waiting":
             figures.waiting = jobs
+    parked = [f.queue for f in by_queue.values() if f.pending > f.due or f.waiting]
+    for queue, sleeping, sleeping_capped, awaiting, awaiting_capped in durable_store.parked_counts(
+        alias, parked, cap
+    ):
+        figures = by_queue[queue]
+        figures.sleeping, figures.awaiting_event = sleeping, awaiting
+        figures.capped |= {"sleeping"} if sleeping_capped else set()
+        figures.capped |= {"awaiting_event"} if awaiting_capped else set()
     if exact:
         for queue, jobs in store.completed_counts(alias).items():
             by_queue.setdefault(queue, QueueFigures(queue=queue)).completed = jobs

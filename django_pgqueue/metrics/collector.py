@@ -62,7 +62,8 @@ def read(alias: str, *, close: bool = False) -> Reading:
 
 
 class QueueCollector(Collector):
-    """Per queue: jobs by status, due jobs, the oldest due job's age; workers alive and gone.
+    """Per queue: jobs by status, due jobs, parked durable jobs, the oldest due job's age;
+    workers alive and gone.
 
     Reads `stats.collect` (small partial indexes only) and the worker registry, at most
     once per METRICS_CACHE_SECONDS per process (see `read`). Values are the same
@@ -115,6 +116,13 @@ _GAUGES = [
     ),
     ("due", "pgqueue_jobs_due", "Pending jobs due now.", ["queue"]),
     (
+        "parked",
+        "pgqueue_jobs_parked",
+        "Durable jobs parked, by reason: sleep (pending until its wake-up, among the "
+        "pending jobs) or event (waiting for an event, among the waiting jobs).",
+        ["queue", "reason"],
+    ),
+    (
         "oldest",
         "pgqueue_oldest_due_age_seconds",
         "How long the oldest due pending job has waited (0 when none is due).",
@@ -154,6 +162,7 @@ class _Families:
     up: GaugeMetricFamily
     jobs: GaugeMetricFamily
     due: GaugeMetricFamily
+    parked: GaugeMetricFamily
     oldest: GaugeMetricFamily
     expired: GaugeMetricFamily
     workers: GaugeMetricFamily
@@ -179,6 +188,8 @@ class _Families:
             for status in ("pending", "running", "dead", "cancelled", "waiting"):
                 self.add(self.jobs, alias, [q.queue, status], getattr(q, status))
             self.add(self.due, alias, [q.queue], q.due)
+            self.add(self.parked, alias, [q.queue, "sleep"], q.sleeping)
+            self.add(self.parked, alias, [q.queue, "event"], q.awaiting_event)
             self.add(self.oldest, alias, [q.queue], q.oldest_due_seconds or 0.0)
             self.add(self.expired, alias, [q.queue], q.expired_leases)
         self.add(self.workers, alias, ["alive"], alive)
@@ -199,7 +210,8 @@ class _Families:
     def all(self) -> Iterator[Any]:
         yield self.up
         if self.read:
-            yield from (self.jobs, self.due, self.oldest, self.expired, self.workers)
+            yield from (self.jobs, self.due, self.parked, self.oldest, self.expired)
+            yield self.workers
             yield from (self.late, self.late_seconds)
         if self.controls_read:
             yield self.paused

@@ -133,3 +133,63 @@ UPDATE queue_event_waits AS wait
 SET timeout_at = now()
 WHERE wait.job_id = %(job_id)s::bigint
 RETURNING wait.job_id;
+
+
+-- name: event_prune_batch
+-- Prune: delete the events emitted before the cutoff among the next `limit` keys above
+-- after_key, walking the primary key (no index over emitted_at is needed); returns the
+-- last key looked at (NULL: none left), how many were looked at and deleted. An event
+-- is finished once emitted (delivered to the waits then, kept for a later wait): it
+-- goes with the completed jobs' retention.
+WITH scanned AS MATERIALIZED (
+    SELECT event.key, event.emitted_at
+    FROM queue_events AS event
+    WHERE event.key > %(after_key)s::text
+    ORDER BY event.key
+    LIMIT %(limit)s::integer
+), deleted AS (
+    DELETE FROM queue_events AS event
+    USING scanned
+    WHERE event.key = scanned.key
+      AND scanned.emitted_at < %(cutoff)s::timestamptz
+    RETURNING event.key
+)
+SELECT (SELECT max(scanned.key) FROM scanned), (SELECT count(*) FROM scanned),
+       (SELECT count(*) FROM deleted);
+
+
+-- name: event_prune_count
+-- Prune, dry run: how many events were emitted before the cutoff.
+SELECT count(*) FROM queue_events WHERE emitted_at < %(cutoff)s::timestamptz;
+
+
+-- name: stats_parked
+-- For the stats and the metrics: per queue of %(queues)s, the jobs sleeping (pending,
+-- not due, a durable sleep's wake-up still ahead) and the jobs parked for an event
+-- (waiting, with an event wait). Each reads at most %(cap)s of the queue's not-due
+-- pending jobs, and of its waiting jobs, from the claim index and the waiting index,
+-- probing each one's steps or wait by key; the scanned counts say whether a count
+-- stopped at the cap (it then means "at least").
+SELECT q.queue, sleeping.jobs, sleeping.scanned, awaiting.jobs, awaiting.scanned
+FROM unnest(%(queues)s::text[]) AS q(queue)
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE EXISTS (
+               SELECT FROM queue_job_steps AS step
+               WHERE step.job_id = later.job_id
+                 AND step.kind = 'sleep'
+                 AND (step.result ->> 'wake_at')::timestamptz > now()
+           )) AS jobs,
+           count(*) AS scanned
+    FROM (SELECT state.job_id FROM queue_job_state AS state
+          WHERE state.status = 'pending' AND state.queue = q.queue AND state.run_at > now()
+          LIMIT %(cap)s::int8) AS later
+) AS sleeping
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE EXISTS (
+               SELECT FROM queue_event_waits AS wait WHERE wait.job_id = waiting.job_id
+           )) AS jobs,
+           count(*) AS scanned
+    FROM (SELECT state.job_id FROM queue_job_state AS state
+          WHERE state.status = 'waiting' AND state.queue = q.queue
+          LIMIT %(cap)s::int8) AS waiting
+) AS awaiting;

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from ..sql import QUERIES
-from .cursors import django_cursor, fetch_one
+from .cursors import django_cursor, fetch_all, fetch_one
 from .rows import complete_params
 
 
@@ -120,3 +120,36 @@ def time_out_wait_now(alias: str, job_id: int) -> bool:
     with django_cursor(alias) as cursor:
         cursor.execute(QUERIES["event_wait_timeout"], {"limit": 1000})
     return True
+
+
+def prune_events(
+    alias: str, cutoff: Any, limit: int, after_key: str = ""
+) -> tuple[int, str | None]:
+    """Delete the events emitted before `cutoff` among the next `limit` keys above
+    `after_key`: (how many deleted, the key to go on after, None when none is left)."""
+    params = {"cutoff": cutoff, "limit": limit, "after_key": after_key}
+    row = fetch_one(alias, QUERIES["event_prune_batch"], params)
+    assert row is not None
+    last, scanned, deleted = row
+    return int(deleted), (last if scanned == limit else None)
+
+
+def count_prunable_events(alias: str, cutoff: Any) -> int:
+    """How many events a prune at `cutoff` would delete."""
+    row = fetch_one(alias, QUERIES["event_prune_count"], {"cutoff": cutoff})
+    assert row is not None
+    return int(row[0])
+
+
+def parked_counts(
+    alias: str, queues: list[str], cap: int
+) -> list[tuple[str, int, bool, int, bool]]:
+    """Per queue of `queues`: (queue, jobs sleeping, whether that count stopped at
+    `cap`, jobs parked for an event, whether that one did)."""
+    if not queues:
+        return []
+    rows = fetch_all(alias, "stats_parked", {"queues": queues, "cap": cap})
+    return [
+        (queue, int(sleeping), scanned_later >= cap, int(awaiting), scanned_waiting >= cap)
+        for queue, sleeping, scanned_later, awaiting, scanned_waiting in rows
+    ]

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from django_pgqueue import chain, enqueue_many, step
+from django_pgqueue import chain, emit_event, enqueue_many, step
+from django_pgqueue.maintenance import prune
 from django_pgqueue.models import Schedule
 from django_pgqueue.prune_policy import PRUNE_TYPE
 from django_pgqueue.schedules.firing import sync_code_schedules
@@ -101,7 +102,14 @@ def test_the_prune_job_keeps_each_status_its_age_and_a_workflow_until_its_longes
     assert sql("SELECT id FROM queue_workflows") == [(kept.id,)]
     result = job.wait(0)
     assert result == {
-        "default": {"completed": 2, "cancelled": 1, "dead": 2, "workflows": 1, "batches": 0}
+        "default": {
+            "completed": 2,
+            "cancelled": 1,
+            "dead": 2,
+            "workflows": 1,
+            "batches": 0,
+            "events": 0,
+        }
     }
 
 
@@ -140,3 +148,27 @@ def test_enqueue_many_of_the_prune_type_is_an_ordinary_job(default_prune):
     run_due_jobs(["default"])
     assert not job_exists(old)
     assert job.wait(0)["default"]["dead"] == 1
+
+
+def test_events_are_pruned_after_the_completed_jobs_retention(default_prune, stores):
+    # An event is a finished row once emitted: delivered to its waits then, or there for
+    # a later wait; it goes once it is older than the completed jobs' retention.
+    for key in ("old-1", "old-2", "young"):
+        emit_event(key, {"key": key})
+    sql("UPDATE queue_events SET emitted_at = now() - interval '15 days' WHERE key <> 'young'")
+    sync_code_schedules(stores())
+    job = run_now(prune_schedule())
+    assert run_due_jobs(["default"])["completed"] == 1
+    assert sql("SELECT key FROM queue_events") == [("young",)]
+    assert job.wait(0)["default"]["events"] == 2
+
+
+def test_a_prune_of_other_statuses_than_completed_keeps_the_events(stores):
+    emit_event("kept", None)
+    sql("UPDATE queue_events SET emitted_at = now() - interval '100 days'")
+    assert prune(dt.timedelta(days=1), statuses=["dead", "cancelled"]).events == 0
+    assert prune(dt.timedelta(days=1), dry_run=True).events == 1
+    assert sql("SELECT key FROM queue_events") == [("kept",)]
+    result = prune(dt.timedelta(days=1), batch_size=1)
+    assert result.events == 1
+    assert sql("SELECT key FROM queue_events") == []

@@ -13,7 +13,8 @@ from django.db import connection, transaction
 from django.urls import reverse
 from qa.models import DurableEffect
 
-from django_pgqueue import emit_event, enqueue, enqueue_many
+from django_pgqueue import chain, emit_event, enqueue, enqueue_many, step
+from django_pgqueue.actions import retry_now
 from django_pgqueue.models import Attempt, EventWait, JobState, JobStep
 from tests.conftest import sql
 from tests.integration.test_worker import wait_until
@@ -189,3 +190,29 @@ def test_an_async_handler_runs_the_async_spellings(run_worker):
     assert sql(
         "SELECT step, count(*) FROM qa_durable_call WHERE job_id = %s GROUP BY step", [job.id]
     ) == [("a", 1)]
+
+
+def test_a_parked_step_stays_parked_through_a_retry_of_its_dependency(run_worker):
+    # A step that runs whatever its dependency did, parked for an event mid-run, when
+    # an operator retries that dependency and it dies again: the settle leaves the
+    # parked step to its event (it started), instead of waking it as a step whose
+    # dependencies just finished (it ran again and parked anew, its timeout restarted).
+    run = chain(
+        step("qa.fail", queue="ew", max_attempts=1),
+        step("qa.durable_event", {"key": "ew:paid", "timeout": 3600}, queue="ew", on_failure="run"),
+    ).enqueue()
+    parent, parked = run.jobs.values()
+    run_worker(["ew"], burst=True).join()
+    assert (status(parent), status(parked)) == ("dead", "waiting")
+    wait = EventWait.objects.get(job_id=parked)
+
+    assert retry_now([parent]).changed == [parent]
+    run_worker(["ew"], burst=True).join()
+    assert (status(parent), status(parked)) == ("dead", "waiting")
+    assert Attempt.objects.filter(job_id=parked).count() == 1
+    assert EventWait.objects.get(job_id=parked).created_at == wait.created_at
+
+    emit_event("ew:paid", "go")
+    run_worker(["ew"], burst=True).join()
+    assert status(parked) == "completed"
+    assert result(parked) == "go"

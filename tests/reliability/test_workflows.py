@@ -18,6 +18,7 @@ writes are the refusals it logs after the SIGCONT.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -25,6 +26,8 @@ import random
 import re
 import signal
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 from tests.reliability.conftest import ledger_counts, outcome, size
 from tests.reliability.pgserver import PgServer, pg_server  # noqa: F401 (a fixture)
@@ -97,18 +100,26 @@ def completed(server: PgServer) -> int:
 
 
 class Slots:
-    """WORKERS run_queue_worker processes, each slot restarted under a new id when killed."""
+    """`count` run_queue_worker processes of `queue` (with `options`), each slot restarted
+    under a new id when killed."""
 
-    def __init__(self, server: PgServer) -> None:
+    def __init__(
+        self,
+        server: PgServer,
+        queue: str = Q,
+        options: tuple[str, ...] = OPTIONS,
+        count: int = WORKERS,
+    ) -> None:
         self.server = server
+        self.queue, self.options = queue, options
         self.generation = 0
         self.started: list[FaultWorker] = []
-        self.slots: list[tuple[str, FaultWorker]] = [self.start(slot) for slot in range(WORKERS)]
+        self.slots: list[tuple[str, FaultWorker]] = [self.start(slot) for slot in range(count)]
 
     def start(self, slot: int) -> tuple[str, FaultWorker]:
         self.generation += 1
-        worker_id = f"flows-{slot}-{self.generation}"
-        worker = FaultWorker(self.server, Q, "--worker-id", worker_id, *OPTIONS)
+        worker_id = f"{self.queue}-{slot}-{self.generation}"
+        worker = FaultWorker(self.server, self.queue, "--worker-id", worker_id, *self.options)
         self.started.append(worker)
         return worker_id, worker
 
@@ -126,6 +137,19 @@ class Slots:
             timeout=30,
         )
         self.slots[slot] = self.start(slot)
+
+    def stop(self) -> list[str]:
+        """SIGTERM every slot's worker once it is up (the last ones started may still be
+        booting) and require a clean exit; their outputs."""
+        wait_for(
+            self.server,
+            "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
+            "WHERE application_name = ANY (ARRAY["
+            + ", ".join(f"'pgqueue worker {worker_id}'" for worker_id, _ in self.slots)
+            + "])",
+            lambda n: n == len(self.slots),
+        )
+        return stop_all([worker for _, worker in self.slots])
 
     def close(self) -> None:
         for worker in self.started:
@@ -153,6 +177,26 @@ def claimed_since(server: PgServer, worker_id: str, since: float) -> bool:
 Attempt = tuple[int, int]  # (job_id, lease_version)
 
 
+def client_ports(pid: int) -> list[int]:
+    """The local ports of process `pid`'s TCP sockets: its database sessions' client_port
+    (the workers reach the server on 127.0.0.1), read from /proc."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    ports = []
+    for table in ("tcp", "tcp6"):
+        path = Path(f"/proc/{pid}/net/{table}")
+        if path.exists():
+            for line in path.read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 class Freeze:
     """One worker SIGSTOPped until the sweep has taken what it held, then SIGCONTed.
 
@@ -177,6 +221,8 @@ class Freeze:
         # Reported to the parent once every thread of the process has stopped.
         _, status = os.waitpid(worker.proc.pid, os.WUNTRACED)
         assert os.WIFSTOPPED(status), f"{worker_id} ended instead of stopping ({status})"
+        # Its handlers' sessions have no name of the worker's: known by their ports.
+        self.ports = client_ports(worker.proc.pid)
         self.at = time.monotonic()
         self.stopped_at: dt.datetime = server.sql("SELECT now()")[0][0]
         self.resumed_at: dt.datetime | None = None
@@ -208,9 +254,10 @@ class Freeze:
         """
         return bool(
             self.server.sql(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY (%s) "
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE (application_name = ANY (%s) OR client_port = ANY (%s)) "
                 "AND xact_start IS NOT NULL AND wait_event = 'ClientRead'",
-                [self.sessions],
+                [self.sessions, self.ports],
             )[0][0]
         )
 
@@ -219,8 +266,8 @@ class Freeze:
         sweep took them), and record what it held; False while it is not yet so."""
         busy = self.server.sql(
             "SELECT count(*) FROM pg_stat_activity "
-            "WHERE application_name = ANY (%s) AND state <> 'idle'",
-            [self.sessions],
+            "WHERE (application_name = ANY (%s) OR client_port = ANY (%s)) AND state <> 'idle'",
+            [self.sessions, self.ports],
         )[0][0]
         if busy:
             return False
@@ -265,6 +312,61 @@ class Freeze:
         }
 
 
+class RestartThenFreeze:
+    """The two one-off faults of a scenario under SIGKILLs, one turn of its loop at a
+    time: a database restart once `restart_at` jobs completed, then, once jobs complete
+    again, a worker holding running attempts claimed since the restart SIGSTOPped until
+    the sweep has taken them all (`Freeze`). A freeze is given up for another if the
+    worker stopped inside a transaction (its locks keep the sweep off those rows:
+    resumed at once) or held nothing the sweep took (its own writes on the wire ended
+    every attempt it had)."""
+
+    def __init__(
+        self, server: PgServer, workers: Slots, rng: random.Random, restart_at: int
+    ) -> None:
+        self.server, self.workers, self.rng = server, workers, rng
+        self.restart_at = restart_at
+        self.restart: dict[str, float] = {}  # done_before, at (Unix time), back
+        self.frozen: Freeze | None = None
+        self.retried = {"inside a transaction": 0, "holding nothing": 0}  # given up
+
+    @property
+    def over(self) -> bool:
+        """Whether the restart and a freeze that held something are behind."""
+        return self.frozen is not None and self.frozen.resumed is not None
+
+    @property
+    def spared(self) -> int | None:
+        """The slot of the frozen worker: never killed, its late writes are the point."""
+        return self.frozen.slot if self.frozen is not None else None
+
+    def turn(self, done: int, completed: Callable[[], int]) -> None:
+        """One step of the faults, `done` jobs completed (`completed` reads it again)."""
+        restart, frozen = self.restart, self.frozen
+        if not restart and done >= self.restart_at:
+            # One database restart mid-run: the workers reconnect, lose nothing.
+            restart["done_before"] = done
+            restart["at"] = time.time()
+            restart["back"] = self.server.restart("fast")
+        elif restart and frozen is None and completed() > restart["done_before"]:
+            # Back after the restart: freeze a worker that holds running attempts.
+            count = len(self.workers.slots)
+            for slot in self.rng.sample(range(count), count):
+                worker_id, worker = self.workers.slots[slot]
+                if claimed_since(self.server, worker_id, restart["back"]):
+                    self.frozen = Freeze(self.server, slot, worker_id, worker)
+                    break
+        elif frozen is not None and frozen.resumed is None:
+            # Past its lease: resumed once the sweep has taken every attempt it held.
+            if frozen.inside_a_transaction():
+                frozen.worker.proc.send_signal(signal.SIGCONT)
+                self.retried["inside a transaction"] += 1
+                self.frozen = None
+            elif frozen.resume_if_swept() and not frozen.held:
+                self.retried["holding nothing"] += 1
+                self.frozen = None
+
+
 def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, report):  # noqa: F811
     """14. Workflows under SIGKILL, a SIGSTOP past the lease and a database restart"""
     server = pg_server
@@ -276,9 +378,7 @@ def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, rep
 
     rng = random.Random()
     workers = Slots(server)
-    frozen: Freeze | None = None
-    retried = {"inside a transaction": 0, "holding nothing": 0}  # freezes given up
-    restart: dict[str, float] = {}
+    faults = RestartThenFreeze(server, workers, rng, restart_at=jobs // 20)
     try:
         started = time.monotonic()
         deadline = started + size(300, 1800)
@@ -286,43 +386,21 @@ def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, rep
         next_kill = started + rng.uniform(0.5, 1.0)  # the first kill early: CI drains fast
         while True:
             done = completed(server)
-            if done == jobs and frozen is not None and frozen.resumed is not None:
+            if done == jobs and faults.over:
                 break
             assert time.monotonic() < deadline, f"not drained in time ({done}/{jobs})"
-            assert done < jobs or frozen is not None, "the workflows finished before the SIGSTOP"
-            if not restart and done >= jobs // 20:
-                # One database restart mid-run: the workers reconnect, lose nothing.
-                restart["done_before"] = done
-                restart["at"] = time.time()
-                restart["back"] = server.restart("fast")
-            elif restart and frozen is None and completed(server) > restart["done_before"]:
-                # Back after the restart: freeze a worker that holds running steps.
-                for slot in rng.sample(range(WORKERS), WORKERS):
-                    worker_id, worker = workers.slots[slot]
-                    if claimed_since(server, worker_id, restart["back"]):
-                        frozen = Freeze(server, slot, worker_id, worker)
-                        break
-            elif frozen is not None and frozen.resumed is None:
-                # Past its lease: resumed once the sweep has taken every step it held.
-                # Given up for another freeze later if nothing of it can be swept while
-                # it is frozen (it stopped inside a transaction: resumed at once), or
-                # nothing was (its own writes on the wire ended every step it had).
-                if frozen.inside_a_transaction():
-                    frozen.worker.proc.send_signal(signal.SIGCONT)
-                    retried["inside a transaction"] += 1
-                    frozen = None
-                elif frozen.resume_if_swept() and not frozen.held:
-                    retried["holding nothing"] += 1
-                    frozen = None
+            assert done < jobs or faults.frozen is not None, (
+                "the workflows finished before the SIGSTOP"
+            )
+            faults.turn(done, lambda: completed(server))
             if time.monotonic() >= next_kill and done < jobs:
-                # The frozen worker is never killed: its late writes are the point.
-                spared = frozen.slot if frozen is not None else None
-                slot = rng.choice([s for s in range(WORKERS) if s != spared])
+                slot = rng.choice([s for s in range(WORKERS) if s != faults.spared])
                 workers.kill(slot)
                 kills += 1
                 next_kill = time.monotonic() + rng.uniform(1.5, 2.5)
             time.sleep(0.05)
         drain_s = time.monotonic() - started
+        frozen, restart, retried = faults.frozen, faults.restart, faults.retried
         assert frozen is not None
         assert frozen.resumed is not None
         # The frozen worker's handlers end and write with the tokens the sweep retired:
@@ -332,16 +410,7 @@ def test_chords_and_chains_under_sigkills_a_sigstop_and_a_restart(pg_server, rep
             if frozen.held <= {(job, version) for _, job, version in frozen.refusals()[1]}:
                 break
             time.sleep(0.2)
-        # Each worker up (the last ones started may still be booting) before its SIGTERM.
-        wait_for(
-            server,
-            "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
-            "WHERE application_name = ANY (ARRAY["
-            + ", ".join(f"'pgqueue worker {worker_id}'" for worker_id, _ in workers.slots)
-            + "])",
-            lambda n: n == WORKERS,
-        )
-        outputs = stop_all([worker for _, worker in workers.slots])
+        outputs = workers.stop()
         refused_before, late = frozen.refusals()  # its log is gone once closed
     finally:
         workers.close()

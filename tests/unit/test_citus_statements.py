@@ -65,6 +65,8 @@ ROUTED = {
     "queue_control_show",
     # A worker's backlog sample: one count per queue it serves, each on that queue.
     "stats_minute_backlog",
+    # The parked durable jobs: one count per queue asked about, each on that queue.
+    "stats_parked",
     # Enqueue: each row inserted carries its queue (a row is routed by its own value).
     "job_enqueue_many",
     "job_enqueue_many_alike",

@@ -100,7 +100,13 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"{where}Dry run: would delete {counted(result.total, 'job')} that finished "
                 f"before {cutoff} "
-                f"({by_status}). Nothing was deleted."
+                f"({by_status})"
+                + (
+                    f" and {counted(result.events, 'event')} emitted before it"
+                    if result.events
+                    else ""
+                )
+                + ". Nothing was deleted."
             )
         else:
             self.stdout.write(
@@ -116,6 +122,11 @@ class Command(BaseCommand):
                     f" Deleted {counted(result.batches_deleted, 'batch', 'batches')} (batch() "
                     "rows) whose members and callbacks were all gone."
                     if result.batches_deleted
+                    else ""
+                )
+                + (
+                    f" Deleted {counted(result.events, 'event')} emitted before {cutoff}."
+                    if result.events
                     else ""
                 )
             )

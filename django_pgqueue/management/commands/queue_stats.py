@@ -28,6 +28,8 @@ COLUMNS = (
     ("dead", "dead"),
     ("cancelled", "cancelled"),
     ("waiting", "waiting"),
+    ("sleeping", "sleeping"),
+    ("awaiting_event", "awaiting event"),
     ("completed", "completed"),
     ("oldest_due_seconds", "oldest due"),
 )
@@ -168,8 +170,6 @@ def _row(figures: QueueFigures, completed_mark: str) -> list[str]:
         elif key == "completed":
             cells.append("—" if value is None else f"{completed_mark}{value}")
         else:
-            capped = key in ("pending", "due", "dead", "cancelled", "waiting") and getattr(
-                figures, f"{key}_capped"
-            )
+            capped = getattr(figures, f"{key}_capped", False)
             cells.append(f"{value}+" if capped else str(value))  # at least that many
     return cells

@@ -143,6 +143,17 @@ def test_prune_dry_run_counts_and_deletes_nothing(aged_jobs):
     assert all(exists(job_id) for job_id in aged_jobs.values())
 
 
+def test_prune_says_how_many_events_it_deletes_with_the_completed_jobs():
+    sql(
+        "INSERT INTO queue_events (key, emitted_at) VALUES ('old', now() - interval '8 days'), "
+        "('new', now())"
+    )
+    out = run("prune_queue_jobs", "--older-than", "7d", "--dry-run")
+    assert "and 1 event emitted before it. Nothing was deleted." in out
+    assert "Deleted 1 event emitted before" in run("prune_queue_jobs", "--older-than", "7d")
+    assert sql("SELECT key FROM queue_events") == [("new",)]
+
+
 def test_prune_deletes_in_bounded_batches():
     old = [make_job("completed", finished_ago="8 days") for _ in range(7)]
     keep = make_job("completed", finished_ago="1 day")
