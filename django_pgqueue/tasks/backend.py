@@ -165,7 +165,7 @@ class PgQueueBackend(BaseTaskBackend):
             max_attempts=options.max_attempts or conf.MAX_ATTEMPTS,
             concurrency_key=options.key_for(task.func, task.takes_context, args, kwargs),
             sequence=options.key_for(task.func, task.takes_context, args, kwargs, "sequence"),
-            sequence_on_failure=options.sequence_on_failure,  # type: ignore[arg-type]
+            sequence_on_failure=options.sequence_on_failure,
         )
         # The queue's database (PGQUEUE["QUEUE_DATABASES"]): the result id names it.
         database = conf.database_for(job.queue)

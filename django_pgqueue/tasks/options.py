@@ -21,7 +21,7 @@ from ..retry import (
     exception_entries,
     retry_on,
 )
-from ..sequences import ON_FAILURE
+from ..sequences import ON_FAILURE, OnFailure
 from ..task_paths import TASK_PATH_RE
 
 # Keys of a PgQueueBackend's OPTIONS, and of each entry of OPTIONS["TASKS"]. The
@@ -93,7 +93,7 @@ class TaskOptions:
     soft_time_limit: float | None = None
     time_limit: float | None = None
     sequence: ConcurrencyKey | None = None
-    sequence_on_failure: str = "hold"
+    sequence_on_failure: OnFailure = "hold"
 
     def over(self, defaults: TaskOptions) -> TaskOptions:
         """These options, with their unset fields taken from `defaults`."""

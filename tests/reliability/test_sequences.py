@@ -301,7 +301,8 @@ def test_fair_and_sequenced_queue_under_kills_and_a_restart(
         kills=kills,
         database_restarts=1,
         drain_s=round(drain_s, 1),
-        notes="a worker SIGKILLed every ~2 s and the server restarted (fast) half-way; "
+        notes="a worker SIGKILLed ~2 s after the last replacement was up, and the server "
+        "restarted (fast) half-way; "
         "one job in four asks for 1-2 retries; 'worst key start' is the share of the "
         "bulk key's jobs started before the slowest other key's first job",
     )

@@ -58,6 +58,11 @@ def test_per_task_options_override_the_backend_wide_ones():
             r"soft_time_limit \(9s\) must be below time_limit \(5s\)",
         ),
         ({"TIME_LIMIT": 5}, "unknown key.*'TIME_LIMIT'"),
+        ({"TASKS": {"shop.tasks.charge": {"sequence": 42}}}, "sequence.*template"),
+        (
+            {"TASKS": {"shop.tasks.charge": {"sequence_on_failure": "skip"}}},
+            r"sequence_on_failure'\] must be one of hold, continue, got 'skip'",
+        ),
     ],
 )
 def test_bad_options_name_the_key(options, message):
@@ -99,6 +104,10 @@ def test_a_concurrency_key_template_names_parameters_however_they_are_passed():
     with pytest.raises(EnqueueError, match="names argument 'customer_id'"):
         options.key_for(charge, False, [7], {})
     assert TaskOptions().key_for(charge, False, [7, 42], {}) is None
+    sequenced = TaskOptions(sequence="ledger:{customer_id}")
+    assert sequenced.key_for(charge, False, [7, 42], {}, "sequence") == "ledger:42"
+    with pytest.raises(EnqueueError, match="the sequence template"):
+        sequenced.key_for(charge, False, [7], {}, "sequence")
 
 
 def test_a_concurrency_key_callable_gets_the_call_arguments():
