@@ -40,10 +40,12 @@ import logging
 import os
 import queue as queue_module
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -172,6 +174,8 @@ class Supervisor:
     def run(self) -> int:
         """Start the children and supervise them; the exit code (see `exit_status`)."""
         restore = queue_stop_signals(self._signals.put)
+        # The children's listen turns (see worker/listen_turn.py): lock files in here.
+        self.listen_turns = tempfile.mkdtemp(prefix="pgqueue-turns-")
         try:
             logger.info("supervisor %d starting %d worker processes", os.getpid(), self.processes)
             for child in self.children:
@@ -191,6 +195,7 @@ class Supervisor:
                     ):
                         self._start(child)
         finally:
+            shutil.rmtree(self.listen_turns, ignore_errors=True)
             if restore:
                 restore()
         if self.gave_up:
@@ -218,7 +223,7 @@ class Supervisor:
         report_read, report_write = os.pipe()
         os.set_blocking(report_read, False)
         control = ["--control-fd", str(read_end), "--supervisor-id", self.id]
-        control += ["--report-fd", str(report_write)]
+        control += ["--report-fd", str(report_write), "--listen-turns", self.listen_turns]
         spec = {"path": sys.path, "argv": [*argv, *control]}
         try:
             child.proc = subprocess.Popen(
