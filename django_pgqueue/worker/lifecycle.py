@@ -111,6 +111,8 @@ class Worker:
         self._listener = Listener(
             cfg, dispatcher.claims, self._wake, self._service_stop, turn, self._capacity.room
         )
+        if turn is not None:
+            dispatcher.on_full = self._listener.full
         self._signals = SignalRelay(self._switch, cfg.shutdown_grace)
 
     def _core_parts(self) -> WorkerParts:

@@ -55,12 +55,19 @@ class Listener:
         # that ends the wait for a NOTIFY, with no round trip to the database.
         self._interrupt_recv, self._interrupt_send = socket.socketpair()
         self._interrupt_send.setblocking(False)
+        self._interrupt_recv.setblocking(False)
 
     def interrupt(self) -> None:
         """End the current wait for a NOTIFY now (after `stop` is set: a stopping worker's
         listener then stops at once instead of after LISTEN_TIMEOUT)."""
         with contextlib.suppress(OSError):  # already written, or the listener has ended
             self._interrupt_send.send(b"\0")
+
+    def full(self) -> None:
+        """The dispatcher has no room for a job: give the turn to a child with room now,
+        not at the next NOTIFY (a burst enqueued at once sends one)."""
+        if self.turn is not None and self.turn.held:
+            self.interrupt()
 
     def run(self) -> None:
         cfg = self.config
@@ -90,8 +97,11 @@ class Listener:
                         if name in wanted:
                             self.claims.notify((name,))
                             self.wake.set()
-                    if self.turn is not None and not self.room():
-                        self._give_turn(store)  # a child with room listens instead
+                    if self.turn is not None:
+                        with contextlib.suppress(BlockingIOError):  # read: the wait is over
+                            self._interrupt_recv.recv(64)
+                        if not self.room():
+                            self._give_turn(store)  # a child with room listens instead
                 except DatabaseUnavailable as exc:
                     self._deaf()
                     logger.warning("listener: %s", exc)
