@@ -24,6 +24,10 @@ connection opened for them and closed after), and a child recycled for
 --max-jobs-per-process or --max-memory-per-process says so: both are started again at
 once, neither counts as a death.
 
+Listening: the children serving the same queues LISTEN one at a time, their turn a
+lock on a file in a directory the supervisor makes for them and removes at its end
+(`worker/listen_turn.py`), so that a NOTIFY wakes one idle child, not all of them.
+
 Restarts: a child that exits without being asked to is started again after a backoff
 (RESTART_DELAY doubling up to RESTART_DELAY_MAX while it keeps dying at once: before it
 said it was up, or within QUICK_EXIT of that, however slow a loaded machine made its
