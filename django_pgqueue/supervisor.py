@@ -24,6 +24,10 @@ connection opened for them and closed after), and a child recycled for
 --max-jobs-per-process or --max-memory-per-process says so: both are started again at
 once, neither counts as a death.
 
+Listening: the children serving the same queues LISTEN one at a time, their turn a
+lock on a file in a directory the supervisor makes for them and removes at its end
+(`worker/listen_turn.py`), so that a NOTIFY wakes one idle child, not all of them.
+
 Restarts: a child that exits without being asked to is started again after a backoff
 (RESTART_DELAY doubling up to RESTART_DELAY_MAX while it keeps dying at once: before it
 said it was up, or within QUICK_EXIT of that, however slow a loaded machine made its
@@ -40,10 +44,12 @@ import logging
 import os
 import queue as queue_module
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -172,6 +178,8 @@ class Supervisor:
     def run(self) -> int:
         """Start the children and supervise them; the exit code (see `exit_status`)."""
         restore = queue_stop_signals(self._signals.put)
+        # The children's listen turns (see worker/listen_turn.py): lock files in here.
+        self.listen_turns = tempfile.mkdtemp(prefix="pgqueue-turns-")
         try:
             logger.info("supervisor %d starting %d worker processes", os.getpid(), self.processes)
             for child in self.children:
@@ -191,6 +199,7 @@ class Supervisor:
                     ):
                         self._start(child)
         finally:
+            shutil.rmtree(self.listen_turns, ignore_errors=True)
             if restore:
                 restore()
         if self.gave_up:
@@ -218,7 +227,7 @@ class Supervisor:
         report_read, report_write = os.pipe()
         os.set_blocking(report_read, False)
         control = ["--control-fd", str(read_end), "--supervisor-id", self.id]
-        control += ["--report-fd", str(report_write)]
+        control += ["--report-fd", str(report_write), "--listen-turns", self.listen_turns]
         spec = {"path": sys.path, "argv": [*argv, *control]}
         try:
             child.proc = subprocess.Popen(

@@ -13,6 +13,7 @@ long ago (or how soon) instead, with that time as the tooltip (`ago`).
 from __future__ import annotations
 
 import datetime as dt
+import html
 import re
 from collections.abc import Callable
 from operator import attrgetter
@@ -20,7 +21,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.utils import timezone
-from django.utils.html import escape, format_html
+from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import Truncator
 
@@ -34,6 +35,18 @@ DATETIME_FORMAT = "%Y-%m-%d %H:%M:%S %Z"
 TEMPLATE_DATETIME_FORMAT = "Y-m-d H:i:s T"
 
 
+def markup(template: str, *args: Any) -> SafeString:
+    """Fill `template` (str.format fields) with `args` escaped, as Django's format_html
+    does: an argument with ``__html__`` (already safe) as it says, any other as its text
+    HTML-escaped. A list page calls this for most of its cells: it skips format_html's
+    check of every argument for a lazy translation, which made it three times slower."""
+    return SafeString(
+        template.format(
+            *(arg.__html__() if hasattr(arg, "__html__") else html.escape(str(arg)) for arg in args)
+        )
+    )
+
+
 def when_text(value: dt.datetime) -> str:
     """Return `value` in the one format, as plain text."""
     return timezone.localtime(value).strftime(DATETIME_FORMAT)
@@ -43,7 +56,7 @@ def when(value: Any) -> str:
     """Show a point in time in the one format (`EMPTY` for none)."""
     if value is None:
         return EMPTY
-    return format_html('<time datetime="{}">{}</time>', value.isoformat(), when_text(value))
+    return markup('<time datetime="{}">{}</time>', value.isoformat(), when_text(value))
 
 
 def when_short(value: Any) -> str:
@@ -52,7 +65,7 @@ def when_short(value: Any) -> str:
     if value is None:
         return EMPTY
     date, rest = when_text(value).split(" ", 1)
-    return format_html(
+    return markup(
         '<time class="pgqueue-when" datetime="{}"><span>{}</span> <span>{}</span></time>',
         value.isoformat(),
         date,
@@ -86,7 +99,7 @@ def ago(value: dt.datetime | None, now: dt.datetime, prefix: str = "") -> str:
         return EMPTY
     seconds = (now - value).total_seconds()
     text = f"{age(seconds)} ago" if seconds >= 0 else f"in {age(seconds)}"
-    return format_html(
+    return markup(
         '<time datetime="{}" title="{}">{}{}</time>',
         value.isoformat(),
         when_text(value),
@@ -150,14 +163,14 @@ def column(
 
 def badge(status: str) -> str:
     """Show a status as its coloured badge."""
-    return format_html('<span class="pgqueue-status pgqueue-{}">{}</span>', status, status)
+    return markup('<span class="pgqueue-status pgqueue-{}">{}</span>', status, status)
 
 
 def state_badge(state: JobState) -> str:
     """Show a job's status as its badge, marked when an operator asked a running job to
     stop: it stays running until its worker writes the attempt's end."""
     if state.status == Status.RUNNING and state.cancel_requested_at is not None:
-        return format_html(
+        return markup(
             '{} <span class="pgqueue-cancel-requested" title="cancel requested at {}">'
             "cancel requested</span>",
             badge(state.status),
@@ -174,7 +187,7 @@ def attempts_of(state: JobState) -> str:
 def status_summary(state: JobState) -> str:
     """Show the status badge, the attempts and a priority other than 0, on one line."""
     priority = (
-        format_html(
+        markup(
             ' <span class="pgqueue-priority" title="priority {}">p{}</span>',
             state.priority,
             state.priority,
@@ -182,7 +195,7 @@ def status_summary(state: JobState) -> str:
         if state.priority
         else ""
     )
-    return format_html(
+    return markup(
         '{} <span class="pgqueue-attempts" title="attempts used / allowed">{}</span>{}',
         state_badge(state),
         attempts_of(state),
@@ -197,7 +210,7 @@ def breakable(name: str) -> str:
 
 def one_line(text: str) -> str:
     """Show a name on one line, cut with an ellipsis by its column, whole as the tooltip."""
-    return format_html('<span class="pgqueue-cut" title="{}">{}</span>', text, text)
+    return markup('<span class="pgqueue-cut" title="{}">{}</span>', text, text)
 
 
 # A dotted exception class at the start of an error: the list shows its last name only.
@@ -212,7 +225,7 @@ def error_preview(chars: int) -> Callable[[str], str]:
     def show(error: str) -> str:
         lines = error.strip().splitlines()
         first = DOTTED_CLASS.sub("", lines[0]) if lines else ""
-        return format_html(
+        return markup(
             '<span class="pgqueue-error" title="{}">{}</span>',
             error,
             Truncator(first).chars(chars),
@@ -223,7 +236,7 @@ def error_preview(chars: int) -> Callable[[str], str]:
 
 def error_full(error: str) -> str:
     """Show a whole error text, wrapped."""
-    return format_html('<pre class="pgqueue-error-full">{}</pre>', error)
+    return markup('<pre class="pgqueue-error-full">{}</pre>', error)
 
 
 def duration_of(started: dt.datetime | None, finished: dt.datetime | None,
@@ -232,7 +245,7 @@ def duration_of(started: dt.datetime | None, finished: dt.datetime | None,
     if started is None:
         return EMPTY
     if finished is None:
-        return format_html(
+        return markup(
             '<i class="pgqueue-so-far" title="running for {} so far">{}</i>',
             span((now - started).total_seconds()),
             span((now - started).total_seconds()),

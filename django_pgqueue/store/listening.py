@@ -17,6 +17,12 @@ class ListeningStore(Store):
         with self.holding("LISTEN") as conn:
             conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
 
+    def unlisten(self) -> list[str]:
+        """Stop listening; the queue names notified until then (not yet read)."""
+        with self.holding("UNLISTEN") as conn:
+            conn.execute(f"UNLISTEN {NOTIFY_CHANNEL}")
+            return [notify.payload for notify in conn.notifies(timeout=0.0)]
+
     def notifications(self, timeout: float, interrupt: socket.socket) -> Iterator[str]:
         """Yield queue names notified within `timeout` seconds; stop early after one
         burst, or as soon as `interrupt` is readable (the caller has news of its own)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import psycopg
 
@@ -102,6 +103,9 @@ class Dispatcher:
         self._claimed_since_wait = False  # jobs started since the last wait (see _wait)
         self.unknown_claims = UnknownClaims(self.leases)
         self.controls = Controls(config.concurrency, switch.wake)  # operators' requests
+        # Told when a claim leaves no room for another job (the Worker's listener gives
+        # its listen turn to a sibling process with room).
+        self.on_full: Callable[[], None] = _nothing
 
     def run(self) -> None:
         """Cycle until stopped (or, in burst mode, until idle); survive a lost database."""
@@ -284,6 +288,8 @@ class Dispatcher:
                 self._claim_more(name)
         if len(self.capacity) > running:  # jobs just started: see _wait
             self._claimed_since_wait = True
+            if not self.capacity.room():
+                self.on_full()
         return True
 
     def _claim_more(self, queue: str) -> None:
@@ -350,6 +356,10 @@ class Dispatcher:
     def _sweep(self) -> bool:
         """Sweep expired leases; False if PostgreSQL refused the sweep (try again soon)."""
         return _sweep(self.store, self.claims, self.stats)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _async_outcomes(aio: AsyncPool) -> list[Written]:

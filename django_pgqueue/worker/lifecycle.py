@@ -34,6 +34,7 @@ from ..worker_config import WorkerConfig
 from . import inspection
 from .dispatcher import Dispatcher
 from .leases import Heartbeat
+from .listen_turn import ListenTurn
 from .listener import Listener
 from .report import READY, STOP_ASKED, SupervisorReport
 from .services import ServiceThread, service_threads
@@ -64,6 +65,7 @@ class Worker:
         extensions: Iterable[Extension] | None = None,
         supervisor: str | None = None,
         report_fd: int | None = None,
+        listen_turns: str | None = None,
         **options: Any,
     ) -> None:
         self.config = cfg = WorkerConfig.build(queues, **options)
@@ -103,7 +105,14 @@ class Worker:
             cfg, self.parts.services, self._services_stop
         )
         self.heartbeat_gaps = self._heartbeat.gaps
-        self._listener = Listener(cfg, dispatcher.claims, self._wake, self._service_stop)
+        # Under a supervisor (`listen_turns`, its directory): one child at a time listens
+        # for the queues its siblings serve too.
+        turn = None if listen_turns is None else ListenTurn(listen_turns, cfg.database, cfg.queues)
+        self._listener = Listener(
+            cfg, dispatcher.claims, self._wake, self._service_stop, turn, self._capacity.room
+        )
+        if turn is not None:
+            dispatcher.on_full = self._listener.full
         self._signals = SignalRelay(self._switch, cfg.shutdown_grace)
 
     def _core_parts(self) -> WorkerParts:
