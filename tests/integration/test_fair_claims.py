@@ -210,3 +210,62 @@ def test_the_fair_claim_walks_indexes_only_at_many_keys(stores):
     sorted_over = {tuple(n["Sort Key"]) for n in every if n["Node Type"] == "Sort"}
     # Sorts of the candidates and of the unkeyed walk's few rows, never of the keys.
     assert all("fair_key" not in " ".join(keys) for keys in sorted_over), sorted_over
+
+
+def test_the_unkeyed_walk_reads_no_job_scheduled_later(stores):
+    """With every key's jobs scheduled later, the fair claim's walk for unkeyed jobs stops
+    at the first job not due of each priority: it reads a few pages of the claim index,
+    not the delayed backlog (its whole index was read at every claim, 7 ms at 100,000)."""
+    sql(
+        """
+        WITH ids AS MATERIALIZED (
+            SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id, n
+            FROM generate_series(1, 20000) AS n
+        ), jobs AS (
+            INSERT INTO queue_jobs (id, queue, type, payload, created_at)
+            SELECT id, 'fq-later', 'qa.noop', '{}', now() FROM ids
+        )
+        INSERT INTO queue_job_state (
+            job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
+            fair_key, updated_at
+        )
+        SELECT id, 'fq-later', 'pending', n % 2, now() + interval '1 hour', 0, 5, 0,
+               't' || (n % 100), now()
+        FROM ids
+        """
+    )
+    unkeyed = enqueue("qa.noop", queue="fq-later")  # the queue is not fair here: no key
+    sql("ANALYZE queue_job_state")
+    from django_pgqueue.sql import QUERIES
+
+    params = {
+        "queue": "fq-later",
+        "limit": 10,
+        "worker_id": "w",
+        "lease": 60.0,
+        "after": None,
+        "keys": 48,
+        "weights": "{}",
+    }
+    store = stores("fair-later", fair_queues={"fq-later": {}})
+    with store.holding("plan") as conn, conn.transaction(force_rollback=True):
+        conn.execute(QUERIES["fair_claim_plan"])
+        (plan,) = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["job_claim_fair"], params
+        ).fetchone()
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    claim_index = [
+        n for n in nodes(plan[0]["Plan"]) if n.get("Index Name") == "queue_job_state_claim_idx"
+    ]
+    read = sum(n["Shared Hit Blocks"] + n["Shared Read Blocks"] for n in claim_index)
+    # A probe per priority (two here, and the one that finds no third) and a walk that
+    # stops at once for each, each a root-to-leaf descent: the 20,000 delayed jobs' leaves
+    # are ~100 pages.
+    assert read <= 6 * 3, claim_index
+    _, rows = store.claims.claim(None, ClaimRequest("fq-later", 10, "w", 60.0))
+    assert [row.job_id for row in rows] == [unkeyed.id]
