@@ -234,6 +234,7 @@ def claim_at_many_keys(keys: int, backlog: int, runs: int, run_at: str) -> dict[
         "after": f"t{backlog + keys // 2:07}",
         "keys": 48,
         "weights": "{}",
+        "resume": "{}",
     }
     timings = []
     taken = 0
