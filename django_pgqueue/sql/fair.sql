@@ -57,119 +57,22 @@ SELECT set_config('enable_seqscan', 'off', true),
 -- and the positions given of keys not walked, or walked with jobs none taken (a key
 -- walked with no job is dropped).
 -- No job taken: one row, its job columns NULL, with `last_key` and `resume` alone.
-WITH RECURSIVE walk (fair_key, depth, wrapped) AS (
-    SELECT first.fair_key, 1, first.wrapped
-    FROM (
-        (SELECT probe.fair_key, false AS wrapped
-         FROM (
-             SELECT resumed.key, %(resume)s::jsonb -> resumed.key AS at
-             FROM (
-                 SELECT min(k.key) AS key
-                 FROM jsonb_object_keys(%(resume)s::jsonb) AS k (key)
-                 WHERE k.key > %(after)s::text
-             ) AS resumed
-         ) AS resumed
-         CROSS JOIN LATERAL (
-             (SELECT s.fair_key
-              FROM queue_job_state AS s
-              WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                AND s.fair_key IS NOT NULL
-                AND s.fair_key > %(after)s::text
-                AND s.fair_key < resumed.key
-              ORDER BY s.fair_key
-              LIMIT 1)
-             UNION ALL
-             -- the next resumed key, if it has a job after where the last claim stopped
-             SELECT resumed.key
-             WHERE EXISTS (
-                 SELECT FROM queue_job_state AS s
-                 WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                   AND s.fair_key = resumed.key
-                   AND s.priority = (resumed.at ->> 0)::smallint
-                   AND (s.run_at, s.job_id)
-                       > ((resumed.at ->> 1)::timestamptz, (resumed.at ->> 2)::bigint)
-             )
-             UNION ALL
-             (SELECT s.fair_key
-              FROM queue_job_state AS s
-              WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                AND s.fair_key IS NOT NULL AND s.fair_key >= resumed.key
-              ORDER BY s.fair_key
-              LIMIT 1)
-             UNION ALL
-             -- no resumed key ahead
-             (SELECT s.fair_key
-              FROM queue_job_state AS s
-              WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                AND s.fair_key IS NOT NULL
-                AND s.fair_key > %(after)s::text
-                AND resumed.key IS NULL
-              ORDER BY s.fair_key
-              LIMIT 1)
-             LIMIT 1
-         ) AS probe)
-        UNION ALL
-        -- nothing after `after`: from the first key
-        (SELECT probe.fair_key, true AS wrapped
-         FROM (
-             SELECT resumed.key, %(resume)s::jsonb -> resumed.key AS at
-             FROM (
-                 SELECT min(k.key) AS key
-                 FROM jsonb_object_keys(%(resume)s::jsonb) AS k (key)
-             ) AS resumed
-         ) AS resumed
-         CROSS JOIN LATERAL (
-             (SELECT s.fair_key
-              FROM queue_job_state AS s
-              WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                AND s.fair_key IS NOT NULL
-                AND s.fair_key < resumed.key
-              ORDER BY s.fair_key
-              LIMIT 1)
-             UNION ALL
-             -- the next resumed key, if it has a job after where the last claim stopped
-             SELECT resumed.key
-             WHERE EXISTS (
-                 SELECT FROM queue_job_state AS s
-                 WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                   AND s.fair_key = resumed.key
-                   AND s.priority = (resumed.at ->> 0)::smallint
-                   AND (s.run_at, s.job_id)
-                       > ((resumed.at ->> 1)::timestamptz, (resumed.at ->> 2)::bigint)
-             )
-             UNION ALL
-             (SELECT s.fair_key
-              FROM queue_job_state AS s
-              WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                AND s.fair_key IS NOT NULL AND s.fair_key >= resumed.key
-              ORDER BY s.fair_key
-              LIMIT 1)
-             UNION ALL
-             -- no resumed key ahead
-             (SELECT s.fair_key
-              FROM queue_job_state AS s
-              WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                AND s.fair_key IS NOT NULL
-                AND resumed.key IS NULL
-              ORDER BY s.fair_key
-              LIMIT 1)
-             LIMIT 1
-         ) AS probe)
-        LIMIT 1
-    ) AS first
+WITH RECURSIVE steps (fair_key, depth, wrapped) AS (
+    -- the walk's start: the key `after` (not walked itself), or before the first key
+    SELECT %(after)s::text, 0, false
     UNION ALL
-    SELECT next.fair_key, walk.depth + 1, next.wrapped
-    FROM walk
+    SELECT next.fair_key, steps.depth + 1, next.wrapped
+    FROM steps
     CROSS JOIN LATERAL (
         SELECT step.fair_key, step.wrapped
         FROM (
-            (SELECT probe.fair_key, walk.wrapped AS wrapped
+            (SELECT probe.fair_key, steps.wrapped AS wrapped
              FROM (
                  SELECT resumed.key, %(resume)s::jsonb -> resumed.key AS at
                  FROM (
                      SELECT min(k.key) AS key
                      FROM jsonb_object_keys(%(resume)s::jsonb) AS k (key)
-                     WHERE k.key > walk.fair_key
+                     WHERE k.key > steps.fair_key
                  ) AS resumed
              ) AS resumed
              CROSS JOIN LATERAL (
@@ -177,7 +80,7 @@ WITH RECURSIVE walk (fair_key, depth, wrapped) AS (
                   FROM queue_job_state AS s
                   WHERE s.queue = %(queue)s::text AND s.status = 'pending'
                     AND s.fair_key IS NOT NULL
-                    AND s.fair_key > walk.fair_key
+                    AND s.fair_key > steps.fair_key
                     AND s.fair_key < resumed.key
                   ORDER BY s.fair_key
                   LIMIT 1)
@@ -205,7 +108,7 @@ WITH RECURSIVE walk (fair_key, depth, wrapped) AS (
                   FROM queue_job_state AS s
                   WHERE s.queue = %(queue)s::text AND s.status = 'pending'
                     AND s.fair_key IS NOT NULL
-                    AND s.fair_key > walk.fair_key
+                    AND s.fair_key > steps.fair_key
                     AND resumed.key IS NULL
                   ORDER BY s.fair_key
                   LIMIT 1)
@@ -225,7 +128,7 @@ WITH RECURSIVE walk (fair_key, depth, wrapped) AS (
                  (SELECT s.fair_key
                   FROM queue_job_state AS s
                   WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                    AND s.fair_key IS NOT NULL AND NOT walk.wrapped
+                    AND s.fair_key IS NOT NULL AND NOT steps.wrapped
                     AND s.fair_key < resumed.key
                   ORDER BY s.fair_key
                   LIMIT 1)
@@ -235,7 +138,7 @@ WITH RECURSIVE walk (fair_key, depth, wrapped) AS (
                  WHERE EXISTS (
                      SELECT FROM queue_job_state AS s
                      WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                       AND s.fair_key = resumed.key AND NOT walk.wrapped
+                       AND s.fair_key = resumed.key AND NOT steps.wrapped
                        AND s.priority = (resumed.at ->> 0)::smallint
                        AND (s.run_at, s.job_id)
                            > ((resumed.at ->> 1)::timestamptz, (resumed.at ->> 2)::bigint)
@@ -244,7 +147,7 @@ WITH RECURSIVE walk (fair_key, depth, wrapped) AS (
                  (SELECT s.fair_key
                   FROM queue_job_state AS s
                   WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                    AND s.fair_key IS NOT NULL AND NOT walk.wrapped AND s.fair_key >= resumed.key
+                    AND s.fair_key IS NOT NULL AND NOT steps.wrapped AND s.fair_key >= resumed.key
                   ORDER BY s.fair_key
                   LIMIT 1)
                  UNION ALL
@@ -252,7 +155,7 @@ WITH RECURSIVE walk (fair_key, depth, wrapped) AS (
                  (SELECT s.fair_key
                   FROM queue_job_state AS s
                   WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                    AND s.fair_key IS NOT NULL AND NOT walk.wrapped
+                    AND s.fair_key IS NOT NULL AND NOT steps.wrapped
                     AND resumed.key IS NULL
                   ORDER BY s.fair_key
                   LIMIT 1)
@@ -263,7 +166,9 @@ WITH RECURSIVE walk (fair_key, depth, wrapped) AS (
         -- round again only up to the key the walk started after
         WHERE NOT step.wrapped OR %(after)s::text IS NULL OR step.fair_key <= %(after)s::text
     ) AS next
-    WHERE walk.depth < %(keys)s::integer
+    WHERE steps.depth < %(keys)s::integer
+), walk AS MATERIALIZED (
+    SELECT steps.fair_key, steps.depth, steps.wrapped FROM steps WHERE steps.depth > 0
 ), turns AS MATERIALIZED (
     -- how many turns the claim can fill: every key gives its weight a turn
     SELECT greatest(1, ceil(%(limit)s::numeric / nullif(count(*), 0)))::integer AS count FROM walk
