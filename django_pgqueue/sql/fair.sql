@@ -307,3 +307,76 @@ LEFT JOIN LATERAL pgqueue_claim(
     ARRAY(SELECT job_id FROM taken UNION ALL SELECT job_id FROM unkeyed),
     %(queue)s::text, %(worker_id)s::text, %(lease)s::float8, NULL
 ) AS claimed ON true;
+
+
+-- name: fair_keys_page
+-- The admin's page of a fair queue's keys: up to `limit` keys with pending jobs after
+-- `after` (NULL: from the first key), in key order, found as the claim's walk finds them
+-- (one probe of queue_job_state_fair_idx a key, a skip scan); for each, its pending jobs
+-- due now and scheduled later, counted on the same index up to `cap` jobs of the key;
+-- its running jobs (the queue's running rows, read once: as many as its workers run);
+-- and its starts among the queue's starts in the newest `sample` attempts of the last
+-- `minutes` minutes (the attempts' newest ids, each joined to its job by primary key).
+-- Bounded work at any number of keys, whatever the backlog of each. Sent after
+-- stats_no_jit (the planner guesses many keys and costs the skip scan high).
+WITH RECURSIVE keys (fair_key, depth) AS (
+    (SELECT s.fair_key, 1
+     FROM queue_job_state AS s
+     WHERE s.queue = %(queue)s AND s.status = 'pending' AND s.fair_key IS NOT NULL
+       AND (%(after)s::text IS NULL OR s.fair_key > %(after)s::text)
+     ORDER BY s.fair_key
+     LIMIT 1)
+    UNION ALL
+    SELECT next.fair_key, keys.depth + 1
+    FROM keys
+    CROSS JOIN LATERAL (
+        SELECT s.fair_key
+        FROM queue_job_state AS s
+        WHERE s.queue = %(queue)s AND s.status = 'pending' AND s.fair_key IS NOT NULL
+          AND s.fair_key > keys.fair_key
+        ORDER BY s.fair_key
+        LIMIT 1
+    ) AS next
+    WHERE keys.depth < %(limit)s
+), running AS MATERIALIZED (
+    SELECT s.fair_key, count(*) AS jobs
+    FROM queue_job_state AS s
+    WHERE s.status = 'running' AND s.queue = %(queue)s AND s.fair_key IS NOT NULL
+    GROUP BY s.fair_key
+), starts AS MATERIALIZED (
+    -- the queue's keyed starts among the newest attempts, in the window
+    SELECT s.fair_key
+    FROM (
+        SELECT a.job_id, a.started_at
+        FROM queue_attempts AS a
+        ORDER BY a.id DESC
+        LIMIT %(sample)s
+    ) AS recent
+    JOIN queue_job_state AS s ON s.job_id = recent.job_id
+    WHERE s.queue = %(queue)s AND s.fair_key IS NOT NULL
+      AND recent.started_at > now() - make_interval(mins => %(minutes)s)
+), shares AS MATERIALIZED (
+    SELECT starts.fair_key, count(*) AS jobs
+    FROM starts
+    GROUP BY starts.fair_key
+)
+SELECT keys.fair_key,
+       pending.due,
+       pending.later,
+       coalesce(running.jobs, 0) AS running,
+       coalesce(shares.jobs, 0) AS starts,
+       (SELECT count(*) FROM starts) AS all_starts
+FROM keys
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE first.run_at <= now()) AS due,
+           count(*) FILTER (WHERE first.run_at > now()) AS later
+    FROM (
+        SELECT s.run_at
+        FROM queue_job_state AS s
+        WHERE s.queue = %(queue)s AND s.status = 'pending' AND s.fair_key = keys.fair_key
+        LIMIT %(cap)s
+    ) AS first
+) AS pending
+LEFT JOIN running ON running.fair_key = keys.fair_key
+LEFT JOIN shares ON shares.fair_key = keys.fair_key
+ORDER BY keys.depth;
