@@ -26,7 +26,7 @@ from .observability import breadcrumbs_as_list
 
 KEYS_PER_PAGE = 50
 COUNT_CAP = 10_000
-SAMPLE = 10_000
+SAMPLE = 2_000
 SHARE_MINUTES = 5
 
 
