@@ -159,8 +159,10 @@ def test_late_tenants_start_within_two_claim_cycles_behind_a_big_backlog(fair, r
         [mark, late_ids, late_ids],
     )
     worst = max([count for _, count in a_starts], default=0)
-    # Two cycles: a turn for A per worker per cycle.
-    assert worst <= 2 * 2, a_starts
+    # Two cycles: a turn for A per worker per cycle; and A's jobs taken in the late
+    # job's own claim (a claim's attempts are not numbered in turn order), up to 3 of a
+    # claim of 4 when fewer keys than that are left.
+    assert worst <= 2 * 2 + 3, a_starts
 
 
 def test_the_fair_claim_walks_indexes_only_at_many_keys(stores):
