@@ -42,6 +42,49 @@ def claim(store: Any, queue: str, limit: int) -> list[str]:
     return [keys[job_id] for job_id in ids]
 
 
+def insert_jobs(
+    queue: str,
+    count: int,
+    *,
+    backlog: int = 0,
+    keys: int = 1_000_000,
+    priorities: int = 1,
+    due_in: str = "-1 s",
+) -> None:
+    """Write `count` pending jobs of `queue` in one statement: the first `backlog` of key
+    "a", the others of keys "t" + their number modulo `keys` (6 digits), priorities 0 to
+    `priorities` - 1 in turn, due `due_in` from now."""
+    sql(
+        """
+        WITH ids AS MATERIALIZED (
+            SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id, n
+            FROM generate_series(1, %(count)s) AS n
+        ), jobs AS (
+            INSERT INTO queue_jobs (id, queue, type, payload, created_at)
+            SELECT id, %(queue)s, 'qa.noop', '{}', now() FROM ids
+        )
+        INSERT INTO queue_job_state (
+            job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
+            fair_key, updated_at
+        )
+        SELECT id, %(queue)s, 'pending', n %% %(priorities)s, now() + %(due_in)s::interval,
+               0, 5, 0,
+               CASE WHEN n <= %(backlog)s THEN 'a'
+                    ELSE 't' || lpad((n %% %(keys)s)::text, 6, '0') END,
+               now()
+        FROM ids
+        """,
+        {
+            "queue": queue,
+            "count": count,
+            "backlog": backlog,
+            "keys": keys,
+            "priorities": priorities,
+            "due_in": due_in,
+        },
+    )
+
+
 def test_a_fair_queue_gives_every_job_a_key(fair):
     keyed = enqueue("qa.noop", queue="fq2", fairness_key="acme")
     plain = enqueue("qa.noop", queue="fq2")
@@ -168,24 +211,7 @@ def test_late_tenants_start_within_two_claim_cycles_behind_a_big_backlog(fair, r
 def test_the_fair_claim_walks_indexes_only_at_many_keys(stores):
     """Every scan of the fair claim is an index scan, beside 2,000 keys and a backlog;
     the only sorts are of its candidates (the contract's plan, docs/howto/many-tenants.md)."""
-    sql(
-        """
-        WITH ids AS MATERIALIZED (
-            SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id, n
-            FROM generate_series(1, 4000) AS n
-        ), jobs AS (
-            INSERT INTO queue_jobs (id, queue, type, payload, created_at)
-            SELECT id, 'fq-plan', 'qa.noop', '{}', now() FROM ids
-        )
-        INSERT INTO queue_job_state (
-            job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
-            fair_key, updated_at
-        )
-        SELECT id, 'fq-plan', 'pending', 0, now() - interval '1 s', 0, 5, 0,
-               CASE WHEN n <= 2000 THEN 'a' ELSE 't' || lpad(n::text, 5, '0') END, now()
-        FROM ids
-        """
-    )
+    insert_jobs("fq-plan", 4000, backlog=2000)
     sql("ANALYZE queue_job_state")
     from django_pgqueue.sql import QUERIES
 
@@ -194,7 +220,7 @@ def test_the_fair_claim_walks_indexes_only_at_many_keys(stores):
         "limit": 10,
         "worker_id": "w",
         "lease": 60.0,
-        "after": "t03000",
+        "after": "t003000",
         "keys": 48,
         "weights": "{}",
         "resume": "{}",
@@ -228,24 +254,7 @@ def test_the_unkeyed_walk_reads_no_job_scheduled_later(stores):
     """With every key's jobs scheduled later, the fair claim's walk for unkeyed jobs stops
     at the first job not due of each priority: it reads a few pages of the claim index,
     not the delayed backlog (its whole index was read at every claim, 7 ms at 100,000)."""
-    sql(
-        """
-        WITH ids AS MATERIALIZED (
-            SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id, n
-            FROM generate_series(1, 20000) AS n
-        ), jobs AS (
-            INSERT INTO queue_jobs (id, queue, type, payload, created_at)
-            SELECT id, 'fq-later', 'qa.noop', '{}', now() FROM ids
-        )
-        INSERT INTO queue_job_state (
-            job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
-            fair_key, updated_at
-        )
-        SELECT id, 'fq-later', 'pending', n % 2, now() + interval '1 hour', 0, 5, 0,
-               't' || (n % 100), now()
-        FROM ids
-        """
-    )
+    insert_jobs("fq-later", 20000, keys=100, priorities=2, due_in="1 hour")
     unkeyed = enqueue("qa.noop", queue="fq-later")  # the queue is not fair here: no key
     sql("ANALYZE queue_job_state")
     from django_pgqueue.sql import QUERIES
@@ -288,23 +297,7 @@ def test_a_claim_resumes_a_key_past_the_entries_of_its_claimed_jobs(stores):
     """The entries of a key's claimed jobs stay in the fair index, dead, until VACUUM: a
     claim given where the last one stopped in the key reads past them (the walk and the
     key's jobs), where one from the key's front steps over them all."""
-    sql(
-        """
-        WITH ids AS MATERIALIZED (
-            SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id, n
-            FROM generate_series(1, 20000) AS n
-        ), jobs AS (
-            INSERT INTO queue_jobs (id, queue, type, payload, created_at)
-            SELECT id, 'fq-resume', 'qa.noop', '{}', now() FROM ids
-        )
-        INSERT INTO queue_job_state (
-            job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
-            fair_key, updated_at
-        )
-        SELECT id, 'fq-resume', 'pending', 0, now() - interval '1 s', 0, 5, 0, 'a', now()
-        FROM ids
-        """
-    )
+    insert_jobs("fq-resume", 20000, backlog=20000)
     sql("ANALYZE queue_job_state")
     # Claimed and finished since the last VACUUM: 15,000 dead entries at the key's front.
     sql(

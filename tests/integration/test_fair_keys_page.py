@@ -10,6 +10,7 @@ from django_pgqueue.admin.fair_keys import COUNT_CAP, KEYS_PER_PAGE, SAMPLE, SHA
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.store import operator
 from tests.conftest import sql
+from tests.integration.test_fair_claims import insert_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -17,26 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def load(keys: int, backlog: int, started: int) -> None:
     """`keys` keys of one pending job each, a key "a" of `backlog` jobs, and `started`
     of A's jobs running (an attempt each)."""
-    sql(
-        """
-        WITH ids AS MATERIALIZED (
-            SELECT nextval(pg_get_serial_sequence('queue_jobs', 'id')) AS id, n
-            FROM generate_series(1, %(total)s) AS n
-        ), jobs AS (
-            INSERT INTO queue_jobs (id, queue, type, payload, created_at)
-            SELECT id, 'fq-page', 'qa.noop', '{}', now() FROM ids
-        )
-        INSERT INTO queue_job_state (
-            job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
-            fair_key, updated_at
-        )
-        SELECT id, 'fq-page', 'pending', 0, now() - interval '1 s', 0, 5, 0,
-               CASE WHEN n <= %(backlog)s THEN 'a' ELSE 't' || lpad(n::text, 6, '0') END,
-               now()
-        FROM ids
-        """,
-        {"total": keys + backlog, "backlog": backlog},
-    )
+    insert_jobs("fq-page", keys + backlog, backlog=backlog)
     sql(
         """
         WITH taken AS (
