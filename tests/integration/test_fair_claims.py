@@ -85,6 +85,24 @@ def insert_jobs(
     )
 
 
+def fair_claim_plan(store: Any, params: dict[str, Any], explain: str) -> list[dict]:
+    """The nodes of the fair claim's plan, `EXPLAIN (explain)`, rolled back."""
+    from django_pgqueue.sql import QUERIES
+
+    with store.holding("plan") as conn, conn.transaction(force_rollback=True):
+        conn.execute(QUERIES["fair_claim_plan"])
+        (plan,) = conn.execute(
+            f"EXPLAIN ({explain}, FORMAT JSON) " + QUERIES["job_claim_fair"], params
+        ).fetchone()
+
+    def nodes(node: dict) -> Any:
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    return list(nodes(plan[0]["Plan"]))
+
+
 def test_a_fair_queue_gives_every_job_a_key(fair):
     keyed = enqueue("qa.noop", queue="fq2", fairness_key="acme")
     plain = enqueue("qa.noop", queue="fq2")
@@ -213,7 +231,6 @@ def test_the_fair_claim_walks_indexes_only_at_many_keys(stores):
     the only sorts are of its candidates (the contract's plan, docs/howto/many-tenants.md)."""
     insert_jobs("fq-plan", 4000, backlog=2000)
     sql("ANALYZE queue_job_state")
-    from django_pgqueue.sql import QUERIES
 
     params = {
         "queue": "fq-plan",
@@ -225,19 +242,7 @@ def test_the_fair_claim_walks_indexes_only_at_many_keys(stores):
         "weights": "{}",
         "resume": "{}",
     }
-    store = stores("fair-plan")
-    with store.holding("plan") as conn, conn.transaction(force_rollback=True):
-        conn.execute(QUERIES["fair_claim_plan"])
-        (plan,) = conn.execute(
-            "EXPLAIN (FORMAT JSON) " + QUERIES["job_claim_fair"], params
-        ).fetchone()
-
-    def nodes(node):
-        yield node
-        for child in node.get("Plans", []):
-            yield from nodes(child)
-
-    every = list(nodes(plan[0]["Plan"]))
+    every = fair_claim_plan(stores("fair-plan"), params, "COSTS ON")
     scans = {(n["Node Type"], n.get("Index Name")) for n in every if "Scan" in n["Node Type"]}
     assert not [n for n in every if n["Node Type"] == "Seq Scan"], scans
     assert ("Index Only Scan", "queue_job_state_fair_idx") in scans
@@ -257,7 +262,6 @@ def test_the_unkeyed_walk_reads_no_job_scheduled_later(stores):
     insert_jobs("fq-later", 20000, keys=100, priorities=2, due_in="1 hour")
     unkeyed = enqueue("qa.noop", queue="fq-later")  # the queue is not fair here: no key
     sql("ANALYZE queue_job_state")
-    from django_pgqueue.sql import QUERIES
 
     params = {
         "queue": "fq-later",
@@ -270,19 +274,10 @@ def test_the_unkeyed_walk_reads_no_job_scheduled_later(stores):
         "resume": "{}",
     }
     store = stores("fair-later", fair_queues={"fq-later": {}})
-    with store.holding("plan") as conn, conn.transaction(force_rollback=True):
-        conn.execute(QUERIES["fair_claim_plan"])
-        (plan,) = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["job_claim_fair"], params
-        ).fetchone()
-
-    def nodes(node):
-        yield node
-        for child in node.get("Plans", []):
-            yield from nodes(child)
-
     claim_index = [
-        n for n in nodes(plan[0]["Plan"]) if n.get("Index Name") == "queue_job_state_claim_idx"
+        n
+        for n in fair_claim_plan(store, params, "ANALYZE, BUFFERS")
+        if n.get("Index Name") == "queue_job_state_claim_idx"
     ]
     read = sum(n["Shared Hit Blocks"] + n["Shared Read Blocks"] for n in claim_index)
     # A probe per priority (two here, and the one that finds no third) and a walk that
@@ -319,20 +314,9 @@ def test_a_claim_resumes_a_key_past_the_entries_of_its_claimed_jobs(stores):
     store = stores("fair-resume")
 
     def fair_index_reads() -> int:
-        with store.holding("plan") as conn, conn.transaction(force_rollback=True):
-            conn.execute(QUERIES["fair_claim_plan"])
-            (plan,) = conn.execute(
-                "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["job_claim_fair"], params
-            ).fetchone()
-
-        def nodes(node):
-            yield node
-            for child in node.get("Plans", []):
-                yield from nodes(child)
-
         return sum(
             n["Shared Hit Blocks"] + n["Shared Read Blocks"]
-            for n in nodes(plan[0]["Plan"])
+            for n in fair_claim_plan(store, params, "ANALYZE, BUFFERS")
             if n.get("Index Name") == "queue_job_state_fair_idx"
         )
 
