@@ -6,16 +6,20 @@
   start within two claim cycles of being due (a cycle: each worker's round over the
   keys, in which A gets one turn a worker): reported as A's starts between a late job
   being due and its start, in cycles (p50, p99, max), and its wait in ms. The same run
-  on a queue that is not fair is the baseline; A's drain rate (its jobs per second,
-  first start to last completion, on the database clock) on the fair queue against
-  the baseline's is the cost of the turns (target >= 90%).
+  on a queue that is not fair is the baseline, run alternately with the fair one
+  (fair, not fair, fair, not fair ..., `--runs` pairs) so the machine's drift falls on
+  both: A's drain rate (its jobs per second, first start to last completion, on the
+  database clock) on the fair queue over the baseline's, per pair and the median of the
+  pairs, is the cost of the turns (target >= 90%).
 - weights: keys "heavy" (weight 3) and "light" (1), each with a backlog, drained for a
   while (60 s; smoke 3 s): the ratio of their completions (target 3.0 within 5%).
-- the claim at many keys: 100,000 keys of one pending job each plus A's backlog, the
-  fair claim of 10 as a worker sends it (prepared, its generic plan), median of 200 from
-  a cursor in the middle of the keys (target <= 5 ms), and its EXPLAIN.
+- the claim at many keys: 100,000 keys of one pending job each, (a) due, beside A's
+  backlog, and (b) all scheduled later (the claim walks its keys and takes nothing):
+  the fair claim of 10 as a worker sends it (prepared, on its generic plan, each claim
+  committed), median of 200 from a cursor in the middle of the keys (target <= 5 ms),
+  and its `EXPLAIN (ANALYZE, BUFFERS)`.
 
-Run: python benchmarks/fairness.py [--smoke] [--jobs 100000] [--keys 100000]
+Run: python benchmarks/fairness.py [--smoke] [--runs 3] [--jobs 100000] [--keys 100000]
 """
 
 from __future__ import annotations
@@ -95,9 +99,26 @@ def wait_for(query: str, params: Any, done: Any, timeout: float = 3600) -> None:
         time.sleep(0.01)
 
 
+def enqueue_between_claims(queue: str, specs: list[Any]) -> tuple[list[Any], int]:
+    """Enqueue `specs` while no claim runs: the jobs and the last attempt id before them.
+
+    The table lock waits for the claims in flight to commit and holds new ones back
+    until the jobs are committed, so every attempt after the mark is of a claim that
+    saw the jobs due (a claim in flight when they came could not have taken them, and
+    would count as A's starts before them)."""
+    from django.db import transaction
+
+    from django_pgqueue import enqueue_many
+
+    with transaction.atomic():
+        sql("LOCK TABLE queue_job_state IN EXCLUSIVE MODE")
+        (mark,) = sql("SELECT coalesce(max(id), 0) FROM queue_attempts")[0]
+        return enqueue_many(specs, queue=queue), mark
+
+
 def late_tenants(queue: str, jobs: int) -> dict[str, Any]:
     """A's backlog, then 25 late tenants, drained by two workers; what each late job saw."""
-    from django_pgqueue import JobSpec, enqueue_many
+    from django_pgqueue import JobSpec
 
     truncate()
     enqueue_backlog(queue, "a", jobs)
@@ -105,10 +126,9 @@ def late_tenants(queue: str, jobs: int) -> dict[str, Any]:
     workers = start_workers(queue, burst=True)
     started = "SELECT count(*) FROM queue_attempts"
     wait_for(started, None, lambda n: n >= min(jobs // 10, 2_000))
-    late = enqueue_many(
-        [JobSpec("qa.noop", fairness_key=f"t{n:02}") for n in range(LATE_TENANTS)], queue=queue
+    late, mark = enqueue_between_claims(
+        queue, [JobSpec("qa.noop", fairness_key=f"t{n:02}") for n in range(LATE_TENANTS)]
     )
-    (mark,) = sql("SELECT coalesce(max(id), 0) FROM queue_attempts")[0]
     late_ids = [job.id for job in late]
     for _, thread in workers:
         thread.join(3600)
@@ -168,13 +188,9 @@ def weighted(seconds: float, backlog: int) -> dict[str, Any]:
     return {"heavy": heavy, "light": light, "ratio": heavy / light if light else None}
 
 
-def claim_at_many_keys(keys: int, backlog: int, runs: int) -> dict[str, Any]:
-    """The fair claim of 10 at `keys` keys of one job each beside A's backlog."""
-    import psycopg
-
-    from django_pgqueue.sql import QUERIES
-    from django_pgqueue.store.worker import connection_params
-
+def load_keys(keys: int, backlog: int, run_at: str) -> None:
+    """`keys` keys of one pending job each, due at `run_at` (an interval from now),
+    beside A's `backlog` of due jobs."""
     truncate()
     sql(
         """
@@ -189,38 +205,57 @@ def claim_at_many_keys(keys: int, backlog: int, runs: int) -> dict[str, Any]:
             job_id, queue, status, priority, run_at, attempts, max_attempts, lease_version,
             fair_key, updated_at
         )
-        SELECT id, %(queue)s, 'pending', 0, now() - interval '1 s', 0, 5, 0,
+        SELECT id, %(queue)s, 'pending', 0,
+               CASE WHEN n <= %(backlog)s THEN now() - interval '1 s'
+                    ELSE now() + %(run_at)s::interval END,
+               0, 5, 0,
                CASE WHEN n <= %(backlog)s THEN 'a' ELSE 't' || lpad(n::text, 7, '0') END, now()
         FROM ids
         """,
-        {"total": keys + backlog, "backlog": backlog, "queue": FAIR_QUEUE},
+        {"total": keys + backlog, "backlog": backlog, "queue": FAIR_QUEUE, "run_at": run_at},
     )
     sql("VACUUM ANALYZE queue_job_state")
-    middle = f"t{backlog + keys // 2:07}"
+
+
+def claim_at_many_keys(keys: int, backlog: int, runs: int, run_at: str) -> dict[str, Any]:
+    """The fair claim of 10 at `keys` keys of one job each (due at `run_at`) beside A's
+    backlog, as a worker sends it: prepared, on its generic plan, committed."""
+    import psycopg
+
+    from django_pgqueue.sql import QUERIES
+    from django_pgqueue.store.worker import connection_params
+
+    load_keys(keys, backlog, run_at)
     params = {
         "queue": FAIR_QUEUE,
         "limit": 10,
         "worker_id": "bench",
         "lease": 30.0,
-        "after": middle,
+        "after": f"t{backlog + keys // 2:07}",
         "keys": 48,
         "weights": "{}",
+        "resume": "{}",
     }
     timings = []
+    taken = 0
     with psycopg.connect(**connection_params("default", "fairness bench")) as conn:
+        # Committed, as the worker's claims are: psycopg drops its prepared statements
+        # when a transaction rolls back, so a rolled-back claim would be planned anew
+        # each time. Each claim takes the next keys' jobs (the cursor stays put).
         conn.prepare_threshold = 0
         for _ in range(runs):
-            with conn.transaction(force_rollback=True):
+            with conn.transaction():
                 conn.execute(QUERIES["fair_claim_plan"])
                 start = time.perf_counter()
-                conn.execute(QUERIES["job_claim_fair"], params).fetchall()
+                rows = conn.execute(QUERIES["job_claim_fair"], params).fetchall()
                 timings.append((time.perf_counter() - start) * 1000)
+            taken += sum(1 for row in rows if row[0] is not None)
         with conn.transaction(force_rollback=True):
             conn.execute(QUERIES["fair_claim_plan"])
             plan = [
                 row[0]
                 for row in conn.execute(
-                    "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) "
+                    "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY ON) "
                     + QUERIES["job_claim_fair"],
                     params,
                 )
@@ -228,6 +263,8 @@ def claim_at_many_keys(keys: int, backlog: int, runs: int) -> dict[str, Any]:
     return {
         "keys": keys,
         "backlog": backlog,
+        "run_at": run_at,
+        "jobs_taken": taken,
         "median_ms": statistics.median(timings),
         "p99_ms": percentile(timings, 99),
         "plan": plan,
@@ -243,42 +280,66 @@ def main() -> None:
     declare_fair_queues()
     jobs = 2_000 if args.smoke else args.jobs
     keys = 2_000 if args.smoke else args.keys
-    fair = late_tenants(FAIR_QUEUE, jobs)
-    plain = late_tenants(PLAIN_QUEUE, jobs)
+    pairs = 1 if args.smoke else args.runs
+    runs: list[dict[str, Any]] = []
+    for _ in range(pairs):
+        fair = late_tenants(FAIR_QUEUE, jobs)
+        plain = late_tenants(PLAIN_QUEUE, jobs)
+        runs.append({"fair": fair, "plain": plain, "ratio": fair["a_rate"] / plain["a_rate"]})
     weights = weighted(3.0 if args.smoke else 60.0, 5_000 if args.smoke else 200_000)
-    claim = claim_at_many_keys(keys, jobs, 20 if args.smoke else 200)
+    claim_runs = 20 if args.smoke else 200
+    claims = {
+        "due": claim_at_many_keys(keys, jobs, claim_runs, "-1 second"),
+        "all_delayed": claim_at_many_keys(keys, 0, claim_runs, "1 hour"),
+    }
+    ratios = [run["ratio"] for run in runs]
+    late_p99 = max(run["fair"]["cycles_p99"] for run in runs)
     results = {
         "smoke": args.smoke,
         "machine": machine(),
-        "late_tenants": {"fair": fair, "plain": plain},
-        "a_drain_ratio": fair["a_rate"] / plain["a_rate"],
+        "late_tenants": runs,
+        "a_drain_ratio": statistics.median(ratios),
+        "a_drain_ratios": ratios,
+        "late_cycles_p99": late_p99,
         "weights": weights,
-        "claim": claim,
+        "claim": claims,
     }
     path = write_json(args.json_out, "fairness", results)
     rows = [
         [
-            name,
-            f"{run['a_rate']:,.0f}",
-            f"{run['cycles_p50']:g} / {run['cycles_p99']:g} / {run['cycles_max']:g}",
-            f"{run['wait_ms_p50']:,.0f} / {run['wait_ms_p99']:,.0f}",
+            f"{number} {name}",
+            f"{run[name]['a_rate']:,.0f}",
+            f"{run[name]['cycles_p50']:g} / {run[name]['cycles_p99']:g} / "
+            f"{run[name]['cycles_max']:g}",
+            f"{run[name]['wait_ms_p50']:,.0f} / {run[name]['wait_ms_p99']:,.0f}",
+            f"{run['ratio']:.2f}" if name == "fair" else "",
         ]
-        for name, run in (("fair", fair), ("not fair", plain))
+        for number, run in enumerate(runs, 1)
+        for name in ("fair", "plain")
     ]
     print(
         markdown_table(
             [
-                "queue",
+                "pair, queue",
                 "A's jobs/s",
-                "late job: A's turns before it, cycles p50/p99/max",
+                "late job: A's starts before it, cycles p50/p99/max",
                 "late job's wait ms p50/p99",
+                "A's drain fair / plain",
             ],
             rows,
         )
     )
-    print(f"A's drain, fair / not fair: {results['a_drain_ratio']:.2f}")
+    print(
+        f"A's drain, fair / not fair: median {results['a_drain_ratio']:.2f} of "
+        f"{', '.join(f'{r:.2f}' for r in ratios)}; late jobs' p99: {late_p99:g} cycles"
+    )
     print(f"weights 3:1 -> {weights['heavy']}:{weights['light']} = {weights['ratio']}")
-    print(f"fair claim of 10 at {keys:,} keys: {claim['median_ms']:.2f} ms median")
+    for name, claim in claims.items():
+        print(
+            f"fair claim of 10 at {keys:,} keys, {name.replace('_', ' ')}: "
+            f"{claim['median_ms']:.2f} ms median, {claim['p99_ms']:.2f} ms p99 "
+            f"({claim['jobs_taken']} jobs taken in {claim_runs} claims)"
+        )
     print(json.dumps({"written": str(path)}))
 
 

@@ -76,6 +76,13 @@ class Unique:
         time (give enqueue() the window as its delay)."""
         return cls(key, hold="pending", on_conflict="replace")
 
+    @classmethod
+    def cancel_newest(cls, key: str) -> Unique:
+        """The key of a cancel-newest strategy: while a job of `key` is pending, running
+        or parked, an enqueue of it writes nothing and returns that job
+        (``created=False``), decided by the unique index in the caller's transaction."""
+        return cls(key, hold="active", on_conflict="return")
+
     def period(self) -> float | None:
         """The hold's period in seconds (None: the hold follows the job's status)."""
         hold = self.hold

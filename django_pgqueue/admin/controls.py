@@ -44,6 +44,7 @@ from .databases import (
     overview,
     several_databases,
 )
+from .fair_keys import fair_keys_view
 from .lists import known_queues
 from .observability import breadcrumbs_as_list
 from .operations import operation_urls
@@ -177,6 +178,7 @@ class QueueControlAdmin(admin.ModelAdmin):
             ),
             "pgqueue_count_cap": stats.COUNT_CAP,
             "pgqueue_can_operate": self.has_operate_permission(request),
+            "pgqueue_fair_queues": sorted(conf.FAIR_QUEUES),
             "pgqueue_several_databases": several_databases(),
             "pgqueue_databases": database_rows(request) if several_databases() else [],
             "pgqueue_database": selected,
@@ -187,7 +189,12 @@ class QueueControlAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         pause = ("set-paused/", self.set_paused_view, "django_pgqueue_queuecontrol_set_paused")
-        return [*operation_urls(self, [pause]), *super().get_urls()]
+        keys = ("fair-keys/", self.fair_keys_view, "django_pgqueue_queuecontrol_fair_keys")
+        return [*operation_urls(self, [pause, keys]), *super().get_urls()]
+
+    def fair_keys_view(self, request: HttpRequest) -> HttpResponse:
+        """A fair queue's keys with their backlog and share (`?queue=`, `?after=`)."""
+        return fair_keys_view(self, request)
 
     def set_paused_view(self, request: HttpRequest) -> HttpResponse:
         """Pause or resume one queue by name (a POST of queue, paused=1|0), then list them."""

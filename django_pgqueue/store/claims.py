@@ -60,6 +60,11 @@ MAX_READ = 10_000
 # from keys of one job each, passing over keys whose jobs are not due yet.
 FAIR_KEYS_FACTOR = 4
 FAIR_KEYS_EXTRA = 8
+# How long a fair claim may resume each key after the last job this worker took from
+# it (`resume` in job_claim_fair), as the plain claim resumes its walk (RESUME_TTL in
+# worker/scheduler.py): a job that comes before that place in its key (a higher
+# priority) is seen at the next claim from the front, at most this long after.
+FAIR_RESUME_TTL = 0.5
 # How long a controlled claim's transaction may wait on its own client (see
 # transaction_guard): the longest a frozen worker can stall a queue's claims.
 LOCK_IDLE_MS = 1000
@@ -113,6 +118,8 @@ class QueueClaims:
         # this worker's last claim of it served last (where the next one starts after).
         self._fair = {queue: json.dumps(dict(w)) for queue, w in (fair_queues or {}).items()}
         self._fair_after: dict[str, str] = {}
+        # Each fair queue's resume positions (job_claim_fair's JSON) and until when.
+        self._fair_resume: dict[str, tuple[str, float]] = {}
         self._controlled: frozenset[str] = frozenset()
         self._view_due = 0.0
         self.states: dict[str, ControlState] = {}
@@ -156,8 +163,13 @@ class QueueClaims:
         return self._plain_claim(done, request)
 
     def _fair_claim(self, done: Sequence[Completion] | None, request: ClaimRequest) -> Claimed:
-        """The fair claim, after the completions; it moves the queue's key cursor on."""
+        """The fair claim, after the completions; it moves the queue's key cursor and
+        its resume positions on."""
         queue, limit, worker_id, lease, _ = request
+        now = time.monotonic()
+        resume, until = self._fair_resume.get(queue, ("{}", 0.0))
+        if now >= until:
+            resume, until = "{}", now + FAIR_RESUME_TTL  # a claim from every key's front
         params = {
             "queue": queue,
             "limit": limit,
@@ -166,16 +178,20 @@ class QueueClaims:
             "after": self._fair_after.get(queue),
             "keys": limit * FAIR_KEYS_FACTOR + FAIR_KEYS_EXTRA,
             "weights": self._fair[queue],
+            "resume": resume,
         }
         what = "job_claim_fair" if done is None else "job_complete + job_claim_fair"
         with self.session.holding(what) as conn:
             done_rows, rows = _pipeline(
                 self.session, conn, done, "job_claim_fair", params, "fair_claim_plan"
             )
-        if rows and rows[0][-1] is not None:
-            self._fair_after[queue] = rows[0][-1]
+        if rows:
+            last_key, positions = rows[0][-2:]
+            if last_key is not None:
+                self._fair_after[queue] = last_key
+            self._fair_resume[queue] = (json.dumps(positions), until)
         # No job taken: the one row carries the cursor alone, its job id NULL.
-        return done_rows, [ClaimedRow._make(row[:-1]) for row in rows if row[0] is not None]
+        return done_rows, [ClaimedRow._make(row[:-2]) for row in rows if row[0] is not None]
 
     def _controlled_claim(
         self, done: Sequence[Completion] | None, request: ClaimRequest

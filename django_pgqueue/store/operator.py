@@ -52,6 +52,35 @@ def live_stats(alias: str, cap: int) -> list[tuple[str, str, int, int, int, floa
     ]
 
 
+class FairKey(NamedTuple):
+    """One key of a fair queue on the admin's page: its backlog and its recent starts."""
+
+    key: str
+    due: int  # pending jobs due now (up to the cap, with `later`)
+    later: int  # pending jobs scheduled later
+    running: int
+    starts: int  # its starts among the queue's recent ones
+    all_starts: int  # the queue's keyed starts in that sample
+
+
+def fair_keys(
+    alias: str, queue: str, after: str | None, limit: int, cap: int, sample: int, minutes: int
+) -> list[FairKey]:
+    """List up to `limit` keys of the fair queue `queue` with pending jobs, after the key
+    `after` (None: from the first), each pending count read up to `cap` jobs, and each
+    key's starts among the newest `sample` attempts of the last `minutes` minutes."""
+    params = {
+        "queue": queue,
+        "after": after,
+        "limit": limit,
+        "cap": cap,
+        "sample": sample,
+        "minutes": minutes,
+    }
+    rows = fetch_after(alias, "stats_no_jit", "fair_keys_page", params)
+    return [FairKey(row[0], *(int(n) for n in row[1:])) for row in rows]
+
+
 def completed_counts(alias: str) -> dict[str, int]:
     """Count each queue's completed jobs exactly (reads the whole state table)."""
     return {queue: int(jobs) for queue, jobs in fetch_all(alias, "stats_completed_by_queue")}

@@ -119,10 +119,20 @@ def scenario(stores: Any, queue: str, unique: Unique) -> tuple[Wave, Wave, Wave,
     return before, running, completed, first[0]
 
 
-@pytest.mark.parametrize("hold", ["active", "until_completed", dt.timedelta(minutes=10)], ids=str)
-def test_a_held_key_returns_its_holder_until_its_hold_ends(stores, hold):
+@pytest.mark.parametrize(
+    "unique",
+    [
+        Unique("k", hold="active"),
+        Unique("k", hold="until_completed"),
+        Unique("k", hold=dt.timedelta(minutes=10)),
+        Unique.cancel_newest("k"),  # the same rule under Hatchet's name
+    ],
+    ids=["active", "until_completed", "period", "cancel_newest"],
+)
+def test_a_held_key_returns_its_holder_until_its_hold_ends(stores, unique):
     queue = "uq-return"
-    before, running, completed, first = scenario(stores, queue, Unique("k", hold=hold))
+    hold = unique.hold
+    before, running, completed, first = scenario(stores, queue, unique)
     # While nothing held it: one job, which every committed enqueue got.
     assert before.ids() == {first}
     assert not before.refused

@@ -129,6 +129,9 @@ BY_JOB_ID = {
 }
 
 EXEMPT = {
+    "fair_keys_page": "the admin's page of a fair queue's keys: its keys and counts filter "
+    "on the queue, but its share reads the newest attempts of every queue (queue_attempts "
+    "has no queue column yet), each joined to its job on the queue",
     "lease_sweep": "multi-queue maintenance: any worker requeues expired leases of every "
     "queue; on Citus its FOR UPDATE SKIP LOCKED needs a per-queue sweep",
     "job_retry_now": "operator action on job ids picked in the admin, of any queues",
