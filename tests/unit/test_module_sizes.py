@@ -31,6 +31,12 @@ LARGER: dict[str, tuple[int, str]] = {
         "a worker process's life: the parts it wires, its start and shutdown (the hold "
         "included), and what it answers its supervisor and its operators",
     ),
+    "worker/dispatcher.py:Dispatcher": (
+        320,
+        "one claim cycle and its hand-offs: what to claim with the room it has, the "
+        "claims and their fencing, the listen turn given up when it is full, and the "
+        "sleep until the next job or NOTIFY",
+    ),
     "worker/aio.py:AsyncPool": (
         360,
         "the event loop's whole side of the hold: starting tasks within the limit, "
