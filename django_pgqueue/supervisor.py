@@ -17,6 +17,11 @@ report), stops gracefully and exits EXIT_STOP_REQUESTED. Such a child is not res
 however it ends (a handler past its hard time limit during the stop's grace, a
 recycle): the supervisor exits 0 once every child stopped so.
 
+Operators' drain, resume and concurrency reach each child through the database too; the
+child tells the supervisor its state after each (a ``controls`` report), and a child
+started in another's place (recycled, ended for a time limit, or dead) starts in the
+state the worker is in: the last any of its children told.
+
 Reports: each child writes events to a second pipe whose read end the supervisor
 holds (`worker.report`). A child that ends for a handler's hard time limit leaves its
 jobs to be written here once it is gone (the only writes the supervisor makes, on a
@@ -51,7 +56,7 @@ from dataclasses import dataclass, field
 
 from . import validators
 from .exceptions import ConfigurationError
-from .worker.report import READY, RECYCLE, STOP_ASKED, TIME_LIMIT, read_events
+from .worker.report import CONTROLS, READY, RECYCLE, STOP_ASKED, TIME_LIMIT, read_events
 from .worker.signals import queue_stop_signals
 from .worker.time_limits import LastWords, write_last_words
 
@@ -165,6 +170,10 @@ class Supervisor:
         self._signals: queue_module.SimpleQueue[int] = queue_module.SimpleQueue()
         self.stopping = False
         self.gave_up = False
+        # What operators made of this worker (drained, a concurrency), as its children
+        # last told: a child started in another's place starts in this state.
+        self.draining = False
+        self.concurrency: int | None = None
         self.child_env = _child_environment()
         # Each child registers under it: the Workers page shows them as one worker.
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -218,7 +227,7 @@ class Supervisor:
         report_read, report_write = os.pipe()
         os.set_blocking(report_read, False)
         control = ["--control-fd", str(read_end), "--supervisor-id", self.id]
-        control += ["--report-fd", str(report_write)]
+        control += ["--report-fd", str(report_write), *self._controls_argv()]
         spec = {"path": sys.path, "argv": [*argv, *control]}
         try:
             child.proc = subprocess.Popen(
@@ -242,6 +251,12 @@ class Supervisor:
         child.started, child.up = time.monotonic(), None
         child.restart_at = None
         logger.info("supervisor: child %d started (pid %d)", child.index, child.proc.pid)
+
+    def _controls_argv(self) -> list[str]:
+        """The options that start a child in the state operators put this worker in
+        (after the command's own: a --concurrency given here wins)."""
+        argv = [] if self.concurrency is None else ["--concurrency", str(self.concurrency)]
+        return [*argv, "--drained"] if self.draining else argv
 
     def _reaped(self, child: Child, code: int, now: float) -> None:
         assert child.proc is not None
@@ -330,6 +345,9 @@ class Supervisor:
         for event in events:
             if event["event"] == READY:
                 child.up = time.monotonic()
+            elif event["event"] == CONTROLS:
+                self.draining = bool(event["draining"])
+                self.concurrency = int(event["concurrency"])
             elif event["event"] == STOP_ASKED:
                 child.stop_asked = True
             elif event["event"] == RECYCLE:
