@@ -24,8 +24,10 @@ state the worker is in: the last any of its children told.
 
 Reports: each child writes events to a second pipe whose read end the supervisor
 holds (`worker.report`). A child that ends for a handler's hard time limit leaves its
-jobs to be written here once it is gone (the only writes the supervisor makes, on a
-connection opened for them and closed after), and a child recycled for
+jobs to be written here once it is gone (the only writes the supervisor makes, each
+from a thread of its own on a connection opened for them and closed after, so a
+database slow to answer does not hold the supervision of the other children), and a
+child recycled for
 --max-jobs-per-process or --max-memory-per-process says so: both are started again at
 once, neither counts as a death.
 
@@ -174,6 +176,8 @@ class Supervisor:
         # last told: a child started in another's place starts in this state.
         self.draining = False
         self.concurrency: int | None = None
+        # The writes of the jobs children ended for a time limit left (see _reaped).
+        self.last_words_writes: list[threading.Thread] = []
         self.child_env = _child_environment()
         # Each child registers under it: the Workers page shows them as one worker.
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -202,6 +206,8 @@ class Supervisor:
         finally:
             if restore:
                 restore()
+            for write in self.last_words_writes:
+                write.join()  # each ends within the connection's connect_timeout
         if self.gave_up:
             return EXIT_GAVE_UP
         return exit_status([child.last_code or 0 for child in self.children])
@@ -252,6 +258,14 @@ class Supervisor:
         child.restart_at = None
         logger.info("supervisor: child %d started (pid %d)", child.index, child.proc.pid)
 
+    def _write_last_words(self, words: LastWords) -> None:
+        self.last_words_writes = [t for t in self.last_words_writes if t.is_alive()]
+        write = threading.Thread(
+            target=write_last_words, args=(words,), name="pgqueue-last-words", daemon=True
+        )
+        write.start()
+        self.last_words_writes.append(write)
+
     def _controls_argv(self) -> list[str]:
         """The options that start a child in the state operators put this worker in
         (after the command's own: a --concurrency given here wins)."""
@@ -271,8 +285,11 @@ class Supervisor:
             child.report = None
         child.last_code = code
         if child.last_words is not None:
-            # Its code is gone with it: its jobs may be written now.
-            write_last_words(child.last_words)
+            # Its code is gone with it: its jobs may be written now, from a thread of
+            # their own, so a database slow to answer (up to its connect_timeout)
+            # does not keep this loop from its other children. Until written, the
+            # jobs keep their rows and slots: the one hold.
+            self._write_last_words(child.last_words)
         if code == EXIT_STOP_REQUESTED or child.stop_asked:
             child.done = True
             # Its stop ended in order when its handler's time limit ended it (its jobs
