@@ -68,6 +68,21 @@ def reports(worker_id: str) -> list[dict[str, Any]]:
     return [p["report"] for w in workers for p in w["processes"] if p["alive"] and p["report"]]
 
 
+def claims_nothing(worker_id: str, processes: int, queue: str) -> int:
+    """Enqueue a job on `queue` and require that the worker's `processes` live processes
+    (draining) leave it pending over two beats each; its id."""
+    job_id = enqueue("qa.echo", {"x": 1}, queue=queue).id
+    since = sql("SELECT now()")[0][0]
+    wait_until(
+        "SELECT count(*) FROM queue_workers WHERE supervisor = %s AND last_seen_at > "
+        "%s + interval '2 seconds' AND gone_at IS NULL",
+        lambda n: n == processes,
+        params=[worker_id, since],
+    )
+    assert sql("SELECT status FROM queue_job_state WHERE job_id = %s", [job_id]) == [("pending",)]
+    return job_id
+
+
 def test_inspect_answers_for_a_worker_of_two_processes(supervised):
     workers = supervised("insp", "--processes", "2", "--concurrency", "3", *FAST)
     workers.wait_children(2)
@@ -118,16 +133,7 @@ def test_drain_resume_concurrency_and_stop_reach_every_child(supervised):
     out = control("drain", "--worker", worker["id"], "--wait", str(HANG_GUARD))
     assert out.count("draining: no more claims") == 2
     wait_for("both reports draining", lambda: all(r["draining"] for r in reports(worker["id"])))
-    job_id = enqueue("qa.echo", {"x": 1}, queue="ctl").id
-    # Two beats of each process after the enqueue: a draining worker claimed nothing.
-    since = sql("SELECT now()")[0][0]
-    wait_until(
-        "SELECT count(*) FROM queue_workers WHERE supervisor = %s AND last_seen_at > "
-        "%s + interval '2 seconds' AND gone_at IS NULL",
-        lambda n: n == 2,
-        params=[worker["id"], since],
-    )
-    assert sql("SELECT status FROM queue_job_state WHERE job_id = %s", [job_id]) == [("pending",)]
+    job_id = claims_nothing(worker["id"], 2, "ctl")
 
     out = control("resume", "--queue", "ctl", "--wait", str(HANG_GUARD))
     assert out.count("claiming again") == 2
@@ -220,16 +226,8 @@ def test_a_child_recycled_after_a_drain_and_a_concurrency_is_replaced_in_that_st
     )
     report = a_fresh_child(workers, first.pid)
     assert (report["draining"], report["concurrency"]) == (True, 3)
-    # It obeys: drained, it claims nothing over two of its beats; resumed, it does.
-    job_id = enqueue("qa.echo", {"x": 1}, queue="crc").id
-    since = sql("SELECT now()")[0][0]
-    wait_until(
-        "SELECT count(*) FROM queue_workers WHERE supervisor = %s AND last_seen_at > "
-        "%s + interval '2 seconds' AND gone_at IS NULL",
-        lambda n: n == 1,
-        params=[worker["id"], since],
-    )
-    assert sql("SELECT status FROM queue_job_state WHERE job_id = %s", [job_id]) == [("pending",)]
+    # It obeys: drained, it claims nothing; resumed, it does.
+    job_id = claims_nothing(worker["id"], 1, "crc")
     assert "claiming again" in control("resume", "--worker", worker["id"], "--wait", "60")
     wait_until(
         "SELECT status FROM queue_job_state WHERE job_id = %s",
