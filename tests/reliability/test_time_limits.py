@@ -202,6 +202,9 @@ def test_hard_limits_under_sigkills(supervised, report):
             )[0][0]
             if remaining == 0:
                 break
+            if workers.proc.poll() is not None:  # not killed by this test: say why
+                code, output = workers.wait(10)
+                raise AssertionError(f"the supervisor exited ({code}):\n{output[-5000:]}")
             if kill_not_due(remaining, deadline, next_kill):
                 continue
             if not supervisor_killed and remaining < (plain + limited) // 2:
