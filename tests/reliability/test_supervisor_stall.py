@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 HANG_GUARD = 60.0
 ENQUEUE = (
     "from django_pgqueue import enqueue; "
-    "print(enqueue('qa.limit_sleep', {}, queue='stall', max_attempts=2).id)"
+    "print(enqueue('qa.limit_sleep_long', {}, queue='stall', max_attempts=2).id)"
 )
 
 
@@ -49,7 +49,7 @@ def test_a_slow_database_does_not_hold_the_supervision_of_the_other_children(sup
             "--heartbeat-interval", "0.5", "--sweep-interval", "1", "-v", "0",
             env={**LIMITED, "DATABASE_URL": server.url},
         )  # fmt: skip
-        children = workers.wait_children(2)
+        workers.wait_children(2)
         wait_for(
             "both children listening",
             lambda: (
@@ -67,6 +67,10 @@ def test_a_slow_database_does_not_hold_the_supervision_of_the_other_children(sup
         wait_for("the limited job started", lambda: server.sql(
             "SELECT count(*) FROM qa_ledger WHERE job_id = %s", [job]) == [(1,)])  # fmt: skip
         [(runner,)] = server.sql("SELECT pid FROM qa_ledger WHERE job_id = %s", [job])
+        # Its hard limit of 10 s leaves the time to pause the database before it fires.
+        # The children now (one may have been restarted since the first look).
+        children = workers.wait_children(2)
+        assert runner in {child.pid for child in children.values()}, "the limit fired already"
         [other] = [child for child in children.values() if child.pid != runner]
         postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
         os.kill(postmaster, signal.SIGSTOP)  # new connections wait; open ones still work
