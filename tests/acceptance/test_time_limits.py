@@ -10,6 +10,7 @@ import time
 from io import StringIO
 from typing import Any
 
+import psutil
 import pytest
 from django.core.management import call_command
 from django.db import connections
@@ -48,11 +49,12 @@ class RunningSampler(threading.Thread):
             )[0][0]
             self.most = max(self.most, running)
             unfinished = sql(
-                "SELECT l.pid FROM qa_ledger l JOIN queue_jobs j ON j.id = l.job_id "
+                "SELECT l.pid, extract(epoch FROM l.started_at)::float8 FROM qa_ledger l "
+                "JOIN queue_jobs j ON j.id = l.job_id "
                 "WHERE j.queue = %s AND l.finished_at IS NULL",
                 [self.queue],
             )
-            executing = sum(1 for (pid,) in unfinished if not process_gone(pid))
+            executing = sum(1 for pid, started in unfinished if runs_since(pid, started))
             self.most_executing = max(self.most_executing, executing)
             time.sleep(0.02)
         connections.close_all()  # this thread's own connection
@@ -63,6 +65,16 @@ class RunningSampler(threading.Thread):
         self.done.set()
         self.join(10)
         return self.most
+
+
+def runs_since(pid: int, started: float) -> bool:
+    """The process `pid` that started a handler at `started` (epoch seconds) still runs:
+    alive, and not a later process given the same pid (pids wrap at 32,768 here)."""
+    try:
+        created = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return False
+    return created <= started and not process_gone(pid)
 
 
 def stop(workers: Any) -> str:
