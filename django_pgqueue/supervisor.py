@@ -17,10 +17,17 @@ report), stops gracefully and exits EXIT_STOP_REQUESTED. Such a child is not res
 however it ends (a handler past its hard time limit during the stop's grace, a
 recycle): the supervisor exits 0 once every child stopped so.
 
+Operators' drain, resume and concurrency reach each child through the database too; the
+child tells the supervisor its state after each (a ``controls`` report), and a child
+started in another's place (recycled, ended for a time limit, or dead) starts in the
+state the worker is in: the last any of its children told.
+
 Reports: each child writes events to a second pipe whose read end the supervisor
 holds (`worker.report`). A child that ends for a handler's hard time limit leaves its
-jobs to be written here once it is gone (the only writes the supervisor makes, on a
-connection opened for them and closed after), and a child recycled for
+jobs to be written here once it is gone (the only writes the supervisor makes, each
+from a thread of its own on a connection opened for them and closed after, so a
+database slow to answer does not hold the supervision of the other children), and a
+child recycled for
 --max-jobs-per-process or --max-memory-per-process says so: both are started again at
 once, neither counts as a death.
 
@@ -57,7 +64,7 @@ from dataclasses import dataclass, field
 
 from . import validators
 from .exceptions import ConfigurationError
-from .worker.report import READY, RECYCLE, STOP_ASKED, TIME_LIMIT, read_events
+from .worker.report import CONTROLS, READY, RECYCLE, STOP_ASKED, TIME_LIMIT, read_events
 from .worker.signals import queue_stop_signals
 from .worker.time_limits import LastWords, write_last_words
 
@@ -171,6 +178,12 @@ class Supervisor:
         self._signals: queue_module.SimpleQueue[int] = queue_module.SimpleQueue()
         self.stopping = False
         self.gave_up = False
+        # What operators made of this worker (drained, a concurrency), as its children
+        # last told: a child started in another's place starts in this state.
+        self.draining = False
+        self.concurrency: int | None = None
+        # The writes of the jobs children ended for a time limit left (see _reaped).
+        self.last_words_writes: list[threading.Thread] = []
         self.child_env = _child_environment()
         # Each child registers under it: the Workers page shows them as one worker.
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -202,6 +215,8 @@ class Supervisor:
             shutil.rmtree(self.listen_turns, ignore_errors=True)
             if restore:
                 restore()
+            for write in self.last_words_writes:
+                write.join()  # each ends within the connection's connect_timeout
         if self.gave_up:
             return EXIT_GAVE_UP
         return exit_status([child.last_code or 0 for child in self.children])
@@ -228,6 +243,7 @@ class Supervisor:
         os.set_blocking(report_read, False)
         control = ["--control-fd", str(read_end), "--supervisor-id", self.id]
         control += ["--report-fd", str(report_write), "--listen-turns", self.listen_turns]
+        control += self._controls_argv()
         spec = {"path": sys.path, "argv": [*argv, *control]}
         try:
             child.proc = subprocess.Popen(
@@ -252,6 +268,20 @@ class Supervisor:
         child.restart_at = None
         logger.info("supervisor: child %d started (pid %d)", child.index, child.proc.pid)
 
+    def _write_last_words(self, words: LastWords) -> None:
+        self.last_words_writes = [t for t in self.last_words_writes if t.is_alive()]
+        write = threading.Thread(
+            target=write_last_words, args=(words,), name="pgqueue-last-words", daemon=True
+        )
+        write.start()
+        self.last_words_writes.append(write)
+
+    def _controls_argv(self) -> list[str]:
+        """The options that start a child in the state operators put this worker in
+        (after the command's own: a --concurrency given here wins)."""
+        argv = [] if self.concurrency is None else ["--concurrency", str(self.concurrency)]
+        return [*argv, "--drained"] if self.draining else argv
+
     def _reaped(self, child: Child, code: int, now: float) -> None:
         assert child.proc is not None
         pid = child.proc.pid
@@ -265,8 +295,11 @@ class Supervisor:
             child.report = None
         child.last_code = code
         if child.last_words is not None:
-            # Its code is gone with it: its jobs may be written now.
-            write_last_words(child.last_words)
+            # Its code is gone with it: its jobs may be written now, from a thread of
+            # their own, so a database slow to answer (up to its connect_timeout)
+            # does not keep this loop from its other children. Until written, the
+            # jobs keep their rows and slots: the one hold.
+            self._write_last_words(child.last_words)
         if code == EXIT_STOP_REQUESTED or child.stop_asked:
             child.done = True
             # Its stop ended in order when its handler's time limit ended it (its jobs
@@ -339,6 +372,9 @@ class Supervisor:
         for event in events:
             if event["event"] == READY:
                 child.up = time.monotonic()
+            elif event["event"] == CONTROLS:
+                self.draining = bool(event["draining"])
+                self.concurrency = int(event["concurrency"])
             elif event["event"] == STOP_ASKED:
                 child.stop_asked = True
             elif event["event"] == RECYCLE:

@@ -116,4 +116,7 @@ class WorkerRegistry(PeriodicService):
         if not session.connected:
             return  # the database is away: the row goes gone by worker_mark_gone instead
         self.rollup.flush(session)
-        workers.record_stop(session, self.identity.id)
+        # The requests that came after the last beat are obeyed still: a drain, a
+        # resume or a concurrency changes what its supervisor starts next in its place.
+        for request in workers.record_stop(session, self.identity.id):
+            self.obey(session, request)

@@ -133,9 +133,10 @@ def answer(store: Session, request: Request, text: str) -> None:
     store_observability.answer_request(store, request.id, text)
 
 
-def record_stop(store: Session, worker_id: str) -> None:
-    """Mark this worker gone as it stops."""
-    store_observability.record_stop(store, worker_id)
+def record_stop(store: Session, worker_id: str) -> list[Request]:
+    """Mark this worker gone as it stops; the requests made to it since its last beat,
+    taken now."""
+    return [Request(*row) for row in store_observability.record_stop(store, worker_id)]
 
 
 def mark_gone(store: Session) -> list[str]:

@@ -41,7 +41,10 @@ WHERE id = %(id)s::bigint;
 -- name: worker_request_add
 -- Ask live workers for an action: those named (by their id, or their supervisor's), or
 -- those serving a queue. Only a worker alive now gets a request (pgqueue_worker_alive);
--- the rows made are returned, one per worker asked.
+-- the rows made are returned, one per worker asked. The worker rows are share-locked:
+-- a worker marking itself gone as it stops (worker_stopped) waits for this insert to
+-- commit, so its last take (worker_requests_take) sees the request, or this statement
+-- sees it gone and asks it nothing.
 INSERT INTO queue_worker_requests (worker_id, action, concurrency, requested_by)
 SELECT w.id, %(action)s::text, %(concurrency)s::integer, %(requested_by)s::text
 FROM queue_workers AS w
@@ -50,7 +53,20 @@ WHERE (w.id = ANY (%(workers)s::text[])
        OR w.queues ? %(queue)s::text)
   AND pgqueue_worker_alive(w.gone_at, w.last_seen_at, w.lease_seconds, w.report)
 ORDER BY w.id
+FOR SHARE OF w
 RETURNING id, worker_id;
+
+
+-- name: worker_requests_take
+-- The requests made to a worker that no beat took yet, marked taken, oldest first: its
+-- last take as it stops, once worker_stopped marked it gone (no request comes after).
+WITH taken AS (
+    UPDATE queue_worker_requests AS r
+    SET taken_at = now()
+    WHERE r.worker_id = %(id)s::text AND r.taken_at IS NULL
+    RETURNING r.id, r.action, r.concurrency, r.requested_by
+)
+SELECT id, action, concurrency, requested_by FROM taken ORDER BY id;
 
 
 -- name: worker_requests_read

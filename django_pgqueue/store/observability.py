@@ -1,7 +1,8 @@
 """The worker registry's and the per-minute rollup's statements.
 
 Written from a worker's heartbeat, on its connection (``worker_upsert``, which also
-takes the operators' requests, ``worker_request_answer``, ``worker_stopped``,
+takes the operators' requests, ``worker_request_answer``, ``worker_stopped`` with
+``worker_requests_take``,
 ``worker_mark_gone``, ``worker_prune``, ``stats_minute_add``); read on Django's
 connection for the admin's Workers and Charts pages, ``inspect_queue_workers``,
 ``queue_stats`` and the metrics, where operators' requests are also made
@@ -68,9 +69,11 @@ def recent_requests(alias: str, limit: int) -> list[tuple[Any, ...]]:
         return cursor.fetchall()
 
 
-def record_stop(session: Session, worker_id: str) -> None:
-    """Mark a worker gone as it stops."""
+def record_stop(session: Session, worker_id: str) -> list[tuple[Any, ...]]:
+    """Mark a worker gone as it stops; the requests made to it that no beat took, taken
+    now (after the mark: none can come later), as `record_beat` returns them."""
     session.run("worker_stopped", {"id": worker_id})
+    return list(session.run("worker_requests_take", {"id": worker_id}))
 
 
 def mark_gone(session: Session) -> list[str]:

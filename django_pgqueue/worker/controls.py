@@ -5,7 +5,9 @@ hands them to `Worker.obey`. `Controls` turns each into what the dispatcher does
 drained worker claims nothing and keeps running what it holds; a new concurrency sizes
 the next claims (a thread is started for each slot above the threads running; none is
 ended: a smaller limit leaves threads idle); a stop is a graceful one, after which a
-supervisor's child is not restarted.
+supervisor's child is not restarted. A supervisor's child tells it its state after each
+drain, resume or concurrency (`state`): the process started in its place (recycled, or
+ended for a time limit) starts in that state.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from .. import validators
 from .capacity import Capacity
@@ -54,6 +57,15 @@ class Controls:
             capacity.limits["sync"] = asked
             pool.grow(asked)
             logger.info("concurrency now %d, as an operator asked", asked)
+
+    def state(self) -> dict[str, Any]:
+        """What operators made of this process: draining, and the concurrency asked
+        for (the one applied, if none is waiting)."""
+        asked = self.asked_concurrency
+        return {
+            "draining": self.draining,
+            "concurrency": self.concurrency if asked is None else asked,
+        }
 
     def obey(self, action: str, concurrency: int | None, stop: Callable[[], None]) -> str:
         """Do what an operator asked (`stop` stops the worker gracefully); what was

@@ -36,7 +36,7 @@ from .dispatcher import Dispatcher
 from .leases import Heartbeat
 from .listen_turn import ListenTurn
 from .listener import Listener
-from .report import READY, STOP_ASKED, SupervisorReport
+from .report import CONTROLS, READY, STOP_ASKED, SupervisorReport
 from .services import ServiceThread, service_threads
 from .signals import SignalRelay, StopSwitch
 
@@ -66,6 +66,7 @@ class Worker:
         supervisor: str | None = None,
         report_fd: int | None = None,
         listen_turns: str | None = None,
+        drained: bool = False,
         **options: Any,
     ) -> None:
         self.config = cfg = WorkerConfig.build(queues, **options)
@@ -94,6 +95,8 @@ class Worker:
         self._dispatcher = dispatcher = Dispatcher(
             cfg, self.registry, self._switch, self.stats, self.parts, report
         )
+        if drained:  # its supervisor's worker was drained: the process it replaces was
+            dispatcher.controls.drain()
         self._store = dispatcher.store
         self._capacity = dispatcher.capacity
         self._writer = dispatcher.writer
@@ -142,7 +145,12 @@ class Worker:
     def obey(self, action: str, concurrency: int | None = None) -> str:
         """Do what an operator asked (stop, drain, resume, concurrency); what was done,
         in words (see `controls.Controls.obey`)."""
-        return self._dispatcher.controls.obey(action, concurrency, self._stop_on_request)
+        controls = self._dispatcher.controls
+        answer = controls.obey(action, concurrency, self._stop_on_request)
+        if self._report is not None and action != "stop":
+            # The process its supervisor starts in its place starts in this state.
+            self._report.send(CONTROLS, **controls.state())
+        return answer
 
     def _stop_on_request(self) -> None:
         """An operator's stop: the supervisor hears of it first (it restarts this process

@@ -1,8 +1,10 @@
 """A supervised worker process's word to its supervisor: one JSON line per event, on a
 pipe whose read end the supervisor holds (`--report-fd`).
 
-Four events: ``ready`` (the process is up: its services started, about to claim; a
-death before it counts as a failed start, however long the start took), ``stop_asked``
+Five events: ``ready`` (the process is up: its services started, about to claim; a
+death before it counts as a failed start, however long the start took), ``controls``
+(an operator drained, resumed or resized it: its draining and concurrency now, which
+the process started in its place starts with), ``stop_asked``
 (an operator asked the process to stop: however it then ends, a time limit or a
 recycle included, it is not started again), ``recycle``
 (the process reached --max-jobs-per-process or --max-memory-per-process and exits once
@@ -21,7 +23,8 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-READY, STOP_ASKED, RECYCLE, TIME_LIMIT = "ready", "stop_asked", "recycle", "time_limit"
+READY, CONTROLS, STOP_ASKED = "ready", "controls", "stop_asked"
+RECYCLE, TIME_LIMIT = "recycle", "time_limit"
 
 
 class SupervisorReport:

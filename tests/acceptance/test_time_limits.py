@@ -10,6 +10,7 @@ import time
 from io import StringIO
 from typing import Any
 
+import psutil
 import pytest
 from django.core.management import call_command
 from django.db import connections
@@ -27,12 +28,17 @@ LIMITED = {"PGQUEUE_TEST_TIME_LIMITS": "1"}
 
 
 class RunningSampler(threading.Thread):
-    """Reads how many jobs of `queue` run, every 20 ms, until stopped; the most seen."""
+    """Reads how many jobs of `queue` run, every 20 ms, until stopped; the most seen.
+
+    Two readings: the queue's (its rows in 'running'), and the handlers still executing
+    by the ledger (a run not finished whose process is still alive: a handler of a
+    process ended for its time limit, or SIGKILLed, stopped with the process)."""
 
     def __init__(self, queue: str) -> None:
         super().__init__(daemon=True)
         self.queue = queue
         self.most = 0
+        self.most_executing = 0
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -42,13 +48,33 @@ class RunningSampler(threading.Thread):
                 [self.queue],
             )[0][0]
             self.most = max(self.most, running)
+            unfinished = sql(
+                "SELECT l.pid, extract(epoch FROM l.started_at)::float8 FROM qa_ledger l "
+                "JOIN queue_jobs j ON j.id = l.job_id "
+                "WHERE j.queue = %s AND l.finished_at IS NULL",
+                [self.queue],
+            )
+            executing = sum(1 for pid, started in unfinished if runs_since(pid, started))
+            self.most_executing = max(self.most_executing, executing)
             time.sleep(0.02)
         connections.close_all()  # this thread's own connection
 
     def stop(self) -> int:
+        """Stop sampling; the most jobs seen running (`most_executing`: the most
+        handlers seen executing)."""
         self.done.set()
         self.join(10)
         return self.most
+
+
+def runs_since(pid: int, started: float) -> bool:
+    """The process `pid` that started a handler at `started` (epoch seconds) still runs:
+    alive, and not a later process given the same pid (pids wrap at 32,768 here)."""
+    try:
+        created = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return False
+    return created <= started and not process_gone(pid)
 
 
 def stop(workers: Any) -> str:
@@ -99,6 +125,7 @@ def test_a_handler_past_its_hard_limit_ends_its_process_and_its_job_is_retried(s
     finally:
         most = sampler.stop()
     assert most <= 3, f"{most} jobs of a queue limited to 3 ran at once"
+    assert sampler.most_executing <= 3, f"{sampler.most_executing} handlers executed at once"
     assert attempts_of(limited) == [("failed", "django_pgqueue.TimeLimitExceeded")] * 2
     (error,) = sql("SELECT last_error FROM queue_job_state WHERE job_id = %s", [limited])[0]
     assert "hard time limit of 2s" in error

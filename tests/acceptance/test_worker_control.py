@@ -16,6 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from django_pgqueue import enqueue
+from tests.acceptance.test_time_limits import stop
 from tests.conftest import sql
 from tests.reliability.conftest import wait_until
 from tests.supervised import process_gone
@@ -65,6 +66,21 @@ def reports(worker_id: str) -> list[dict[str, Any]]:
     """The reports of the live processes of the worker `worker_id`."""
     workers = [w for w in inspect() if w["id"] == worker_id]
     return [p["report"] for w in workers for p in w["processes"] if p["alive"] and p["report"]]
+
+
+def claims_nothing(worker_id: str, processes: int, queue: str) -> int:
+    """Enqueue a job on `queue` and require that the worker's `processes` live processes
+    (draining) leave it pending over two beats each; its id."""
+    job_id = enqueue("qa.echo", {"x": 1}, queue=queue).id
+    since = sql("SELECT now()")[0][0]
+    wait_until(
+        "SELECT count(*) FROM queue_workers WHERE supervisor = %s AND last_seen_at > "
+        "%s + interval '2 seconds' AND gone_at IS NULL",
+        lambda n: n == processes,
+        params=[worker_id, since],
+    )
+    assert sql("SELECT status FROM queue_job_state WHERE job_id = %s", [job_id]) == [("pending",)]
+    return job_id
 
 
 def test_inspect_answers_for_a_worker_of_two_processes(supervised):
@@ -117,16 +133,7 @@ def test_drain_resume_concurrency_and_stop_reach_every_child(supervised):
     out = control("drain", "--worker", worker["id"], "--wait", str(HANG_GUARD))
     assert out.count("draining: no more claims") == 2
     wait_for("both reports draining", lambda: all(r["draining"] for r in reports(worker["id"])))
-    job_id = enqueue("qa.echo", {"x": 1}, queue="ctl").id
-    # Two beats of each process after the enqueue: a draining worker claimed nothing.
-    since = sql("SELECT now()")[0][0]
-    wait_until(
-        "SELECT count(*) FROM queue_workers WHERE supervisor = %s AND last_seen_at > "
-        "%s + interval '2 seconds' AND gone_at IS NULL",
-        lambda n: n == 2,
-        params=[worker["id"], since],
-    )
-    assert sql("SELECT status FROM queue_job_state WHERE job_id = %s", [job_id]) == [("pending",)]
+    job_id = claims_nothing(worker["id"], 2, "ctl")
 
     out = control("resume", "--queue", "ctl", "--wait", str(HANG_GUARD))
     assert out.count("claiming again") == 2
@@ -185,3 +192,75 @@ def test_a_killed_child_shows_gone_within_its_beats_and_its_restart_joins_the_wo
     worker = the_worker()
     assert len(worker["processes"]) == 3
     assert sum(1 for p in worker["processes"] if not p["alive"]) == 1
+
+
+def a_fresh_child(workers: Any, old_pid: int) -> dict[str, Any]:
+    """The report of the child started in place of `old_pid`, once it beat."""
+
+    def fresh() -> dict[str, Any] | None:
+        processes = [p for w in inspect() for p in w["processes"]]
+        found = [p for p in processes if p["alive"] and p["report"] and p["pid"] != old_pid]
+        return found[0]["report"] if found else None
+
+    return wait_for("a fresh child's report", fresh)
+
+
+def test_a_child_recycled_after_a_drain_and_a_concurrency_is_replaced_in_that_state(
+    supervised,
+):
+    # Each child runs one job, then is replaced (a supervisor with one child).
+    workers = supervised(
+        "crc", "--concurrency", "2", "--max-jobs-per-process", "1", "--worker-id", "crc", *FAST
+    )
+    [first] = workers.wait_children(1).values()
+    worker = the_worker(1)
+    busy = enqueue("qa.sleep", {"seconds": 6}, queue="crc").id
+    wait_until("SELECT count(*) FROM qa_ledger WHERE job_id = %s", lambda n: n == 1, params=[busy])
+    # Asked while it runs its last job (recycling: it takes no new one).
+    assert "concurrency 3" in control("concurrency", "3", "--worker", worker["id"], "--wait", "60")
+    assert "draining" in control("drain", "--worker", worker["id"], "--wait", "60")
+    wait_until(
+        "SELECT status FROM queue_job_state WHERE job_id = %s",
+        lambda status: status == "completed",
+        params=[busy],
+    )
+    report = a_fresh_child(workers, first.pid)
+    assert (report["draining"], report["concurrency"]) == (True, 3)
+    # It obeys: drained, it claims nothing; resumed, it does.
+    job_id = claims_nothing(worker["id"], 1, "crc")
+    assert "claiming again" in control("resume", "--worker", worker["id"], "--wait", "60")
+    wait_until(
+        "SELECT status FROM queue_job_state WHERE job_id = %s",
+        lambda status: status == "completed",
+        params=[job_id],
+    )
+    stop(workers)
+
+
+def test_a_request_made_as_a_child_leaves_for_its_recycle_is_obeyed(supervised):
+    # A lease of 30 s: each process beats every 5 s, so the request made after the
+    # beat that follows its start reaches it only as it leaves (a 1.5 s job).
+    workers = supervised(
+        "crl", "--max-jobs-per-process", "1", "--worker-id", "crl",
+        "--lease", "30", "--heartbeat-interval", "0.5", "-v", "1",
+    )  # fmt: skip
+    [first] = workers.wait_children(1).values()
+    worker = the_worker(1)
+    seen = sql("SELECT last_seen_at FROM queue_workers WHERE pid = %s", [first.pid])[0][0]
+    wait_until(
+        "SELECT last_seen_at FROM queue_workers WHERE pid = %s",
+        lambda last: last > seen,
+        params=[first.pid],
+    )
+    busy = enqueue("qa.sleep", {"seconds": 1.5}, queue="crl").id
+    wait_until("SELECT count(*) FROM qa_ledger WHERE job_id = %s", lambda n: n == 1, params=[busy])
+    control("drain", "--worker", worker["id"])
+    # Taken and answered, by the leaving child; the child started in its place drained.
+    answered = wait_until(
+        "SELECT answer FROM queue_worker_requests WHERE action = 'drain'",
+        lambda answer: answer is not None,
+    )
+    assert answered.startswith("draining")
+    report = a_fresh_child(workers, first.pid)
+    assert report["draining"]
+    stop(workers)

@@ -202,6 +202,7 @@ class Command(BaseCommand):
         parser.add_argument("--child-index", type=int, help=argparse.SUPPRESS)
         parser.add_argument("--supervisor-id", help=argparse.SUPPRESS)
         parser.add_argument("--listen-turns", help=argparse.SUPPRESS)
+        parser.add_argument("--drained", action="store_true", help=argparse.SUPPRESS)
 
     def handle(self, *args: Any, **options: Any) -> None:
         _configure_logging(options["verbosity"], options["child_index"])
@@ -234,6 +235,7 @@ class Command(BaseCommand):
             supervisor=options["supervisor_id"],
             report_fd=options["report_fd"],
             listen_turns=options["listen_turns"],
+            drained=options["drained"],
             **config,
         )
         if options["child_index"] is None:  # a supervisor's children were checked by it
