@@ -59,6 +59,24 @@ PEERS = (
 )
 
 
+# The durable-execution engines of benchmarks/durable.py, each with its own database the
+# same way. tuned: (driver option, value), the worker concurrency both sides run at.
+DURABLE_PEERS = (
+    Peer(
+        "dbos",
+        "3.4.0",
+        ("dbos==3.4.0", "psycopg[binary]==3.3.9"),
+        ("concurrency", 8),
+    ),
+    Peer(
+        "django_absurd",
+        "1.0.1",
+        ("django-absurd==1.0.1", "absurd-sdk==0.5.0", "psycopg[binary]==3.3.9"),
+        ("concurrency", 8),
+    ),
+)
+
+
 def install(peer: Peer) -> None:
     """Create the peer's virtual environment unless it holds exactly its requirements."""
     stamp = peer.home / ".installed"
