@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.test.utils import CaptureQueriesContext
 
 import django_pgqueue
 from django_pgqueue import EventTimeout, JobContext
@@ -44,6 +45,10 @@ def _hold(ctx: JobContext, path: str | None) -> None:
         deadline = time.monotonic() + 120
         while not os.path.exists(path) and time.monotonic() < deadline:
             time.sleep(0.02)
+
+
+def _noop(i: int) -> int:
+    return i
 
 
 def _db_clock(ctx: JobContext) -> str:
@@ -144,11 +149,25 @@ async def adurable_complete(ctx: JobContext) -> Any:
     return await ctx.acomplete_atomically(_effect, ctx, "done")
 
 
+@django_pgqueue.handler("qa.durable_counted", max_attempts=3)
+def durable_counted(ctx: JobContext) -> dict[str, Any]:
+    """payload steps: that many no-op steps, the statements each sent on the handler's
+    connection counted; fail_first: the first attempt fails after its steps. Returns
+    the count per step and the first line of every statement the steps sent (the
+    package's statements start with their name, "-- name: ...")."""
+    connection = connections[ctx.database or DEFAULT_DB_ALIAS]
+    per_step = []
+    with CaptureQueriesContext(connection) as queries:
+        for i in range(ctx.payload["steps"]):
+            before = len(queries)
+            ctx.step(f"s{i}", _noop, i)
+            per_step.append(len(queries) - before)
+    if ctx.payload.get("fail_first") and ctx.attempt == 1:
+        raise ValueError("the first attempt fails after its steps")
+    return {"per_step": per_step, "statements": [q["sql"].splitlines()[0] for q in queries]}
+
+
 # benchmarks/durable.py's runs: the same shapes as its peers' (benchmarks/peers/).
-
-
-def _noop(i: int) -> int:
-    return i
 
 
 @django_pgqueue.handler("bench.durable_five", max_attempts=3)
