@@ -96,6 +96,35 @@ def install(peer: Peer) -> None:
     stamp.write_text(wanted)
 
 
+def prepare(
+    peers: tuple[Peer, ...], url: str, names: str | None, script: str
+) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[Peer, str]]]:
+    """Install each of `peers` (those `names` lists, comma-separated; all by default) and
+    set up its database: the `url` name with _NAME appended. Returns what the results
+    say of each ({name: version, requirements, tuned, database or skipped}) and the
+    peers that are ready ({name: (peer, its url)}); one that fails is skipped, the line
+    printed (`script`: who prints it) saying why."""
+    info: dict[str, dict[str, Any]] = {}
+    runners: dict[str, tuple[Peer, str]] = {}
+    wanted = None if not names else {name.strip() for name in names.split(",")}
+    for peer in peers:
+        if wanted is not None and peer.name not in wanted:
+            continue
+        info[peer.name] = {"version": peer.version, "requirements": list(peer.requirements)}
+        info[peer.name]["tuned"] = dict([peer.tuned])
+        try:
+            install(peer)
+            peer_url = database_url(url, peer.name)
+            create_database(peer_url)
+            call(peer, "setup", url=peer_url)
+            runners[peer.name] = (peer, peer_url)
+            info[peer.name]["database"] = peer_url.rsplit("/", 1)[-1]
+        except PeerFailed as exc:
+            info[peer.name]["skipped"] = str(exc)
+            print(f"{script}: skipping {peer.name}: {exc}", flush=True)
+    return info, runners
+
+
 def call(peer: Peer, command: str, timeout: float = 900, **args: Any) -> dict[str, Any]:
     """Run one driver command with the peer's Python; return the JSON it prints last."""
     script = DRIVERS / f"{peer.name}_driver.py"
