@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import time
 from importlib.metadata import version
 from typing import Any
 
 import psycopg
-from _driver import main, spawn
+from _driver import kill_when_ready, main, resume_mark, spawn
 from dbos import DBOS, DBOSClient
 
 QUEUE = "bench"
@@ -47,15 +46,7 @@ def plain(i: int) -> int:
 noop = DBOS.step(name="noop")(plain)
 
 
-@DBOS.step(name="resume_mark")
-def resume_mark(ready: str) -> float:
-    """The killed run's third step: the first time, say so and hang until SIGKILL;
-    resumed, return the wall time it started again."""
-    if not os.path.exists(ready):
-        with open(ready, "w") as f:
-            f.write("ready")
-        time.sleep(3600)
-    return time.time()
+resume_step = DBOS.step(name="resume_mark")(resume_mark)
 
 
 @DBOS.workflow(name="five_steps")
@@ -67,7 +58,7 @@ def five_steps() -> int:
 def resumable(ready: str) -> float:
     noop(0)
     noop(1)
-    resumed = resume_mark(ready)
+    resumed = resume_step(ready)
     noop(3)
     noop(4)
     return resumed
@@ -176,16 +167,7 @@ def kill_resume(args: dict[str, Any]) -> dict[str, Any]:
     reset(url)
     enqueue(url, "resumable", 1, ready)
     worker_args = {**args, "cmd": "worker"}
-    first = spawn(__file__, worker_args)
-    deadline = time.monotonic() + 120
-    while not os.path.exists(ready):
-        if time.monotonic() > deadline or first.poll() is not None:
-            first.kill()
-            raise SystemExit("dbos kill_resume: the run never reached its third step")
-        time.sleep(0.01)
-    killed = time.time()
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait()
+    killed = kill_when_ready(spawn(__file__, worker_args), ready, "dbos")
     second = spawn(__file__, {**worker_args, "until": 1})
     try:
         second.wait(120)

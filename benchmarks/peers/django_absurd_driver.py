@@ -24,7 +24,7 @@ from importlib.metadata import version
 from typing import Any
 from urllib.parse import urlsplit
 
-from _driver import main, spawn
+from _driver import kill_when_ready, main, resume_mark, spawn
 
 QUEUE = "bench"  # its tables: absurd.t_bench (tasks), r_ (runs), c_ (checkpoints), w_
 STEPS = 5
@@ -91,21 +91,13 @@ def five_steps() -> int:
     return sum(context.step(f"s{i}", lambda i=i: plain(i)) for i in range(STEPS))
 
 
-def _resume_mark(ready: str) -> float:
-    if not os.path.exists(ready):
-        with open(ready, "w") as f:
-            f.write("ready")
-        time.sleep(3600)
-    return time.time()
-
-
 def resumable(ready: str) -> float:
     from django_absurd import get_absurd_context
 
     context = get_absurd_context()
     context.step("s0", lambda: plain(0))
     context.step("s1", lambda: plain(1))
-    resumed = context.step("s2", lambda: _resume_mark(ready))
+    resumed = context.step("s2", lambda: resume_mark(ready))
     context.step("s3", lambda: plain(3))
     context.step("s4", lambda: plain(4))
     return resumed
@@ -229,16 +221,7 @@ def kill_resume(args: dict[str, Any]) -> dict[str, Any]:
     reset()
     module.resumable.enqueue(ready)
     worker_args = {**args, "cmd": "worker", "claim_timeout": 2}
-    first = spawn(__file__, worker_args)
-    deadline = time.monotonic() + 120
-    while not os.path.exists(ready):
-        if time.monotonic() > deadline or first.poll() is not None:
-            first.kill()
-            raise SystemExit("django-absurd kill_resume: the run never reached its third step")
-        time.sleep(0.01)
-    killed = time.time()
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait()
+    killed = kill_when_ready(spawn(__file__, worker_args), ready, "django-absurd")
     run_worker(worker_args, lambda: completed() >= 1, timeout=120)
     return {"seconds": float(_result()) - killed}
 
