@@ -130,6 +130,7 @@ bench: install
 	$(BENCH)/workflows.py --explain
 	$(BENCH)/multidb.py
 	$(BENCH)/fairness.py
+	$(BENCH)/durable.py
 	$(BENCH)/report.py
 
 # Tiny sizes, one run each: CI runs this so the scripts never rot. Results go to
@@ -151,6 +152,7 @@ bench-smoke: install
 	$(BENCH)/workflows.py --smoke --explain
 	$(BENCH)/multidb.py --smoke
 	$(BENCH)/fairness.py --smoke
+	$(BENCH)/durable.py --smoke
 	$(BENCH)/report.py --smoke
 
 # The admin's pages on 1,000,000 jobs (its own database, dropped afterwards);

@@ -59,6 +59,24 @@ PEERS = (
 )
 
 
+# The durable-execution engines of benchmarks/durable.py, each with its own database the
+# same way. tuned: (driver option, value), the worker concurrency both sides run at.
+DURABLE_PEERS = (
+    Peer(
+        "dbos",
+        "3.4.0",
+        ("dbos==3.4.0", "psycopg[binary]==3.3.9"),
+        ("concurrency", 8),
+    ),
+    Peer(
+        "django_absurd",
+        "1.0.1",
+        ("django-absurd==1.0.1", "absurd-sdk==0.5.0", "psycopg[binary]==3.3.9"),
+        ("concurrency", 8),
+    ),
+)
+
+
 def install(peer: Peer) -> None:
     """Create the peer's virtual environment unless it holds exactly its requirements."""
     stamp = peer.home / ".installed"
@@ -76,6 +94,35 @@ def install(peer: Peer) -> None:
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
             raise PeerFailed(f"cannot install {peer.name} {peer.version}: {' / '.join(tail)}")
     stamp.write_text(wanted)
+
+
+def prepare(
+    peers: tuple[Peer, ...], url: str, names: str | None, script: str
+) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[Peer, str]]]:
+    """Install each of `peers` (those `names` lists, comma-separated; all by default) and
+    set up its database: the `url` name with _NAME appended. Returns what the results
+    say of each ({name: version, requirements, tuned, database or skipped}) and the
+    peers that are ready ({name: (peer, its url)}); one that fails is skipped, the line
+    printed (`script`: who prints it) saying why."""
+    info: dict[str, dict[str, Any]] = {}
+    runners: dict[str, tuple[Peer, str]] = {}
+    wanted = None if not names else {name.strip() for name in names.split(",")}
+    for peer in peers:
+        if wanted is not None and peer.name not in wanted:
+            continue
+        info[peer.name] = {"version": peer.version, "requirements": list(peer.requirements)}
+        info[peer.name]["tuned"] = dict([peer.tuned])
+        try:
+            install(peer)
+            peer_url = database_url(url, peer.name)
+            create_database(peer_url)
+            call(peer, "setup", url=peer_url)
+            runners[peer.name] = (peer, peer_url)
+            info[peer.name]["database"] = peer_url.rsplit("/", 1)[-1]
+        except PeerFailed as exc:
+            info[peer.name]["skipped"] = str(exc)
+            print(f"{script}: skipping {peer.name}: {exc}", flush=True)
+    return info, runners
 
 
 def call(peer: Peer, command: str, timeout: float = 900, **args: Any) -> dict[str, Any]:

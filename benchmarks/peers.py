@@ -41,7 +41,7 @@ from typing import Any
 import async_io
 import throughput
 from _common import machine, markdown_table, parser, setup_django, write_json
-from _peer_env import PEERS, Peer, PeerFailed, call, create_database, database_url, install
+from _peer_env import PEERS, Peer, PeerFailed, call, prepare
 
 OURS = "django-pgqueue"
 OURS_TUNED = (200, 200)  # concurrency, batch
@@ -148,25 +148,7 @@ def prepare_peers(
     url: str, names: str | None = None
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Install each peer (those `names` lists) and set up its database; skipped ones say why."""
-    info: dict[str, dict[str, Any]] = {}
-    runners: dict[str, Any] = {}
-    wanted = None if not names else {name.strip() for name in names.split(",")}
-    for peer in PEERS:
-        if wanted is not None and peer.name not in wanted:
-            continue
-        info[peer.name] = {"version": peer.version, "requirements": list(peer.requirements)}
-        info[peer.name]["tuned"] = dict([peer.tuned])
-        try:
-            install(peer)
-            peer_url = database_url(url, peer.name)
-            create_database(peer_url)
-            call(peer, "setup", url=peer_url)
-            runners[peer.name] = (peer, peer_url)
-            info[peer.name]["database"] = peer_url.rsplit("/", 1)[-1]
-        except PeerFailed as exc:
-            info[peer.name]["skipped"] = str(exc)
-            print(f"peers: skipping {peer.name}: {exc}", flush=True)
-    return info, runners
+    return prepare(PEERS, url, names, "peers")
 
 
 WORKLOADS = (

@@ -8,6 +8,8 @@ line of JSON (the command's result) as the last line of its output.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -63,3 +65,28 @@ def exactly_once(n: int, started: int, distinct: int, done: int, remaining: int)
             f"drain check failed: {n} jobs, {started} starts of {distinct} distinct jobs, "
             f"{done} done, {remaining} left in the queue"
         )
+
+
+def resume_mark(ready: str) -> float:
+    """The third step of the kill test's run: the first time, create the file `ready`
+    and hang until SIGKILLed; resumed, return the wall time it started again."""
+    if not os.path.exists(ready):
+        with open(ready, "w") as f:
+            f.write("ready")
+        time.sleep(3600)
+    return time.time()
+
+
+def kill_when_ready(worker: subprocess.Popen[bytes], ready: str, who: str) -> float:
+    """SIGKILL `worker` once its run hangs in its third step (the file `ready` exists);
+    return the wall time of the kill."""
+    deadline = time.monotonic() + 120
+    while not os.path.exists(ready):
+        if time.monotonic() > deadline or worker.poll() is not None:
+            worker.kill()
+            raise SystemExit(f"{who} kill_resume: the run never reached its third step")
+        time.sleep(0.01)
+    killed = time.time()
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait()
+    return killed

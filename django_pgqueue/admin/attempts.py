@@ -17,7 +17,7 @@ from django.db.models.functions import RowNumber
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from ..models import Attempt, Job, Status
+from ..models import Attempt, AttemptStatus, Job, Status
 from .columns import EMPTY, column, span, when, when_text
 from .databases import read_alias
 
@@ -113,8 +113,12 @@ class AttemptInline(NoEditing, admin.TabularInline):
         # The class without its module path, as the dead jobs list shows it (a dotted
         # path is one word too long for the column); the whole text is the tooltip.
         short_class = (attempt.error_class or "").rsplit(".", 1)[-1]
+        # A snoozed attempt's is why the handler gave it back (a durable sleep, an
+        # event wait), not an error: shown quietly.
+        given_back = attempt.status == AttemptStatus.SNOOZED
         return format_html(
-            '<span class="pgqueue-error" title="{}">{}</span>',
+            '<span class="{}" title="{}">{}</span>',
+            "pgqueue-given-back" if given_back else "pgqueue-error",
             ": ".join(part for part in (attempt.error_class, attempt.error_message) if part),
             ": ".join(part for part in (short_class, attempt.error_message) if part),
         )

@@ -209,7 +209,11 @@ class DurableRun:
         if left > 0:
             # The job is given back due at now() + left by the database's clock when
             # written, which is later than this: never before the wake-up.
-            raise Snooze(max(left, _SHORTEST_SNOOZE), f"sleeping until {wake_at} ({name!r})")
+            shown = dt.datetime.fromisoformat(wake_at).astimezone(dt.UTC)
+            raise Snooze(
+                max(left, _SHORTEST_SNOOZE),
+                f"sleeping until {shown:%Y-%m-%d %H:%M:%S} UTC ({name!r})",
+            )
 
     # -- events -------------------------------------------------------------------
 

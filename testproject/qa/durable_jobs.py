@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.test.utils import CaptureQueriesContext
 
 import django_pgqueue
 from django_pgqueue import EventTimeout, JobContext
@@ -44,6 +45,10 @@ def _hold(ctx: JobContext, path: str | None) -> None:
         deadline = time.monotonic() + 120
         while not os.path.exists(path) and time.monotonic() < deadline:
             time.sleep(0.02)
+
+
+def _noop(i: int) -> int:
+    return i
 
 
 def _db_clock(ctx: JobContext) -> str:
@@ -142,3 +147,77 @@ def durable_five(ctx: JobContext) -> Any:
 async def adurable_complete(ctx: JobContext) -> Any:
     """The async spelling of the job's completion with its effect."""
     return await ctx.acomplete_atomically(_effect, ctx, "done")
+
+
+@django_pgqueue.handler("qa.durable_counted", max_attempts=3)
+def durable_counted(ctx: JobContext) -> dict[str, Any]:
+    """payload steps: that many no-op steps, the statements each sent on the handler's
+    connection counted; fail_first: the first attempt fails after its steps. Returns
+    the count per step and the first line of every statement the steps sent (the
+    package's statements start with their name, "-- name: ...")."""
+    connection = connections[ctx.database or DEFAULT_DB_ALIAS]
+    per_step = []
+    with CaptureQueriesContext(connection) as queries:
+        for i in range(ctx.payload["steps"]):
+            before = len(queries)
+            ctx.step(f"s{i}", _noop, i)
+            per_step.append(len(queries) - before)
+    if ctx.payload.get("fail_first") and ctx.attempt == 1:
+        raise ValueError("the first attempt fails after its steps")
+    return {"per_step": per_step, "statements": [q["sql"].splitlines()[0] for q in queries]}
+
+
+# benchmarks/durable.py's runs: the same shapes as its peers' (benchmarks/peers/).
+
+
+@django_pgqueue.handler("bench.durable_five", max_attempts=3)
+def bench_durable_five(ctx: JobContext) -> int:
+    """A run of five no-op steps."""
+    return sum(ctx.step(f"s{i}", _noop, i) for i in range(5))
+
+
+def _resume_mark(ready: str) -> float:
+    """The killed run's third step: the first time, say so and hang until SIGKILL;
+    resumed, the wall time it started again."""
+    if not os.path.exists(ready):
+        with open(ready, "w") as f:
+            f.write("ready")
+        time.sleep(3600)
+    return time.time()
+
+
+@django_pgqueue.handler("bench.durable_resumable", max_attempts=3)
+def bench_durable_resumable(ctx: JobContext) -> float:
+    """Five steps, the third hanging on the first run (payload ready: its marker file)."""
+    ctx.step("s0", _noop, 0)
+    ctx.step("s1", _noop, 1)
+    resumed = ctx.step("s2", _resume_mark, ctx.payload["ready"])
+    ctx.step("s3", _noop, 3)
+    ctx.step("s4", _noop, 4)
+    return resumed
+
+
+@django_pgqueue.handler("bench.durable_overhead", max_attempts=1)
+def bench_durable_overhead(ctx: JobContext) -> dict[str, float]:
+    """payload n: µs per no-op step, per plain call of the same function, and per bare
+    INSERT of a checkpoint's row (no lease fence, its own autocommit transaction: the
+    floor a step's write is held to), steps and INSERTs alternating."""
+    n = ctx.payload["n"]
+    started = time.perf_counter()
+    for i in range(n):
+        _noop(i)
+    call = time.perf_counter() - started
+    step = bare = 0.0
+    with connections[ctx.database or DEFAULT_DB_ALIAS].cursor() as cursor:
+        for i in range(n):
+            started = time.perf_counter()
+            ctx.step(f"s{i}", _noop, i)
+            step += time.perf_counter() - started
+            started = time.perf_counter()
+            cursor.execute(
+                "INSERT INTO queue_job_steps (job_id, name, kind, result) "
+                "VALUES (%s, %s, 'step', %s::jsonb)",
+                [ctx.job_id, f"bare{i}", str(i)],
+            )
+            bare += time.perf_counter() - started
+    return {"step_us": step / n * 1e6, "plain_us": call / n * 1e6, "bare_insert_us": bare / n * 1e6}

@@ -168,8 +168,14 @@ def test_the_job_page_lists_a_durable_jobs_steps_and_its_wait(run_worker, superu
     page = superuser_client.get(reverse("admin:django_pgqueue_job_change", args=[job.id]))
     html = page.content.decode()
     assert "Durable steps" in html
-    assert "<td>before</td><td>step</td><td><code>&quot;before&quot;</code></td>" in html
-    assert "Waits for the event <code>page:1</code> (step event:page:1), until" in html
+    assert (
+        '<td class="pgqueue-step-name">before</td><td>step</td><td><span class="pgqueue-status '
+        'pgqueue-completed">done</span></td><td><code>&quot;before&quot;</code></td>'
+    ) in html
+    assert (
+        '<td class="pgqueue-step-name">event:page:1</td><td>event</td><td><span class="pgqueue-'
+        'status pgqueue-waiting">waiting</span></td><td>for <code>page:1</code>, until'
+    ) in html
     plain_page = superuser_client.get(reverse("admin:django_pgqueue_job_change", args=[plain.id]))
     assert "Durable steps" not in plain_page.content.decode()
 

@@ -81,6 +81,36 @@ def test_a_resumed_run_reads_a_thousand_checkpoints_in_one_statement(stores):
     assert len(queries) == 1, [q["sql"][:60] for q in queries]
 
 
+def test_each_step_of_a_worker_run_sends_one_statement_its_checkpoint(run_worker):
+    job = enqueue("qa.durable_counted", {"steps": 5}, queue="ds")
+    run_worker(["ds"], poll_interval=0.05)
+    wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed")
+    result = Attempt.objects.get(job_id=job.id, status="succeeded").result
+    # The first step reads the job's checkpoints (none) once for the run; each step
+    # then writes its checkpoint in one statement.
+    assert result["per_step"] == [2, 1, 1, 1, 1]
+    assert result["statements"] == ["-- name: step_load"] + ["-- name: step_record"] * 5
+    assert JobStep.objects.filter(job_id=job.id).count() == 5
+
+
+def test_a_worker_resuming_a_thousand_steps_reads_their_checkpoints_in_one_statement(
+    run_worker,
+):
+    job = enqueue("qa.durable_counted", {"steps": 1000, "fail_first": True}, queue="ds")
+    run_worker(["ds"], poll_interval=0.05)
+    wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed")
+    attempts = list(Attempt.objects.filter(job_id=job.id).order_by("lease_version"))
+    assert [a.status for a in attempts] == ["failed", "succeeded"]
+    # The retry met 1,000 checkpoints of the first attempt: one statement read them all,
+    # and no step ran or wrote again.
+    result = attempts[1].result
+    assert result["per_step"] == [1] + [0] * 999
+    assert result["statements"] == ["-- name: step_load"]
+    recorded = JobStep.objects.filter(job_id=job.id)
+    assert recorded.count() == 1000
+    assert set(recorded.values_list("lease_version", flat=True)) == {1}
+
+
 def test_a_step_of_a_worker_whose_lease_was_lost_records_nothing(stores):
     job = enqueue("qa.noop", queue="dq")
     stale = _claimed(stores, job.id)
