@@ -431,25 +431,3 @@ def _child_environment() -> dict[str, str]:
             "handed to another process."
         )
     return {**os.environ, "DJANGO_SETTINGS_MODULE": module}
-
-
-def follow_supervisor(fd: int, stop: Callable[[bool], None]) -> threading.Thread:
-    """In a child: act on the supervisor's control pipe from a daemon thread.
-
-    `stop(force)` is called for each request; end of file (the supervisor died) is a
-    graceful stop."""
-
-    def run() -> None:
-        with os.fdopen(fd, "rb", buffering=0) as pipe:
-            while line := pipe.readline():
-                now = line.strip() == b"now"
-                logger.info(
-                    "the supervisor asks for a%s stop", "n immediate" if now else " graceful"
-                )
-                stop(now)
-        logger.warning("supervisor gone (its control pipe closed): stopping gracefully")
-        stop(False)
-
-    thread = threading.Thread(target=run, name="pgqueue-supervisor", daemon=True)
-    thread.start()
-    return thread

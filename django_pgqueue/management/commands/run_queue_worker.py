@@ -20,6 +20,7 @@ from django_pgqueue.exceptions import ConfigurationError
 from django_pgqueue.management.supervision import needs_supervisor
 from django_pgqueue.store.operator import missing_tables
 from django_pgqueue.worker import Worker, WorkerConfig
+from django_pgqueue.worker.control_pipe import follow_supervisor
 from django_pgqueue.worker_config import MAX_JOBS_PER_PROCESS, MAX_MEMORY_MIB, queues_by_database
 
 
@@ -251,7 +252,7 @@ class Command(BaseCommand):
                 else:
                     worker.stop_gracefully()
 
-            supervisor.follow_supervisor(options["control_fd"], stop)
+            follow_supervisor(options["control_fd"], stop)
         code = worker.run()
         if not code and worker.stopped_on_request and options["control_fd"] is not None:
             return supervisor.EXIT_STOP_REQUESTED  # its supervisor must not restart it
