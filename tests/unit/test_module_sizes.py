@@ -27,9 +27,10 @@ LARGER: dict[str, tuple[int, str]] = {
         "constraints, then the SQL they do not declare",
     ),
     "worker/lifecycle.py:Worker": (
-        320,
+        340,
         "a worker process's life: the parts it wires, its start and shutdown (the hold "
-        "included), and what it answers its supervisor and its operators",
+        "included), and what it answers its supervisor and its operators (the state it "
+        "starts in and the listen turn it shares with its siblings included)",
     ),
     "worker/dispatcher.py:Dispatcher": (
         320,
