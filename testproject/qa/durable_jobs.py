@@ -20,13 +20,14 @@ from django_pgqueue import EventTimeout, JobContext
 from .models import DurableCall, DurableEffect
 
 
-def _call(ctx: JobContext, step: str, hold: str | None = None) -> str:
+def _call(ctx: JobContext, step: str, hold: str | None = None, work: float = 0.0) -> str:
     """A step's function: count the call, then (first attempt, `hold` a path) wait until
-    that file exists; the step's result is its name."""
+    that file exists, then work (sleep) `work` seconds; the step's result is its name."""
     DurableCall.objects.using(ctx.database or DEFAULT_DB_ALIAS).create(
         job_id=ctx.job_id, step=step, lease_version=ctx.lease_version
     )
     _hold(ctx, hold)
+    time.sleep(work)
     return step
 
 
@@ -130,11 +131,11 @@ async def adurable(ctx: JobContext) -> list[Any]:
 @django_pgqueue.handler("qa.durable_five", max_attempts=20)
 def durable_five(ctx: JobContext) -> Any:
     """Five steps: an atomic step, a sleep, a step (its call's time checked against the
-    sleep's wake-up), a wait for event payload["key"] (payload["timeout"] at most), an
-    atomic step."""
+    sleep's wake-up; it works payload["work"] seconds), a wait for event payload["key"]
+    (payload["timeout"] at most), an atomic step."""
     ctx.atomic_step("a1", _effect, ctx, "a1")
     ctx.sleep("nap", ctx.payload.get("nap", 0.5))
-    ctx.step("after-nap", _call, ctx, "after-nap")
+    ctx.step("after-nap", _call, ctx, "after-nap", None, ctx.payload.get("work", 0.0))
     try:
         got = ctx.wait_for_event(ctx.payload["key"], timeout=ctx.payload["timeout"])
     except EventTimeout:
