@@ -19,6 +19,16 @@ SELECT now(),
 -- clock: at %(wake_at)s, or (NULL) at now() + %(seconds)s. Returns the wake-up and
 -- the seconds left until it (<= 0: due; NULL for a step). No row back: not recorded
 -- (the lease was lost, or the name has a checkpoint already).
+-- %(flush)s false (a plain step's checkpoint outside any transaction of the handler's):
+-- it commits without waiting for its WAL to reach the disk (synchronous_commit off for
+-- this transaction only). A server crash may then lose it, as a worker killed before its
+-- commit would: the step runs again, which a plain step may (at least once). What the
+-- steps before and after depend on stays in order: WAL is flushed in order, and the next
+-- flushed commit (an atomic step's, a sleep's, the job's end) flushes it too.
+WITH commit_mode AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true)
+    WHERE NOT %(flush)s::boolean
+)
 INSERT INTO queue_job_steps (job_id, name, kind, result, lease_version, runtime)
 SELECT state.job_id, %(name)s::text, %(kind)s::text,
        CASE WHEN %(kind)s::text = 'sleep'
@@ -29,10 +39,11 @@ SELECT state.job_id, %(name)s::text, %(kind)s::text,
        END,
        state.lease_version, %(runtime)s::float8
 FROM queue_job_state AS state
+LEFT JOIN commit_mode ON true
 WHERE state.job_id = %(job_id)s::bigint
   AND state.lease_version = %(lease_version)s::bigint
   AND state.status = 'running'
-FOR SHARE
+FOR SHARE OF state
 ON CONFLICT (job_id, name) DO NOTHING
 RETURNING result ->> 'wake_at',
           extract(epoch FROM (result ->> 'wake_at')::timestamptz - now())::float8;

@@ -8,6 +8,8 @@ import datetime as dt
 import json
 from typing import Any
 
+from django.db import connections
+
 from ..sql import QUERIES
 from .cursors import django_cursor, fetch_all, fetch_one
 from .rows import complete_params
@@ -37,8 +39,15 @@ def record_step(
     runtime: float | None,
 ) -> bool:
     """Record a step's checkpoint (`result`: its JSON) under the lease; False if not
-    recorded (the lease was lost, or the step has a checkpoint already)."""
-    checkpoint = {"kind": kind, "result": result, "runtime": runtime}
+    recorded (the lease was lost, or the step has a checkpoint already).
+
+    A plain step's checkpoint written outside a transaction of the handler's commits
+    without waiting for the disk (step_record's `flush`): losing it to a server crash
+    runs the step again, as a worker killed before the commit would. An atomic step's
+    (its writes are in the transaction), and one in a transaction the handler opened,
+    wait for the disk as every other commit does."""
+    flush = kind != "step" or connections[alias].in_atomic_block
+    checkpoint = {"kind": kind, "result": result, "runtime": runtime, "flush": flush}
     return _record(alias, job_id, lease_version, name, checkpoint) is not None
 
 
@@ -70,6 +79,7 @@ def _record(
         "runtime": None,
         "seconds": None,
         "wake_at": None,
+        "flush": True,
         **checkpoint,
     }
     return fetch_one(alias, QUERIES["step_record"], params)

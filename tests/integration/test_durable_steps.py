@@ -10,6 +10,7 @@ from qa.models import DurableCall, DurableEffect
 
 from django_pgqueue import JobContext, StepMismatch, StepNotRecorded, enqueue
 from django_pgqueue.models import Attempt, JobState, JobStep
+from django_pgqueue.sql import QUERIES
 from tests.conftest import sql
 from tests.integration.test_worker import wait_until
 
@@ -109,6 +110,46 @@ def test_a_worker_resuming_a_thousand_steps_reads_their_checkpoints_in_one_state
     recorded = JobStep.objects.filter(job_id=job.id)
     assert recorded.count() == 1000
     assert set(recorded.values_list("lease_version", flat=True)) == {1}
+
+
+def _commit_mode() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        return cursor.fetchone()[0]
+
+
+def test_a_plain_steps_checkpoint_alone_commits_without_waiting_for_the_disk(stores):
+    job = enqueue("qa.noop", queue="dq")
+    ctx = _claimed(stores, job.id)
+    params = {"job_id": job.id, "lease_version": ctx.lease_version, "kind": "step"}
+    params |= {"result": "1", "runtime": None, "seconds": None, "wake_at": None}
+    server_default = _commit_mode()
+    assert server_default != "off"
+    # The statement sets the commit mode of its own transaction only, and only unflushed.
+    for name, flush, mode in (("unflushed", False, "off"), ("flushed", True, server_default)):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(QUERIES["step_record"], {**params, "name": name, "flush": flush})
+            assert cursor.fetchone() is not None
+            assert _commit_mode() == mode
+    assert _commit_mode() == server_default
+    # A plain step alone asks for it; one in a transaction of the handler's, or an atomic
+    # step, leaves that transaction's commit as it is.
+    flushes: list[bool] = []
+
+    def spy(execute, query, params, many, context):
+        if query.startswith("-- name: step_record"):
+            flushes.append(params["flush"])
+        return execute(query, params, many, context)
+
+    with connection.execute_wrapper(spy):
+        assert ctx.step("alone", lambda: 2) == 2
+        with transaction.atomic():
+            assert ctx.step("in a transaction", lambda: 3) == 3
+            assert _commit_mode() == server_default
+        assert ctx.atomic_step("atomic", lambda: 4) == 4
+    assert flushes == [False, True, True]
+    recorded = set(JobStep.objects.filter(job_id=job.id).values_list("name", flat=True))
+    assert recorded == {"unflushed", "flushed", "alone", "in a transaction", "atomic"}
 
 
 def test_a_step_of_a_worker_whose_lease_was_lost_records_nothing(stores):
