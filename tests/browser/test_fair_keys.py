@@ -73,6 +73,9 @@ def test_a_viewer_reads_the_keys_of_a_fair_queue(
     assert first == sorted(first), first
     save_screenshot(page, tmp_path, "admin-fair-keys.png")
     page.click("a.pgqueue-next")
+    # The rows are read once the next page is in: evaluate_all does not wait for them.
+    page.wait_for_url("**after=**")
+    table.locator("tbody tr").first.wait_for()
     rest = table.locator("tbody tr").evaluate_all("rows => rows.map(r => r.dataset.key)")
     assert rest, rest
     assert rest[0] > first[-1], rest
