@@ -17,34 +17,14 @@ import time
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import connection
 
 import django_pgqueue
 from django_pgqueue import JobContext, PermanentFailure, RetryLater
 from django_pgqueue.retry import ExponentialBackoff, FixedDelay
 
+from .ledger import ledger_end, ledger_start
 from .models import LedgerEntry
-
-
-def _ledger_start(ctx: JobContext) -> tuple[str, int]:
-    # On the job's own database: job ids are counted per database.
-    alias = ctx.database or DEFAULT_DB_ALIAS
-    with connections[alias].cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO qa_ledger (job_id, lease_version, attempt, pid, worker_id, started_at) "
-            "VALUES (%s, %s, %s, %s, %s, clock_timestamp()) RETURNING id",
-            [ctx.job_id, ctx.lease_version, ctx.attempt, os.getpid(), ctx.worker_id],
-        )
-        return alias, cursor.fetchone()[0]
-
-
-def _ledger_end(entry: tuple[str, int]) -> None:
-    alias, ident = entry
-    with connections[alias].cursor() as cursor:
-        cursor.execute(
-            "UPDATE qa_ledger SET finished_at = clock_timestamp() WHERE id = %s", [ident]
-        )
-
 
 # Set by the test fixtures when a test ends: handlers that hang return, so a worker
 # running in the test's process lets go of the jobs it held (see Worker.wait_for_held).
@@ -65,30 +45,30 @@ def echo(ctx: JobContext) -> Any:
 def sleep(ctx: JobContext) -> None:
     """Sleep payload['seconds'] (in a test's own process: at most until the test ends),
     recording the run in the ledger."""
-    entry = _ledger_start(ctx)
+    entry = ledger_start(ctx)
     deadline = time.monotonic() + float(ctx.payload.get("seconds", 1.0))
     while time.monotonic() < deadline and not RELEASE.is_set():
         time.sleep(0.01)
-    _ledger_end(entry)
+    ledger_end(entry)
 
 
 @django_pgqueue.handler("qa.ledger")
 def ledger(ctx: JobContext) -> None:
     """Record the run in the ledger, optionally sleeping in between."""
-    entry = _ledger_start(ctx)
+    entry = ledger_start(ctx)
     seconds = float((ctx.payload or {}).get("seconds", 0))
     if seconds:
         time.sleep(seconds)
-    _ledger_end(entry)
+    ledger_end(entry)
 
 
 @django_pgqueue.handler("qa.ledger_flaky", max_attempts=25)
 def ledger_flaky(ctx: JobContext) -> None:
     """Record the run in the ledger (sleeping payload['seconds'] in between), then ask
     for a retry while the attempt is at most payload['failures']."""
-    entry = _ledger_start(ctx)
+    entry = ledger_start(ctx)
     time.sleep(float(ctx.payload.get("seconds", 0)))
-    _ledger_end(entry)
+    ledger_end(entry)
     if ctx.attempt <= int(ctx.payload.get("failures", 0)):
         raise RetryLater(0, f"asked to retry (attempt {ctx.attempt})")
 
@@ -100,7 +80,7 @@ def offline(ctx: JobContext) -> None:
     Its end does not depend on the database, so a run that overlaps an outage finishes
     normally and only the queue decides whether it is run again.
     """
-    _ledger_start(ctx)
+    ledger_start(ctx)
     time.sleep(float((ctx.payload or {}).get("seconds", 0)))
 
 
@@ -239,10 +219,10 @@ def _active_sleep(seconds: float) -> None:
 def stale(ctx: JobContext) -> None:
     """The stale-writer scenario's job: the first attempt works payload['seconds'] of
     unfrozen time, then fails if payload['fail']; later attempts succeed quickly."""
-    entry = _ledger_start(ctx)
+    entry = ledger_start(ctx)
     first = ctx.attempt == 1
     _active_sleep(float(ctx.payload.get("seconds", 1.0)) if first else 0.1)
-    _ledger_end(entry)
+    ledger_end(entry)
     if first and ctx.payload.get("fail"):
         raise RuntimeError("qa.stale fails its first attempt")
 
@@ -251,18 +231,18 @@ def stale(ctx: JobContext) -> None:
 def hang_retry(ctx: JobContext) -> None:
     """Never returns (blocked in C, where the timeout's exception cannot reach it; in a
     test's own process: until the test ends)."""
-    _ledger_start(ctx)
+    ledger_start(ctx)
     RELEASE.wait()
 
 
 @django_pgqueue.handler("qa.spin")
 def spin(ctx: JobContext) -> None:
     """Keep the CPU busy in Python for payload['seconds'], recording the run in the ledger."""
-    entry = _ledger_start(ctx)
+    entry = ledger_start(ctx)
     deadline = time.monotonic() + float(ctx.payload.get("seconds", 1.0))
     while time.monotonic() < deadline:
         sum(range(1000))
-    _ledger_end(entry)
+    ledger_end(entry)
 
 
 # -- tests/reliability/test_invariant.py -------------------------------------------------
@@ -280,7 +260,7 @@ def _recurse(depth: int) -> int:
 
 @django_pgqueue.handler("qa.outcome", max_attempts=2, retry=FixedDelay(0.05))
 def outcome(ctx: JobContext) -> Any:
-    _ledger_start(ctx)
+    ledger_start(ctx)
     do = ctx.payload["do"] if isinstance(ctx.payload, dict) else "nested"
     if do == "return":
         return {"ok": ctx.job_id}
@@ -374,7 +354,7 @@ def parents_fail(ctx: JobContext) -> None:
 async def aoutcome(ctx: JobContext) -> Any:
     """An async handler; payload["do"] says how it ends. The ledger row is written
     through sync_to_async (Django's thread for thread-sensitive calls)."""
-    await sync_to_async(_ledger_start)(ctx)
+    await sync_to_async(ledger_start)(ctx)
     do = ctx.payload["do"]
     seconds = float(ctx.payload.get("seconds", 30))
     if do == "return":
@@ -419,9 +399,9 @@ async def aoutcome(ctx: JobContext) -> Any:
 @django_pgqueue.handler("qa.asleep")
 async def asleep(ctx: JobContext) -> None:
     """Await payload['seconds'] of I/O, recording the run in the ledger."""
-    entry = await sync_to_async(_ledger_start)(ctx)
+    entry = await sync_to_async(ledger_start)(ctx)
     await asyncio.sleep(float(ctx.payload.get("seconds", 1.0)))
-    await sync_to_async(_ledger_end)(entry)
+    await sync_to_async(ledger_end)(entry)
 
 
 # -- the async I/O benchmark (benchmarks/async_io.py): one round trip to a local server
