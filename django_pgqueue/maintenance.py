@@ -49,6 +49,22 @@ class PruneResult:
         return sum(self.jobs.values())
 
 
+def _delete_all(
+    delete: Callable[[str, Any, int, int], tuple[int, int]],
+    alias: str,
+    cutoff: Any,
+    batch_size: int,
+) -> int:
+    """Run `delete` (a store's DELETE of the next `batch_size` rows created before
+    `cutoff`, by id) from the first id on until a batch comes back short: the rows deleted."""
+    total, after_id = 0, 0
+    while True:
+        deleted, after_id = delete(alias, cutoff, batch_size, after_id)
+        total += deleted
+        if deleted < batch_size:
+            return total
+
+
 def check_prunable(statuses: Sequence[str]) -> list[str]:
     """Return the statuses, refusing any that is not a finished one."""
     finished = [str(status) for status in FINISHED_STATUSES]
@@ -95,19 +111,9 @@ def prune(
                 on_batch(count)
         # The walk ends at the last finished job; a unit left because an operator holds
         # one of its jobs right now (a retry) is found by a later run.
-    after_id = 0
-    while True:
-        deleted, after_id = store.prune_workflow_batch(alias, cutoff, batch_size, after_id)
-        result.workflows += deleted
-        if deleted < batch_size:
-            break
+    result.workflows = _delete_all(store.prune_workflow_batch, alias, cutoff, batch_size)
     # After the workflows: a batch's callbacks' workflow is gone by now.
-    after_id = 0
-    while True:
-        deleted, after_id = store.prune_batch_rows(alias, cutoff, batch_size, after_id)
-        result.batches_deleted += deleted
-        if deleted < batch_size:
-            break
+    result.batches_deleted = _delete_all(store.prune_batch_rows, alias, cutoff, batch_size)
     after_key: str | None = ""
     while events and after_key is not None:
         deleted, after_key = durable_store.prune_events(alias, cutoff, batch_size, after_key)

@@ -25,6 +25,11 @@ COUNT_CAP = 50_000
 _NO_CAP = 1 << 62
 
 
+def _capped(status: str) -> property:
+    """A figure's mark: whether the count of `status`'s jobs it is read from stopped at the cap."""
+    return property(lambda figures: status in figures.capped)
+
+
 @dataclass
 class QueueFigures:
     """The figures of one queue (or, for `Snapshot.totals`, of all queues)."""
@@ -50,33 +55,14 @@ class QueueFigures:
     # The alias holding the queue (set by `overview.collect_all`; "" when not read there).
     database: str = ""
 
-    @property
-    def pending_capped(self) -> bool:
-        return "pending" in self.capped
-
-    @property
-    def due_capped(self) -> bool:
-        return "pending" in self.capped  # due is counted among the pending jobs read
-
-    @property
-    def dead_capped(self) -> bool:
-        return "dead" in self.capped
-
-    @property
-    def cancelled_capped(self) -> bool:
-        return "cancelled" in self.capped
-
-    @property
-    def waiting_capped(self) -> bool:
-        return "waiting" in self.capped
-
-    @property
-    def sleeping_capped(self) -> bool:
-        return "sleeping" in self.capped
-
-    @property
-    def awaiting_event_capped(self) -> bool:
-        return "awaiting_event" in self.capped
+    # Whether a figure's count stopped at the cap: there are at least that many.
+    pending_capped = _capped("pending")
+    due_capped = _capped("pending")  # due is counted among the pending jobs read
+    dead_capped = _capped("dead")
+    cancelled_capped = _capped("cancelled")
+    waiting_capped = _capped("waiting")
+    sleeping_capped = _capped("sleeping")
+    awaiting_event_capped = _capped("awaiting_event")
 
     @property
     def live(self) -> int:

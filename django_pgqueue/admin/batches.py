@@ -23,20 +23,18 @@ except ImportError:  # Django 5.2: PostgreSQL's, its delimiter a string
 
     COMMA = ","
 from django.db.models.functions import Cast, Concat
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from ..models import Batch, Job, WorkflowStep
-from .attempts import can
+from ..models import Batch, WorkflowStep
 from .columns import EMPTY, badge, when_short
 from .databases import (
-    DatabaseFilter,
     admin_database,
-    database_choice,
     read_alias,
     with_database,
 )
+from .job_rows import JobRowsAdmin
 
 UNFINISHED = ("waiting", "pending", "running")
 # A batch's state as the Workflows pages colour a workflow's (workflows.css).
@@ -58,35 +56,14 @@ def member_counts(obj: Any) -> list[tuple[str, int]]:
 
 
 @admin.register(Batch)
-class BatchAdmin(admin.ModelAdmin):
+class BatchAdmin(JobRowsAdmin):
+    list_title = "Batches"
     list_display = ("batch", "state", "progress", "members", "callbacks", "created")
-    list_display_links = None
-    empty_value_display = EMPTY
-    list_filter = (DatabaseFilter,)
     search_fields = ("name",)
     ordering = ("-id",)
-    show_full_result_count = False
 
     class Media:
-        css = {"all": ("django_pgqueue/admin.css", "django_pgqueue/workflows.css")}
-
-    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        choice = database_choice(request, request.path)
-        context = {"title": "Batches", "database_choice": choice, **(extra_context or {})}
-        return super().changelist_view(request, context)
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Whoever may view jobs may view the batches they joined (as the Workflows pages).
-        return super().has_view_permission(request, obj) or can(request, Job, "view")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+        css = {"all": ("django_pgqueue/workflows.css",)}  # after the base's admin.css
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Batch]:
         status = "members__job__state__status"

@@ -144,10 +144,12 @@ def column(
     show: Callable[[Any], Any] | None = None,
     *,
     empty: str = EMPTY,
+    ordering: str | None = None,
 ) -> Callable[[Any, Any], Any]:
     """Make an admin display column that shows `show(read(row))`, or `empty` for no value.
 
-    `read` is a callable or an attribute name of the row. The result is meant to be a
+    `read` is a callable or an attribute name of the row; `ordering`, the field a click
+    on the column's header sorts by (None: not sortable). The result is meant to be a
     ModelAdmin (or inline) class attribute, so the admin calls it with itself and a row.
     """
     reader = attrgetter(read) if isinstance(read, str) else read
@@ -158,7 +160,7 @@ def column(
             return empty
         return value if show is None else show(value)
 
-    return admin.display(description=description)(display)
+    return admin.display(description=description, ordering=ordering)(display)
 
 
 def badge(status: str) -> str:

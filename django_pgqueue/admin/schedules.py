@@ -44,7 +44,7 @@ from ..registry import registry
 from ..schedules.operations import LATE_POLL_INTERVALS, run_now
 from ..schedules.spec import ScheduleSpec
 from ..schedules.ticks import describe_cron
-from .columns import EMPTY, badge, breakable, when, when_short
+from .columns import EMPTY, badge, breakable, column, when, when_short
 from .databases import (
     DatabaseFilter,
     admin_database,
@@ -327,13 +327,8 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     # -- columns ------------------------------------------------------------------------
 
-    @admin.display(description="name", ordering="name")
-    def name_column(self, obj: Schedule) -> str:
-        return breakable(obj.name)
-
-    @admin.display(description="type", ordering="type")
-    def type_column(self, obj: Schedule) -> str:
-        return breakable(obj.type)
+    name_column = column("name", "name", breakable, ordering="name")
+    type_column = column("type", "type", breakable, ordering="type")
 
     @admin.display(description="when")
     def timing(self, obj: Schedule) -> str:
@@ -347,13 +342,8 @@ class ScheduleAdmin(admin.ModelAdmin):
     def next_run_at(self, obj: Schedule) -> str:
         return _next_run(obj, when)
 
-    @admin.display(description="last run")
-    def last_run_at(self, obj: Schedule) -> str:
-        return when(obj.last_tick)
-
-    @admin.display(description="last run", ordering="last_tick")
-    def last_run(self, obj: Schedule) -> str:
-        return when_short(obj.last_tick)
+    last_run_at = column("last run", "last_tick", when)
+    last_run = column("last run", "last_tick", when_short, ordering="last_tick")
 
     @admin.display(description="late")
     def late(self, obj: Schedule) -> str:

@@ -15,23 +15,21 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from .. import sequences
 from ..models import Job, JobState, Sequence
-from .attempts import NoEditing, can
 from .columns import EMPTY, badge, when_short
 from .databases import (
-    DatabaseFilter,
     admin_database,
-    database_choice,
     read_alias,
     read_from_to_database,
     with_database,
 )
+from .job_rows import JobRowsAdmin
 from .operations import OPERATE_PERMISSION
 
 
@@ -62,26 +60,11 @@ def held_sequences(alias: str) -> QuerySet[Sequence]:
 
 
 @admin.register(Sequence)
-class HeldSequenceAdmin(NoEditing, admin.ModelAdmin):
+class HeldSequenceAdmin(JobRowsAdmin):
+    list_title = "Held sequences"
     list_display = ("sequence", "queue", "head", "failed", "error_message", "waiting_jobs")
-    list_display_links = None
-    empty_value_display = EMPTY
-    list_filter = (DatabaseFilter,)
     search_fields = ("sequence_key",)
-    show_full_result_count = False
     actions = ["release"]
-
-    class Media:
-        css = {"all": ("django_pgqueue/admin.css",)}
-
-    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        choice = database_choice(request, request.path)
-        context = {"title": "Held sequences", "database_choice": choice, **(extra_context or {})}
-        return super().changelist_view(request, context)
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Whoever may view jobs may view the sequences they hold back.
-        return super().has_view_permission(request, obj) or can(request, Job, "view")
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(OPERATE_PERMISSION)

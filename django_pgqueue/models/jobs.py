@@ -69,6 +69,24 @@ def one_row_per_job(related_name: str) -> models.OneToOneField:
     )
 
 
+def job_reference(
+    related_name: str, *, db_index: bool, db_column: str = "job_id"
+) -> models.ForeignKey:
+    """A reference to a job, in `db_column`, from a table with any number of rows per job.
+
+    Declared without a constraint, like `one_row_per_job`; the migration adds the
+    foreign key, with ``ON DELETE CASCADE`` (deleting a job deletes its rows).
+    """
+    return models.ForeignKey(
+        "django_pgqueue.Job",
+        on_delete=models.CASCADE,
+        db_column=db_column,
+        db_constraint=False,
+        db_index=db_index,
+        related_name=related_name,
+    )
+
+
 class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
     queue = models.CharField(max_length=63)
@@ -264,14 +282,8 @@ class JobState(models.Model):
 
 class Attempt(models.Model):
     id = models.BigAutoField(primary_key=True)
-    job = models.ForeignKey(
-        Job,
-        on_delete=models.CASCADE,
-        db_column="job_id",
-        db_constraint=False,
-        db_index=False,  # the (job_id, lease_version) unique index serves lookups by job
-        related_name="attempts",
-    )
+    # The (job_id, lease_version) unique index serves lookups by job.
+    job = job_reference(related_name="attempts", db_index=False)
     lease_version = models.BigIntegerField()
     attempt_index = models.IntegerField()
     worker_id = models.CharField(max_length=255)

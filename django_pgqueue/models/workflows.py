@@ -21,7 +21,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
-from .jobs import one_row_per_job
+from .jobs import job_reference, one_row_per_job
 
 
 class OnFailure(models.TextChoices):
@@ -87,22 +87,9 @@ class WorkflowStep(models.Model):
 
 class JobDependency(models.Model):
     id = models.BigAutoField(primary_key=True)
-    job = models.ForeignKey(
-        "django_pgqueue.Job",
-        on_delete=models.CASCADE,
-        db_column="job_id",
-        db_constraint=False,
-        db_index=True,
-        related_name="dependencies",
-    )
-    depends_on = models.ForeignKey(
-        "django_pgqueue.Job",
-        on_delete=models.CASCADE,
-        db_column="depends_on",
-        db_constraint=False,
-        db_index=False,  # the (depends_on, job) unique index serves the settle's lookups
-        related_name="dependents",
-    )
+    job = job_reference(related_name="dependencies", db_index=True)
+    # The (depends_on, job) unique index serves the settle's lookups.
+    depends_on = job_reference(related_name="dependents", db_index=False, db_column="depends_on")
 
     class Meta:
         db_table = "queue_job_deps"
