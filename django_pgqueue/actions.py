@@ -143,12 +143,13 @@ def retry_now(job_ids: Iterable[Any], *, alias: str | None = None) -> ActionRepo
 
 
 def run_again_from(job: Any, step: str, *, alias: str | None = None) -> ActionReport:
-    """Retry a durable job so that it resumes at its step `step`: the job is retried as
-    `retry_now` retries it (dead, cancelled and pending jobs; never a running one), and
-    in the same transaction that step's checkpoint, those recorded after it and its
-    event wait are deleted (step_run_again), the earlier ones kept. All or nothing: a
-    job the retry skips keeps its checkpoints, and a job without that step is not
-    retried. `job` is a job reference, read as `retry_now` reads one.
+    """Retry a durable job so that it resumes at its step `step` (step_run_again).
+
+    The job is retried as `retry_now` retries it (dead, cancelled and pending jobs;
+    never a running one), and in the same transaction that step's checkpoint, those
+    recorded after it and its event wait are deleted, the earlier ones kept. All or
+    nothing: a job the retry skips keeps its checkpoints, and a job without that step
+    is not retried. `job` is a job reference, read as `retry_now` reads one.
     """
     alias, ids = resolve_jobs([job], alias, caller="run_again_from()", keyword="alias")
     with transaction.atomic(using=alias):

@@ -6,6 +6,7 @@ a step the job does not have change nothing."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,11 @@ from django.urls import reverse
 from django_pgqueue import emit_event, enqueue
 from django_pgqueue.actions import NO_STEP, NOT_ALLOWED, RUNNING, cancel, run_again_from
 from django_pgqueue.models import Attempt, EventWait, JobState, JobStep
-from tests.conftest import sql
+from tests.conftest import ROOT, sql
 from tests.integration.test_worker import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
+BLOCK = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 
 WORKER = {"poll_interval": 0.05, "sweep_interval": 0.2, "concurrency": 2}
 
@@ -76,6 +78,19 @@ def test_a_dead_job_runs_again_from_its_second_step(run_worker):
     kept = JobStep.objects.get(job_id=job_id, name="s1")
     assert (kept.recorded_at, kept.result) == (first.recorded_at, first.result)
     assert second.result == ["s1", "s2", "s3", "s4", "s5"]
+
+
+def test_the_concept_pages_block_runs_a_job_again_as_written(run_worker):
+    page = (ROOT / "docs" / "concepts" / "durable.md").read_text("utf-8")
+    (code,) = [block for block in BLOCK.findall(page) if "run_again_from" in block]
+    namespace: dict[str, object] = {"__name__": "docs_block"}
+    exec(compile(code, "<docs block>", "exec"), namespace)
+    job_id = dead_at_step_4(run_worker)
+    assert namespace["run_again"](job_id, "s3") == "Run again from 's3': 1 changed, 0 skipped."
+    assert checkpoints(job_id) == [("s1", 1), ("s2", 1)]
+    run_worker(["ra"], burst=True, **WORKER).join(120)
+    assert state(job_id).status == "completed"
+    assert calls(job_id) == {"s1": 1, "s2": 1, "s3": 2, "s4": 2, "s5": 1}
 
 
 def test_a_step_the_job_does_not_have_changes_nothing(run_worker):
