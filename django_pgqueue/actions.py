@@ -1,4 +1,5 @@
-"""Operator actions on jobs: retry now and cancel, with an account of every job skipped.
+"""Operator actions on jobs: retry now, cancel, and run a durable job again from one of
+its steps, with an account of every job skipped.
 
 Both run the statements every other path uses (`store.retry_jobs` runs
 ``job_retry_now``, `store.cancel_jobs` runs ``job_cancel``); nothing here writes a
@@ -8,7 +9,8 @@ told "3 changed, 2 skipped: 1 running, 1 not in an allowed state (completed)".
 Cancel also accepts running jobs: it marks them cancel-requested
 (``job_cancel_request``) without changing their status; the worker hears of it at its
 next lease renewal and the fenced write that ends the attempt ends the job cancelled.
-Retry never touches a running job.
+Retry never touches a running job. Running again from a step is a retry that also
+deletes the checkpoints from that step on (``step_run_again``), in its transaction.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from django.db import IntegrityError, transaction
 from . import signals
 from .job_refs import resolve_jobs
 from .models import Job, JobState, Status
+from .store import durable as durable_store
 from .store import operator as store
 
 RETRYABLE = frozenset({Status.DEAD, Status.CANCELLED, Status.PENDING})
@@ -37,7 +40,18 @@ KEY_RACE = "idempotency key taken by a job enqueued meanwhile (nothing changed; 
 MISSING = "no longer exists"
 NOT_LISTED = "no longer in the list it was selected from"
 CHANGED = "changed by someone else meanwhile"
-REASONS = (RUNNING, NOT_ALLOWED, KEY_HELD, KEY_SHARED, KEY_RACE, MISSING, NOT_LISTED, CHANGED)
+NO_STEP = "no durable step of that name (nothing changed)"
+REASONS = (
+    RUNNING,
+    NOT_ALLOWED,
+    KEY_HELD,
+    KEY_SHARED,
+    KEY_RACE,
+    MISSING,
+    NOT_LISTED,
+    CHANGED,
+    NO_STEP,
+)
 
 
 @dataclass
@@ -125,6 +139,26 @@ def retry_now(job_ids: Iterable[Any], *, alias: str | None = None) -> ActionRepo
             return report
         report.changed = sorted(changed)
         _explain(report, alias, [i for i in candidates if i not in changed], RETRYABLE, before)
+    return report
+
+
+def run_again_from(job: Any, step: str, *, alias: str | None = None) -> ActionReport:
+    """Retry a durable job so that it resumes at its step `step` (step_run_again).
+
+    The job is retried as `retry_now` retries it (dead, cancelled and pending jobs;
+    never a running one), and in the same transaction that step's checkpoint, those
+    recorded after it and its event wait are deleted, the earlier ones kept. All or
+    nothing: a job the retry skips keeps its checkpoints, and a job without that step
+    is not retried. `job` is a job reference, read as `retry_now` reads one.
+    """
+    alias, ids = resolve_jobs([job], alias, caller="run_again_from()", keyword="alias")
+    with transaction.atomic(using=alias):
+        report = retry_now(ids, alias=alias)
+        report.action = f"Run again from {step!r}"
+        if report.changed and not durable_store.drop_steps_from(alias, ids[0], step):
+            transaction.set_rollback(True, using=alias)  # the retry goes with it
+            report.changed = []
+            report.skip(NO_STEP, ids[0])
     return report
 
 

@@ -23,7 +23,7 @@ from django.core.paginator import Paginator
 from django.db.models import Prefetch, Q, QuerySet, TextField, prefetch_related_objects
 from django.db.models.functions import Cast, Now
 from django.http import HttpRequest, HttpResponse
-from django.urls import reverse
+from django.urls import URLPattern, reverse
 from django.utils.html import format_html
 from django.utils.text import smart_split, unescape_string_literal
 from django.utils.translation import gettext
@@ -53,7 +53,7 @@ from .columns import (
     when_short,
 )
 from .databases import admin_database, database_query, read_from_to_database, with_database
-from .durable import durable_steps, has_steps
+from .durable import RUN_AGAIN, durable_steps, has_steps, offer_run_again, run_again_view
 from .lists import (
     EXACT_COUNT_LIMIT,
     DatabaseFilter,
@@ -68,7 +68,7 @@ from .lists import (
     snapshot,
     unfiltered,
 )
-from .operations import FORM_ACTION_FIELD, OperatorActionsMixin
+from .operations import FORM_ACTION_FIELD, OperatorActionsMixin, operation_urls
 
 
 def workflow_of(job: Job) -> tuple[int, str, str] | None:
@@ -269,6 +269,7 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         fieldsets = super().get_fieldsets(request, obj)
         if obj is not None and has_steps(obj):  # a durable handler's checkpoints
+            offer_run_again(obj, request)
             fieldsets = (*fieldsets, ("Durable steps", {"fields": ("durable_steps",)}))
         if obj is None or workflow_of(obj) is None:
             return fieldsets
@@ -292,6 +293,14 @@ class JobAdmin(OperatorActionsMixin, admin.ModelAdmin):
         )
 
     # -- what can be done --------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        # "Run again from this step", on the jobs' pages (the dead jobs' link to them).
+        own = [("<path:object_id>/run-again/", self.run_again_view, RUN_AGAIN)]
+        return [*operation_urls(self, own if self.model is Job else []), *super().get_urls()]
+
+    def run_again_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return run_again_view(self, request, object_id)
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         # Only a list that shows the attempts' columns reads them.

@@ -18,7 +18,10 @@ SELECT now(),
 -- (%(result)s); a durable sleep's (kind 'sleep') is its wake-up by the database's
 -- clock: at %(wake_at)s, or (NULL) at now() + %(seconds)s. Returns the wake-up and
 -- the seconds left until it (<= 0: due; NULL for a step). No row back: not recorded
--- (the lease was lost, or the name has a checkpoint already).
+-- (the lease was lost, or the name has a checkpoint already). recorded_at is the
+-- insert's own time, not its transaction's: the steps of one transaction of the
+-- handler's (atomic steps in its transaction.atomic()) keep the order they ran in, which
+-- step_run_again goes by.
 -- %(flush)s false (a plain step's checkpoint outside any transaction of the handler's):
 -- it commits without waiting for its WAL to reach the disk (synchronous_commit off for
 -- this transaction only). A server crash may then lose it, as a worker killed before its
@@ -29,7 +32,7 @@ WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
     WHERE NOT %(flush)s::boolean
 )
-INSERT INTO queue_job_steps (job_id, name, kind, result, lease_version, runtime)
+INSERT INTO queue_job_steps (job_id, name, kind, result, lease_version, runtime, recorded_at)
 SELECT state.job_id, %(name)s::text, %(kind)s::text,
        CASE WHEN %(kind)s::text = 'sleep'
             THEN jsonb_build_object('wake_at', coalesce(
@@ -37,7 +40,7 @@ SELECT state.job_id, %(name)s::text, %(kind)s::text,
             ))
             ELSE %(result)s::jsonb
        END,
-       state.lease_version, %(runtime)s::float8
+       state.lease_version, %(runtime)s::float8, clock_timestamp()
 FROM queue_job_state AS state
 LEFT JOIN commit_mode ON true
 WHERE state.job_id = %(job_id)s::bigint
@@ -51,11 +54,11 @@ RETURNING result ->> 'wake_at',
 
 -- name: event_take
 -- A wait for an event already emitted: its payload recorded as the wait's checkpoint,
--- fenced like step_record, so the handler goes on without parking. No row: no such
+-- fenced and timed like step_record, so the handler goes on without parking. No row: no such
 -- event yet (the handler parks: job_park), or the lease was lost.
-INSERT INTO queue_job_steps (job_id, name, kind, result, lease_version)
+INSERT INTO queue_job_steps (job_id, name, kind, result, lease_version, recorded_at)
 SELECT state.job_id, %(name)s::text, 'event', jsonb_build_object('payload', event.payload),
-       state.lease_version
+       state.lease_version, clock_timestamp()
 FROM queue_job_state AS state
 JOIN queue_events AS event ON event.key = %(key)s::text
 WHERE state.job_id = %(job_id)s::bigint
@@ -115,6 +118,35 @@ WITH expired AS (
 )
 SELECT DISTINCT queue FROM woken;
 
+
+-- name: step_run_again
+-- Operator: a job runs again from its checkpoint %(name)s. That checkpoint and every
+-- one recorded after it (the order the admin's job page lists them in: recorded_at,
+-- then name) are deleted, with the job's event wait if it has one (a wait comes after
+-- every checkpoint); the checkpoints recorded before it stay, and their steps do not
+-- run again. It runs in the operator's transaction right after job_retry_now made the
+-- job due again, whose row lock it holds until the commit: no worker claims the job
+-- between the two, and a handler still running under an earlier lease records nothing
+-- more (its lease version is behind). A running job's checkpoints are never touched.
+-- Returns the names deleted; no row when the job has no checkpoint of that name (or
+-- runs), and the caller then rolls the retry back.
+WITH chosen AS MATERIALIZED (
+    SELECT step.job_id, step.recorded_at, step.name
+    FROM queue_job_steps AS step
+    JOIN queue_job_state AS state ON state.job_id = step.job_id
+    WHERE step.job_id = %(job_id)s::bigint
+      AND step.name = %(name)s::text
+      AND state.status <> 'running'
+), unwaited AS (
+    DELETE FROM queue_event_waits AS wait
+    USING chosen
+    WHERE wait.job_id = chosen.job_id
+)
+DELETE FROM queue_job_steps AS step
+USING chosen
+WHERE step.job_id = chosen.job_id
+  AND (step.recorded_at, step.name) >= (chosen.recorded_at, chosen.name)
+RETURNING step.name;
 
 
 -- name: step_sleep_due_now

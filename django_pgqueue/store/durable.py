@@ -118,6 +118,14 @@ def complete_job(
         return cursor.fetchone() is not None
 
 
+def drop_steps_from(alias: str, job_id: int, name: str) -> list[str]:
+    """Delete the checkpoint `name` of a job an operator just retried, those recorded
+    after it and its event wait, in the transaction of that retry (step_run_again):
+    the names deleted, none when the job has no such checkpoint."""
+    rows = fetch_all(alias, "step_run_again", {"job_id": job_id, "name": name})
+    return [row[0] for row in rows]
+
+
 def sleeps_due_now(alias: str, job_id: int) -> bool:
     """Testing: bring the pending job's sleeps due now; False if it has none pending."""
     return fetch_one(alias, QUERIES["step_sleep_due_now"], {"job_id": job_id}) is not None

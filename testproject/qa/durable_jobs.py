@@ -74,6 +74,24 @@ def durable_steps(ctx: JobContext) -> list[Any]:
     return results
 
 
+@django_pgqueue.handler("qa.durable_fails_at", max_attempts=1)
+def durable_fails_at(ctx: JobContext) -> list[Any]:
+    """Steps s1 to s5 (payload steps: how many); step payload["fail_at"] raises on the
+    job's first lease (its first attempt), so the job dies there until it is retried."""
+    fail_at = ctx.payload.get("fail_at")
+    return [
+        ctx.step(f"s{i}", _fail_first if i == fail_at else _call, ctx, f"s{i}")
+        for i in range(1, ctx.payload.get("steps", 5) + 1)
+    ]
+
+
+def _fail_first(ctx: JobContext, step: str) -> str:
+    _call(ctx, step)
+    if ctx.lease_version == 1:
+        raise RuntimeError(f"{step} fails on the job's first attempt")
+    return step
+
+
 @django_pgqueue.handler("qa.durable_atomic", max_attempts=5)
 def durable_atomic(ctx: JobContext) -> list[Any]:
     """Two atomic steps around a plain one; payload hold (a path): the first atomic

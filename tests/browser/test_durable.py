@@ -23,7 +23,7 @@ from tests.browser.test_admin import (  # noqa: F401 - fixtures
     login,
     save_screenshot,
 )
-from tests.factories import VIEWER_PERMISSIONS, make_user
+from tests.factories import OPERATOR_PERMISSIONS, VIEWER_PERMISSIONS, make_user
 from tests.integration.test_worker import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -111,3 +111,42 @@ def test_the_job_page_shows_a_durable_jobs_steps_and_what_it_waits_for(
         ["after", "step", "done"],
     ]
     assert json.loads(shown["delivered"][1][3]) == {"provider": "acme-pay", "amount": "42.00"}
+
+
+def test_an_operator_runs_a_dead_job_again_from_a_step(
+    browser: Any,  # noqa: F811
+    live_server: Any,
+    run_worker: Any,
+    tmp_path: Path,
+) -> None:
+    # Five steps; the fourth raised on the job's only attempt: dead after s1 to s3.
+    job = enqueue("qa.durable_fails_at", {"fail_at": 4}, queue="dr")
+    run_worker(["dr"], burst=True, **WORKER).join(120)
+    assert status(job.id) == "dead"
+    make_user("operator", *OPERATOR_PERMISSIONS, password=PASSWORD)
+    page = login(browser, live_server, "operator", width=1400)
+    page.goto(f"{live_server.url}/admin/django_pgqueue/job/{job.id}/change/")
+    links = page.locator(".pgqueue-steps-table a.pgqueue-run-again")
+    assert links.count() == 3  # one per checkpoint
+    save_screenshot(page, tmp_path, "durable-run-again-job-1400.png")
+
+    page.locator(".pgqueue-steps-table tr", has_text="s2").locator("a.pgqueue-run-again").click()
+    page.wait_for_selector(".pgqueue-run-again-steps")
+    rows = page.locator(".pgqueue-run-again-steps tbody tr")
+    assert [rows.nth(n).locator("td").nth(0).inner_text() for n in range(3)] == ["s1", "s2", "s3"]
+    assert page.locator(".pgqueue-run-again-steps tr.pgqueue-dropped").count() == 2
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1400
+    save_screenshot(page, tmp_path, "durable-run-again-confirm-1400.png")
+
+    page.click("input[type=submit][value='Yes, run again from s2']")
+    page.wait_for_url(f"{live_server.url}/admin/django_pgqueue/job/{job.id}/change/")
+    assert "Run again from 's2': 1 changed, 0 skipped." in page.locator(".messagelist").inner_text()
+    # Pending again, its first step's checkpoint kept: the worker resumes at s2.
+    assert [row[:3] for row in steps_of(page)] == [["s1", "step", "done"]]
+    save_screenshot(page, tmp_path, "durable-run-again-done-1400.png")
+    run_worker(["dr"], burst=True, **WORKER).join(120)
+    assert status(job.id) == "completed"
+    page.reload()
+    assert [row[0] for row in steps_of(page)] == ["s1", "s2", "s3", "s4", "s5"]
+    # A completed job is not offered it.
+    assert page.locator("a.pgqueue-run-again").count() == 0

@@ -137,12 +137,17 @@ def test_emits_racing_the_timeouts_are_decided_once(run_worker):
     jobs = enqueue_many(
         [("qa.durable_event", {"key": key, "timeout": 1.0}) for key in keys], queue="et"
     )
+    ids = [j.id for j in jobs]
     run_worker(["et"], **WORKER)
-    wait_until(lambda: JobState.objects.filter(status="waiting").count() >= 30)
+    # Half the jobs have parked (each park gives its attempt back, and the snoozed
+    # attempt stays): the emits then race the waits' timeouts. Counting the jobs waiting
+    # at one moment instead missed its mark under load: a wait times out a second after
+    # its park, so when parking the jobs took the worker over a second, no moment had
+    # half of them waiting, and the test hung until its guard.
+    wait_until(lambda: Attempt.objects.filter(job_id__in=ids, status="snoozed").count() >= 30)
     emitter = threading.Thread(target=_emit_all, args=(keys, 2.0, 2))
     emitter.start()
     emitter.join(120)
-    ids = [j.id for j in jobs]
     wait_until(lambda: JobState.objects.filter(pk__in=ids, status="completed").count() == 60)
     outcomes = {}
     for job, key in zip(jobs, keys, strict=True):

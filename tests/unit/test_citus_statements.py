@@ -137,6 +137,7 @@ EXEMPT = {
     "job_retry_now": "operator action on job ids picked in the admin, of any queues",
     "job_cancel": "operator action on job ids picked in the admin, of any queues",
     "job_cancel_request": "operator action on running job ids, of any queues",
+    "step_run_again": "operator action on one job id picked in the admin, after its retry",
     "job_dead_page": "requeue_dead pages through the dead jobs of every queue (queue optional)",
     "job_prune_count": "prune's dry run counts finished jobs of every queue",
     "job_prune_batch": "prune deletes finished jobs of every queue, by primary key order",
