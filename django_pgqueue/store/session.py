@@ -83,7 +83,8 @@ class Session:
         since they were made (at most every PLAN_CHECK seconds); True if it did.
 
         A generic plan built on nearly empty tables reads them whole for ever (until
-        ANALYZE); after DISCARD PLANS the statements stay prepared and plan again.
+        ANALYZE); after plan_discard each statement is prepared again at its next use
+        and planned as in a new session.
         """
         if now < self._plan_check_due or not self.prepared:
             return False

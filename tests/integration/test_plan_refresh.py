@@ -108,6 +108,40 @@ def test_plans_made_on_empty_tables_are_made_again_once_they_grew():
         fresh.close()
 
 
+def plan_choices(store: Store) -> tuple[int, int]:
+    """How many times the store's prepared sweep ran on its generic plan, and how many
+    times it was planned for the call (custom plans), since it was prepared."""
+    [(generic, custom)] = store.raw.execute(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+        " WHERE statement LIKE '-- name: lease_sweep%%'",
+        prepare=False,
+    ).fetchall()
+    return generic, custom
+
+
+def test_plans_made_again_are_chosen_as_a_new_session_chooses_them():
+    """PostgreSQL keeps a generic plan only if it costs no more than the custom plans
+    made so far. Kept with their history (DISCARD PLANS), the statements weighed the
+    generic plan of the grown tables against custom plans of the empty ones, and the
+    sweep was planned again at every call (twice a new session's time)."""
+    never_analyzed()
+    old, fresh = Store("default", "planned small"), Store("default", "planned big")
+    try:
+        assert old.refresh_plans(0.0) is False  # the size its plans are made at
+        for _ in range(8):  # past the five custom plans: the generic plan is kept
+            old.sweep()
+        grow(60_000)
+        for _ in range(8):
+            fresh.sweep()
+        assert old.refresh_plans(old._plan_check_due) is True  # grew: plans discarded
+        for _ in range(8):
+            old.sweep()
+        assert plan_choices(old) == plan_choices(fresh)
+    finally:
+        old.close()
+        fresh.close()
+
+
 def test_a_running_worker_plans_again_soon_after_a_burst_grew_the_tables(run_worker, monkeypatch):
     """A worker that made its plans on empty tables discards them a few looks after a
     burst grew the tables, without waiting for a sweep or a heartbeat (an hour and five
