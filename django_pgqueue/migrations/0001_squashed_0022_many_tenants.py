@@ -7,6 +7,8 @@
 # Django points a dependency on a replaced migration to this one
 # (tests/integration/test_migrations.py).
 
+from typing import Any
+
 import django.db.models.deletion
 from django.db import migrations, models
 from django.db.models.functions import Cast, Now
@@ -233,6 +235,21 @@ END
 $$
 """
 
+
+def _generic_plans(head: str, body: str) -> str:
+    """CREATE FUNCTION head (its name, arguments and RETURNS) in PL/pgSQL whose
+    statements are planned once per connection: generic plans, sequential scans off.
+
+    Its plans are cached for the session, possibly built while the tables it reads were
+    empty: without sequential scans they are the index probes at every size. The body
+    is what stands between AS $$ and $$ (0023 writes its function with it too).
+    """
+    return (
+        f"\nCREATE FUNCTION {head}\nLANGUAGE plpgsql\nSET enable_seqscan = off\n"
+        f"SET plan_cache_mode = force_generic_plan\nAS $$\n{body}$$\n"
+    )
+
+
 # Workflows: the statements that end a job (job_complete, job_fail, job_cancel,
 # lease_sweep, job_release, job_give_back) call pgqueue_settle in the same statement,
 # so a dependent is made pending, or cancelled, in the transaction that finished its
@@ -244,15 +261,9 @@ $$
 # with sequential scans off, so the plan kept is the index probes at every size.
 # A step made pending is due its own delay after the settle (queue_workflow_steps.delay,
 # as Celery counts a chained task's countdown from its parent's end).
-SETTLE = r"""
-CREATE FUNCTION pgqueue_settle(p_completed bigint[], p_failed bigint[]) RETURNS integer
-LANGUAGE plpgsql
--- Its plans are cached for the session, possibly built while queue_job_deps was
--- empty: without sequential scans they are the index probes at every size.
-SET enable_seqscan = off
-SET plan_cache_mode = force_generic_plan
-AS $$
-DECLARE
+SETTLE = _generic_plans(
+    "pgqueue_settle(p_completed bigint[], p_failed bigint[]) RETURNS integer",
+    r"""DECLARE
     v_completed bigint[] := coalesce(p_completed, '{}');
     v_failed bigint[] := coalesce(p_failed, '{}');
     v_cancelled bigint[];
@@ -350,16 +361,12 @@ BEGIN
     END LOOP;
     RETURN v_total;
 END
-$$
-"""  # noqa: E501 (its text as the databases migrated before hold it)
+""",  # noqa: E501 (its text as the databases migrated before hold it)
+)
 
-UNSETTLE = r"""
-CREATE FUNCTION pgqueue_unsettle(p_reopened bigint[], p_retried bigint[]) RETURNS integer
-LANGUAGE plpgsql
-SET enable_seqscan = off
-SET plan_cache_mode = force_generic_plan
-AS $$
-DECLARE
+UNSETTLE = _generic_plans(
+    "pgqueue_unsettle(p_reopened bigint[], p_retried bigint[]) RETURNS integer",
+    r"""DECLARE
     v_back bigint[] := coalesce(p_reopened, '{}');
     v_moved integer;
     v_total integer := 0;
@@ -431,8 +438,8 @@ BEGIN
     END LOOP;
     RETURN v_total;
 END
-$$
-"""
+""",
+)
 
 # Every claim takes its jobs through one function: the claims differ only in which
 # jobs they walk to (job_claim, job_claim_after, job_claim_controlled in sql/); taking
@@ -440,20 +447,16 @@ $$
 # given the ids its caller's walk locked (FOR UPDATE SKIP LOCKED), so its statements
 # find them as the walk left them. Generic plans, sequential scans off: planned once
 # per connection, also behind a pooler that allows no prepared statements.
-CLAIM = r"""
-CREATE FUNCTION pgqueue_claim(
+CLAIM = _generic_plans(
+    """pgqueue_claim(
     p_job_ids bigint[], p_queue text, p_worker_id text, p_lease float8,
     p_started_at timestamptz
 ) RETURNS TABLE (
     job_id bigint, queue text, type text, payload text, priority smallint,
     attempts integer, max_attempts integer, lease_version bigint, attempt_id bigint,
     idempotency_key text, created_at timestamptz, run_at timestamptz, traceparent text
-)
-LANGUAGE plpgsql
-SET enable_seqscan = off
-SET plan_cache_mode = force_generic_plan
-AS $$
-#variable_conflict use_column
+)""",
+    r"""#variable_conflict use_column
 BEGIN
     RETURN QUERY
     WITH claimed AS (
@@ -505,8 +508,8 @@ BEGIN
         LIMIT 1
     ) AS job;
 END
-$$
-"""
+""",
+)
 
 # Whether a registered worker process is alive now: not marked gone, and seen within
 # three of its beats (its report says how often it beats), or two of its leases if
@@ -881,6 +884,28 @@ FOREIGN_KEYS = [
 ]
 
 
+def _table(
+    name: str, db_table: str, verbose_name: str, fields: list[Any], **options: Any
+) -> migrations.CreateModel:
+    """CreateModel of one of the app's tables: the model's name, its table, what the
+    admin calls a row, its fields, and its other Meta options (indexes, constraints)."""
+    return migrations.CreateModel(
+        name=name,
+        fields=fields,
+        options={"verbose_name": verbose_name, "db_table": db_table, **options},
+    )
+
+
+def _id() -> tuple[str, models.BigAutoField]:
+    """A table's own bigint primary key, "id"."""
+    return ("id", models.BigAutoField(primary_key=True, serialize=False))
+
+
+def _optional(field: type[models.Field], **options: Any) -> models.Field:
+    """A column that may be NULL (and left blank in a form)."""
+    return field(blank=True, null=True, **options)
+
+
 def _now() -> models.DateTimeField:
     """A time the database writes when the row is inserted."""
     return models.DateTimeField(db_default=Now())
@@ -922,8 +947,8 @@ def _rate_fields() -> list[tuple[str, models.Field]]:
     """A rate limit's columns: at most rate_count starts per rate_period seconds."""
     timestamps = django_pgqueue.models.controls.TimestampArray
     return [
-        ("rate_count", models.IntegerField(blank=True, null=True)),
-        ("rate_period", models.FloatField(blank=True, null=True)),
+        ("rate_count", _optional(models.IntegerField)),
+        ("rate_period", _optional(models.FloatField)),
         (
             "rate_starts",
             timestamps(
@@ -953,34 +978,34 @@ class Migration(migrations.Migration):
     dependencies = []
 
     operations = [
-        migrations.CreateModel(
-            name="Job",
-            fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+        _table(
+            "Job",
+            "queue_jobs",
+            "job",
+            [
+                _id(),
                 ("queue", models.CharField(max_length=63)),
                 ("type", models.CharField(max_length=255)),
                 ("payload", models.JSONField()),
-                ("idempotency_key", models.CharField(blank=True, max_length=255, null=True)),
+                ("idempotency_key", _optional(models.CharField, max_length=255)),
                 ("created_at", _now()),
-                ("traceparent", models.TextField(blank=True, null=True)),
+                ("traceparent", _optional(models.TextField)),
             ],
-            options={
-                "verbose_name": "job",
-                "db_table": "queue_jobs",
-                "indexes": [
-                    models.Index(fields=["type", "id"], name="queue_jobs_type_idx"),
-                    models.Index(
-                        condition=models.Q(("idempotency_key__isnull", False)),
-                        fields=["idempotency_key"],
-                        name="queue_jobs_key_idx",
-                    ),
-                ],
-                "permissions": [("operate_job", "Can retry and cancel jobs")],
-            },
+            indexes=[
+                models.Index(fields=["type", "id"], name="queue_jobs_type_idx"),
+                models.Index(
+                    condition=models.Q(("idempotency_key__isnull", False)),
+                    fields=["idempotency_key"],
+                    name="queue_jobs_key_idx",
+                ),
+            ],
+            permissions=[("operate_job", "Can retry and cancel jobs")],
         ),
-        migrations.CreateModel(
-            name="JobState",
-            fields=[
+        _table(
+            "JobState",
+            "queue_job_state",
+            "job state",
+            [
                 ("job", _job_row(related_name="state")),
                 ("queue", models.CharField(max_length=63)),
                 (
@@ -1003,97 +1028,93 @@ class Migration(migrations.Migration):
                 ("attempts", models.IntegerField(db_default=0)),
                 ("max_attempts", models.IntegerField()),
                 ("lease_version", models.BigIntegerField(db_default=0)),
-                ("locked_by", models.CharField(blank=True, max_length=255, null=True)),
-                ("locked_until", models.DateTimeField(blank=True, null=True)),
-                ("last_error", models.TextField(blank=True, null=True)),
-                ("idempotency_key", models.CharField(blank=True, max_length=255, null=True)),
+                ("locked_by", _optional(models.CharField, max_length=255)),
+                ("locked_until", _optional(models.DateTimeField)),
+                ("last_error", _optional(models.TextField)),
+                ("idempotency_key", _optional(models.CharField, max_length=255)),
                 ("updated_at", _now()),
-                ("finished_at", models.DateTimeField(blank=True, null=True)),
-                ("cancel_requested_at", models.DateTimeField(blank=True, null=True)),
-                ("concurrency_key", models.CharField(blank=True, max_length=255, null=True)),
-                ("has_dependents", models.BooleanField(blank=True, null=True)),
-                ("unique_key", models.CharField(blank=True, max_length=255, null=True)),
-                ("unique_hold", models.CharField(blank=True, max_length=16, null=True)),
-                ("fair_key", models.CharField(blank=True, max_length=255, null=True)),
+                ("finished_at", _optional(models.DateTimeField)),
+                ("cancel_requested_at", _optional(models.DateTimeField)),
+                ("concurrency_key", _optional(models.CharField, max_length=255)),
+                ("has_dependents", _optional(models.BooleanField)),
+                ("unique_key", _optional(models.CharField, max_length=255)),
+                ("unique_hold", _optional(models.CharField, max_length=16)),
+                ("fair_key", _optional(models.CharField, max_length=255)),
             ],
-            options={
-                "verbose_name": "job state",
-                "db_table": "queue_job_state",
-                "indexes": [
-                    models.Index(
-                        condition=models.Q(("status", "pending")),
-                        fields=["queue", "-priority", "run_at", "job"],
-                        name="queue_job_state_claim_idx",
+            indexes=[
+                models.Index(
+                    condition=models.Q(("status", "pending")),
+                    fields=["queue", "-priority", "run_at", "job"],
+                    name="queue_job_state_claim_idx",
+                ),
+                models.Index(
+                    condition=models.Q(("status", "running")),
+                    fields=["job"],
+                    name="queue_job_state_running_idx",
+                ),
+                models.Index(
+                    condition=models.Q(("status__in", ["dead", "cancelled"])),
+                    fields=["status", "finished_at", "job"],
+                    name="queue_job_state_failed_age_idx",
+                ),
+                models.Index(
+                    condition=models.Q(("status__in", ["dead", "cancelled"])),
+                    fields=["queue", "status"],
+                    name="queue_job_state_failed_idx",
+                ),
+                models.Index(
+                    condition=models.Q(("concurrency_key__isnull", False), ("status", "running")),
+                    fields=["queue", "concurrency_key"],
+                    name="queue_job_state_run_key_idx",
+                ),
+                models.Index(
+                    condition=models.Q(("status", "waiting")),
+                    fields=["queue"],
+                    name="queue_job_state_waiting_idx",
+                ),
+                models.Index(
+                    condition=models.Q(("fair_key__isnull", False), ("status", "pending")),
+                    fields=["queue", "fair_key", "-priority", "run_at", "job"],
+                    name="queue_job_state_fair_idx",
+                ),
+            ],
+            constraints=[
+                models.UniqueConstraint(
+                    condition=models.Q(
+                        ("idempotency_key__isnull", False),
+                        ("status__in", ["pending", "running"]),
                     ),
-                    models.Index(
-                        condition=models.Q(("status", "running")),
-                        fields=["job"],
-                        name="queue_job_state_running_idx",
-                    ),
-                    models.Index(
-                        condition=models.Q(("status__in", ["dead", "cancelled"])),
-                        fields=["status", "finished_at", "job"],
-                        name="queue_job_state_failed_age_idx",
-                    ),
-                    models.Index(
-                        condition=models.Q(("status__in", ["dead", "cancelled"])),
-                        fields=["queue", "status"],
-                        name="queue_job_state_failed_idx",
-                    ),
-                    models.Index(
-                        condition=models.Q(
-                            ("concurrency_key__isnull", False), ("status", "running")
+                    fields=("queue", "idempotency_key"),
+                    name="queue_job_state_live_key_unique",
+                ),
+                models.UniqueConstraint(
+                    condition=models.Q(
+                        models.Q(
+                            ("lease_version", 0),
+                            ("status", "pending"),
+                            ("unique_hold", "pending"),
                         ),
-                        fields=["queue", "concurrency_key"],
-                        name="queue_job_state_run_key_idx",
-                    ),
-                    models.Index(
-                        condition=models.Q(("status", "waiting")),
-                        fields=["queue"],
-                        name="queue_job_state_waiting_idx",
-                    ),
-                    models.Index(
-                        condition=models.Q(("fair_key__isnull", False), ("status", "pending")),
-                        fields=["queue", "fair_key", "-priority", "run_at", "job"],
-                        name="queue_job_state_fair_idx",
-                    ),
-                ],
-                "constraints": [
-                    models.UniqueConstraint(
-                        condition=models.Q(
-                            ("idempotency_key__isnull", False),
-                            ("status__in", ["pending", "running"]),
+                        models.Q(
+                            ("status__in", ["waiting", "pending", "running"]),
+                            ("unique_hold", "active"),
                         ),
-                        fields=("queue", "idempotency_key"),
-                        name="queue_job_state_live_key_unique",
-                    ),
-                    models.UniqueConstraint(
-                        condition=models.Q(
-                            models.Q(
-                                ("lease_version", 0),
-                                ("status", "pending"),
-                                ("unique_hold", "pending"),
-                            ),
-                            models.Q(
-                                ("status__in", ["waiting", "pending", "running"]),
-                                ("unique_hold", "active"),
-                            ),
-                            models.Q(
-                                ("status__in", ["waiting", "pending", "running", "dead"]),
-                                ("unique_hold", "until_completed"),
-                            ),
-                            _connector="OR",
+                        models.Q(
+                            ("status__in", ["waiting", "pending", "running", "dead"]),
+                            ("unique_hold", "until_completed"),
                         ),
-                        fields=("queue", "unique_key"),
-                        name="queue_job_state_unique_key",
+                        _connector="OR",
                     ),
-                ],
-            },
+                    fields=("queue", "unique_key"),
+                    name="queue_job_state_unique_key",
+                ),
+            ],
         ),
-        migrations.CreateModel(
-            name="Attempt",
-            fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+        _table(
+            "Attempt",
+            "queue_attempts",
+            "attempt",
+            [
+                _id(),
                 ("lease_version", models.BigIntegerField()),
                 ("attempt_index", models.IntegerField()),
                 ("worker_id", models.CharField(max_length=255)),
@@ -1114,22 +1135,18 @@ class Migration(migrations.Migration):
                     ),
                 ),
                 ("started_at", _now()),
-                ("finished_at", models.DateTimeField(blank=True, null=True)),
-                ("error_class", models.CharField(blank=True, max_length=255, null=True)),
-                ("error_message", models.TextField(blank=True, null=True)),
-                ("traceback", models.TextField(blank=True, null=True)),
-                ("result", models.JSONField(blank=True, null=True)),
+                ("finished_at", _optional(models.DateTimeField)),
+                ("error_class", _optional(models.CharField, max_length=255)),
+                ("error_message", _optional(models.TextField)),
+                ("traceback", _optional(models.TextField)),
+                ("result", _optional(models.JSONField)),
                 ("job", _job_link("job_id", related_name="attempts", db_index=False)),
             ],
-            options={
-                "verbose_name": "attempt",
-                "db_table": "queue_attempts",
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("job", "lease_version"), name="queue_attempts_job_lease_unique"
-                    )
-                ],
-            },
+            constraints=[
+                models.UniqueConstraint(
+                    fields=("job", "lease_version"), name="queue_attempts_job_lease_unique"
+                )
+            ],
         ),
         migrations.CreateModel(
             name="DeadJob",
@@ -1141,9 +1158,11 @@ class Migration(migrations.Migration):
             },
             bases=("django_pgqueue.job",),
         ),
-        migrations.CreateModel(
-            name="Schedule",
-            fields=[
+        _table(
+            "Schedule",
+            "queue_schedules",
+            "schedule",
+            [
                 ("name", models.CharField(max_length=100, primary_key=True, serialize=False)),
                 (
                     "type",
@@ -1185,7 +1204,7 @@ class Migration(migrations.Migration):
                     ),
                 ),
                 ("priority", models.SmallIntegerField(default=0)),
-                ("max_attempts", models.IntegerField(blank=True, null=True)),
+                ("max_attempts", _optional(models.IntegerField)),
                 ("enabled", models.BooleanField(default=True)),
                 (
                     "source",
@@ -1199,49 +1218,47 @@ class Migration(migrations.Migration):
                         max_length=8,
                     ),
                 ),
-                ("next_tick", models.DateTimeField(blank=True, null=True)),
-                ("last_tick", models.DateTimeField(blank=True, null=True)),
+                ("next_tick", _optional(models.DateTimeField)),
+                ("last_tick", _optional(models.DateTimeField)),
                 ("created_at", _now()),
                 ("updated_at", _now()),
             ],
-            options={
-                "verbose_name": "schedule",
-                "db_table": "queue_schedules",
-                "ordering": ["name"],
-                "permissions": [("run_schedule", "Can run a schedule now")],
-                "constraints": [
-                    models.CheckConstraint(
-                        condition=models.Q(
-                            models.Q(("cron__isnull", False), ("every__isnull", True)),
-                            models.Q(("cron__isnull", True), ("every__isnull", False)),
-                            _connector="OR",
-                        ),
-                        name="queue_schedules_cron_or_every",
+            ordering=["name"],
+            permissions=[("run_schedule", "Can run a schedule now")],
+            constraints=[
+                models.CheckConstraint(
+                    condition=models.Q(
+                        models.Q(("cron__isnull", False), ("every__isnull", True)),
+                        models.Q(("cron__isnull", True), ("every__isnull", False)),
+                        _connector="OR",
                     ),
-                    models.CheckConstraint(
-                        condition=models.Q(
-                            ("every__isnull", True), ("every__gte", "1 second"), _connector="OR"
-                        ),
-                        name="queue_schedules_every_positive",
+                    name="queue_schedules_cron_or_every",
+                ),
+                models.CheckConstraint(
+                    condition=models.Q(
+                        ("every__isnull", True), ("every__gte", "1 second"), _connector="OR"
                     ),
-                    models.CheckConstraint(
-                        condition=models.Q(("catch_up__in", ["once", "skip"])),
-                        name="queue_schedules_catch_up_valid",
-                    ),
-                    models.CheckConstraint(
-                        condition=models.Q(("source__in", ["code", "db", "removed"])),
-                        name="queue_schedules_source_valid",
-                    ),
-                    models.CheckConstraint(
-                        condition=models.Q(("priority__gte", -100), ("priority__lte", 100)),
-                        name="queue_schedules_priority_valid",
-                    ),
-                ],
-            },
+                    name="queue_schedules_every_positive",
+                ),
+                models.CheckConstraint(
+                    condition=models.Q(("catch_up__in", ["once", "skip"])),
+                    name="queue_schedules_catch_up_valid",
+                ),
+                models.CheckConstraint(
+                    condition=models.Q(("source__in", ["code", "db", "removed"])),
+                    name="queue_schedules_source_valid",
+                ),
+                models.CheckConstraint(
+                    condition=models.Q(("priority__gte", -100), ("priority__lte", 100)),
+                    name="queue_schedules_priority_valid",
+                ),
+            ],
         ),
-        migrations.CreateModel(
-            name="ScheduleTick",
-            fields=[
+        _table(
+            "ScheduleTick",
+            "queue_schedule_ticks",
+            "schedule tick",
+            [
                 ("pk", _composite_key("schedule", "tick_at")),
                 ("tick_at", models.DateTimeField()),
                 ("job_id", models.BigIntegerField()),
@@ -1258,15 +1275,13 @@ class Migration(migrations.Migration):
                     ),
                 ),
             ],
-            options={
-                "verbose_name": "schedule tick",
-                "db_table": "queue_schedule_ticks",
-                "ordering": ["schedule", "-tick_at"],
-            },
+            ordering=["schedule", "-tick_at"],
         ),
-        migrations.CreateModel(
-            name="WorkerRecord",
-            fields=[
+        _table(
+            "WorkerRecord",
+            "queue_workers",
+            "worker",
+            [
                 ("id", models.CharField(max_length=255, primary_key=True, serialize=False)),
                 ("host", models.CharField(max_length=255)),
                 ("pid", models.IntegerField()),
@@ -1277,21 +1292,19 @@ class Migration(migrations.Migration):
                 ("running", models.IntegerField(db_default=0)),
                 ("started_at", _now()),
                 ("last_seen_at", _now()),
-                ("gone_at", models.DateTimeField(blank=True, null=True)),
-                ("report", models.JSONField(blank=True, null=True)),
-                ("supervisor", models.CharField(blank=True, max_length=255, null=True)),
+                ("gone_at", _optional(models.DateTimeField)),
+                ("report", _optional(models.JSONField)),
+                ("supervisor", _optional(models.CharField, max_length=255)),
             ],
-            options={
-                "verbose_name": "worker",
-                "db_table": "queue_workers",
-                "ordering": ["-last_seen_at"],
-                "permissions": [("control_worker", "Can stop, drain, resume and resize workers")],
-            },
+            ordering=["-last_seen_at"],
+            permissions=[("control_worker", "Can stop, drain, resume and resize workers")],
         ),
-        migrations.CreateModel(
-            name="MinuteStats",
-            fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+        _table(
+            "MinuteStats",
+            "queue_stats_minutely",
+            "chart",
+            [
+                _id(),
                 ("minute", models.DateTimeField()),
                 ("queue", models.CharField(max_length=63)),
                 ("completed", models.IntegerField(db_default=0)),
@@ -1304,54 +1317,48 @@ class Migration(migrations.Migration):
                     "run_buckets",
                     django_pgqueue.models.observability.IntegerArrayField(blank=True, null=True),
                 ),
-                ("backlog", models.IntegerField(blank=True, null=True)),
+                ("backlog", _optional(models.IntegerField)),
             ],
-            options={
-                "verbose_name": "chart",
-                "db_table": "queue_stats_minutely",
-                "verbose_name_plural": "charts",
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("minute", "queue"), name="queue_stats_minutely_key"
-                    )
-                ],
-            },
+            verbose_name_plural="charts",
+            constraints=[
+                models.UniqueConstraint(fields=("minute", "queue"), name="queue_stats_minutely_key")
+            ],
         ),
-        migrations.CreateModel(
-            name="QueueControl",
-            fields=[
+        _table(
+            "QueueControl",
+            "queue_controls",
+            "queue",
+            [
                 ("queue", models.CharField(max_length=63, primary_key=True, serialize=False)),
                 ("paused", models.BooleanField(db_default=False)),
-                ("concurrency_limit", models.IntegerField(blank=True, null=True)),
+                ("concurrency_limit", _optional(models.IntegerField)),
                 ("key_limit", models.IntegerField(db_default=1)),
                 *_rate_fields(),
                 ("keyed", models.BooleanField(db_default=False)),
-                ("configured", models.JSONField(blank=True, null=True)),
+                ("configured", _optional(models.JSONField)),
                 ("updated_at", _now()),
             ],
-            options={
-                "verbose_name": "queue",
-                "db_table": "queue_controls",
-                "verbose_name_plural": "queues",
-                "constraints": [
-                    models.CheckConstraint(
-                        condition=models.Q(
-                            ("concurrency_limit__isnull", True),
-                            ("concurrency_limit__gte", 0),
-                            _connector="OR",
-                        ),
-                        name="queue_controls_limit_valid",
+            verbose_name_plural="queues",
+            constraints=[
+                models.CheckConstraint(
+                    condition=models.Q(
+                        ("concurrency_limit__isnull", True),
+                        ("concurrency_limit__gte", 0),
+                        _connector="OR",
                     ),
-                    models.CheckConstraint(
-                        condition=models.Q(("key_limit__gte", 1)), name="queue_controls_key_valid"
-                    ),
-                    _rate_valid("queue_controls_rate_valid"),
-                ],
-            },
+                    name="queue_controls_limit_valid",
+                ),
+                models.CheckConstraint(
+                    condition=models.Q(("key_limit__gte", 1)), name="queue_controls_key_valid"
+                ),
+                _rate_valid("queue_controls_rate_valid"),
+            ],
         ),
-        migrations.CreateModel(
-            name="QueueTypeControl",
-            fields=[
+        _table(
+            "QueueTypeControl",
+            "queue_type_controls",
+            "job type limit",
+            [
                 (
                     "id",
                     models.BigAutoField(
@@ -1360,76 +1367,64 @@ class Migration(migrations.Migration):
                 ),
                 ("queue", models.CharField(max_length=63)),
                 ("type", models.CharField(max_length=255)),
-                ("key_limit", models.IntegerField(blank=True, null=True)),
+                ("key_limit", _optional(models.IntegerField)),
                 *_rate_fields(),
                 ("updated_at", _now()),
             ],
-            options={
-                "verbose_name": "job type limit",
-                "db_table": "queue_type_controls",
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("queue", "type"), name="queue_type_controls_key"
+            constraints=[
+                models.UniqueConstraint(fields=("queue", "type"), name="queue_type_controls_key"),
+                models.CheckConstraint(
+                    condition=models.Q(
+                        ("key_limit__isnull", True), ("key_limit__gte", 1), _connector="OR"
                     ),
-                    models.CheckConstraint(
-                        condition=models.Q(
-                            ("key_limit__isnull", True), ("key_limit__gte", 1), _connector="OR"
-                        ),
-                        name="queue_type_controls_key_valid",
-                    ),
-                    _rate_valid("queue_type_controls_rate_valid"),
-                ],
-            },
+                    name="queue_type_controls_key_valid",
+                ),
+                _rate_valid("queue_type_controls_rate_valid"),
+            ],
         ),
-        migrations.CreateModel(
-            name="ScheduleCode",
-            fields=[
+        _table(
+            "ScheduleCode",
+            "queue_schedule_code",
+            "schedule code version",
+            [
                 ("fingerprint", models.CharField(max_length=64, primary_key=True, serialize=False)),
                 ("first_seen", _now()),
                 ("last_seen", _now()),
             ],
-            options={
-                "verbose_name": "schedule code version",
-                "db_table": "queue_schedule_code",
-            },
         ),
-        migrations.CreateModel(
-            name="Workflow",
-            fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+        _table(
+            "Workflow",
+            "queue_workflows",
+            "workflow",
+            [
+                _id(),
                 ("name", models.CharField(max_length=255)),
                 ("steps", models.IntegerField()),
                 ("created_at", _now()),
             ],
-            options={
-                "verbose_name": "workflow",
-                "db_table": "queue_workflows",
-            },
         ),
-        migrations.CreateModel(
-            name="JobDependency",
-            fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+        _table(
+            "JobDependency",
+            "queue_job_deps",
+            "job dependency",
+            [
+                _id(),
                 ("depends_on", _job_link("depends_on", related_name="dependents", db_index=False)),
                 ("job", _job_link("job_id", related_name="dependencies")),
             ],
-            options={
-                "verbose_name": "job dependency",
-                "db_table": "queue_job_deps",
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("depends_on", "job"), name="queue_job_deps_edge"
-                    ),
-                    models.CheckConstraint(
-                        condition=models.Q(("job", models.F("depends_on")), _negated=True),
-                        name="queue_job_deps_not_self",
-                    ),
-                ],
-            },
+            constraints=[
+                models.UniqueConstraint(fields=("depends_on", "job"), name="queue_job_deps_edge"),
+                models.CheckConstraint(
+                    condition=models.Q(("job", models.F("depends_on")), _negated=True),
+                    name="queue_job_deps_not_self",
+                ),
+            ],
         ),
-        migrations.CreateModel(
-            name="WorkflowStep",
-            fields=[
+        _table(
+            "WorkflowStep",
+            "queue_workflow_steps",
+            "workflow step",
+            [
                 ("job", _job_row(related_name="workflow_step")),
                 ("name", models.CharField(max_length=255)),
                 (
@@ -1445,7 +1440,7 @@ class Migration(migrations.Migration):
                 ),
                 ("waiting_for", models.IntegerField()),
                 ("failed", models.IntegerField(default=0)),
-                ("cancelled_by", models.BigIntegerField(blank=True, null=True)),
+                ("cancelled_by", _optional(models.BigIntegerField)),
                 (
                     "workflow",
                     models.ForeignKey(
@@ -1459,42 +1454,38 @@ class Migration(migrations.Migration):
                 ("collects", models.BooleanField(db_default=False, default=False)),
                 ("delay", models.FloatField(db_default=0.0, default=0.0)),
             ],
-            options={
-                "verbose_name": "workflow step",
-                "db_table": "queue_workflow_steps",
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("workflow", "name"), name="queue_workflow_steps_name"
-                    ),
-                    models.CheckConstraint(
-                        condition=models.Q(("failed__gte", 0), ("waiting_for__gte", 0)),
-                        name="queue_workflow_steps_counts",
-                    ),
-                    models.CheckConstraint(
-                        condition=models.Q(("on_failure__in", ["cancel", "run", "error"])),
-                        name="queue_workflow_steps_on_failure",
-                    ),
-                ],
-            },
+            constraints=[
+                models.UniqueConstraint(
+                    fields=("workflow", "name"), name="queue_workflow_steps_name"
+                ),
+                models.CheckConstraint(
+                    condition=models.Q(("failed__gte", 0), ("waiting_for__gte", 0)),
+                    name="queue_workflow_steps_counts",
+                ),
+                models.CheckConstraint(
+                    condition=models.Q(("on_failure__in", ["cancel", "run", "error"])),
+                    name="queue_workflow_steps_on_failure",
+                ),
+            ],
         ),
-        migrations.CreateModel(
-            name="JobWaiter",
-            fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+        _table(
+            "JobWaiter",
+            "queue_job_waiters",
+            "job waiter",
+            [
+                _id(),
                 ("job_id", models.BigIntegerField()),
                 ("queue", models.CharField(max_length=63)),
                 ("expires_at", models.DateTimeField()),
             ],
-            options={
-                "verbose_name": "job waiter",
-                "db_table": "queue_job_waiters",
-                "indexes": [models.Index(fields=["job_id"], name="queue_job_waiters_job_idx")],
-            },
+            indexes=[models.Index(fields=["job_id"], name="queue_job_waiters_job_idx")],
         ),
-        migrations.CreateModel(
-            name="Batch",
-            fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+        _table(
+            "Batch",
+            "queue_batches",
+            "batch",
+            [
+                _id(),
                 ("name", models.CharField(max_length=255)),
                 ("size", models.IntegerField()),
                 ("created_at", _now()),
@@ -1510,20 +1501,18 @@ class Migration(migrations.Migration):
                     ),
                 ),
             ],
-            options={
-                "verbose_name": "batch",
-                "verbose_name_plural": "batches",
-                "db_table": "queue_batches",
-                "constraints": [
-                    models.CheckConstraint(
-                        condition=models.Q(("size__gte", 0)), name="queue_batches_size"
-                    )
-                ],
-            },
+            verbose_name_plural="batches",
+            constraints=[
+                models.CheckConstraint(
+                    condition=models.Q(("size__gte", 0)), name="queue_batches_size"
+                )
+            ],
         ),
-        migrations.CreateModel(
-            name="BatchJob",
-            fields=[
+        _table(
+            "BatchJob",
+            "queue_batch_jobs",
+            "batch member",
+            [
                 ("job", _job_row(related_name="batch_membership")),
                 (
                     "batch",
@@ -1535,97 +1524,87 @@ class Migration(migrations.Migration):
                     ),
                 ),
             ],
-            options={
-                "verbose_name": "batch member",
-                "db_table": "queue_batch_jobs",
-            },
         ),
-        migrations.CreateModel(
-            name="WorkerRequest",
-            fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+        _table(
+            "WorkerRequest",
+            "queue_worker_requests",
+            "worker request",
+            [
+                _id(),
                 ("worker_id", models.CharField(max_length=255)),
                 ("action", models.CharField(max_length=16)),
-                ("concurrency", models.IntegerField(blank=True, null=True)),
+                ("concurrency", _optional(models.IntegerField)),
                 ("requested_by", models.CharField(max_length=255)),
                 ("requested_at", _now()),
-                ("taken_at", models.DateTimeField(blank=True, null=True)),
-                ("answer", models.TextField(blank=True, null=True)),
+                ("taken_at", _optional(models.DateTimeField)),
+                ("answer", _optional(models.TextField)),
             ],
-            options={
-                "verbose_name": "worker request",
-                "db_table": "queue_worker_requests",
-                "indexes": [
-                    models.Index(
-                        condition=models.Q(("taken_at__isnull", True)),
-                        fields=["worker_id"],
-                        name="queue_worker_requests_open_idx",
-                    )
-                ],
-                "constraints": [
-                    models.CheckConstraint(
-                        condition=models.Q(
-                            ("action__in", ["stop", "drain", "resume", "concurrency"])
+            indexes=[
+                models.Index(
+                    condition=models.Q(("taken_at__isnull", True)),
+                    fields=["worker_id"],
+                    name="queue_worker_requests_open_idx",
+                )
+            ],
+            constraints=[
+                models.CheckConstraint(
+                    condition=models.Q(("action__in", ["stop", "drain", "resume", "concurrency"])),
+                    name="queue_worker_requests_action_valid",
+                ),
+                models.CheckConstraint(
+                    condition=models.Q(
+                        models.Q(("action", "concurrency"), ("concurrency__gte", 1)),
+                        models.Q(
+                            models.Q(("action", "concurrency"), _negated=True),
+                            ("concurrency__isnull", True),
                         ),
-                        name="queue_worker_requests_action_valid",
+                        _connector="OR",
                     ),
-                    models.CheckConstraint(
-                        condition=models.Q(
-                            models.Q(("action", "concurrency"), ("concurrency__gte", 1)),
-                            models.Q(
-                                models.Q(("action", "concurrency"), _negated=True),
-                                ("concurrency__isnull", True),
-                            ),
-                            _connector="OR",
-                        ),
-                        name="queue_worker_requests_concurrency_valid",
-                    ),
-                ],
-            },
+                    name="queue_worker_requests_concurrency_valid",
+                ),
+            ],
         ),
-        migrations.CreateModel(
-            name="Event",
-            fields=[
+        _table(
+            "Event",
+            "queue_events",
+            "event",
+            [
                 ("key", models.TextField(primary_key=True, serialize=False)),
                 ("payload", models.JSONField(null=True)),
                 ("emitted_at", _now()),
             ],
-            options={
-                "verbose_name": "event",
-                "db_table": "queue_events",
-                "constraints": [
-                    models.CheckConstraint(
-                        condition=models.Q(("key__regex", "^.{1,200}$")),
-                        name="queue_events_valid",
-                    )
-                ],
-            },
+            constraints=[
+                models.CheckConstraint(
+                    condition=models.Q(("key__regex", "^.{1,200}$")),
+                    name="queue_events_valid",
+                )
+            ],
         ),
-        migrations.CreateModel(
-            name="EventWait",
-            fields=[
+        _table(
+            "EventWait",
+            "queue_event_waits",
+            "event wait",
+            [
                 ("job_id", models.BigIntegerField(primary_key=True, serialize=False)),
                 ("key", models.TextField()),
                 ("name", models.TextField()),
                 ("timeout_at", models.DateTimeField(null=True)),
                 ("created_at", _now()),
             ],
-            options={
-                "verbose_name": "event wait",
-                "db_table": "queue_event_waits",
-                "indexes": [
-                    models.Index(fields=["key"], name="queue_event_waits_key_idx"),
-                    models.Index(
-                        condition=models.Q(("timeout_at__isnull", False)),
-                        fields=["timeout_at"],
-                        name="queue_event_waits_timeout_idx",
-                    ),
-                ],
-            },
+            indexes=[
+                models.Index(fields=["key"], name="queue_event_waits_key_idx"),
+                models.Index(
+                    condition=models.Q(("timeout_at__isnull", False)),
+                    fields=["timeout_at"],
+                    name="queue_event_waits_timeout_idx",
+                ),
+            ],
         ),
-        migrations.CreateModel(
-            name="JobStep",
-            fields=[
+        _table(
+            "JobStep",
+            "queue_job_steps",
+            "job step",
+            [
                 ("pk", _composite_key("job_id", "name")),
                 ("job_id", models.BigIntegerField()),
                 ("name", models.TextField()),
@@ -1646,41 +1625,33 @@ class Migration(migrations.Migration):
                 ("runtime", models.FloatField(null=True)),
                 ("recorded_at", _now()),
             ],
-            options={
-                "verbose_name": "job step",
-                "db_table": "queue_job_steps",
-                "constraints": [
-                    models.CheckConstraint(
-                        condition=models.Q(
-                            ("kind__in", ["step", "atomic", "sleep", "event"]),
-                            ("name__regex", "^.{1,200}$"),
-                            models.Q(
-                                ("runtime__isnull", True), ("runtime__gte", 0), _connector="OR"
-                            ),
-                        ),
-                        name="queue_job_steps_valid",
-                    )
-                ],
-            },
+            constraints=[
+                models.CheckConstraint(
+                    condition=models.Q(
+                        ("kind__in", ["step", "atomic", "sleep", "event"]),
+                        ("name__regex", "^.{1,200}$"),
+                        models.Q(("runtime__isnull", True), ("runtime__gte", 0), _connector="OR"),
+                    ),
+                    name="queue_job_steps_valid",
+                )
+            ],
         ),
-        migrations.CreateModel(
-            name="UniqueKey",
-            fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+        _table(
+            "UniqueKey",
+            "queue_unique_keys",
+            "unique key",
+            [
+                _id(),
                 ("queue", models.CharField(max_length=63)),
                 ("unique_key", models.CharField(max_length=255)),
                 ("job_id", models.BigIntegerField()),
                 ("held_until", models.DateTimeField()),
             ],
-            options={
-                "verbose_name": "unique key",
-                "db_table": "queue_unique_keys",
-                "constraints": [
-                    models.UniqueConstraint(
-                        fields=("queue", "unique_key"), name="queue_unique_keys_key"
-                    )
-                ],
-            },
+            constraints=[
+                models.UniqueConstraint(
+                    fields=("queue", "unique_key"), name="queue_unique_keys_key"
+                )
+            ],
         ),
         migrations.RunSQL(
             sql=[_foreign_key(*key) for key in FOREIGN_KEYS],

@@ -44,13 +44,9 @@ GENERIC = (
     "ALTER FUNCTION pgqueue_settle(bigint[], bigint[]) SET plan_cache_mode = force_generic_plan"
 )
 
-SEQUENCE_NEXT = r"""
-CREATE FUNCTION pgqueue_sequence_next(p_job_ids bigint[]) RETURNS integer
-LANGUAGE plpgsql
-SET enable_seqscan = off
-SET plan_cache_mode = force_generic_plan
-AS $$
-DECLARE
+SEQUENCE_NEXT = _squash._generic_plans(
+    "pgqueue_sequence_next(p_job_ids bigint[]) RETURNS integer",
+    r"""DECLARE
     v_moved integer;
 BEGIN
     -- The sequences of the given jobs, locked in key order (an enqueue holds one at a
@@ -112,8 +108,8 @@ BEGIN
     FROM wake CROSS JOIN (SELECT count(*) FROM headed) AS heads LEFT JOIN moved ON true;
     RETURN v_moved;
 END
-$$
-"""
+""",
+)
 
 ENQUEUE_SEQUENCED = r"""
 CREATE FUNCTION pgqueue_enqueue_sequenced(
@@ -191,15 +187,16 @@ class Migration(migrations.Migration):
     dependencies = [("django_pgqueue", "0022_many_tenants")]
 
     operations = [
-        migrations.CreateModel(
-            name="Sequence",
-            fields=[
-                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+        _squash._table(
+            "Sequence",
+            "queue_sequences",
+            "sequence",
+            [
+                _squash._id(),
                 ("queue", models.CharField(max_length=63)),
                 ("sequence_key", models.CharField(max_length=255)),
-                ("head_job_id", models.BigIntegerField(blank=True, null=True)),
+                ("head_job_id", _squash._optional(models.BigIntegerField)),
             ],
-            options={"verbose_name": "sequence", "db_table": "queue_sequences"},
         ),
         migrations.AddConstraint(
             model_name="sequence",
@@ -218,12 +215,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="jobstate",
             name="sequence_key",
-            field=models.CharField(blank=True, max_length=255, null=True),
+            field=_squash._optional(models.CharField, max_length=255),
         ),
         migrations.AddField(
             model_name="jobstate",
             name="sequence_on_failure",
-            field=models.CharField(blank=True, max_length=8, null=True),
+            field=_squash._optional(models.CharField, max_length=8),
         ),
         migrations.AddIndex(
             model_name="jobstate",
