@@ -906,6 +906,11 @@ def _optional(field: type[models.Field], **options: Any) -> models.Field:
     return field(blank=True, null=True, **options)
 
 
+def _partial(name: str, fields: list[str], **condition: Any) -> models.Index:
+    """An index of the rows that meet the condition (lookups, as filter() takes them)."""
+    return models.Index(condition=models.Q(**condition), fields=fields, name=name)
+
+
 def _now() -> models.DateTimeField:
     """A time the database writes when the row is inserted."""
     return models.DateTimeField(db_default=Now())
@@ -993,11 +998,7 @@ class Migration(migrations.Migration):
             ],
             indexes=[
                 models.Index(fields=["type", "id"], name="queue_jobs_type_idx"),
-                models.Index(
-                    condition=models.Q(("idempotency_key__isnull", False)),
-                    fields=["idempotency_key"],
-                    name="queue_jobs_key_idx",
-                ),
+                _partial("queue_jobs_key_idx", ["idempotency_key"], idempotency_key__isnull=False),
             ],
             permissions=[("operate_job", "Can retry and cancel jobs")],
         ),
@@ -1042,40 +1043,34 @@ class Migration(migrations.Migration):
                 ("fair_key", _optional(models.CharField, max_length=255)),
             ],
             indexes=[
-                models.Index(
-                    condition=models.Q(("status", "pending")),
-                    fields=["queue", "-priority", "run_at", "job"],
-                    name="queue_job_state_claim_idx",
+                _partial(
+                    "queue_job_state_claim_idx",
+                    ["queue", "-priority", "run_at", "job"],
+                    status="pending",
                 ),
-                models.Index(
-                    condition=models.Q(("status", "running")),
-                    fields=["job"],
-                    name="queue_job_state_running_idx",
+                _partial("queue_job_state_running_idx", ["job"], status="running"),
+                _partial(
+                    "queue_job_state_failed_age_idx",
+                    ["status", "finished_at", "job"],
+                    status__in=["dead", "cancelled"],
                 ),
-                models.Index(
-                    condition=models.Q(("status__in", ["dead", "cancelled"])),
-                    fields=["status", "finished_at", "job"],
-                    name="queue_job_state_failed_age_idx",
+                _partial(
+                    "queue_job_state_failed_idx",
+                    ["queue", "status"],
+                    status__in=["dead", "cancelled"],
                 ),
-                models.Index(
-                    condition=models.Q(("status__in", ["dead", "cancelled"])),
-                    fields=["queue", "status"],
-                    name="queue_job_state_failed_idx",
+                _partial(
+                    "queue_job_state_run_key_idx",
+                    ["queue", "concurrency_key"],
+                    concurrency_key__isnull=False,
+                    status="running",
                 ),
-                models.Index(
-                    condition=models.Q(("concurrency_key__isnull", False), ("status", "running")),
-                    fields=["queue", "concurrency_key"],
-                    name="queue_job_state_run_key_idx",
-                ),
-                models.Index(
-                    condition=models.Q(("status", "waiting")),
-                    fields=["queue"],
-                    name="queue_job_state_waiting_idx",
-                ),
-                models.Index(
-                    condition=models.Q(("fair_key__isnull", False), ("status", "pending")),
-                    fields=["queue", "fair_key", "-priority", "run_at", "job"],
-                    name="queue_job_state_fair_idx",
+                _partial("queue_job_state_waiting_idx", ["queue"], status="waiting"),
+                _partial(
+                    "queue_job_state_fair_idx",
+                    ["queue", "fair_key", "-priority", "run_at", "job"],
+                    fair_key__isnull=False,
+                    status="pending",
                 ),
             ],
             constraints=[
@@ -1540,11 +1535,7 @@ class Migration(migrations.Migration):
                 ("answer", _optional(models.TextField)),
             ],
             indexes=[
-                models.Index(
-                    condition=models.Q(("taken_at__isnull", True)),
-                    fields=["worker_id"],
-                    name="queue_worker_requests_open_idx",
-                )
+                _partial("queue_worker_requests_open_idx", ["worker_id"], taken_at__isnull=True)
             ],
             constraints=[
                 models.CheckConstraint(
@@ -1593,11 +1584,7 @@ class Migration(migrations.Migration):
             ],
             indexes=[
                 models.Index(fields=["key"], name="queue_event_waits_key_idx"),
-                models.Index(
-                    condition=models.Q(("timeout_at__isnull", False)),
-                    fields=["timeout_at"],
-                    name="queue_event_waits_timeout_idx",
-                ),
+                _partial("queue_event_waits_timeout_idx", ["timeout_at"], timeout_at__isnull=False),
             ],
         ),
         _table(

@@ -224,18 +224,20 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="jobstate",
-            index=models.Index(
-                condition=models.Q(("sequence_key__isnull", False), ("status", "waiting")),
-                fields=["queue", "sequence_key", "job"],
-                name="queue_job_state_sequence_idx",
+            index=_squash._partial(
+                "queue_job_state_sequence_idx",
+                ["queue", "sequence_key", "job"],
+                sequence_key__isnull=False,
+                status="waiting",
             ),
         ),
         migrations.AddIndex(
             model_name="jobstate",
-            index=models.Index(
-                condition=models.Q(("sequence_on_failure", "hold"), ("status", "dead")),
-                fields=["finished_at", "job"],
-                name="queue_job_state_held_idx",
+            index=_squash._partial(
+                "queue_job_state_held_idx",
+                ["finished_at", "job"],
+                sequence_on_failure="hold",
+                status="dead",
             ),
         ),
         migrations.AddConstraint(
