@@ -478,19 +478,26 @@ SELECT released.job_id FROM released CROSS JOIN wake CROSS JOIN woken LEFT JOIN 
 -- The size in bytes of the tables the worker's prepared statements read. PostgreSQL keeps
 -- a prepared statement's generic plan until ANALYZE or VACUUM of its tables; one made
 -- while they were nearly empty is a sequential scan that stays as they grow (for ever
--- with autovacuum off). The worker discards its plans (plan_discard) when this has
--- doubled or halved since they were made; the next executions plan again.
+-- with autovacuum off). The worker discards its plans (plan_discard, plan_deallocate)
+-- when this has doubled or halved since they were made; the next executions plan again.
 SELECT pg_relation_size('queue_job_state') + pg_relation_size('queue_attempts');
 
 
 -- name: plan_discard
+-- Drop the cached plans of this session's PL/pgSQL functions (those without
+-- enable_seqscan = off were made on the tables' size then) and of its prepared
+-- statements; plan_deallocate then drops the statements themselves.
+DISCARD PLANS;
+
+
+-- name: plan_deallocate
 -- Drop this session's prepared statements: psycopg forgets them at this command and
--- prepares each again at its next use, which plans it as a new session would. DISCARD
--- PLANS kept them with their history: the cost of the custom plans made on the empty
--- tables, against which PostgreSQL weighs the generic plan before it keeps one. Made on
--- the grown tables, the generic plan looked dearer than those and every execution
--- was planned again (lease_sweep: 0.4-0.7 ms of planning for 0.1 ms of work, twice a
--- fresh session's time).
+-- prepares each again at its next use, which plans it as a new session would. Kept
+-- (DISCARD PLANS alone), they kept their history: the cost of the custom plans made on
+-- the empty tables, against which PostgreSQL weighs the generic plan before it keeps
+-- one. Made on the grown tables, the generic plan looked dearer than those and every
+-- execution was planned again (lease_sweep: 0.4-0.7 ms of planning for 0.1 ms of
+-- work, twice a fresh session's time).
 DEALLOCATE ALL;
 
 

@@ -83,8 +83,8 @@ class Session:
         since they were made (at most every PLAN_CHECK seconds); True if it did.
 
         A generic plan built on nearly empty tables reads them whole for ever (until
-        ANALYZE); after plan_discard each statement is prepared again at its next use
-        and planned as in a new session.
+        ANALYZE). The functions' plans are made again at their next call, and each
+        statement is prepared again at its next use, planned as in a new session.
         """
         if now < self._plan_check_due or not self.prepared:
             return False
@@ -98,6 +98,7 @@ class Session:
         if known is None or known / PLAN_GROWTH < size < known * PLAN_GROWTH:
             return False
         self.run("plan_discard", {})
+        self.run("plan_deallocate", {})
         self._planned_size = size
         return True
 
