@@ -89,7 +89,8 @@ def enqueue(
     that key run at once (see queue control). With `unique` (a `Unique`), at most one
     job of the queue holds its key for as long as its hold says, and an enqueue of a
     held key returns the holder, refuses (`UniqueConflict`) or replaces the payload and
-    due time of a holder never claimed, of the same type, as its `on_conflict` says. In a fair queue
+    due time of a holder never claimed, of the same type, as its `on_conflict` says
+    (`Unique.cancel_running`: cancels the holder and waits for its code to stop). In a fair queue
     (PGQUEUE["FAIR_QUEUES"]) claims take turns across `fairness_key`s (none: the key "").
     With a `sequence` key, the jobs of the queue with that key run one at a time in
     enqueue order: a job behind an unfinished earlier one waits; one that ends dead
@@ -157,6 +158,9 @@ def _write(
     replaced = False
     if "sequence_key" in params:
         job_id, _head, created_at = store.insert_sequenced_job(alias, params)
+        created = True
+    elif params.get("on_conflict") == "cancel_running":
+        job_id, _head, created_at = store.insert_cancel_running_job(alias, params)
         created = True
     elif "unique_key" in params:
         job_id, outcome, created_at = store.insert_unique_job(alias, params)

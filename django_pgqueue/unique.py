@@ -20,12 +20,13 @@ from .validators import MAX_SECONDS
 # job keeps the key, so that an operator's retry cannot make a second one).
 HOLDS = ("pending", "active", "until_completed")
 # What an enqueue of a key held by another job does: return that job; refuse
-# (UniqueConflict); or replace the payload and due time of a holder never claimed, of the
-# same type (a debounce).
-ON_CONFLICT = ("return", "refuse", "replace")
+# (UniqueConflict); replace the payload and due time of a holder never claimed, of the
+# same type (a debounce); or cancel it and enqueue the new job, which starts once the
+# cancelled job's code stopped (cancel-in-progress).
+ON_CONFLICT = ("return", "refuse", "replace", "cancel_running")
 
 Hold = Literal["pending", "active", "until_completed"]
-OnConflict = Literal["return", "refuse", "replace"]
+OnConflict = Literal["return", "refuse", "replace", "cancel_running"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,10 @@ class Unique:
     payload and due time of a holder never claimed (``hold="pending"`` only; a claimed
     holder is returned while it holds the key, a holder of another type raises
     `EnqueueError`): enqueued with a delay, N enqueues within the delay give one job
-    that runs the delay after the last (`Unique.debounce`).
+    that runs the delay after the last (`Unique.debounce`); or ``"cancel_running"``
+    (``hold="active"`` only; `Unique.cancel_running`): the new job is enqueued, the
+    key's jobs not running are cancelled, its running job is asked to stop, and the
+    new job starts only once that job's code stopped.
     """
 
     key: str
@@ -69,6 +73,11 @@ class Unique:
                 'Unique on_conflict="replace" replaces a pending job: it needs '
                 f'hold="pending", got hold={self.hold!r}.'
             )
+        if self.on_conflict == "cancel_running" and self.hold != "active":
+            raise EnqueueError(
+                'Unique on_conflict="cancel_running" keeps one job of the key pending or '
+                f'running: it needs hold="active", got hold={self.hold!r}.'
+            )
 
     @classmethod
     def debounce(cls, key: str) -> Unique:
@@ -82,6 +91,16 @@ class Unique:
         or parked, an enqueue of it writes nothing and returns that job
         (``created=False``), decided by the unique index in the caller's transaction."""
         return cls(key, hold="active", on_conflict="return")
+
+    @classmethod
+    def cancel_running(cls, key: str) -> Unique:
+        """The key of a cancel-in-progress strategy: an enqueue of `key` cancels the
+        key's jobs that are not running (pending, waiting or parked), asks its running
+        job to stop (a cancel request, as `actions.cancel` makes), and enqueues the new
+        job, which waits until that job's code stopped. The key is a sequence key of the
+        queue (its jobs run one at a time), decided under the sequence's row lock in the
+        caller's transaction."""
+        return cls(key, hold="active", on_conflict="cancel_running")
 
     def period(self) -> float | None:
         """The hold's period in seconds (None: the hold follows the job's status)."""

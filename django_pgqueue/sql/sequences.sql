@@ -20,6 +20,21 @@ FROM pgqueue_enqueue_sequenced(
 );
 
 
+
+-- name: job_enqueue_cancel_running
+-- Insert one job of a cancel-in-progress key (Unique.cancel_running) and return (id,
+-- head, created_at), as job_enqueue_sequenced does: the key is a sequence key. Under
+-- the sequence's row lock, pgqueue_enqueue_cancel_running (migration 0027) cancels the
+-- key's jobs that are not running, asks its running head to stop (cancel requested),
+-- then writes the job, which waits while that head's code still runs.
+SELECT job_id, head, created_at
+FROM pgqueue_enqueue_cancel_running(
+    %(queue)s::text, %(type)s::text, %(payload)s::jsonb, %(priority)s::smallint,
+    %(run_at)s::timestamptz, %(delay)s::float8, %(max_attempts)s::integer,
+    %(traceparent)s::text, %(concurrency_key)s::text, %(fair_key)s::text,
+    %(unique_key)s::text
+);
+
 -- name: sequence_release
 -- Let a held sequence go on past its dead head (the head's on_failure becomes
 -- 'continue'; its next waiting job is pending): (released head, new head), released

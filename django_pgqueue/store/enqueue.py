@@ -65,6 +65,20 @@ def insert_sequenced_job(alias: str, params: dict[str, Any]) -> tuple[int, bool,
     return row[0], row[1], row[2]
 
 
+def insert_cancel_running_job(alias: str, params: dict[str, Any]) -> tuple[int, bool, Any]:
+    """Insert one job of a cancel-in-progress key on Django's connection `alias`; return
+    (job id, head, created_at), head False when it waits for the key's running job,
+    asked to stop, to end.
+
+    One statement: ``job_enqueue_cancel_running`` calls ``pgqueue_enqueue_cancel_running``
+    (migration 0027), which takes the key's sequence row lock before it cancels the
+    key's other jobs and writes this one.
+    """
+    row = fetch_one(alias, QUERIES["job_enqueue_cancel_running"], params)
+    assert row is not None  # the function always writes the job
+    return row[0], row[1], row[2]
+
+
 def job_type(alias: str, queue: str, job_id: int) -> str | None:
     """The type of job `job_id` of `queue` on Django's connection `alias` (None: none)."""
     row = fetch_one(alias, QUERIES["job_type"], {"queue": queue, "job_id": job_id})

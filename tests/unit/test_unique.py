@@ -28,6 +28,12 @@ def test_debounce_replaces_a_pending_job():
     assert Unique.debounce("k") == Unique("k", hold="pending", on_conflict="replace")
 
 
+def test_cancel_running_is_a_policy_on_an_active_hold():
+    unique = Unique.cancel_running("k")
+    assert unique == Unique("k", hold="active", on_conflict="cancel_running")
+    assert unique.params()["on_conflict"] == "cancel_running"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -41,6 +47,8 @@ def test_debounce_replaces_a_pending_job():
         ({"key": "k", "on_conflict": "ignore"}, "on_conflict must be one of return"),
         ({"key": "k", "on_conflict": "replace"}, 'needs hold="pending"'),
         ({"key": "k", "hold": 60, "on_conflict": "replace"}, 'needs hold="pending"'),
+        ({"key": "k", "hold": "pending", "on_conflict": "cancel_running"}, 'needs hold="active"'),
+        ({"key": "k", "hold": 60, "on_conflict": "cancel_running"}, 'needs hold="active"'),
     ],
 )
 def test_bad_values_are_refused_by_name(kwargs, message):
