@@ -40,6 +40,9 @@ class PruneResult:
     workflows: int = 0
     # Batch rows deleted once their members and callbacks were pruned (idem).
     batches_deleted: int = 0
+    # Rows of sequences with nothing left (no job pending, running, held or waiting;
+    # not counted on a dry run): an enqueue of the sequence writes its row again.
+    sequences: int = 0
     # Events emitted before the cutoff, when completed jobs are pruned (on a dry run,
     # what would be).
     events: int = 0
@@ -63,6 +66,12 @@ def _delete_all(
         total += deleted
         if deleted < batch_size:
             return total
+
+
+def _sequence_rows(alias: str, _cutoff: Any, limit: int, after_id: int) -> tuple[int, int]:
+    """`_delete_all`'s step for the rows of sequences with nothing left (no cutoff: an
+    enqueue of the sequence writes its row again)."""
+    return store.prune_sequence_rows(alias, limit, after_id)
 
 
 def check_prunable(statuses: Sequence[str]) -> list[str]:
@@ -114,6 +123,8 @@ def prune(
     result.workflows = _delete_all(store.prune_workflow_batch, alias, cutoff, batch_size)
     # After the workflows: a batch's callbacks' workflow is gone by now.
     result.batches_deleted = _delete_all(store.prune_batch_rows, alias, cutoff, batch_size)
+    # The rows of sequences with nothing left, whatever their age.
+    result.sequences = _delete_all(_sequence_rows, alias, cutoff, batch_size)
     after_key: str | None = ""
     while events and after_key is not None:
         deleted, after_key = durable_store.prune_events(alias, cutoff, batch_size, after_key)
@@ -123,7 +134,8 @@ def prune(
 
 def prune_older_than(older_than: Mapping[str, float], *, alias: str) -> dict[str, int]:
     """Prune each status in `older_than` once it finished that many seconds ago; return
-    the jobs deleted by status, and 'workflows', 'batches' and 'events' for those rows.
+    the jobs deleted by status, and 'workflows', 'batches', 'sequences' and 'events' for
+    those rows.
 
     The passes go from the shortest age to the longest, each with every status kept no
     longer than its age, so a workflow whose steps ended in several statuses goes whole
@@ -132,7 +144,11 @@ def prune_older_than(older_than: Mapping[str, float], *, alias: str) -> dict[str
     deleted: dict[str, int] = {}
     for age, statuses in pruning_rounds(older_than):
         result = prune(dt.timedelta(seconds=age), statuses=statuses, alias=alias)
-        rows = {"workflows": result.workflows, "batches": result.batches_deleted}
+        rows = {
+            "workflows": result.workflows,
+            "batches": result.batches_deleted,
+            "sequences": result.sequences,
+        }
         for key, count in (*result.jobs.items(), *rows.items(), ("events", result.events)):
             deleted[key] = deleted.get(key, 0) + count
     return deleted

@@ -41,3 +41,26 @@ FROM pgqueue_enqueue_cancel_running(
 -- NULL when the sequence's head was not dead and holding (retried or released
 -- meanwhile).
 SELECT released, head FROM pgqueue_sequence_release(%(queue)s::text, %(sequence_key)s::text);
+
+
+-- name: sequence_prune_batch
+-- Delete at most `limit` rows of sequences with nothing left (no head: no job of the
+-- sequence pending, running, parked, held or waiting), walking the primary key upwards
+-- from after_id. An enqueue of the sequence holds its row locked (taken with its head
+-- set, until its transaction ends): SKIP LOCKED passes such a row, and the lock rechecks
+-- a row changed since this statement's snapshot (a head set meanwhile keeps it). An
+-- enqueue that meets a deleted row writes it again (INSERT ... ON CONFLICT), as does
+-- pgqueue_sequence_next (an operator's retry of a finished job of the sequence).
+WITH doomed AS MATERIALIZED (
+    SELECT seq.id
+    FROM queue_sequences AS seq
+    WHERE seq.id > %(after_id)s::bigint
+      AND seq.head_job_id IS NULL
+    ORDER BY seq.id
+    LIMIT %(limit)s::integer
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM queue_sequences AS seq
+USING doomed
+WHERE seq.id = doomed.id
+RETURNING seq.id;

@@ -181,6 +181,13 @@ def prune_batch_rows(alias: str, cutoff: Any, limit: int, after_id: int = 0) -> 
     return len(rows), max((row[0] for row in rows), default=after_id)
 
 
+def prune_sequence_rows(alias: str, limit: int, after_id: int = 0) -> tuple[int, int]:
+    """Delete at most `limit` rows of sequences with nothing left, ids above `after_id`:
+    (how many, the highest id deleted, or after_id if none)."""
+    rows = fetch_all(alias, "sequence_prune_batch", {"limit": limit, "after_id": after_id})
+    return len(rows), max((row[0] for row in rows), default=after_id)
+
+
 def dead_job_page(
     alias: str,
     *,

@@ -108,6 +108,7 @@ def test_the_prune_job_keeps_each_status_its_age_and_a_workflow_until_its_longes
             "dead": 2,
             "workflows": 1,
             "batches": 0,
+            "sequences": 0,
             "events": 0,
         }
     }

@@ -125,6 +125,11 @@ class Command(BaseCommand):
                     else ""
                 )
                 + (
+                    f" Deleted {counted(result.sequences, 'sequence')} with no job left (rows)."
+                    if result.sequences
+                    else ""
+                )
+                + (
                     f" Deleted {counted(result.events, 'event')} emitted before {cutoff}."
                     if result.events
                     else ""
