@@ -220,7 +220,8 @@ def enqueue_many(
     anything is written: one bad item refuses the whole call, naming its position.
     Returns one `EnqueuedJob` per item, in order. Thousands of jobs go in one
     statement (very large calls are split into statements of BULK_CHUNK jobs, all
-    in the caller's transaction).
+    in the caller's transaction). Items with a `sequence` key go in statements of their
+    own: the jobs of a sequence in one call run in list order.
 
     Jobs go to their queues' databases as enqueue()'s do. Jobs on several databases
     are written outside a transaction only, all-or-nothing per database (refused
@@ -246,7 +247,7 @@ def enqueue_many(
                 continue
             options: tuple[Any, ...] = (type_, *defaults)
             key: Any = type_ if type(type_) is str else None
-            keys: tuple[Any, Any, Any] | None = None
+            keys: tuple[Any, ...] | None = None
         elif isinstance(item, JobSpec):
             type_, payload = item.type, item.payload
             # An item's own schedule (run_at or delay) replaces the call's as a whole.
@@ -260,6 +261,7 @@ def enqueue_many(
                 max_attempts if item.max_attempts is None else item.max_attempts,
             )
             keys = (item.idempotency_key, item.concurrency_key, item.fairness_key)
+            keys += (item.sequence, item.sequence_on_failure)
             # Exact types in the key: 1 == 1.0 == True, but only 1 is a valid priority.
             key = (options, *map(type, options)) if type(type_) is str else None
         else:
@@ -276,11 +278,14 @@ def enqueue_many(
             if keys is None:
                 batch.add(group)
             else:
+                idempotency = validation.idempotency_key(keys[0])
+                sequence = sequences.params(keys[3], keys[4], keyed=idempotency is not None)
                 batch.add(
                     group,
-                    validation.idempotency_key(keys[0]),
+                    idempotency,
                     limits.concurrency_key(keys[1]),
                     validation.key(keys[2], "fairness_key"),
+                    (sequence["sequence_key"], keys[4]) if sequence else None,
                 )
         except EnqueueError as exc:
             raise EnqueueError(f"enqueue_many item {position}: {exc}") from exc
@@ -353,7 +358,12 @@ def _write_many(
     listener: EnqueueListener | None = None,
 ) -> list[EnqueuedJob]:
     """Insert validated jobs on `alias`; job_enqueued when its transaction commits."""
-    results = store.insert_jobs(alias, batch, texts, columns.get("traceparent"))
+    if batch.sequences is None:
+        results = store.insert_jobs(alias, batch, texts, columns.get("traceparent"))
+    else:
+        conf = get_settings()
+        share = lambda jobs: _texts(conf, [payloads[n] for n in jobs])  # noqa: E731
+        results = store.insert_with_sequences(alias, batch, share, columns.get("traceparent"))
     rows = [batch.options[group] for group in batch.groups]
     if listener is not None:
         listener.joined([job_id for job_id, created in results if created])

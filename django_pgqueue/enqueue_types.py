@@ -47,8 +47,9 @@ class EnqueuedJob:
 class JobSpec:
     """One job for enqueue_many(); None fields take the call's (then the settings') defaults.
 
-    `idempotency_key`, `concurrency_key` and `fairness_key` work as in enqueue() (the
-    call has none).
+    `idempotency_key`, `concurrency_key`, `fairness_key`, `sequence` and
+    `sequence_on_failure` work as in enqueue() (the call has none); the jobs of one
+    sequence in one call run in list order.
     """
 
     type: str
@@ -61,6 +62,8 @@ class JobSpec:
     idempotency_key: str | None = None
     concurrency_key: str | None = None
     fairness_key: str | None = None
+    sequence: str | None = None
+    sequence_on_failure: OnFailure = "hold"
 
 
 class JobDefaults(TypedDict, total=False):

@@ -21,6 +21,43 @@ FROM pgqueue_enqueue_sequenced(
 
 
 
+
+-- name: sequence_lock_many
+-- Take the rows of the sequences an enqueue_many() call writes jobs of (written when
+-- missing), in key order, until the caller's transaction ends: then its jobs are
+-- written one by one in list order (job_enqueue_many_sequenced), and concurrent calls
+-- naming the same sequences in other orders wait for each other instead of deadlocking.
+INSERT INTO queue_sequences AS seq (queue, sequence_key, head_job_id)
+SELECT DISTINCT i.queue, i.sequence_key, NULL::bigint
+FROM ROWS FROM (unnest(%(queues)s::text[]), unnest(%(sequence_keys)s::text[]))
+    AS i(queue, sequence_key)
+ORDER BY i.queue, i.sequence_key
+ON CONFLICT (queue, sequence_key) DO UPDATE SET head_job_id = seq.head_job_id;
+
+
+-- name: job_enqueue_many_sequenced
+-- Insert many jobs, each with a sequence key, in list order: the rows are numbered as
+-- job_enqueue_many's are and pgqueue_enqueue_sequenced (migration 0023) is called per
+-- row, in the rows' order (a nested loop over the numbered rows: the lateral call
+-- depends on each), so a sequence's ids, its run order, follow the list. Returns each
+-- job's id, in list order.
+SELECT e.job_id
+FROM ROWS FROM (
+    unnest(%(queues)s::text[]), unnest(%(types)s::text[]),
+    unnest(%(priorities)s::smallint[]), unnest(%(run_ats)s::timestamptz[]),
+    unnest(%(delays)s::float8[]), unnest(%(max_attempts)s::integer[]),
+    unnest(%(concurrency_keys)s::text[]), unnest(%(fair_keys)s::text[]),
+    unnest(%(sequence_keys)s::text[]), unnest(%(sequence_on_failures)s::text[]),
+    jsonb_array_elements(%(payloads)s::jsonb)
+) WITH ORDINALITY
+    AS i(queue, type, priority, run_at, delay, max_attempts, concurrency_key, fair_key,
+         sequence_key, on_failure, payload, position)
+CROSS JOIN LATERAL pgqueue_enqueue_sequenced(
+    i.queue, i.type, i.payload, i.priority, i.run_at, i.delay, i.max_attempts,
+    %(traceparent)s::text, i.concurrency_key, i.fair_key, i.sequence_key, i.on_failure
+) AS e
+ORDER BY i.position;
+
 -- name: job_enqueue_cancel_running
 -- Insert one job of a cancel-in-progress key (Unique.cancel_running) and return (id,
 -- head, created_at), as job_enqueue_sequenced does: the key is a sequence key. Under

@@ -7,7 +7,7 @@ workers is delivered at that commit too.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from ..exceptions import PgQueueError
@@ -107,6 +107,9 @@ class Batch:
         self.idempotency_keys: list[str | None] | None = None
         self.concurrency_keys: list[str | None] | None = None
         self.fairness_keys: list[str | None] | None = None
+        # Per job, once a job has a sequence: (sequence key, on_failure), None for a job
+        # of none (the lists above are there too then).
+        self.sequences: list[tuple[str, str] | None] | None = None
         # Fair queues: their jobs without a fairness key get the key "".
         self.fair_queues: Collection[str] = ()
         self._known: dict[Any, int] = {}
@@ -134,8 +137,9 @@ class Batch:
         idempotency_key: str | None = None,
         concurrency_key: str | None = None,
         fairness_key: str | None = None,
+        sequence: tuple[str, str] | None = None,
     ) -> None:
-        keyed = (idempotency_key, concurrency_key, fairness_key) != (None, None, None)
+        keyed = (idempotency_key, concurrency_key, fairness_key, sequence) != (None,) * 4
         if self.idempotency_keys is None and keyed:
             self.idempotency_keys = [None] * len(self.groups)
             self.concurrency_keys = [None] * len(self.groups)
@@ -144,6 +148,10 @@ class Batch:
             self.idempotency_keys.append(idempotency_key)
             self.concurrency_keys.append(concurrency_key)  # type: ignore[union-attr]
             self.fairness_keys.append(fairness_key)  # type: ignore[union-attr]
+        if self.sequences is None and sequence is not None:
+            self.sequences = [None] * len(self.groups)
+        if self.sequences is not None:
+            self.sequences.append(sequence)
         self.groups.append(group)
 
     def select(self, jobs: Sequence[int]) -> Batch:
@@ -156,6 +164,8 @@ class Batch:
             part.idempotency_keys = [self.idempotency_keys[n] for n in jobs]
             part.concurrency_keys = [self.concurrency_keys[n] for n in jobs]  # type: ignore[index]
             part.fairness_keys = [self.fairness_keys[n] for n in jobs]  # type: ignore[index]
+        if self.sequences is not None and any(self.sequences[n] is not None for n in jobs):
+            part.sequences = [self.sequences[n] for n in jobs]
         return part
 
     def _fair_keys(self, start: int, stop: int) -> list[str | None] | None:
@@ -170,6 +180,42 @@ class Batch:
             for key, group in zip(given, groups, strict=True)
         ]
         return keys if any(key is not None for key in keys) else None
+
+    def _option_arrays(self, groups: Sequence[int]) -> dict[str, Any]:
+        """The options of the jobs of `groups` as parallel array literals (types, queues,
+        priorities, run_ats, delays, max_attempts), each element built once per group."""
+        columns = list(zip(*self.options, strict=True))
+        elements = [
+            [text_element(v) for v in columns[0]],
+            [text_element(v) for v in columns[1]],
+            [str(v) for v in columns[2]],
+            ["NULL" if v is None else text_element(v.isoformat()) for v in columns[3]],
+            [repr(v) for v in columns[4]],
+            [str(v) for v in columns[5]],
+        ]
+        names = ("types", "queues", "priorities", "run_ats", "delays", "max_attempts")
+        return {
+            name: "{" + ",".join([e[g] for g in groups]) + "}"
+            for name, e in zip(names, elements, strict=True)
+        }
+
+    def sequenced_statement(self, start: int, stop: int) -> dict[str, Any]:
+        """job_enqueue_many_sequenced's parameters for jobs start..stop (all sequenced),
+        but the payloads."""
+        groups = self.groups[start:stop]
+        sequences = (self.sequences or [])[start:stop]
+        if len(sequences) != len(groups) or any(item is None for item in sequences):
+            raise ValueError("sequenced_statement takes sequenced jobs only")
+        nothing = [None] * len(groups)
+        params = self._option_arrays(groups)
+        concurrency = self.concurrency_keys
+        params["concurrency_keys"] = text_array(
+            nothing if concurrency is None else concurrency[start:stop]
+        )
+        params["fair_keys"] = text_array(self._fair_keys(start, stop) or nothing)
+        params["sequence_keys"] = text_array(item[0] for item in sequences)  # type: ignore[index]
+        params["sequence_on_failures"] = text_array(item[1] for item in sequences)  # type: ignore[index]
+        return params
 
     def statement(self, start: int, stop: int) -> tuple[str, dict[str, Any]]:
         """The statement for jobs start..stop and its parameters, but the payloads.
@@ -192,20 +238,7 @@ class Batch:
                 "delay": delay,
                 "max_attempts": max_attempts,
             }
-        columns = list(zip(*self.options, strict=True))
-        elements = [
-            [text_element(v) for v in columns[0]],
-            [text_element(v) for v in columns[1]],
-            [str(v) for v in columns[2]],
-            ["NULL" if v is None else text_element(v.isoformat()) for v in columns[3]],
-            [repr(v) for v in columns[4]],
-            [str(v) for v in columns[5]],
-        ]
-        names = ("types", "queues", "priorities", "run_ats", "delays", "max_attempts")
-        params: dict[str, Any] = {
-            name: "{" + ",".join([e[g] for g in groups]) + "}"
-            for name, e in zip(names, elements, strict=True)
-        }
+        params = self._option_arrays(groups)
         if self.idempotency_keys is None and fair_keys is None:
             return "job_enqueue_many", params
         nothing = [None] * len(groups)
@@ -245,6 +278,63 @@ def insert_jobs(
                 cursor.execute(QUERIES[name], params)
                 ids = cursor.fetchone()[0]
                 results.extend([(job_id, True) for job_id in ids])
+    return results
+
+
+def insert_with_sequences(
+    alias: str,
+    batch: Batch,
+    texts: Callable[[list[int]], list[str]],
+    traceparent: str | None = None,
+) -> list[tuple[int, bool]]:
+    """Insert validated jobs of a batch with sequence keys on Django's connection
+    `alias`: those without one as `insert_jobs` does, then the sequenced ones as
+    `insert_sequenced_jobs` does; [(job id, created)] in the batch's order. `texts`
+    gives the payloads' JSON array texts (per BULK_CHUNK slice) of the jobs at the
+    positions it is given."""
+    marks = batch.sequences or []
+    plain = [n for n, mark in enumerate(marks) if mark is None]
+    sequenced = [n for n, mark in enumerate(marks) if mark is not None]
+    results: list[tuple[int, bool]] = [(0, False)] * len(marks)
+    for jobs, insert in ((plain, insert_jobs), (sequenced, insert_sequenced_jobs)):
+        if jobs:
+            written = insert(alias, batch.select(jobs), texts(jobs), traceparent)
+            for n, result in zip(jobs, written, strict=True):
+                results[n] = result
+    return results
+
+
+def insert_sequenced_jobs(
+    alias: str,
+    batch: Batch,
+    payloads: Sequence[str],
+    traceparent: str | None = None,
+) -> list[tuple[int, bool]]:
+    """Insert validated jobs that all have a sequence key on Django's connection `alias`,
+    in the batch's order; return [(job id, True)].
+
+    First one statement takes the rows of all their sequences in key order (as
+    pgqueue_sequence_next does: concurrent calls naming the same sequences in other
+    orders never deadlock); then job_enqueue_many_sequenced writes each BULK_CHUNK
+    slice, calling pgqueue_enqueue_sequenced per job in list order, so a sequence's
+    jobs of one call run in list order.
+    """
+    jobs = len(batch.groups)
+    queues = [batch.options[group][1] for group in batch.groups]
+    keys = [item[0] for item in batch.sequences or [] if item is not None]
+    results: list[tuple[int, bool]] = []
+    with django_cursor(alias) as cursor:
+        cursor.execute(
+            QUERIES["sequence_lock_many"],
+            {"queues": text_array(queues), "sequence_keys": text_array(keys)},
+        )
+        for index, payload_text in enumerate(payloads):
+            start = index * BULK_CHUNK
+            params = batch.sequenced_statement(start, min(start + BULK_CHUNK, jobs))
+            params["payloads"] = payload_text
+            params["traceparent"] = traceparent
+            cursor.execute(QUERIES["job_enqueue_many_sequenced"], params)
+            results.extend((int(row[0]), True) for row in cursor.fetchall())
     return results
 
 
