@@ -9,11 +9,12 @@ job from overlapping the cancelled one.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from django.db import transaction
 
-from django_pgqueue import EnqueueError, Unique, enqueue
+from django_pgqueue import EnqueuedJob, EnqueueError, Unique, enqueue
 from tests.conftest import sql
 from tests.integration.test_unique_races import HANG_GUARD, wave
 
@@ -36,6 +37,17 @@ def wait_until(check, timeout: float = HANG_GUARD) -> None:
     while not check():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def start_running(
+    run_worker: Any, type_: str, payload: Any, queue: str, key: Unique
+) -> tuple[EnqueuedJob, Any]:
+    """Enqueue a job of `key` and start a worker (renewals every 0.5 s bring a cancel
+    request); return the job, once running, and the worker."""
+    job = enqueue(type_, payload, queue=queue, unique=key)
+    worker = run_worker([queue], lease=1.5, poll_interval=0.05)
+    wait_until(lambda: states(queue)[0][1] == "running")
+    return job, worker
 
 
 def test_a_new_job_cancels_the_pending_one_and_asks_the_running_one_to_stop(stores):
@@ -92,9 +104,7 @@ def test_concurrent_enqueues_while_one_runs_leave_one_job_that_never_overlaps_it
     key = Unique.cancel_running("tenant-1")
     # The running job ignores the request for its 2 s: its code keeps running while
     # the enqueues race, and the worker holds it until it returns.
-    first = enqueue("qa.sleep", {"seconds": 2.0}, queue=queue, unique=key)
-    worker = run_worker([queue], lease=1.5, poll_interval=0.05)
-    wait_until(lambda: states(queue)[0][1] == "running")
+    first, worker = start_running(run_worker, "qa.sleep", {"seconds": 2.0}, queue, key)
     result = wave(16, lambda n: enqueue("qa.sleep", {"seconds": 0.05}, queue=queue, unique=key))
     assert len(result.committed) == 8
     rows = states(queue)
@@ -135,9 +145,7 @@ def test_concurrent_enqueues_while_one_runs_leave_one_job_that_never_overlaps_it
 def test_a_handler_that_checks_stops_and_the_new_job_runs(run_worker):
     queue = "cr-stop"
     key = Unique.cancel_running("k")
-    first = enqueue("qa.cancellable", {"seconds": 60}, queue=queue, unique=key)
-    worker = run_worker([queue], lease=1.5, poll_interval=0.05)
-    wait_until(lambda: states(queue)[0][1] == "running")
+    first, worker = start_running(run_worker, "qa.cancellable", {"seconds": 60}, queue, key)
     second = enqueue("qa.noop", queue=queue, unique=key)
     wait_until(lambda: [s for _, s, _ in states(queue)] == ["cancelled", "completed"])
     worker.stop()
