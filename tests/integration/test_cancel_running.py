@@ -8,13 +8,17 @@ job from overlapping the cancelled one.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from django.db import transaction
 
-from django_pgqueue import EnqueuedJob, EnqueueError, Unique, enqueue
+from django_pgqueue import EnqueuedJob, EnqueueError, Unique, enqueue, handler
+from django_pgqueue.registry import registry
 from tests.conftest import sql
 from tests.integration.test_unique_races import HANG_GUARD, wave
 
@@ -99,37 +103,67 @@ def test_a_cancel_running_key_takes_no_sequence_of_its_own():
         enqueue("qa.noop", queue="cr3", unique=Unique.cancel_running("k"), sequence="s")
 
 
-def test_concurrent_enqueues_while_one_runs_leave_one_job_that_never_overlaps_it(run_worker):
+@dataclass(frozen=True)
+class Stubborn:
+    gate: threading.Event  # set: the handler returns
+    heard: threading.Event  # set by the handler once it heard the cancel request
+
+
+@pytest.fixture
+def stubborn(monkeypatch: Any) -> Iterator[Stubborn]:
+    """The job type "cr.stubborn": its handler records its run in the ledger, notes when
+    it hears a cancel request (`heard`), and ignores it until the test sets `gate` (or
+    the test ends)."""
+    from qa.jobs import RELEASE, _ledger_end, _ledger_start  # the test project's, with Django
+
+    monkeypatch.setattr(registry, "_handlers", dict(registry._handlers))
+    events = Stubborn(threading.Event(), threading.Event())
+    gate, heard = events.gate, events.heard
+
+    @handler("cr.stubborn")
+    def stubborn_job(ctx: Any) -> None:
+        entry = _ledger_start(ctx)
+        while not gate.wait(0.01) and not RELEASE.is_set():
+            if ctx.cancel_requested():
+                heard.set()
+        _ledger_end(entry)
+
+    yield events
+    gate.set()
+
+
+def test_concurrent_enqueues_while_one_runs_leave_one_job_that_never_overlaps_it(
+    run_worker, stubborn
+):
     queue = "cr-race"
     key = Unique.cancel_running("tenant-1")
-    # The running job ignores the request for its 2 s: its code keeps running while
-    # the enqueues race, and the worker holds it until it returns.
-    first, worker = start_running(run_worker, "qa.sleep", {"seconds": 2.0}, queue, key)
+    # The running job ignores the request until the test lets it go: its code keeps
+    # running while the enqueues race, and the worker holds it until it returns.
+    first, worker = start_running(run_worker, "cr.stubborn", None, queue, key)
     result = wave(16, lambda n: enqueue("qa.sleep", {"seconds": 0.05}, queue=queue, unique=key))
     assert len(result.committed) == 8
-    rows = states(queue)
-    live = [(job_id, status) for job_id, status, _ in rows if status in ("pending", "waiting")]
     # Exactly one job of the wave is left: the last committed (ids are drawn under the
-    # key's lock, in commit order), waiting while the first job's code runs.
+    # key's lock, in commit order), waiting while the first job's code runs; the rest
+    # are cancelled.
     survivor = max(result.ids())
-    first_state = rows[0]
-    assert first_state[0] == first.id
-    if first_state[1] == "running":
-        assert first_state[2], "the running job was not asked to stop"
-        assert live == [(survivor, "waiting")]
-    else:  # its 2 s ended already (a slow machine): it ended cancelled, the survivor is due
-        assert first_state[1:] == ("cancelled", True)
-        assert [job_id for job_id, _ in live] == [survivor]
-    assert {status for job_id, status, _ in rows if job_id not in (first.id, survivor)} == {
-        "cancelled"
-    }
+    rows = states(queue)
+    assert rows[0] == (first.id, "running", True)
+    assert [(job_id, status) for job_id, status, _ in rows[1:] if status != "cancelled"] == [
+        (survivor, "waiting")
+    ]
+    assert len(rows) == 1 + len(result.committed)
+    # The worker told the handler; its code still runs, so the survivor still waits.
+    assert stubborn.heard.wait(HANG_GUARD)
+    assert {j: s for j, s, _ in states(queue)}[survivor] == "waiting"
+    assert sql("SELECT count(*) FROM queue_attempts WHERE job_id = %s", [survivor]) == [(0,)]
+    stubborn.gate.set()
     wait_until(lambda: {j: s for j, s, _ in states(queue)}[survivor] == "completed")
     worker.stop()
     final = states(queue)
     assert [(job_id, status) for job_id, status, _ in final if status != "cancelled"] == [
         (survivor, "completed")
     ]
-    assert (final[0][1], final[0][2]) == ("cancelled", True)
+    assert final[0] == (first.id, "cancelled", True)
     # The code of the two jobs that ran (the ledger's clock_timestamp at their start and
     # end) never overlapped: the survivor started after the cancelled code returned.
     ran = sql(
