@@ -114,7 +114,9 @@ def stubborn(monkeypatch: Any) -> Iterator[Stubborn]:
     """The job type "cr.stubborn": its handler records its run in the ledger, notes when
     it hears a cancel request (`heard`), and ignores it until the test sets `gate` (or
     the test ends)."""
-    from qa.jobs import RELEASE, _ledger_end, _ledger_start  # the test project's, with Django
+    # The test project's, loaded with Django.
+    from qa.jobs import RELEASE
+    from qa.ledger import ledger_end, ledger_start
 
     monkeypatch.setattr(registry, "_handlers", dict(registry._handlers))
     events = Stubborn(threading.Event(), threading.Event())
@@ -122,11 +124,11 @@ def stubborn(monkeypatch: Any) -> Iterator[Stubborn]:
 
     @handler("cr.stubborn")
     def stubborn_job(ctx: Any) -> None:
-        entry = _ledger_start(ctx)
+        entry = ledger_start(ctx)
         while not gate.wait(0.01) and not RELEASE.is_set():
             if ctx.cancel_requested():
                 heard.set()
-        _ledger_end(entry)
+        ledger_end(entry)
 
     yield events
     gate.set()
