@@ -62,15 +62,17 @@ class Wake(threading.Event):
         try:
             # Set before the look at the flag: a `set` after the look writes the pair.
             self._selecting = True
-            while not self.is_set() and not lender.read():
+            # Every read of the socket takes in all it holds: what is not read yet is
+            # still in the socket, and makes it readable.
+            while not self.is_set():
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
                     ready, _, _ = select.select([lent, self._recv], [], [], left)
                 except (OSError, ValueError):  # the socket is gone: the read says so
                     lender.read()
                     break
-                if lent not in ready:
-                    break  # set, or the time is up
+                if lent not in ready or lender.read():
+                    break  # set, the time is up, or a NOTIFY for the worker
         finally:
             self._selecting = False
             lender.give_back()
