@@ -208,6 +208,11 @@ class Listener:
         its wait; None if it is not lendable now."""
         if not self._lendable or not self._using.acquire(blocking=False):
             return None
+        if self.turn is not None and not self.room():
+            # It gives its turn up (see `full`): the listener's thread takes the
+            # connection back at once, without waking this wait to end it.
+            self._using.release()
+            return None
         if self._lendable:
             return self._fd
         self._using.release()

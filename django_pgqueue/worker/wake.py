@@ -43,10 +43,12 @@ class Wake(threading.Event):
         self._recv.setblocking(False)
         self._send.setblocking(False)
         self._selecting = False  # a wait is on the socket pair: `set` writes to it
+        self._written = False  # `set` wrote to it since the last wait's end
 
     def set(self) -> None:
         super().set()
         if self._selecting:
+            self._written = True
             with contextlib.suppress(OSError):  # full (the wait wakes anyway), or closed
                 self._send.send(b"\0")
 
@@ -76,7 +78,9 @@ class Wake(threading.Event):
         finally:
             self._selecting = False
             lender.give_back()
-            _drain(self._recv)
+            if self._written:  # else nothing to read: no system call for it
+                self._written = False
+                _drain(self._recv)
         return self.is_set()
 
     def close(self) -> None:
