@@ -135,6 +135,7 @@ class Listener:
         """LISTEN, then look at every queue: notifications sent before were not heard."""
         try:
             store.listen()
+            self._fd = store.fileno()
         except DatabaseUnavailable as exc:
             logger.warning("listener: %s", exc)
             self._give_up_turn()
@@ -147,7 +148,6 @@ class Listener:
             return
         self.claims.notify(self.config.queues)
         self.claims.listening = True
-        self._fd = store.fileno()
         self._lendable = True
         self.wake.set()
 
