@@ -304,7 +304,9 @@ SELECT claimed.*, cursor.last_key, cursor.resume
 FROM cursor
 -- a row, its job columns NULL, when no job is taken: it still carries the cursor
 LEFT JOIN LATERAL pgqueue_claim(
-    ARRAY(SELECT job_id FROM taken UNION ALL SELECT job_id FROM unkeyed),
+    -- in turn order: the attempts are opened, and the rows returned, in this order
+    ARRAY(SELECT taken.job_id FROM taken ORDER BY taken.turn, taken.depth)
+    || ARRAY(SELECT unkeyed.job_id FROM unkeyed),
     %(queue)s::text, %(worker_id)s::text, %(lease)s::float8, NULL
 ) AS claimed ON true;
 
