@@ -142,6 +142,15 @@ def test_the_next_claim_starts_after_the_key_served_last(fair, stores):
     assert [claim(store, "fq2", 1)[0] for _ in range(7)] == list("abcabca")
 
 
+def test_the_walk_comes_round_to_the_key_of_jobs_without_a_fairness_key(fair, stores):
+    # Their key is "", before every other: each round of the walk starts from it, also
+    # when the worker resumes it (the claims of one worker, within FAIR_RESUME_TTL).
+    enqueue_many([("qa.noop", n) for n in range(3)], queue="fq2")
+    enqueue_many([JobSpec("qa.noop", fairness_key="b") for _ in range(3)], queue="fq2")
+    store = fair_store(stores)
+    assert [claim(store, "fq2", 1)[0] for _ in range(6)] == ["", "b"] * 3
+
+
 def test_priority_orders_the_jobs_within_a_key(fair, stores):
     low = enqueue("qa.noop", queue="fq2", fairness_key="a", priority=-5)
     high = enqueue("qa.noop", queue="fq2", fairness_key="a", priority=5)
