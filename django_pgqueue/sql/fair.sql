@@ -33,7 +33,10 @@ SELECT set_config('enable_seqscan', 'off', true),
 -- walk: the keys with pending jobs, in key order, one index probe each on
 -- queue_job_state_fair_idx (a skip scan: the next key after this one, below the next
 -- resumed key, which is stepped onto unprobed), at most `keys` of them, so a claim
--- reads a bounded part of the index however many keys there are.
+-- reads a bounded part of the index however many keys there are. Each step is the same
+-- probe after a bound: the key walked last, then, past the last key, the key "" (the
+-- round from the first key; "" itself, the key of jobs enqueued without one, is
+-- probed apart: no bound sorts before it); the walk ends on coming round to `after`.
 -- candidates: each key's first jobs in claim order (priority, due time, id), locked
 -- FOR UPDATE SKIP LOCKED as job_claim locks (a job another claim holds is passed over,
 -- so two workers serving one key take different jobs), numbered into turns: a key of
