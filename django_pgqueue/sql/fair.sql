@@ -33,7 +33,10 @@ SELECT set_config('enable_seqscan', 'off', true),
 -- walk: the keys with pending jobs, in key order, one index probe each on
 -- queue_job_state_fair_idx (a skip scan: the next key after this one, below the next
 -- resumed key, which is stepped onto unprobed), at most `keys` of them, so a claim
--- reads a bounded part of the index however many keys there are.
+-- reads a bounded part of the index however many keys there are. Each step is the same
+-- probe after a bound: the key walked last, then, past the last key, the key "" (the
+-- round from the first key; "" itself, the key of jobs enqueued without one, is
+-- probed apart: no bound sorts before it); the walk ends on coming round to `after`.
 -- candidates: each key's first jobs in claim order (priority, due time, id), locked
 -- FOR UPDATE SKIP LOCKED as job_claim locks (a job another claim holds is passed over,
 -- so two workers serving one key take different jobs), numbered into turns: a key of
@@ -64,109 +67,74 @@ WITH RECURSIVE steps (fair_key, depth, wrapped) AS (
     SELECT next.fair_key, steps.depth + 1, next.wrapped
     FROM steps
     CROSS JOIN LATERAL (
-        SELECT step.fair_key, step.wrapped
+        SELECT probe.fair_key, start.wrapped
         FROM (
-            (SELECT probe.fair_key, steps.wrapped AS wrapped
-             FROM (
-                 SELECT resumed.key, %(resume)s::jsonb -> resumed.key AS at
-                 FROM (
-                     SELECT min(k.key) AS key
-                     FROM jsonb_object_keys(%(resume)s::jsonb) AS k (key)
-                     WHERE k.key > steps.fair_key
-                 ) AS resumed
-             ) AS resumed
-             CROSS JOIN LATERAL (
-                 (SELECT s.fair_key
-                  FROM queue_job_state AS s
-                  WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                    AND s.fair_key IS NOT NULL
-                    AND s.fair_key > steps.fair_key
-                    AND s.fair_key < resumed.key
-                  ORDER BY s.fair_key
-                  LIMIT 1)
-                 UNION ALL
-                 -- the next resumed key, if it has a job after where the last claim stopped
-                 SELECT resumed.key
-                 WHERE EXISTS (
-                     SELECT FROM queue_job_state AS s
-                     WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                       AND s.fair_key = resumed.key
-                       AND s.priority = (resumed.at ->> 0)::smallint
-                       AND (s.run_at, s.job_id)
-                           > ((resumed.at ->> 1)::timestamptz, (resumed.at ->> 2)::bigint)
-                 )
-                 UNION ALL
-                 (SELECT s.fair_key
-                  FROM queue_job_state AS s
-                  WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                    AND s.fair_key IS NOT NULL AND s.fair_key >= resumed.key
-                  ORDER BY s.fair_key
-                  LIMIT 1)
-                 UNION ALL
-                 -- no resumed key ahead
-                 (SELECT s.fair_key
-                  FROM queue_job_state AS s
-                  WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                    AND s.fair_key IS NOT NULL
-                    AND s.fair_key > steps.fair_key
-                    AND resumed.key IS NULL
-                  ORDER BY s.fair_key
-                  LIMIT 1)
-                 LIMIT 1
-             ) AS probe)
+            -- after the key walked last; past the last key, round to the first, once
+            SELECT steps.fair_key AS after, steps.wrapped, false AS first
             UNION ALL
-            -- past the last key: round to the first, once
-            (SELECT probe.fair_key, true AS wrapped
-             FROM (
-                 SELECT resumed.key, %(resume)s::jsonb -> resumed.key AS at
-                 FROM (
-                     SELECT min(k.key) AS key
-                     FROM jsonb_object_keys(%(resume)s::jsonb) AS k (key)
-                 ) AS resumed
-             ) AS resumed
-             CROSS JOIN LATERAL (
-                 (SELECT s.fair_key
-                  FROM queue_job_state AS s
+            SELECT '', true, true WHERE NOT steps.wrapped
+        ) AS start
+        CROSS JOIN LATERAL (
+            SELECT min(k.key) AS key
+            FROM jsonb_object_keys(%(resume)s::jsonb) AS k (key)
+            WHERE k.key > start.after OR start.first
+        ) AS resumed
+        CROSS JOIN LATERAL (
+            -- from the first key: the key "" (no key sorts before it), unless resumed
+            SELECT ''::text AS fair_key
+            WHERE start.first AND resumed.key IS DISTINCT FROM ''
+              AND EXISTS (
+                  SELECT FROM queue_job_state AS s
                   WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                    AND s.fair_key IS NOT NULL AND NOT steps.wrapped
-                    AND s.fair_key < resumed.key
-                  ORDER BY s.fair_key
-                  LIMIT 1)
-                 UNION ALL
-                 -- the next resumed key, if it has a job after where the last claim stopped
-                 SELECT resumed.key
-                 WHERE EXISTS (
-                     SELECT FROM queue_job_state AS s
-                     WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                       AND s.fair_key = resumed.key AND NOT steps.wrapped
-                       AND s.priority = (resumed.at ->> 0)::smallint
-                       AND (s.run_at, s.job_id)
-                           > ((resumed.at ->> 1)::timestamptz, (resumed.at ->> 2)::bigint)
-                 )
-                 UNION ALL
-                 (SELECT s.fair_key
-                  FROM queue_job_state AS s
-                  WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                    AND s.fair_key IS NOT NULL AND NOT steps.wrapped AND s.fair_key >= resumed.key
-                  ORDER BY s.fair_key
-                  LIMIT 1)
-                 UNION ALL
-                 -- no resumed key ahead
-                 (SELECT s.fair_key
-                  FROM queue_job_state AS s
-                  WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                    AND s.fair_key IS NOT NULL AND NOT steps.wrapped
-                    AND resumed.key IS NULL
-                  ORDER BY s.fair_key
-                  LIMIT 1)
-                 LIMIT 1
-             ) AS probe)
+                    AND s.fair_key = ''
+              )
+            UNION ALL
+            (SELECT s.fair_key
+             FROM queue_job_state AS s
+             WHERE s.queue = %(queue)s::text AND s.status = 'pending'
+               AND s.fair_key IS NOT NULL
+               AND s.fair_key > start.after
+               AND s.fair_key < resumed.key
+             ORDER BY s.fair_key
+             LIMIT 1)
+            UNION ALL
+            -- the next resumed key, if it has a job after where the last claim stopped
+            SELECT resumed.key
+            WHERE EXISTS (
+                SELECT FROM queue_job_state AS s
+                WHERE s.queue = %(queue)s::text AND s.status = 'pending'
+                  AND s.fair_key = resumed.key
+                  AND s.priority = (%(resume)s::jsonb -> resumed.key ->> 0)::smallint
+                  AND (s.run_at, s.job_id)
+                      > ((%(resume)s::jsonb -> resumed.key ->> 1)::timestamptz,
+                         (%(resume)s::jsonb -> resumed.key ->> 2)::bigint)
+            )
+            UNION ALL
+            (SELECT s.fair_key
+             FROM queue_job_state AS s
+             WHERE s.queue = %(queue)s::text AND s.status = 'pending'
+               AND s.fair_key IS NOT NULL AND s.fair_key >= resumed.key
+             ORDER BY s.fair_key
+             LIMIT 1)
+            UNION ALL
+            -- no resumed key ahead
+            (SELECT s.fair_key
+             FROM queue_job_state AS s
+             WHERE s.queue = %(queue)s::text AND s.status = 'pending'
+               AND s.fair_key IS NOT NULL
+               AND s.fair_key > start.after
+               AND resumed.key IS NULL
+             ORDER BY s.fair_key
+             LIMIT 1)
             LIMIT 1
-        ) AS step
+        ) AS probe
         -- round again only up to the key the walk started after
-        WHERE NOT step.wrapped OR %(after)s::text IS NULL OR step.fair_key <= %(after)s::text
+        WHERE NOT start.wrapped OR %(after)s::text IS NULL OR probe.fair_key <= %(after)s::text
+        LIMIT 1
     ) AS next
     WHERE steps.depth < %(keys)s::integer
+      -- come round to the key the walk started after: no key is left to walk
+      AND (NOT steps.wrapped OR %(after)s::text IS NULL OR steps.fair_key < %(after)s::text)
 ), walk AS MATERIALIZED (
     SELECT steps.fair_key, steps.depth, steps.wrapped FROM steps WHERE steps.depth > 0
 ), turns AS MATERIALIZED (
@@ -304,7 +272,9 @@ SELECT claimed.*, cursor.last_key, cursor.resume
 FROM cursor
 -- a row, its job columns NULL, when no job is taken: it still carries the cursor
 LEFT JOIN LATERAL pgqueue_claim(
-    ARRAY(SELECT job_id FROM taken UNION ALL SELECT job_id FROM unkeyed),
+    -- in turn order: the attempts are opened, and the rows returned, in this order
+    ARRAY(SELECT taken.job_id FROM taken ORDER BY taken.turn, taken.depth)
+    || ARRAY(SELECT unkeyed.job_id FROM unkeyed),
     %(queue)s::text, %(worker_id)s::text, %(lease)s::float8, NULL
 ) AS claimed ON true;
 
