@@ -43,6 +43,6 @@ NEW_CLAIM = (
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_pgqueue", "0025_started_steps_stay_run")]
+    dependencies = [("django_pgqueue", "0027_cancel_in_progress")]
 
     operations = [migrations.RunSQL(sql=NEW_CLAIM, reverse_sql=OLD_CLAIM)]
