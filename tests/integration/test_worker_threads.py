@@ -264,23 +264,51 @@ def test_a_refused_listen_does_not_end_the_listener(run_worker, monkeypatch):
     assert len(calls) == 2
 
 
-def _claim_transactions() -> int:
-    """How many transactions inserted the attempts: one per claim statement."""
-    return sql("SELECT count(DISTINCT xmin::text) FROM queue_attempts")[0][0]
+def _claim_transactions(queue: str, jobs: int) -> int:
+    """How many transactions opened the queue's attempts: one per claim statement.
+
+    Read while every handler is held: a completion rewrites its attempt's row (a new
+    xmin), and completions flushed together would read as one claim.
+    """
+
+    def opened() -> int:
+        return sql(
+            "SELECT count(*) FROM queue_attempts a"
+            " JOIN queue_job_state s USING (job_id) WHERE s.queue = %s",
+            [queue],
+        )[0][0]
+
+    wait_until(lambda: opened() == jobs, timeout=120)
+    return sql(
+        "SELECT count(DISTINCT a.xmin::text) FROM queue_attempts a"
+        " JOIN queue_job_state s USING (job_id) WHERE s.queue = %s",
+        [queue],
+    )[0][0]
 
 
 def test_without_a_batch_size_one_claim_fills_every_free_thread(run_worker):
-    enqueue_many([("qa.noop", None)] * 16, queue="fill")
-    run_worker(["fill"], concurrency=16, burst=True).join()
+    RELEASE.clear()
+    enqueue_many([("test.held_until_released", None)] * 16, queue="fill")
+    worker = run_worker(["fill"], concurrency=16, burst=True)
+    try:
+        claims = _claim_transactions("fill", 16)
+    finally:
+        RELEASE.set()
+    worker.join()
     assert JobState.objects.filter(queue="fill", status="completed").count() == 16
-    assert _claim_transactions() == 1
+    assert claims == 1
 
 
 def test_a_batch_size_set_in_the_settings_still_caps_the_claim(run_worker, settings):
     settings.PGQUEUE = {**settings.PGQUEUE, "BATCH_SIZE": 10}
-    enqueue_many([("qa.noop", None)] * 16, queue="capped")
+    RELEASE.clear()
+    enqueue_many([("test.held_until_released", None)] * 16, queue="capped")
     worker = run_worker(["capped"], concurrency=16, burst=True)
+    try:
+        claims = _claim_transactions("capped", 16)
+    finally:
+        RELEASE.set()
     worker.join()
     assert worker.worker.config.batch_size == 10
     assert JobState.objects.filter(queue="capped", status="completed").count() == 16
-    assert _claim_transactions() == 2
+    assert claims == 2
