@@ -22,6 +22,13 @@ except ImportError:  # Django 5.2: the backport, if installed
     except ImportError:
         Task = None  # type: ignore[assignment,misc]
 
+# What an import that needs Django's Tasks framework says when neither is installed.
+NO_TASKS_FRAMEWORK = (
+    "django_pgqueue's Tasks backend needs Django's Tasks framework: Django 6.0 or newer, "
+    "or on Django 5.2 the backport (pip install 'django-pgqueue-jobs[django52]', which "
+    "installs django-tasks)."
+)
+
 # A task's module path, as Task.module_path spells it for a module-level function.
 # \A and \Z: `$` would also match before a trailing newline.
 TASK_PATH_RE = re.compile(r"\A[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\Z", re.ASCII)
@@ -34,11 +41,7 @@ def import_task(path: str) -> Task | None:
     exists (a bug in it) propagates.
     """
     if Task is None:
-        raise ImportError(
-            "django_pgqueue's Tasks backend needs Django's Tasks framework: Django 6.0 or "
-            "newer, or on Django 5.2 the backport (pip install 'django-pgqueue-jobs[django52]', "
-            "which installs django-tasks)."
-        )
+        raise ImportError(NO_TASKS_FRAMEWORK)
     if not TASK_PATH_RE.match(path):
         return None
     module_name, _, attribute = path.rpartition(".")

@@ -156,13 +156,7 @@ class QueueControlAdmin(admin.ModelAdmin):
     ) -> HttpResponse:
         conf = get_settings()
         selected = admin_database(request)
-        controlled = {
-            (alias, queue)
-            for alias in conf.queue_databases
-            for queue in QueueControl.objects.using(conf.read_database(alias)).values_list(
-                "queue", flat=True
-            )
-        }
+        controlled = controlled_queues()
         read = overview(request)
         figures = {(f.database, f.queue): f for f in read.queues}
         names = set(known_queues(request)) | {queue for _, queue in figures}
@@ -220,13 +214,7 @@ class QueueControlAdmin(admin.ModelAdmin):
         if obj is not None:
             return form
         conf = get_settings()
-        controlled = {
-            (alias, queue)
-            for alias in conf.queue_databases
-            for queue in QueueControl.objects.using(conf.read_database(alias)).values_list(
-                "queue", flat=True
-            )
-        }
+        controlled = controlled_queues()
         choices = {q for q in known_queues(request) if (conf.database_for(q), q) not in controlled}
         wanted = request.GET.get("queue") or request.POST.get("queue")
         if wanted:
@@ -354,4 +342,16 @@ def _other_queue(queue: str, database: str, figures: Any) -> dict[str, Any]:
         "running": figures.running,
         "dead": figures.dead,
         "dead_capped": figures.dead_capped,
+    }
+
+
+def controlled_queues() -> set[tuple[str, str]]:
+    """(database alias, queue) of every queue with a controls row, on every queue database."""
+    conf = get_settings()
+    return {
+        (alias, queue)
+        for alias in conf.queue_databases
+        for queue in QueueControl.objects.using(conf.read_database(alias)).values_list(
+            "queue", flat=True
+        )
     }

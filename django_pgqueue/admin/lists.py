@@ -103,23 +103,35 @@ def unfiltered(request: HttpRequest) -> bool:
     return not set(request.GET) - {PAGE_VAR, ORDER_VAR}
 
 
-class QueueFilter(admin.SimpleListFilter):
-    """Every known queue (`known_queues`), not a DISTINCT scan; the one asked for too."""
+class _NameFilter(admin.SimpleListFilter):
+    """A filter by one name column (`parameter_name`): the names `names` knows, sorted,
+    and the one asked for."""
 
-    title = "queue"
-    parameter_name = "queue"
+    def names(self, request: HttpRequest) -> set[str]:
+        raise NotImplementedError
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = set(known_queues(request))
+        names = self.names(request)
         if self.value():
             names.add(self.value())
         return [(name, name) for name in sorted(names)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(queue=self.value()) if self.value() else queryset
+        value = self.value()
+        return queryset.filter(**{self.parameter_name: value}) if value else queryset
 
 
-class TypeFilter(admin.SimpleListFilter):
+class QueueFilter(_NameFilter):
+    """Every known queue (`known_queues`), not a DISTINCT scan; the one asked for too."""
+
+    title = "queue"
+    parameter_name = "queue"
+
+    def names(self, request: HttpRequest) -> set[str]:
+        return set(known_queues(request))
+
+
+class TypeFilter(_NameFilter):
     """Registered job types and those of the jobs (``@task`` paths too), and the one asked for.
 
     The jobs' types come from a skip scan of the type index, one probe per type.
@@ -128,16 +140,9 @@ class TypeFilter(admin.SimpleListFilter):
     title = "type"
     parameter_name = "type"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+    def names(self, request: HttpRequest) -> set[str]:
         registry.autodiscover()
-        names = set(registry.types())
-        names.update(known_names(request)[0])
-        if self.value():
-            names.add(self.value())
-        return [(name, name) for name in sorted(names)]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(type=self.value()) if self.value() else queryset
+        return set(registry.types()) | set(known_names(request)[0])
 
 
 def positive_id(raw: str) -> int | None:

@@ -54,11 +54,7 @@ class DurableRun:
     def _checkpoint(self, name: Any, kind: str) -> tuple[str, Any] | None:
         """The stored checkpoint of step `name` (None: it has none), after checking the
         name and that it is used once in this run with one kind."""
-        if not isinstance(name, str) or not 0 < len(name) <= NAME_LIMIT or "\x00" in name:
-            raise ValueError(
-                f"a step's name must be a string of 1 to {NAME_LIMIT} characters without "
-                f"NUL, got {name!r}"
-            )
+        name = _bounded_name(name, "a step's name")
         if name in self._used:
             raise ValueError(
                 f"the step {name!r} ran twice in one run of job #{self.ctx.job_id}: each step "
@@ -240,9 +236,14 @@ class DurableRun:
 
 def event_key(key: Any) -> str:
     """`key` if it is a valid event key (1 to 200 characters, no NUL), else ValueError."""
-    if not isinstance(key, str) or not 0 < len(key) <= NAME_LIMIT or "\x00" in key:
+    return _bounded_name(key, "an event key")
+
+
+def _bounded_name(value: Any, what: str) -> str:
+    """`value` if it is a string of 1 to NAME_LIMIT characters (the step and event tables'
+    CHECKs) without NUL (which text cannot hold), else ValueError naming `what` it is."""
+    if not isinstance(value, str) or not 0 < len(value) <= NAME_LIMIT or "\x00" in value:
         raise ValueError(
-            f"an event key must be a string of 1 to {NAME_LIMIT} characters without NUL, "
-            f"got {key!r}"
+            f"{what} must be a string of 1 to {NAME_LIMIT} characters without NUL, got {value!r}"
         )
-    return key
+    return value

@@ -16,6 +16,8 @@ from django.db import models
 from django.db.models import Q, Value
 from django.db.models.functions import Cast, Now
 
+from .jobs import queue_name_column, type_name_column
+
 
 class TimestampArray(models.Field):
     """A timestamptz[] column, without requiring django.contrib.postgres."""
@@ -59,7 +61,7 @@ class QueueControl(RateWindow):
     settings overwrite the limits only when they change (see control/store.py).
     """
 
-    queue = models.CharField(max_length=63, primary_key=True)
+    queue = queue_name_column(primary_key=True)
     paused = models.BooleanField(db_default=False)
     concurrency_limit = models.IntegerField(null=True, blank=True)
     key_limit = models.IntegerField(db_default=1)
@@ -92,8 +94,8 @@ class QueueTypeControl(RateWindow):
     key_limit means the queue's; NULL rate_count means no rate of its own.
     """
 
-    queue = models.CharField(max_length=63)
-    type = models.CharField(max_length=255)
+    queue = queue_name_column()
+    type = type_name_column()
     key_limit = models.IntegerField(null=True, blank=True)
 
     class Meta:

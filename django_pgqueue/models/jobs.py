@@ -26,6 +26,8 @@ message names the invariant that was broken.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -87,10 +89,21 @@ def job_reference(
     )
 
 
+def queue_name_column(**options: Any) -> models.CharField:
+    """The column that names a queue, in every table that has one: 1 to 63 characters
+    (`validators.QUEUE_NAME_RE`)."""
+    return models.CharField(max_length=63, **options)
+
+
+def type_name_column(**options: Any) -> models.CharField:
+    """The column that names a job type: 1 to 255 characters (`validators.TYPE_NAME_RE`)."""
+    return models.CharField(max_length=255, **options)
+
+
 class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
-    queue = models.CharField(max_length=63)
-    type = models.CharField(max_length=255)
+    queue = queue_name_column()
+    type = type_name_column()
     payload = models.JSONField()
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())
@@ -137,7 +150,7 @@ UNIQUE_HELD = (
 
 class JobState(models.Model):
     job = one_row_per_job(related_name="state")
-    queue = models.CharField(max_length=63)
+    queue = queue_name_column()
     status = models.CharField(max_length=16, choices=Status.choices, db_default=Status.PENDING)
     priority = models.SmallIntegerField(db_default=0)
     run_at = models.DateTimeField(db_default=Now())

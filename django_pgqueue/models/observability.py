@@ -13,6 +13,8 @@ from typing import Any
 from django.db import models
 from django.db.models.functions import Now
 
+from .jobs import queue_name_column
+
 
 class IntegerArrayField(models.Field):  # type: ignore[type-arg]
     """An ``integer[]`` column, without needing django.contrib.postgres in INSTALLED_APPS."""
@@ -106,7 +108,7 @@ class MinuteStats(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     minute = models.DateTimeField()
-    queue = models.CharField(max_length=63)
+    queue = queue_name_column()
     completed = models.IntegerField(db_default=0)
     retried = models.IntegerField(db_default=0)
     dead = models.IntegerField(db_default=0)

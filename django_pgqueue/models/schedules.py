@@ -20,6 +20,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from .jobs import queue_name_column, type_name_column
+
 
 class CatchUp(models.TextChoices):
     ONCE = "once", "once for the whole gap"
@@ -34,8 +36,8 @@ class Source(models.TextChoices):
 
 class Schedule(models.Model):
     name = models.CharField(max_length=100, primary_key=True)
-    type = models.CharField(max_length=255, help_text="The job type each tick enqueues.")
-    queue = models.CharField(max_length=63, default="default")
+    type = type_name_column(help_text="The job type each tick enqueues.")
+    queue = queue_name_column(default="default")
     # NULL, not '': the CHECK says a schedule has exactly one of cron and every.
     cron = models.CharField(
         max_length=255,

@@ -13,10 +13,12 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from .jobs import queue_name_column
+
 
 class Sequence(models.Model):
     id = models.BigAutoField(primary_key=True)
-    queue = models.CharField(max_length=63)
+    queue = queue_name_column()
     sequence_key = models.CharField(max_length=255)
     # The job whose turn it is (pending, running, parked, or dead and holding the rest
     # back); NULL: none unfinished.

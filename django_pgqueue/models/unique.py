@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from django.db import models
 
+from .jobs import queue_name_column
+
 
 class UniqueKey(models.Model):
     id = models.BigAutoField(primary_key=True)
-    queue = models.CharField(max_length=63)
+    queue = queue_name_column()
     unique_key = models.CharField(max_length=255)
     # The job that took the key last; it may have been pruned since.
     job_id = models.BigIntegerField()

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from django.db import models
 
+from .jobs import queue_name_column
+
 
 class JobWaiter(models.Model):
     id = models.BigAutoField(primary_key=True)
     job_id = models.BigIntegerField()
-    queue = models.CharField(max_length=63)  # the NOTIFY's payload: never job data
+    queue = queue_name_column()  # the NOTIFY's payload: never job data
     expires_at = models.DateTimeField()
 
     class Meta:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..task_paths import NO_TASKS_FRAMEWORK
+
 try:
     from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
     from django.tasks.backends.base import BaseTaskBackend
@@ -47,11 +49,7 @@ except ImportError:  # Django 5.2: the backport
         DEFAULT_TASK_QUEUE_NAME = "default"  # type: ignore[misc]
         SOURCE = "django_tasks"
     except ImportError as exc:
-        raise ImportError(
-            "django_pgqueue's Tasks backend needs Django's Tasks framework: Django 6.0 or "
-            "newer, or on Django 5.2 the backport (pip install 'django-pgqueue-jobs[django52]', "
-            "which installs django-tasks)."
-        ) from exc
+        raise ImportError(NO_TASKS_FRAMEWORK) from exc
 
 try:  # Django 6.0+: what a task's return value becomes before it is stored
     from django.utils.json import normalize_json

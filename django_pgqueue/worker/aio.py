@@ -39,6 +39,7 @@ from ..exceptions import SoftTimeLimitExceeded
 from ..outcomes import Interrupted, Outcome, Retry
 from .loopwatch import LAG_PROBE, Watchdog
 from .observing import AsyncRun, athrough
+from .pool import drain
 
 logger = logging.getLogger(__name__)
 
@@ -133,12 +134,7 @@ class AsyncPool:
     def finished(self) -> list[tuple[ClaimedJob, Outcome]]:
         """(job, outcome) of the jobs whose tasks ended since the last call."""
         self._signalled = False  # before the drain: an outcome put meanwhile wakes again
-        out = []
-        while True:
-            try:
-                out.append(self._outcomes.get_nowait())
-            except queue_module.Empty:
-                break
+        out = drain(self._outcomes)
         self.in_flight -= len(out)
         return out
 

@@ -319,15 +319,9 @@ class Worker:
                 self._store.connect()
             self._writer.resolve_uncertain()
             dispatcher.write_outcomes()
-        except DatabaseUnavailable as exc:
-            self._unreachable = True
-            logger.warning(
-                "shutdown: could not write %d outcome(s) (%s); their leases will expire and "
-                "the sweep will requeue them",
-                self._writer.backlog(),
-                exc,
-            )
-        except psycopg.Error as exc:
+        except (DatabaseUnavailable, psycopg.Error) as exc:
+            if isinstance(exc, DatabaseUnavailable):
+                self._unreachable = True
             logger.warning(
                 "shutdown: could not write %d outcome(s) (%s); their leases will expire and "
                 "the sweep will requeue them",

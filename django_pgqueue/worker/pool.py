@@ -130,7 +130,7 @@ class HandlerPool:
     def finished(self) -> list[tuple[ClaimedJob, Outcome]]:
         """The outcomes of the handlers that ended since the last call, each job's once
         (not one the worker's shutdown recorded already)."""
-        returned = _drain(self._outcomes)
+        returned = drain(self._outcomes)
         fresh = [(item, outcome) for item, outcome in returned if not item.resolved]
         for item, _ in fresh:
             item.resolved = True
@@ -332,8 +332,8 @@ class HandlerPool:
         self.wake_mark.returned()
 
 
-def _drain(outcomes: queue_module.SimpleQueue[Returned]) -> list[Returned]:
-    """Everything on the queue now."""
+def drain(outcomes: queue_module.SimpleQueue[Returned]) -> list[Returned]:
+    """Everything on an outcomes queue now (the handler threads' or the event loop's)."""
     returned = []
     with contextlib.suppress(queue_module.Empty):
         while True:

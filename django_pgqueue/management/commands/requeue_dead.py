@@ -17,7 +17,6 @@ from django_pgqueue.management.options import (
     add_database_option,
     database_option,
 )
-from django_pgqueue.validators import is_queue_name, is_type_name
 
 
 def parse_since(text: str) -> dt.datetime | dt.timedelta:
@@ -64,16 +63,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         queue, type_ = options["queue"], options["type"]
-        if queue is not None and not is_queue_name(queue):
-            raise CommandError(
-                f"--queue: {queue!r} is not a queue name (1 to 63 letters, digits, '_', '.', "
-                "':' or '-', starting with a letter or digit)."
-            )
-        if type_ is not None and not is_type_name(type_):
-            raise CommandError(
-                f"--type: {type_!r} is not a job type (1 to 255 letters, digits, '_', '.', "
-                "':' or '-', starting with a letter or '_')."
-            )
+        if queue is not None:
+            validators.queue_name(queue, "--queue:", error=CommandError)
+        if type_ is not None:
+            validators.type_name(type_, "--type:", error=CommandError)
         since = parse_since(options["since"]) if options["since"] else None
         validators.count(options["batch_size"], "--batch-size", error=CommandError)
         databases = database_option(options["database"])

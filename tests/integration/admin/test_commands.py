@@ -264,8 +264,8 @@ def test_requeue_dead_pages_through_many_jobs_and_reports_skips():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--queue", "no spaces"], "--queue: 'no spaces' is not a queue name"),
-        (["--type", "9lives"], "--type: '9lives' is not a job type"),
+        (["--queue", "no spaces"], "--queue: 'no spaces' is not a valid queue name"),
+        (["--type", "9lives"], "--type: '9lives' is not a valid job type"),
         (["--since", "yesterday"], "--since: 'yesterday' is neither a duration"),
         (["--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
     ],
