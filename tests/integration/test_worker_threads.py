@@ -312,3 +312,61 @@ def test_a_batch_size_set_in_the_settings_still_caps_the_claim(run_worker, setti
     assert worker.worker.config.batch_size == 10
     assert JobState.objects.filter(queue="capped", status="completed").count() == 16
     assert claims == 2
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The threads that read each NOTIFY of a worker's queue, in order."""
+    from django_pgqueue.store.listening import ListeningStore
+
+    threads = []
+    notified = ListeningStore.notified
+
+    def recording(store):
+        names = notified(store)
+        threads.extend(threading.current_thread() for name in names if name == "lend")
+        return names
+
+    monkeypatch.setattr(ListeningStore, "notified", recording)
+    return threads
+
+
+def test_an_idle_worker_reads_a_notify_and_claims_on_its_dispatcher_thread(run_worker, reads):
+    worker = run_worker(["lend"])
+    listener = worker.worker._listener
+    wait_until(lambda: worker.worker._dispatcher.claims.listening and listener._lendable)
+    jobs = []
+    for i in range(5):  # one at a time: the worker is idle at each NOTIFY
+        jobs.append(enqueue("qa.noop", {"n": i}, queue="lend").id)
+        wait_until(lambda: status(jobs[-1]) == "completed", timeout=120)
+    # The dispatcher waits on the listener's socket and reads the NOTIFYs itself (the
+    # listener's thread reads only those that come while it does not wait).
+    assert worker.thread in reads, [thread.name for thread in reads]
+
+
+def test_a_listener_connection_lost_while_lent_is_recovered(run_worker, reads):
+    worker = run_worker(["lend"])
+    listener = worker.worker._listener
+    wait_until(lambda: worker.worker._dispatcher.claims.listening and listener._lendable)
+    name = f"pgqueue listener {worker.worker.worker_id}"
+    [(killed,)] = sql(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE application_name = %s AND pid <> pg_backend_pid()",
+        [name],
+    )
+    assert killed == 1
+    # A new connection listens and is lent again; a job's NOTIFY is heard on it.
+    wait_until(
+        lambda: (
+            sql("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name])
+            == [(1,)]
+            and listener._lendable
+        ),
+        timeout=120,
+    )
+    before = len(reads)
+    job = enqueue("qa.noop", queue="lend").id
+    wait_until(lambda: status(job) == "completed", timeout=120)
+    wait_until(lambda: len(reads) > before, timeout=120)
+    assert worker.thread.is_alive()
+    assert worker.error is None
