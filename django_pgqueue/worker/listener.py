@@ -95,6 +95,10 @@ class Listener:
         try:
             while not self.stop.is_set():
                 if not store.connected:
+                    # Lost, maybe by a read of the dispatcher's: it has closed the
+                    # connection but may not have recorded its failure yet. Taken back
+                    # first, so the failure is never taken for the next connection's.
+                    self._take_back()
                     self._lost_while_lent()
                     if not wait_for(store, self.stop, backoff, "listener"):
                         return
