@@ -168,7 +168,11 @@ def test_a_stopping_worker_hands_the_turn_on_while_its_handlers_finish(tmp_path:
     workers = start(tmp_path, 1, concurrency=2, shutdown_grace=300)
     try:
         busy = enqueue("qa.sleep", {"seconds": 120}, queue=QUEUE).id
-        wait_until(lambda: status(busy) == "running")
+        # Its handler has begun (the ledger's row): a job claimed and not started yet
+        # is handed back at the stop, and the worker has nothing to wait for.
+        wait_until(
+            lambda: sql("SELECT count(*) FROM qa_ledger WHERE job_id = %s", [busy]) == [(1,)]
+        )
         workers.append(WorkerThread([QUEUE], listen_turns=str(tmp_path), concurrency=2).start())
         # Stopping, the holder waits for its handler (the grace period) and takes no
         # job: the other worker listens meanwhile and runs the next one.
