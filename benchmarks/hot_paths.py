@@ -11,7 +11,8 @@
   handler threads as in `run_queue_worker`), once it LISTENs, jobs enqueued one by
   one --gap apart, each job's steps stamped by its id:
   the monotonic clock at the enqueue call, its return (the commit, which sends the
-  NOTIFY), the listener's wake-up, the claim sent and its rows back, the jobs handed
+  NOTIFY), the NOTIFY read (on the thread that waits on the listener's socket: the
+  dispatcher when it is idle), the claim sent and its rows back, the jobs handed
   to the handler threads and taken by one, the handler's first line and its first
   statement done. Medians over the jobs of each step.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from _common import (
@@ -173,13 +174,15 @@ def instrument(timeline: Timeline) -> Callable[[], None]:
     from django_pgqueue.worker import pool
     from django_pgqueue.worker.intake import Intake
 
-    notifications, take = ListeningStore.notifications, Intake.take
+    notified, take = ListeningStore.notified, Intake.take
     submit, execute = pool.HandlerPool.submit, pool._execute
 
-    def stamped_notifications(self: Any, *args: Any, **kwargs: Any) -> Iterator[str]:
-        for name in notifications(self, *args, **kwargs):
+    # Every read of the NOTIFYs, on whichever thread waits on the socket.
+    def stamped_notified(self: Any) -> list[str]:
+        names = notified(self)
+        if names:
             timeline.woke()
-            yield name
+        return names
 
     def stamped_take(self: Any, queue: str, limit: int, after: Any, rows: Any, sent: float) -> Any:
         for row in rows:
@@ -196,13 +199,13 @@ def instrument(timeline: Timeline) -> Callable[[], None]:
         timeline.stamp(item.ctx.job_id, "a handler thread took it")
         return execute(item, run)
 
-    ListeningStore.notifications = stamped_notifications  # type: ignore[method-assign]
+    ListeningStore.notified = stamped_notified  # type: ignore[method-assign]
     Intake.take = stamped_take  # type: ignore[method-assign]
     pool.HandlerPool.submit = stamped_submit  # type: ignore[method-assign]
     pool._execute = stamped_execute
 
     def undo() -> None:
-        ListeningStore.notifications = notifications  # type: ignore[method-assign]
+        ListeningStore.notified = notified  # type: ignore[method-assign]
         Intake.take = take  # type: ignore[method-assign]
         pool.HandlerPool.submit = submit  # type: ignore[method-assign]
         pool._execute = execute

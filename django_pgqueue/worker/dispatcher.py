@@ -103,8 +103,9 @@ class Dispatcher:
         self._claimed_since_wait = False  # jobs started since the last wait (see _wait)
         self.unknown_claims = UnknownClaims(self.leases)
         self.controls = Controls(config.concurrency, switch.wake)  # operators' requests
-        # Told when a claim leaves no room for another job (the Worker's listener gives
-        # its listen turn to a sibling process with room).
+        # Told when this process cannot take a job (a claim left no room, it is drained
+        # or on its way out): the Worker's listener gives its listen turn to a sibling
+        # process that can.
         self.on_full: Callable[[], None] = _nothing
 
     def run(self) -> None:
@@ -130,6 +131,8 @@ class Dispatcher:
                 if stopping.is_set():
                     break
                 self.controls.apply_resize(self.capacity, self.pool)
+                if not self.taking():
+                    self.on_full()
                 now = time.monotonic()
                 # The claim first: a worker woken by a NOTIFY claims before the
                 # housekeeping that fell due meanwhile; then a look at what it found.
@@ -193,6 +196,16 @@ class Dispatcher:
                 if lost:
                     self.stats["leases_lost"] += lost
                     self.announce_lost_leases()
+
+    def taking(self) -> bool:
+        """Whether this process could take a job now: room for one, not drained by an
+        operator, not stopping, not done with its share of jobs (recycling)."""
+        return (
+            self.capacity.room()
+            and not self.controls.draining
+            and not self._switch.stopping.is_set()
+            and not self.intake.recycling.draining
+        )
 
     def _release_unknown_claims(self) -> None:
         released = self.unknown_claims.release(self.store)
@@ -288,7 +301,7 @@ class Dispatcher:
                 self._claim_more(name)
         if len(self.capacity) > running:  # jobs just started: see _wait
             self._claimed_since_wait = True
-            if not self.capacity.room():
+            if not self.taking():
                 self.on_full()
         return True
 

@@ -39,6 +39,7 @@ from .listener import Listener
 from .report import CONTROLS, READY, STOP_ASKED, SupervisorReport
 from .services import ServiceThread, service_threads
 from .signals import SignalRelay, StopSwitch
+from .wake import Wake
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class Worker:
         self.registry = registry or default_registry
         self.install_signal_handlers = install_signal_handlers
         self.stats: Counter[str] = Counter()
-        self._wake = threading.Event()
+        self._wake = Wake()  # its waits hear the listener's NOTIFYs too
         self._switch = StopSwitch(self._wake)
         self._unreachable = False  # it stopped without reaching the database
         self._service_stop = threading.Event()  # ends the heartbeat and the listener
@@ -112,8 +113,9 @@ class Worker:
         # for the queues its siblings serve too.
         turn = None if listen_turns is None else ListenTurn(listen_turns, cfg.database, cfg.queues)
         self._listener = Listener(
-            cfg, dispatcher.claims, self._wake, self._service_stop, turn, self._capacity.room
+            cfg, dispatcher.claims, self._wake, self._service_stop, turn, dispatcher.taking
         )
+        self._wake.lender = self._listener
         if turn is not None:
             dispatcher.on_full = self._listener.full
         self._signals = SignalRelay(self._switch, cfg.shutdown_grace)
@@ -253,6 +255,8 @@ class Worker:
     def _shutdown(self) -> None:
         cfg = self.config
         dispatcher = self._dispatcher
+        # It takes no job any more: a sibling listens while its handlers finish.
+        self._listener.full()
         unstarted = self._pool.stop() + dispatcher.aio.stop_taking()
         for item in unstarted:
             item.resolved = True
@@ -348,6 +352,8 @@ class Worker:
             if not any(service.runs_long for service in services.services):
                 services.thread.join(timeout=5)
         self._store.close()
+        self._wake.lender = None
+        self._wake.close()
 
     def _hold(self, interrupted: list[ClaimedJob]) -> RowHold | None:
         """Hold the rows of the jobs whose handlers still run (see `store.hold`); None

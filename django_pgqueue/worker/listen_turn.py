@@ -7,9 +7,10 @@ queues on the same database share a turn: an exclusive `flock` on a file the
 supervisor made for them (one per queue set, in a directory it removes at its end).
 The child holding it LISTENs and claims on a NOTIFY; the others stay idle, their empty
 queues looked at as rarely as a listening worker's (someone listens for them). The
-holder gives the turn up when it has no room for a job (another child with room takes
-it and looks at the queues at once: a NOTIFY may have come meanwhile), when its
-listener loses its connection, and when it stops; the kernel gives it up when the
+holder gives the turn up when it cannot take a job: no room, drained by an operator,
+done with its share of jobs, or stopping while its handlers finish (another child with
+room takes it and looks at the queues at once: a NOTIFY may have come meanwhile); when
+its listener loses its connection; and when it stops; the kernel gives it up when the
 process ends, however it ends.
 """
 

@@ -1,5 +1,11 @@
 """The listener thread: LISTEN for enqueue notifications and wake the dispatcher.
 
+While it listens, it lends its connection's socket to the dispatcher's waits
+(`wake.py`): a NOTIFY then wakes the dispatcher directly, which reads it and claims on
+its own thread; this thread reads what arrives while the dispatcher is not waiting
+(a long statement, its shutdown), and takes the connection back to give the turn up,
+to UNLISTEN or to recover it.
+
 Polling (POLL_INTERVAL) covers for it while it is down or behind a pooler that drops
 LISTEN; after a reconnect it says "look" for every queue, since notifications sent
 meanwhile are gone. The children of one supervisor serving the same queues listen one
@@ -10,9 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import psycopg
 
@@ -48,7 +55,8 @@ class Listener:
         self.wake = wake
         self.stop = stop
         # Under a supervisor: the children serving these queues LISTEN one at a time
-        # (see listen_turn.py); `room` says whether this process could take a job.
+        # (see listen_turn.py); `room` says whether this process could take a job (room
+        # for one, and neither drained nor stopping).
         self.turn = turn
         self.room = room
         # Written to by `interrupt`, waited on with the server's socket: a local signal
@@ -56,6 +64,14 @@ class Listener:
         self._interrupt_recv, self._interrupt_send = socket.socketpair()
         self._interrupt_send.setblocking(False)
         self._interrupt_recv.setblocking(False)
+        self._wanted = set(config.queues)
+        # The connection lent to the dispatcher's waits: lendable while it listens
+        # (`_fd`, its socket); whichever thread holds `_using` may touch it.
+        self._using = threading.Lock()
+        self._lendable = False
+        self._store: ListeningStore | None = None
+        self._fd = -1
+        self._failed: Exception | None = None  # a read of the dispatcher's that failed
 
     def interrupt(self) -> None:
         """End the current wait for a NOTIFY now (after `stop` is set: a stopping worker's
@@ -64,8 +80,8 @@ class Listener:
             self._interrupt_send.send(b"\0")
 
     def full(self) -> None:
-        """The dispatcher has no room for a job: give the turn to a child with room now,
-        not at the next NOTIFY (a burst enqueued at once sends one)."""
+        """This process cannot take a job (no room, drained, stopping): give the turn to
+        a child that can now, not at the next NOTIFY (a burst enqueued at once sends one)."""
         if self.turn is not None and self.turn.held:
             self.interrupt()
 
@@ -74,11 +90,16 @@ class Listener:
         store = ListeningStore(
             cfg.database, f"pgqueue listener {cfg.worker_id}", prepared=cfg.prepared_statements
         )
+        self._store = store
         backoff = Backoff(cfg.reconnect_max_delay)
-        wanted = set(cfg.queues)
         try:
             while not self.stop.is_set():
                 if not store.connected:
+                    # Lost, maybe by a read of the dispatcher's: it has closed the
+                    # connection but may not have recorded its failure yet. Taken back
+                    # first, so the failure is never taken for the next connection's.
+                    self._take_back()
+                    self._lost_while_lent()
                     if not wait_for(store, self.stop, backoff, "listener"):
                         return
                     if self.turn is None:
@@ -93,15 +114,10 @@ class Listener:
                     self._start_listening(store, backoff)
                     continue
                 try:
-                    for name in store.notifications(LISTEN_TIMEOUT, self._interrupt_recv):
-                        if name in wanted:
-                            self.claims.notify((name,))
-                            self.wake.set()
-                    if self.turn is not None:
-                        with contextlib.suppress(BlockingIOError):  # read: the wait is over
-                            self._interrupt_recv.recv(64)
-                        if not self.room():
-                            self._give_turn(store)  # a child with room listens instead
+                    if self._pass_on(self._hear(store)):
+                        self.wake.set()
+                    if self.turn is not None and not self.room():
+                        self._give_turn(store)  # a child with room listens instead
                 except DatabaseUnavailable as exc:
                     self._deaf()
                     logger.warning("listener: %s", exc)
@@ -112,6 +128,7 @@ class Listener:
                     self.stop.wait(backoff.next_delay())
         finally:
             self.claims.listening = False
+            self._take_back()
             store.close()
             if self.turn is not None:
                 self.turn.close()
@@ -122,6 +139,7 @@ class Listener:
         """LISTEN, then look at every queue: notifications sent before were not heard."""
         try:
             store.listen()
+            self._fd = store.fileno()
         except DatabaseUnavailable as exc:
             logger.warning("listener: %s", exc)
             self._give_up_turn()
@@ -134,12 +152,105 @@ class Listener:
             return
         self.claims.notify(self.config.queues)
         self.claims.listening = True
+        self._lendable = True
         self.wake.set()
+
+    def _lost_while_lent(self) -> None:
+        """A read of the dispatcher's lost the connection: as if this thread's had."""
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            self._deaf()
+            logger.warning("listener: %s", failed)
+
+    def _hear(self, store: ListeningStore) -> list[str]:
+        """The queue names notified within LISTEN_TIMEOUT, or until interrupted; those
+        the dispatcher read while the connection was lent are not among them."""
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed  # recovered here, as a failure of this thread's own read
+        if self._lendable:
+            # The dispatcher's waits read the NOTIFYs; this thread reads those that
+            # arrive while it does not wait, at each LISTEN_TIMEOUT.
+            select.select([self._interrupt_recv], [], [], LISTEN_TIMEOUT)
+            names = []
+            if self._using.acquire(blocking=False):  # else the dispatcher waits on it
+                try:
+                    names = self._read(store)
+                finally:
+                    self._using.release()
+        else:
+            with self._using:
+                names = list(store.notifications(LISTEN_TIMEOUT, self._interrupt_recv))
+            # The connection answered: lent again (it listens, see _start_listening).
+            self._lendable = store.connected and self._fd >= 0
+        with contextlib.suppress(BlockingIOError):  # read: the wait is over
+            self._interrupt_recv.recv(64)
+        return names
+
+    def _read(self, store: ListeningStore) -> list[str]:
+        """The names notified, read by the thread holding `_using`; a connection that
+        fails to be read is lent no more (this thread recovers it)."""
+        try:
+            return store.notified()
+        except BaseException:
+            self._lendable = False
+            raise
+
+    def _pass_on(self, names: Iterable[str]) -> bool:
+        """Tell the scheduler of the queues notified; True if one is this worker's."""
+        told = False
+        for name in names:
+            if name in self._wanted:
+                self.claims.notify((name,))
+                told = True
+        return told
+
+    # -- lent to the dispatcher's waits (see wake.py) -------------------------------
+
+    def borrow(self) -> int | None:
+        """On the dispatcher's thread: the listening connection's socket, now lent to
+        its wait; None if it is not lendable now."""
+        if not self._lendable or not self._using.acquire(blocking=False):
+            return None
+        if self.turn is not None and not self.room():
+            # It gives its turn up (see `full`): the listener's thread takes the
+            # connection back at once, without waking this wait to end it.
+            self._using.release()
+            return None
+        if self._lendable:
+            return self._fd
+        self._using.release()
+        return None
+
+    def read(self) -> bool:
+        """On the dispatcher's thread, the socket lent: take in the NOTIFYs that arrived;
+        True if its wait should end: one is for this worker's queues, or the connection
+        failed (the listener's thread recovers it; the socket is not to be waited on)."""
+        assert self._store is not None
+        try:
+            names = self._read(self._store)
+        except Exception as exc:  # the listener's thread recovers it
+            self._failed = exc
+            self.interrupt()
+            return True
+        return self._pass_on(names)
+
+    def give_back(self) -> None:
+        self._using.release()
+
+    def _take_back(self) -> None:
+        """Lend the connection no more, and wait until the dispatcher's wait is off it."""
+        self._lendable = False
+        if not self._using.acquire(blocking=False):
+            self.wake.set()  # ends the wait on it
+            self._using.acquire()
+        self._using.release()
 
     def _give_turn(self, store: ListeningStore) -> None:
         """Stop listening and give the turn to a child with room; the queues notified
         until the UNLISTEN are looked at by this process when it has room again."""
         assert self.turn is not None
+        self._take_back()
         try:
             notified = store.unlisten()
         except (DatabaseUnavailable, psycopg.Error):
@@ -156,6 +267,7 @@ class Listener:
         """No NOTIFY arrives any more: the dispatcher polls every POLL_INTERVAL again,
         starting with a look at every queue (an idle one may wait far longer); the turn
         goes to a child that hears them."""
+        self._take_back()
         self._give_up_turn()
         self.claims.listening = False
         self.claims.notify(self.config.queues)

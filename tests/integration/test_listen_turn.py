@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,19 +36,20 @@ def wait_until(predicate: Any, timeout: float = 120.0) -> None:
 
 @pytest.fixture
 def heard(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """The notifications of QUEUE each listener received, by its connection's name."""
+    """The notifications of QUEUE each listener's connection received (read by the
+    listener's thread or by the dispatcher's wait), by its connection's name."""
     counts: Counter[str] = Counter()
     lock = threading.Lock()
-    original = ListeningStore.notifications
+    original = ListeningStore.notified
 
-    def counting(self: ListeningStore, *args: Any) -> Iterator[str]:
-        for name in original(self, *args):
-            if name == QUEUE:
-                with lock:
-                    counts[self.application_name] += 1
-            yield name
+    def counting(self: ListeningStore) -> list[str]:
+        names = original(self)
+        if QUEUE in names:
+            with lock:
+                counts[self.application_name] += names.count(QUEUE)
+        return names
 
-    monkeypatch.setattr(ListeningStore, "notifications", counting)
+    monkeypatch.setattr(ListeningStore, "notified", counting)
     return counts
 
 
@@ -124,13 +124,63 @@ def test_a_worker_without_room_hands_the_turn_to_one_with_room(tmp_path: Path) -
         wait_until(lambda: holders(workers) == [1])
         second = enqueue("qa.noop", {}, queue=QUEUE).id
         wait_until(lambda: status(second) == "completed")
-        assert holders(workers) == [1]
+        # Full while it ran the job, the second gave the turn up too, and takes it back
+        # with room (the first, busy, cannot).
+        wait_until(lambda: holders(workers) == [1])
         claimed_by = sql("SELECT worker_id FROM queue_attempts WHERE job_id = %s", [second])
         assert claimed_by == [(workers[1].worker.config.worker_id,)]
         # Room again: the first takes the turn back only when the second gives it up.
         RELEASE.set()
         wait_until(lambda: status(busy) == "completed")
         assert holders(workers) == [1]
+    finally:
+        RELEASE.set()
+        for worker in workers:
+            worker.stop()
+        RELEASE.clear()
+
+
+def test_a_drained_worker_hands_the_turn_on_and_takes_it_back_when_resumed(
+    tmp_path: Path,
+) -> None:
+    # The first to start holds the turn; the second waits for it.
+    workers = start(tmp_path, 1, concurrency=2)
+    try:
+        workers.append(WorkerThread([QUEUE], listen_turns=str(tmp_path), concurrency=2).start())
+        # Drained, the holder claims nothing: the other worker listens and runs the job.
+        workers[0].worker.obey("drain")
+        wait_until(lambda: holders(workers) == [1])
+        job = enqueue("qa.noop", {}, queue=QUEUE).id
+        wait_until(lambda: status(job) == "completed")
+        claimed_by = sql("SELECT worker_id FROM queue_attempts WHERE job_id = %s", [job])
+        assert claimed_by == [(workers[1].worker.config.worker_id,)]
+        # Resumed, it may take the turn again once the other gives it up.
+        workers[0].worker.obey("resume")
+        workers.pop().stop()
+        wait_until(lambda: holders(workers) == [0])
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
+def test_a_stopping_worker_hands_the_turn_on_while_its_handlers_finish(tmp_path: Path) -> None:
+    RELEASE.clear()
+    workers = start(tmp_path, 1, concurrency=2, shutdown_grace=300)
+    try:
+        busy = enqueue("qa.sleep", {"seconds": 120}, queue=QUEUE).id
+        # Its handler has begun (the ledger's row): a job claimed and not started yet
+        # is handed back at the stop, and the worker has nothing to wait for.
+        wait_until(
+            lambda: sql("SELECT count(*) FROM qa_ledger WHERE job_id = %s", [busy]) == [(1,)]
+        )
+        workers.append(WorkerThread([QUEUE], listen_turns=str(tmp_path), concurrency=2).start())
+        # Stopping, the holder waits for its handler (the grace period) and takes no
+        # job: the other worker listens meanwhile and runs the next one.
+        workers[0].worker.stop_gracefully()
+        wait_until(lambda: holders(workers) == [1])
+        job = enqueue("qa.noop", {}, queue=QUEUE).id
+        wait_until(lambda: status(job) == "completed")
+        assert workers[0].thread.is_alive()  # still in its grace period
     finally:
         RELEASE.set()
         for worker in workers:

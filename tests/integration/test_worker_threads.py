@@ -12,8 +12,9 @@ import pytest
 
 import django_pgqueue
 from django_pgqueue import enqueue, enqueue_many
-from django_pgqueue.exceptions import JobTimeout
+from django_pgqueue.exceptions import DatabaseUnavailable, JobTimeout
 from django_pgqueue.models import Attempt, JobState
+from django_pgqueue.store.worker import NOTIFY_CHANNEL
 from tests.conftest import sql
 from tests.integration.test_worker import wait_until
 from tests.integration.test_worker_faults import status
@@ -312,3 +313,112 @@ def test_a_batch_size_set_in_the_settings_still_caps_the_claim(run_worker, setti
     assert worker.worker.config.batch_size == 10
     assert JobState.objects.filter(queue="capped", status="completed").count() == 16
     assert claims == 2
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The threads that read each NOTIFY of a worker's queue, in order."""
+    from django_pgqueue.store.listening import ListeningStore
+
+    threads = []
+    notified = ListeningStore.notified
+
+    def recording(store):
+        names = notified(store)
+        threads.extend(threading.current_thread() for name in names if name == "lend")
+        return names
+
+    monkeypatch.setattr(ListeningStore, "notified", recording)
+    return threads
+
+
+def test_an_idle_worker_reads_a_notify_and_claims_on_its_dispatcher_thread(run_worker, reads):
+    worker = run_worker(["lend"])
+    listener = worker.worker._listener
+    wait_until(lambda: worker.worker._dispatcher.claims.listening and listener._lendable)
+    jobs = []
+    for i in range(5):  # one at a time: the worker is idle at each NOTIFY
+        jobs.append(enqueue("qa.noop", {"n": i}, queue="lend").id)
+        wait_until(lambda: status(jobs[-1]) == "completed", timeout=120)
+    # The dispatcher waits on the listener's socket and reads the NOTIFYs itself (the
+    # listener's thread reads only those that come while it does not wait).
+    assert worker.thread in reads, [thread.name for thread in reads]
+
+
+def test_a_listener_connection_lost_while_lent_is_recovered(run_worker, reads):
+    worker = run_worker(["lend"])
+    listener = worker.worker._listener
+    wait_until(lambda: worker.worker._dispatcher.claims.listening and listener._lendable)
+    name = f"pgqueue listener {worker.worker.worker_id}"
+    [(lost,)] = sql("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [name])
+    assert sql("SELECT pg_terminate_backend(%s)", [lost]) == [(True,)]
+    # Recovered: another backend of the listener's has run its LISTEN, and the
+    # connection is lent again. (The lost backend leaves pg_stat_activity some time
+    # after the call, and the listener notices the loss some time after that: until
+    # then the old backend and the old connection's flag still read as recovered.)
+    wait_until(
+        lambda: (
+            sql(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                "AND pid <> %s AND state = 'idle' AND query = %s",
+                [name, lost, f"LISTEN {NOTIFY_CHANNEL}"],
+            )
+            == [(1,)]
+            and listener._lendable
+        ),
+        timeout=120,
+    )
+    # A job's NOTIFY, sent after that LISTEN, is heard on the new connection.
+    before = len(reads)
+    job = enqueue("qa.noop", queue="lend").id
+    wait_until(lambda: status(job) == "completed", timeout=120)
+    wait_until(lambda: len(reads) > before, timeout=120)
+    assert worker.thread.is_alive()
+    assert worker.error is None
+
+
+def test_a_read_lost_on_the_dispatcher_is_recovered_once_its_wait_is_off(run_worker, monkeypatch):
+    """The dispatcher's read that lost the connection records its failure after the
+    connection is closed: the listener's thread recovers the connection only once that
+    read is over, so the failure is taken for the lost connection, never the next."""
+    from django_pgqueue.store.listening import ListeningStore
+
+    worker = run_worker(["lend"])
+    listener = worker.worker._listener
+    wait_until(lambda: worker.worker._dispatcher.claims.listening and listener._lendable)
+    failed = threading.Event()  # the dispatcher's read has failed
+    notified = ListeningStore.notified
+
+    def dispatcher_fails_slowly(store):
+        if threading.current_thread() is not worker.thread:
+            # The listener's own reads leave the loss to the dispatcher's.
+            return notified(store) if failed.is_set() else []
+        try:
+            return notified(store)
+        except DatabaseUnavailable:
+            # The failure comes back only once the listener's thread has reconnected
+            # or asks for the connection back (it ends this wait through the Wake).
+            wait_until(lambda: store.connected or worker.worker._wake.is_set(), timeout=120)
+            failed.set()
+            raise
+
+    monkeypatch.setattr(ListeningStore, "notified", dispatcher_fails_slowly)
+    name = f"pgqueue listener {worker.worker.worker_id}"
+    [(lost,)] = sql("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [name])
+    assert sql("SELECT pg_terminate_backend(%s)", [lost]) == [(True,)]
+    wait_until(failed.is_set, timeout=120)
+    # A new connection LISTENs, is lent, and the worker counts on its NOTIFYs (no poll).
+    wait_until(
+        lambda: (
+            listener._failed is None
+            and worker.worker._dispatcher.claims.listening
+            and listener._lendable
+            and sql(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                "AND pid <> %s AND state = 'idle' AND query = %s",
+                [name, lost, f"LISTEN {NOTIFY_CHANNEL}"],
+            )
+            == [(1,)]
+        ),
+        timeout=120,
+    )
