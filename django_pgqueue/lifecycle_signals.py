@@ -38,6 +38,8 @@ class LifecycleSignals(JobObserver, RunMiddleware):
         return await run(item.ctx, item.handler, item.policy)
 
     def jobs_ended(self, ends: Sequence[JobEnd]) -> None:
+        if not any(signal.receivers for signal in _END_SIGNALS):
+            return  # nobody listens: no look at each end
         for ended in ends:
             item, failure = ended.item, ended.failure
             if ended.end == "completed":
@@ -57,6 +59,15 @@ class LifecycleSignals(JobObserver, RunMiddleware):
 
     def lease_lost(self, item: ClaimedJob, detected_by: str) -> None:
         _tell(signals.job_lease_lost, item, detected_by=detected_by)
+
+
+# The signals `jobs_ended` may send.
+_END_SIGNALS = (
+    signals.job_succeeded,
+    signals.job_failed,
+    signals.job_retried,
+    signals.job_cancelled,
+)
 
 
 def _started(item: ClaimedJob) -> None:

@@ -297,7 +297,8 @@ def _pipeline(
             if done is not None:
                 done_cur.execute(QUERIES["job_complete"], complete_params(done))
             if plan is not None:
-                conn.execute(QUERIES[plan])
+                # On the claim's cursor: its rows are the claim's, read after this.
+                claim_cur.execute(QUERIES[plan])
             claim_cur.execute(QUERIES[name], params)
         done_rows = done_cur.fetchall() if done is not None else []
         return done_rows, claim_cur.fetchall()
