@@ -265,53 +265,35 @@ def test_a_refused_listen_does_not_end_the_listener(run_worker, monkeypatch):
     assert len(calls) == 2
 
 
-def _claim_transactions(queue: str, jobs: int) -> int:
-    """How many transactions opened the queue's attempts: one per claim statement.
+def _claims_of_16_held_jobs(run_worker, queue: str):
+    """Run 16 held jobs of `queue` on a burst worker of 16 threads; return the worker
+    and how many transactions opened their attempts (one per claim statement).
 
     Read while every handler is held: a completion rewrites its attempt's row (a new
     xmin), and completions flushed together would read as one claim.
     """
-
-    def opened() -> int:
-        return sql(
-            "SELECT count(*) FROM queue_attempts a"
-            " JOIN queue_job_state s USING (job_id) WHERE s.queue = %s",
-            [queue],
-        )[0][0]
-
-    wait_until(lambda: opened() == jobs, timeout=120)
-    return sql(
-        "SELECT count(DISTINCT a.xmin::text) FROM queue_attempts a"
-        " JOIN queue_job_state s USING (job_id) WHERE s.queue = %s",
-        [queue],
-    )[0][0]
-
-
-def test_without_a_batch_size_one_claim_fills_every_free_thread(run_worker):
+    of_queue = "FROM queue_attempts a JOIN queue_job_state s USING (job_id) WHERE s.queue = %s"
     RELEASE.clear()
-    enqueue_many([("test.held_until_released", None)] * 16, queue="fill")
-    worker = run_worker(["fill"], concurrency=16, burst=True)
+    enqueue_many([("test.held_until_released", None)] * 16, queue=queue)
+    worker = run_worker([queue], concurrency=16, burst=True)
     try:
-        claims = _claim_transactions("fill", 16)
+        wait_until(lambda: sql(f"SELECT count(*) {of_queue}", [queue])[0][0] == 16, timeout=120)
+        claims = sql(f"SELECT count(DISTINCT a.xmin::text) {of_queue}", [queue])[0][0]
     finally:
         RELEASE.set()
     worker.join()
-    assert JobState.objects.filter(queue="fill", status="completed").count() == 16
-    assert claims == 1
+    assert JobState.objects.filter(queue=queue, status="completed").count() == 16
+    return worker, claims
+
+
+def test_without_a_batch_size_one_claim_fills_every_free_thread(run_worker):
+    assert _claims_of_16_held_jobs(run_worker, "fill")[1] == 1
 
 
 def test_a_batch_size_set_in_the_settings_still_caps_the_claim(run_worker, settings):
     settings.PGQUEUE = {**settings.PGQUEUE, "BATCH_SIZE": 10}
-    RELEASE.clear()
-    enqueue_many([("test.held_until_released", None)] * 16, queue="capped")
-    worker = run_worker(["capped"], concurrency=16, burst=True)
-    try:
-        claims = _claim_transactions("capped", 16)
-    finally:
-        RELEASE.set()
-    worker.join()
+    worker, claims = _claims_of_16_held_jobs(run_worker, "capped")
     assert worker.worker.config.batch_size == 10
-    assert JobState.objects.filter(queue="capped", status="completed").count() == 16
     assert claims == 2
 
 
