@@ -11,7 +11,8 @@ The same workloads for each system, interleaved (ours, pgqueuer, procrastinate, 
 - single enqueue, one transaction each; bulk enqueue of 20,000 in one call;
 - pickup latency of an idle worker, jobs enqueued one by one 50 ms apart: from the
   start of the enqueue call (the producer's clock, carried in the payload) to the
-  handler's first statement (clock_timestamp(), the same machine's clock);
+  handler's first line (time.time(), the same machine's clock; the handler's first
+  statement would add its own round trip, through a different driver on each side);
 - async drain: --async-jobs jobs whose handler awaits a 200 ms asyncio.sleep, one
   worker process with 1,000 in flight (ours: --async-concurrency 1000, batch 500;
   pgqueuer: batch 500, max_concurrent_tasks 1000);

@@ -4,7 +4,7 @@ asyncpg is pgqueuer's fastest documented driver, and uvloop runs the event loop,
 pgqueuer's own command line does. Drains are timed on the database clock from the
 first 'picked' to the last 'successful' row of pgqueuer_log, and checked there: every
 job picked once and logged successful once, none left in the queue. Pickup latency:
-the handler's first statement writes clock_timestamp() beside the time the enqueue call
+the handler's first line takes time.time(), written beside the time the enqueue call
 started (the payload's `t`, the same machine's clock), what a user sees.
 
 Run: python pgqueuer_driver.py '{"cmd": "drain", "url": "postgres://...", ...}'
@@ -162,10 +162,11 @@ async def worker(args: dict[str, Any]) -> dict[str, Any]:
 
     @manager.entrypoint("clock")
     async def record(job: Job) -> None:
-        started = json.loads(job.payload)["t"]
+        started = time.time()  # the handler's first line
         await clock.execute(
-            "INSERT INTO peer_pickup VALUES ($1, to_timestamp($2), clock_timestamp())",
+            "INSERT INTO peer_pickup VALUES ($1, to_timestamp($2), to_timestamp($3))",
             job.id,
+            json.loads(job.payload)["t"],
             started,
         )
 

@@ -3,9 +3,9 @@
 procrastinate's asynchronous psycopg connector (psycopg 3 with its C extension, like
 ours). Drains are timed on the database clock from the first 'started' to the last
 'succeeded' row of procrastinate_events, and checked there: every job started once and
-succeeded, none left to do. Pickup latency: the handler's first statement writes
-clock_timestamp() beside the time the defer call started (the payload's `t`, the same
-machine's clock), what a user sees.
+succeeded, none left to do. Pickup latency: the handler's first line takes time.time(),
+written beside the time the defer call started (the payload's `t`, the same machine's
+clock), what a user sees.
 
 Run: python procrastinate_driver.py '{"cmd": "drain", "url": "postgres://...", ...}'
 """
@@ -41,10 +41,12 @@ def make_app(url: str) -> procrastinate.App:
 
     @app.task(name="clock", queue=QUEUE, pass_context=True)
     async def clock(context: procrastinate.JobContext, t: float) -> None:
+        started = time.time()  # the handler's first line
         await app.connector.execute_query_async(
-            "INSERT INTO peer_pickup VALUES (%(id)s, to_timestamp(%(t)s), clock_timestamp())",
+            "INSERT INTO peer_pickup VALUES (%(id)s, to_timestamp(%(t)s), to_timestamp(%(s)s))",
             id=context.job.id,
             t=t,
+            s=started,
         )
 
     return app

@@ -151,11 +151,10 @@ def backend_pid(ctx: JobContext) -> int:
 
 
 @django_pgqueue.handler("qa.clock")
-def clock(ctx: JobContext) -> str:
-    """The database clock when the handler started (for pickup-latency measurements)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()::text")
-        return cursor.fetchone()[0]
+def clock(ctx: JobContext) -> float:
+    """The wall clock at the handler's first line (for pickup-latency measurements: the
+    producer's clock on the same machine; the peers' drivers take theirs the same way)."""
+    return time.time()
 
 
 @django_pgqueue.handler("qa.nul_result")
