@@ -262,7 +262,8 @@ class Dispatcher:
         return max(0.0, deadline - now)
 
     def _cycle(self, now: float) -> bool:
-        """Write finished outcomes and claim more, batching both; False if nothing to do.
+        """Write finished outcomes and claim more, batching both; True if the next cycle
+        may find more (outcomes written, a claim full): after a short claim, wait at once.
 
         Outcomes wait up to FLUSH_DELAY (or until the batch is done) so that one
         transaction completes many jobs and claims the next batch in the same round
@@ -289,31 +290,32 @@ class Dispatcher:
             claim = (order[0], limit, self.config.worker_id, self.config.lease, after)
         sent = time.monotonic()
         running = len(self.capacity)
-        rows = self._write(self.writer.take() if flush_due else [], claim)
+        rows = self._write(self.writer.take(), claim) if flush_due else None
+        more = flush_due
         if claim is not None:
             queue, limit, _, _, after = claim
             if rows is None:
                 rows = self.intake.claim(queue, limit, after)
-            self.intake.take(queue, limit, after, rows, sent)
+            more = self.intake.take(queue, limit, after, rows, sent) >= limit or more
             for name in order[1:]:
                 if stopping.is_set():
                     break
-                self._claim_more(name)
+                more = self._claim_more(name) or more
         if len(self.capacity) > running:  # jobs just started: see _wait
             self._claimed_since_wait = True
             if not self.taking():
                 self.on_full()
-        return True
+        return more
 
-    def _claim_more(self, queue: str) -> None:
-        """A cycle's claim from a queue after the first, if it has room."""
+    def _claim_more(self, queue: str) -> bool:
+        """A cycle's claim from a queue after the first, if it has room; True if full."""
         limit = self.intake.claim_size(queue)
         if limit <= 0:
-            return
+            return False
         sent = time.monotonic()
         after = self.claims.resume_after(queue, sent)
         rows = self.intake.claim(queue, limit, after)
-        self.intake.take(queue, limit, after, rows, sent)
+        return self.intake.take(queue, limit, after, rows, sent) >= limit
 
     # -- outcomes, timeouts, sweep --------------------------------------------------
 

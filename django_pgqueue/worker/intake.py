@@ -72,21 +72,23 @@ class Intake:
 
     def take(
         self, queue: str, limit: int, after: ClaimKey | None, rows: list[ClaimedRow], sent: float
-    ) -> None:
+    ) -> int:
         """Take in a claim's rows; a resumed claim that came back short claims the rest
-        with a walk from the start, which may find jobs that sort before its key."""
+        with a walk from the start, which may find jobs that sort before its key. How
+        many rows were claimed in all."""
         if after is not None:
             self.stats["claims_resumed"] += 1
         _in_claim_order(rows)
         self.claims.claimed(queue, limit, after, rows, sent)
         self._admit(queue, rows, sent)
         if after is None or len(rows) >= limit or self.stopping.is_set():
-            return
+            return len(rows)
         rest = limit - len(rows)
         sent = time.monotonic()
         more = _in_claim_order(self.claim(queue, rest))
         self.claims.claimed(queue, rest, None, more, sent)
         self._admit(queue, more, sent)
+        return len(rows) + len(more)
 
     def _admit(self, queue: str, rows: list[ClaimedRow], sent: float) -> None:
         """Launch claimed rows, or hand them back if a stop came while the claim ran."""

@@ -260,6 +260,33 @@ def test_notify_wakes_an_idle_worker_quickly(run_worker):
     assert worker.worker.stats["claimed"] == 1
 
 
+def test_an_idle_worker_waits_right_after_a_claim_that_came_back_short(run_worker):
+    """The job it handed over starts with no second cycle of the dispatcher's in its
+    way: that cycle would find the queue just marked empty and do nothing."""
+    # No sweep falls due meanwhile: a sweep also sends the dispatcher round again.
+    worker = run_worker(["shortclaim"], poll_interval=30, sweep_interval=3600)
+    dispatcher = worker.worker._dispatcher
+    wait_until(lambda: dispatcher.claims.listening)
+    events: list[str] = []
+    cycle, wait = dispatcher._cycle, dispatcher._wait
+
+    def spied_cycle(now: float) -> bool:
+        running = len(dispatcher.capacity)
+        more = cycle(now)
+        events.append("claimed" if len(dispatcher.capacity) > running else "cycle")
+        return more
+
+    def spied_wait(next_sweep: float) -> None:
+        events.append("wait")
+        wait(next_sweep)
+
+    dispatcher._cycle, dispatcher._wait = spied_cycle, spied_wait
+    job = enqueue("qa.noop", queue="shortclaim")
+    wait_until(lambda: JobState.objects.get(pk=job.id).status == "completed")
+    claimed = events.index("claimed")
+    assert events[claimed + 1] == "wait", events
+
+
 def test_stale_completion_is_rejected_counted_and_leaves_the_new_owners_state(run_worker):
     """A worker's lease is taken over mid-job; its completion must change nothing."""
     from django_pgqueue.store.worker import Store
