@@ -73,13 +73,16 @@ def measure(tree: Path, url: str, call: str) -> Any:
     return json.loads(lines[0].removeprefix("RESULT "))
 
 
-def workloads(jobs: int, smoke: bool) -> list[tuple[str, str, str]]:
-    """(name, call, the figure's key or "" for a number): what each pair measures."""
+def workloads(jobs: int, smoke: bool, one_process: bool = False) -> list[tuple[str, str, str]]:
+    """(name, call, the figure's key or "" for a number): what each pair measures;
+    `one_process`: the drain of one process at the defaults alone."""
     drains = [
         (f"drain {list(config)}{label}", f"drain({jobs}, {', '.join(map(repr, config))})", key)
-        for config in (SMOKE_CONFIGS if smoke else CONFIGS)
+        for config in (SMOKE_CONFIGS if smoke or one_process else CONFIGS)
         for label, key in (("", "rate"), (", all workers up", "steady"))
     ]
+    if one_process:
+        return drains
     enqueues = 200 if smoke else 3_000
     pickups = (5, 0.05) if smoke else (200, 0.1)
     return [
@@ -96,6 +99,11 @@ def main() -> None:
     p.add_argument("--after", type=Path, default=ROOT, help="the checkout measured")
     p.add_argument("--pairs", type=int, default=5, help="pairs per configuration")
     p.add_argument("--jobs", type=int, default=20_000, help="jobs per drain")
+    p.add_argument(
+        "--one-process",
+        action="store_true",
+        help="only the drain of one process at the defaults (no other drain, enqueue or pickup)",
+    )
     args = p.parse_args()
     url = args.database_url or f"{DEFAULT_SERVER}/pgqueue_bench_pairs"
     pairs, jobs = (1, 300) if args.smoke else (args.pairs, args.jobs)
@@ -106,7 +114,7 @@ def main() -> None:
     rows = []
     for n in range(pairs):
         measured: dict[str, dict[str, Any]] = {}  # call -> tree -> value, once a pair
-        for name, call, key in workloads(jobs, args.smoke):
+        for name, call, key in workloads(jobs, args.smoke, args.one_process):
             order = ["before", "after"] if n % 2 == 0 else ["after", "before"]
             if call not in measured:
                 measured[call] = {tree: measure(trees[tree], urls[tree], call) for tree in order}

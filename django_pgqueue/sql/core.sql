@@ -475,12 +475,13 @@ SELECT released.job_id FROM released CROSS JOIN wake CROSS JOIN woken LEFT JOIN 
 
 
 -- name: plan_size_probe
--- The size in bytes of the tables the worker's prepared statements read. PostgreSQL keeps
+-- The size in bytes of each table the worker's prepared statements read. PostgreSQL keeps
 -- a prepared statement's generic plan until ANALYZE or VACUUM of its tables; one made
--- while they were nearly empty is a sequential scan that stays as they grow (for ever
--- with autovacuum off). The worker discards its plans (plan_discard, plan_deallocate)
--- when this has doubled or halved since they were made; the next executions plan again.
-SELECT pg_relation_size('queue_job_state') + pg_relation_size('queue_attempts');
+-- while a table was nearly empty is a sequential scan of it that stays as it grows (for
+-- ever with autovacuum off). The worker discards its plans (plan_discard,
+-- plan_deallocate) when one of these has doubled or halved since they were made; the
+-- next executions plan again.
+SELECT pg_relation_size('queue_job_state'), pg_relation_size('queue_attempts');
 
 
 -- name: plan_discard

@@ -37,8 +37,10 @@ PLAN_GROWTH = 2.0
 # After PostgreSQL refused the look (a lock held on a table, a timeout), the next is
 # this far off: a refusal that lasts is then logged once a minute, not every second.
 PLAN_CHECK_REFUSED = 60.0
-# Below this size (bytes) any plan reads little: growth is counted from here.
-PLAN_FLOOR = 1 << 20
+# Below this size (bytes) a table read whole costs little: its growth is counted from
+# here. Small, because a plan that reads a table whole does so at every execution: 1 MB
+# of queue_attempts is about 10,000 row versions, read at every claim cycle.
+PLAN_FLOOR = 1 << 16
 
 
 class Session:
@@ -50,8 +52,8 @@ class Session:
         self.prepared = prepared
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
-        # The tables' size when this connection's plans were made (see refresh_plans).
-        self._planned_size: int | None = None
+        # Each table's size when this connection's plans were made (see refresh_plans).
+        self._planned_size: tuple[int, ...] | None = None
         self._plan_check_due = 0.0
 
     @property
@@ -79,11 +81,13 @@ class Session:
         self._conn = conn
 
     def refresh_plans(self, now: float) -> bool:
-        """Discard this connection's cached plans if the job tables doubled or halved
-        since they were made (at most every PLAN_CHECK seconds); True if it did.
+        """Discard this connection's cached plans if one of the job tables doubled or
+        halved since they were made (at most every PLAN_CHECK seconds); True if it did.
 
-        A generic plan built on nearly empty tables reads them whole for ever (until
-        ANALYZE). The functions' plans are made again at their next call, and each
+        A generic plan built on a nearly empty table reads it whole for ever (until
+        ANALYZE). Each table counts on its own: a queue filled before the workers start
+        has a large queue_job_state beside an empty queue_attempts, whose growth their
+        sum hides. The functions' plans are made again at their next call, and each
         statement is prepared again at its next use, planned as in a new session.
         """
         if now < self._plan_check_due or not self.prepared:
@@ -91,15 +95,18 @@ class Session:
         if self._conn is not None and self._conn.prepare_threshold is None:
             return False  # preparing was turned off (a pooler): no plans are kept
         self._plan_check_due = now + PLAN_CHECK_REFUSED  # until the probe answers
-        size = max(PLAN_FLOOR, int(self.run("plan_size_probe", {})[0][0]))
+        sizes = tuple(max(PLAN_FLOOR, int(size)) for size in self.run("plan_size_probe", {})[0])
         self._plan_check_due = now + PLAN_CHECK
         known = self._planned_size
-        self._planned_size = size if known is None else known
-        if known is None or known / PLAN_GROWTH < size < known * PLAN_GROWTH:
+        self._planned_size = sizes if known is None else known
+        if known is None or all(
+            was / PLAN_GROWTH < size < was * PLAN_GROWTH
+            for was, size in zip(known, sizes, strict=True)
+        ):
             return False
         self.run("plan_discard", {})
         self.run("plan_deallocate", {})
-        self._planned_size = size
+        self._planned_size = sizes
         return True
 
     def close(self) -> None:

@@ -25,12 +25,19 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def sweep_plan(store: Store) -> set[str]:
     """The scans of the job tables in the plan the store's prepared sweep runs now."""
+    return prepared_plan(store, "lease_sweep", "1000")
+
+
+def prepared_plan(store: Store, statement: str, arguments: str) -> set[str]:
+    """The scans of the job tables in the plan the store's prepared `statement` runs now
+    with `arguments` (the text between EXECUTE's parentheses)."""
     conn = store.raw
     [(name,)] = conn.execute(
-        "SELECT name FROM pg_prepared_statements WHERE statement LIKE '-- name: lease_sweep%%'",
+        "SELECT name FROM pg_prepared_statements WHERE statement LIKE %s",
+        [f"-- name: {statement}\n%"],
         prepare=False,
     ).fetchall()
-    query = f'EXPLAIN (FORMAT JSON) EXECUTE "{name}"(1000)'
+    query = f'EXPLAIN (FORMAT JSON) EXECUTE "{name}"({arguments})'
     [(plan,)] = conn.execute(query, prepare=False).fetchall()
     found: set[str] = set()
 
@@ -121,6 +128,37 @@ def test_plans_made_on_empty_tables_are_made_again_once_they_grew():
     finally:
         old.close()
         fresh.close()
+
+
+def test_plans_are_made_again_once_one_table_grew_beside_a_large_other():
+    """A queue filled before its workers start: a large queue_job_state beside an empty
+    queue_attempts. The completion's plan made then reads queue_attempts whole, and did at
+    every claim cycle while the attempts grew: the two tables' sum was far from doubled."""
+    never_analyzed()
+    for _ in range(3):
+        enqueue_many([("qa.noop", None)] * 20_000, queue="filled")
+    store = Store("default", "planned on a filled queue")
+    # No job has these ids: the completion writes nothing, its plan is what is looked at.
+    nothing = [(0, 1, 0, None)]
+    completion = "'{0}', '{\"0\": 1}', '{}', '{0}'"
+    try:
+        assert store.refresh_plans(0.0) is False  # the sizes its plans are made at
+        for _ in range(8):  # past the five custom plans: the generic plan is kept
+            store.complete(nothing)
+        assert "Seq Scan on queue_attempts" in prepared_plan(store, "job_complete", completion)
+        both = "SELECT pg_relation_size('queue_job_state') + pg_relation_size('queue_attempts')"
+        before = sql(both)[0][0]
+        sql(
+            "INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id, status) "
+            "SELECT job_id, 1, 1, 'w', 'running' FROM queue_job_state WHERE job_id % 3 = 0"
+        )
+        assert sql(both)[0][0] < 2 * before  # the sum did not double; queue_attempts did
+        assert store.refresh_plans(store._plan_check_due) is True
+        for _ in range(8):
+            store.complete(nothing)
+        assert "Seq Scan on queue_attempts" not in prepared_plan(store, "job_complete", completion)
+    finally:
+        store.close()
 
 
 def test_a_running_worker_plans_again_soon_after_a_burst_grew_the_tables(run_worker, monkeypatch):
