@@ -21,59 +21,57 @@ from django.db import migrations
 
 _squashed = importlib.import_module("django_pgqueue.migrations.0001_squashed_0022_many_tenants")
 
-JOB_STATE_VALID = r"""
-CREATE FUNCTION queue_job_state_valid(
+# queue_job_state_valid: the squashed migration's function with the sequence rule (and
+# its messages) added and its parameters in the columns' types.
+OLD_PARAMS = """\
+    status text, priority smallint, attempts integer, max_attempts integer,
+    lease_version bigint, locked_by text, locked_until timestamptz, finished_at timestamptz
+) RETURNS boolean"""
+NEW_PARAMS = """\
     status varchar, priority smallint, attempts integer, max_attempts integer,
-    lease_version bigint, locked_by varchar, locked_until timestamptz, finished_at timestamptz,
-    sequence_key varchar, sequence_on_failure varchar
-) RETURNS boolean
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    IF status IN ('waiting', 'pending', 'running', 'completed', 'dead', 'cancelled')
-       AND priority BETWEEN -100 AND 100
-       AND attempts >= 0 AND max_attempts >= 1 AND attempts <= max_attempts
-       AND lease_version >= 0
-       AND (status = 'running') = (locked_by IS NOT NULL AND locked_until IS NOT NULL)
+    lease_version bigint, locked_by varchar, locked_until timestamptz,
+    finished_at timestamptz, sequence_key varchar, sequence_on_failure varchar
+) RETURNS boolean"""
+OLD_VALID = """\
+       AND (status IN ('completed', 'dead', 'cancelled')) = (finished_at IS NOT NULL) THEN
+"""
+NEW_VALID = """\
        AND (status IN ('completed', 'dead', 'cancelled')) = (finished_at IS NOT NULL)
        AND (sequence_key IS NULL) = (sequence_on_failure IS NULL)
        AND (sequence_on_failure IS NULL OR sequence_on_failure IN ('hold', 'continue')) THEN
-        RETURN true;
+"""
+OLD_LAST = """\
     END IF;
-    IF status NOT IN ('waiting', 'pending', 'running', 'completed', 'dead', 'cancelled') THEN
-        RAISE check_violation USING MESSAGE = format('queue_job_state: unknown status %L', status);
-    ELSIF priority NOT BETWEEN -100 AND 100 THEN
-        RAISE check_violation USING MESSAGE = format(
-            'queue_job_state: priority %s is outside -100..100', priority);
-    ELSIF NOT (attempts >= 0 AND max_attempts >= 1 AND attempts <= max_attempts) THEN
-        RAISE check_violation USING MESSAGE = format(
-            'queue_job_state: attempts %s / max_attempts %s break 0 <= attempts <= max_attempts, '
-            'max_attempts >= 1', attempts, max_attempts);
-    ELSIF lease_version < 0 THEN
-        RAISE check_violation USING MESSAGE = format(
-            'queue_job_state: lease_version %s is negative', lease_version);
-    ELSIF (status = 'running') <> (locked_by IS NOT NULL AND locked_until IS NOT NULL) THEN
-        RAISE check_violation USING MESSAGE = format(
-            'queue_job_state: a %s row must %s locked_by and locked_until', status,
-            CASE WHEN status = 'running' THEN 'have' ELSE 'not have' END);
+    RAISE check_violation USING MESSAGE = format(
+        'queue_job_state: a %s row must %s finished_at', status,
+        CASE WHEN status IN ('completed', 'dead', 'cancelled') THEN 'have' ELSE 'not have' END);
+END
+"""
+NEW_LAST = r"""
     ELSIF (status IN ('completed', 'dead', 'cancelled')) <> (finished_at IS NOT NULL) THEN
         RAISE check_violation USING MESSAGE = format(
             'queue_job_state: a %s row must %s finished_at', status,
-            CASE WHEN status IN ('completed', 'dead', 'cancelled') THEN 'have' ELSE 'not have' END);
+            CASE WHEN status IN ('completed', 'dead', 'cancelled') THEN 'have'
+                 ELSE 'not have' END);
     ELSIF sequence_on_failure IS NULL THEN
         RAISE check_violation USING MESSAGE = format(
             'queue_job_state: a row with sequence_key %L must have sequence_on_failure '
             '''hold'' or ''continue''', sequence_key);
     ELSIF sequence_key IS NULL THEN
         RAISE check_violation USING MESSAGE = format(
-            'queue_job_state: a row without sequence_key must not have sequence_on_failure '
-            '(it has %L)', sequence_on_failure);
+            'queue_job_state: a row without sequence_key must not have '
+            'sequence_on_failure (it has %L)', sequence_on_failure);
     END IF;
     RAISE check_violation USING MESSAGE = format(
         'queue_job_state: sequence_on_failure %L is neither ''hold'' nor ''continue''',
         sequence_on_failure);
 END
-$$
-"""
+""".removeprefix("\n")
+JOB_STATE_VALID = _squashed.JOB_STATE_VALID
+for _old, _new in ((OLD_PARAMS, NEW_PARAMS), (OLD_VALID, NEW_VALID), (OLD_LAST, NEW_LAST)):
+    if JOB_STATE_VALID.count(_old) != 1:
+        raise RuntimeError("queue_job_state_valid is not the text this migration changes")
+    JOB_STATE_VALID = JOB_STATE_VALID.replace(_old, _new)
 JOB_STATE_VALID_SIGNATURE = (
     "queue_job_state_valid(varchar, smallint, integer, integer, bigint, varchar, timestamptz, "
     "timestamptz, varchar, varchar)"
