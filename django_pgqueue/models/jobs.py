@@ -16,10 +16,10 @@ the state row's job by construction (every statement that inserts a state row
 inserts its job, with the same id and queue) and triggers (a job's id and queue never
 change; deleting jobs deletes their state rows): see migration 0008.
 
-The CHECK constraints are created by the migration too, each as one call to a small
-PL/pgSQL function (``queue_job_state_valid`` ...). PostgreSQL re-reads a CHECK
-expression from its stored form for every statement that writes the table, which
-for a dozen Django-generated expressions cost a third of a single enqueue; one
+The CHECK constraints are created by the migrations too, one per table, each as one
+call to a small PL/pgSQL function (``queue_job_state_valid`` ...). PostgreSQL re-reads
+every CHECK expression from its stored form for every statement that writes the table,
+which for a dozen Django-generated expressions cost a third of a single enqueue; one
 function call per table keeps every invariant for a fraction of that, and its error
 message names the invariant that was broken.
 """
@@ -275,18 +275,11 @@ class JobState(models.Model):
                 name="queue_job_state_unique_key",
                 condition=UNIQUE_HELD,
             ),
-            models.CheckConstraint(
-                # A sequenced job says what its failure does; another says nothing.
-                condition=Q(
-                    sequence_key__isnull=False, sequence_on_failure__in=["hold", "continue"]
-                )
-                | Q(sequence_key__isnull=True, sequence_on_failure__isnull=True),
-                name="queue_job_state_sequence_valid",
-            ),
             # CHECK queue_job_state_valid: status is known, priority in -100..100,
             # 0 <= attempts <= max_attempts, lease_version >= 0, a row is running
-            # exactly when it has an owner and a lease end, and finished exactly when
-            # it has finished_at (created by the migration).
+            # exactly when it has an owner and a lease end, finished exactly when it
+            # has finished_at, and a sequenced job says what its failure does ('hold'
+            # or 'continue') while another says nothing (created by the migrations).
         ]
 
     def __str__(self) -> str:

@@ -37,6 +37,30 @@ def test_job_state_invariants(job_id, assignment, message):
 
 
 @pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("sequence_key = 's'", "a row with sequence_key 's' must have sequence_on_failure"),
+        ("sequence_on_failure = 'hold'", "a row without sequence_key must not have"),
+        ("sequence_key = 's', sequence_on_failure = 'stop'", "sequence_on_failure 'stop' is"),
+    ],
+)
+def test_job_state_sequence_rule(job_id, assignment, message):
+    # Checked by the same CHECK as the rest of the state row (one per statement).
+    with pytest.raises(IntegrityError, match=message), transaction.atomic():
+        sql(f"UPDATE queue_job_state SET {assignment} WHERE job_id = %s", [job_id])
+    sql(
+        "UPDATE queue_job_state SET sequence_key = 's', sequence_on_failure = 'continue' "
+        "WHERE job_id = %s",
+        [job_id],
+    )
+    checks = sql(
+        "SELECT conname FROM pg_constraint "
+        "WHERE conrelid = 'queue_job_state'::regclass AND contype = 'c'"
+    )
+    assert checks == [("queue_job_state_valid",)]
+
+
+@pytest.mark.parametrize(
     "update",
     [
         "UPDATE queue_job_state SET queue = 'elsewhere' WHERE job_id = %s",
