@@ -13,7 +13,9 @@ interval): a pause or a limit set on a queue holds within it.
 A fair queue (PGQUEUE["FAIR_QUEUES"], given by the worker) without controls is claimed
 by ``job_claim_fair``: its jobs round-robin across their fair keys, from the key after
 the one this worker's previous claim of the queue served last (the last key it walked,
-when it took fewer jobs than its limit). A fair queue with
+when it took fewer jobs than its limit). After a claim that found one key with pending
+jobs and took jobs of it, that key's own statement claims (``job_claim_fair_alone``: no
+walk), and ``job_claim_fair`` at once if it takes nothing. A fair queue with
 controls is claimed by the controlled claim (limits first; no turns).
 
 What each claim teaches the worker's scheduler: a controlled queue's walk always starts
