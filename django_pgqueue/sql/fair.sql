@@ -287,46 +287,48 @@ LEFT JOIN LATERAL pgqueue_claim(
 
 -- name: job_claim_fair_alone
 -- job_claim_fair when one key has pending jobs: `key`, the one key the worker's last
--- fair claim of the queue walked, which took jobs of it (its `alone`). Its walk would
--- step onto that key alone, give it every turn and take its first `limit` due jobs
--- from where the last claim stopped (`resume`), then from its front; so this does,
--- with none of the walk's probes, turns or unkeyed walk: a plan of a few nodes, where
--- job_claim_fair's ~100 cost ~0.4 ms a claim to start and end, the most of a tenant's
--- drain. alone: two probes of queue_job_state_fair_idx, for a key with pending jobs
--- before `key` ("" among them) and after it; if either finds one, or the key has no job
+-- fair claim of the queue walked, which took jobs of it (its `alone`). That walk, run
+-- again, would step onto that key alone, give it every turn and take its first `limit`
+-- due jobs from where the last claim stopped (`resume`), then from its front; so this
+-- does, without the walk's probes, turns and unkeyed walk: a plan of a few nodes where
+-- job_claim_fair's has about a hundred, whose start and end cost most of what one
+-- tenant draining alone paid over a plain queue (benchmarks/README.md).
+-- resumed_at: two probes of queue_job_state_fair_idx, for a key with pending jobs
+-- before `key` ("" among them) and after it. If either finds one, or the key has no job
 -- to give (jobs without a key may be due), the claim takes nothing and the worker
 -- claims at once with job_claim_fair, whose walk sees every key: a new tenant's job is
 -- seen by the first claim after it is committed, as before.
 -- The rows of job_claim_fair: the jobs taken, each with `last_key` and `alone` (`key`)
 -- and `resume` (the positions given, and the key's last job taken); none taken: one
 -- row, its job columns NULL.
-WITH alone AS MATERIALIZED (
-    SELECT NOT EXISTS (
-               SELECT FROM queue_job_state AS s
-               WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                 AND s.fair_key IS NOT NULL AND s.fair_key < %(key)s::text
-           )
-           AND NOT EXISTS (
-               SELECT FROM queue_job_state AS s
-               WHERE s.queue = %(queue)s::text AND s.status = 'pending'
-                 AND s.fair_key > %(key)s::text
-           ) AS alone
+WITH resumed_at AS MATERIALIZED (
+    -- where the last claim stopped in the key (NULLs: not given); no row if another key
+    -- has pending jobs
+    SELECT (%(resume)s::jsonb -> %(key)s::text ->> 0)::smallint AS priority,
+           (%(resume)s::jsonb -> %(key)s::text ->> 1)::timestamptz AS run_at,
+           (%(resume)s::jsonb -> %(key)s::text ->> 2)::bigint AS job_id
+    WHERE NOT EXISTS (
+              SELECT FROM queue_job_state AS s
+              WHERE s.queue = %(queue)s::text AND s.status = 'pending'
+                AND s.fair_key IS NOT NULL AND s.fair_key < %(key)s::text
+          )
+      AND NOT EXISTS (
+              SELECT FROM queue_job_state AS s
+              WHERE s.queue = %(queue)s::text AND s.status = 'pending'
+                AND s.fair_key > %(key)s::text
+          )
 ), taken AS MATERIALIZED (
     SELECT locked.job_id, locked.priority, locked.run_at, row_number() OVER () AS place
-    FROM (
+    FROM resumed_at AS at
+    CROSS JOIN LATERAL (
         -- from where the last claim stopped in the key, in its priority, then from the
         -- key's front (each branch a subquery, as in job_claim_fair)
         SELECT * FROM (
          SELECT s.job_id, s.priority, s.run_at
          FROM queue_job_state AS s
-         WHERE (SELECT alone.alone FROM alone)
-           AND s.queue = %(queue)s::text AND s.status = 'pending'
-           AND s.fair_key = %(key)s::text AND s.run_at <= now()
-           AND s.concurrency_key IS NULL
-           AND s.priority = (%(resume)s::jsonb -> %(key)s::text ->> 0)::smallint
-           AND (s.run_at, s.job_id)
-               > ((%(resume)s::jsonb -> %(key)s::text ->> 1)::timestamptz,
-                  (%(resume)s::jsonb -> %(key)s::text ->> 2)::bigint)
+         WHERE s.priority = at.priority AND (s.run_at, s.job_id) > (at.run_at, at.job_id)
+           AND s.queue = %(queue)s::text AND s.status = 'pending' AND s.fair_key = %(key)s::text
+           AND s.run_at <= now() AND s.concurrency_key IS NULL
          ORDER BY s.priority DESC, s.run_at, s.job_id
          LIMIT %(limit)s::integer
          FOR UPDATE OF s SKIP LOCKED) AS resumed
@@ -334,16 +336,11 @@ WITH alone AS MATERIALIZED (
         SELECT * FROM (
          SELECT s.job_id, s.priority, s.run_at
          FROM queue_job_state AS s
-         WHERE (SELECT alone.alone FROM alone)
-           AND s.queue = %(queue)s::text AND s.status = 'pending'
-           AND s.fair_key = %(key)s::text AND s.run_at <= now()
-           AND s.concurrency_key IS NULL
-           AND NOT coalesce(
-               s.priority = (%(resume)s::jsonb -> %(key)s::text ->> 0)::smallint
-               AND (s.run_at, s.job_id)
-                   > ((%(resume)s::jsonb -> %(key)s::text ->> 1)::timestamptz,
-                      (%(resume)s::jsonb -> %(key)s::text ->> 2)::bigint),
-               false)
+         WHERE NOT coalesce(
+                   s.priority = at.priority AND (s.run_at, s.job_id) > (at.run_at, at.job_id),
+                   false)
+           AND s.queue = %(queue)s::text AND s.status = 'pending' AND s.fair_key = %(key)s::text
+           AND s.run_at <= now() AND s.concurrency_key IS NULL
          ORDER BY s.priority DESC, s.run_at, s.job_id
          LIMIT %(limit)s::integer
          FOR UPDATE OF s SKIP LOCKED) AS front

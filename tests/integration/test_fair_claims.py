@@ -163,7 +163,7 @@ def executions(store: Any, marker: str) -> int:
 
 
 WHOLE = "WITH RECURSIVE steps"  # job_claim_fair's text
-ALONE = "WITH alone AS MATERIALIZED"  # job_claim_fair_alone's
+ALONE = "WITH resumed_at AS MATERIALIZED"  # job_claim_fair_alone's
 
 
 def test_a_key_alone_is_claimed_without_the_walk_until_another_key_comes(fair, stores):
