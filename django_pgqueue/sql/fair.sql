@@ -59,7 +59,10 @@ SELECT set_config('enable_seqscan', 'off', true),
 -- With it the positions for the next claim (`resume`): the last job taken of each key,
 -- and the positions given of keys not walked, or walked with jobs none taken (a key
 -- walked with no job is dropped).
--- No job taken: one row, its job columns NULL, with `last_key` and `resume` alone.
+-- alone: the key walked, when the walk stepped onto one key only (the one key with
+-- pending jobs) and the claim took jobs of it: the worker's next claim of the queue is
+-- job_claim_fair_alone, of that key. Else NULL.
+-- No job taken: one row, its job columns NULL, with `last_key`, `alone` and `resume`.
 WITH RECURSIVE steps (fair_key, depth, wrapped) AS (
     -- the walk's start: the key `after` (not walked itself), or before the first key
     SELECT %(after)s::text, 0, false
@@ -252,6 +255,9 @@ WITH RECURSIVE steps (fair_key, depth, wrapped) AS (
         -- many keys with only later jobs would be walked again and again)
         ELSE (SELECT walk.fair_key FROM walk ORDER BY walk.depth DESC LIMIT 1)
     END AS last_key,
+    -- the one key walked, when the claim took jobs of it: see job_claim_fair_alone
+    CASE WHEN (SELECT count(*) FROM walk) = 1 AND EXISTS (SELECT FROM taken)
+         THEN (SELECT walk.fair_key FROM walk) END AS alone,
     (SELECT coalesce(jsonb_object_agg(position.fair_key, position.at), '{}')
      FROM (
          -- the last job taken of each key
@@ -268,13 +274,88 @@ WITH RECURSIVE steps (fair_key, depth, wrapped) AS (
                 OR EXISTS (SELECT FROM candidates WHERE candidates.fair_key = given.key))
      ) AS position (fair_key, at)) AS resume
 )
-SELECT claimed.*, cursor.last_key, cursor.resume
+SELECT claimed.*, cursor.last_key, cursor.alone, cursor.resume
 FROM cursor
 -- a row, its job columns NULL, when no job is taken: it still carries the cursor
 LEFT JOIN LATERAL pgqueue_claim(
     -- in turn order: the attempts are opened, and the rows returned, in this order
     ARRAY(SELECT taken.job_id FROM taken ORDER BY taken.turn, taken.depth)
     || ARRAY(SELECT unkeyed.job_id FROM unkeyed),
+    %(queue)s::text, %(worker_id)s::text, %(lease)s::float8, NULL
+) AS claimed ON true;
+
+
+-- name: job_claim_fair_alone
+-- job_claim_fair when one key has pending jobs: `key`, the one key the worker's last
+-- fair claim of the queue walked, which took jobs of it (its `alone`). That walk, run
+-- again, would step onto that key alone, give it every turn and take its first `limit`
+-- due jobs from where the last claim stopped (`resume`), then from its front; so this
+-- does, without the walk's probes, turns and unkeyed walk: a plan of a few nodes where
+-- job_claim_fair's has about a hundred, whose start and end cost most of what one
+-- tenant draining alone paid over a plain queue (benchmarks/README.md).
+-- resumed_at: two probes of queue_job_state_fair_idx, for a key with pending jobs
+-- before `key` ("" among them) and after it. If either finds one, or the key has no job
+-- to give (jobs without a key may be due), the claim takes nothing and the worker
+-- claims at once with job_claim_fair, whose walk sees every key: a new tenant's job is
+-- seen by the first claim after it is committed, as before.
+-- The rows of job_claim_fair: the jobs taken, each with `last_key` and `alone` (`key`)
+-- and `resume` (the positions given, and the key's last job taken); none taken: one
+-- row, its job columns NULL.
+WITH resumed_at AS MATERIALIZED (
+    -- where the last claim stopped in the key (NULLs: not given); no row if another key
+    -- has pending jobs
+    SELECT (%(resume)s::jsonb -> %(key)s::text ->> 0)::smallint AS priority,
+           (%(resume)s::jsonb -> %(key)s::text ->> 1)::timestamptz AS run_at,
+           (%(resume)s::jsonb -> %(key)s::text ->> 2)::bigint AS job_id
+    WHERE NOT EXISTS (
+              SELECT FROM queue_job_state AS s
+              WHERE s.queue = %(queue)s::text AND s.status = 'pending'
+                AND s.fair_key IS NOT NULL AND s.fair_key < %(key)s::text
+          )
+      AND NOT EXISTS (
+              SELECT FROM queue_job_state AS s
+              WHERE s.queue = %(queue)s::text AND s.status = 'pending'
+                AND s.fair_key > %(key)s::text
+          )
+), taken AS MATERIALIZED (
+    SELECT locked.job_id, locked.priority, locked.run_at, row_number() OVER () AS place
+    FROM resumed_at AS at
+    CROSS JOIN LATERAL (
+        -- from where the last claim stopped in the key, in its priority, then from the
+        -- key's front (each branch a subquery, as in job_claim_fair)
+        SELECT * FROM (
+         SELECT s.job_id, s.priority, s.run_at
+         FROM queue_job_state AS s
+         WHERE s.priority = at.priority AND (s.run_at, s.job_id) > (at.run_at, at.job_id)
+           AND s.queue = %(queue)s::text AND s.status = 'pending' AND s.fair_key = %(key)s::text
+           AND s.run_at <= now() AND s.concurrency_key IS NULL
+         ORDER BY s.priority DESC, s.run_at, s.job_id
+         LIMIT %(limit)s::integer
+         FOR UPDATE OF s SKIP LOCKED) AS resumed
+        UNION ALL
+        SELECT * FROM (
+         SELECT s.job_id, s.priority, s.run_at
+         FROM queue_job_state AS s
+         WHERE NOT coalesce(
+                   s.priority = at.priority AND (s.run_at, s.job_id) > (at.run_at, at.job_id),
+                   false)
+           AND s.queue = %(queue)s::text AND s.status = 'pending' AND s.fair_key = %(key)s::text
+           AND s.run_at <= now() AND s.concurrency_key IS NULL
+         ORDER BY s.priority DESC, s.run_at, s.job_id
+         LIMIT %(limit)s::integer
+         FOR UPDATE OF s SKIP LOCKED) AS front
+        LIMIT %(limit)s::integer
+    ) AS locked
+)
+SELECT claimed.*, %(key)s::text AS last_key, %(key)s::text AS alone,
+       %(resume)s::jsonb || coalesce(
+           (SELECT jsonb_build_object(
+                       %(key)s::text, jsonb_build_array(taken.priority, taken.run_at, taken.job_id))
+            FROM taken ORDER BY taken.place DESC LIMIT 1),
+           '{}') AS resume
+FROM (SELECT) AS one
+LEFT JOIN LATERAL pgqueue_claim(
+    ARRAY(SELECT taken.job_id FROM taken ORDER BY taken.place),
     %(queue)s::text, %(worker_id)s::text, %(lease)s::float8, NULL
 ) AS claimed ON true;
 

@@ -13,7 +13,9 @@ interval): a pause or a limit set on a queue holds within it.
 A fair queue (PGQUEUE["FAIR_QUEUES"], given by the worker) without controls is claimed
 by ``job_claim_fair``: its jobs round-robin across their fair keys, from the key after
 the one this worker's previous claim of the queue served last (the last key it walked,
-when it took fewer jobs than its limit). A fair queue with
+when it took fewer jobs than its limit). After a claim that found one key with pending
+jobs and took jobs of it, that key's own statement claims (``job_claim_fair_alone``: no
+walk), and ``job_claim_fair`` at once if it takes nothing. A fair queue with
 controls is claimed by the controlled claim (limits first; no turns).
 
 What each claim teaches the worker's scheduler: a controlled queue's walk always starts
@@ -120,6 +122,9 @@ class QueueClaims:
         self._fair_after: dict[str, str] = {}
         # Each fair queue's resume positions (job_claim_fair's JSON) and until when.
         self._fair_resume: dict[str, tuple[str, float]] = {}
+        # Each fair queue whose last claim found one key with pending jobs and took jobs
+        # of it: that key (its next claim is job_claim_fair_alone).
+        self._fair_alone: dict[str, str] = {}
         self._controlled: frozenset[str] = frozenset()
         self._view_due = 0.0
         self.states: dict[str, ControlState] = {}
@@ -164,7 +169,9 @@ class QueueClaims:
 
     def _fair_claim(self, done: Sequence[Completion] | None, request: ClaimRequest) -> Claimed:
         """The fair claim, after the completions; it moves the queue's key cursor and
-        its resume positions on."""
+        its resume positions on. Of a queue whose last claim found one key with pending
+        jobs, that key's claim alone (job_claim_fair_alone); if it takes nothing (another
+        key came, or the key has nothing due), the whole fair claim at once."""
         queue, limit, worker_id, lease, _ = request
         now = time.monotonic()
         resume, until = self._fair_resume.get(queue, ("{}", 0.0))
@@ -180,18 +187,41 @@ class QueueClaims:
             "weights": self._fair[queue],
             "resume": resume,
         }
-        what = "job_claim_fair" if done is None else "job_complete + job_claim_fair"
-        with self.session.holding(what) as conn:
-            done_rows, rows = _pipeline(
-                self.session, conn, done, "job_claim_fair", params, "fair_claim_plan"
-            )
+        key = self._fair_alone.pop(queue, None)
+        if key is None:
+            return self._fair_statement(done, "job_claim_fair", params, until)
+        done_rows, rows = self._fair_statement(
+            done, "job_claim_fair_alone", {**params, "key": key}, until
+        )
         if rows:
-            last_key, positions = rows[0][-2:]
+            return done_rows, rows
+        more_done, rows = self._fair_statement(None, "job_claim_fair", params, until)
+        return done_rows + more_done, rows
+
+    def _fair_statement(
+        self,
+        done: Sequence[Completion] | None,
+        name: str,
+        params: dict[str, Any],
+        until: float,
+    ) -> Claimed:
+        """Run the fair claim `name` after the completions; note its cursor: the key the
+        next claim starts after, the resume positions (kept until `until`), and the key
+        it found alone."""
+        queue = params["queue"]
+        what = name if done is None else f"job_complete + {name}"
+        with self.session.holding(what) as conn:
+            done_rows, rows = _pipeline(self.session, conn, done, name, params, "fair_claim_plan")
+        # No job taken: the one row carries the cursor alone, its job id NULL.
+        claimed = [ClaimedRow._make(row[:-3]) for row in rows if row[0] is not None]
+        if rows:
+            last_key, alone, positions = rows[0][-3:]
             if last_key is not None:
                 self._fair_after[queue] = last_key
             self._fair_resume[queue] = (json.dumps(positions), until)
-        # No job taken: the one row carries the cursor alone, its job id NULL.
-        return done_rows, [ClaimedRow._make(row[:-2]) for row in rows if row[0] is not None]
+            if alone is not None and claimed:
+                self._fair_alone[queue] = alone
+        return done_rows, claimed
 
     def _controlled_claim(
         self, done: Sequence[Completion] | None, request: ClaimRequest

@@ -151,6 +151,50 @@ def test_the_walk_comes_round_to_the_key_of_jobs_without_a_fairness_key(fair, st
     assert [claim(store, "fq2", 1)[0] for _ in range(6)] == ["", "b"] * 3
 
 
+def executions(store: Any, marker: str) -> int:
+    """How many times the store's connection ran its prepared statement whose text
+    holds `marker` (on the generic plan, as the fair claims run)."""
+    rows = store.raw.execute(
+        "SELECT generic_plans + custom_plans FROM pg_prepared_statements "
+        "WHERE strpos(statement, %s) > 0",
+        [marker],
+    ).fetchall()
+    return sum(count for (count,) in rows)
+
+
+WHOLE = "WITH RECURSIVE steps"  # job_claim_fair's text
+ALONE = "WITH resumed_at AS MATERIALIZED"  # job_claim_fair_alone's
+
+
+def test_a_key_alone_is_claimed_without_the_walk_until_another_key_comes(fair, stores):
+    # One tenant's backlog: after a claim whose walk found its key alone, the worker's
+    # claims take its jobs by the key's own statement, without the walk.
+    enqueue_many([JobSpec("qa.noop", fairness_key="a") for _ in range(20)], queue="fq2")
+    store = fair_store(stores)
+    assert [claim(store, "fq2", 4) for _ in range(3)] == [["a"] * 4] * 3
+    assert (executions(store, WHOLE), executions(store, ALONE)) == (1, 2)
+    # A new tenant: the key's statement sees it and takes nothing, and the whole claim
+    # gives the new key its turn in the same call.
+    enqueue("qa.noop", queue="fq2", fairness_key="b")
+    assert "b" in claim(store, "fq2", 4)
+    assert (executions(store, WHOLE), executions(store, ALONE)) == (2, 3)
+    # "b" has no job left: "a" is alone again.
+    assert claim(store, "fq2", 2) == ["a", "a"]
+    assert claim(store, "fq2", 2) == ["a", "a"]
+    assert (executions(store, WHOLE), executions(store, ALONE)) == (3, 4)
+
+
+def test_jobs_without_a_key_are_claimed_once_the_key_alone_has_none_due(fair, stores):
+    unkeyed = enqueue("qa.noop", queue="fq3")  # written before the queue was fair
+    enqueue_many([JobSpec("qa.noop", fairness_key="a") for _ in range(8)], queue="fq3")
+    store = stores("fair", fair_queues={"fq3": {}})
+    assert [claim(store, "fq3", 4) for _ in range(2)] == [["a"] * 4] * 2
+    # The key's statement finds nothing due; the whole claim then looks for jobs
+    # without a key, in the same call.
+    _, rows = store.claims.claim(None, ClaimRequest("fq3", 4, "w", 60.0))
+    assert [row.job_id for row in rows] == [unkeyed.id]
+
+
 def test_priority_orders_the_jobs_within_a_key(fair, stores):
     low = enqueue("qa.noop", queue="fq2", fairness_key="a", priority=-5)
     high = enqueue("qa.noop", queue="fq2", fairness_key="a", priority=5)
@@ -348,7 +392,7 @@ def test_a_claim_resumes_a_key_past_the_entries_of_its_claimed_jobs(stores):
         conn.execute(QUERIES["fair_claim_plan"])
         rows = conn.execute(QUERIES["job_claim_fair"], params).fetchall()
     assert len(rows) == 10
-    params["after"], resume = rows[0][-2:]
+    params["after"], _, resume = rows[0][-3:]
     params["resume"] = json.dumps(resume)
     assert list(resume) == ["a"]
     resumed = fair_index_reads()

@@ -57,6 +57,7 @@ ROUTED = {
     "job_claim_after",
     "job_claim_controlled",
     "job_claim_fair",
+    "job_claim_fair_alone",
     "pgqueue_claim",
     "queue_next_due",
     "queue_control_state",

@@ -44,6 +44,7 @@ RUNNERS = {
     "fetch_after": (1, 2),
     "_ddl": (1,),
     "_pipeline": (3, 5),
+    "_fair_statement": (1,),
     "_insert_one": (1,),
 }
 
