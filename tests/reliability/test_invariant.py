@@ -276,7 +276,10 @@ def enqueue_outcomes(server: PgServer, enqueue: Enqueuer, queue: str, each: int)
             continue
         payload: dict[str, Any] = {"do": "return" if kind == "once" else kind}
         if kind == "hang":
-            payload["seconds"] = TIMEOUT * 2.5
+            # Past its timeout, not by as much again: a worker whose every thread is
+            # stuck that long exits for its supervisor to restart (this one has none),
+            # and at full size four hang jobs fill its four threads.
+            payload["seconds"] = TIMEOUT * 1.5
         if kind == "slow":
             payload = {"do": "hang", "seconds": TIMEOUT * 0.7}
         options = {"max_attempts": 1} if kind == "once" else {}
