@@ -1,8 +1,11 @@
-"""The squashed migration stands for 0001 to 0022: a database those files migrated (or the
-earlier squash of 0001 to 0017, which recorded their names), and a migration written
-against them, keep working now that the files are gone."""
+"""The squashed migration stands for 0001 to 0029: a database those files migrated (by the
+earlier squash of 0001 to 0022 and 0023 to 0029, or by the files before that squash, whose
+names it recorded too), and a migration written against any of them, keep working now that
+the files are gone."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -11,29 +14,58 @@ from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.recorder import MigrationRecorder
 from django.test import override_settings
 
+import django_pgqueue.migrations
+
 APP = "django_pgqueue"
-SQUASHED = (APP, "0001_squashed_0022_many_tenants")
+SQUASHED = (APP, "0001_squashed_0029_enqueue_statement_work")
 # The names the old files recorded in django_migrations, as the squashed one lists them.
 OLD = [name for _, name in MigrationLoader(None).disk_migrations[SQUASHED].replaces]
+FIRST_SQUASH = "0001_squashed_0022_many_tenants"
+# The later migrations of tests/integration/later_migrations, and what each depends on.
+LATER = {
+    "0030_later": "0029_enqueue_statement_work",
+    "0030_on_0025": "0025_started_steps_stay_run",
+    "0030_on_the_first_squash": FIRST_SQUASH,
+    "0030_on_0022": "0022_many_tenants",
+}
 
 
 def test_the_squashed_migration_replaces_every_old_one():
     loader = MigrationLoader(None)
-    assert [name[:4] for name in OLD] == [f"{number:04}" for number in range(1, 23)]
-    assert (OLD[0], OLD[-1]) == ("0001_initial", "0022_many_tenants")
+    # The 22 files of the first squash, that squash, then the files written after it.
+    assert [name[:4] for name in OLD[:22]] == [f"{number:04}" for number in range(1, 23)]
+    assert (OLD[0], OLD[21]) == ("0001_initial", "0022_many_tenants")
+    assert OLD[22:] == [
+        FIRST_SQUASH,
+        "0023_sequences",
+        "0025_started_steps_stay_run",
+        "0027_cancel_in_progress",
+        "0028_claim_order",
+        "0029_enqueue_statement_work",
+    ]
     assert loader.graph.root_nodes(APP) == [SQUASHED]
     # One line of history after it: the migrations written since depend on it, one leaf.
     (leaf,) = loader.graph.leaf_nodes(APP)
     assert SQUASHED in loader.graph.forwards_plan(leaf)
 
 
+def test_the_squashed_migration_holds_its_sql_whole():
+    # Each function in its final text: none is built by editing another's text.
+    source = Path(django_pgqueue.migrations.__file__).with_name(f"{SQUASHED[1]}.py").read_text()
+    assert ".replace(" not in source
+    assert "import_module" not in source
+
+
 @pytest.mark.django_db
-def test_a_database_the_old_files_migrated_has_nothing_to_apply():
+@pytest.mark.parametrize(
+    "earlier", [[FIRST_SQUASH], [FIRST_SQUASH, "0001_squashed_0017_claim_function"]]
+)
+def test_a_database_the_old_files_migrated_has_nothing_to_apply(earlier):
     recorder = MigrationRecorder(connection)
-    # As the old files left it: their 22 rows (and the earlier squash's, which nothing
-    # reads now), the later migrations' own.
+    # As the old files left it at 0029: their rows (the first squash's among them, and
+    # the squash before it, which nothing reads now).
     recorder.migration_qs.filter(app=APP, name=SQUASHED[1]).delete()
-    for name in [*OLD, "0001_squashed_0017_claim_function"]:
+    for name in {*OLD, *earlier}:
         recorder.record_applied(APP, name)
 
     executor = MigrationExecutor(connection)
@@ -44,16 +76,18 @@ def test_a_database_the_old_files_migrated_has_nothing_to_apply():
 
 
 @override_settings(MIGRATION_MODULES={APP: "tests.integration.later_migrations"})
-def test_a_migration_depending_on_0022_depends_on_the_squashed_one():
+@pytest.mark.parametrize("later", sorted(LATER))
+def test_a_migration_depending_on_a_replaced_name_depends_on_the_squashed_one(later):
     graph = MigrationLoader(None).graph
-    later = graph.node_map[(APP, "0023_later")]
-    assert [parent.key for parent in later.parents] == [SQUASHED]
-    assert graph.forwards_plan((APP, "0023_later")) == [SQUASHED, (APP, "0023_later")]
+    node = graph.node_map[(APP, later)]
+    assert LATER[later] in OLD
+    assert [parent.key for parent in node.parents] == [SQUASHED]
+    assert graph.forwards_plan((APP, later)) == [SQUASHED, (APP, later)]
 
 
 @override_settings(MIGRATION_MODULES={APP: "tests.integration.later_migrations"})
 @pytest.mark.django_db
-def test_a_database_at_0022_applies_only_the_later_migration():
+def test_a_database_at_0029_applies_only_the_later_migrations():
     recorder = MigrationRecorder(connection)
     recorder.migration_qs.filter(app=APP, name=SQUASHED[1]).delete()
     for name in OLD:
@@ -62,7 +96,9 @@ def test_a_database_at_0022_applies_only_the_later_migration():
     executor = MigrationExecutor(connection)
     plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
 
-    assert [migration.name for migration, _ in plan if migration.app_label == APP] == ["0023_later"]
+    assert sorted(migration.name for migration, _ in plan if migration.app_label == APP) == sorted(
+        LATER
+    )
 
 
 def test_the_project_migrations_still_resolve():

@@ -43,7 +43,7 @@ def _function_statement(migration: str, constant: str) -> str:
 # The functions' statements, with the arguments that stand for parameters in them.
 FUNCTIONS = {
     "pgqueue_claim": (
-        _function_statement("0001_squashed_0022_many_tenants", "CLAIM"),
+        _function_statement("0001_squashed_0029_enqueue_statement_work", "CLAIM"),
         ("p_queue",),
     ),
 }

@@ -1,9 +1,11 @@
-# The schema of 0001_initial to 0022_many_tenants in one migration, written as it
-# ends: each table created with its final columns, indexes and constraints, each
-# PL/pgSQL function created once in its final text. A database migrated to 0022 by the
-# old files (or by the earlier squash of 0001 to 0017, which recorded their names) has
-# it applied already (replaces); a fresh one gets the same schema. Later migrations may
-# depend on ("django_pgqueue", "0022_many_tenants"), or on any name replaced here:
+# The schema of 0001_initial to 0029_enqueue_statement_work in one migration, written
+# as it ends: each table created with its final columns, indexes and constraints, each
+# PL/pgSQL function created once in its final text (plain text: no function here is
+# another's text edited). A database migrated to 0029 by the old files (by 0023 to 0029
+# after the squash of 0001 to 0022, or by the files before that squash, whose names it
+# recorded too) has it applied already (replaces); a fresh one gets the same schema
+# (pg_dump --schema-only of both is the same). Later migrations may depend on
+# ("django_pgqueue", "0029_enqueue_statement_work"), or on any name replaced here:
 # Django points a dependency on a replaced migration to this one
 # (tests/integration/test_migrations.py).
 
@@ -20,7 +22,10 @@ import django_pgqueue.models.observability
 # re-reads every CHECK expression from its stored form for each statement that writes
 # the table; a dozen Django-generated expressions cost a third of a single enqueue. A
 # function call is short to read back, its body is compiled once per session, and the
-# message says which rule was broken.
+# message says which rule was broken. Each CHECK costs per statement whatever it
+# checks, so the state row has one: the sequence rule is a condition of
+# queue_job_state_valid, whose parameters have the columns' own types (varchar), so the
+# stored call holds no casts to read back.
 JOBS_VALID = r"""
 CREATE FUNCTION queue_jobs_valid(queue text, type text) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
@@ -43,8 +48,9 @@ $$
 
 JOB_STATE_VALID = r"""
 CREATE FUNCTION queue_job_state_valid(
-    status text, priority smallint, attempts integer, max_attempts integer,
-    lease_version bigint, locked_by text, locked_until timestamptz, finished_at timestamptz
+    status varchar, priority smallint, attempts integer, max_attempts integer,
+    lease_version bigint, locked_by varchar, locked_until timestamptz,
+    finished_at timestamptz, sequence_key varchar, sequence_on_failure varchar
 ) RETURNS boolean
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 BEGIN
@@ -53,7 +59,9 @@ BEGIN
        AND attempts >= 0 AND max_attempts >= 1 AND attempts <= max_attempts
        AND lease_version >= 0
        AND (status = 'running') = (locked_by IS NOT NULL AND locked_until IS NOT NULL)
-       AND (status IN ('completed', 'dead', 'cancelled')) = (finished_at IS NOT NULL) THEN
+       AND (status IN ('completed', 'dead', 'cancelled')) = (finished_at IS NOT NULL)
+       AND (sequence_key IS NULL) = (sequence_on_failure IS NULL)
+       AND (sequence_on_failure IS NULL OR sequence_on_failure IN ('hold', 'continue')) THEN
         RETURN true;
     END IF;
     IF status NOT IN ('waiting', 'pending', 'running', 'completed', 'dead', 'cancelled') THEN
@@ -72,10 +80,23 @@ BEGIN
         RAISE check_violation USING MESSAGE = format(
             'queue_job_state: a %s row must %s locked_by and locked_until', status,
             CASE WHEN status = 'running' THEN 'have' ELSE 'not have' END);
+    ELSIF (status IN ('completed', 'dead', 'cancelled')) <> (finished_at IS NOT NULL) THEN
+        RAISE check_violation USING MESSAGE = format(
+            'queue_job_state: a %s row must %s finished_at', status,
+            CASE WHEN status IN ('completed', 'dead', 'cancelled') THEN 'have'
+                 ELSE 'not have' END);
+    ELSIF sequence_on_failure IS NULL THEN
+        RAISE check_violation USING MESSAGE = format(
+            'queue_job_state: a row with sequence_key %L must have sequence_on_failure '
+            '''hold'' or ''continue''', sequence_key);
+    ELSIF sequence_key IS NULL THEN
+        RAISE check_violation USING MESSAGE = format(
+            'queue_job_state: a row without sequence_key must not have '
+            'sequence_on_failure (it has %L)', sequence_on_failure);
     END IF;
     RAISE check_violation USING MESSAGE = format(
-        'queue_job_state: a %s row must %s finished_at', status,
-        CASE WHEN status IN ('completed', 'dead', 'cancelled') THEN 'have' ELSE 'not have' END);
+        'queue_job_state: sequence_on_failure %L is neither ''hold'' nor ''continue''',
+        sequence_on_failure);
 END
 $$
 """
@@ -110,16 +131,22 @@ $$
 # The last statements of both enqueue functions (pgqueue_enqueue, pgqueue_enqueue_unique),
 # written once: a job with a concurrency key marks its queue keyed (the controlled
 # claim's cue, written the first time only), and a job due now wakes its queue's
-# workers. It closes the condition each function opens with the keys it checks.
+# workers. It closes the condition each function opens with the keys it checks. The
+# look at queue_controls is a condition of its own, run only for a job with a key (as
+# one condition with the key's test, PL/pgSQL ran its statement for every job), and
+# pg_notify is called in an assignment, a simple expression (PERFORM runs a statement).
 KEYED_AND_DUE = """\
-        SELECT FROM queue_controls AS known WHERE known.queue = p_queue AND known.keyed
-    ) THEN
-        INSERT INTO queue_controls AS c (queue, paused, key_limit, rate_starts, keyed, updated_at)
-        VALUES (p_queue, false, 1, '{}', true, now())
-        ON CONFLICT (queue) DO UPDATE SET keyed = true, updated_at = now();
+        IF NOT EXISTS (
+            SELECT FROM queue_controls AS known WHERE known.queue = p_queue AND known.keyed
+        ) THEN
+            INSERT INTO queue_controls AS c (queue, paused, key_limit, rate_starts, keyed,
+                                             updated_at)
+            VALUES (p_queue, false, 1, '{}', true, now())
+            ON CONFLICT (queue) DO UPDATE SET keyed = true, updated_at = now();
+        END IF;
     END IF;
     IF v_run_at <= now() THEN
-        PERFORM pg_notify('pgqueue', p_queue);
+        v_woken := pg_notify('pgqueue', p_queue) IS NULL;
     END IF;"""
 
 # Enqueue through a PL/pgSQL function: PostgreSQL plans its statements once per
@@ -138,6 +165,7 @@ CREATE FUNCTION pgqueue_enqueue(
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint;
+    v_woken boolean;  -- pg_notify's (void) result
     v_run_at timestamptz := coalesce(p_run_at, now() + make_interval(secs => p_delay));
 BEGIN
     IF p_idempotency_key IS NULL THEN
@@ -191,7 +219,7 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    IF p_concurrency_key IS NOT NULL AND NOT EXISTS (
+    IF p_concurrency_key IS NOT NULL THEN
 {KEYED_AND_DUE}
     job_id := v_id;
     created := true;
@@ -236,17 +264,19 @@ $$
 """
 
 
-def _generic_plans(head: str, body: str) -> str:
+def _generic_plans(head: str, body: str, *settings: str) -> str:
     """CREATE FUNCTION head (its name, arguments and RETURNS) in PL/pgSQL whose
     statements are planned once per connection: generic plans, sequential scans off.
 
     Its plans are cached for the session, possibly built while the tables it reads were
     empty: without sequential scans they are the index probes at every size. The body
-    is what stands between AS $$ and $$ (0023 writes its function with it too).
+    is what stands between AS $$ and $$; settings are further SET clauses ("name =
+    value"), after those two.
     """
+    sets = "".join(f"SET {setting}\n" for setting in settings)
     return (
         f"\nCREATE FUNCTION {head}\nLANGUAGE plpgsql\nSET enable_seqscan = off\n"
-        f"SET plan_cache_mode = force_generic_plan\nAS $$\n{body}$$\n"
+        f"SET plan_cache_mode = force_generic_plan\n{sets}AS $$\n{body}$$\n"
     )
 
 
@@ -260,7 +290,12 @@ def _generic_plans(head: str, body: str) -> str:
 # arrays the custom plans always looked cheaper, and planning cost more than running)
 # with sequential scans off, so the plan kept is the index probes at every size.
 # A step made pending is due its own delay after the settle (queue_workflow_steps.delay,
-# as Celery counts a chained task's countdown from its parent's end).
+# as Celery counts a chained task's countdown from its parent's end). A step started
+# when its current lease was claimed (an attempt under its lease_version) stays run
+# when its dependencies are counted again: pgqueue_unsettle leaves a pending one (a
+# durable step asleep, a step waiting for its retry) pending, pgqueue_settle leaves a
+# waiting one (a durable step parked for an event) waiting for its event. The settle
+# also moves the sequences of the jobs it is given on (pgqueue_sequence_next, below).
 SETTLE = _generic_plans(
     "pgqueue_settle(p_completed bigint[], p_failed bigint[]) RETURNS integer",
     r"""DECLARE
@@ -271,6 +306,8 @@ SETTLE = _generic_plans(
     v_moved integer;
     v_total integer := 0;
 BEGIN
+    -- Sequences: the jobs given move their sequences on (their row locks first).
+    PERFORM pgqueue_sequence_next(v_completed || v_failed);
     WHILE cardinality(v_completed) + cardinality(v_failed) > 0 LOOP
         -- The dependents' step rows, locked in job_id order: two transactions settling
         -- one fan-in queue on the first row instead of deadlocking. Once locked, the
@@ -327,6 +364,10 @@ BEGIN
             WHERE state.job_id = counted.job_id
               AND counted.status IS NOT NULL
               AND state.status = 'waiting'
+              -- a durable step parked for an event started: it waits for its event
+              AND NOT EXISTS (SELECT FROM queue_attempts AS attempt
+                                    WHERE attempt.job_id = state.job_id
+                                      AND attempt.lease_version = state.lease_version)
             RETURNING state.job_id, state.queue, state.status
         ), wake AS (
             SELECT count(pg_notify('pgqueue', due.queue)::text) AS queues
@@ -410,7 +451,8 @@ BEGIN
             RETURNING step.job_id, step.failed, step.cancelled_by
         ), restored AS (
             -- A dependent waits while a dependency is unfinished, unless it started
-            -- (it stays run) or an operator cancelled it (cancelled_by NULL): pending
+            -- (a claim under its lease: it stays run, a durable step asleep too)
+            -- or an operator cancelled it (cancelled_by NULL): pending
             -- (due, not claimed yet) goes back to waiting, and so does one its
             -- dependencies' failure cancelled, once none of them is failed.
             UPDATE queue_job_state AS state
@@ -422,7 +464,10 @@ BEGIN
                 updated_at = now()
             FROM counted
             WHERE state.job_id = counted.job_id
-              AND (state.status = 'pending'
+              AND ((state.status = 'pending'
+                    AND NOT EXISTS (SELECT FROM queue_attempts AS attempt
+                                    WHERE attempt.job_id = state.job_id
+                                      AND attempt.lease_version = state.lease_version))
                    OR (state.status = 'cancelled'
                        AND counted.cancelled_by IS NOT NULL
                        AND counted.failed = 0))
@@ -446,7 +491,12 @@ END
 # them (a new lease, an attempt opened, the row returned) is written once here. It is
 # given the ids its caller's walk locked (FOR UPDATE SKIP LOCKED), so its statements
 # find them as the walk left them. Generic plans, sequential scans off: planned once
-# per connection, also behind a pooler that allows no prepared statements.
+# per connection, also behind a pooler that allows no prepared statements. It opens the
+# attempts, and returns the rows, in the order given: the order of the claim's walk
+# (the fair claim's turns, the plain claim's priority and due time), so the attempts'
+# ids number the jobs as the walk took them. Sorts on: the plain claim's transaction
+# turns them off (claim_plan_generic), and the two sorts of a few rows, priced as
+# disabled, put the plan above jit_above_cost (compiling it took ~250 ms a claim).
 CLAIM = _generic_plans(
     """pgqueue_claim(
     p_job_ids bigint[], p_queue text, p_worker_id text, p_lease float8,
@@ -486,6 +536,8 @@ BEGIN
         SELECT claimed.job_id, claimed.lease_version, claimed.attempts, p_worker_id,
                'running', coalesce(p_started_at, clock_timestamp())
         FROM claimed
+        -- in the order given: the attempts' ids number the jobs as the walk took them
+        ORDER BY array_position(p_job_ids, claimed.job_id)
         RETURNING queue_attempts.id, queue_attempts.job_id
     )
     SELECT claimed.job_id, claimed.queue::text, job.type::text, job.payload,
@@ -506,9 +558,11 @@ BEGIN
           -- see docs/howto/scaling-out.md); here it only checks the row the key found.
           AND j.queue = p_queue
         LIMIT 1
-    ) AS job;
+    ) AS job
+    ORDER BY opened.id;
 END
 """,
+    "enable_sort = on",
 )
 
 # Whether a registered worker process is alive now: not marked gone, and seen within
@@ -712,6 +766,7 @@ CREATE FUNCTION pgqueue_enqueue_unique(
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint;
+    v_woken boolean;  -- pg_notify's (void) result
     v_held_type text;
     v_run_at timestamptz := coalesce(p_run_at, now() + make_interval(secs => p_delay));
 BEGIN
@@ -812,12 +867,239 @@ BEGIN
             RETURN;  -- the key kept changing hands: all NULL, the caller says so
         END IF;
     END IF;
-    IF outcome = 'created' AND p_concurrency_key IS NOT NULL AND NOT EXISTS (
+    IF outcome = 'created' AND p_concurrency_key IS NOT NULL THEN
 {KEYED_AND_DUE}
     job_id := v_id;
 END
 $$
 """  # noqa: S608 (its text from constant pieces, no input)
+
+# Sequences: jobs with one sequence key run one at a time, in enqueue order.
+#
+# - queue_sequences: a row per (queue, sequence key) naming the sequence's head, the one
+#   job of it that may be pending, running, parked or held (dead, with on_failure
+#   'hold'); every later job of the sequence is written `waiting` (in no claim index:
+#   the claim statements are unchanged). The row is the sequence's lock.
+# - pgqueue_enqueue_sequenced: takes the sequence's row (INSERT ... ON CONFLICT DO
+#   UPDATE: locked until the caller's transaction ends, its head the latest committed),
+#   then writes the job with pgqueue_enqueue, its id drawn under the lock, so a
+#   sequence's ids are its enqueue order. No head: the job is the head, pending;
+#   otherwise it waits. Concurrent enqueues of one sequence queue on the row: never two
+#   heads.
+# - pgqueue_sequence_next: the one rule that moves a sequence on, under its row's lock:
+#   when its head is none, gone, completed, cancelled, dead with on_failure 'continue',
+#   or put back to waiting by an operator's retry, its first waiting job (lowest id)
+#   becomes pending and the head (none: the head is NULL). Called by pgqueue_settle for
+#   the jobs it settles: a sequenced job has has_dependents set, so every statement that
+#   ends a job (complete, fail, release, sweep, cancel, give back, park) moves its
+#   sequence on in its own transaction, as it settles a workflow's dependents; a
+#   refused (stale) write moves nothing. A retry (failure, lost lease) keeps the job
+#   pending: it stays the head. job_retry_now (sql/core.sql) puts a retried sequenced
+#   job back to waiting, unless it heads its sequence, and calls it too. The prune
+#   deletes the row of a sequence with nothing left (head NULL), so it writes the row
+#   again when it is gone (INSERT ... ON CONFLICT DO UPDATE: the row locked either way):
+#   a dead or cancelled job of a pruned sequence, retried, finds its row and runs.
+# - pgqueue_sequence_release: an operator lets a held sequence go on past its dead head
+#   (its on_failure becomes 'continue'), by the same rule.
+# - pgqueue_enqueue_cancel_running: an enqueue with Unique.cancel_running(key). The key
+#   is a sequence key of the queue: under the sequence's row lock, the key's jobs not
+#   running (its waiting ones; a head pending, or parked for an event) are cancelled
+#   and settled as job_cancel settles them, the running head gets a cancel request
+#   (job_cancel_request's mark: the worker hears of it at its next renewal), then the
+#   new job is written with pgqueue_enqueue_sequenced, on_failure 'continue'. Behind a
+#   running head it waits: the head stays running until its code returned (the fenced
+#   write that ends it, or the sweep once its process is gone), and only that end moves
+#   the sequence on. The new job never starts while the cancelled code runs: the hold.
+SEQUENCE_NEXT = _generic_plans(
+    "pgqueue_sequence_next(p_job_ids bigint[]) RETURNS integer",
+    r"""DECLARE
+    v_moved integer;
+BEGIN
+    -- The sequences of the given jobs, locked in key order (an enqueue holds one at a
+    -- time). Once locked, the next statement's snapshot sees every enqueue and every
+    -- move committed before: no waiting job is missed, none released twice.
+    -- A sequence whose row was pruned (nothing was left of it) gets it back: an
+    -- operator's retry of one of its finished jobs.
+    INSERT INTO queue_sequences AS seq (queue, sequence_key, head_job_id)
+    SELECT DISTINCT state.queue, state.sequence_key, NULL::bigint
+    FROM queue_job_state AS state
+    WHERE state.job_id = ANY (p_job_ids) AND state.sequence_key IS NOT NULL
+    ORDER BY state.queue, state.sequence_key
+    ON CONFLICT (queue, sequence_key) DO UPDATE SET head_job_id = seq.head_job_id;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    WITH free AS (
+        -- The sequences whose head let go: none, gone, finished for its sequence, or
+        -- one of the given jobs put back to waiting (an operator's retry of the head).
+        SELECT seq.id, seq.queue, seq.sequence_key
+        FROM queue_sequences AS seq
+        LEFT JOIN queue_job_state AS head ON head.job_id = seq.head_job_id
+        WHERE (seq.queue, seq.sequence_key) IN (
+            SELECT state.queue, state.sequence_key
+            FROM queue_job_state AS state
+            WHERE state.job_id = ANY (p_job_ids) AND state.sequence_key IS NOT NULL
+        )
+          AND (head.job_id IS NULL
+               OR head.status IN ('completed', 'cancelled')
+               OR (head.status = 'dead' AND head.sequence_on_failure = 'continue')
+               OR (head.status = 'waiting' AND head.job_id = ANY (p_job_ids)))
+    ), chosen AS (
+        SELECT free.id,
+               (SELECT waiting.job_id
+                FROM queue_job_state AS waiting
+                WHERE waiting.queue = free.queue
+                  AND waiting.sequence_key = free.sequence_key
+                  AND waiting.status = 'waiting'
+                ORDER BY waiting.job_id
+                LIMIT 1) AS next_id
+        FROM free
+    ), moved AS (
+        UPDATE queue_job_state AS state
+        SET status = 'pending', run_at = greatest(state.run_at, now()), updated_at = now()
+        FROM chosen
+        WHERE state.job_id = chosen.next_id AND state.status = 'waiting'
+        RETURNING state.job_id, state.queue
+    ), headed AS (
+        UPDATE queue_sequences AS seq
+        SET head_job_id = chosen.next_id
+        FROM chosen
+        WHERE seq.id = chosen.id
+        RETURNING seq.id
+    ), wake AS (
+        SELECT count(pg_notify('pgqueue', due.queue)::text) AS queues
+        FROM (SELECT DISTINCT queue FROM moved) AS due
+    )
+    SELECT count(moved.job_id) INTO v_moved
+    FROM wake CROSS JOIN (SELECT count(*) FROM headed) AS heads LEFT JOIN moved ON true;
+    RETURN v_moved;
+END
+""",
+)
+
+ENQUEUE_SEQUENCED = r"""
+CREATE FUNCTION pgqueue_enqueue_sequenced(
+    p_queue text, p_type text, p_payload jsonb, p_priority smallint, p_run_at timestamptz,
+    p_delay float8, p_max_attempts integer, p_traceparent text, p_concurrency_key text,
+    p_fair_key text, p_sequence_key text, p_on_failure text,
+    OUT job_id bigint, OUT head boolean, OUT created_at timestamptz
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_head bigint;
+BEGIN
+    -- The sequence's row, locked until the caller's transaction ends; its head is the
+    -- latest committed (ON CONFLICT DO UPDATE reads the newest version it locks).
+    INSERT INTO queue_sequences AS seq (queue, sequence_key, head_job_id)
+    VALUES (p_queue, p_sequence_key, NULL)
+    ON CONFLICT (queue, sequence_key) DO UPDATE SET head_job_id = seq.head_job_id
+    RETURNING seq.head_job_id INTO v_head;
+    SELECT e.job_id, e.created_at INTO job_id, created_at
+    FROM pgqueue_enqueue(
+        p_queue, p_type, p_payload, p_priority, p_run_at, p_delay, p_max_attempts, NULL,
+        p_traceparent, p_concurrency_key, p_fair_key
+    ) AS e;
+    head := v_head IS NULL;
+    -- has_dependents: its end moves its sequence on (pgqueue_settle).
+    UPDATE queue_job_state AS state
+    SET sequence_key = p_sequence_key,
+        sequence_on_failure = p_on_failure,
+        has_dependents = true,
+        status = CASE WHEN head THEN 'pending' ELSE 'waiting' END
+    WHERE state.job_id = pgqueue_enqueue_sequenced.job_id;
+    IF head THEN
+        UPDATE queue_sequences AS seq
+        SET head_job_id = pgqueue_enqueue_sequenced.job_id
+        WHERE seq.queue = p_queue AND seq.sequence_key = p_sequence_key;
+    END IF;
+END
+$$
+"""
+
+SEQUENCE_RELEASE = r"""
+CREATE FUNCTION pgqueue_sequence_release(p_queue text, p_sequence_key text,
+                                         OUT released bigint, OUT head bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM FROM queue_sequences AS seq
+    WHERE seq.queue = p_queue AND seq.sequence_key = p_sequence_key
+    FOR UPDATE;
+    -- Only a dead head that holds the rest back lets go (a head retried meanwhile runs).
+    UPDATE queue_job_state AS state
+    SET sequence_on_failure = 'continue', updated_at = now()
+    FROM queue_sequences AS seq
+    WHERE seq.queue = p_queue AND seq.sequence_key = p_sequence_key
+      AND state.job_id = seq.head_job_id
+      AND state.status = 'dead'
+      AND state.sequence_on_failure = 'hold'
+    RETURNING state.job_id INTO released;
+    IF released IS NOT NULL THEN
+        PERFORM pgqueue_sequence_next(ARRAY[released]);
+    END IF;
+    SELECT seq.head_job_id INTO head
+    FROM queue_sequences AS seq
+    WHERE seq.queue = p_queue AND seq.sequence_key = p_sequence_key;
+END
+$$
+"""
+
+ENQUEUE_CANCEL_RUNNING = r"""
+CREATE FUNCTION pgqueue_enqueue_cancel_running(
+    p_queue text, p_type text, p_payload jsonb, p_priority smallint, p_run_at timestamptz,
+    p_delay float8, p_max_attempts integer, p_traceparent text, p_concurrency_key text,
+    p_fair_key text, p_key text,
+    OUT job_id bigint, OUT head boolean, OUT created_at timestamptz
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_head bigint;
+    v_cancelled bigint[];
+BEGIN
+    -- The key's row, locked until the caller's transaction ends: the statements below
+    -- see every enqueue of the key committed before.
+    INSERT INTO queue_sequences AS seq (queue, sequence_key, head_job_id)
+    VALUES (p_queue, p_key, NULL)
+    ON CONFLICT (queue, sequence_key) DO UPDATE SET head_job_id = seq.head_job_id
+    RETURNING seq.head_job_id INTO v_head;
+    -- The running head: asked to stop; it holds its place until its code returned.
+    UPDATE queue_job_state AS state
+    SET cancel_requested_at = now(), updated_at = now()
+    WHERE state.job_id = v_head AND state.status = 'running'
+      AND state.cancel_requested_at IS NULL;
+    -- Every other job of the key not finished: cancelled (the head pending or parked,
+    -- the waiting ones behind it), as job_cancel cancels them.
+    WITH cancelled AS (
+        UPDATE queue_job_state AS state
+        SET status = 'cancelled', finished_at = now(), updated_at = now()
+        WHERE state.job_id IN (
+                SELECT v_head
+                UNION ALL
+                SELECT waiting.job_id
+                FROM queue_job_state AS waiting
+                WHERE waiting.queue = p_queue
+                  AND waiting.sequence_key = p_key
+                  AND waiting.status = 'waiting'
+            )
+          AND state.status IN ('pending', 'waiting')
+        RETURNING state.job_id
+    )
+    SELECT array_agg(cancelled.job_id) INTO v_cancelled FROM cancelled;
+    IF v_cancelled IS NOT NULL THEN
+        -- Their wait() callers wake; their sequence moves on (a cancelled head lets go:
+        -- with nothing left waiting, the head is none).
+        PERFORM pg_notify('pgqueue_finished', w.queue)
+        FROM queue_job_waiters AS w
+        WHERE w.job_id = ANY (v_cancelled);
+        PERFORM pgqueue_settle('{}', v_cancelled);
+    END IF;
+    SELECT e.job_id, e.head, e.created_at INTO job_id, head, created_at
+    FROM pgqueue_enqueue_sequenced(
+        p_queue, p_type, p_payload, p_priority, p_run_at, p_delay, p_max_attempts,
+        p_traceparent, p_concurrency_key, p_fair_key, p_key, 'continue'
+    ) AS e;
+END
+$$
+"""
 
 REPLACED = [
     "0001_initial",
@@ -842,12 +1124,19 @@ REPLACED = [
     "0020_workers_inspect_control",
     "0021_durable_steps",
     "0022_many_tenants",
+    # The squash of the names above, and the migrations written after it.
+    "0001_squashed_0022_many_tenants",
+    "0023_sequences",
+    "0025_started_steps_stay_run",
+    "0027_cancel_in_progress",
+    "0028_claim_order",
+    "0029_enqueue_statement_work",
 ]
 
 ATTEMPTS_VALID_SIGNATURE = "queue_attempts_valid(text, integer, bigint, timestamptz)"
 JOB_STATE_VALID_SIGNATURE = (
-    "queue_job_state_valid(text, smallint, integer, integer, bigint, text, timestamptz, "
-    "timestamptz)"
+    "queue_job_state_valid(varchar, smallint, integer, integer, bigint, varchar, timestamptz, "
+    "timestamptz, varchar, varchar)"
 )
 ENQUEUE_SIGNATURE = (
     "pgqueue_enqueue(text, text, jsonb, smallint, timestamptz, float8, integer, text, text, "
@@ -856,6 +1145,14 @@ ENQUEUE_SIGNATURE = (
 ENQUEUE_UNIQUE_SIGNATURE = (
     "pgqueue_enqueue_unique(text, text, jsonb, smallint, timestamptz, float8, integer, text, "
     "text, text, text, float8, text, text)"
+)
+ENQUEUE_SEQUENCED_SIGNATURE = (
+    "pgqueue_enqueue_sequenced(text, text, jsonb, smallint, timestamptz, float8, integer, "
+    "text, text, text, text, text)"
+)
+ENQUEUE_CANCEL_RUNNING_SIGNATURE = (
+    "pgqueue_enqueue_cancel_running(text, text, jsonb, smallint, timestamptz, float8, "
+    "integer, text, text, text, text)"
 )
 
 
@@ -1041,6 +1338,8 @@ class Migration(migrations.Migration):
                 ("unique_key", _optional(models.CharField, max_length=255)),
                 ("unique_hold", _optional(models.CharField, max_length=16)),
                 ("fair_key", _optional(models.CharField, max_length=255)),
+                ("sequence_key", _optional(models.CharField, max_length=255)),
+                ("sequence_on_failure", _optional(models.CharField, max_length=8)),
             ],
             indexes=[
                 _partial(
@@ -1071,6 +1370,18 @@ class Migration(migrations.Migration):
                     ["queue", "fair_key", "-priority", "run_at", "job"],
                     fair_key__isnull=False,
                     status="pending",
+                ),
+                _partial(
+                    "queue_job_state_sequence_idx",
+                    ["queue", "sequence_key", "job"],
+                    sequence_key__isnull=False,
+                    status="waiting",
+                ),
+                _partial(
+                    "queue_job_state_held_idx",
+                    ["finished_at", "job"],
+                    sequence_on_failure="hold",
+                    status="dead",
                 ),
             ],
             constraints=[
@@ -1640,6 +1951,27 @@ class Migration(migrations.Migration):
                 )
             ],
         ),
+        _table(
+            "Sequence",
+            "queue_sequences",
+            "sequence",
+            [
+                _id(),
+                ("queue", models.CharField(max_length=63)),
+                ("sequence_key", models.CharField(max_length=255)),
+                ("head_job_id", _optional(models.BigIntegerField)),
+            ],
+            constraints=[
+                models.UniqueConstraint(
+                    fields=("queue", "sequence_key"), name="queue_sequences_key"
+                ),
+                models.UniqueConstraint(
+                    condition=models.Q(("head_job_id__isnull", False)),
+                    fields=("head_job_id",),
+                    name="queue_sequences_head",
+                ),
+            ],
+        ),
         migrations.RunSQL(
             sql=[_foreign_key(*key) for key in FOREIGN_KEYS],
             reverse_sql=[
@@ -1678,7 +2010,8 @@ class Migration(migrations.Migration):
                 "CHECK (queue_jobs_valid(queue, type))",
                 "ALTER TABLE queue_job_state ADD CONSTRAINT queue_job_state_valid "
                 "CHECK (queue_job_state_valid(status, priority, attempts, max_attempts, "
-                "lease_version, locked_by, locked_until, finished_at))",
+                "lease_version, locked_by, locked_until, finished_at, sequence_key, "
+                "sequence_on_failure))",
                 "ALTER TABLE queue_attempts ADD CONSTRAINT queue_attempts_valid "
                 "CHECK (queue_attempts_valid(status, attempt_index, lease_version, finished_at))",
             ],
@@ -1718,8 +2051,24 @@ class Migration(migrations.Migration):
             ],
         ),
         migrations.RunSQL(
-            sql=[ENQUEUE, ENQUEUE_UNIQUE, SETTLE, UNSETTLE, CLAIM, WORKER_ALIVE, PARK, EMIT],
+            sql=[
+                ENQUEUE,
+                ENQUEUE_UNIQUE,
+                SEQUENCE_NEXT,
+                SETTLE,
+                UNSETTLE,
+                CLAIM,
+                WORKER_ALIVE,
+                PARK,
+                EMIT,
+                ENQUEUE_SEQUENCED,
+                SEQUENCE_RELEASE,
+                ENQUEUE_CANCEL_RUNNING,
+            ],
             reverse_sql=[
+                f"DROP FUNCTION {ENQUEUE_CANCEL_RUNNING_SIGNATURE}",
+                "DROP FUNCTION pgqueue_sequence_release(text, text)",
+                f"DROP FUNCTION {ENQUEUE_SEQUENCED_SIGNATURE}",
                 "DROP FUNCTION pgqueue_emit(text, jsonb)",
                 "DROP FUNCTION pgqueue_park(bigint, bigint, bigint, text, text, float8, text)",
                 "DROP FUNCTION pgqueue_worker_alive(timestamptz, timestamptz, float8, jsonb)",
@@ -1728,6 +2077,7 @@ class Migration(migrations.Migration):
                 "DROP FUNCTION pgqueue_settle(bigint[], bigint[])",
                 f"DROP FUNCTION {ENQUEUE_UNIQUE_SIGNATURE}",
                 f"DROP FUNCTION {ENQUEUE_SIGNATURE}",
+                "DROP FUNCTION pgqueue_sequence_next(bigint[])",
             ],
         ),
     ]

@@ -1,4 +1,4 @@
-"""A later migration written against the last of the old files, as other branches write them."""
+"""A later migration written against the last of the files the first squash replaced."""
 
 from django.db import migrations
 

@@ -3,5 +3,5 @@
 import importlib
 
 Migration = importlib.import_module(
-    "django_pgqueue.migrations.0001_squashed_0022_many_tenants"
+    "django_pgqueue.migrations.0001_squashed_0029_enqueue_statement_work"
 ).Migration
