@@ -101,6 +101,21 @@ def test_a_database_at_0029_applies_only_the_later_migrations():
     )
 
 
+@pytest.mark.django_db
+def test_a_database_stopped_before_0029_sees_no_migration_of_the_app():
+    # Only some of the replaced names applied: Django takes the squash away and puts
+    # back the files it replaced, which are gone. No error, and nothing of the app to
+    # apply (docs/upgrading.md says to migrate such a database to 0029 first).
+    recorder = MigrationRecorder(connection)
+    recorder.migration_qs.filter(app=APP).delete()
+    for name in OLD[: OLD.index("0025_started_steps_stay_run") + 1]:
+        recorder.record_applied(APP, name)
+
+    loader = MigrationLoader(connection)
+
+    assert [key for key in loader.graph.nodes if key[0] == APP] == []
+
+
 def test_the_project_migrations_still_resolve():
     graph = MigrationLoader(None).graph
     for app in ("qa", "shop"):
