@@ -17,6 +17,7 @@ from django.db import models
 from django.db.models.functions import Now
 
 from ..validators import MAX_DURABLE_NAME
+from .constraints import set_values_index
 
 
 def bounded_name(field: str) -> models.Q:
@@ -87,11 +88,7 @@ class EventWait(models.Model):
         verbose_name = "event wait"
         indexes = [
             models.Index(fields=["key"], name="queue_event_waits_key_idx"),
-            models.Index(
-                fields=["timeout_at"],
-                name="queue_event_waits_timeout_idx",
-                condition=models.Q(timeout_at__isnull=False),
-            ),
+            set_values_index("timeout_at", name="queue_event_waits_timeout_idx"),
         ]
 
     def __str__(self) -> str:
