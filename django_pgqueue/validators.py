@@ -32,6 +32,9 @@ MAX_CONCURRENCY = 1000
 MAX_ASYNC_CONCURRENCY = 10_000
 MAX_BATCH_SIZE = 10_000
 MAX_WEIGHT = 1000
+# The longest step name or event key of a durable handler; the step and event tables'
+# CHECKs hold the same bound.
+MAX_DURABLE_NAME = 200
 
 # \A and \Z, not ^ and $: `$` also matches before a trailing newline, so "email\n"
 # would pass and then fail in the database's CHECK constraint.

@@ -21,7 +21,7 @@ from ..outcomes import Committed
 from ..store import durable as store
 from ..validation import payload as encode
 
-NAME_LIMIT = 200
+NAME_LIMIT = validators.MAX_DURABLE_NAME
 # The shortest snooze of a sleep not yet due (Snooze refuses 0).
 _SHORTEST_SNOOZE = 0.001
 
@@ -235,7 +235,7 @@ class DurableRun:
 
 
 def event_key(key: Any) -> str:
-    """`key` if it is a valid event key (1 to 200 characters, no NUL), else ValueError."""
+    """`key` if it is a valid event key (1 to NAME_LIMIT characters, no NUL), else ValueError."""
     return _bounded_name(key, "an event key")
 
 

@@ -15,9 +15,10 @@
   ``queue_events``, ``queue_event_waits``).
 - `unique`: the unique keys held for a period (``queue_unique_keys``).
 - `sequences`: the sequences of jobs run one at a time (``queue_sequences``).
+- `constraints`: the checks and partial indexes several tables declare alike.
 
-These modules are the foundation: they import Django only, never a feature of the
-queue, so any room may import them.
+These modules are the foundation: they import Django and `validators` only, never a
+feature of the queue, so any room may import them.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from django.db import models
 from django.db.models import Q, Value
 from django.db.models.functions import Cast, Now
 
+from .constraints import null_or_at_least
 from .jobs import queue_name_column, type_name_column
 
 
@@ -74,10 +75,7 @@ class QueueControl(RateWindow):
         verbose_name = "queue"
         verbose_name_plural = "queues"
         constraints = [
-            models.CheckConstraint(
-                condition=Q(concurrency_limit__isnull=True) | Q(concurrency_limit__gte=0),
-                name="queue_controls_limit_valid",
-            ),
+            null_or_at_least("concurrency_limit", 0, name="queue_controls_limit_valid"),
             models.CheckConstraint(condition=Q(key_limit__gte=1), name="queue_controls_key_valid"),
             RateWindow.valid("queue_controls_rate_valid"),
         ]
@@ -103,10 +101,7 @@ class QueueTypeControl(RateWindow):
         verbose_name = "job type limit"
         constraints = [
             models.UniqueConstraint(fields=["queue", "type"], name="queue_type_controls_key"),
-            models.CheckConstraint(
-                condition=Q(key_limit__isnull=True) | Q(key_limit__gte=1),
-                name="queue_type_controls_key_valid",
-            ),
+            null_or_at_least("key_limit", 1, name="queue_type_controls_key_valid"),
             RateWindow.valid("queue_type_controls_rate_valid"),
         ]
 

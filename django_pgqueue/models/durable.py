@@ -16,6 +16,15 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
+from ..validators import MAX_DURABLE_NAME
+from .constraints import set_values_index
+
+
+def bounded_name(field: str) -> models.Q:
+    """The condition that `field` holds 1 to MAX_DURABLE_NAME characters (`durable.run`
+    refuses a longer name before it reaches the table)."""
+    return models.Q(**{f"{field}__regex": rf"^.{{1,{MAX_DURABLE_NAME}}}$"})
+
 
 class StepKind(models.TextChoices):
     STEP = "step"
@@ -41,7 +50,7 @@ class JobStep(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(kind__in=StepKind.values)
-                & models.Q(name__regex=r"^.{1,200}$")
+                & bounded_name("name")
                 & (models.Q(runtime__isnull=True) | models.Q(runtime__gte=0)),
                 name="queue_job_steps_valid",
             )
@@ -60,9 +69,7 @@ class Event(models.Model):
         db_table = "queue_events"
         verbose_name = "event"
         constraints = [
-            models.CheckConstraint(
-                condition=models.Q(key__regex=r"^.{1,200}$"), name="queue_events_valid"
-            )
+            models.CheckConstraint(condition=bounded_name("key"), name="queue_events_valid")
         ]
 
     def __str__(self) -> str:
@@ -81,11 +88,7 @@ class EventWait(models.Model):
         verbose_name = "event wait"
         indexes = [
             models.Index(fields=["key"], name="queue_event_waits_key_idx"),
-            models.Index(
-                fields=["timeout_at"],
-                name="queue_event_waits_timeout_idx",
-                condition=models.Q(timeout_at__isnull=False),
-            ),
+            set_values_index("timeout_at", name="queue_event_waits_timeout_idx"),
         ]
 
     def __str__(self) -> str:

@@ -32,6 +32,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from .constraints import set_values_index
+
 
 class Status(models.TextChoices):
     WAITING = "waiting", "waiting (for its dependencies)"
@@ -121,11 +123,7 @@ class Job(models.Model):
             # The admin's type filter and search by type: newest first, whatever the type.
             models.Index(fields=["type", "id"], name="queue_jobs_type_idx"),
             # The admin's search by idempotency key; unkeyed jobs take no space in it.
-            models.Index(
-                fields=["idempotency_key"],
-                name="queue_jobs_key_idx",
-                condition=Q(idempotency_key__isnull=False),
-            ),
+            set_values_index("idempotency_key", name="queue_jobs_key_idx"),
         ]
         constraints = [
             # CHECK queue_jobs_valid: queue and type names have their documented shape

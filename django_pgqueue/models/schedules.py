@@ -20,6 +20,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from .constraints import null_or_at_least, one_of
 from .jobs import queue_name_column, type_name_column
 
 
@@ -78,17 +79,9 @@ class Schedule(models.Model):
                 | Q(cron__isnull=True, every__isnull=False),
                 name="queue_schedules_cron_or_every",
             ),
-            models.CheckConstraint(
-                condition=Q(every__isnull=True) | Q(every__gte="1 second"),
-                name="queue_schedules_every_positive",
-            ),
-            models.CheckConstraint(
-                condition=Q(catch_up__in=["once", "skip"]), name="queue_schedules_catch_up_valid"
-            ),
-            models.CheckConstraint(
-                condition=Q(source__in=["code", "db", "removed"]),
-                name="queue_schedules_source_valid",
-            ),
+            null_or_at_least("every", "1 second", name="queue_schedules_every_positive"),
+            one_of("catch_up", CatchUp, name="queue_schedules_catch_up_valid"),
+            one_of("source", Source, name="queue_schedules_source_valid"),
             models.CheckConstraint(
                 condition=Q(priority__gte=-100, priority__lte=100),
                 name="queue_schedules_priority_valid",

@@ -11,8 +11,8 @@ write. ``head_job_id`` is NULL while the sequence has no unfinished job.
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
 
+from .constraints import set_values_unique
 from .jobs import queue_name_column
 
 
@@ -30,11 +30,7 @@ class Sequence(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["queue", "sequence_key"], name="queue_sequences_key"),
             # A job heads at most one sequence; the ending statements find its row by it.
-            models.UniqueConstraint(
-                fields=["head_job_id"],
-                name="queue_sequences_head",
-                condition=Q(head_job_id__isnull=False),
-            ),
+            set_values_unique("head_job_id", name="queue_sequences_head"),
         ]
 
     def __str__(self) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
+from .constraints import one_of
 from .jobs import job_reference, one_row_per_job
 
 
@@ -75,10 +76,7 @@ class WorkflowStep(models.Model):
                 condition=models.Q(waiting_for__gte=0, failed__gte=0),
                 name="queue_workflow_steps_counts",
             ),
-            models.CheckConstraint(
-                condition=models.Q(on_failure__in=["cancel", "run", "error"]),
-                name="queue_workflow_steps_on_failure",
-            ),
+            one_of("on_failure", OnFailure, name="queue_workflow_steps_on_failure"),
         ]
 
     def __str__(self) -> str:
