@@ -92,6 +92,11 @@ WITH RECURSIVE steps (fair_key, depth, wrapped) AS (
                     AND s.fair_key = ''
               )
             UNION ALL
+            -- the next key before the next resumed key. Apart from the "no resumed key"
+            -- probe below: bounded in the index, it stops at the resumed key's first
+            -- entry, live or dead; one bounded after the probe reads on through the dead
+            -- entries at that key's front (a resumed claim in test_fair_claims: 103 pages,
+            -- against at most 30)
             (SELECT s.fair_key
              FROM queue_job_state AS s
              WHERE s.queue = %(queue)s::text AND s.status = 'pending'

@@ -21,6 +21,9 @@
 -- Edges are pairs of positions (1-based) in those arrays: children[i] waits for
 -- parents[i]; the caller checked they form a DAG. Returns (workflow id, job ids in
 -- input order); a workflow of no steps (an empty group) is its row alone.
+-- Its rows are numbered, and its jobs and state rows written, as job_enqueue_many's
+-- are, with the steps' columns zipped in: job_enqueue_many stays the plain bulk
+-- insert, without a workflow's row, step rows, edges and waiting status.
 WITH numbered AS MATERIALIZED (
     SELECT nextval((SELECT pg_get_serial_sequence('queue_jobs', 'id')::regclass)) AS id, i.*
     FROM ROWS FROM (

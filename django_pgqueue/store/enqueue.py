@@ -199,13 +199,13 @@ class Batch:
             for name, e in zip(names, elements, strict=True)
         }
 
-    def sequenced_statement(self, start: int, stop: int) -> dict[str, Any]:
+    def _sequenced_params(self, start: int, stop: int) -> dict[str, Any]:
         """job_enqueue_many_sequenced's parameters for jobs start..stop (all sequenced),
         but the payloads."""
         groups = self.groups[start:stop]
         sequences = (self.sequences or [])[start:stop]
         if len(sequences) != len(groups) or any(item is None for item in sequences):
-            raise ValueError("sequenced_statement takes sequenced jobs only")
+            raise ValueError("a batch's jobs are all sequenced or none is")
         nothing = [None] * len(groups)
         params = self._option_arrays(groups)
         concurrency = self.concurrency_keys
@@ -220,12 +220,16 @@ class Batch:
     def statement(self, start: int, stop: int) -> tuple[str, dict[str, Any]]:
         """The statement for jobs start..stop and its parameters, but the payloads.
 
-        Jobs without keys that share one group of options (the common bulk call) go
-        through job_enqueue_many_alike, which takes the options once rather than as
-        arrays (parsing and unnesting six arrays of 20,000 elements was ~40% of building
-        the rows); the others through job_enqueue_many(_keyed), each element built once
-        per group.
+        Sequenced jobs (a batch's jobs are all sequenced or none is: see
+        `insert_with_sequences`) go through job_enqueue_many_sequenced. Jobs without keys
+        that share one group of options (the common bulk call) go through
+        job_enqueue_many_alike, which takes the options once rather than as arrays
+        (parsing and unnesting six arrays of 20,000 elements was ~40% of building the
+        rows); the others through job_enqueue_many(_keyed), each element built once per
+        group.
         """
+        if self.sequences is not None:
+            return "job_enqueue_many_sequenced", self._sequenced_params(start, stop)
         groups = self.groups[start:stop]
         fair_keys = self._fair_keys(start, stop)
         if self.idempotency_keys is None and fair_keys is None and len(set(groups)) == 1:
@@ -260,13 +264,26 @@ def insert_jobs(
     payloads: Sequence[str],
     traceparent: str | None = None,
 ) -> list[tuple[int, bool]]:
-    """Insert validated jobs on Django's connection `alias`; return [(job id, created)].
+    """Insert validated jobs on Django's connection `alias`, in the batch's order; return
+    [(job id, created)].
 
     `payloads` is the JSON array text of each BULK_CHUNK slice of the batch's jobs;
-    `traceparent` the trace context every one of them is stored with.
+    `traceparent` the trace context every one of them is stored with. Each slice is one
+    statement (`Batch.statement`). A batch of sequenced jobs first takes the rows of all
+    their sequences in key order, in one statement (as pgqueue_sequence_next does:
+    concurrent calls naming the same sequences in other orders never deadlock); then
+    job_enqueue_many_sequenced calls pgqueue_enqueue_sequenced per job in list order,
+    so a sequence's jobs of one call run in list order.
     """
     results: list[tuple[int, bool]] = []
     with django_cursor(alias) as cursor:
+        if batch.sequences is not None:
+            queues = [batch.options[group][1] for group in batch.groups]
+            keys = [item[0] for item in batch.sequences if item is not None]
+            cursor.execute(
+                QUERIES["sequence_lock_many"],
+                {"queues": text_array(queues), "sequence_keys": text_array(keys)},
+            )
         for index, payload_text in enumerate(payloads):
             start = index * BULK_CHUNK
             name, params = batch.statement(start, start + BULK_CHUNK)
@@ -274,6 +291,9 @@ def insert_jobs(
             params["traceparent"] = traceparent
             if name == "job_enqueue_many_keyed":
                 results.extend(_insert_keyed(cursor, params, batch, start))
+            elif name == "job_enqueue_many_sequenced":
+                cursor.execute(QUERIES[name], params)
+                results.extend((int(row[0]), True) for row in cursor.fetchall())
             else:
                 cursor.execute(QUERIES[name], params)
                 ids = cursor.fetchone()[0]
@@ -288,53 +308,18 @@ def insert_with_sequences(
     traceparent: str | None = None,
 ) -> list[tuple[int, bool]]:
     """Insert validated jobs of a batch with sequence keys on Django's connection
-    `alias`: those without one as `insert_jobs` does, then the sequenced ones as
-    `insert_sequenced_jobs` does; [(job id, created)] in the batch's order. `texts`
-    gives the payloads' JSON array texts (per BULK_CHUNK slice) of the jobs at the
-    positions it is given."""
+    `alias`: those without one, then the sequenced ones, each part by `insert_jobs`;
+    [(job id, created)] in the batch's order. `texts` gives the payloads' JSON array
+    texts (per BULK_CHUNK slice) of the jobs at the positions it is given."""
     marks = batch.sequences or []
     plain = [n for n, mark in enumerate(marks) if mark is None]
     sequenced = [n for n, mark in enumerate(marks) if mark is not None]
     results: list[tuple[int, bool]] = [(0, False)] * len(marks)
-    for jobs, insert in ((plain, insert_jobs), (sequenced, insert_sequenced_jobs)):
+    for jobs in (plain, sequenced):
         if jobs:
-            written = insert(alias, batch.select(jobs), texts(jobs), traceparent)
+            written = insert_jobs(alias, batch.select(jobs), texts(jobs), traceparent)
             for n, result in zip(jobs, written, strict=True):
                 results[n] = result
-    return results
-
-
-def insert_sequenced_jobs(
-    alias: str,
-    batch: Batch,
-    payloads: Sequence[str],
-    traceparent: str | None = None,
-) -> list[tuple[int, bool]]:
-    """Insert validated jobs that all have a sequence key on Django's connection `alias`,
-    in the batch's order; return [(job id, True)].
-
-    First one statement takes the rows of all their sequences in key order (as
-    pgqueue_sequence_next does: concurrent calls naming the same sequences in other
-    orders never deadlock); then job_enqueue_many_sequenced writes each BULK_CHUNK
-    slice, calling pgqueue_enqueue_sequenced per job in list order, so a sequence's
-    jobs of one call run in list order.
-    """
-    jobs = len(batch.groups)
-    queues = [batch.options[group][1] for group in batch.groups]
-    keys = [item[0] for item in batch.sequences or [] if item is not None]
-    results: list[tuple[int, bool]] = []
-    with django_cursor(alias) as cursor:
-        cursor.execute(
-            QUERIES["sequence_lock_many"],
-            {"queues": text_array(queues), "sequence_keys": text_array(keys)},
-        )
-        for index, payload_text in enumerate(payloads):
-            start = index * BULK_CHUNK
-            params = batch.sequenced_statement(start, min(start + BULK_CHUNK, jobs))
-            params["payloads"] = payload_text
-            params["traceparent"] = traceparent
-            cursor.execute(QUERIES["job_enqueue_many_sequenced"], params)
-            results.extend((int(row[0]), True) for row in cursor.fetchall())
     return results
 
 
