@@ -22,7 +22,7 @@ from django.utils.module_loading import autodiscover_modules
 
 from . import validators
 from .exceptions import ConfigurationError
-from .retry import RetryOn, RetryPolicy, bounded, celery_backoff, retry_on
+from .retry import RetryOn, RetryPolicy, bounded, retry_on, retry_or_backoff
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -226,20 +226,13 @@ def handler(
     if queue is not None:
         validators.queue_name(queue, f"{where}: queue", error=ConfigurationError)
     check_time_limits(soft_time_limit, time_limit, where)
-    backoff = celery_backoff(retry_backoff, retry_backoff_max, retry_jitter, where)
-    if backoff is not None and retry is not None:
-        raise ConfigurationError(
-            f"{where}: give retry or retry_backoff, not both (retry_backoff is an "
-            "ExponentialBackoff policy)."
-        )
+    policy = retry_or_backoff(retry, retry_backoff, retry_backoff_max, retry_jitter, where)
     on = retry_on(autoretry_for, dont_autoretry_for, where)
-    if not isinstance(takes_results, bool):
-        raise ConfigurationError(f"{where}: takes_results must be True or False.")
+    validators.flag(takes_results, f"{where}: takes_results", error=ConfigurationError)
 
     def decorate(func: F) -> F:
         if not callable(func):
             raise ConfigurationError(f"@handler({type!r}) must decorate a callable.")
-        policy = retry or backoff
         registry.register(
             Handler(
                 type,

@@ -238,13 +238,29 @@ def celery_backoff(
     if retry_backoff_max is not None:
         name = f"{where}: retry_backoff_max"
         cap = validators.seconds(retry_backoff_max, name, error=ConfigurationError)
-    if retry_jitter is not None and not isinstance(retry_jitter, bool):
-        raise ConfigurationError(
-            f"{where}: retry_jitter must be True or False, got {retry_jitter!r}."
-        )
+    if retry_jitter is not None:
+        validators.flag(retry_jitter, f"{where}: retry_jitter", error=ConfigurationError)
     if cap < base:
         raise ConfigurationError(
             f"{where}: retry_backoff_max ({cap:g}) must be >= the first delay, retry_backoff "
             f"({base:g})."
         )
     return ExponentialBackoff(base=base, cap=cap, jitter=retry_jitter is not False)
+
+
+def retry_or_backoff(
+    retry: RetryPolicy | None,
+    retry_backoff: Any,
+    retry_backoff_max: Any,
+    retry_jitter: Any,
+    where: str,
+) -> RetryPolicy | None:
+    """The policy a handler or a task asked for: `retry`, or the Celery backoff of the
+    other three (`celery_backoff`); ConfigurationError when it gives both."""
+    backoff = celery_backoff(retry_backoff, retry_backoff_max, retry_jitter, where)
+    if backoff is not None and retry is not None:
+        raise ConfigurationError(
+            f"{where}: give retry or retry_backoff, not both (retry_backoff is an "
+            "ExponentialBackoff policy)."
+        )
+    return retry or backoff

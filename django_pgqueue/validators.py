@@ -108,6 +108,13 @@ def count(
     return value
 
 
+def flag(value: Any, name: str, *, error: type[Exception] = ValueError) -> bool:
+    """Return `value` if it is True or False (not 0, 1 or "yes")."""
+    if not isinstance(value, bool):
+        raise error(f"{name} must be True or False, got {value!r}.")
+    return value
+
+
 def mapping(
     value: Any, name: str, known: Collection[str], *, error: type[Exception] = ValueError
 ) -> Mapping[Any, Any]:

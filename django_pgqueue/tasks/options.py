@@ -17,9 +17,9 @@ from ..retry import (
     FixedDelay,
     RetryOn,
     RetryPolicy,
-    celery_backoff,
     exception_entries,
     retry_on,
+    retry_or_backoff,
 )
 from ..sequences import ON_FAILURE, OnFailure
 from ..task_paths import TASK_PATH_RE
@@ -214,11 +214,9 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
     key = on = soft = hard = sequence = None
     takes_results, sequence_on_failure = False, "hold"
     if "concurrency_key" in keys:  # a task's own entry
-        takes_results = raw.get("takes_results", False)
-        if not isinstance(takes_results, bool):
-            raise ConfigurationError(
-                f"{where}['takes_results'] must be True or False, got {takes_results!r}."
-            )
+        takes_results = validators.flag(
+            raw.get("takes_results", False), f"{where}['takes_results']", error=ConfigurationError
+        )
         soft, hard = raw.get("soft_time_limit"), raw.get("time_limit")
         check_time_limits(soft, hard, where)
         key = concurrency_key_option(raw.get("concurrency_key"), f"{where}['concurrency_key']")
@@ -230,15 +228,13 @@ def _task_options(raw: Mapping[str, Any], keys: Sequence[str], where: str) -> Ta
                 f"got {sequence_on_failure!r}."
             )
         on = _retry_on_paths(raw.get("autoretry_for"), raw.get("dont_autoretry_for"), where)
-        backoff = celery_backoff(
-            raw.get("retry_backoff"), raw.get("retry_backoff_max"), raw.get("retry_jitter"), where
+        retry = retry_or_backoff(
+            retry,
+            raw.get("retry_backoff"),
+            raw.get("retry_backoff_max"),
+            raw.get("retry_jitter"),
+            where,
         )
-        if backoff is not None and retry is not None:
-            raise ConfigurationError(
-                f"{where}: give 'retry' or 'retry_backoff', not both (retry_backoff is an "
-                "ExponentialBackoff policy)."
-            )
-        retry = retry or backoff
     return TaskOptions(
         max_attempts=max_attempts,
         retry=retry,

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import validators
 from ..enqueue import check_options
 from ..exceptions import EnqueueError
 
@@ -112,8 +113,7 @@ def step(
     handler opts in with ``@handler(..., takes_results=True)``, a task for all its
     steps with ``"takes_results": True`` in its ``OPTIONS["TASKS"]`` entry.
     """
-    if not isinstance(takes_results, bool):
-        raise EnqueueError(f"takes_results must be True or False, got {takes_results!r}.")
+    validators.flag(takes_results, "takes_results", error=EnqueueError)
     if _is_task(target):
         if payload is not None:
             raise EnqueueError("a task step takes args= and kwargs=, not a payload.")

@@ -24,6 +24,7 @@ from django_pgqueue.retry import Bounded, ExponentialBackoff, FixedDelay, bounde
 from django_pgqueue.task_paths import import_task
 from django_pgqueue.validators import MAX_SECONDS
 from django_pgqueue.worker import WorkerConfig
+from django_pgqueue.workflows import step
 
 # Seconds that PostgreSQL cannot add to now() (1e13, inf), or that are not numbers.
 OUT_OF_RANGE = [math.inf, -math.inf, math.nan, 1e13, 1e308, 10**400, MAX_SECONDS + 1]
@@ -112,6 +113,41 @@ def test_every_entry_point_refuses_the_same_seconds(entry, value):
     call, error, name = SECONDS_ENTRY_POINTS[entry]
     with pytest.raises(error, match=name + r".* finite number of seconds .*at most 316,224,000"):
         call(value)
+
+
+# A flag (takes_results) and the choice between a policy and Celery's backoff are
+# refused in the same words by a handler, a task's OPTIONS entry and a workflow step.
+def _task(**entry):
+    tasks = {"shop.tasks.charge": entry}
+    return PgQueueBackend("default", {"QUEUES": [], "OPTIONS": {"TASKS": tasks}})
+
+
+FLAG_ENTRY_POINTS = {
+    "@handler": (lambda v: handler("validators.flag", takes_results=v), ConfigurationError),
+    "Tasks OPTIONS": (lambda v: _task(takes_results=v), ConfigurationError),
+    "workflow step": (lambda v: step("validators.flag", takes_results=v), EnqueueError),
+}
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", None])
+@pytest.mark.parametrize("entry", sorted(FLAG_ENTRY_POINTS))
+def test_every_entry_point_refuses_the_same_takes_results(entry, value):
+    call, error = FLAG_ENTRY_POINTS[entry]
+    with pytest.raises(error, match=rf"takes_results.* must be True or False, got {value!r}\."):
+        call(value)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: handler("validators.both", retry=FixedDelay(1), retry_backoff=True),
+        lambda: _task(retry={"policy": "fixed", "seconds": 1}, retry_backoff=True),
+    ],
+    ids=["@handler", "Tasks OPTIONS"],
+)
+def test_a_policy_and_celerys_backoff_are_refused_together_in_the_same_words(call):
+    with pytest.raises(ConfigurationError, match="give retry or retry_backoff, not both"):
+        call()
 
 
 # -- names -------------------------------------------------------------------------------
