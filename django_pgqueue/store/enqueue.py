@@ -160,12 +160,14 @@ class Batch:
         part.options = self.options  # groups keep their numbers; unused ones cost nothing
         part.groups = [self.groups[n] for n in jobs]
         part.fair_queues = self.fair_queues
-        if self.idempotency_keys is not None:
-            part.idempotency_keys = [self.idempotency_keys[n] for n in jobs]
-            part.concurrency_keys = [self.concurrency_keys[n] for n in jobs]  # type: ignore[index]
-            part.fairness_keys = [self.fairness_keys[n] for n in jobs]  # type: ignore[index]
         if self.sequences is not None and any(self.sequences[n] is not None for n in jobs):
             part.sequences = [self.sequences[n] for n in jobs]
+        keys = self.idempotency_keys, self.concurrency_keys, self.fairness_keys
+        # A part whose jobs have no key takes the unkeyed statements, whatever the rest had.
+        if keys[0] is not None and any(key[n] is not None for key in keys for n in jobs):  # type: ignore[index]
+            part.idempotency_keys = [keys[0][n] for n in jobs]
+            part.concurrency_keys = [keys[1][n] for n in jobs]  # type: ignore[index]
+            part.fairness_keys = [keys[2][n] for n in jobs]  # type: ignore[index]
         return part
 
     def _fair_keys(self, start: int, stop: int) -> list[str | None] | None:

@@ -31,5 +31,15 @@ def test_a_batch_of_plain_and_sequenced_jobs_is_written_part_by_part():
     mixed = batch(None, ("k", "hold"), None)
     with pytest.raises(ValueError, match="all sequenced or none"):
         mixed.statement(0, 3)
-    assert mixed.select([0, 2]).statement(0, 2)[0] != "job_enqueue_many_sequenced"
+    assert mixed.select([0, 2]).statement(0, 2)[0] == "job_enqueue_many_alike"
     assert mixed.select([1]).statement(0, 1)[0] == "job_enqueue_many_sequenced"
+
+
+def test_a_part_without_keys_takes_an_unkeyed_statement_though_other_jobs_had_keys():
+    jobs = Batch()
+    group = jobs.add_group("options", OPTIONS)
+    jobs.add(group)
+    jobs.add(group, idempotency_key="once")
+    assert jobs.statement(0, 2)[0] == "job_enqueue_many_keyed"
+    assert jobs.select([0]).statement(0, 1)[0] == "job_enqueue_many_alike"
+    assert jobs.select([1]).statement(0, 1)[0] == "job_enqueue_many_keyed"
