@@ -8,7 +8,9 @@ claim (``transaction_guard``, the completions whose slots it may reuse,
 one transaction); every other queue by the plain claim (the completions, then
 ``job_claim`` or ``job_claim_after``), which leaves keyed jobs to the controlled one.
 Which queues are controlled is read every `view_every` seconds (half the worker's poll
-interval): a pause or a limit set on a queue holds within it.
+interval): a pause or a limit set on a queue holds within it. A worker that could
+claim reads it before it waits, ahead of time (`refresh_ahead`): the claim a NOTIFY
+wakes it for does not wait for that read.
 
 A fair queue (PGQUEUE["FAIR_QUEUES"], given by the worker) without controls is claimed
 by ``job_claim_fair``: its jobs round-robin across their fair keys, from the key after
@@ -70,6 +72,10 @@ FAIR_RESUME_TTL = 0.5
 # How long a controlled claim's transaction may wait on its own client (see
 # transaction_guard): the longest a frozen worker can stall a queue's claims.
 LOCK_IDLE_MS = 1000
+# The share of `view_every` by which a waiting worker reads the view ahead of its due
+# time (see `refresh_ahead`): a NOTIFY that comes just after the wake-up for it finds
+# the view still fresh.
+VIEW_AHEAD = 0.25
 
 # What a claim pipeline returns: job_complete's rows (none without completions) and the
 # rows claimed.
@@ -141,6 +147,17 @@ class QueueClaims:
         if now >= self._view_due:
             self.refresh_view(now)
         return queue in self._controlled
+
+    def view_ahead(self) -> float:
+        """When a waiting worker reads the view again (`refresh_ahead`): before the claim
+        path would have to."""
+        return self._view_due - self.view_every * VIEW_AHEAD
+
+    def refresh_ahead(self, now: float) -> bool:
+        """Before a wait: read the view if it would be due within VIEW_AHEAD of
+        `view_every`, so that a claim woken by a NOTIFY finds it fresh. True if a queue
+        became controlled: it is worth claiming at once (see `ready`), not after the wait."""
+        return now >= self.view_ahead() and bool(self.refresh_view(now))
 
     def refresh_view(self, now: float) -> frozenset[str]:
         """Read which queues are controlled now; return those that were not before.

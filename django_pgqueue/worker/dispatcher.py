@@ -152,6 +152,8 @@ class Dispatcher:
                 idle = not self.capacity and not self.writer.pending and not self.writer.in_doubt
                 if idle and not cfg.burst:
                     _sleep_long(self.store, self.claims, time.monotonic())
+                if self.taking() and _read_view_ahead(self.store, time.monotonic()):
+                    continue  # a queue became controlled: claim it at once, not after a wait
                 self._wait(next_sweep)
             except DatabaseUnavailable as exc:
                 logger.warning("worker %s: %s", cfg.worker_id, exc)
@@ -254,7 +256,7 @@ class Dispatcher:
         deadline = min(next_sweep, now + cap)
         for due in (
             self.writer.flush_deadline(),
-            self.claims.next_look(),
+            self.claims.next_look(now),
             self.pool.next_timeout(),
         ):
             if due is not None:
@@ -417,6 +419,18 @@ def _refresh_plans(store: Store, now: float) -> None:
         store.refresh_plans(now)
     except psycopg.Error as exc:  # they stay as they are until the next look
         logger.warning("looking at the tables' size refused: %s", errors.describe(exc))
+
+
+def _read_view_ahead(store: Store, now: float) -> bool:
+    """Before a wait of a worker that could claim: read which queues are controlled if
+    that read falls due soon (the wait ends for it, see `ClaimScheduler.next_look`), so
+    that the claim a NOTIFY wakes the worker for does not wait for it. True if a queue
+    became controlled."""
+    try:
+        return store.claims.refresh_ahead(now)
+    except psycopg.Error as exc:  # the claim reads it when due, as without this
+        logger.warning("reading the queue controls refused: %s", errors.describe(exc))
+        return False
 
 
 def _sleep_long(store: Store, claims: ClaimScheduler, now: float) -> None:

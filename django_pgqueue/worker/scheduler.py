@@ -200,6 +200,12 @@ class ClaimScheduler:
         self.notify(self.queues)
         return False
 
-    def next_look(self) -> float | None:
-        """When the earliest empty mark runs out, if any queue has one."""
-        return min(self._empty_until.values()) if self._empty_until else None
+    def next_look(self, now: float) -> float | None:
+        """When the earliest empty mark runs out, or the view of which queues are
+        controlled is read ahead of its due time (see `QueueClaims.refresh_ahead`), if
+        either comes after `now`. A read of the view that was refused is left to the
+        claim that needs it."""
+        dues = list(self._empty_until.values())
+        if self.claims is not None and self.claims.view_ahead() > now:
+            dues.append(self.claims.view_ahead())
+        return min(dues) if dues else None

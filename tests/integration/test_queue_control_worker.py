@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 
 import pytest
@@ -21,6 +22,7 @@ from django_pgqueue import (
     signals,
 )
 from django_pgqueue.metrics.counters import WorkerCounters
+from django_pgqueue.store.claims import QueueClaims
 from django_pgqueue.store.worker import Store
 from django_pgqueue.worker.scheduler import ClaimScheduler
 from django_pgqueue.worker_config import WorkerConfig
@@ -197,6 +199,38 @@ def test_a_burst_worker_looks_at_the_controls_before_calling_a_queue_empty():
         assert claims.order() == ["late"]
     finally:
         store.close()
+
+
+def test_a_waiting_worker_reads_the_controls_before_a_notify_wakes_it(run_worker, monkeypatch):
+    """The view of queue_controls falls due every half poll interval; a worker that waits
+    reads it ahead of that, so the claim a NOTIFY wakes it for never waits for the read."""
+    in_claim = threading.local()
+    reads: list[bool] = []  # each read of the view after the warm-up: inside a claim?
+    claim, refresh_view = QueueClaims.claim, QueueClaims.refresh_view
+
+    def claiming(self, done, request):
+        in_claim.on = True
+        try:
+            return claim(self, done, request)
+        finally:
+            in_claim.on = False
+
+    def reading(self, now):
+        reads.append(getattr(in_claim, "on", False))
+        return refresh_view(self, now)
+
+    monkeypatch.setattr(QueueClaims, "claim", claiming)
+    monkeypatch.setattr(QueueClaims, "refresh_view", reading)
+    warm_up = enqueue("qa.noop", queue="waiting")
+    run_worker(["waiting"], poll_interval=1.0)  # the view falls due every 0.5 s
+    wait_until(lambda: status(warm_up.id) == "completed")
+    reads.clear()  # the first claim read it: nothing was read before
+    for _ in range(3):
+        time.sleep(0.7)  # idle for longer than the view lasts
+        job = enqueue("qa.noop", queue="waiting")
+        wait_until(lambda job=job: status(job.id) == "completed")
+    assert reads, "the view was not read while the worker waited"
+    assert not any(reads), "a claim woken by a NOTIFY read the view first"
 
 
 RUNS: dict[int, tuple[float, float]] = {}

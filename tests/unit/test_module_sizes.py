@@ -33,10 +33,10 @@ LARGER: dict[str, tuple[int, str]] = {
         "starts in and the listen turn it shares with its siblings included)",
     ),
     "worker/dispatcher.py:Dispatcher": (
-        320,
+        325,
         "one claim cycle and its hand-offs: what to claim with the room it has, the "
         "claims and their fencing, the listen turn given up when it is full, and the "
-        "sleep until the next job or NOTIFY",
+        "sleep until the next job or NOTIFY (the controls' view read before it)",
     ),
     "worker/aio.py:AsyncPool": (
         360,

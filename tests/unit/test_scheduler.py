@@ -1,3 +1,4 @@
+import time
 from collections import Counter
 
 import pytest
@@ -55,7 +56,7 @@ def test_a_retry_due_before_the_poll_is_looked_for_and_keeps_a_burst_worker():
     claims.retry_scheduled("soon", due=10.05)
     claims.claimed("soon", 10, None, [], sent=10.01)  # the retry is not due yet
     assert not claims.idle(10.02)  # the retry is about to be due
-    assert claims.next_look() == 10.05  # not 10.51, a poll later
+    assert claims.next_look(10.0) == 10.05  # not 10.51, a poll later
     assert not claims.idle(10.06)  # due: not idle before a claim has looked
     assert claims.refresh(10.06)  # the queue is offered to the next claim
     claims.claimed("soon", 10, None, [], sent=10.06)  # it ran elsewhere, say
@@ -64,4 +65,42 @@ def test_a_retry_due_before_the_poll_is_looked_for_and_keeps_a_burst_worker():
     assert claims.refresh(10.07)
     claims.claimed("soon", 10, None, [], sent=10.07)
     assert claims.idle(10.08)
-    assert claims.next_look() == 10.57
+    assert claims.next_look(10.0) == 10.57
+
+
+class _ControlsView:
+    """A session whose queue_controls hold `controlled`; counts the reads."""
+
+    def __init__(self, *controlled: str) -> None:
+        self.controlled = controlled
+        self.reads = 0
+
+    def run(self, name: str, params: dict[str, object]) -> list[tuple[str]]:
+        assert name == "queue_control_list"
+        self.reads += 1
+        return [(queue,) for queue in self.controlled]
+
+
+def test_a_waiting_worker_reads_the_controls_view_ahead_of_its_due_time():
+    """The view falls due every `view_every`: a worker about to wait reads it a quarter
+    of that ahead (its wait ends then), so a claim woken by a NOTIFY finds it fresh."""
+    from django_pgqueue.store.claims import QueueClaims
+    from django_pgqueue.worker.scheduler import ClaimScheduler
+
+    view = _ControlsView()
+    control = QueueClaims(view, view_every=0.5)  # type: ignore[arg-type]
+    claims = ClaimScheduler(("mail",), {}, poll_interval=1.0, claims=control)
+    start = time.monotonic()
+    assert not control.refresh_ahead(start)  # read (never read yet): nothing controlled
+    assert view.reads == 1
+    assert claims.next_look(start) == pytest.approx(start + 0.375)  # before it is due
+    assert not control.refresh_ahead(start + 0.3)  # not due soon: not read
+    assert view.reads == 1
+    view.controlled = ("mail",)
+    assert control.refresh_ahead(start + 0.375)  # read ahead: `mail` became controlled
+    assert view.reads == 2
+    assert control.controlled("mail")  # a claim now finds it fresh: no read of its own
+    assert view.reads == 2
+    assert claims.refresh(time.monotonic())
+    assert claims.order() == ["mail"]  # claimed at once
+    assert claims.next_look(start + 1.0) is None  # past: a refused read is left to the claim
