@@ -50,6 +50,15 @@ def reload_until(page: Any, text: str, timeout: float = HANG_GUARD) -> str:
     return seen
 
 
+def reload_until_shown(page: Any, selector: str, timeout: float = HANG_GUARD) -> None:
+    """Reload the page until it has an element matching `selector` (a hang guard)."""
+    deadline = time.monotonic() + timeout
+    while page.locator(selector).count() == 0:
+        assert time.monotonic() < deadline, f"no {selector!r} on the page"
+        time.sleep(0.3)
+        page.reload()
+
+
 def answers(action: str) -> int:
     return sql(
         "SELECT count(*) FROM queue_worker_requests WHERE action = %s AND answer IS NOT NULL",
@@ -91,9 +100,11 @@ def test_operator_drains_resumes_resizes_and_stops_a_worker(
     row.locator("button[value=drain]").click()
     assert "Asked" in page.inner_text(".messagelist")
     wait_answers("drain")
-    reload_until(page, "draining")
+    # The answers come first; the worker's row says draining (and offers Resume) once
+    # its processes' next beats reported it.
+    reload_until_shown(page, "tr.pgqueue-worker button[value=resume]")
+    assert "draining" in page.inner_text("tr.pgqueue-worker")
     waiting = enqueue("demo.send_email", {"to": "a@example.com"}, queue="email")
-    assert row.locator("button[value=resume]").count() == 1
 
     # Concurrency: 3 threads each, shown as the worker's 6.
     row.locator("input[name=concurrency]").fill("3")

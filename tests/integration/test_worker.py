@@ -297,15 +297,17 @@ def test_stale_completion_is_rejected_counted_and_leaves_the_new_owners_state(ru
     job = enqueue("qa.sleep", {"seconds": 1.5}, queue="stale")
     worker = run_worker(["stale"], lease=30, sweep_interval=3600)
     wait_until(lambda: sql("SELECT count(*) FROM qa_ledger")[0][0] == 1)
-    # The lease ends (as if the worker froze), and another worker takes the job over.
-    sql(
-        "UPDATE queue_job_state SET locked_until = now() - interval '1 second' WHERE job_id = %s",
-        [job.id],
-    )
+    # The lease ends (as if the worker froze), and another worker takes the job over, in
+    # one transaction: neither the first worker's reclaim nor its own sweep (its first one
+    # may come after the handler started) can come in between.
     other = Store("default", "other")
     try:
-        # Sweep and claim in one transaction, so the first worker cannot reclaim it.
         other.raw.autocommit = False
+        other.raw.execute(
+            "UPDATE queue_job_state SET locked_until = now() - interval '1 second'"
+            " WHERE job_id = %s",
+            [job.id],
+        )
         assert [row[0] for row in other.sweep()] == [job.id]
         takeover = other.claim("stale", 1, "worker-b", 30)[0]
         other.raw.commit()
