@@ -9,7 +9,9 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.recorder import MigrationRecorder
 from django.db.utils import load_backend
 
 from . import extensions
@@ -130,6 +132,59 @@ def check_queue_tables(
                 )
             )
     return warnings
+
+
+@checks.register(TAG, checks.Tags.database)
+def check_squashed_migrations(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """pgqueue.E010: a database applied all of the migrations a squashed one replaces,
+    or none of them.
+
+    With only some applied, Django swaps the squashed migration for the files it
+    replaces, which are gone: the app shows no migrations and `migrate` applies
+    nothing, without an error. Runs for the databases the checks may query.
+    """
+    if not databases:
+        return []
+    app = __package__
+    squashes = [
+        migration
+        for (label, _), migration in _disk_migrations().items()
+        if label == app and migration.replaces
+    ]
+    errors: list[checks.CheckMessage] = []
+    for alias in databases:
+        try:
+            recorded = MigrationRecorder(connections[alias]).applied_migrations()
+        except DatabaseError:
+            continue  # an unreachable database is reported by Django's own checks
+        applied = {name for label, name in recorded if label == app}
+        for squash in squashes:
+            replaced = {name for label, name in squash.replaces if label == app}
+            done = applied & replaced
+            if squash.name in applied or not done or done == replaced:
+                continue
+            errors.append(
+                checks.Error(
+                    f"The database {alias!r} applied {len(done)} of the {len(replaced)} "
+                    f"migrations that {app}'s {squash.name} replaces (the last: "
+                    f"{max(done)}), and this version no longer ships them: Django sees "
+                    f"no migration of {app} there and migrate would apply nothing.",
+                    hint=f"Migrate {alias!r} to {max(replaced)} with a version of "
+                    "django-pgqueue-jobs that still has those files, then upgrade "
+                    "(docs/upgrading.md).",
+                    id="pgqueue.E010",
+                )
+            )
+    return errors
+
+
+def _disk_migrations() -> dict[tuple[str, str], Any]:
+    """The migrations in the apps' files, without the database's record."""
+    loader = MigrationLoader(None, load=False)
+    loader.load_disk()
+    return loader.disk_migrations
 
 
 def has_queue_tables(alias: str) -> bool:
