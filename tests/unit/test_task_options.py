@@ -25,9 +25,13 @@ def test_per_task_options_override_the_backend_wide_ones():
             "TASKS": {"shop.tasks.charge": {"max_attempts": 8, "retry": FixedDelay(5)}},
         }
     )
-    assert configured.task_options("shop.tasks.charge") == TaskOptions(8, FixedDelay(5), 30.0)
+    assert configured.task_options("shop.tasks.charge") == TaskOptions(
+        max_attempts=8, retry=FixedDelay(5), timeout=30.0
+    )
     other = configured.task_options("shop.tasks.mail")
-    assert other == TaskOptions(4, ExponentialBackoff(base=2, cap=60), 30.0)
+    assert other == TaskOptions(
+        max_attempts=4, retry=ExponentialBackoff(base=2, cap=60), timeout=30.0
+    )
     assert backend().task_options("x.y") == TaskOptions()  # PGQUEUE's defaults apply
 
 
