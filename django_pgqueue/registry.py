@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.utils.module_loading import autodiscover_modules
@@ -31,13 +31,33 @@ F = TypeVar("F", bound=Callable[..., Any])
 Resolver = Callable[[str], "Handler | None"]
 
 
-@dataclass(frozen=True)
-class Handler:
-    type: str
-    func: Callable[[JobContext], Any]
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """How the jobs of one type run: attempts, retry policy, timeout and time limits
+    (None: the PGQUEUE settings), and whether the function takes its parents' results.
+
+    A registered `Handler` holds them, and so does a Tasks backend's `TaskOptions`."""
+
     max_attempts: int | None = None
     retry: RetryPolicy | None = None
     timeout: float | None = None
+    # Whether the function is called as func(results, ctx): the results of the steps
+    # its job waits for first (see JobContext.results_arguments).
+    takes_results: bool = False
+    # Celery's soft and hard time limits, in seconds (None: PGQUEUE's SOFT_TIME_LIMIT
+    # and TIME_LIMIT): SoftTimeLimitExceeded raised in the handler (an async one
+    # cancelled); past the hard one the worker process running it is ended.
+    soft_time_limit: float | None = None
+    time_limit: float | None = None
+
+
+@dataclass(frozen=True)
+class Handler(RunOptions):
+    """The function that runs a job type's jobs, and how they run."""
+
+    type: str
+    func: Callable[[JobContext], Any]
+    _: KW_ONLY
     # A recurring schedule for this type (a cron string, an interval, or a dict);
     # read by django_pgqueue.schedules, checked by its system checks.
     schedule: Any = None
@@ -47,14 +67,6 @@ class Handler:
     # The exceptions its jobs are retried for (autoretry_for, dont_autoretry_for);
     # None: every exception. Read by the executor's classification.
     retry_on: RetryOn | None = None
-    # Whether the function is called as func(results, ctx): the results of the steps
-    # its job waits for first (see JobContext.results_arguments).
-    takes_results: bool = False
-    # Celery's soft and hard time limits, in seconds (None: PGQUEUE's SOFT_TIME_LIMIT
-    # and TIME_LIMIT): SoftTimeLimitExceeded raised in the handler (an async one
-    # cancelled); past the hard one the worker process running it is ended.
-    soft_time_limit: float | None = None
-    time_limit: float | None = None
     # The coroutine function the worker's event loop awaits for this type, or None for
     # a handler that runs on a handler thread: the function itself when it is an
     # ``async def``, else its ``async_handler`` (an async ``django.tasks`` Task's runner).
@@ -237,13 +249,13 @@ def handler(
             Handler(
                 type,
                 func,
-                max_attempts,
-                policy,
-                timeout,
-                schedule,
-                queue,
-                on,
-                takes_results,
+                max_attempts=max_attempts,
+                retry=policy,
+                timeout=timeout,
+                schedule=schedule,
+                queue=queue,
+                retry_on=on,
+                takes_results=takes_results,
                 soft_time_limit=soft_time_limit,
                 time_limit=time_limit,
             )

@@ -6,12 +6,12 @@ import inspect
 import re
 import string
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .. import validation, validators
 from ..exceptions import ConfigurationError, EnqueueError
-from ..registry import check_time_limits
+from ..registry import RunOptions, check_time_limits
 from ..retry import (
     ExponentialBackoff,
     FixedDelay,
@@ -78,36 +78,23 @@ class RetryOnPaths:
         return retry_on(self.autoretry_for, self.dont_autoretry_for, self.where)
 
 
-@dataclass(frozen=True)
-class TaskOptions:
-    """How one task is retried (None fields fall back to the PGQUEUE settings), and, per
-    task only, which concurrency key and sequence its jobs get and which exceptions
-    retry them."""
+@dataclass(frozen=True, kw_only=True)
+class TaskOptions(RunOptions):
+    """How one task runs (None fields fall back to the PGQUEUE settings), and, per task
+    only, which concurrency key and sequence its jobs get and which exceptions retry
+    them."""
 
-    max_attempts: int | None = None
-    retry: RetryPolicy | None = None
-    timeout: float | None = None
     concurrency_key: ConcurrencyKey | None = None
     retry_on: RetryOnPaths | None = None
-    takes_results: bool = False
-    soft_time_limit: float | None = None
-    time_limit: float | None = None
     sequence: ConcurrencyKey | None = None
     sequence_on_failure: OnFailure = "hold"
 
     def over(self, defaults: TaskOptions) -> TaskOptions:
-        """These options, with their unset fields taken from `defaults`."""
-        return TaskOptions(
-            self.max_attempts if self.max_attempts is not None else defaults.max_attempts,
-            self.retry if self.retry is not None else defaults.retry,
-            self.timeout if self.timeout is not None else defaults.timeout,
-            self.concurrency_key,
-            self.retry_on,
-            self.takes_results,
-            self.soft_time_limit,
-            self.time_limit,
-            self.sequence,
-            self.sequence_on_failure,
+        """These options, with their unset attempts, retry policy and timeout taken from
+        `defaults` (the backend's own OPTIONS)."""
+        unset = ("max_attempts", "retry", "timeout")
+        return replace(
+            self, **{name: getattr(defaults, name) for name in unset if getattr(self, name) is None}
         )
 
     def key_for(

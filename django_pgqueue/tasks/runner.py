@@ -26,7 +26,7 @@ import inspect
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -39,7 +39,7 @@ from ..context import JobContext
 from ..exceptions import ConfigurationError, PermanentFailure, UnknownJobType
 from ..executor import Failure, describe, ends_job, mark_logged, mark_permanent, success
 from ..models import Attempt
-from ..registry import Handler, registry
+from ..registry import Handler, RunOptions, registry
 from ..retry import RetryOn
 from ..task_paths import import_task
 from .api import (
@@ -81,16 +81,11 @@ def resolve_task(type_: str) -> Handler | None:
     except ConfigurationError as exc:  # an autoretry_for path that does not import
         logger.exception("task %s: its retry options are invalid", type_)
         return Handler(type_, _always_raise(UnknownJobType(f"task {type_!r}: {exc}")))
-    return Handler(
-        type_,
-        TaskRunner(task, retry_on, takes_results=options.takes_results),
-        options.max_attempts,
-        options.retry,
-        options.timeout,
-        retry_on=retry_on,
-        soft_time_limit=options.soft_time_limit,
-        time_limit=options.time_limit,
-    )
+    run = {option.name: getattr(options, option.name) for option in fields(RunOptions)}
+    # The runner passes the parents' results to the task itself: the handler takes none.
+    run["takes_results"] = False
+    runner = TaskRunner(task, retry_on, takes_results=options.takes_results)
+    return Handler(type_, runner, retry_on=retry_on, **run)
 
 
 def _options(task: Task) -> TaskOptions:

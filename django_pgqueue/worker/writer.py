@@ -11,6 +11,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import psycopg
@@ -64,6 +65,7 @@ Written = tuple[ClaimedJob, Outcome]
 Claim = tuple[str, int, str, float, ClaimKey | None]
 
 
+@dataclass(eq=False, repr=False)
 class OutcomeWriter:
     """Holds finished jobs' outcomes until they are written; writes them fenced.
 
@@ -74,26 +76,18 @@ class OutcomeWriter:
     write refused as stale.
     """
 
-    def __init__(
-        self,
-        store: Store,
-        leases: LeaseBook,
-        stats: Counter[str],
-        config: WorkerConfig,
-        observers: Observers,
-    ) -> None:
-        self.store = store
-        self.leases = leases
-        self.stats = stats
-        self.config = config
-        self.observers = observers
-        self._unwritten: list[Written] = []
-        self._unwritten_since = 0.0
-        # Written when the connection died: did the COMMIT happen? (resolve_uncertain)
-        self._uncertain: list[Written] = []
-        # Completions recorded as failures instead (unstorable, or refused) in this write.
-        self._failed_instead: set[int] = set()
-        self._retries: list[tuple[str, float]] = []
+    store: Store
+    leases: LeaseBook
+    stats: Counter[str]
+    config: WorkerConfig
+    observers: Observers
+    _unwritten: list[Written] = field(default_factory=list, init=False)
+    _unwritten_since: float = field(default=0.0, init=False)
+    # Written when the connection died: did the COMMIT happen? (resolve_uncertain)
+    _uncertain: list[Written] = field(default_factory=list, init=False)
+    # Completions recorded as failures instead (unstorable, or refused) in this write.
+    _failed_instead: set[int] = field(default_factory=set, init=False)
+    _retries: list[tuple[str, float]] = field(default_factory=list, init=False)
 
     # -- the batch ----------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import pytest
 from django_pgqueue.backends import PgQueueBackend, TaskOptions
 from django_pgqueue.exceptions import ConfigurationError, EnqueueError
 from django_pgqueue.retry import ExponentialBackoff, FixedDelay
+from django_pgqueue.tasks import runner
 
 
 def backend(options=None, queues=None) -> PgQueueBackend:
@@ -25,9 +26,13 @@ def test_per_task_options_override_the_backend_wide_ones():
             "TASKS": {"shop.tasks.charge": {"max_attempts": 8, "retry": FixedDelay(5)}},
         }
     )
-    assert configured.task_options("shop.tasks.charge") == TaskOptions(8, FixedDelay(5), 30.0)
+    assert configured.task_options("shop.tasks.charge") == TaskOptions(
+        max_attempts=8, retry=FixedDelay(5), timeout=30.0
+    )
     other = configured.task_options("shop.tasks.mail")
-    assert other == TaskOptions(4, ExponentialBackoff(base=2, cap=60), 30.0)
+    assert other == TaskOptions(
+        max_attempts=4, retry=ExponentialBackoff(base=2, cap=60), timeout=30.0
+    )
     assert backend().task_options("x.y") == TaskOptions()  # PGQUEUE's defaults apply
 
 
@@ -121,3 +126,28 @@ def test_a_concurrency_key_callable_gets_the_call_arguments():
         }
     ).task_options("shop.tasks.charge")
     assert options.key_for(charge, False, [7, 42], {"amount": 1}) == "c:42"
+
+
+def test_a_tasks_handler_runs_with_the_tasks_run_options(monkeypatch):
+    """Every run option of a task's OPTIONS reaches the Handler its jobs run with, but
+    takes_results: the task runner passes the parents' results itself."""
+    options = TaskOptions(
+        max_attempts=3,
+        retry=FixedDelay(2),
+        timeout=9.0,
+        takes_results=True,
+        soft_time_limit=4.0,
+        time_limit=8.0,
+        concurrency_key="customer:{0}",
+    )
+    task = object()
+    monkeypatch.setattr(runner, "import_task", lambda path: task)
+    monkeypatch.setattr(runner, "_options", lambda found: options)
+    handler = runner.resolve_task("shop.tasks.charge")
+    assert handler.type == "shop.tasks.charge"
+    assert handler.func.task is task
+    assert handler.func.takes_results
+    assert (handler.max_attempts, handler.retry, handler.timeout) == (3, FixedDelay(2), 9.0)
+    assert (handler.soft_time_limit, handler.time_limit) == (4.0, 8.0)
+    assert handler.takes_results is False
+    assert handler.retry_on is None
