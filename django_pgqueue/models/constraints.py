@@ -18,8 +18,8 @@ def null_or_at_least(field: str, low: object, *, name: str) -> models.CheckConst
 
 
 def at_least(low: object, *fields: str, name: str) -> models.CheckConstraint:
-    """The check that each of `fields` is at least `low` (a NULL passes, as in any CHECK:
-    the columns that need one are NOT NULL)."""
+    """The check that each of `fields` is at least `low`, for NOT NULL columns (a CHECK
+    lets a NULL pass: an optional column takes `null_or_at_least`)."""
     return models.CheckConstraint(
         condition=Q(**{f"{field}__gte": low for field in fields}), name=name
     )
