@@ -15,6 +15,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
+from .constraints import at_least
 from .jobs import one_row_per_job
 
 
@@ -38,7 +39,7 @@ class Batch(models.Model):
         verbose_name = "batch"
         verbose_name_plural = "batches"
         constraints = [
-            models.CheckConstraint(condition=models.Q(size__gte=0), name="queue_batches_size"),
+            at_least(0, "size", name="queue_batches_size"),
         ]
 
     def __str__(self) -> str:

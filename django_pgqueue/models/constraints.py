@@ -17,6 +17,14 @@ def null_or_at_least(field: str, low: object, *, name: str) -> models.CheckConst
     )
 
 
+def at_least(low: object, *fields: str, name: str) -> models.CheckConstraint:
+    """The check that each of `fields` is at least `low`, for NOT NULL columns (a CHECK
+    lets a NULL pass: an optional column takes `null_or_at_least`)."""
+    return models.CheckConstraint(
+        condition=Q(**{f"{field}__gte": low for field in fields}), name=name
+    )
+
+
 def one_of(field: str, choices: type[models.Choices], *, name: str) -> models.CheckConstraint:
     """The check that `field` holds one of `choices`' values: the enum is the one list."""
     return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=name)
@@ -37,3 +45,12 @@ def set_values_unique(field: str, *, name: str) -> models.UniqueConstraint:
     return models.UniqueConstraint(
         fields=[field], name=name, condition=Q(**{f"{field}__isnull": False})
     )
+
+
+def unique_in_queue(
+    field: str, *, name: str, condition: Q | None = None
+) -> models.UniqueConstraint:
+    """`field` unique within each queue (where `condition` holds, if given): a key names
+    a row of its own queue only, and two queues may use the same one. The index is on
+    (queue, field), the target of the upserts' ``ON CONFLICT (queue, field)``."""
+    return models.UniqueConstraint(fields=["queue", field], name=name, condition=condition)

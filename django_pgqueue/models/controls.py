@@ -16,7 +16,7 @@ from django.db import models
 from django.db.models import Q, Value
 from django.db.models.functions import Cast, Now
 
-from .constraints import null_or_at_least
+from .constraints import at_least, null_or_at_least, unique_in_queue
 from .jobs import queue_name_column, type_name_column
 
 
@@ -76,7 +76,7 @@ class QueueControl(RateWindow):
         verbose_name_plural = "queues"
         constraints = [
             null_or_at_least("concurrency_limit", 0, name="queue_controls_limit_valid"),
-            models.CheckConstraint(condition=Q(key_limit__gte=1), name="queue_controls_key_valid"),
+            at_least(1, "key_limit", name="queue_controls_key_valid"),
             RateWindow.valid("queue_controls_rate_valid"),
         ]
 
@@ -100,7 +100,7 @@ class QueueTypeControl(RateWindow):
         db_table = "queue_type_controls"
         verbose_name = "job type limit"
         constraints = [
-            models.UniqueConstraint(fields=["queue", "type"], name="queue_type_controls_key"),
+            unique_in_queue("type", name="queue_type_controls_key"),
             null_or_at_least("key_limit", 1, name="queue_type_controls_key_valid"),
             RateWindow.valid("queue_type_controls_rate_valid"),
         ]

@@ -32,7 +32,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from .constraints import set_values_index
+from .constraints import set_values_index, unique_in_queue
 
 
 class Status(models.TextChoices):
@@ -261,18 +261,14 @@ class JobState(models.Model):
             ),
         ]
         constraints = [
-            models.UniqueConstraint(
-                fields=["queue", "idempotency_key"],
+            unique_in_queue(
+                "idempotency_key",
                 name="queue_job_state_live_key_unique",
                 condition=Q(idempotency_key__isnull=False, status__in=["pending", "running"]),
             ),
             # One holder per (queue, unique key), while the holder's own hold says it
             # holds it: the enqueue's ON CONFLICT names this predicate whole.
-            models.UniqueConstraint(
-                fields=["queue", "unique_key"],
-                name="queue_job_state_unique_key",
-                condition=UNIQUE_HELD,
-            ),
+            unique_in_queue("unique_key", name="queue_job_state_unique_key", condition=UNIQUE_HELD),
             # CHECK queue_job_state_valid: status is known, priority in -100..100,
             # 0 <= attempts <= max_attempts, lease_version >= 0, a row is running
             # exactly when it has an owner and a lease end, finished exactly when it

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from .constraints import set_values_unique
+from .constraints import set_values_unique, unique_in_queue
 from .jobs import queue_name_column
 
 
@@ -28,7 +28,7 @@ class Sequence(models.Model):
         db_table = "queue_sequences"
         verbose_name = "sequence"
         constraints = [
-            models.UniqueConstraint(fields=["queue", "sequence_key"], name="queue_sequences_key"),
+            unique_in_queue("sequence_key", name="queue_sequences_key"),
             # A job heads at most one sequence; the ending statements find its row by it.
             set_values_unique("head_job_id", name="queue_sequences_head"),
         ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from .constraints import unique_in_queue
 from .jobs import queue_name_column
 
 
@@ -24,7 +25,7 @@ class UniqueKey(models.Model):
         db_table = "queue_unique_keys"
         verbose_name = "unique key"
         constraints = [
-            models.UniqueConstraint(fields=["queue", "unique_key"], name="queue_unique_keys_key"),
+            unique_in_queue("unique_key", name="queue_unique_keys_key"),
         ]
 
     def __str__(self) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models.functions import Now
 
-from .constraints import one_of
+from .constraints import at_least, one_of
 from .jobs import job_reference, one_row_per_job
 
 
@@ -72,10 +72,7 @@ class WorkflowStep(models.Model):
         verbose_name = "workflow step"
         constraints = [
             models.UniqueConstraint(fields=["workflow", "name"], name="queue_workflow_steps_name"),
-            models.CheckConstraint(
-                condition=models.Q(waiting_for__gte=0, failed__gte=0),
-                name="queue_workflow_steps_counts",
-            ),
+            at_least(0, "waiting_for", "failed", name="queue_workflow_steps_counts"),
             one_of("on_failure", OnFailure, name="queue_workflow_steps_on_failure"),
         ]
 
