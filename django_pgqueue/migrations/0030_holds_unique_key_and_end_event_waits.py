@@ -6,6 +6,8 @@
 #   expression, IMMUTABLE, so the planner inlines it and still proves the index's
 #   predicate: the unique enqueue's ON CONFLICT and holder lookup, and the operator
 #   retry's check for another holder (job_retry_now in sql/core.sql), use the index.
+#   The retry also asks it whether the job it retries will hold its key (pending, its
+#   lease version grown).
 # - pgqueue_end_event_waits: end the event waits of the jobs given, each wait's row taken
 #   once (its DELETE decides), with the checkpoint's result; each job still waiting is
 #   pending again. It returns a row per wait it took, with the woken job's queue. The
