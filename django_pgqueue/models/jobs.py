@@ -134,8 +134,9 @@ class Job(models.Model):
         return f"{self.type} #{self.pk} on {self.queue}"
 
 
-# Which state rows hold their unique key (see JobState.unique_hold); migration 0020's
-# pgqueue_enqueue_unique repeats it as its ON CONFLICT predicate. A "pending" hold is
+# Which state rows hold their unique key (see JobState.unique_hold); the statements ask
+# pgqueue_holds_unique_key (migration 0030), the same rule, which the planner proves
+# is this index's predicate. A "pending" hold is
 # a job's until it is first claimed (lease_version 0, which only grows): a retried or
 # swept job going back to pending never meets a newer holder of its key. An "active" hold
 # covers a durable job parked for an event (waiting): its wake-up must find the key free.

@@ -46,7 +46,7 @@ FROM pgqueue_enqueue(
 -- outcome, created_at), outcome 'created', 'existing' (the holder), 'replaced' (the
 -- holder, never claimed, took this payload and due time) or 'other_type' (a debounce
 -- met a holder of another job type: nothing written). The work is the PL/pgSQL function
--- pgqueue_enqueue_unique (migration 0020): ON CONFLICT on the unique partial index of
+-- pgqueue_enqueue_unique (migration 0030): ON CONFLICT on the unique partial index of
 -- the state rows (queue_job_state_unique_key), or on the key's row of queue_unique_keys
 -- for a hold of a period, so concurrent enqueues are decided by the database in their
 -- transactions. All NULL when the key kept changing hands (5 tries).
@@ -634,7 +634,11 @@ WHERE id = ANY (%(attempt_ids)s::bigint[]);
 WITH candidate AS MATERIALIZED (
     SELECT state.job_id, state.queue, state.idempotency_key, state.status,
            state.unique_key,
-           coalesce(state.unique_hold IN ('active', 'until_completed'), false) AS holds
+           -- whether it holds its key once retried: pending, its lease version grown
+           coalesce(
+               pgqueue_holds_unique_key(state.unique_hold, 'pending', state.lease_version + 1),
+               false
+           ) AS holds
     FROM queue_job_state AS state
     WHERE state.job_id = ANY(%(job_ids)s::bigint[])
       AND state.status IN ('dead', 'cancelled', 'pending')
@@ -648,19 +652,11 @@ WITH candidate AS MATERIALIZED (
       )
       AND NOT EXISTS (
           SELECT FROM queue_job_state AS other
-          WHERE state.unique_hold IN ('active', 'until_completed')
+          WHERE pgqueue_holds_unique_key(state.unique_hold, 'pending', state.lease_version + 1)
             AND other.queue = state.queue
             AND other.unique_key = state.unique_key
             AND other.job_id <> state.job_id
-            -- the unique index's predicate: the other job holds the key now
-            AND (
-                (other.unique_hold = 'pending' AND other.status = 'pending'
-                 AND other.lease_version = 0)
-                OR (other.unique_hold = 'active'
-                    AND other.status IN ('waiting', 'pending', 'running'))
-                OR (other.unique_hold = 'until_completed'
-                    AND other.status IN ('waiting', 'pending', 'running', 'dead'))
-            )
+            AND pgqueue_holds_unique_key(other.unique_hold, other.status, other.lease_version)
       )
     ORDER BY state.job_id
     FOR UPDATE

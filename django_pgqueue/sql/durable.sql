@@ -85,38 +85,28 @@ FROM pgqueue_park(
 -- Emit an event, in the caller's transaction: stored once (the first emit of a key
 -- wins), delivered to the jobs waiting for it (each wait's checkpoint, the job
 -- pending), NOTIFY at commit. Returns whether this emit stored it and to how many
--- waits it was delivered (pgqueue_emit, migration 0021).
+-- waits it was delivered (pgqueue_emit, migration 0030).
 SELECT emitted, delivered FROM pgqueue_emit(%(key)s::text, %(payload)s::jsonb);
 
 
 -- name: event_wait_timeout
--- Time out the waits whose timeout passed: each wait's row is deleted once (an emit
--- holding it is skipped, and takes it itself), its checkpoint says it timed out, its
--- job is pending again. Returns the queues of the jobs woken, for the worker's claims.
-WITH expired AS (
-    DELETE FROM queue_event_waits AS wait
-    WHERE wait.job_id IN (
+-- Time out the waits whose timeout passed: the ones no emit holds (it takes them
+-- itself) end with a checkpoint that says the wait timed out, each wait's row taken
+-- once (pgqueue_end_event_waits, migration 0030), its job pending again. Returns the
+-- queues of the jobs woken, for the worker's claims.
+SELECT DISTINCT ended.woken_queue AS queue
+FROM pgqueue_end_event_waits(
+    ARRAY(
         SELECT due.job_id
         FROM queue_event_waits AS due
         WHERE due.timeout_at <= now()
         ORDER BY due.timeout_at
         LIMIT %(limit)s::integer
         FOR UPDATE SKIP LOCKED
-    )
-    RETURNING wait.job_id, wait.name
-), recorded AS (
-    INSERT INTO queue_job_steps (job_id, name, kind, result)
-    SELECT expired.job_id, expired.name, 'event', jsonb_build_object('timed_out', true)
-    FROM expired
-    ON CONFLICT DO NOTHING
-), woken AS (
-    UPDATE queue_job_state AS state
-    SET status = 'pending', run_at = now(), updated_at = now()
-    WHERE state.job_id IN (SELECT expired.job_id FROM expired)
-      AND state.status = 'waiting'
-    RETURNING state.queue
-)
-SELECT DISTINCT queue FROM woken;
+    ),
+    '{"timed_out": true}'::jsonb
+) AS ended
+WHERE ended.woken_queue IS NOT NULL;
 
 
 -- name: step_run_again

@@ -33,7 +33,7 @@ def insert_unique_job(alias: str, params: dict[str, Any]) -> tuple[int, str, Any
     ``replaced`` or ``other_type`` (a debounce met a holder of another type).
 
     One statement: ``job_enqueue_unique`` calls ``pgqueue_enqueue_unique`` (migration
-    0022), where the unique index or the key's row decides between concurrent enqueues.
+    0030), where the unique index or the key's row decides between concurrent enqueues.
     """
     return _insert_one(alias, "job_enqueue_unique", params, "unique key", "unique_key")
 

@@ -8,14 +8,18 @@ import random
 import threading
 import time
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 from django.urls import reverse
+from psycopg.types.json import Jsonb
 from qa.models import DurableEffect
 
 from django_pgqueue import chain, emit_event, enqueue, enqueue_many, step
 from django_pgqueue.actions import retry_now
 from django_pgqueue.models import Attempt, EventWait, JobState, JobStep
+from django_pgqueue.sql import QUERIES
+from django_pgqueue.store.connection import connection_params
 from tests.conftest import sql
 from tests.integration.test_worker import wait_until
 
@@ -227,3 +231,75 @@ def test_a_parked_step_stays_parked_through_a_retry_of_its_dependency(run_worker
     run_worker(["ew"], burst=True).join()
     assert status(parked) == "completed"
     assert result(parked) == "go"
+
+
+def _parked(key: str) -> int:
+    """A job parked for `key`, its wait due now: an emit and the timeout both want it."""
+    job = enqueue("qa.durable_event", {"key": key}, queue="er1")
+    sql("UPDATE queue_job_state SET status = 'waiting' WHERE job_id = %s", [job.id])
+    sql(
+        "INSERT INTO queue_event_waits (job_id, key, name, timeout_at, created_at) "
+        "VALUES (%s, %s, %s, now(), now())",
+        [job.id, key, f"event:{key}"],
+    )
+    return job.id
+
+
+def _session() -> psycopg.Connection:
+    return psycopg.connect(**connection_params("default", "event race"))
+
+
+def _emit_in_thread(key: str, done: list) -> tuple[threading.Thread, int]:
+    emitter = _session()
+    pid = emitter.info.backend_pid
+
+    def emit() -> None:
+        with emitter:
+            done.append(
+                emitter.execute(QUERIES["event_emit"], {"key": key, "payload": Jsonb(1)}).fetchone()
+            )
+
+    thread = threading.Thread(target=emit)
+    thread.start()
+    return thread, pid
+
+
+def test_a_wait_the_timeout_took_is_not_delivered_by_an_emit_that_waited_for_it():
+    job_id = _parked("race:timeout-first")
+    with _session() as timeout:
+        assert [
+            row[0] for row in timeout.execute(QUERIES["event_wait_timeout"], {"limit": 10})
+        ] == ["er1"]
+        done: list = []
+        thread, pid = _emit_in_thread("race:timeout-first", done)
+        # The emit waits for the wait's row the timeout holds (not committed yet).
+        wait_until(
+            lambda: (
+                sql("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+                == [("Lock",)]
+            )
+        )
+    thread.join(60)
+    assert done == [(True, 0)]  # stored, delivered to no wait: the timeout took it
+    steps = JobStep.objects.filter(job_id=job_id)
+    assert [(s.name, s.result) for s in steps] == [
+        ("event:race:timeout-first", {"timed_out": True})
+    ]
+    assert status(job_id) == "pending"
+    assert not EventWait.objects.exists()
+
+
+def test_a_wait_an_emit_holds_is_skipped_by_the_timeout():
+    job_id = _parked("race:emit-first")
+    with _session() as emitter:
+        delivered = emitter.execute(
+            QUERIES["event_emit"], {"key": "race:emit-first", "payload": Jsonb(2)}
+        ).fetchone()
+        assert delivered == (True, 1)
+        # The timeout skips the row the emit holds (not committed yet): nothing to do.
+        with _session() as timeout:
+            assert timeout.execute(QUERIES["event_wait_timeout"], {"limit": 10}).fetchall() == []
+    steps = JobStep.objects.filter(job_id=job_id)
+    assert [(s.name, s.result) for s in steps] == [("event:race:emit-first", {"payload": 2})]
+    assert status(job_id) == "pending"
+    assert not EventWait.objects.exists()

@@ -1,7 +1,8 @@
 """The squashed migration stands for 0001 to 0029: a database those files migrated (by the
 earlier squash of 0001 to 0022 and 0023 to 0029, or by the files before that squash, whose
 names it recorded too), and a migration written against any of them, keep working now that
-the files are gone."""
+the files are gone. Such a database applies 0030 and ends with the functions a fresh one
+has."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from django.db.migrations.exceptions import NodeNotFoundError
 from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.recorder import MigrationRecorder
@@ -18,6 +20,8 @@ import django_pgqueue.migrations
 
 APP = "django_pgqueue"
 SQUASHED = (APP, "0001_squashed_0029_enqueue_statement_work")
+# The first migration after the squash, which writes two of the functions again.
+FUNCTIONS_0030 = (APP, "0030_holds_unique_key_and_end_event_waits")
 # The names the old files recorded in django_migrations, as the squashed one lists them.
 OLD = [name for _, name in MigrationLoader(None).disk_migrations[SQUASHED].replaces]
 FIRST_SQUASH = "0001_squashed_0022_many_tenants"
@@ -60,19 +64,69 @@ def test_the_squashed_migration_holds_its_sql_whole():
 @pytest.mark.parametrize(
     "earlier", [[FIRST_SQUASH], [FIRST_SQUASH, "0001_squashed_0017_claim_function"]]
 )
-def test_a_database_the_old_files_migrated_has_nothing_to_apply(earlier):
+def test_a_database_the_old_files_migrated_applies_only_what_came_after(earlier):
     recorder = MigrationRecorder(connection)
     # As the old files left it at 0029: their rows (the first squash's among them, and
     # the squash before it, which nothing reads now).
-    recorder.migration_qs.filter(app=APP, name=SQUASHED[1]).delete()
+    recorder.migration_qs.filter(app=APP, name__in=[SQUASHED[1], FUNCTIONS_0030[1]]).delete()
     for name in {*OLD, *earlier}:
         recorder.record_applied(APP, name)
 
     executor = MigrationExecutor(connection)
     plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
 
-    assert [migration.name for migration, _ in plan if migration.app_label == APP] == []
+    assert [migration.name for migration, _ in plan if migration.app_label == APP] == [
+        FUNCTIONS_0030[1]
+    ]
     assert SQUASHED in executor.loader.applied_migrations
+
+
+def _functions() -> dict[str, str]:
+    """The definition of each function of the schema, by its signature."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid) FROM pg_proc AS p "
+            "WHERE p.pronamespace = current_schema()::regnamespace AND p.prokind = 'f'"
+        )
+        return dict(cursor.fetchall())
+
+
+# The functions 0030 writes again over the ones the old files left (the two others it
+# creates are new).
+WRITTEN_AGAIN = ("pgqueue_emit", "pgqueue_enqueue_unique")
+
+
+@pytest.mark.django_db
+def test_a_database_at_0029_and_a_fresh_one_end_with_the_same_functions():
+    fresh = _functions()  # the test database: migrated from nothing
+    with connection.cursor() as cursor:
+        # Stand-ins of the functions the old files wrote, whatever their text was: the
+        # same signatures, a body of their own.
+        cursor.execute(
+            "SELECT format('CREATE FUNCTION %%s(%%s) RETURNS %%s LANGUAGE plpgsql AS "
+            "$$BEGIN RAISE ''as the old files left it''; END$$', p.proname, "
+            "pg_get_function_arguments(p.oid), pg_get_function_result(p.oid)) "
+            "FROM pg_proc AS p WHERE p.pronamespace = current_schema()::regnamespace "
+            "AND p.proname = ANY(%s)",
+            [list(WRITTEN_AGAIN)],
+        )
+        stand_ins = [row[0] for row in cursor.fetchall()]
+    assert len(stand_ins) == len(WRITTEN_AGAIN)
+    MigrationExecutor(connection).migrate([SQUASHED])  # 0030 unapplied: its four dropped
+    with connection.cursor() as cursor:
+        for statement in stand_ins:
+            cursor.execute(statement)
+    at_0029 = _functions()
+    assert sorted(name.split("(")[0] for name in fresh if at_0029.get(name) != fresh[name]) == [
+        "pgqueue_emit",
+        "pgqueue_end_event_waits",
+        "pgqueue_enqueue_unique",
+        "pgqueue_holds_unique_key",
+    ]
+
+    MigrationExecutor(connection).migrate([FUNCTIONS_0030])
+
+    assert _functions() == fresh
 
 
 @override_settings(MIGRATION_MODULES={APP: "tests.integration.later_migrations"})
@@ -102,18 +156,18 @@ def test_a_database_at_0029_applies_only_the_later_migrations():
 
 
 @pytest.mark.django_db
-def test_a_database_stopped_before_0029_sees_no_migration_of_the_app():
+def test_a_database_stopped_before_0029_is_refused_with_a_reason():
     # Only some of the replaced names applied: Django takes the squash away and puts
-    # back the files it replaced, which are gone. No error, and nothing of the app to
-    # apply (docs/upgrading.md says to migrate such a database to 0029 first).
+    # back the files it replaced, which are gone, so 0030 depends on a migration it
+    # cannot find and Django says why (docs/upgrading.md says to migrate such a
+    # database to 0029 first).
     recorder = MigrationRecorder(connection)
     recorder.migration_qs.filter(app=APP).delete()
     for name in OLD[: OLD.index("0025_started_steps_stay_run") + 1]:
         recorder.record_applied(APP, name)
 
-    loader = MigrationLoader(connection)
-
-    assert [key for key in loader.graph.nodes if key[0] == APP] == []
+    with pytest.raises(NodeNotFoundError, match="some of the replaced migrations"):
+        MigrationLoader(connection)
 
 
 def test_the_project_migrations_still_resolve():

@@ -129,9 +129,34 @@ def test_an_operator_retry_skips_a_job_whose_key_another_job_holds():
     second = enqueue("qa.noop", queue="u8", unique=unique)
     assert second.created
     assert retry_now([first.id]).changed == []
+    assert JobState.objects.get(pk=first.id).status == "dead"  # stays dead, keyless
     set_status(second.id, "completed")
     assert retry_now([first.id]).changed == [first.id]
     assert enqueue("qa.noop", queue="u8", unique=unique).id == first.id
+
+
+@pytest.mark.parametrize("lease_version", [0, 1])
+def test_an_operator_retry_of_a_pending_hold_goes_on_beside_the_newer_holder(lease_version):
+    """A "pending" hold ends at the first claim, and a retry is one (its lease version
+    grows): the retried job never holds its key again, so it runs beside the holder."""
+    from django_pgqueue.actions import retry_now
+
+    unique = Unique("k", hold="pending")
+    first = enqueue("qa.noop", queue="u9", unique=unique)
+    sql(
+        "UPDATE queue_job_state SET status = 'dead', finished_at = now(), lease_version = %s "
+        "WHERE job_id = %s",
+        [lease_version, first.id],
+    )
+    second = enqueue("qa.noop", queue="u9", unique=unique)
+    assert second.created
+    assert retry_now([first.id]).changed == [first.id]
+    states = JobState.objects.filter(pk__in=[first.id, second.id]).order_by("pk")
+    assert [(s.status, s.lease_version) for s in states] == [
+        ("pending", lease_version + 1),
+        ("pending", 0),
+    ]
+    assert enqueue("qa.noop", queue="u9", unique=unique).id == second.id
 
 
 @pytest.mark.django_db(transaction=True)

@@ -13,7 +13,8 @@ be placed in it:
   column yet, which the design adds first) and the claim's update by primary key.
   The claims' walks are statements of sql/; the jobs they walked are taken by the
   function pgqueue_claim (its migration), whose statement is read here too, with its
-  queue argument (p_queue) standing for the parameter.
+  queue argument (p_queue) standing for the parameter; so is the statement of
+  pgqueue_end_event_waits, which the emit and the waits' timeout call.
 - BY_JOB_ID: worker statements that still address their rows by job id alone; they
   would run on every shard. Each says why the queue is not passed yet.
 - EXEMPT: operator, admin and multi-queue maintenance statements, with the reason
@@ -45,6 +46,10 @@ FUNCTIONS = {
     "pgqueue_claim": (
         _function_statement("0001_squashed_0029_enqueue_statement_work", "CLAIM"),
         ("p_queue",),
+    ),
+    "pgqueue_end_event_waits": (
+        _function_statement("0030_holds_unique_key_and_end_event_waits", "END_EVENT_WAITS"),
+        (),
     ),
 }
 STATEMENTS = {**QUERIES, **{name: text for name, (text, _) in FUNCTIONS.items()}}
@@ -162,8 +167,9 @@ EXEMPT = {
     "batch_insert": "a batch gathers the jobs its block enqueued, of any queues",
     "batch_link": "a batch's callbacks wait for members of any queues",
     "batch_status": "a batch's counts: its members and callbacks, of any queues",
-    "event_wait_timeout": "multi-queue maintenance: any worker times out the event waits "
-    "of every queue, like the lease sweep",
+    "pgqueue_end_event_waits": "ends the waits of the jobs given, by id: an emit's (one "
+    "event key) and the timeout's (multi-queue maintenance, like the lease sweep) are of "
+    "any queues",
     "step_sleep_due_now": "testing only (run_durable): one job, by its id",
 }
 
@@ -187,7 +193,7 @@ def test_routed_statements_filter_on_the_queue_in_every_step(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(set(BY_JOB_ID) | set(EXEMPT)))
 def test_the_statements_let_off_do_not_filter_on_the_queue(name: str) -> None:
     # A statement that came to filter on the queue belongs in ROUTED: the lists stay exact.
-    assert unrouted(QUERIES[name]), f"{name} is routed now: move it to ROUTED"
+    assert unrouted(STATEMENTS[name]), f"{name} is routed now: move it to ROUTED"
 
 
 def test_the_claim_is_read_step_by_step() -> None:
