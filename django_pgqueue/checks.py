@@ -3,7 +3,7 @@ state table needs autovacuum (checked when the checks may use the database)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -113,13 +113,8 @@ def check_queue_tables(
     if not databases or check_queue_databases():
         return []
     warnings: list[checks.CheckMessage] = []
-    for alias in _queue_aliases():
-        if alias not in databases:
-            continue
-        try:
-            migrated = has_queue_tables(alias)
-        except DatabaseError:
-            continue  # an unreachable database is reported by Django's own checks
+    asked = [alias for alias in _queue_aliases() if alias in databases]
+    for alias, migrated in _read_each(asked, has_queue_tables):
         if not migrated:
             warnings.append(
                 checks.Warning(
@@ -142,8 +137,10 @@ def check_squashed_migrations(
     or none of them.
 
     With only some applied, Django swaps the squashed migration for the files it
-    replaces, which are gone: the app shows no migrations and `migrate` applies
-    nothing, without an error. Runs for the databases the checks may query.
+    replaces, which are gone: it cannot build the app's migrations (a later migration
+    depends on a name nothing stands for), and without one, the app would show no
+    migrations and `migrate` would apply nothing. Runs for the databases the checks
+    may query.
     """
     if not databases:
         return []
@@ -154,11 +151,7 @@ def check_squashed_migrations(
         if label == app and migration.replaces
     ]
     errors: list[checks.CheckMessage] = []
-    for alias in databases:
-        try:
-            recorded = MigrationRecorder(connections[alias]).applied_migrations()
-        except DatabaseError:
-            continue  # an unreachable database is reported by Django's own checks
+    for alias, recorded in _read_each(databases, _applied_migrations):
         applied = {name for label, name in recorded if label == app}
         for squash in squashes:
             replaced = {name for label, name in squash.replaces if label == app}
@@ -169,8 +162,8 @@ def check_squashed_migrations(
                 checks.Error(
                     f"The database {alias!r} applied {len(done)} of the {len(replaced)} "
                     f"migrations that {app}'s {squash.name} replaces (the last: "
-                    f"{max(done)}), and this version no longer ships them: Django sees "
-                    f"no migration of {app} there and migrate would apply nothing.",
+                    f"{max(done)}), and this version no longer ships them: Django "
+                    f"cannot migrate {app} there.",
                     hint=f"Migrate {alias!r} to {max(replaced)} with a version of "
                     "django-pgqueue-jobs that still has those files, then upgrade "
                     "(docs/upgrading.md).",
@@ -178,6 +171,22 @@ def check_squashed_migrations(
                 )
             )
     return errors
+
+
+def _read_each(aliases: Iterable[str], read: Callable[[str], Any]) -> Iterator[tuple[str, Any]]:
+    """(alias, read(alias)) for each of the databases that answers: an unreachable one
+    is reported by Django's own checks."""
+    for alias in aliases:
+        try:
+            value = read(alias)
+        except DatabaseError:
+            continue
+        yield alias, value
+
+
+def _applied_migrations(alias: str) -> Any:
+    """The (app, name) of every migration the database `alias` recorded as applied."""
+    return MigrationRecorder(connections[alias]).applied_migrations()
 
 
 def _disk_migrations() -> dict[tuple[str, str], Any]:
