@@ -4,7 +4,7 @@ enqueue(sequence="customer-42") writes a job behind the unfinished earlier jobs 
 sequence: the first is pending, the others wait (``waiting``, in no claim index) until
 the one before them ends. A job that ends dead holds the rest back (``"hold"``, the
 default) or lets them go on (``"continue"``); a retry keeps its place. The database
-decides (migration 0023), in the enqueuing transaction and in the transaction that ends
+decides, in the enqueuing transaction and in the transaction that ends
 each job: nothing here touches a connection but `release`, which lets a held sequence go
 on past its dead head (the admin's Held sequences page).
 """

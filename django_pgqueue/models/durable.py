@@ -7,7 +7,7 @@
 - ``queue_event_waits``: the jobs parked until an event comes or their wait times out;
   whoever deletes a wait's row (an emit or the timeout) decides the wait, once.
 
-Foreign keys to ``queue_jobs`` with ``ON DELETE CASCADE`` (migration 0021): pruning a
+Foreign keys to ``queue_jobs`` with ``ON DELETE CASCADE``: pruning a
 job removes its steps and its wait.
 """
 

@@ -14,7 +14,7 @@ Workers never write these through the ORM: every state change is a fenced statem
 themselves: the attempts' foreign key to the state row, with ``ON DELETE CASCADE``;
 the state row's job by construction (every statement that inserts a state row
 inserts its job, with the same id and queue) and triggers (a job's id and queue never
-change; deleting jobs deletes their state rows): see migration 0008.
+change; deleting jobs deletes their state rows): see the squashed migration.
 
 The CHECK constraints are created by the migrations too, one per table, each as one
 call to a small PL/pgSQL function (``queue_job_state_valid`` ...). PostgreSQL re-reads

@@ -7,7 +7,7 @@
   a job: ``waiting_for``, the dependencies not finished yet, and ``failed``, those that
   ended dead or cancelled. A step whose counters say it may run is made pending in
   the transaction of the statement that finished its last dependency
-  (``pgqueue_settle``, migration 0011); the step row's lock serializes a fan-in, so
+  (``pgqueue_settle``); the step row's lock serializes a fan-in, so
   each finished dependency is counted once.
 - `JobDependency` (``queue_job_deps``): which job waits for which, one row per edge.
 

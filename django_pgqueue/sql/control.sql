@@ -47,7 +47,7 @@ SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true
 -- start at t is allowed only while fewer than rate_count starts are later than
 -- t - rate_period, which is exact for every window of that length because t comes
 -- from clock_timestamp() under the queue lock (it only grows). The jobs are taken by
--- pgqueue_claim (migration 0017), as job_claim's are, their attempts starting at that
+-- pgqueue_claim, as job_claim's are, their attempts starting at that
 -- same t. Rows come back unordered, like job_claim's.
 WITH budget AS MATERIALIZED (
     SELECT CASE WHEN c.paused THEN 0 ELSE GREATEST(0, LEAST(

@@ -22,7 +22,7 @@
 -- name: job_enqueue
 -- Insert one job and its state row, wake the queue's workers if it is due, and return
 -- (id, created, created_at). The work is the PL/pgSQL function pgqueue_enqueue
--- (migration 0007; 0020 added the fair key): PostgreSQL plans its statements once per session and reuses the
+-- (in the squashed migration): PostgreSQL plans its statements once per session and reuses the
 -- plans, which a prepared statement would do too but a transaction-mode pooler may
 -- not allow. Without an idempotency key: the job row, then its state row (with the
 -- concurrency and fair keys, if any). With one: the state row first, its id drawn from the
@@ -237,7 +237,7 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 -- asked. With queue = <one value>, PostgreSQL walks queue_job_state_claim_idx in
 -- ORDER BY order and stops after `limit` unlocked rows: no sort, whatever the
 -- table size. Row locks last only for this statement; handlers run outside it.
--- The jobs walked are taken by pgqueue_claim (migration 0017), as every claim's are:
+-- The jobs walked are taken by pgqueue_claim, as every claim's are:
 -- each runs under a new lease (lease_version + 1) with an attempt opened, and its row
 -- comes back with the attempt's id (later writes address the attempt by primary key).
 -- Rows come back unordered (ordering here would add a Sort node); sort in the caller.
@@ -305,7 +305,7 @@ SELECT * FROM pgqueue_claim(
 -- which would make PostgreSQL copy every joined row whole for concurrent-update
 -- rechecks.
 -- Workflows: the jobs it ended settle their dependents in this same statement
--- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- (pgqueue_settle), those with has_dependents set; for a job nothing
 -- waits for (NULL) the function is not called and no other table is read.
 WITH done AS (
     UPDATE queue_job_state AS state
@@ -354,7 +354,7 @@ SELECT job_id, cancelled FROM done CROSS JOIN woken LEFT JOIN settled ON true;
 -- 'interrupted'); lease_version grows at the next claim as always. Fenced; returns the
 -- new status and run_at, or no row when the lease was lost.
 -- Workflows: the jobs it ended settle their dependents in this same statement
--- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- (pgqueue_settle), those with has_dependents set; for a job nothing
 -- waits for (NULL) the function is not called and no other table is read.
 WITH failed AS (
     UPDATE queue_job_state AS state
@@ -437,7 +437,7 @@ RETURNING state.job_id, state.cancel_requested_at IS NOT NULL AS cancel_requeste
 -- row is marked released. A job an operator asked to cancel ends cancelled instead.
 -- Fenced like job_complete; returns the jobs released.
 -- Workflows: the jobs it ended settle their dependents in this same statement
--- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- (pgqueue_settle), those with has_dependents set; for a job nothing
 -- waits for (NULL) the function is not called and no other table is read.
 WITH released AS (
     UPDATE queue_job_state AS state
@@ -514,7 +514,7 @@ DEALLOCATE ALL;
 -- handler ran, and held the row until its process was gone) is given back instead:
 -- the job is pending again (never dead for it), its attempt not spent.
 -- Workflows: the jobs it ended settle their dependents in this same statement
--- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- (pgqueue_settle), those with has_dependents set; for a job nothing
 -- waits for (NULL) the function is not called and no other table is read.
 WITH expired AS MATERIALIZED (
     SELECT state.job_id, state.lease_version,
@@ -625,10 +625,10 @@ WHERE id = ANY (%(attempt_ids)s::bigint[]);
 -- this same call) goes back to waiting, not pending; a dead or cancelled job retried
 -- counts as unfinished again for its dependents, and every dependent that has not
 -- started waits for it again: pending ones, and those its failure cancelled; a retried
--- step forgets what cancelled it (pgqueue_unsettle, migration 0016), in this same
+-- step forgets what cancelled it (pgqueue_unsettle), in this same
 -- statement.
 -- Sequences: a retried job of a sequence waits, then its sequence moves on by the rule
--- every ending statement uses (pgqueue_sequence_next, migration 0023): the job is
+-- every ending statement uses (pgqueue_sequence_next): the job is
 -- pending again if it headed its sequence (a held head retried) or the sequence has no
 -- head; else it waits for its turn, behind the head.
 WITH candidate AS MATERIALIZED (
@@ -725,7 +725,7 @@ FROM retried CROSS JOIN wake LEFT JOIN unsettled ON true LEFT JOIN sequenced ON 
 -- name: job_cancel
 -- Operator cancel: pending and waiting jobs become cancelled. Running jobs are never touched.
 -- Workflows: the jobs it ended settle their dependents in this same statement
--- (pgqueue_settle, migration 0011), those with has_dependents set; for a job nothing
+-- (pgqueue_settle), those with has_dependents set; for a job nothing
 -- waits for (NULL) the function is not called and no other table is read.
 WITH cancelled AS (
     UPDATE queue_job_state

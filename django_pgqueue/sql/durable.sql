@@ -73,7 +73,7 @@ RETURNING result;
 -- End an attempt that waits for an event: the job waits (in no claim index) until
 -- the event is emitted or the wait's timeout passes, its attempt given back; an event
 -- emitted meanwhile makes it pending at once. Fenced; returns the new status and
--- run_at, or no row when the lease was lost (pgqueue_park, migration 0021).
+-- run_at, or no row when the lease was lost (pgqueue_park).
 SELECT status, run_at
 FROM pgqueue_park(
     %(job_id)s::bigint, %(lease_version)s::bigint, %(attempt_id)s::bigint, %(key)s::text,

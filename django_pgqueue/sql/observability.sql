@@ -124,7 +124,7 @@ SELECT (SELECT count(*) FROM workers), (SELECT count(*) FROM minutes);
 
 -- name: worker_list
 -- List the registered workers, live ones first, with whether each is alive now.
--- Alive (pgqueue_worker_alive, migration 0022) means not marked gone and seen within
+-- Alive (pgqueue_worker_alive) means not marked gone and seen within
 -- three of its beats, or two of its leases if shorter (a worker that died without a
 -- word counts as gone before any heartbeat has marked it).
 SELECT id, host, pid, queues, concurrency, lease_seconds, version, running,

@@ -1,5 +1,5 @@
 -- Sequences (enqueue(sequence=...)): jobs with one sequence key run one at a time, in
--- enqueue order. The work is in the functions of migration 0023: the sequence's row in
+-- enqueue order. The work is in the squashed migration's functions: the sequence's row in
 -- queue_sequences names its head and is its lock; every statement that ends a job moves
 -- its sequence on through pgqueue_settle -> pgqueue_sequence_next. The claim statements
 -- know nothing of sequences: a job behind its sequence's head is waiting.
@@ -37,7 +37,7 @@ ON CONFLICT (queue, sequence_key) DO UPDATE SET head_job_id = seq.head_job_id;
 
 -- name: job_enqueue_many_sequenced
 -- Insert many jobs, each with a sequence key, in list order: the rows are numbered as
--- job_enqueue_many's are and pgqueue_enqueue_sequenced (migration 0023) is called per
+-- job_enqueue_many's are and pgqueue_enqueue_sequenced is called per
 -- row, in the rows' order (a nested loop over the numbered rows: the lateral call
 -- depends on each), so a sequence's ids, its run order, follow the list. Returns each
 -- job's id, in list order.
@@ -61,7 +61,7 @@ ORDER BY i.position;
 -- name: job_enqueue_cancel_running
 -- Insert one job of a cancel-in-progress key (Unique.cancel_running) and return (id,
 -- head, created_at), as job_enqueue_sequenced does: the key is a sequence key. Under
--- the sequence's row lock, pgqueue_enqueue_cancel_running (migration 0027) cancels the
+-- the sequence's row lock, pgqueue_enqueue_cancel_running cancels the
 -- key's jobs that are not running, asks its running head to stop (cancel requested),
 -- then writes the job, which waits while that head's code still runs.
 SELECT job_id, head, created_at

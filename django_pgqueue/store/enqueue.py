@@ -70,8 +70,8 @@ def insert_cancel_running_job(alias: str, params: dict[str, Any]) -> tuple[int, 
     (job id, head, created_at), head False when it waits for the key's running job,
     asked to stop, to end.
 
-    One statement: ``job_enqueue_cancel_running`` calls ``pgqueue_enqueue_cancel_running``
-    (migration 0027), which takes the key's sequence row lock before it cancels the
+    One statement: ``job_enqueue_cancel_running`` calls ``pgqueue_enqueue_cancel_running``,
+    which takes the key's sequence row lock before it cancels the
     key's other jobs and writes this one.
     """
     row = fetch_one(alias, QUERIES["job_enqueue_cancel_running"], params)
