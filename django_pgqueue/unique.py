@@ -1,6 +1,6 @@
 """Unique jobs: a key, how long a job holds it, and what another enqueue of it does.
 
-The database decides (``pgqueue_enqueue_unique``, migration 0030), in the enqueuing
+The database decides (``pgqueue_enqueue_unique``), in the enqueuing
 transaction: a unique partial index on the state rows for the holds that follow a job's
 status, a key row for a hold of a period. Nothing here touches a connection.
 """

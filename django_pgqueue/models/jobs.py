@@ -135,7 +135,7 @@ class Job(models.Model):
 
 
 # Which state rows hold their unique key (see JobState.unique_hold); the statements ask
-# pgqueue_holds_unique_key (migration 0030), the same rule, which the planner proves
+# pgqueue_holds_unique_key, the same rule, which the planner proves
 # is this index's predicate. A "pending" hold is
 # a job's until it is first claimed (lease_version 0, which only grows): a retried or
 # swept job going back to pending never meets a newer holder of its key. An "active" hold
@@ -268,7 +268,8 @@ class JobState(models.Model):
                 condition=Q(idempotency_key__isnull=False, status__in=["pending", "running"]),
             ),
             # One holder per (queue, unique key), while the holder's own hold says it
-            # holds it: the enqueue's ON CONFLICT names this predicate whole.
+            # holds it. The database's pgqueue_holds_unique_key is this predicate, which the
+            # enqueue's ON CONFLICT names (the planner inlines it to infer this index).
             unique_in_queue("unique_key", name="queue_job_state_unique_key", condition=UNIQUE_HELD),
             # CHECK queue_job_state_valid: status is known, priority in -100..100,
             # 0 <= attempts <= max_attempts, lease_version >= 0, a row is running

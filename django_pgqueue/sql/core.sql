@@ -46,7 +46,7 @@ FROM pgqueue_enqueue(
 -- outcome, created_at), outcome 'created', 'existing' (the holder), 'replaced' (the
 -- holder, never claimed, took this payload and due time) or 'other_type' (a debounce
 -- met a holder of another job type: nothing written). The work is the PL/pgSQL function
--- pgqueue_enqueue_unique (migration 0030): ON CONFLICT on the unique partial index of
+-- pgqueue_enqueue_unique: ON CONFLICT on the unique partial index of
 -- the state rows (queue_job_state_unique_key), or on the key's row of queue_unique_keys
 -- for a hold of a period, so concurrent enqueues are decided by the database in their
 -- transactions. All NULL when the key kept changing hands (5 tries).

@@ -85,14 +85,14 @@ FROM pgqueue_park(
 -- Emit an event, in the caller's transaction: stored once (the first emit of a key
 -- wins), delivered to the jobs waiting for it (each wait's checkpoint, the job
 -- pending), NOTIFY at commit. Returns whether this emit stored it and to how many
--- waits it was delivered (pgqueue_emit, migration 0030).
+-- waits it was delivered (pgqueue_emit).
 SELECT emitted, delivered FROM pgqueue_emit(%(key)s::text, %(payload)s::jsonb);
 
 
 -- name: event_wait_timeout
 -- Time out the waits whose timeout passed: the ones no emit holds (it takes them
 -- itself) end with a checkpoint that says the wait timed out, each wait's row taken
--- once (pgqueue_end_event_waits, migration 0030), its job pending again. Returns the
+-- once (pgqueue_end_event_waits), its job pending again. Returns the
 -- queues of the jobs woken, for the worker's claims.
 SELECT DISTINCT ended.woken_queue AS queue
 FROM pgqueue_end_event_waits(

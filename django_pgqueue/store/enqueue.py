@@ -32,8 +32,8 @@ def insert_unique_job(alias: str, params: dict[str, Any]) -> tuple[int, str, Any
     holder; return (job id, outcome, created_at), outcome ``created``, ``existing``,
     ``replaced`` or ``other_type`` (a debounce met a holder of another type).
 
-    One statement: ``job_enqueue_unique`` calls ``pgqueue_enqueue_unique`` (migration
-    0030), where the unique index or the key's row decides between concurrent enqueues.
+    One statement: ``job_enqueue_unique`` calls ``pgqueue_enqueue_unique``,
+    where the unique index or the key's row decides between concurrent enqueues.
     """
     return _insert_one(alias, "job_enqueue_unique", params, "unique key", "unique_key")
 

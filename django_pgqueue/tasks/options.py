@@ -80,9 +80,9 @@ class RetryOnPaths:
 
 @dataclass(frozen=True, kw_only=True)
 class TaskOptions(RunOptions):
-    """How one task runs (None fields fall back to the PGQUEUE settings), and, per task
-    only, which concurrency key and sequence its jobs get and which exceptions retry
-    them."""
+    """How one task runs (None fields fall back to the PGQUEUE settings): the fields of
+    `RunOptions`, which a `@handler`'s registration holds too, and, per task only, which
+    concurrency key and sequence its jobs get and which exceptions retry them."""
 
     concurrency_key: ConcurrencyKey | None = None
     retry_on: RetryOnPaths | None = None

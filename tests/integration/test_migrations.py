@@ -20,7 +20,7 @@ import django_pgqueue.migrations
 
 APP = "django_pgqueue"
 SQUASHED = (APP, "0001_squashed_0029_enqueue_statement_work")
-# The first migration after the squash, which writes two of the functions again.
+# The first migration after the squash, which writes four of its functions again.
 FUNCTIONS_0030 = (APP, "0030_holds_unique_key_and_end_event_waits")
 # The names the old files recorded in django_migrations, as the squashed one lists them.
 OLD = [name for _, name in MigrationLoader(None).disk_migrations[SQUASHED].replaces]
@@ -91,37 +91,38 @@ def _functions() -> dict[str, str]:
         return dict(cursor.fetchall())
 
 
-# The functions 0030 writes again over the ones the old files left (the two others it
-# creates are new).
+# The functions the old files wrote with both rules inline, which 0030 writes again,
+# and the two it creates for them.
 WRITTEN_AGAIN = ("pgqueue_emit", "pgqueue_enqueue_unique")
+NEW_IN_0030 = ("pgqueue_end_event_waits", "pgqueue_holds_unique_key")
 
 
 @pytest.mark.django_db
 def test_a_database_at_0029_and_a_fresh_one_end_with_the_same_functions():
     fresh = _functions()  # the test database: migrated from nothing
+    # Taken back to 0029, a database keeps them: the squashed migration has them too.
+    MigrationExecutor(connection).migrate([SQUASHED])
+    assert _functions() == fresh
     with connection.cursor() as cursor:
-        # Stand-ins of the functions the old files wrote, whatever their text was: the
-        # same signatures, a body of their own.
+        # As the old files left it at 0029: stand-ins of the two functions, whatever
+        # their text was (the same signatures, a body of their own), and no new ones.
         cursor.execute(
-            "SELECT format('CREATE FUNCTION %%s(%%s) RETURNS %%s LANGUAGE plpgsql AS "
-            "$$BEGIN RAISE ''as the old files left it''; END$$', p.proname, "
+            "SELECT format('CREATE OR REPLACE FUNCTION %%s(%%s) RETURNS %%s LANGUAGE plpgsql "
+            "AS $$BEGIN RAISE ''as the old files left it''; END$$', p.proname, "
             "pg_get_function_arguments(p.oid), pg_get_function_result(p.oid)) "
             "FROM pg_proc AS p WHERE p.pronamespace = current_schema()::regnamespace "
             "AND p.proname = ANY(%s)",
             [list(WRITTEN_AGAIN)],
         )
         stand_ins = [row[0] for row in cursor.fetchall()]
-    assert len(stand_ins) == len(WRITTEN_AGAIN)
-    MigrationExecutor(connection).migrate([SQUASHED])  # 0030 unapplied: its four dropped
-    with connection.cursor() as cursor:
+        assert len(stand_ins) == len(WRITTEN_AGAIN)
         for statement in stand_ins:
             cursor.execute(statement)
+        for name in NEW_IN_0030:
+            cursor.execute(f"DROP FUNCTION {name}")
     at_0029 = _functions()
     assert sorted(name.split("(")[0] for name in fresh if at_0029.get(name) != fresh[name]) == [
-        "pgqueue_emit",
-        "pgqueue_end_event_waits",
-        "pgqueue_enqueue_unique",
-        "pgqueue_holds_unique_key",
+        *sorted(WRITTEN_AGAIN + NEW_IN_0030)
     ]
 
     MigrationExecutor(connection).migrate([FUNCTIONS_0030])

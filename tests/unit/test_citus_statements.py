@@ -48,7 +48,7 @@ FUNCTIONS = {
         ("p_queue",),
     ),
     "pgqueue_end_event_waits": (
-        _function_statement("0030_holds_unique_key_and_end_event_waits", "END_EVENT_WAITS"),
+        _function_statement("0001_squashed_0029_enqueue_statement_work", "END_EVENT_WAITS"),
         (),
     ),
 }
