@@ -214,5 +214,15 @@ HoldAndCapacity.TestCase.settings = settings(
 )
 
 
-def test_the_hold_and_the_capacity_count(transactional_db: Any) -> None:
+def test_the_hold_and_the_capacity_count(transactional_db: Any, report: Any) -> None:
+    """20. Hold and capacity: no limit passed, no job run twice at once, whatever the handlers do"""
+    examples = HoldAndCapacity.TestCase.settings.max_examples
+    steps = HoldAndCapacity.TestCase.settings.stateful_step_count
+    report(
+        size=f"{examples} runs of up to {steps} steps, 2 workers x {THREADS} threads + "
+        f"{TASKS} task",
+        notes="a Hypothesis state machine: sync and async jobs in time, past their timeout "
+        "in a C call or a blocked event loop, ignoring cancellation; cancels, cut "
+        "connections, workers stopped mid-job",
+    )
     HoldAndCapacity.TestCase("runTest").runTest()
