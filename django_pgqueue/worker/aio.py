@@ -238,14 +238,31 @@ class AsyncPool:
             ]
             if item.time_limit is not None:  # the dispatcher ends the process then
                 timers.append(loop.call_at(item.started + item.time_limit, self._wake.set))
-            task.add_done_callback(lambda _t, item=item, timers=timers: self._ended(item, timers))
+            task.add_done_callback(
+                lambda done, item=item, timers=timers: self._ended(item, done, timers)
+            )
 
-    def _ended(self, item: ClaimedJob, timers: list[asyncio.TimerHandle]) -> None:
-        """`item`'s task is done: its slot is free for the next waiting job."""
+    def _ended(
+        self, item: ClaimedJob, task: asyncio.Task[None], timers: list[asyncio.TimerHandle]
+    ) -> None:
+        """`item`'s task is done: its slot is free for the next waiting job.
+
+        A task cancelled before its first step never ran `_run` (a coroutine cancelled
+        before it starts runs none of its code): its job is reported here, with the
+        cancellation's outcome, or it would be held while the process lives.
+        """
         self._tasks.pop(item, None)
         self._warned.discard(item)
         for timer in timers:
             timer.cancel()  # no timer outlives its job
+        if not item.reported:
+            item.returned = True
+            why = self._why.pop(item, SHUTDOWN)
+            failed = None if task.cancelled() else task.exception()
+            if failed is None:
+                self._report(item, cancelled_outcome(item, why))
+            else:
+                self._report(item, executor.fallback_failure(failed))
         self._start_waiting()
 
     async def _run(self, item: ClaimedJob) -> None:
