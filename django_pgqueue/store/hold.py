@@ -49,7 +49,8 @@ class RowHold:
         """Lock the running rows of (job_id, lease_version); whether the hold stands.
 
         False (logged) when the connection or the lock could not be had: the caller
-        then gives the jobs back at once, as a worker without a hold would.
+        then writes nothing for the jobs, and the sweep takes them back once the
+        process is gone and their leases ran out.
         """
         try:
             conn = psycopg.connect(**connection_params(self._alias, self._name), autocommit=True)
@@ -67,7 +68,7 @@ class RowHold:
         except psycopg.Error as exc:
             logger.warning(
                 "shutdown: could not hold the rows of %d interrupted job(s) (%s); they are "
-                "given back at once, while their handlers may still run",
+                "left to the sweep, which takes them once this process ended",
                 len(rows),
                 errors.describe(exc),
             )

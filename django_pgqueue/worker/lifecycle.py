@@ -296,27 +296,28 @@ class Worker:
         hold = self._hold(executing)
         # A handler past its timeout has its verdict: written once it returned (on the
         # hold), or by the sweep once the process is gone, never now. The others are
-        # interrupted: their attempts given back.
+        # interrupted: their attempts given back once they returned (on the hold).
+        # Without a hold nothing is written for either: a job whose handler may still
+        # run is never let go by a write; its lease runs out once this process ended
+        # (the heartbeat has stopped) and the sweep takes it back.
         timed = [item for item in executing if item.verdict is not None]
         interrupted = [item for item in executing if item.verdict is None]
         for item in executing:
             item.resolved = True
-        for item in interrupted:
-            self._writer.add([(item, _interrupted(cfg.worker_id, held=hold is not None))])
+        if hold is not None:
+            for item in interrupted:
+                self._writer.add([(item, _interrupted(cfg.worker_id, held=True))])
         self._capacity.clear()
-        if interrupted:
+        if executing:
             logger.warning(
-                "shutdown: %d handler(s) still running; their attempts are given back, "
-                "their jobs due again %s",
-                len(interrupted),
-                "once the handlers returned or this process ended" if hold else "now",
-            )
-        if timed:
-            logger.warning(
-                "shutdown: %d handler(s) past their timeout still running; their timeouts "
-                "are written once they returned, or the sweep takes the jobs once this "
-                "process ended",
+                "shutdown: %d handler(s) still running (%d past their timeout); %s",
+                len(executing),
                 len(timed),
+                "their jobs are held until the handlers returned, then given back or, "
+                "past their timeout, failed"
+                if hold
+                else "their rows could not be held: the sweep takes the jobs back once "
+                "this process ended and their leases ran out",
             )
         try:
             if not self._store.connected:
@@ -357,13 +358,16 @@ class Worker:
 
     def _hold(self, interrupted: list[ClaimedJob]) -> RowHold | None:
         """Hold the rows of the jobs whose handlers still run (see `store.hold`); None
-        when there are none, or the hold could not be had (they are given back now).
+        when there are none, or the hold could not be had (then nothing is written for
+        them: the sweep takes them back once the process is gone).
 
         The heartbeat stops first: a renewal landing after the interruption would
-        stretch the lease the sweep waits for once the process is gone.
+        stretch the lease the sweep waits for once the process is gone. The hold opens
+        its own connection, so a dispatcher connection cut just before is no reason to
+        go without it.
         """
-        if not interrupted or not self._store.connected:
-            return None  # none to hold, or the database is out of reach: nothing to lock
+        if not interrupted:
+            return None
         self._service_stop.set()
         if self._heartbeat_thread is not None:
             self._heartbeat_thread.join(timeout=5)

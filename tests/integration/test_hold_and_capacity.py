@@ -12,9 +12,13 @@ with what the database said meanwhile, never with a wall-clock bound.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
+from collections.abc import Iterator
 
+import psycopg
+import psycopg.sql
 import pytest
 from qa.jobs import EXECUTIONS
 
@@ -133,3 +137,54 @@ def test_a_stopping_worker_holds_a_timed_out_job_until_its_handler_returns(run_w
     first.join(HANG_GUARD)
     assert len(EXECUTIONS.spans[job.id]) == 2
     assert overlapping(EXECUTIONS.spans[job.id]) == []
+
+
+def test_a_stopping_worker_that_cannot_hold_a_job_leaves_it_running(run_worker):
+    # Worker A's handler still runs when A's grace ends, and the database refuses the
+    # connection A's hold needs (connections already open go on). A must not give the
+    # job back by a write: worker B, connected before, would run it beside A's handler.
+    # Its row stays running under A's lease, which the sweep takes once it ran out.
+    from django.db import connection
+
+    job = enqueue("qa.span", {"seconds": 3.0}, queue="nohold")
+    first = run_worker(["nohold"], concurrency=1, shutdown_grace=0.1, lease=60)
+    wait_until(lambda: EXECUTIONS.started(job.id), timeout=HANG_GUARD)
+    second = run_worker(["nohold"], concurrency=1, poll_interval=0.05)
+    wait_until(lambda: sessions(f"pgqueue worker {second.worker.worker_id}"), timeout=HANG_GUARD)
+    with new_connections_refused(connection.settings_dict["NAME"]):
+        first.worker.stop_gracefully()
+        first.join(HANG_GUARD)
+        wait_until(lambda: not EXECUTIONS.running(job.id), timeout=HANG_GUARD)
+    assert len(EXECUTIONS.spans[job.id]) == 1
+    assert status(job.id) == "running"
+
+
+@contextlib.contextmanager
+def new_connections_refused(database: str) -> Iterator[None]:
+    """The server refuses new sessions of `database` (those open go on), set from a
+    session of the server's maintenance database (not of `database` itself)."""
+    from django.db import connection
+
+    params = {**connection.get_connection_params(), "dbname": "postgres"}
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    name = psycopg.sql.Identifier(database)
+    with psycopg.connect(**params, autocommit=True) as admin:
+        admin.execute(psycopg.sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(name))
+        try:
+            yield
+        finally:
+            admin.execute(psycopg.sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(name))
+
+
+def sessions(application_name: str) -> int:
+    """The sessions of this database whose name starts with `application_name`."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name LIKE %s",
+            [application_name + "%"],
+        )
+        return cursor.fetchone()[0]

@@ -27,6 +27,7 @@ handler runs (fencing then refuses the old one's writes, tested elsewhere).
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from typing import Any
 
@@ -68,43 +69,78 @@ BEHAVIOURS = {
 }
 
 
-def most_at_once(spans: list[tuple[float, float]]) -> int:
-    """The most of `spans` (start, end) that overlapped at one instant."""
-    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+def most_at_once(spans: list[tuple[float, float]]) -> tuple[int, list[int]]:
+    """The most of `spans` (start, end) that overlapped at one instant, and the places
+    in `spans` of those that did (the first such instant)."""
     # An end and a start at the same instant: the end first (they did not overlap).
-    events.sort(key=lambda event: (event[0], event[1]))
-    running = most = 0
-    for _, step in events:
-        running += step
-        most = max(most, running)
-    return most
+    events = sorted(
+        [(start, 1, n) for n, (start, _) in enumerate(spans)]
+        + [(end, -1, n) for n, (_, end) in enumerate(spans)]
+    )
+    running: set[int] = set()
+    most: list[int] = []
+    for _, step, n in events:
+        if step == 1:
+            running.add(n)
+        else:
+            running.discard(n)
+        if len(running) > len(most):
+            most = sorted(running)
+    return len(most), most
 
 
 def violations() -> list[str]:
-    """What the recorded executions break of the rules above (open ones end now)."""
+    """What the recorded executions break of the rules above (open ones end now), each
+    with the executions that overlapped: job, worker, kind, its nth execution, start and end in
+    seconds from the first execution's start."""
     now = time.monotonic()
     runs = [
         (job, worker, kind, queue, key, start, now if end is None else end)
         for job, worker, kind, queue, key, start, end in EXECUTIONS.snapshot()
     ]
+    origin = min((run[5] for run in runs), default=now)
     found = []
-    groups: dict[tuple[Any, ...], list[tuple[float, float]]] = {}
-    for job, worker, kind, queue, key, start, end in runs:
-        groups.setdefault(("worker", worker, kind), []).append((start, end))
-        groups.setdefault(("job", job), []).append((start, end))
-        groups.setdefault(("queue", queue), []).append((start, end))
+    groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+    for run in runs:
+        job, worker, kind, queue, key = run[:5]
+        groups.setdefault(("worker", worker, kind), []).append(run)
+        groups.setdefault(("job", job), []).append(run)
+        groups.setdefault(("queue", queue), []).append(run)
         if key is not None:
-            groups.setdefault(("key", key), []).append((start, end))
+            groups.setdefault(("key", key), []).append(run)
     limits = {"sync": THREADS, "async": TASKS}
-    for group, spans in groups.items():
+    for group, members in groups.items():
         if group[0] == "worker":
             limit = limits[group[2]]
         else:
             limit = {"job": 1, "queue": QUEUE_LIMIT, "key": KEY_LIMIT}[group[0]]
-        most = most_at_once(spans)
+        most, which = most_at_once([(run[5], run[6]) for run in members])
         if most > limit:
-            found.append(f"{group}: {most} at once, limit {limit}")
+            overlapping = [
+                f"job {run[0]} ({run[1]}, {run[2]}, execution {run[7]}) "
+                f"{run[5] - origin:.3f}-{run[6] - origin:.3f}"
+                for run in (members[n] + (execution_of(members[n]),) for n in which)
+            ]
+            found.append(f"{group}: {most} at once, limit {limit}: {'; '.join(overlapping)}")
     return found
+
+
+def execution_of(run: tuple[Any, ...]) -> int:
+    """The place of `run` among its job's executions, from 1."""
+    job, start = run[0], run[5]
+    return 1 + sum(1 for other in EXECUTIONS.snapshot() if other[0] == job and other[5] < start)
+
+
+def attempts_written(found: list[str]) -> str:
+    """The attempts the database recorded for the jobs named in `found`."""
+    jobs = sorted({int(job) for line in found for job in re.findall(r"job (\d+) \(", line)})
+    rows = sql(
+        "SELECT job_id, attempt_index, lease_version, worker_id, status, error_class, "
+        "started_at, finished_at FROM queue_attempts WHERE job_id = ANY(%s) "
+        "ORDER BY job_id, id",
+        [jobs],
+    )
+    return "attempts written:\n" + "\n".join(map(str, rows))
 
 
 def drained() -> bool:
@@ -186,7 +222,8 @@ class HoldAndCapacity(RuleBasedStateMachine):
 
     @invariant()
     def the_rules_hold(self) -> None:
-        assert violations() == []
+        found = violations()
+        assert found == [], attempts_written(found)
 
     def teardown(self) -> None:
         try:
@@ -194,7 +231,8 @@ class HoldAndCapacity(RuleBasedStateMachine):
             while not drained():
                 assert time.monotonic() < deadline, "the queue did not drain"
                 time.sleep(0.05)
-            assert violations() == []
+            found = violations()
+            assert found == [], attempts_written(found)
         finally:
             for worker in self.workers:
                 worker.stop(HANG_GUARD, force=True)
