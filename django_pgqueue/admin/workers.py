@@ -25,6 +25,7 @@ from django.urls import URLPattern
 
 from ..conf import get_settings
 from ..models import WorkerRecord
+from ..models.observability import WORKER_ACTIONS as ACTIONS
 from ..observability import fleet, workers
 from ..validators import MAX_CONCURRENCY
 from . import feed
@@ -33,7 +34,6 @@ from .observability import ReadOnlyPage
 
 # The latest requests the page lists.
 REQUESTS_SHOWN = 10
-ACTIONS = ("stop", "drain", "resume", "concurrency")
 
 
 @admin.register(WorkerRecord)

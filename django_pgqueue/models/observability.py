@@ -56,6 +56,10 @@ class WorkerRecord(models.Model):
         return self.id
 
 
+# What an operator may ask of a worker process (the request's `action`).
+WORKER_ACTIONS = ("stop", "drain", "resume", "concurrency")
+
+
 class WorkerRequest(models.Model):
     """An operator's request to one worker process (stop, drain, resume, concurrency),
     taken by the worker's next beat; the rows are the log of who asked what, when."""
@@ -75,7 +79,7 @@ class WorkerRequest(models.Model):
         verbose_name = "worker request"
         constraints = [
             models.CheckConstraint(
-                condition=models.Q(action__in=["stop", "drain", "resume", "concurrency"]),
+                condition=models.Q(action__in=list(WORKER_ACTIONS)),
                 name="queue_worker_requests_action_valid",
             ),
             models.CheckConstraint(

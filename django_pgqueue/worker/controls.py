@@ -18,13 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import validators
+from ..models.observability import WORKER_ACTIONS as ACTIONS
 from .capacity import Capacity
 from .pool import HandlerPool
 
 logger = logging.getLogger(__name__)
-
-# What an operator may ask of a worker.
-ACTIONS = ("stop", "drain", "resume", "concurrency")
 
 
 class Controls:
