@@ -12,8 +12,9 @@ One type per end of an attempt, each written by one statement of the store:
 - `Parked`: waits for an event or its timeout, its attempt given back (``job_park``);
 - `Interrupted`: the worker's own shutdown stopped the handler: due again at once, its
   attempt given back (``job_fail``, give_back);
-- `InterruptedHeld`: the same, while the stopping worker holds the row because the
-  handler may still run (``job_interrupt``; given back once it returned).
+- `InterruptedRunning`: the same, while the handler may still run (``job_interrupt``):
+  the row stays running, given back once the handler returned (on the stopping
+  worker's hold) or, once the process is gone, by the sweep.
 
 A job handed back before its handler started is neither: ``job_release``. Both the
 executor (which classifies a handler's result) and the data layer (which writes it) use
@@ -105,9 +106,13 @@ class Interrupted(Failure):
 
 
 @dataclass(slots=True)
-class InterruptedHeld(Interrupted):
-    """Interrupted while its handler may still run: the stopping worker holds its row
-    (and its slots) until the handler returned or the process is gone (`store.hold`)."""
+class InterruptedRunning(Interrupted):
+    """Interrupted while its handler may still run: its attempt is closed, given back,
+    and its row stays running with its slots. `held`: the stopping worker holds the row
+    (`store.hold`) and gives the job back once the handler returned, so its lease ends
+    now; else the lease runs out once the process is gone and the sweep gives it back."""
+
+    held: bool = True
 
 
 Outcome = Success | Failure

@@ -511,7 +511,7 @@ DEALLOCATE ALL;
 -- run_at stays as it was: the job was due already and keeps its place in line, so
 -- it runs again as soon as a worker is free, not after the whole backlog behind it.
 -- An attempt closed as 'interrupted' (job_interrupt: its worker stopped while the
--- handler ran, and held the row until its process was gone) is given back instead:
+-- handler ran, and the row stayed running until its process was gone) is given back instead:
 -- the job is pending again (never dead for it), its attempt not spent.
 -- Workflows: the jobs it ended settle their dependents in this same statement
 -- (pgqueue_settle), those with has_dependents set; for a job nothing
@@ -792,16 +792,19 @@ FOR KEY SHARE;
 
 
 -- name: job_interrupt
--- Record that the worker's own shutdown interrupted a job whose handler still runs,
--- on a row the worker holds (job_hold): the attempt is closed as 'interrupted' (given
--- back, not spent) and the lease ends now, but the row stays running, its slot held.
--- The worker gives the job back once the handler returned (job_fail, on the
--- holding connection); if its process ends first, the hold goes with it and the
--- sweep gives the attempt back. Fenced; returns the status and run_at, or no row
--- when the lease was lost.
+-- Record that the worker's own shutdown interrupted a job whose handler still runs:
+-- the attempt is closed as 'interrupted' (given back, not spent), but the row stays
+-- running, its slots held. On a row the worker holds (job_hold; end_lease) the lease
+-- ends now: the worker gives the job back once the handler returned (job_fail, on
+-- the holding connection), and if its process ends first the hold goes with it and
+-- the sweep gives the attempt back. Without a hold the lease is kept: it runs out
+-- once the process is gone (the heartbeat has stopped), and the sweep gives the
+-- attempt back then. Fenced; returns the status and run_at, or no row when the lease
+-- was lost.
 WITH ended AS (
     UPDATE queue_job_state AS state
-    SET locked_until = now(), updated_at = now()
+    SET locked_until = CASE WHEN %(end_lease)s::boolean THEN now() ELSE state.locked_until END,
+        updated_at = now()
     WHERE state.job_id = %(job_id)s::bigint
       AND state.lease_version = %(lease_version)s::bigint
       AND state.status = 'running'

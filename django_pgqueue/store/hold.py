@@ -49,8 +49,8 @@ class RowHold:
         """Lock the running rows of (job_id, lease_version); whether the hold stands.
 
         False (logged) when the connection or the lock could not be had: the caller
-        then writes nothing for the jobs, and the sweep takes them back once the
-        process is gone and their leases ran out.
+        then keeps their leases, and the sweep gives them back once the process is
+        gone and the leases ran out.
         """
         try:
             conn = psycopg.connect(**connection_params(self._alias, self._name), autocommit=True)
@@ -68,7 +68,8 @@ class RowHold:
         except psycopg.Error as exc:
             logger.warning(
                 "shutdown: could not hold the rows of %d interrupted job(s) (%s); they are "
-                "left to the sweep, which takes them once this process ended",
+                "left to the sweep, which takes them once this process ended and their leases "
+                "ran out",
                 len(rows),
                 errors.describe(exc),
             )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from ..outcomes import Dead, Failure, Interrupted, InterruptedHeld, Parked, Retry, Snoozed
+from ..outcomes import Dead, Failure, Interrupted, InterruptedRunning, Parked, Retry, Snoozed
 from .arrays import int_array
 
 
@@ -90,8 +90,8 @@ def failure_statement(
     job_id: int, lease_version: int, attempt_id: int, failure: Failure
 ) -> tuple[str, dict[str, Any]]:
     """The statement that writes the end `failure` leads the attempt to, with its
-    parameters (see `outcomes`): ``job_interrupt`` for an interruption whose row the
-    stopping worker holds, ``job_park`` for a wait for an event, ``job_fail`` for the
+    parameters (see `outcomes`): ``job_interrupt`` for an interruption while the
+    handler may still run, ``job_park`` for a wait for an event, ``job_fail`` for the
     rest: a retry or a death, or (``give_back``) a snooze or another interruption."""
     attempt = {"job_id": job_id, "lease_version": lease_version, "attempt_id": attempt_id}
     if isinstance(failure, Parked):
@@ -102,9 +102,10 @@ def failure_statement(
             "timeout": failure.timeout,
             "reason": failure.message,
         }
-    if isinstance(failure, InterruptedHeld):
+    if isinstance(failure, InterruptedRunning):
         return "job_interrupt", {
             **attempt,
+            "end_lease": failure.held,
             "reason": failure.message,
             "error_class": failure.error_class,
         }

@@ -26,7 +26,7 @@ from ..exceptions import DatabaseUnavailable
 from ..extensions import Extension, JobObserver, WorkerParts
 from ..index_upkeep import IndexUpkeep
 from ..lifecycle_signals import LifecycleSignals
-from ..outcomes import Failure, Interrupted, InterruptedHeld
+from ..outcomes import Failure, InterruptedRunning
 from ..registry import Registry
 from ..registry import registry as default_registry
 from ..store.hold import RowHold
@@ -295,18 +295,19 @@ class Worker:
         executing = [item for item in self._capacity if not item.resolved]
         hold = self._hold(executing)
         # A handler past its timeout has its verdict: written once it returned (on the
-        # hold), or by the sweep once the process is gone, never now. The others are
-        # interrupted: their attempts given back once they returned (on the hold).
-        # Without a hold nothing is written for either: a job whose handler may still
-        # run is never let go by a write; its lease runs out once this process ended
-        # (the heartbeat has stopped) and the sweep takes it back.
+        # hold), or by the sweep once the process is gone (the attempt lost, spent as
+        # the timeout would have spent it), never now. The others are interrupted:
+        # their attempts closed now, given back, their rows left running. On the hold
+        # the jobs are given back once the handlers returned; without one (the database
+        # refused its connection, or the dispatcher's was cut) their leases are kept,
+        # run out once this process ended (the heartbeat has stopped), and the sweep
+        # gives them back. Never is a job whose handler may still run let go by a write.
         timed = [item for item in executing if item.verdict is not None]
         interrupted = [item for item in executing if item.verdict is None]
         for item in executing:
             item.resolved = True
-        if hold is not None:
-            for item in interrupted:
-                self._writer.add([(item, _interrupted(cfg.worker_id, held=True))])
+        for item in interrupted:
+            self._writer.add([(item, _interrupted(cfg.worker_id, held=hold is not None))])
         self._capacity.clear()
         if executing:
             logger.warning(
@@ -316,8 +317,8 @@ class Worker:
                 "their jobs are held until the handlers returned, then given back or, "
                 "past their timeout, failed"
                 if hold
-                else "their rows could not be held: the sweep takes the jobs back once "
-                "this process ended and their leases ran out",
+                else "their rows could not be held: they stay running until this "
+                "process ended and their leases ran out, then the sweep takes them back",
             )
         try:
             if not self._store.connected:
@@ -336,7 +337,7 @@ class Worker:
         if hold is not None:
             self._held = threading.Thread(
                 target=_finish_when_returned,
-                args=(hold, interrupted, timed, _interrupted(cfg.worker_id)),
+                args=(hold, interrupted, timed, _interrupted(cfg.worker_id, held=True)),
                 name="pgqueue-hold",
                 daemon=True,
             )
@@ -358,15 +359,14 @@ class Worker:
 
     def _hold(self, interrupted: list[ClaimedJob]) -> RowHold | None:
         """Hold the rows of the jobs whose handlers still run (see `store.hold`); None
-        when there are none, or the hold could not be had (then nothing is written for
-        them: the sweep takes them back once the process is gone).
+        when there are none, the database is out of reach (the dispatcher's connection
+        is down: a new one would wait for its connect timeout), or the hold could not
+        be had.
 
         The heartbeat stops first: a renewal landing after the interruption would
-        stretch the lease the sweep waits for once the process is gone. The hold opens
-        its own connection, so a dispatcher connection cut just before is no reason to
-        go without it.
+        stretch the lease the sweep waits for once the process is gone.
         """
-        if not interrupted:
+        if not interrupted or not self._store.connected:
             return None
         self._service_stop.set()
         if self._heartbeat_thread is not None:
@@ -401,10 +401,11 @@ def _finish_when_returned(
     logger.info("shutdown: %d held job(s) written, due again now or failed", written)
 
 
-def _interrupted(worker_id: str, *, held: bool = False) -> Interrupted:
-    """The end of a job whose handler still ran when the worker stopped (its row held
-    while the handler may run, when `held`)."""
-    end = InterruptedHeld if held else Interrupted
-    return end(
-        "django_pgqueue.WorkerShutdown", f"worker {worker_id} stopped before the handler finished"
+def _interrupted(worker_id: str, *, held: bool) -> InterruptedRunning:
+    """The end of a job whose handler still ran when the worker stopped (see
+    `InterruptedRunning`: `held`, the worker holds its row)."""
+    return InterruptedRunning(
+        "django_pgqueue.WorkerShutdown",
+        f"worker {worker_id} stopped before the handler finished",
+        held=held,
     )

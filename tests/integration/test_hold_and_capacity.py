@@ -143,13 +143,14 @@ def test_a_stopping_worker_that_cannot_hold_a_job_leaves_it_running(run_worker):
     # Worker A's handler still runs when A's grace ends, and the database refuses the
     # connection A's hold needs (connections already open go on). A must not give the
     # job back by a write: worker B, connected before, would run it beside A's handler.
-    # Its row stays running under A's lease, which the sweep takes once it ran out.
+    # Its row stays running under A's lease; once that ran out (A's process gone), the
+    # sweep gives the interrupted attempt back: the job, on its only attempt, runs again.
     from django.db import connection
 
-    job = enqueue("qa.span", {"seconds": 3.0}, queue="nohold")
+    job = enqueue("qa.span", {"seconds": 3.0, "later": 0.01}, queue="nohold", max_attempts=1)
     first = run_worker(["nohold"], concurrency=1, shutdown_grace=0.1, lease=60)
     wait_until(lambda: EXECUTIONS.started(job.id), timeout=HANG_GUARD)
-    second = run_worker(["nohold"], concurrency=1, poll_interval=0.05)
+    second = run_worker(["nohold"], concurrency=1, poll_interval=0.05, sweep_interval=0.2)
     wait_until(lambda: sessions(f"pgqueue worker {second.worker.worker_id}"), timeout=HANG_GUARD)
     with new_connections_refused(connection.settings_dict["NAME"]):
         first.worker.stop_gracefully()
@@ -157,6 +158,30 @@ def test_a_stopping_worker_that_cannot_hold_a_job_leaves_it_running(run_worker):
         wait_until(lambda: not EXECUTIONS.running(job.id), timeout=HANG_GUARD)
     assert len(EXECUTIONS.spans[job.id]) == 1
     assert status(job.id) == "running"
+    assert attempts(job.id) == [("interrupted", first.worker.worker_id)]
+    # A's process is gone, here in one process: its lease runs out now, not in a minute.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE queue_job_state SET locked_until = now() WHERE job_id = %s", [job.id]
+        )
+    wait_until(lambda: finished(job.id), timeout=HANG_GUARD)
+    assert status(job.id) == "completed"
+    assert attempts(job.id) == [
+        ("interrupted", first.worker.worker_id),
+        ("succeeded", second.worker.worker_id),
+    ]
+
+
+def attempts(job_id: int) -> list[tuple[str, str]]:
+    """The job's attempts: (status, worker), in order."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT status, worker_id FROM queue_attempts WHERE job_id = %s ORDER BY id",
+            [job_id],
+        )
+        return cursor.fetchall()
 
 
 @contextlib.contextmanager
