@@ -510,9 +510,14 @@ class Executions:
         return span
 
     def exit(self, kind: str, span: list[float | None]) -> None:
+        """Record the end of `span`, once however often it is called. Its body under the
+        lock calls no Python code: an exception raised into the thread (a timeout)
+        lands before it or after it, never between the count and the end."""
+        end = time.monotonic()
         with self._lock:
-            self.now[kind] -= 1
-            span[1] = time.monotonic()
+            if span[1] is None:
+                self.now[kind] -= 1
+                span[1] = end
 
     def running(self, job_id: int) -> set[int]:
         """The executions of `job_id` not ended yet, by their place in its spans."""
@@ -554,7 +559,16 @@ def span(ctx: JobContext) -> int:
                 time.sleep(0.01)
         return ctx.job_id
     finally:
-        EXECUTIONS.exit("sync", entry)
+        # A timeout raised into this thread (JobTimeout, at the next bytecode) may land
+        # in this block: the end is recorded whatever lands, and what landed goes on.
+        landed: BaseException | None = None
+        while entry[1] is None:
+            try:
+                EXECUTIONS.exit("sync", entry)
+            except BaseException as exc:
+                landed = exc
+        if landed is not None:
+            raise landed
 
 
 @django_pgqueue.handler("qa.aspan", max_attempts=3, retry=FixedDelay(0.05))
