@@ -125,8 +125,9 @@ def enqueue(
     }
     if unique is not None:
         params.update(unique.params())
-    keyed = unique is not None or key_value is not None
-    params.update(sequences.params(sequence, sequence_on_failure, keyed=keyed))
+    if sequence is not None or sequence_on_failure != "hold":  # else no sequence's columns
+        keyed = unique is not None or key_value is not None
+        params.update(sequences.params(sequence, sequence_on_failure, keyed=keyed))
     # Columns the installed features fill from the caller's context (the trace).
     params.update(extensions.enqueue_columns())
     if not conf.QUEUE_DATABASES:  # one database: the caller's transaction, if any

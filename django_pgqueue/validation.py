@@ -22,6 +22,10 @@ from .validators import MAX_PRIORITY, MAX_SECONDS, MIN_PRIORITY
 # walking them here is recursive. Far deeper than any real payload needs.
 MAX_PAYLOAD_DEPTH = 500
 
+# isinstance() with a tuple: a `dict | list | tuple` union is built anew at each call.
+_CONTAINERS = (dict, list, tuple)
+_SEQUENCES = (list, tuple)
+
 
 # Names already found valid (exact str only): a name's validity depends on nothing
 # else, and most programs enqueue a handful of types to a handful of queues.
@@ -123,7 +127,7 @@ def payload(value: Any, max_bytes: int | None, name: str = "payload") -> str:
     except (TypeError, ValueError, RecursionError) as exc:
         _explain(value, name, set())
         raise PayloadError(f"{name} is not JSON-serializable: {exc}", name) from exc
-    size = _utf8_size(text)
+    size = len(text) if text.isascii() else _utf8_size(text)  # ASCII: a byte a character
     if size is None or "\\u0000" in text or not _plain(value):
         _explain(value, name, set())
     if max_bytes is not None and size is not None and size > max_bytes:
@@ -180,11 +184,11 @@ def _plain(value: Any) -> bool:
         for key, child in value.items():
             if type(key) is not str:
                 return False
-            if isinstance(child, dict | list | tuple):
+            if isinstance(child, _CONTAINERS):
                 break
         else:
             return True
-    elif not isinstance(value, dict | list | tuple):
+    elif not isinstance(value, _CONTAINERS):
         return True
     stack = [(value, 1)]
     while stack:
@@ -195,12 +199,10 @@ def _plain(value: Any) -> bool:
             for key, child in item.items():
                 if type(key) is not str:
                     return False
-                if isinstance(child, dict | list | tuple):
+                if isinstance(child, _CONTAINERS):
                     stack.append((child, depth + 1))
-        elif isinstance(item, list | tuple):
-            stack.extend(
-                (child, depth + 1) for child in item if isinstance(child, dict | list | tuple)
-            )
+        elif isinstance(item, _SEQUENCES):
+            stack.extend((child, depth + 1) for child in item if isinstance(child, _CONTAINERS))
     return True
 
 

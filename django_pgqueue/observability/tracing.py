@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 try:
+    from opentelemetry import context as otel_context
     from opentelemetry import trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # the extra is not installed
@@ -30,7 +31,10 @@ def current_traceparent() -> str | None:
     """The W3C traceparent of the current span, if one is recording or sampled."""
     if trace is None:
         return None
-    if not trace.get_current_span().get_span_context().is_valid:
+    current = otel_context.get_current()
+    if not current:  # an empty context holds no span: the common enqueue, outside any trace
+        return None
+    if not trace.get_current_span(current).get_span_context().is_valid:
         return None
     carrier: dict[str, str] = {}
     _propagator.inject(carrier)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from threading import get_ident
 from typing import Any
 
 import psycopg
@@ -55,27 +56,31 @@ def fetch_one(alias: str, query: str, params: Any) -> tuple[Any, ...] | None:
         with django_cursor(alias) as cursor:
             cursor.execute(query, params)
             return cursor.fetchone()
-    db.close_if_health_check_failed()
+    if db.health_check_enabled and not db.health_check_done:  # else the check does nothing
+        db.close_if_health_check_failed()
     # Opens nothing (the connection is open), but keeps Django's guards: it is
     # async_unsafe (SynchronousOnlyOperation from an event loop's thread) and it is
     # where test runners block database access.
     db.ensure_connection()
     raw = db.connection  # reopened if the health check closed it
-    db.validate_thread_sharing()
+    thread = get_ident()
+    if db._thread_ident != thread:  # the thread that made it passes without the lock
+        db.validate_thread_sharing()
     db.validate_no_broken_transaction()
     with db.wrap_database_errors:
-        cursor = _kept_cursor(db, raw)
+        cursor = _kept_cursor(db, raw, thread)
         cursor.execute(query, params)
         return cursor.fetchone()
 
 
-def _kept_cursor(db: Any, raw: psycopg.Connection) -> psycopg.Cursor:
-    """A cursor on `raw` kept on Django's wrapper `db`: one per connection and thread."""
+def _kept_cursor(db: Any, raw: psycopg.Connection, thread: int) -> psycopg.Cursor:
+    """A cursor on `raw` kept on Django's wrapper `db`, used only by the thread `thread`
+    that made it (a connection shared between threads gives each its own)."""
     kept = db.__dict__.get("_pgqueue_cursor")
-    if kept is not None and kept.connection is raw and not db.allow_thread_sharing:
-        return kept
+    if kept is not None and kept[0].connection is raw and kept[1] == thread:
+        return kept[0]
     cursor = psycopg.Cursor(raw)
-    db.__dict__["_pgqueue_cursor"] = cursor
+    db.__dict__["_pgqueue_cursor"] = (cursor, thread)
     return cursor
 
 

@@ -351,3 +351,58 @@ def test_enqueue_many_results_equal_what_the_constructor_makes():
     assert job == made
     assert hash(job) == hash(made)
     assert repr(job) == repr(made)
+
+
+def test_enqueue_on_a_connection_another_thread_made():
+    """The fast path keeps Django's thread check (a connection is shared between threads
+    only once allowed), and its kept cursor serves only the thread that made it."""
+    from django.db import DatabaseError, connections
+
+    db = connections["default"]
+    enqueue("qa.noop")
+    results: dict[bool, object] = {}
+
+    def other_thread(shared: bool) -> None:
+        connections["default"] = db  # as a live server's thread is given it
+        try:
+            results[shared] = enqueue("qa.noop")
+        except DatabaseError as exc:
+            results[shared] = exc
+
+    def run(shared: bool) -> None:
+        thread = threading.Thread(target=other_thread, args=(shared,))
+        thread.start()
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+
+    run(False)
+    assert "can only be used in that same thread" in str(results[False])
+    db.inc_thread_sharing()
+    try:
+        run(True)
+    finally:
+        db.dec_thread_sharing()
+    assert isinstance(results[True], EnqueuedJob)
+    cursor, thread = db.__dict__["_pgqueue_cursor"]
+    assert thread != threading.get_ident()  # the other thread's own cursor
+    assert enqueue("qa.noop").created
+    assert db.__dict__["_pgqueue_cursor"][0] is not cursor
+    assert Job.objects.count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_after_the_connection_died_reconnects_when_health_checks_are_on(monkeypatch):
+    """The fast path runs Django's health check (CONN_HEALTH_CHECKS) when it is due."""
+    connection.close()
+    monkeypatch.setitem(connection.settings_dict, "CONN_HEALTH_CHECKS", True)
+    try:
+        enqueue("qa.noop")
+        pid = connection.connection.info.backend_pid
+        with psycopg.connect(**connection_params("default", "test"), autocommit=True) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        connection.health_check_done = False  # as at the start of a request
+        assert enqueue("qa.noop").created
+        assert connection.connection.info.backend_pid != pid
+    finally:
+        connection.close()
+    assert Job.objects.count() == 2

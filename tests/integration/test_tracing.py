@@ -93,3 +93,24 @@ def test_a_span_is_current_while_the_handler_runs(
     (span,) = run_spans(spans, "qa.noop")
     assert span.attributes["pgqueue.job_id"] == job.id
     assert seen == [span.context.span_id]
+
+
+def test_the_traceparent_is_read_from_a_context_that_holds_other_values(
+    spans: InMemorySpanExporter,
+) -> None:
+    """An empty context is skipped at once; one with other values (baggage) but no span
+    stores none, one with a span stores it."""
+    from opentelemetry import baggage, context
+
+    from django_pgqueue.observability.tracing import current_traceparent
+
+    assert current_traceparent() is None
+    token = context.attach(baggage.set_baggage("tenant", "7"))
+    try:
+        assert current_traceparent() is None
+        with trace.get_tracer("tests").start_as_current_span("inside") as span:
+            ids = span.get_span_context()
+            expected = f"00-{ids.trace_id:032x}-{ids.span_id:016x}-{ids.trace_flags:02x}"
+            assert current_traceparent() == expected
+    finally:
+        context.detach(token)
