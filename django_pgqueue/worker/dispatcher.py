@@ -296,10 +296,9 @@ class Dispatcher:
         more = flush_due
         if claim is not None:
             queue, limit, _, _, after = claim
-            pickup = rows is None and not running  # no outcome rode with it, none ran
             if rows is None:
                 rows = self.intake.claim(queue, limit, after)
-            more = self.intake.take(queue, limit, after, rows, sent, pickup) >= limit or more
+            more = self.intake.take(queue, limit, after, rows, sent) >= limit or more
             for name in order[1:]:
                 if stopping.is_set():
                     break

@@ -3,7 +3,7 @@
 The dispatcher decides when to claim and from which queue; the intake claims and
 takes the rows in, through one pipeline: `take` (what the claim taught the
 scheduler; a short resumed claim is topped up by a walk from the start) -> `_admit`
-(hand back at once when stopping) -> `_launch` (in-flight job, handler pool, lease).
+(hand back at once when stopping) -> `_launch` (in-flight job, lease, handler pool).
 It also hands back claimed jobs no handler started (`release`), for `_admit` and for
 the worker's shutdown. Claims are sized by the in-flight jobs (`claim_size`). It never
 calls the dispatcher.
@@ -71,33 +71,26 @@ class Intake:
             return []
 
     def take(
-        self,
-        queue: str,
-        limit: int,
-        after: ClaimKey | None,
-        rows: list[ClaimedRow],
-        sent: float,
-        pickup: bool = False,
+        self, queue: str, limit: int, after: ClaimKey | None, rows: list[ClaimedRow], sent: float
     ) -> int:
         """Take in a claim's rows; a resumed claim that came back short claims the rest
         with a walk from the start, which may find jobs that sort before its key. How
-        many rows were claimed in all. `pickup`: an idle worker's claim (nothing ran,
-        no outcome rode with it; see HandlerPool.submit)."""
+        many rows were claimed in all."""
         if after is not None:
             self.stats["claims_resumed"] += 1
         _in_claim_order(rows)
-        self._admit(queue, rows, sent, pickup)  # the handlers first: the scheduler can wait
         self.claims.claimed(queue, limit, after, rows, sent)
+        self._admit(queue, rows, sent)
         if after is None or len(rows) >= limit or self.stopping.is_set():
             return len(rows)
         rest = limit - len(rows)
         sent = time.monotonic()
         more = _in_claim_order(self.claim(queue, rest))
         self.claims.claimed(queue, rest, None, more, sent)
-        self._admit(queue, more, sent, pickup)
+        self._admit(queue, more, sent)
         return len(rows) + len(more)
 
-    def _admit(self, queue: str, rows: list[ClaimedRow], sent: float, pickup: bool) -> None:
+    def _admit(self, queue: str, rows: list[ClaimedRow], sent: float) -> None:
         """Launch claimed rows, or hand them back if a stop came while the claim ran."""
         if not rows:
             return
@@ -108,10 +101,10 @@ class Intake:
             self.release([(row.job_id, row.lease_version, row.attempt_id) for row in rows])
             return
         logger.info("claimed %d job(s) from %s", len(rows), queue)
-        self._launch(rows, sent + self.config.lease, pickup)
+        self._launch(rows, sent + self.config.lease)
 
-    def _launch(self, rows: list[ClaimedRow], expires: float, pickup: bool) -> None:
-        """Start claimed jobs, in claim order: in flight, handed to the pool, leases held."""
+    def _launch(self, rows: list[ClaimedRow], expires: float) -> None:
+        """Start claimed jobs, in claim order: in flight, leases held, handed to the pool."""
         cfg = self.config
         self.stats["claimed"] += len(rows)
         database = None if self.store.alias == get_settings().DATABASE else self.store.alias
@@ -132,16 +125,14 @@ class Intake:
         ]
         self.recycling.claimed(len(items))
         self.capacity.add_all(items)
+        self.leases.hold([item.lease for item in items])
+        self.observers.jobs_claimed(items)
         on_loop = [item for item in items if item.kind == "async"]
         if on_loop:
             self.aio.submit(on_loop)
-            self.pool.submit([item for item in items if item.kind == "sync"], pickup=pickup)
+            self.pool.submit([item for item in items if item.kind == "sync"])
         else:
-            self.pool.submit(items, pickup=pickup)
-        # Only this thread collects outcomes and writes them, and a lease is good for
-        # its whole term: the hold and the observers follow the handlers' start.
-        self.leases.hold([item.lease for item in items])
-        self.observers.jobs_claimed(items)
+            self.pool.submit(items)
 
     def release(self, held: list[tuple[int, int, int]]) -> None:
         """Hand back claimed, never-started (job_id, lease_version, attempt_id)."""

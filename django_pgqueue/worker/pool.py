@@ -47,9 +47,6 @@ Returned = tuple[ClaimedJob, Outcome]
 # Seconds between two looks at whether every handler thread is alive, while none is
 # known to have crashed.
 THREAD_SCAN = 1.0
-# The longest the dispatcher waits for an idle pool's woken thread to take its first
-# job (see HandlerPool.submit).
-TAKE_WAIT = 0.002
 
 
 class HandlerPool:
@@ -78,7 +75,6 @@ class HandlerPool:
         self._idle: list[threading.Lock] = []
         self._take_lock = threading.Lock()
         self._waking = 0
-        self._took = FirstTake(self._take_lock)  # see submit
         self._outcomes: queue_module.SimpleQueue[Returned] = queue_module.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._current: dict[threading.Thread, ClaimedJob] = {}  # the job each thread runs
@@ -113,35 +109,23 @@ class HandlerPool:
             self.concurrency += 1
             self._spawn()
 
-    def submit(self, items: list[ClaimedJob], *, pickup: bool = False) -> None:
-        """Hand jobs to the handler threads, in order.
-
-        An idle worker's pickup (`pickup`, and no job in the pool) then waits until the
-        woken thread took the first job, up to TAKE_WAIT: a thread woken while the
-        dispatcher runs Python waits for the interpreter lock until the dispatcher
-        blocks, and is then woken a second time to take it.
-        """
+    def submit(self, items: list[ClaimedJob]) -> None:
+        """Hand jobs to the handler threads, in order."""
         for item in items:
             if item.timeout is not None or item.soft_time_limit or item.time_limit:
                 self._timed[item] = None
-        idle = pickup and not self.wake_mark.busy()
         self.wake_mark.handed(len(items))
         self._work.extend(items)
-        if self._kick(told=idle):
-            self._took.wait()
+        self._kick()
 
-    def _kick(self, *, told: bool = False) -> bool:
-        """Wake an idle thread for the waiting jobs, unless a wake-up is on its way; True
-        if `told` and a thread was woken (`_took` then tells when a job is taken)."""
+    def _kick(self) -> None:
+        """Wake an idle thread for the waiting jobs, unless a wake-up is on its way."""
         with self._take_lock:
             if self._waking or not self._work or not self._idle:
-                return False
+                return
             self._waking += 1
             parked = self._idle.pop()
-            if told:
-                self._took.asked = True
         parked.release()
-        return told
 
     def finished(self) -> list[tuple[ClaimedJob, Outcome]]:
         """The outcomes of the handlers that ended since the last call, each job's once
@@ -273,7 +257,6 @@ class HandlerPool:
             if self._work and not self._waking and self._idle:
                 self._waking += 1
                 wake = self._idle.pop()
-            self._took.taken()
         if wake is not None:
             wake.release()
         return item
@@ -347,32 +330,6 @@ class HandlerPool:
         self._outcomes.put((item, item.verdict or outcome or _thread_died()))
         self._current.pop(me, None)
         self.wake_mark.returned()
-
-
-class FirstTake:
-    """The dispatcher's wait until a handler thread took a job (see HandlerPool.submit);
-    `asked` and `taken` are called under the pool's `_take_lock`."""
-
-    def __init__(self, take_lock: threading.Lock) -> None:
-        self.asked = False  # a wait is on (or about to be): the next take releases it
-        self._take_lock = take_lock
-        self._taken = threading.Lock()
-        self._taken.acquire()  # held except between a take and the end of its wait
-
-    def taken(self) -> None:
-        if self.asked:
-            self.asked = False
-            self._taken.release()
-
-    def wait(self) -> None:
-        """Until the next take, at most TAKE_WAIT."""
-        if self._taken.acquire(timeout=TAKE_WAIT):
-            return
-        with self._take_lock:
-            if self.asked:  # not taken yet: no thread will release it now
-                self.asked = False
-            else:  # taken since: released under that lock, held again here
-                self._taken.acquire(blocking=False)
 
 
 def drain(outcomes: queue_module.SimpleQueue[Returned]) -> list[Returned]:
