@@ -20,10 +20,12 @@ from collections.abc import Iterator
 import psycopg
 import psycopg.sql
 import pytest
+from django.db import connection
 from qa.jobs import EXECUTIONS
 
 from django_pgqueue import enqueue, enqueue_many
 from django_pgqueue.control.api import set_queue_limit
+from tests.conftest import sql
 from tests.integration.test_worker import wait_until
 from tests.integration.test_worker_faults import status
 
@@ -145,8 +147,6 @@ def test_a_stopping_worker_that_cannot_hold_a_job_leaves_it_running(run_worker):
     # job back by a write: worker B, connected before, would run it beside A's handler.
     # Its row stays running under A's lease; once that ran out (A's process gone), the
     # sweep gives the interrupted attempt back: the job, on its only attempt, runs again.
-    from django.db import connection
-
     job = enqueue("qa.span", {"seconds": 3.0, "later": 0.01}, queue="nohold", max_attempts=1)
     first = run_worker(["nohold"], concurrency=1, shutdown_grace=0.1, lease=60)
     wait_until(lambda: EXECUTIONS.started(job.id), timeout=HANG_GUARD)
@@ -160,10 +160,7 @@ def test_a_stopping_worker_that_cannot_hold_a_job_leaves_it_running(run_worker):
     assert status(job.id) == "running"
     assert attempts(job.id) == [("interrupted", first.worker.worker_id)]
     # A's process is gone, here in one process: its lease runs out now, not in a minute.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE queue_job_state SET locked_until = now() WHERE job_id = %s", [job.id]
-        )
+    sql("UPDATE queue_job_state SET locked_until = now() WHERE job_id = %s", [job.id])
     wait_until(lambda: finished(job.id), timeout=HANG_GUARD)
     assert status(job.id) == "completed"
     assert attempts(job.id) == [
@@ -174,22 +171,15 @@ def test_a_stopping_worker_that_cannot_hold_a_job_leaves_it_running(run_worker):
 
 def attempts(job_id: int) -> list[tuple[str, str]]:
     """The job's attempts: (status, worker), in order."""
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT status, worker_id FROM queue_attempts WHERE job_id = %s ORDER BY id",
-            [job_id],
-        )
-        return cursor.fetchall()
+    return sql(
+        "SELECT status, worker_id FROM queue_attempts WHERE job_id = %s ORDER BY id", [job_id]
+    )
 
 
 @contextlib.contextmanager
 def new_connections_refused(database: str) -> Iterator[None]:
     """The server refuses new sessions of `database` (those open go on), set from a
     session of the server's maintenance database (not of `database` itself)."""
-    from django.db import connection
-
     params = {**connection.get_connection_params(), "dbname": "postgres"}
     params.pop("cursor_factory", None)
     params.pop("context", None)
@@ -204,12 +194,9 @@ def new_connections_refused(database: str) -> Iterator[None]:
 
 def sessions(application_name: str) -> int:
     """The sessions of this database whose name starts with `application_name`."""
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND application_name LIKE %s",
-            [application_name + "%"],
-        )
-        return cursor.fetchone()[0]
+    [(count,)] = sql(
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND application_name LIKE %s",
+        [application_name + "%"],
+    )
+    return count
