@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.db import DataError, IntegrityError, NotSupportedError, transaction
 
-from django_pgqueue import enqueue
+from django_pgqueue import JobSpec, enqueue, enqueue_many
 from tests.conftest import sql
 
 pytestmark = pytest.mark.django_db
@@ -76,7 +76,6 @@ def test_state_and_job_cannot_disagree_on_the_queue(job_id, update):
 
 def test_every_insert_path_writes_the_job_with_its_state_row():
     """The state row's job is held by construction (migration 0008): no orphan either way."""
-    from django_pgqueue import JobSpec, enqueue_many
 
     enqueue("qa.noop", queue="a")
     enqueue("qa.noop", queue="b", idempotency_key="k")
@@ -115,6 +114,89 @@ def test_deleting_jobs_deletes_their_state_and_attempts(job_id):
     sql("DELETE FROM queue_jobs WHERE id = %s", [job_id])
     assert sql("SELECT job_id FROM queue_job_state") == [(other,)]
     assert sql("SELECT count(*) FROM queue_attempts")[0][0] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_claim_path_opens_attempts_only_for_its_state_rows(settings, stores):
+    """An attempt's state row is held by construction (migration 0031): pgqueue_claim
+    inserts the attempts of the rows its UPDATE returned, whichever claim walked them."""
+    from django_pgqueue.conf import get_settings
+    from django_pgqueue.store.rows import ClaimRequest
+    from django_pgqueue.store.worker import Store
+
+    settings.PGQUEUE = {**getattr(settings, "PGQUEUE", {}), "FAIR_QUEUES": {"fair": {}}}
+    enqueue_many([("qa.noop", i) for i in range(4)], queue="plain")
+    for n in range(4):
+        enqueue("qa.noop", n, queue="keyed", concurrency_key=f"k{n % 2}")
+    enqueue_many([JobSpec("qa.noop", n, fairness_key=f"f{n % 2}") for n in range(4)], queue="fair")
+    plain = stores()
+    controlled = Store("default", "controlled", view_every=get_settings().POLL_INTERVAL / 2)
+    fair = stores("fair", fair_queues={"fair": {}})
+    try:
+        first = plain.claim("plain", 2, "w", 30)
+        # the plain claim resumed after the last row it took (job_claim_after)
+        last = max(first, key=lambda row: row.job_id)
+        plain.claim("plain", 2, "w", 30, (last.priority, last.run_at, last.job_id))
+        controlled.claim("keyed", 4, "w", 30)
+        fair.claims.claim(None, ClaimRequest("fair", 4, "w", 30.0))
+    finally:
+        controlled.close()
+    opened = sql(
+        "SELECT s.queue, count(*) FROM queue_attempts a "
+        "JOIN queue_job_state s ON s.job_id = a.job_id "
+        "AND s.lease_version = a.lease_version AND s.status = 'running' GROUP BY s.queue"
+    )
+    assert dict(opened) == {"plain": 4, "keyed": 2, "fair": 4}
+    orphans = sql(
+        "SELECT count(*) FROM queue_attempts a LEFT JOIN queue_job_state s USING (job_id) "
+        "WHERE s.job_id IS NULL"
+    )[0][0]
+    assert orphans == 0
+    assert sql("SELECT count(*) FROM queue_attempts")[0][0] == 10
+
+
+def open_attempt(job_id: int) -> None:
+    sql(
+        "UPDATE queue_job_state SET status = 'running', attempts = 1, lease_version = 1, "
+        "locked_by = 'w', locked_until = now() WHERE job_id = %s",
+        [job_id],
+    )
+    sql(
+        "INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id) "
+        "VALUES (%s, 1, 1, 'w')",
+        [job_id],
+    )
+
+
+def test_deleting_state_rows_deletes_their_attempts(job_id):
+    other = enqueue("qa.noop", queue="c").id
+    open_attempt(job_id)
+    open_attempt(other)
+    sql("DELETE FROM queue_job_state WHERE job_id = %s", [job_id])
+    assert sql("SELECT job_id FROM queue_attempts") == [(other,)]
+
+
+def test_an_attempts_job_never_changes(job_id):
+    other = enqueue("qa.noop", queue="c").id
+    open_attempt(job_id)
+    with (
+        pytest.raises(IntegrityError, match="an attempt's job never changes"),
+        transaction.atomic(),
+    ):
+        sql("UPDATE queue_attempts SET job_id = %s WHERE job_id = %s", [other, job_id])
+
+
+def test_truncating_state_rows_without_their_attempts_is_refused(job_id):
+    open_attempt(job_id)
+    with pytest.raises(IntegrityError, match="truncate queue_attempts"), transaction.atomic():
+        sql(
+            "TRUNCATE queue_jobs, queue_job_state, queue_job_deps, queue_workflow_steps, "
+            "queue_batch_jobs, queue_job_steps, queue_event_waits"
+        )
+    sql(
+        "TRUNCATE queue_jobs, queue_job_state, queue_attempts, queue_job_deps, "
+        "queue_workflow_steps, queue_batch_jobs, queue_job_steps, queue_event_waits"
+    )
 
 
 def test_truncating_jobs_alone_is_refused(job_id):

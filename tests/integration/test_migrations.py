@@ -1,8 +1,8 @@
 """The squashed migration stands for 0001 to 0029: a database those files migrated (by the
 earlier squash of 0001 to 0022 and 0023 to 0029, or by the files before that squash, whose
 names it recorded too), and a migration written against any of them, keep working now that
-the files are gone. Such a database applies 0030 and ends with the functions a fresh one
-has."""
+the files are gone. Such a database applies 0030 and the migrations after it, and ends
+with the functions a fresh one has."""
 
 from __future__ import annotations
 
@@ -22,6 +22,13 @@ APP = "django_pgqueue"
 SQUASHED = (APP, "0001_squashed_0029_enqueue_statement_work")
 # The first migration after the squash, which writes four of its functions again.
 FUNCTIONS_0030 = (APP, "0030_holds_unique_key_and_end_event_waits")
+# Every migration of the app after the squash, in order (0030 first).
+_GRAPH = MigrationLoader(None).graph
+AFTER_SQUASH = [
+    name
+    for app, name in _GRAPH.forwards_plan(_GRAPH.leaf_nodes(APP)[0])
+    if app == APP and name > SQUASHED[1]
+]
 # The names the old files recorded in django_migrations, as the squashed one lists them.
 OLD = [name for _, name in MigrationLoader(None).disk_migrations[SQUASHED].replaces]
 FIRST_SQUASH = "0001_squashed_0022_many_tenants"
@@ -68,16 +75,14 @@ def test_a_database_the_old_files_migrated_applies_only_what_came_after(earlier)
     recorder = MigrationRecorder(connection)
     # As the old files left it at 0029: their rows (the first squash's among them, and
     # the squash before it, which nothing reads now).
-    recorder.migration_qs.filter(app=APP, name__in=[SQUASHED[1], FUNCTIONS_0030[1]]).delete()
+    recorder.migration_qs.filter(app=APP, name__in=[SQUASHED[1], *AFTER_SQUASH]).delete()
     for name in {*OLD, *earlier}:
         recorder.record_applied(APP, name)
 
     executor = MigrationExecutor(connection)
     plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
 
-    assert [migration.name for migration, _ in plan if migration.app_label == APP] == [
-        FUNCTIONS_0030[1]
-    ]
+    assert [migration.name for migration, _ in plan if migration.app_label == APP] == AFTER_SQUASH
     assert SQUASHED in executor.loader.applied_migrations
 
 
@@ -95,11 +100,18 @@ def _functions() -> dict[str, str]:
 # and the two it creates for them.
 WRITTEN_AGAIN = ("pgqueue_emit", "pgqueue_enqueue_unique")
 NEW_IN_0030 = ("pgqueue_end_event_waits", "pgqueue_holds_unique_key")
+# The trigger functions 0031 creates (an attempt's state row held by construction).
+NEW_IN_0031 = ("queue_attempts_job_fixed", "queue_job_state_delete_attempts")
+
+
+def _without(functions: dict[str, str], names: tuple[str, ...]) -> dict[str, str]:
+    return {key: text for key, text in functions.items() if key.split("(")[0] not in names}
 
 
 @pytest.mark.django_db
 def test_a_database_at_0029_and_a_fresh_one_end_with_the_same_functions():
-    fresh = _functions()  # the test database: migrated from nothing
+    migrated = _functions()  # the test database: migrated from nothing
+    fresh = _without(migrated, NEW_IN_0031)  # as 0030 leaves it
     # Taken back to 0029, a database keeps them: the squashed migration has them too.
     MigrationExecutor(connection).migrate([SQUASHED])
     assert _functions() == fresh
@@ -128,6 +140,9 @@ def test_a_database_at_0029_and_a_fresh_one_end_with_the_same_functions():
     MigrationExecutor(connection).migrate([FUNCTIONS_0030])
 
     assert _functions() == fresh
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes(APP))
+    assert _functions() == migrated
 
 
 @override_settings(MIGRATION_MODULES={APP: "tests.integration.later_migrations"})
