@@ -139,10 +139,8 @@ class AsyncPool:
         return out
 
     def give_up(self, items: list[ClaimedJob]) -> list[ClaimedJob]:
-        """The worker's shutdown records those of `items` whose tasks have not reported
-        (a loop held by a blocking handler outlives `stop`): returned, resolved (an
-        outcome of theirs that comes later is dropped). The others' outcomes are queued:
-        `finished` has them. Decided under `_lock`, which `_report` takes too."""
+        """As `HandlerPool.give_up`, under `_lock` (`_report`'s): a loop that a blocking
+        handler holds outlives `stop`, and its tasks may still report."""
         return give_up(items, self._lock)
 
     def arm(self, *, until_last: bool) -> None:

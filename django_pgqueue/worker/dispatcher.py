@@ -19,7 +19,6 @@ from collections.abc import Callable
 
 import psycopg
 
-from ..claimed import ClaimedJob
 from ..exceptions import DatabaseUnavailable
 from ..extensions import WorkerParts
 from ..registry import Registry
@@ -335,17 +334,6 @@ class Dispatcher:
                 self.stats["timed_out"] += timed_out
             self.writer.add(finished)
             self.intake.recycling.done(self._switch, busy=bool(self.capacity))
-
-    def give_up(self, items: list[ClaimedJob]) -> list[ClaimedJob]:
-        """The shutdown's decision on `items`, the jobs it found executing: those whose
-        handlers still have not handed their outcomes over, which it records from now
-        on (an outcome of theirs that comes later is dropped); the others' outcomes,
-        handed over since it looked, are collected, written like any other."""
-        tasks = [item for item in items if item.kind == "async"]
-        threads = [item for item in items if item.kind != "async"]
-        running = self.pool.give_up(threads) + self.aio.give_up(tasks)
-        self.collect_outcomes()
-        return running
 
     def announce_lost_leases(self) -> None:
         """Tell the observers of the leases renewals found lost (once per attempt)."""

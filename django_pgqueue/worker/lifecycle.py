@@ -296,7 +296,7 @@ class Worker:
         hold = self._hold(executing)
         # The one decision: a handler that handed its outcome over since the look above
         # (the hold takes a while) has it written; only the others are interrupted.
-        executing = dispatcher.give_up(executing)
+        executing = _give_up(dispatcher, executing)
         # A handler past its timeout has its verdict: written once it returned (on the
         # hold), or by the sweep once the process is gone (the attempt lost, spent as
         # the timeout would have spent it), never now. The others are interrupted:
@@ -400,6 +400,18 @@ def _finish_when_returned(
     ]
     written = hold.finish(rows, failed, why.message, why.error_class)
     logger.info("shutdown: %d held job(s) written, due again now or failed", written)
+
+
+def _give_up(dispatcher: Dispatcher, items: list[ClaimedJob]) -> list[ClaimedJob]:
+    """The shutdown's decision on `items`, the jobs it found executing: those whose
+    handlers still have not handed their outcomes over, which it records from now on
+    (an outcome of theirs that comes later is dropped); the others' outcomes, handed
+    over since it looked, are collected and written like any other."""
+    tasks = [item for item in items if item.kind == "async"]
+    threads = [item for item in items if item.kind != "async"]
+    running = dispatcher.pool.give_up(threads) + dispatcher.aio.give_up(tasks)
+    dispatcher.collect_outcomes()
+    return running
 
 
 def _interrupted(worker_id: str, *, held: bool) -> InterruptedRunning:
