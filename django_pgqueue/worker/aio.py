@@ -39,7 +39,7 @@ from ..exceptions import SoftTimeLimitExceeded
 from ..outcomes import Interrupted, Outcome, Retry
 from .loopwatch import LAG_PROBE, Watchdog
 from .observing import AsyncRun, athrough
-from .pool import drain
+from .pool import drain, give_up
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +137,11 @@ class AsyncPool:
         out = drain(self._outcomes)
         self.in_flight -= len(out)
         return out
+
+    def give_up(self, items: list[ClaimedJob]) -> list[ClaimedJob]:
+        """As `HandlerPool.give_up`, under `_lock` (`_report`'s): a loop that a blocking
+        handler holds outlives `stop`, and its tasks may still report."""
+        return give_up(items, self._lock)
 
     def arm(self, *, until_last: bool) -> None:
         """How the next outcomes wake the dispatcher: the first one (it starts the flush
@@ -388,10 +393,10 @@ class AsyncPool:
             self._live.discard(item)
             self._reported += 1
             last = self._reported == self._handed
-            outcome = item.verdict or outcome
-        if item.started is not None:
-            item.runtime = now - item.started
-        self._outcomes.put((item, outcome))
+            if item.started is not None:
+                item.runtime = now - item.started
+            # Queued under the lock, against the shutdown's `give_up`: reported means queued.
+            self._outcomes.put((item, item.verdict or outcome))
         if last or (self._wake_first and not self._signalled):
             self._signalled = True
             self._wake.set()

@@ -294,6 +294,9 @@ class Worker:
         dispatcher.collect_outcomes()
         executing = [item for item in self._capacity if not item.resolved]
         hold = self._hold(executing)
+        # The one decision: a handler that handed its outcome over since the look above
+        # (the hold takes a while) has it written; only the others are interrupted.
+        executing = _give_up(dispatcher, executing)
         # A handler past its timeout has its verdict: written once it returned (on the
         # hold), or by the sweep once the process is gone (the attempt lost, spent as
         # the timeout would have spent it), never now. The others are interrupted:
@@ -304,8 +307,6 @@ class Worker:
         # gives them back. Never is a job whose handler may still run let go by a write.
         timed = [item for item in executing if item.verdict is not None]
         interrupted = [item for item in executing if item.verdict is None]
-        for item in executing:
-            item.resolved = True
         for item in interrupted:
             self._writer.add([(item, _interrupted(cfg.worker_id, held=hold is not None))])
         self._capacity.clear()
@@ -399,6 +400,18 @@ def _finish_when_returned(
     ]
     written = hold.finish(rows, failed, why.message, why.error_class)
     logger.info("shutdown: %d held job(s) written, due again now or failed", written)
+
+
+def _give_up(dispatcher: Dispatcher, items: list[ClaimedJob]) -> list[ClaimedJob]:
+    """The shutdown's decision on `items`, the jobs it found executing: those whose
+    handlers still have not handed their outcomes over, which it records from now on
+    (an outcome of theirs that comes later is dropped); the others' outcomes, handed
+    over since it looked, are collected and written like any other."""
+    tasks = [item for item in items if item.kind == "async"]
+    threads = [item for item in items if item.kind != "async"]
+    running = dispatcher.pool.give_up(threads) + dispatcher.aio.give_up(tasks)
+    dispatcher.collect_outcomes()
+    return running
 
 
 def _interrupted(worker_id: str, *, held: bool) -> InterruptedRunning:

@@ -136,6 +136,16 @@ class HandlerPool:
             item.resolved = True
         return fresh
 
+    def give_up(self, items: list[ClaimedJob]) -> list[ClaimedJob]:
+        """The worker's shutdown records those of `items` whose handlers have not handed
+        their outcomes over: returned, resolved (an outcome of theirs that comes later is
+        dropped). The others' outcomes are queued: `finished` has them.
+
+        Decided under `_handoff`, which the hand-over takes too: each job ends either
+        with its handler's outcome or as the shutdown recorded it, never both or neither.
+        """
+        return give_up(items, self._handoff)
+
     def wait(self, timeout: float, *, until_last: bool) -> None:
         """Wait up to `timeout` for a reason to act (an outcome worth collecting, a NOTIFY,
         a signal).
@@ -325,9 +335,11 @@ class HandlerPool:
         item.runtime = time.monotonic() - item.started  # counted by `finished`
         _reset_connections(item)
         # Reported before it is put: a thread that dies now leaves its outcome
-        # queued, and check_threads must not report the job a second time.
-        item.reported = True
-        self._outcomes.put((item, item.verdict or outcome or _thread_died()))
+        # queued, and check_threads must not report the job a second time. Both under
+        # `_handoff`, against the shutdown's `give_up`: reported means queued.
+        with self._handoff:
+            item.reported = True
+            self._outcomes.put((item, item.verdict or outcome or _thread_died()))
         self._current.pop(me, None)
         self.wake_mark.returned()
 
@@ -339,6 +351,17 @@ def drain(outcomes: queue_module.SimpleQueue[Returned]) -> list[Returned]:
         while True:
             returned.append(outcomes.get_nowait())
     return returned
+
+
+def give_up(items: list[ClaimedJob], handoff: threading.Lock) -> list[ClaimedJob]:
+    """Of `items`, those whose handlers have not handed their outcomes over, resolved:
+    a pool's `give_up`, under `handoff`, the lock its hand-over (`reported`, then the
+    outcome queued) takes."""
+    with handoff:
+        running = [item for item in items if not item.reported]
+        for item in running:
+            item.resolved = True
+    return running
 
 
 def _execute(item: ClaimedJob, run: Run) -> Outcome:

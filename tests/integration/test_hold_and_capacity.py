@@ -200,3 +200,48 @@ def sessions(application_name: str) -> int:
         [application_name + "%"],
     )
     return count
+
+
+@pytest.mark.parametrize("look", ["last collect", "hold"])
+def test_a_handler_returning_as_the_shutdown_looks_has_its_own_outcome_written(
+    run_worker, monkeypatch, look
+):
+    # The grace ends with the handler still running. It returns just after the
+    # shutdown's last look at the outcomes ("last collect"), or while the shutdown
+    # takes its hold ("hold"): either way it returned before it was recorded as
+    # interrupted, so its own outcome is written and the job does not run again.
+    from qa.jobs import RELEASE
+
+    job = enqueue("qa.nap", {"seconds": HANG_GUARD}, queue="sdlook")
+    first = run_worker(["sdlook"], concurrency=1, shutdown_grace=0.1)
+    worker, dispatcher = first.worker, first.worker._dispatcher
+    wait_until(lambda: any(item.started for item in dispatcher.capacity), timeout=HANG_GUARD)
+    past_grace = threading.Event()  # the shutdown cancelled the async handlers: grace over
+
+    def stop_async(stop=dispatcher.aio.stop):
+        stop()
+        past_grace.set()
+
+    def then_return(real):
+        def call(*args, **kwargs):
+            result = real(*args, **kwargs)
+            if past_grace.is_set() and not RELEASE.is_set():
+                RELEASE.set()  # the handler returns and hands its outcome over, now
+                wait_until(lambda: not dispatcher.pool._outcomes.empty(), timeout=HANG_GUARD)
+            return result
+
+        return call
+
+    monkeypatch.setattr(dispatcher.aio, "stop", stop_async)
+    if look == "last collect":
+        monkeypatch.setattr(
+            dispatcher, "collect_outcomes", then_return(dispatcher.collect_outcomes)
+        )
+    else:
+        monkeypatch.setattr(worker, "_hold", then_return(worker._hold))
+    worker.stop_gracefully()
+    first.join(HANG_GUARD)
+    assert worker.wait_for_held(HANG_GUARD)
+    assert RELEASE.is_set()  # the handler returned where the test put it
+    assert attempts(job.id) == [("succeeded", worker.worker_id)]
+    assert status(job.id) == "completed"
