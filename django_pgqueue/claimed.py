@@ -55,9 +55,11 @@ class ClaimedJob:
     verdict: Outcome | None = field(default=None, init=False)
     # SoftTimeLimitExceeded was raised in it (a sync handler), or its task cancelled.
     soft_limited: bool = field(default=False, init=False)
-    # Set by the dispatcher once it took the outcome in.
+    # Set by the dispatcher once it took the outcome in, or by the worker's shutdown
+    # once it recorded the job itself (an outcome that comes later is dropped).
     resolved: bool = field(default=False, init=False)
-    # Set just before the outcome is handed over: the handler's code has ended.
+    # Set as the outcome is queued, under the pool's hand-over lock: the handler's code
+    # has ended.
     reported: bool = field(default=False, init=False)
     runtime: float | None = field(default=None, init=False)  # seconds the handler ran
     # The observers were told its lease was lost (once per attempt).
