@@ -11,10 +11,11 @@
 Workers never write these through the ORM: every state change is a fenced statement in
 `django_pgqueue/sql/core.sql`. The relations are declared with
 ``db_constraint=False`` because the migrations hold them in the database
-themselves: the attempts' foreign key to the state row, with ``ON DELETE CASCADE``;
-the state row's job by construction (every statement that inserts a state row
-inserts its job, with the same id and queue) and triggers (a job's id and queue never
-change; deleting jobs deletes their state rows): see the squashed migration.
+themselves, by construction and triggers: every statement that inserts a state row
+inserts its job, with the same id and queue, and only the claim inserts attempts, for
+the state rows it updated; a job's id and queue and an attempt's job never change;
+deleting jobs deletes their state rows, and deleting state rows their attempts (see
+the squashed migration and 0031).
 
 The CHECK constraints are created by the migrations too, one per table, each as one
 call to a small PL/pgSQL function (``queue_job_state_valid`` ...). PostgreSQL re-reads
@@ -78,8 +79,9 @@ def job_reference(
 ) -> models.ForeignKey:
     """A reference to a job, in `db_column`, from a table with any number of rows per job.
 
-    Declared without a constraint, like `one_row_per_job`; the migration adds the
-    foreign key, with ``ON DELETE CASCADE`` (deleting a job deletes its rows).
+    Declared without a constraint, like `one_row_per_job`; the migrations hold it
+    (deleting a job deletes its rows): a foreign key with ``ON DELETE CASCADE`` for the
+    workflow edges, construction and triggers for the attempts (0031).
     """
     return models.ForeignKey(
         "django_pgqueue.Job",

@@ -352,9 +352,9 @@ RETURNING batch.id;
 -- units are taken in walk order while their jobs fit in `limit` (a larger one goes
 -- alone). scanned_to is where the next batch starts (the last candidate, or before the
 -- first unit left for lack of room), more whether one may follow. The state rows go
--- with the jobs through queue_jobs' AFTER DELETE trigger, the
--- attempts, edges, steps and memberships through their ON DELETE CASCADE foreign
--- keys. Each batch is one short statement in its own transaction; no index over every
+-- with the jobs through queue_jobs' AFTER DELETE trigger, their attempts through
+-- queue_job_state's, the edges, steps and memberships through their ON DELETE CASCADE
+-- foreign keys. Each batch is one short statement in its own transaction; no index over every
 -- finished job is needed, which would weigh on the hot table.
 WITH candidate AS MATERIALIZED (
     SELECT job_id

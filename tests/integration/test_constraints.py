@@ -155,6 +155,29 @@ def test_every_claim_path_opens_attempts_only_for_its_state_rows(settings, store
     assert sql("SELECT count(*) FROM queue_attempts")[0][0] == 10
 
 
+def test_only_the_claim_inserts_attempts():
+    """What the construction of 0031 rests on: no other function of the schema, statement
+    of sql/ or Python module writes an attempt (the claim's is checked above)."""
+    from pathlib import Path
+
+    import django_pgqueue
+
+    pattern = "insert into queue_attempts"
+    functions = sql(
+        "SELECT p.proname FROM pg_proc AS p "
+        "WHERE p.pronamespace = current_schema()::regnamespace AND p.prosrc ILIKE %s",
+        [f"%{pattern}%"],
+    )
+    assert functions == [("pgqueue_claim",)]
+    package = Path(django_pgqueue.__file__).parent
+    writers = [
+        path.relative_to(package).as_posix()
+        for path in [*package.glob("sql/*.sql"), *package.rglob("*.py")]
+        if pattern in path.read_text().lower() and "migrations" not in path.parts
+    ]
+    assert writers == []
+
+
 def open_attempt(job_id: int) -> None:
     sql(
         "UPDATE queue_job_state SET status = 'running', attempts = 1, lease_version = 1, "

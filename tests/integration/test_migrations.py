@@ -115,6 +115,7 @@ def test_a_database_at_0029_and_a_fresh_one_end_with_the_same_functions():
     # Taken back to 0029, a database keeps them: the squashed migration has them too.
     MigrationExecutor(connection).migrate([SQUASHED])
     assert _functions() == fresh
+    assert _attempts_foreign_keys() == ["queue_attempts_job_fk"]  # as 0031 found it
     with connection.cursor() as cursor:
         # As the old files left it at 0029: stand-ins of the two functions, whatever
         # their text was (the same signatures, a body of their own), and no new ones.
@@ -143,6 +144,16 @@ def test_a_database_at_0029_and_a_fresh_one_end_with_the_same_functions():
     executor = MigrationExecutor(connection)
     executor.migrate(executor.loader.graph.leaf_nodes(APP))
     assert _functions() == migrated
+    assert _attempts_foreign_keys() == []
+
+
+def _attempts_foreign_keys() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname FROM pg_constraint "
+            "WHERE conrelid = 'queue_attempts'::regclass AND contype = 'f'"
+        )
+        return [name for (name,) in cursor.fetchall()]
 
 
 @override_settings(MIGRATION_MODULES={APP: "tests.integration.later_migrations"})
