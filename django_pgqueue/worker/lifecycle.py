@@ -296,6 +296,8 @@ class Worker:
         hold = self._hold(executing)
         # The one decision: a handler that handed its outcome over since the look above
         # (the hold takes a while) has it written; only the others are interrupted.
+        # The hold keeps its row locked all the same until the hold ends: its own
+        # write passes (FOR KEY SHARE), but a claim skips it meanwhile if it is due again.
         executing = _give_up(dispatcher, executing)
         # A handler past its timeout has its verdict: written once it returned (on the
         # hold), or by the sweep once the process is gone (the attempt lost, spent as

@@ -326,11 +326,11 @@ class HandlerPool:
         except executor.JobTimeout:
             # The timeout was decided as the handler returned, and its exception landed
             # here, in the worker's own code: the verdict stands.
-            item.returned = True
+            _returned_late(me, item, self._handoff)
         except SoftTimeLimitExceeded as exc:
             # Raised as the handler returned, in the worker's own code: the handler's
             # outcome stands, if it was had.
-            item.returned = True
+            _returned_late(me, item, self._handoff)
             outcome = outcome or executor.classify(exc, item.ctx, item.policy)
         item.runtime = time.monotonic() - item.started  # counted by `finished`
         _reset_connections(item)
@@ -362,6 +362,16 @@ def give_up(items: list[ClaimedJob], handoff: threading.Lock) -> list[ClaimedJob
         for item in running:
             item.resolved = True
     return running
+
+
+def _returned_late(me: threading.Thread, item: ClaimedJob, handoff: threading.Lock) -> None:
+    """The handler returned as a timeout or soft limit landed in the worker's code:
+    returned under the pool's `handoff`, so nothing more is raised in it, and whatever
+    else was raised before that is dropped (it would land in the hand-over, or the next
+    job)."""
+    with handoff:
+        item.returned = True
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me.ident), None)
 
 
 def _execute(item: ClaimedJob, run: Run) -> Outcome:
