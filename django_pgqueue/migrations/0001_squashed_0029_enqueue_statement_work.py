@@ -265,6 +265,14 @@ END
 $$
 """
 
+DELETE_STATE_TRIGGERS = [
+    "CREATE TRIGGER queue_jobs_delete_state AFTER DELETE ON queue_jobs "
+    "REFERENCING OLD TABLE AS gone FOR EACH STATEMENT "
+    "EXECUTE FUNCTION queue_jobs_delete_state()",
+    "CREATE TRIGGER queue_jobs_truncate_state AFTER TRUNCATE ON queue_jobs "
+    "FOR EACH STATEMENT EXECUTE FUNCTION queue_jobs_delete_state()",
+]
+
 
 def _generic_plans(head: str, body: str, *settings: str) -> str:
     """CREATE FUNCTION head (its name, arguments and RETURNS) in PL/pgSQL whose
@@ -2079,11 +2087,7 @@ class Migration(migrations.Migration):
                 "ON queue_job_state FOR EACH ROW WHEN (OLD.job_id IS DISTINCT FROM NEW.job_id "
                 "OR OLD.queue IS DISTINCT FROM NEW.queue) "
                 "EXECUTE FUNCTION queue_job_keys_fixed()",
-                "CREATE TRIGGER queue_jobs_delete_state AFTER DELETE ON queue_jobs "
-                "REFERENCING OLD TABLE AS gone FOR EACH STATEMENT "
-                "EXECUTE FUNCTION queue_jobs_delete_state()",
-                "CREATE TRIGGER queue_jobs_truncate_state AFTER TRUNCATE ON queue_jobs "
-                "FOR EACH STATEMENT EXECUTE FUNCTION queue_jobs_delete_state()",
+                *DELETE_STATE_TRIGGERS,
             ],
             reverse_sql=[
                 "DROP TRIGGER queue_jobs_truncate_state ON queue_jobs",

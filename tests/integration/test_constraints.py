@@ -99,8 +99,7 @@ def test_every_insert_path_writes_the_job_with_its_state_row():
     assert orphans == 0
 
 
-def test_deleting_jobs_deletes_their_state_and_attempts(job_id):
-    other = enqueue("qa.noop", queue="c").id
+def open_attempt(job_id: int) -> None:
     sql(
         "UPDATE queue_job_state SET status = 'running', attempts = 1, lease_version = 1, "
         "locked_by = 'w', locked_until = now() WHERE job_id = %s",
@@ -111,6 +110,11 @@ def test_deleting_jobs_deletes_their_state_and_attempts(job_id):
         "VALUES (%s, 1, 1, 'w')",
         [job_id],
     )
+
+
+def test_deleting_jobs_deletes_their_state_and_attempts(job_id):
+    other = enqueue("qa.noop", queue="c").id
+    open_attempt(job_id)
     sql("DELETE FROM queue_jobs WHERE id = %s", [job_id])
     assert sql("SELECT job_id FROM queue_job_state") == [(other,)]
     assert sql("SELECT count(*) FROM queue_attempts")[0][0] == 0
@@ -176,19 +180,6 @@ def test_only_the_claim_inserts_attempts():
         if pattern in path.read_text().lower() and "migrations" not in path.parts
     ]
     assert writers == []
-
-
-def open_attempt(job_id: int) -> None:
-    sql(
-        "UPDATE queue_job_state SET status = 'running', attempts = 1, lease_version = 1, "
-        "locked_by = 'w', locked_until = now() WHERE job_id = %s",
-        [job_id],
-    )
-    sql(
-        "INSERT INTO queue_attempts (job_id, lease_version, attempt_index, worker_id) "
-        "VALUES (%s, 1, 1, 'w')",
-        [job_id],
-    )
 
 
 def test_deleting_state_rows_deletes_their_attempts(job_id):
