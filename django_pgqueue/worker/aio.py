@@ -291,8 +291,8 @@ class AsyncPool:
             self._report(item, outcome)
             return
         if swallowed and item not in self._warned:
-            self.ignored_cancel += 1
             _ignored(item, why, "it swallowed the CancelledError and returned")
+            self.ignored_cancel += 1  # after the warning: who reads the count finds it
         # Cancelled by an operator or its soft limit, a handler that returned has its outcome.
         handled = why in (CANCEL, SOFT_LIMIT) and outcome
         self._report(item, outcome if handled else cancelled_outcome(item, why))
@@ -343,8 +343,8 @@ class AsyncPool:
             return
         if item not in self._warned:
             self._warned.add(item)
-            self.ignored_cancel += 1
             _ignored(item, why, f"it still runs {CANCEL_GRACE:g}s after its cancellation")
+            self.ignored_cancel += 1
         task.cancel(f"pgqueue: {why}")
 
     def _scan(self) -> None:
