@@ -317,20 +317,15 @@ class HandlerPool:
         try:
             item.started = time.monotonic()
             outcome = _execute(item, self.run)
-            with self._handoff:
-                item.returned = True  # from now on the dispatcher cannot time it out
-                raised = item.timed_out or item.soft_limited
-            if raised:
-                # An exception not raised yet must not land later, in the next job.
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me.ident), None)
+            _returned(me, item, self._handoff)
         except executor.JobTimeout:
             # The timeout was decided as the handler returned, and its exception landed
             # here, in the worker's own code: the verdict stands.
-            _returned_late(me, item, self._handoff)
+            _returned(me, item, self._handoff)
         except SoftTimeLimitExceeded as exc:
             # Raised as the handler returned, in the worker's own code: the handler's
             # outcome stands, if it was had.
-            _returned_late(me, item, self._handoff)
+            _returned(me, item, self._handoff)
             outcome = outcome or executor.classify(exc, item.ctx, item.policy)
         item.runtime = time.monotonic() - item.started  # counted by `finished`
         _reset_connections(item)
@@ -364,14 +359,16 @@ def give_up(items: list[ClaimedJob], handoff: threading.Lock) -> list[ClaimedJob
     return running
 
 
-def _returned_late(me: threading.Thread, item: ClaimedJob, handoff: threading.Lock) -> None:
-    """The handler returned as a timeout or soft limit landed in the worker's code:
-    returned under the pool's `handoff`, so nothing more is raised in it, and whatever
-    else was raised before that is dropped (it would land in the hand-over, or the next
-    job)."""
+def _returned(me: threading.Thread, item: ClaimedJob, handoff: threading.Lock) -> None:
+    """The handler's code returned (or a timeout or soft limit landed in the worker's
+    code as it did): marked under the pool's `handoff`, so the dispatcher raises nothing
+    more in it; an exception raised before that and not landed yet is dropped, else it
+    would land in the hand-over or the next job."""
     with handoff:
         item.returned = True
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me.ident), None)
+        raised = item.timed_out or item.soft_limited
+    if raised:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(me.ident), None)
 
 
 def _execute(item: ClaimedJob, run: Run) -> Outcome:
